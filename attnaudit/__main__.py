@@ -1,0 +1,5 @@
+"""`python -m attnaudit` runs the CLI."""
+
+from .cli import app
+
+app()

@@ -1,0 +1,33 @@
+"""The `attnaudit` command line: a thin Typer layer; each command lives in attnaudit/commands/."""
+
+from __future__ import annotations
+
+import typer
+
+from . import __version__
+from .commands import kappa
+
+app = typer.Typer(
+    name="attnaudit",
+    help="Audit attention models through the neural tangent kernel (NTK) lens.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"attnaudit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+) -> None:
+    """Audit attention models through the neural tangent kernel (NTK) lens."""
+
+
+for module in (kappa,):
+    module.register(app)

@@ -1,0 +1,187 @@
+"""`attnaudit kappa`: thin CLI over :mod:`attnaudit.kappa`."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from ..cli_common import (
+    ClassesOpt,
+    DataDirOpt,
+    DataOpt,
+    DatasetOpt,
+    DebugOpt,
+    DeviceOpt,
+    DownloadOpt,
+    JsonOpt,
+    OutDirOpt,
+    OutputOptions,
+    OverwriteOpt,
+    PngOpt,
+    PreprocessOpt,
+    QuietOpt,
+    SeedOpt,
+    SplitOpt,
+    cli_errors,
+    data_spec_from_options,
+    emit,
+    parse_list,
+    progress,
+)
+from ..errors import AuditError
+
+
+def _fmt(x: float | None, digits: int = 4) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float) and math.isinf(x):
+        return "inf"
+    return f"{x:.{digits}g}"
+
+
+def _main_tables(result, ds_name: str) -> list:
+    base = result.base
+    t = Table(title=f"kappa: {ds_name}  (n={base.n}, d={base.d}, float64)")
+    t.add_column("quantity")
+    t.add_column("value", justify="right")
+    t.add_row("numerical rank / min(n, d)", f"{base.numerical_rank} / {base.k}")
+    t.add_row("rank tolerance (abs, rel)", f"{base.tolerance:.3g}, {base.rel_tolerance:.3g}")
+    t.add_row("lambda_max(G)", _fmt(base.lambda_max))
+    t.add_row(f"lambda_{base.k}(G) as computed", _fmt(base.lambda_min_raw))
+    t.add_row("kappa_d(G) at min(n, d)", "inf (rank deficient)" if base.rank_deficient else _fmt(base.kappa_full))
+    t.add_row(f"kappa(G) at numerical rank {base.numerical_rank}", _fmt(base.kappa_rank))
+    t.add_row("kappa(G~) = kappa(G)^3 at rank r", _fmt(base.kappa_rank**3))
+    if result.check is not None:
+        c = result.check
+        t.add_row("kappa(G~) measured directly", _fmt(c.measured_kappa) if c.measured_kappa is not None else "not resolvable")
+        t.add_row("amplification check", c.verdict)
+    w = Table(title="NTK width scale m ~ kappa^6 n ln n (constant omitted; reference width 1e5)")
+    w.add_column("estimate")
+    w.add_column("log10 m", justify="right")
+    w.add_column("orders beyond 1e5", justify="right")
+    for est in result.widths:
+        w.add_row(est.label, _fmt(est.log10_width, 4) if est.log10_width is not None else "inf", _fmt(est.gap_orders, 4) if est.gap_orders is not None else "inf")
+    return [t, w]
+
+
+def _sweep_table(summary) -> Table:
+    t = Table(title="kappa vs n (mean +- std over seeds)")
+    for col in ("n", "seeds", "rank-deficient", "mean rank", "kappa_d(G)", "kappa at numerical rank", "log10 kappa_r"):
+        t.add_column(col, justify="right")
+    for s in summary:
+        kd = "inf" if s.kappa_d_mean is None else f"{s.kappa_d_mean:.4g} +- {s.kappa_d_std:.2g}"
+        t.add_row(
+            str(s.n),
+            str(s.seeds),
+            f"{s.rank_deficient_seeds}/{s.seeds}",
+            f"{s.rank_mean:.1f}",
+            kd,
+            f"{s.kappa_rank_mean:.4g} +- {s.kappa_rank_std:.2g}",
+            f"{s.log10_kappa_rank_mean:.3f} +- {s.log10_kappa_rank_std:.2f}",
+        )
+    return t
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("kappa")
+    def kappa_command(
+        dataset: DatasetOpt = "digits",
+        data: DataOpt = None,
+        data_dir: DataDirOpt = None,
+        split: SplitOpt = "train",
+        n: Annotated[Optional[str], typer.Option("--n", help="Subset size, or a list (64,128,256) for a sweep; default: all rows.")] = None,
+        seeds: Annotated[int, typer.Option("--seeds", help="Number of random subsets per n (seeds seed, seed+1, ...).")] = 1,
+        stratify: Annotated[bool, typer.Option("--stratify", help="Draw subsets stratified by class.")] = False,
+        classes: ClassesOpt = None,
+        preprocess: PreprocessOpt = "raw",
+        rank_tol: Annotated[Optional[float], typer.Option("--rank-tol", help="Relative rank tolerance (default max(n,d)*eps, numpy's matrix_rank rule).")] = None,
+        direct_check: Annotated[bool, typer.Option("--direct-check/--no-direct-check", help="Measure kappa(G~) from f_att(X) directly.")] = True,
+        download: DownloadOpt = False,
+        seed: SeedOpt = 0,
+        device: DeviceOpt = "auto",
+        json: JsonOpt = None,
+        png: PngOpt = None,
+        out_dir: OutDirOpt = None,
+        quiet: QuietOpt = False,
+        overwrite: OverwriteOpt = False,
+        debug: DebugOpt = False,
+    ) -> None:
+        """Gram spectrum, condition numbers, linearized-attention amplification and NTK width scale."""
+        from ..device import resolve_device
+        from ..data import load_dataset
+        from ..kappa import SCHEMA, KappaConfig, analyse_kappa, plot_kappa, summarise_sweep, sweep_cell
+        from ..report import build_report
+
+        with cli_errors(debug):
+            opts = OutputOptions(json=json, png=png, out_dir=out_dir, quiet=quiet, overwrite=overwrite)
+            if seeds < 1:
+                raise AuditError(f"--seeds must be >= 1, got {seeds}")
+            ns = parse_list(n, int, "--n") if n is not None else [None]
+            if any(v is not None and v < 1 for v in ns):
+                raise AuditError("--n values must be positive integers")
+            config = KappaConfig(rank_tol=rank_tol, direct_check=direct_check)
+            dev = resolve_device(device)
+            opts.check_writable(("kappa.png",))
+            base_spec = data_spec_from_options(dataset, data, data_dir, split, classes, preprocess, seed, download, n=ns[0], stratify=stratify)
+
+            timings: dict[str, float] = {}
+            t0 = time.perf_counter()
+            sweeping = len(ns) > 1 or seeds > 1
+            seed_list = [seed + i for i in range(seeds)]
+            cells = []
+            detail_n = max(ns, key=lambda v: -1 if v is None else v)
+            detail_ds = None
+            load_s = 0.0
+            with progress(opts, "kappa", len(ns) * len(seed_list)) as advance:
+                for n_i in ns:
+                    for s in seed_list:
+                        tl = time.perf_counter()
+                        ds = load_dataset(dataclasses.replace(base_spec, n=n_i, seed=s))
+                        load_s += time.perf_counter() - tl
+                        if n_i == detail_n and s == seed:
+                            detail_ds = ds
+                        if sweeping:
+                            cells.append(sweep_cell(ds.X.to(dev), s, config))
+                        advance(1)
+            timings["load"] = load_s
+            t1 = time.perf_counter()
+            result = analyse_kappa(detail_ds.X.to(dev), config)
+            timings["analysis"] = time.perf_counter() - t1
+            summary = summarise_sweep(cells) if sweeping else None
+            timings["total"] = time.perf_counter() - t0
+
+            results = {"dataset": detail_ds.info, **result.to_dict()}
+            if sweeping:
+                results["sweep"] = {"cells": [c.to_dict() for c in cells], "summary": [s.to_dict() for s in summary]}
+            report = build_report(
+                SCHEMA,
+                inputs={
+                    "dataset": dataset if data is None else None,
+                    "data": data,
+                    "split": split,
+                    "n": ns,
+                    "seeds": seeds,
+                    "stratify": stratify,
+                    "classes": classes,
+                    "preprocess": preprocess,
+                    "rank_tol": rank_tol,
+                    "direct_check": direct_check,
+                },
+                seeds={"base_seed": seed, "subset_seeds": seed_list},
+                device=dev,
+                dtype="float64",
+                timings=timings,
+                results=results,
+                verdicts=result.verdicts,
+            )
+            renderables = _main_tables(result, detail_ds.name)
+            if summary:
+                renderables.append(_sweep_table(summary))
+            renderables.extend(f"- {v}" for v in result.verdicts)
+            title = f"{detail_ds.name} (n={result.base.n}, d={result.base.d})"
+            emit(opts, report, renderables, plot=lambda p: plot_kappa(result, summary, p, title), png_name="kappa.png")

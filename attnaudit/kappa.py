@@ -1,0 +1,232 @@
+"""`attnaudit kappa`: data conditioning and what linearized attention does to it.
+
+For data X (n x d), G = X X^T and linearized attention f_att(X) = G X with Gram G~ = G^3:
+
+* the spectrum of G (float64, from the smaller of X X^T and X^T X, chunked when n > d);
+* numerical rank r, kappa_d(G) = lambda_1 / lambda_min(n,d) (infinite when r < min(n, d)) and
+  kappa_r(G) = lambda_1 / lambda_r;
+* kappa(G~) measured directly from f_att(X) against kappa(G)^3, with a verdict;
+* the NTK width scale m ~ kappa^6 n ln n (constant omitted), for the raw data (2L-ReLU) and
+  the attention-transformed data (kappa -> kappa^3), against a reference width of 1e5;
+* optionally a sweep of kappa over subset sizes and seeds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import torch
+
+from .errors import AuditError
+from .spectral import (
+    AmplificationCheck,
+    ConditionReport,
+    WidthEstimate,
+    amplification_check,
+    attention_gram_eigenvalues,
+    condition_report,
+    gram_eigenvalues,
+    width_estimate,
+)
+
+SCHEMA = "attnaudit.kappa/1"
+
+
+@dataclass(frozen=True)
+class KappaConfig:
+    """Options of the kappa analysis. ``rank_tol`` is relative to lambda_max (None: max(n,d) eps)."""
+
+    rank_tol: float | None = None
+    direct_check: bool = True
+    chunk_rows: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.rank_tol is not None and not (0 < self.rank_tol < 1):
+            raise AuditError(f"--rank-tol must lie in (0, 1) (relative to the largest eigenvalue), got {self.rank_tol}")
+        if self.chunk_rows < 1:
+            raise AuditError("chunk size must be a positive number of rows")
+
+
+@dataclass
+class KappaResult:
+    """Conditioning of G, of G~ = G^3, the direct amplification check and width estimates."""
+
+    base: ConditionReport
+    transformed: ConditionReport  # from the exact identity lambda(G~) = lambda(G)^3
+    transformed_measured: np.ndarray | None  # direct spectrum of f_att(X) f_att(X)^T
+    check: AmplificationCheck | None
+    widths: list[WidthEstimate]
+    verdicts: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "gram": self.base.to_dict(),
+            "attention_gram_from_identity": self.transformed.to_dict(include_spectrum=False),
+            "attention_gram_measured_eigenvalues": None
+            if self.transformed_measured is None
+            else self.transformed_measured.tolist(),
+            "amplification_check": None if self.check is None else self.check.to_dict(),
+            "width_estimates": [w.to_dict() for w in self.widths],
+        }
+
+
+def analyse_kappa(X: torch.Tensor, config: KappaConfig = KappaConfig()) -> KappaResult:
+    """Full kappa analysis of one data matrix X (n x d); see the module docstring."""
+    if X.ndim != 2 or X.shape[0] < 1 or X.shape[1] < 1:
+        raise AuditError(f"data must be a non-empty n x d matrix, got shape {tuple(X.shape)}")
+    n, d = X.shape
+    lam = gram_eigenvalues(X, config.chunk_rows)
+    base = condition_report(lam, n, d, config.rank_tol)
+    # lambda_i(G~) = lambda_i(G)^3 exactly; round-off (and negative noise) are cubed too, so
+    # the rank of G~ is re-detected at its own tolerance instead of assumed equal to r.
+    cubed = np.sign(base.eigenvalues) * np.abs(base.eigenvalues) ** 3
+    transformed = condition_report(cubed, n, d, config.rank_tol)
+    measured = None
+    check = None
+    if config.direct_check:
+        measured_t = attention_gram_eigenvalues(X, config.chunk_rows)
+        measured = measured_t.cpu().numpy()
+        check = amplification_check(base, measured_t)
+
+    widths = [
+        width_estimate(base.kappa_full, n, "2L-ReLU: kappa_d(G)^6 n ln n"),
+        width_estimate(base.kappa_rank, n, "2L-ReLU, at numerical rank: kappa_r(G)^6 n ln n"),
+        width_estimate(base.kappa_full**3, n, "MLP-Attn: kappa_d(G~)^6 n ln n = kappa_d(G)^18 n ln n"),
+        width_estimate(base.kappa_rank**3, n, "MLP-Attn, at numerical rank: kappa_r(G)^18 n ln n"),
+    ]
+    verdicts = []
+    if base.rank_deficient:
+        verdicts.append(
+            f"rank deficient: numerical rank {base.numerical_rank} < min(n, d) = {base.k}; kappa_d(G) is infinite "
+            f"(the {base.k}-th eigenvalue, {base.lambda_min_raw:.3g}, is round-off below the tolerance "
+            f"{base.tolerance:.3g}); kappa at the numerical rank is {base.kappa_rank:.4g}"
+        )
+    else:
+        verdicts.append(f"full rank {base.k}: kappa_d(G) = {base.kappa_full:.4g}")
+    if check is not None:
+        verdicts.append(f"amplification {check.verdict}: {check.explanation}")
+    return KappaResult(base, transformed, measured, check, widths, verdicts)
+
+
+@dataclass
+class SweepCell:
+    n: int
+    seed: int
+    numerical_rank: int
+    min_n_d: int
+    kappa_d: float
+    kappa_rank: float
+
+    def to_dict(self) -> dict:
+        return {
+            "n": self.n,
+            "seed": self.seed,
+            "numerical_rank": self.numerical_rank,
+            "min_n_d": self.min_n_d,
+            "kappa_d": None if math.isinf(self.kappa_d) else self.kappa_d,
+            "kappa_d_is_infinite": math.isinf(self.kappa_d),
+            "kappa_at_numerical_rank": self.kappa_rank,
+        }
+
+
+@dataclass
+class SweepSummary:
+    """Spread of kappa over seeds at one n; kappa_d statistics only over full-rank seeds."""
+
+    n: int
+    seeds: int
+    rank_deficient_seeds: int
+    rank_mean: float
+    kappa_d_mean: float | None
+    kappa_d_std: float | None
+    kappa_rank_mean: float
+    kappa_rank_std: float
+    log10_kappa_rank_mean: float
+    log10_kappa_rank_std: float
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def sweep_cell(X: torch.Tensor, seed: int, config: KappaConfig) -> SweepCell:
+    """kappa of one subset (spectrum only; the direct G~ check is skipped in sweeps)."""
+    lam = gram_eigenvalues(X, config.chunk_rows)
+    rep = condition_report(lam, X.shape[0], X.shape[1], config.rank_tol)
+    return SweepCell(X.shape[0], seed, rep.numerical_rank, rep.k, rep.kappa_full, rep.kappa_rank)
+
+
+def summarise_sweep(cells: Iterable[SweepCell]) -> list[SweepSummary]:
+    """Mean and standard deviation (ddof=1 when >1 seed) of kappa per subset size."""
+    by_n: dict[int, list[SweepCell]] = {}
+    for cell in cells:
+        by_n.setdefault(cell.n, []).append(cell)
+    out = []
+    for n in sorted(by_n):
+        group = by_n[n]
+        ddof = 1 if len(group) > 1 else 0
+        finite = np.array([c.kappa_d for c in group if math.isfinite(c.kappa_d)])
+        kr = np.array([c.kappa_rank for c in group])
+        out.append(
+            SweepSummary(
+                n=n,
+                seeds=len(group),
+                rank_deficient_seeds=sum(1 for c in group if math.isinf(c.kappa_d)),
+                rank_mean=float(np.mean([c.numerical_rank for c in group])),
+                kappa_d_mean=float(finite.mean()) if finite.size == len(group) else None,
+                kappa_d_std=float(finite.std(ddof=ddof)) if finite.size == len(group) else None,
+                kappa_rank_mean=float(kr.mean()),
+                kappa_rank_std=float(kr.std(ddof=ddof)),
+                log10_kappa_rank_mean=float(np.log10(kr).mean()),
+                log10_kappa_rank_std=float(np.log10(kr).std(ddof=ddof)),
+            )
+        )
+    return out
+
+
+def plot_kappa(result: KappaResult, sweep: list[SweepSummary] | None, path: Path, title: str = "") -> None:
+    """Eigenvalue spectra of G and G~ (log scale) and, when swept, kappa against n."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = 2 if sweep else 1
+    fig, axes = plt.subplots(1, panels, figsize=(6.0 * panels, 4.2), squeeze=False)
+    ax = axes[0, 0]
+    lam = result.base.eigenvalues
+    idx = np.arange(1, lam.size + 1)
+    pos = lam > 0
+    ax.semilogy(idx[pos], lam[pos], label="G = X X^T", color="tab:blue")
+    ax.semilogy(idx[pos], lam[pos] ** 3, label="G~ = G^3 (identity)", color="tab:red", linestyle="--")
+    if result.transformed_measured is not None:
+        meas = result.transformed_measured
+        mpos = meas > 0
+        ax.semilogy(idx[mpos], meas[mpos], label="G~ measured directly", color="tab:red", alpha=0.5, linewidth=3)
+    ax.axhline(result.base.tolerance, color="tab:blue", linestyle=":", linewidth=1, label="rank tolerance of G")
+    ax.axvline(result.base.numerical_rank, color="grey", linestyle=":", linewidth=1, label=f"numerical rank {result.base.numerical_rank}")
+    ax.set_xlabel("eigenvalue index")
+    ax.set_ylabel("eigenvalue")
+    ax.set_title("Gram spectra")
+    ax.legend(fontsize=8)
+    if sweep:
+        ax2 = axes[0, 1]
+        ns = [s.n for s in sweep]
+        ax2.errorbar(ns, [s.kappa_rank_mean for s in sweep], yerr=[s.kappa_rank_std for s in sweep], marker="o", capsize=3, label="kappa at numerical rank")
+        full = [(s.n, s.kappa_d_mean, s.kappa_d_std) for s in sweep if s.kappa_d_mean is not None]
+        if full:
+            ax2.errorbar([f[0] for f in full], [f[1] for f in full], yerr=[f[2] for f in full], marker="s", capsize=3, label="kappa_d (full-rank subsets)")
+        ax2.set_xscale("log")
+        ax2.set_yscale("log")
+        ax2.set_xlabel("n (subset size)")
+        ax2.set_ylabel("condition number of G")
+        ax2.set_title("kappa vs n (mean +- std over seeds)")
+        ax2.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

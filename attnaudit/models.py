@@ -1,0 +1,221 @@
+"""Reference models: 2L-ReLU and MLP-Attn, with safetensors checkpoints.
+
+Both are two-layer ReLU networks without biases, one output per class:
+
+* NTK parametrization (default):      f(x) = a^T relu(W x / sqrt(d)) / sqrt(m),
+  with W_ij, a_jk ~ N(0, 1);
+* standard parametrization:            f(x) = a^T relu(W x),
+  with W_ij ~ N(0, 1/d), a_jk ~ N(0, 1/m).
+
+The two give the same function at initialisation; they differ in how gradient descent
+scales with width. ``W`` has shape (m, d) and ``a`` shape (m, c).
+
+``attn`` (MLP-Attn) first applies the parameter-free linearized attention map
+f_att(x) = s * (X^T X) x, with the training set X as context (d x d, a buffer saved with
+the model), then the same MLP. The raw scale of X^T X is huge (its top eigenvalue grows
+like n * ||x||^2), so the context is multiplied by one global scalar s (a linear map stays
+linear, so kappa amplification is untouched):
+
+* ``rms`` (default): s makes the RMS row norm of f_att(X) equal that of X, so the MLP sees
+  inputs of the same overall size for both models;
+* ``spectral``: s = 1 / lambda_max(X^T X), so ||f_att(x)|| <= ||x||;
+* ``none``: s = 1 (the literal definition; training is then badly scaled).
+
+``init='antisymmetric'`` doubles the network: neurons m/2..m-1 copy the input weights of
+neurons 0..m/2-1 with negated output weights, so f_0(x) = 0 exactly for every x.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch import nn
+
+from .errors import AuditError
+
+ARCHITECTURES = ("relu", "attn")
+PARAMETRIZATIONS = ("ntk", "standard")
+INITS = ("standard", "antisymmetric")
+ATTN_SCALINGS = ("rms", "spectral", "none")
+SIDECAR_SCHEMA = "attnaudit.model/1"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything needed to rebuild a reference model (the JSON side-car)."""
+
+    arch: Literal["relu", "attn"]
+    d_in: int
+    width: int
+    n_out: int
+    parametrization: Literal["ntk", "standard"] = "ntk"
+    init: Literal["standard", "antisymmetric"] = "standard"
+    attn_scaling: Literal["rms", "spectral", "none"] = "rms"
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHITECTURES:
+            raise AuditError(f"unknown model {self.arch!r}; use one of {', '.join(ARCHITECTURES)}")
+        if self.parametrization not in PARAMETRIZATIONS:
+            raise AuditError(
+                f"unknown parametrization {self.parametrization!r}; use one of {', '.join(PARAMETRIZATIONS)}"
+            )
+        if self.init not in INITS:
+            raise AuditError(f"unknown init {self.init!r}; use one of {', '.join(INITS)}")
+        if self.attn_scaling not in ATTN_SCALINGS:
+            raise AuditError(
+                f"unknown attention scaling {self.attn_scaling!r}; use one of {', '.join(ATTN_SCALINGS)}"
+            )
+        if self.width < 1 or self.d_in < 1 or self.n_out < 1:
+            raise AuditError("model sizes must be positive (width, input dimension, outputs)")
+        if self.init == "antisymmetric" and self.width % 2:
+            raise AuditError(f"antisymmetric init needs an even width, got {self.width}; pass an even width")
+
+
+def attention_context(X: torch.Tensor, scaling: str = "rms") -> torch.Tensor:
+    """Scaled linearized-attention context s * X^T X (d x d) for training inputs X (n x d).
+
+    f_att(x) = context @ x, and for the training rows f_att(X) = s * X X^T X = s * G X.
+    """
+    if scaling not in ATTN_SCALINGS:
+        raise AuditError(f"unknown attention scaling {scaling!r}; use one of {', '.join(ATTN_SCALINGS)}")
+    X64 = X.to(torch.float64)
+    C = X64.T @ X64
+    if scaling == "none":
+        scale = 1.0
+    elif scaling == "spectral":
+        top = torch.linalg.eigvalsh(C)[-1].item()
+        scale = 1.0 / top if top > 0 else 1.0
+    else:  # rms
+        transformed = X64 @ C  # rows are (C x_i)^T since C is symmetric
+        raw_rms = X64.pow(2).sum(1).mean().sqrt().item()
+        att_rms = transformed.pow(2).sum(1).mean().sqrt().item()
+        scale = raw_rms / att_rms if att_rms > 0 else 1.0
+    return (C * scale).to(X.dtype)
+
+
+class TwoLayerNet(nn.Module):
+    """2L-ReLU (``arch='relu'``) or MLP-Attn (``arch='attn'``); see the module docstring."""
+
+    def __init__(self, spec: ModelSpec, context: torch.Tensor | None = None, dtype=torch.float64):
+        super().__init__()
+        self.spec = spec
+        m, d, c = spec.width, spec.d_in, spec.n_out
+        self.W = nn.Parameter(torch.empty(m, d, dtype=dtype))
+        self.a = nn.Parameter(torch.empty(m, c, dtype=dtype))
+        if spec.arch == "attn":
+            if context is None:
+                raise AuditError("MLP-Attn needs its attention context (the training inputs X); none was given")
+            if tuple(context.shape) != (d, d):
+                raise AuditError(f"attention context has shape {tuple(context.shape)}, expected ({d}, {d})")
+            self.register_buffer("context", context.detach().to(dtype).clone())
+        else:
+            self.context = None
+        self.reset_parameters(spec.seed)
+
+    @property
+    def width(self) -> int:
+        return self.spec.width
+
+    def reset_parameters(self, seed: int) -> None:
+        """Deterministic Gaussian initialisation from ``seed`` (CPU generator, any device)."""
+        m, d, c = self.spec.width, self.spec.d_in, self.spec.n_out
+        gen = torch.Generator().manual_seed(int(seed))
+        half = m // 2 if self.spec.init == "antisymmetric" else m
+        W = torch.randn(half, d, generator=gen, dtype=torch.float64)
+        a = torch.randn(half, c, generator=gen, dtype=torch.float64)
+        if self.spec.init == "antisymmetric":
+            W = torch.cat([W, W], 0)
+            a = torch.cat([a, -a], 0)
+        if self.spec.parametrization == "standard":
+            W = W / math.sqrt(d)
+            a = a / math.sqrt(m)
+        with torch.no_grad():
+            self.W.copy_(W.to(self.W.dtype))
+            self.a.copy_(a.to(self.a.dtype))
+
+    def features_in(self, x: torch.Tensor) -> torch.Tensor:
+        """The MLP's input: x itself (relu) or f_att(x) = context @ x (attn), rows as samples."""
+        if self.context is not None:
+            return x @ self.context  # context is symmetric, so this is (context @ x_i)^T per row
+        return x
+
+    def preactivation_scale(self) -> tuple[float, float]:
+        """(input scale, output scale): 1/sqrt(d), 1/sqrt(m) under NTK, (1, 1) under standard."""
+        if self.spec.parametrization == "ntk":
+            return 1.0 / math.sqrt(self.spec.d_in), 1.0 / math.sqrt(self.spec.width)
+        return 1.0, 1.0
+
+    def hidden(self, x: torch.Tensor) -> torch.Tensor:
+        """Hidden activations relu(W z / sqrt(d)) for z = features_in(x), shape (n, m)."""
+        s_in, _ = self.preactivation_scale()
+        return torch.relu(self.features_in(x) @ self.W.T * s_in)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _, s_out = self.preactivation_scale()
+        return self.hidden(x) @ self.a * s_out
+
+
+def build_model(
+    spec: ModelSpec, X_train: torch.Tensor | None = None, dtype=torch.float64, device=None
+) -> TwoLayerNet:
+    """Build a reference model; ``attn`` takes its context from ``X_train``."""
+    context = None
+    if spec.arch == "attn":
+        if X_train is None:
+            raise AuditError("MLP-Attn needs the training inputs to build its attention context")
+        context = attention_context(X_train.to(torch.float64), spec.attn_scaling)
+    model = TwoLayerNet(spec, context=context, dtype=dtype)
+    if device is not None:
+        model = model.to(device)
+    return model
+
+
+def save_model(model: TwoLayerNet, path: str | Path, overwrite: bool = False, metadata: dict | None = None) -> Path:
+    """Write ``path`` (.safetensors) and ``path`` + ``.json`` side-car; refuse to overwrite unless asked."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    sidecar = path.with_suffix(path.suffix + ".json")
+    for target in (path, sidecar):
+        if target.exists() and not overwrite:
+            raise AuditError(f"{target} already exists; pass --overwrite or choose another path")
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if v is not None}
+    save_file(tensors, str(path))
+    side = {"schema": SIDECAR_SCHEMA, "spec": asdict(model.spec), "dtype": str(model.W.dtype).replace("torch.", "")}
+    if metadata:
+        side["metadata"] = metadata
+    sidecar.write_text(json.dumps(side, indent=2))
+    return path
+
+
+def load_model(path: str | Path, device=None) -> TwoLayerNet:
+    """Load a model written by :func:`save_model` (weights + side-car)."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    sidecar = path.with_suffix(path.suffix + ".json")
+    if not path.exists():
+        raise AuditError(f"model file {path} not found; check the path")
+    if not sidecar.exists():
+        raise AuditError(f"model side-car {sidecar} not found; save models with attnaudit so both files exist")
+    try:
+        side = json.loads(sidecar.read_text())
+        spec = ModelSpec(**side["spec"])
+        tensors = load_file(str(path))
+    except AuditError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any parse failure is the user's file
+        raise AuditError(f"cannot read model {path}: {exc.__class__.__name__}: {exc}; re-save it with attnaudit") from None
+    dtype = tensors["W"].dtype
+    model = TwoLayerNet(spec, context=tensors.get("context"), dtype=dtype)
+    model.load_state_dict(tensors)
+    if device is not None:
+        model = model.to(device)
+    return model

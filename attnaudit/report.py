@@ -1,0 +1,142 @@
+"""Report layer shared by every command: the JSON envelope, JSON writing, environment capture.
+
+Every JSON report has the same envelope::
+
+    {"schema": "attnaudit.<command>/<version>", "attnaudit_version": ..., "created": ISO-8601 UTC,
+     "inputs": {...}, "seeds": ..., "environment": {...}, "timings_s": {...},
+     "results": {...}, "verdicts": [...], "warnings": [...]}
+
+Non-finite floats are not valid JSON, so they are written as ``null``; result dicts that
+need to distinguish "infinite" from "missing" carry an explicit flag or string beside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import platform
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import torch
+
+from . import __version__
+from .errors import AuditError
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Convert results to JSON-safe values: tensors/arrays to lists, non-finite floats to None."""
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj
+    if isinstance(obj, int) and not isinstance(obj, bool):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating,)):
+        return to_jsonable(float(obj))
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    if isinstance(obj, torch.Tensor):
+        return to_jsonable(obj.detach().cpu().tolist())
+    if isinstance(obj, np.ndarray):
+        return to_jsonable(obj.tolist())
+    if isinstance(obj, (torch.device, torch.dtype, Path)):
+        return str(obj).replace("torch.", "")
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        if hasattr(obj, "to_dict"):
+            return to_jsonable(obj.to_dict())
+        return to_jsonable(dataclasses.asdict(obj))
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set)):
+        return [to_jsonable(v) for v in obj]
+    return str(obj)
+
+
+def environment_info(device: torch.device | str | None = None, dtype: str | None = None) -> dict:
+    """Package versions, platform, device name and thread count, for reproducibility."""
+    import scipy
+
+    info: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "attnaudit": __version__,
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "scipy": scipy.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "device": str(device) if device is not None else "cpu",
+        "dtype": dtype,
+    }
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dev.type == "cuda" and torch.cuda.is_available():
+        info["device_name"] = torch.cuda.get_device_name(dev)
+        info["cuda"] = torch.version.cuda
+    else:
+        info["device_name"] = platform.processor() or platform.machine()
+    return info
+
+
+def build_report(
+    schema: str,
+    *,
+    inputs: dict,
+    seeds: Any,
+    device: torch.device | str | None,
+    dtype: str | None,
+    timings: dict[str, float],
+    results: dict,
+    warnings: Iterable[str] = (),
+    verdicts: Iterable[str] = (),
+) -> dict:
+    """The versioned JSON envelope (see module docstring), already JSON-safe."""
+    payload = {
+        "schema": schema,
+        "attnaudit_version": __version__,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "inputs": inputs,
+        "seeds": seeds,
+        "environment": environment_info(device, dtype),
+        "timings_s": timings,
+        "results": results,
+        "verdicts": list(verdicts),
+        "warnings": list(warnings),
+    }
+    return to_jsonable(payload)
+
+
+def dumps(payload: dict) -> str:
+    """Strict JSON text (NaN/inf already mapped to null)."""
+    return json.dumps(to_jsonable(payload), indent=2, allow_nan=False)
+
+
+def check_target(path: str | Path, overwrite: bool) -> Path:
+    """Refuse to clobber a user's file unless ``overwrite``; make sure the parent folder exists."""
+    target = Path(path)
+    if target.exists() and not overwrite:
+        raise AuditError(f"{target} already exists; pass --overwrite or choose another path")
+    if target.exists() and target.is_dir():
+        raise AuditError(f"{target} is a directory; give a file path")
+    parent = target.parent
+    if not parent.exists():
+        raise AuditError(f"folder {parent} does not exist; create it or choose another path")
+    return target
+
+
+def write_json(payload: dict, path: str | Path, overwrite: bool = False) -> None:
+    """Write the report to ``path``; ``'-'`` writes to standard output (and nothing else should)."""
+    text = dumps(payload)
+    if str(path) == "-":
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+        return
+    target = check_target(path, overwrite)
+    target.write_text(text + "\n")
