@@ -197,33 +197,43 @@ def plot_kappa(result: KappaResult, sweep: list[SweepSummary] | None, path: Path
     panels = 2 if sweep else 1
     fig, axes = plt.subplots(1, panels, figsize=(6.0 * panels, 4.2), squeeze=False)
     ax = axes[0, 0]
-    lam = result.base.eigenvalues
+    base = result.base
+    lam = base.eigenvalues
+    r = base.numerical_rank
     idx = np.arange(1, lam.size + 1)
-    pos = lam > 0
-    ax.semilogy(idx[pos], lam[pos], label="G = X X^T", color="tab:blue")
-    ax.semilogy(idx[pos], lam[pos] ** 3, label="G~ = G^3 (identity)", color="tab:red", linestyle="--")
+    # Only eigenvalues above each matrix's rank tolerance are data; the rest is round-off and
+    # would stretch the axis over hundreds of meaningless decades.
+    ax.semilogy(idx[:r], lam[:r], label="G = X X^T", color="tab:blue")
+    ax.semilogy(idx[:r], lam[:r] ** 3, label="G~ = G^3 (identity)", color="tab:red", linestyle="--")
+    tol_t = base.rel_tolerance * lam[0] ** 3
     if result.transformed_measured is not None:
         meas = result.transformed_measured
-        mpos = meas > 0
-        ax.semilogy(idx[mpos], meas[mpos], label="G~ measured directly", color="tab:red", alpha=0.5, linewidth=3)
-    ax.axhline(result.base.tolerance, color="tab:blue", linestyle=":", linewidth=1, label="rank tolerance of G")
-    ax.axvline(result.base.numerical_rank, color="grey", linestyle=":", linewidth=1, label=f"numerical rank {result.base.numerical_rank}")
+        keep = meas > tol_t
+        ax.semilogy(idx[keep], meas[keep], label="G~ measured directly (above its tolerance)", color="tab:red", alpha=0.4, linewidth=4)
+    ax.axhline(base.tolerance, color="tab:blue", linestyle=":", linewidth=1, label="rank tolerance of G")
+    ax.axhline(tol_t, color="tab:red", linestyle=":", linewidth=1, label="rank tolerance of G~")
+    if r < lam.size:
+        ax.axvline(r, color="grey", linestyle=":", linewidth=1, label=f"numerical rank {r} of {lam.size}")
     ax.set_xlabel("eigenvalue index")
     ax.set_ylabel("eigenvalue")
-    ax.set_title("Gram spectra")
+    ax.set_title("Gram spectra (round-off omitted)")
     ax.legend(fontsize=8)
     if sweep:
         ax2 = axes[0, 1]
-        ns = [s.n for s in sweep]
-        ax2.errorbar(ns, [s.kappa_rank_mean for s in sweep], yerr=[s.kappa_rank_std for s in sweep], marker="o", capsize=3, label="kappa at numerical rank")
-        full = [(s.n, s.kappa_d_mean, s.kappa_d_std) for s in sweep if s.kappa_d_mean is not None]
-        if full:
-            ax2.errorbar([f[0] for f in full], [f[1] for f in full], yerr=[f[2] for f in full], marker="s", capsize=3, label="kappa_d (full-rank subsets)")
+        ns = np.array([s.n for s in sweep])
+        # kappa spans decades, so the spread is shown geometrically: 10^(mean log10 +- std log10)
+        centre = np.array([10**s.log10_kappa_rank_mean for s in sweep])
+        lo = centre - np.array([10 ** (s.log10_kappa_rank_mean - s.log10_kappa_rank_std) for s in sweep])
+        hi = np.array([10 ** (s.log10_kappa_rank_mean + s.log10_kappa_rank_std) for s in sweep]) - centre
+        ax2.errorbar(ns, centre, yerr=[lo, hi], marker="o", capsize=3, label="kappa at numerical rank")
+        deficient = [s for s in sweep if s.rank_deficient_seeds]
+        if deficient:
+            ax2.scatter([s.n for s in deficient], [10**s.log10_kappa_rank_mean for s in deficient], marker="x", s=80, color="black", zorder=3, label="rank deficient (kappa_d infinite)")
         ax2.set_xscale("log")
         ax2.set_yscale("log")
         ax2.set_xlabel("n (subset size)")
         ax2.set_ylabel("condition number of G")
-        ax2.set_title("kappa vs n (mean +- std over seeds)")
+        ax2.set_title("kappa vs n (geometric mean, x/ std over seeds)")
         ax2.legend(fontsize=8)
     if title:
         fig.suptitle(title)
