@@ -117,7 +117,9 @@ def train(model: nn.Module, X: torch.Tensor, y: torch.Tensor, config: TrainConfi
         model.zero_grad(set_to_none=True)
         loss = loss_value(model(X), y, config.loss)
         value = loss.item()
-        if step % config.record_every == 0 or step == config.steps:
+        # the step that stops the run is always recorded, so final_loss is the loss at the end
+        stopping = not math.isfinite(value) or (config.loss_tol is not None and value <= config.loss_tol)
+        if step % config.record_every == 0 or step == config.steps or stopping:
             curve.append(value)
         if not math.isfinite(value):
             diverged = True
