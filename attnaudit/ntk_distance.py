@@ -1,0 +1,727 @@
+"""NTK distance: do finite 2L-ReLU / MLP-Attn networks approach their infinite-width
+kernel predictor as width grows?
+
+Protocol (one *cell* per model x width x seed):
+
+1. Build the finite network (``models.py``; antisymmetric init by default, so f_0 = 0 up
+   to round-off) and train it by full-batch GD for ``steps`` steps (``training.py``).
+2. The kernel predictor: the analytic NTK Theta_inf of the 2-layer ReLU net on the MLP's
+   inputs (raw X for relu, f_att(X) for attn), evolved by linearized GD for the same
+   number of steps at the same learning rate, from the finite network's own f_0
+   (:func:`attnaudit.ntk.kernel_gd_predict`).
+3. On held-out points: distance = RMS over points of ||f_m(x) - f_NTK(x)||_2 (the norm
+   over the c outputs), and relative distance = distance / RMS ||f_NTK(x)||.
+4. Kernel movement on the training set, on the full (n c) x (n c) empirical kernel (the
+   finite-width kernel is not block diagonal across outputs, so nothing is averaged
+   away): ||Theta(T) - Theta(0)||_F / ||Theta(0)||_F, and the initial kernel's distance
+   from the analytic one, ||Theta(0) - Theta_inf (x) I_c||_F / ||Theta_inf (x) I_c||_F.
+   Both again on the complement of Theta_inf's top eigenvector v, i.e. after projecting
+   with Q = (I - v v^T) (x) I_c on both sides: the top direction (the data mean, which
+   after attention carries almost all of the kernel's trace) otherwise dominates every
+   Frobenius ratio and hides how the directions that separate classes behave.
+5. Per model: log-log least-squares slope of distance vs width, per seed; the kernel
+   regime predicts about -1/2 (kernel fluctuations and movement are O(1/sqrt(m))).
+
+Learning-rate rule (when no lr is given): lr = lr_fraction * 2n / lambda_max(Theta_inf on
+the training set), the stable step of linearized GD on the trainer's MSE
+(L = 1/(2n) sum ||f - y||^2). The default fraction 1/2 critically damps the top mode and
+leaves a factor 2 for finite-width fluctuations of the empirical lambda_max. Under the
+standard parametrization Theta_inf grows with width, so the rule gives one lr per width.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from .errors import AuditError
+from .models import ARCHITECTURES, ATTN_SCALINGS, INITS, PARAMETRIZATIONS, ModelSpec, TwoLayerNet, attention_context
+from .ntk import (
+    PREDICTOR_MODES,
+    LinearizedGDConfig,
+    TwoLayerState,
+    analytic_ntk_parts,
+    entk_two_layer_blocks,
+    kernel_gd_predict,
+)
+from .training import LOSSES, TrainConfig, accuracy, loss_value, one_hot_targets, train
+
+SCHEMA = "attnaudit.ntk-distance/1"
+MODEL_LABELS = {"relu": "2L-ReLU", "attn": "MLP-Attn"}
+F64 = torch.float64
+
+
+@dataclass(frozen=True)
+class NTKDistanceConfig:
+    """Settings of the width sweep; see the module docstring for the protocol.
+
+    ``lr=None`` applies the rule lr = lr_fraction * 2n / lambda_max(Theta_inf).
+    ``float32_from_width``: train networks at least this wide in float32 (kernels,
+    predictor and all metrics stay float64); None trains everything in ``train_dtype``.
+    ``kernel_points``: rows of the training set used for the kernel metrics (None: all;
+    otherwise a fixed random subset, drawn with seed 0).
+    """
+
+    models: tuple[str, ...] = ("relu", "attn")
+    widths: tuple[int, ...] = (16, 64, 256, 1024, 4096)
+    seeds: tuple[int, ...] = (0, 1, 2)
+    steps: int = 200
+    lr: float | None = None
+    lr_fraction: float = 0.5
+    loss: str = "mse"
+    parametrization: str = "ntk"
+    init: str = "antisymmetric"
+    attn_scaling: str = "rms"
+    predictor: str = "discrete"
+    train_dtype: str = "float64"
+    float32_from_width: int | None = None
+    kernel_points: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            raise AuditError("no models given; use --models relu,attn")
+        bad = [m for m in self.models if m not in ARCHITECTURES]
+        if bad:
+            raise AuditError(f"unknown model(s) {bad}; use a subset of {','.join(ARCHITECTURES)}")
+        if len(set(self.models)) != len(self.models):
+            raise AuditError("a model is listed twice in --models; list each once")
+        if not self.widths:
+            raise AuditError("no widths given; use e.g. --widths 16,64,256")
+        if any(int(w) != w or w < 1 for w in self.widths):
+            raise AuditError(f"widths must be positive integers, got {list(self.widths)}")
+        if len(set(self.widths)) != len(self.widths):
+            raise AuditError("a width is listed twice in --widths; list each once")
+        if self.init == "antisymmetric" and any(w % 2 for w in self.widths):
+            odd = [w for w in self.widths if w % 2]
+            raise AuditError(f"antisymmetric init needs even widths, got {odd}; use even widths or --init standard")
+        if not self.seeds:
+            raise AuditError("no seeds given; use --seeds 1 or more")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise AuditError("a seed is listed twice; list each once")
+        if self.steps < 1:
+            raise AuditError(f"--steps must be >= 1, got {self.steps}")
+        if self.lr is not None and not (self.lr > 0 and math.isfinite(self.lr)):
+            raise AuditError(f"--lr must be a positive number, got {self.lr}")
+        if not (0 < self.lr_fraction < 1):
+            raise AuditError(f"lr fraction must be in (0, 1) of the stable step 2n/lambda_max, got {self.lr_fraction}")
+        if self.loss not in LOSSES:
+            raise AuditError(f"unknown loss {self.loss!r}; use one of {', '.join(LOSSES)}")
+        if self.parametrization not in PARAMETRIZATIONS:
+            raise AuditError(f"unknown parametrization {self.parametrization!r}; use one of {', '.join(PARAMETRIZATIONS)}")
+        if self.init not in INITS:
+            raise AuditError(f"unknown init {self.init!r}; use one of {', '.join(INITS)}")
+        if self.attn_scaling not in ATTN_SCALINGS:
+            raise AuditError(f"unknown attention scaling {self.attn_scaling!r}; use one of {', '.join(ATTN_SCALINGS)}")
+        if self.predictor not in PREDICTOR_MODES:
+            raise AuditError(f"unknown predictor {self.predictor!r}; use one of {', '.join(PREDICTOR_MODES)}")
+        if self.train_dtype not in ("float64", "float32"):
+            raise AuditError(f"--dtype {self.train_dtype!r} is not supported here; use float64 or float32")
+        if self.float32_from_width is not None and self.float32_from_width < 1:
+            raise AuditError("float32_from_width must be a positive width or None")
+        if self.kernel_points is not None and self.kernel_points < 2:
+            raise AuditError(f"--kernel-points must be >= 2, got {self.kernel_points}")
+
+    def dtype_for(self, width: int) -> str:
+        if self.float32_from_width is not None and width >= self.float32_from_width:
+            return "float32"
+        return self.train_dtype
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        for key in ("models", "widths", "seeds"):
+            out[key] = list(out[key])
+        return out
+
+
+@dataclass
+class Cell:
+    """One trained network (model x width x seed) and its kernel predictor."""
+
+    model: str
+    width: int
+    seed: int
+    lr: float
+    train_dtype: str
+    steps_run: int
+    diverged: bool
+    distance_rms: float
+    distance_rel: float
+    ntk_output_rms: float
+    distance_train_rms: float
+    kernel_movement: float
+    kernel_init_error: float
+    kernel_movement_complement: float
+    kernel_init_error_complement: float
+    kernel_movement_trace: float
+    net_train_loss: float
+    net_initial_loss: float
+    net_train_acc: float
+    net_test_acc: float
+    kernel_train_loss: float
+    kernel_train_acc: float
+    kernel_test_acc: float
+    predictor: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return _clean(asdict(self))
+
+
+@dataclass
+class ModelSummary:
+    """Per-model diagnostics of the analytic kernel, the width trend and the verdict."""
+
+    model: str
+    condition_number: float
+    numerical_rank: int
+    top_eig_share: float
+    mean_pairwise_cosine: float
+    diagnostic_kernel: str
+    lr_by_width: dict
+    slope_per_seed: list
+    slope_mean: float
+    slope_std: float
+    slope_of_mean: float
+    movement_slope: float
+    init_error_slope: float
+    monotone_decreasing: bool
+    trend: str
+    verdict: str
+
+    def to_dict(self) -> dict:
+        return _clean(asdict(self))
+
+
+@dataclass
+class NTKDistanceResult:
+    config: NTKDistanceConfig
+    n_train: int
+    n_test: int
+    n_classes: int
+    d: int
+    cells: list[Cell]
+    models: dict[str, ModelSummary]
+    warnings: list[str]
+    lr_rule: str
+    seconds: float
+
+    def summary_rows(self) -> list[dict]:
+        """Mean and spread over seeds, one row per model x width."""
+        rows = []
+        keys = ("distance_rms", "distance_rel", "kernel_movement", "kernel_init_error",
+                "kernel_movement_complement", "kernel_init_error_complement", "net_train_acc",
+                "net_test_acc", "kernel_train_acc", "kernel_test_acc", "net_train_loss", "kernel_train_loss")
+        for model in self.config.models:
+            for width in self.config.widths:
+                group = [c for c in self.cells if c.model == model and c.width == width]
+                row = {"model": model, "width": width, "n_seeds": len(group),
+                       "lr": group[0].lr if group else float("nan"),
+                       "diverged": sum(c.diverged for c in group)}
+                for key in keys:
+                    row[key] = _stats([getattr(c, key) for c in group])
+                rows.append(row)
+        return rows
+
+    def verdicts(self) -> list[str]:
+        return [self.models[m].verdict for m in self.config.models]
+
+    def to_dict(self) -> dict:
+        return _clean({
+            "schema": SCHEMA,
+            "config": self.config.to_dict(),
+            "n_train": self.n_train,
+            "n_test": self.n_test,
+            "n_classes": self.n_classes,
+            "d": self.d,
+            "lr_rule": self.lr_rule,
+            "distance_definition": "RMS over held-out points of ||f_m(x) - f_NTK(x)||_2 over the c outputs; "
+            "relative: divided by RMS ||f_NTK(x)||_2",
+            "kernel_definition": "full (n c) x (n c) empirical NTK on the training set (or its first "
+            "kernel_points rows, a fixed random subset); complement = both sides projected off the top eigenvector of Theta_inf",
+            "cells": [c.to_dict() for c in self.cells],
+            "summary": self.summary_rows(),
+            "models": {k: v.to_dict() for k, v in self.models.items()},
+            "warnings": list(self.warnings),
+            "verdicts": self.verdicts(),
+            "seconds": self.seconds,
+        })
+
+
+def _clean(obj):
+    """Non-finite floats -> None so the report is strict JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def _stats(values: Sequence[float]) -> dict:
+    vals = [float(v) for v in values]
+    finite = [v for v in vals if math.isfinite(v)]
+    if not finite:
+        return {"mean": float("nan"), "std": float("nan"), "values": vals}
+    mean = sum(finite) / len(finite)
+    std = math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1)) if len(finite) > 1 else 0.0
+    return {"mean": mean, "std": std, "values": vals}
+
+
+def _loglog_slope(widths: Sequence[int], values: Sequence[float]) -> float:
+    """Least-squares slope of log(value) against log(width); NaN if fewer than 2 usable points."""
+    pts = [(math.log(w), math.log(v)) for w, v in zip(widths, values) if v is not None and math.isfinite(v) and v > 0]
+    if len(pts) < 2:
+        return float("nan")
+    mx = sum(p[0] for p in pts) / len(pts)
+    my = sum(p[1] for p in pts) / len(pts)
+    sxx = sum((p[0] - mx) ** 2 for p in pts)
+    return sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx
+
+
+def _rms_rows(F: torch.Tensor) -> float:
+    return F.pow(2).sum(1).mean().sqrt().item() if F.numel() else float("nan")
+
+
+def _kernel_metrics(
+    state0: TwoLayerState, stateT: TwoLayerState, Z: torch.Tensor, kinf: torch.Tensor, v: torch.Tensor
+) -> dict:
+    """Frobenius ratios on the full (n c)^2 kernel, streamed block by output pair (k <= l)."""
+    gram = Z @ Z.T
+    n = Z.shape[0]
+
+    def project(B: torch.Tensor) -> torch.Tensor:
+        # (I - v v^T) B (I - v v^T) without forming the projector
+        Bv, vB = B @ v, v @ B
+        return B - torch.outer(Bv, v) - torch.outer(v, vB) + (v @ Bv) * torch.outer(v, v)
+
+    acc = dict.fromkeys(("t0", "ainf", "move", "init", "t0_q", "ainf_q", "move_q", "init_q"), 0.0)
+    trace0 = torch.zeros(n, n, dtype=Z.dtype, device=Z.device)
+    traceT = torch.zeros_like(trace0)
+    kinf_q = project(kinf)
+    for (k, l, B0), (_, _, BT) in zip(entk_two_layer_blocks(state0, Z, gram=gram),
+                                       entk_two_layer_blocks(stateT, Z, gram=gram)):
+        w = 1.0 if k == l else 2.0  # Theta_lk = Theta_kl^T has the same norm
+        A = kinf if k == l else None
+        dM = BT - B0
+        dI = B0 - A if A is not None else B0
+        B0q, dMq, dIq = project(B0), project(dM), project(dI)
+        acc["t0"] += w * B0.pow(2).sum().item()
+        acc["move"] += w * dM.pow(2).sum().item()
+        acc["init"] += w * dI.pow(2).sum().item()
+        acc["t0_q"] += w * B0q.pow(2).sum().item()
+        acc["move_q"] += w * dMq.pow(2).sum().item()
+        acc["init_q"] += w * dIq.pow(2).sum().item()
+        if k == l:
+            acc["ainf"] += kinf.pow(2).sum().item()
+            acc["ainf_q"] += kinf_q.pow(2).sum().item()
+            trace0 += B0
+            traceT += BT
+
+    def ratio(a: str, b: str) -> float:
+        return math.sqrt(acc[a] / acc[b]) if acc[b] > 0 else float("nan")
+
+    return {
+        "kernel_movement": ratio("move", "t0"),
+        "kernel_init_error": ratio("init", "ainf"),
+        "kernel_movement_complement": ratio("move_q", "t0_q"),
+        "kernel_init_error_complement": ratio("init_q", "ainf_q"),
+        "kernel_movement_trace": ((traceT - trace0).norm() / trace0.norm()).item(),
+    }
+
+
+def _spectrum_diagnostics(K: torch.Tensor) -> dict:
+    lam = torch.linalg.eigvalsh(0.5 * (K + K.T))
+    top = lam[-1].item()
+    tol = K.shape[0] * torch.finfo(K.dtype).eps * max(abs(top), abs(lam[0].item()))
+    pos = lam[lam > tol]
+    total = lam.clamp_min(0).sum().item()
+    return {
+        "lam_max": top,
+        "condition_number": top / pos[0].item() if pos.numel() else float("inf"),
+        "numerical_rank": int(pos.numel()),
+        "top_eig_share": top / total if total > 0 else float("nan"),
+    }
+
+
+def _mean_pairwise_cosine(Z: torch.Tensor) -> float:
+    n = Z.shape[0]
+    if n < 2:
+        return float("nan")
+    U = Z / Z.norm(dim=1, keepdim=True).clamp_min(torch.finfo(Z.dtype).tiny)
+    s = U.sum(0)
+    # sum over i != j of cos = |sum u|^2 - sum |u|^2
+    return ((s @ s - U.pow(2).sum()) / (n * (n - 1))).item()
+
+
+def _trend(slopes: list[float], monotone: bool) -> str:
+    finite = [s for s in slopes if math.isfinite(s)]
+    if not finite:
+        return "undetermined"
+    if all(s < 0 for s in finite):
+        return "falls" if monotone else "falls-non-monotone"
+    if all(s > 0 for s in finite):
+        return "rises"
+    return "mixed"
+
+
+KERNEL_RATE = -0.5  # distance ~ m^-1/2 in the kernel regime (kernel fluctuation and movement are O(m^-1/2))
+
+
+def _verdict(label: str, trend: str, slope_mean: float, slope_std: float, k: int, rel_last: float,
+             w_first: int, w_last: int, d_first: float, d_last: float) -> str:
+    """One sentence: the measured trend, its rate against m^-1/2, and what it means."""
+    if trend == "undetermined":
+        return f"{label}: trend undetermined (needs at least two widths with finite distances)."
+    spread = f"{slope_mean:+.2f} ± {slope_std:.2f} over {k} seeds" if k > 1 else f"{slope_mean:+.2f}, 1 seed"
+    factor = d_first / d_last if d_last and d_last > 0 else float("nan")
+    predicted = (w_last / w_first) ** -KERNEL_RATE
+    change = f"fell by a factor {factor:.3g}" if factor >= 1 else f"rose by a factor {1 / factor:.3g}"
+    rate = (f"log-log slope {spread}, kernel regime about {KERNEL_RATE}; the distance {change} from m={w_first} "
+            f"to m={w_last}, where m^-1/2 predicts a fall by a factor {predicted:.3g}; "
+            f"relative distance {rel_last:.1%} at m={w_last}")
+    if trend == "falls":
+        slow = slope_mean > KERNEL_RATE / 2
+        what = ("approaching the kernel regime as width grows, but at less than half the m^-1/2 rate"
+                if slow else "approaching the kernel regime as width grows")
+        return f"{label}: distance to the NTK predictor falls monotonically with width ({rate}) — {what}."
+    if trend == "falls-non-monotone":
+        return (f"{label}: distance falls overall but not monotonically with width ({rate}) — not clearly "
+                f"approaching the kernel regime at these widths.")
+    if trend == "rises":
+        return f"{label}: distance to the NTK predictor rises with width ({rate}) — moving away from the kernel regime."
+    return (f"{label}: no consistent trend of distance with width (seed slopes differ in sign; {rate}) — no "
+            f"evidence of approaching the kernel regime at these widths.")
+
+
+# Presets: sizes only (the data set comes from --dataset). Explicit options override them.
+# quick: a couple of minutes at most on 2 CPU cores on digits (d = 64).
+# paper: the paper's width range with several hundred training points; networks of width
+# >= 1024 are trained in float32 (float64 training of the 4096-wide nets dominated the
+# run time; on real MNIST the float32 and float64 distances agreed to ~1e-6 relative),
+# everything measured stays float64.
+PRESETS: dict[str, dict] = {
+    "quick": {"n_train": 200, "n_test": 200, "widths": (16, 64, 256, 1024), "n_seeds": 2, "steps": 200,
+              "float32_from_width": None},
+    "paper": {"n_train": 500, "n_test": 500, "widths": (16, 64, 256, 1024, 4096), "n_seeds": 3, "steps": 200,
+              "float32_from_width": 1024},
+}
+
+
+ProgressFn = Callable[[], None]
+ModelHook = Callable[[str, int, int, TwoLayerNet], None]
+
+
+def run_ntk_distance(
+    X_train: torch.Tensor,
+    y_train: torch.Tensor,
+    X_test: torch.Tensor,
+    y_test: torch.Tensor,
+    n_classes: int,
+    config: NTKDistanceConfig = NTKDistanceConfig(),
+    *,
+    progress: ProgressFn | None = None,
+    on_model: ModelHook | None = None,
+) -> NTKDistanceResult:
+    """Run the width sweep (see the module docstring). Tensors' device is used throughout.
+
+    ``progress()`` is called after each cell; ``on_model(model, width, seed, net)`` gets
+    each trained network (an attnaudit TwoLayerNet, e.g. to save it).
+    """
+    t_start = time.perf_counter()
+    if X_train.ndim != 2 or X_test.ndim != 2 or X_train.shape[1] != X_test.shape[1]:
+        raise AuditError("training and test inputs must be (n, d) matrices with the same d")
+    if y_train is None or y_test is None:
+        raise AuditError("ntk-distance needs labels; use a labelled dataset or a data file with labels")
+    n, d = X_train.shape
+    if n < 2 or X_test.shape[0] < 1:
+        raise AuditError(f"need at least 2 training and 1 test points, got {n} and {X_test.shape[0]}")
+    c = max(int(n_classes), int(y_train.max().item()) + 1, int(y_test.max().item()) + 1)
+    device = X_train.device
+    X = X_train.to(F64)
+    Xt = X_test.to(device, F64)
+    y, yt = y_train.to(device).long(), y_test.to(device).long()
+    Y = one_hot_targets(y, c).to(device)
+    kp = n if config.kernel_points is None else min(n, config.kernel_points)
+    # a fixed random subset (rows arrive in source order, which may be sorted by class)
+    kidx = torch.arange(n, device=device) if kp == n else (
+        torch.randperm(n, generator=torch.Generator().manual_seed(0))[:kp].sort().values.to(device))
+    warnings: list[str] = []
+    cells: list[Cell] = []
+    summaries: dict[str, ModelSummary] = {}
+
+    for arch in config.models:
+        if arch == "attn":
+            context = attention_context(X, config.attn_scaling).to(device, F64)
+            Z, Zt = X @ context, Xt @ context
+        else:
+            context, Z, Zt = None, X, Xt
+        parts_tr = analytic_ntk_parts(Z)
+        parts_te = analytic_ntk_parts(Zt, Z)
+        diag_width = max(config.widths)
+        ref_kernel = parts_tr.kernel(config.parametrization, diag_width)
+        spec_diag = _spectrum_diagnostics(ref_kernel)
+        lr_by_width: dict[int, float] = {}
+        for width in config.widths:
+            kinf = parts_tr.kernel(config.parametrization, width)
+            kinf_test = parts_te.kernel(config.parametrization, width)
+            lam_max = torch.linalg.eigvalsh(0.5 * (kinf + kinf.T))[-1].item()
+            lr = config.lr if config.lr is not None else config.lr_fraction * 2 * n / lam_max
+            lr_by_width[width] = lr
+            if config.lr is not None and lr * lam_max / n > 2:
+                warnings.append(
+                    f"{arch} m={width}: --lr {lr:g} exceeds the stable step 2n/lambda_max = {2 * n / lam_max:.4g}; "
+                    "the linearized dynamics (and probably the network) diverge"
+                )
+            kin_k = kinf[kidx][:, kidx]
+            evals, evecs = torch.linalg.eigh(0.5 * (kin_k + kin_k.T))
+            v_top = evecs[:, -1]
+            gd_cfg = LinearizedGDConfig(lr=lr, steps=config.steps, mode=config.predictor, loss=config.loss)
+            for seed in config.seeds:
+                t_cell = time.perf_counter()
+                cells.append(
+                    _run_cell(arch, width, seed, lr, config, context, Z, Zt, X, Xt, y, yt, Y, c,
+                              kinf, kinf_test, gd_cfg, kin_k, v_top, kidx, on_model, t_cell)
+                )
+                if progress is not None:
+                    progress()
+        group = [cl for cl in cells if cl.model == arch]
+        widths = list(config.widths)
+        per_seed = [
+            _loglog_slope(widths, [next(cl.distance_rms for cl in group if cl.width == w and cl.seed == s) for w in widths])
+            for s in config.seeds
+        ]
+        mean_dist = [_stats([cl.distance_rms for cl in group if cl.width == w])["mean"] for w in widths]
+        mean_move = [_stats([cl.kernel_movement for cl in group if cl.width == w])["mean"] for w in widths]
+        mean_init = [_stats([cl.kernel_init_error for cl in group if cl.width == w])["mean"] for w in widths]
+        order = sorted(range(len(widths)), key=lambda i: widths[i])
+        ordered = [mean_dist[i] for i in order]
+        monotone = all(b < a for a, b in zip(ordered, ordered[1:]))
+        slope_stats = _stats(per_seed)
+        trend = _trend(per_seed, monotone)
+        first, last = widths[order[0]], widths[order[-1]]
+        rel_last = _stats([cl.distance_rel for cl in group if cl.width == last])["mean"]
+        label = MODEL_LABELS[arch]
+        if config.parametrization == "ntk":
+            diag_name = "analytic NTK on the training set (width free, NTK parametrization)"
+        else:
+            diag_name = f"expected NTK at width {diag_width} (standard parametrization)"
+        summaries[arch] = ModelSummary(
+            model=arch,
+            condition_number=spec_diag["condition_number"],
+            numerical_rank=spec_diag["numerical_rank"],
+            top_eig_share=spec_diag["top_eig_share"],
+            mean_pairwise_cosine=_mean_pairwise_cosine(Z),
+            diagnostic_kernel=diag_name,
+            lr_by_width={str(w): lr_by_width[w] for w in widths},
+            slope_per_seed=per_seed,
+            slope_mean=slope_stats["mean"],
+            slope_std=slope_stats["std"],
+            slope_of_mean=_loglog_slope(widths, mean_dist),
+            movement_slope=_loglog_slope(widths, mean_move),
+            init_error_slope=_loglog_slope(widths, mean_init),
+            monotone_decreasing=monotone,
+            trend=trend,
+            verdict=_verdict(label, trend, slope_stats["mean"], slope_stats["std"], len(config.seeds), rel_last,
+                             first, last, mean_dist[order[0]], mean_dist[order[-1]]),
+        )
+        if spec_diag["condition_number"] > 1 / torch.finfo(F64).eps or spec_diag["numerical_rank"] < n:
+            warnings.append(
+                f"{arch}: the analytic NTK on the training set is numerically singular (numerical rank "
+                f"{spec_diag['numerical_rank']} of {n}); the predictor stays finite (eigen-decomposition, "
+                "null directions follow the lr*T/n limit) but directions below round-off are not resolved"
+            )
+    diverged = [f"{cl.model} m={cl.width} seed={cl.seed}" for cl in cells if cl.diverged]
+    if diverged:
+        warnings.append(
+            "training diverged or did not reduce the loss for " + ", ".join(diverged) + "; lower --lr or --lr-fraction"
+        )
+    f32 = sorted({cl.width for cl in cells if cl.train_dtype == "float32"})
+    if f32:
+        warnings.append(
+            f"networks of width {f32} were trained in float32 for speed; kernels, predictor and metrics are float64"
+        )
+    rule = (
+        f"lr = {config.lr} (given)" if config.lr is not None
+        else f"lr = {config.lr_fraction} * 2n / lambda_max(Theta_inf on the training set), n = {n}"
+    )
+    return NTKDistanceResult(
+        config=config, n_train=n, n_test=Xt.shape[0], n_classes=c, d=d, cells=cells, models=summaries,
+        warnings=warnings, lr_rule=rule, seconds=time.perf_counter() - t_start,
+    )
+
+
+def _run_cell(arch, width, seed, lr, config, context, Z, Zt, X, Xt, y, yt, Y, c, kinf, kinf_test, gd_cfg,
+              kin_k, v_top, kidx, on_model, t_cell) -> Cell:
+    """Train one network on the MLP's inputs Z and compare it with the kernel predictor."""
+    device = Z.device
+    dtype_name = config.dtype_for(width)
+    tdt = torch.float32 if dtype_name == "float32" else F64
+    # The MLP is trained on precomputed f_att(X): identical maths to MLP-Attn's forward,
+    # without re-applying the (d x d) context every step.
+    spec = ModelSpec("relu", Z.shape[1], width, c, parametrization=config.parametrization,
+                     init=config.init, attn_scaling=config.attn_scaling, seed=seed)
+    net = TwoLayerNet(spec, dtype=tdt).to(device)
+    state0 = TwoLayerState.from_model(net)
+    with torch.no_grad():
+        f0 = net(Z.to(tdt)).to(F64)
+        f0t = net(Zt.to(tdt)).to(F64)
+    result = train(net, Z.to(tdt), y, TrainConfig(loss=config.loss, lr=lr, steps=config.steps))
+    stateT = TwoLayerState.from_model(net)
+    W64, a64 = stateT.W.to(F64), stateT.a.to(F64)
+
+    def forward64(inputs: torch.Tensor) -> torch.Tensor:
+        return torch.relu(inputs @ W64.T * stateT.s_in) @ a64 * stateT.s_out
+
+    f_tr, f_te = forward64(Z), forward64(Zt)
+    initial_loss = result.loss_curve[0] if result.loss_curve else float("nan")
+    final_loss = loss_value(f_tr, y, config.loss).item()
+    diverged = bool(result.diverged or not math.isfinite(final_loss) or final_loss > initial_loss)
+
+    pred = kernel_gd_predict(kinf, Y, gd_cfg, K_test=kinf_test, f0_train=f0, f0_test=f0t)
+    diff = f_te - pred.f_test
+    dist = _rms_rows(diff)
+    ref = _rms_rows(pred.f_test)
+    if diverged or not torch.isfinite(f_tr).all():
+        km = dict.fromkeys(("kernel_movement", "kernel_init_error", "kernel_movement_complement",
+                            "kernel_init_error_complement", "kernel_movement_trace"), float("nan"))
+    else:
+        km = _kernel_metrics(_as64(state0), _as64(stateT), Z[kidx], kin_k, v_top)
+    if on_model is not None:
+        on_model(arch, width, seed, _as_reference_model(arch, spec, context, stateT))
+    return Cell(
+        model=arch, width=width, seed=seed, lr=lr, train_dtype=dtype_name, steps_run=result.steps_run,
+        diverged=diverged, distance_rms=dist, distance_rel=dist / ref if ref > 0 else float("nan"),
+        ntk_output_rms=ref, distance_train_rms=_rms_rows(f_tr - pred.f_train),
+        net_train_loss=final_loss, net_initial_loss=initial_loss,
+        net_train_acc=accuracy(f_tr, y), net_test_acc=accuracy(f_te, yt),
+        kernel_train_loss=loss_value(pred.f_train, y, config.loss).item(),
+        kernel_train_acc=accuracy(pred.f_train, y), kernel_test_acc=accuracy(pred.f_test, yt),
+        predictor={"stability_ratio": pred.stability_ratio, "diverges": pred.diverges, "method": pred.method},
+        seconds=time.perf_counter() - t_cell, **km,
+    )
+
+
+def _as64(state: TwoLayerState) -> TwoLayerState:
+    return TwoLayerState(state.W.to(F64), state.a.to(F64), state.s_in, state.s_out)
+
+
+def _as_reference_model(arch: str, spec: ModelSpec, context, state: TwoLayerState) -> TwoLayerNet:
+    """The trained weights as an attnaudit model of the requested architecture (attn keeps its context)."""
+    full_spec = ModelSpec(arch, spec.d_in, spec.width, spec.n_out, parametrization=spec.parametrization,
+                          init=spec.init, attn_scaling=spec.attn_scaling, seed=spec.seed)
+    net = TwoLayerNet(full_spec, context=None if context is None else context.cpu(), dtype=state.W.dtype)
+    with torch.no_grad():
+        net.W.copy_(state.W.cpu())
+        net.a.copy_(state.a.cpu())
+    return net
+
+
+# --------------------------------------------------------------------------------------
+# Rendering
+# --------------------------------------------------------------------------------------
+
+
+def _pm(stat: dict, fmt: str = "{:.3g}") -> str:
+    mean, std = stat["mean"], stat["std"]
+    if mean is None or not math.isfinite(mean):
+        return "—"
+    return fmt.format(mean) + ("" if not std else " ± " + fmt.format(std))
+
+
+def build_tables(result: NTKDistanceResult) -> list:
+    """Rich renderables: per model x width table, then per-model diagnostics and verdicts."""
+    from rich.table import Table
+    from rich.text import Text
+
+    n_seeds = len(result.config.seeds)
+    table = Table(title=f"NTK distance (held-out n={result.n_test}, mean ± sd over {n_seeds} seed(s))")
+    for col in ("model", "width", "‖f_m − f_NTK‖ rms", "relative", "ΔΘ/Θ₀", "Θ₀ vs Θ∞", "ΔΘ/Θ₀ ⊥top",
+                "Θ₀ vs Θ∞ ⊥top", "net acc tr/te", "kernel acc tr/te", "loss net/kernel"):
+        table.add_column(col, justify="right" if col not in ("model",) else "left")
+    for row in result.summary_rows():
+        pct = "{:.1%}"
+        table.add_row(
+            MODEL_LABELS[row["model"]],
+            str(row["width"]) + (" ⚠" if row["diverged"] else ""),
+            _pm(row["distance_rms"]),
+            _pm(row["distance_rel"], pct),
+            _pm(row["kernel_movement"]),
+            _pm(row["kernel_init_error"]),
+            _pm(row["kernel_movement_complement"]),
+            _pm(row["kernel_init_error_complement"]),
+            f"{row['net_train_acc']['mean']:.1%}/{row['net_test_acc']['mean']:.1%}",
+            f"{row['kernel_train_acc']['mean']:.1%}/{row['kernel_test_acc']['mean']:.1%}",
+            f"{row['net_train_loss']['mean']:.3g}/{row['kernel_train_loss']['mean']:.3g}",
+        )
+    diag = Table(title="Analytic kernel diagnostics and width trend")
+    for col in ("model", "lr", "cond(Θ∞)", "rank", "top-eig share", "mean cos", "slope dist", "slope ΔΘ", "slope Θ₀−Θ∞",
+                "trend"):
+        diag.add_column(col, justify="left" if col in ("model", "trend") else "right")
+    for name in result.config.models:
+        s = result.models[name]
+        lrs = sorted(set(round(v, 12) for v in s.lr_by_width.values()))
+        lr_txt = f"{lrs[0]:.4g}" if len(lrs) == 1 else f"{lrs[0]:.3g}…{lrs[-1]:.3g}"
+        slope = "—" if not math.isfinite(s.slope_mean) else f"{s.slope_mean:+.2f} ± {s.slope_std:.2f}"
+        diag.add_row(
+            MODEL_LABELS[name], lr_txt, f"{s.condition_number:.3g}", f"{s.numerical_rank}/{result.n_train}",
+            f"{s.top_eig_share:.1%}", f"{s.mean_pairwise_cosine:.4f}", slope,
+            _fmt_slope(s.movement_slope), _fmt_slope(s.init_error_slope), s.trend,
+        )
+    out = [table, diag]
+    for text in result.verdicts():
+        out.append(Text(text))
+    for w in result.warnings:
+        out.append(Text("warning: " + w, style="yellow"))
+    return out
+
+
+def _fmt_slope(x: float) -> str:
+    return "—" if x is None or not math.isfinite(x) else f"{x:+.2f}"
+
+
+def plot_ntk_distance(result: NTKDistanceResult, path) -> None:
+    """PNG: distance vs width and kernel movement vs width, log-log, error bars = sd over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result.summary_rows()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for idx, name in enumerate(result.config.models):
+        sel = sorted((r for r in rows if r["model"] == name), key=lambda r: r["width"])
+        w = [r["width"] for r in sel]
+        color = f"C{idx}"  # one colour per model in both panels
+        for ax, key, style in ((axes[0], "distance_rms", "o-"), (axes[1], "kernel_movement", "o-"),
+                               (axes[1], "kernel_init_error", "s--")):
+            mean = [r[key]["mean"] for r in sel]
+            std = [r[key]["std"] for r in sel]
+            label = MODEL_LABELS[name] + ("" if key == "distance_rms" else
+                                          (" movement" if key == "kernel_movement" else " Θ₀ vs Θ∞"))
+            ax.errorbar(w, mean, yerr=std, fmt=style, color=color, capsize=3, label=label)
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("width m")
+        ax.grid(True, which="both", alpha=0.3)
+    ws = sorted(result.config.widths)
+    if len(ws) > 1:
+        first = [r for r in rows if r["width"] == ws[0]]
+        anchor = max((r["distance_rms"]["mean"] for r in first if r["distance_rms"]["mean"]), default=None)
+        if anchor and math.isfinite(anchor):
+            axes[0].plot(ws, [anchor * (w / ws[0]) ** -0.5 for w in ws], "k:", label="∝ m^-1/2")
+    axes[0].set_ylabel("RMS ‖f_m − f_NTK‖ (held-out)")
+    axes[0].set_title("Distance to the NTK predictor")
+    axes[1].set_ylabel("relative Frobenius norm")
+    axes[1].set_title("Kernel movement and initial kernel error")
+    axes[0].legend(fontsize=8)
+    axes[1].legend(fontsize=8)
+    fig.suptitle(f"{result.config.loss.upper()}, {result.config.steps} GD steps, n_train={result.n_train}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
