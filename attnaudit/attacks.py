@@ -1,0 +1,241 @@
+"""Perturbations of the training data: FGSM, PGD, MIM, and the random-noise control.
+
+Each adversarial method maximises the (trained, fixed) model's per-sample loss on every
+training sample separately, inside the ball ||delta|| <= eps of the chosen norm, and keeps
+x + delta inside the data's valid range [clip_min, clip_max]:
+
+* ``fgsm`` (Goodfellow et al. 2015): one step of size eps along sign(g) (L-inf) or
+  g / ||g||_2 (L2).
+* ``pgd`` (Madry et al. 2018): random start inside the ball (uniform in the L-inf cube; for
+  L2 uniform in the ball), then ``steps`` steps of size ``step_size`` (default 2.5 eps /
+  steps), each followed by projection onto the ball and clipping to the valid range. The
+  last iterate is returned.
+* ``mim`` (Dong et al. 2018): momentum accumulator m <- mu m + g / ||g||_1, steps along
+  sign(m) (L-inf) or m / ||m||_2 (L2), step size eps / steps by default; no random start.
+* ``random``: the control -- noise of the same radius, uniform in the L-inf cube, or
+  uniform on the L2 sphere of radius eps; then clipped.
+* ``none``: the data unchanged.
+
+Clipping to the valid range moves each coordinate towards the clean value, so it never
+leaves the ball; it does shrink the effective radius (most for noise on images with many
+saturated pixels), which is why the result reports the perturbation norm actually used.
+
+All randomness comes from a CPU ``torch.Generator`` seeded with ``seed``: deterministic
+on any device. Rows are attacked independently (the reference models process each row
+on its own; MLP-Attn's context is a fixed buffer during the attack). Memory: a few copies
+of X plus one chunk's forward/backward graph.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+from .errors import AuditError
+from .training import accuracy, per_sample_loss
+
+ATTACKS = ("fgsm", "pgd", "mim", "random", "none")
+ADVERSARIAL = ("fgsm", "pgd", "mim")
+NORMS = ("linf", "l2")
+
+
+@dataclass(frozen=True)
+class AttackConfig:
+    """One perturbation; validated on construction (bad values fail before any compute)."""
+
+    method: str = "pgd"
+    eps: float = 0.3
+    norm: str = "linf"
+    steps: int = 10
+    step_size: float | None = None
+    random_start: bool = True
+    momentum: float = 1.0
+    clip_min: float | None = None
+    clip_max: float | None = None
+    seed: int = 0
+    chunk_size: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.method not in ATTACKS:
+            raise AuditError(f"unknown attack {self.method!r}; use one of {', '.join(ATTACKS)}")
+        if self.norm not in NORMS:
+            raise AuditError(f"unknown norm {self.norm!r}; use linf or l2")
+        if self.method != "none" and not (math.isfinite(self.eps) and self.eps > 0):
+            raise AuditError(f"attack radius eps must be a positive number, got {self.eps}")
+        if self.steps < 1:
+            raise AuditError(f"attack steps must be >= 1, got {self.steps}")
+        if self.step_size is not None and not (math.isfinite(self.step_size) and self.step_size > 0):
+            raise AuditError(f"attack step size must be a positive number, got {self.step_size}")
+        if not (math.isfinite(self.momentum) and self.momentum >= 0):
+            raise AuditError(f"MIM momentum must be >= 0, got {self.momentum}")
+        if (self.clip_min is None) != (self.clip_max is None):
+            raise AuditError("give both ends of the valid range (clip_min and clip_max) or neither")
+        if self.clip_min is not None and not self.clip_min < self.clip_max:
+            raise AuditError(f"valid range must have clip_min < clip_max, got [{self.clip_min}, {self.clip_max}]")
+        if self.chunk_size < 1:
+            raise AuditError("attack chunk size must be >= 1")
+
+    @property
+    def resolved_step_size(self) -> float | None:
+        """Step size actually used: given, else 2.5 eps/steps (PGD), eps/steps (MIM), eps (FGSM)."""
+        if self.method in ("random", "none"):
+            return None
+        if self.method == "fgsm":
+            return self.eps
+        if self.step_size is not None:
+            return self.step_size
+        return (2.5 if self.method == "pgd" else 1.0) * self.eps / self.steps
+
+
+@dataclass
+class AttackResult:
+    """Perturbed inputs and what the attack did to the attacked model (its strength)."""
+
+    X_adv: torch.Tensor
+    config: AttackConfig
+    loss_before: float
+    loss_after: float
+    accuracy_before: float
+    accuracy_after: float
+    radius_mean: float
+    radius_max: float
+
+    def to_dict(self) -> dict:
+        return {
+            "method": self.config.method,
+            "eps": self.config.eps if self.config.method != "none" else 0.0,
+            "norm": self.config.norm,
+            "steps": self.config.steps if self.config.method in ("pgd", "mim") else (1 if self.config.method == "fgsm" else 0),
+            "step_size": self.config.resolved_step_size,
+            "random_start": self.config.random_start if self.config.method == "pgd" else None,
+            "momentum": self.config.momentum if self.config.method == "mim" else None,
+            "valid_range": None if self.config.clip_min is None else [self.config.clip_min, self.config.clip_max],
+            "seed": self.config.seed,
+            "model_loss_before": self.loss_before,
+            "model_loss_after": self.loss_after,
+            "model_accuracy_before": self.accuracy_before,
+            "model_accuracy_after": self.accuracy_after,
+            "perturbation_norm_mean": self.radius_mean,
+            "perturbation_norm_max": self.radius_max,
+        }
+
+
+def _norm_rows(delta: torch.Tensor, norm: str) -> torch.Tensor:
+    flat = delta.reshape(delta.shape[0], -1)
+    return flat.abs().amax(1) if norm == "linf" else flat.norm(dim=1)
+
+
+def _unit(g: torch.Tensor, norm: str) -> torch.Tensor:
+    """Steepest-ascent direction of unit ``norm``: sign(g) for L-inf, g / ||g||_2 for L2."""
+    if norm == "linf":
+        return g.sign()
+    n = g.reshape(g.shape[0], -1).norm(dim=1).clamp_min(1e-300)
+    return g / n.view(-1, *([1] * (g.ndim - 1)))
+
+
+def _project(delta: torch.Tensor, eps: float, norm: str) -> torch.Tensor:
+    if norm == "linf":
+        return delta.clamp(-eps, eps)
+    n = delta.reshape(delta.shape[0], -1).norm(dim=1)
+    factor = torch.where(n > eps, eps / n.clamp_min(1e-300), torch.ones_like(n))
+    return delta * factor.view(-1, *([1] * (delta.ndim - 1)))
+
+
+def _clip(x: torch.Tensor, config: AttackConfig) -> torch.Tensor:
+    if config.clip_min is None:
+        return x
+    return x.clamp(config.clip_min, config.clip_max)
+
+
+def _noise(shape, eps: float, norm: str, ball: bool, gen: torch.Generator) -> torch.Tensor:
+    """L-inf: uniform in the cube. L2: uniform on the sphere (``ball=False``) or in the ball."""
+    if norm == "linf":
+        return (torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1) * eps
+    z = torch.randn(shape, generator=gen, dtype=torch.float64)
+    z = z / z.reshape(shape[0], -1).norm(dim=1).clamp_min(1e-300).view(-1, *([1] * (len(shape) - 1)))
+    if ball:
+        dim = math.prod(shape[1:])
+        r = torch.rand(shape[0], generator=gen, dtype=torch.float64) ** (1.0 / dim)
+        z = z * r.view(-1, *([1] * (len(shape) - 1)))
+    return z * eps
+
+
+def _input_grad(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str) -> torch.Tensor:
+    x = x.detach().requires_grad_(True)
+    value = per_sample_loss(model(x), y, loss).sum()  # rows independent: d/dx_i of the sum = own gradient
+    return torch.autograd.grad(value, x)[0]
+
+
+def _attack_chunk(model, x, y, loss, config: AttackConfig, noise: torch.Tensor | None) -> torch.Tensor:
+    eps, norm, method = config.eps, config.norm, config.method
+    if method == "none":
+        return x.clone()
+    if method == "random":
+        return _clip(x + noise, config)
+    alpha = config.resolved_step_size
+    if method == "fgsm":
+        return _clip(x + eps * _unit(_input_grad(model, x, y, loss), norm), config)
+    delta = torch.zeros_like(x)
+    if method == "pgd" and config.random_start:
+        delta = _clip(x + noise, config) - x
+    momentum = torch.zeros_like(x)
+    for _ in range(config.steps):
+        g = _input_grad(model, x + delta, y, loss)
+        if method == "mim":
+            l1 = g.reshape(g.shape[0], -1).abs().sum(1).clamp_min(1e-300)
+            momentum = config.momentum * momentum + g / l1.view(-1, *([1] * (g.ndim - 1)))
+            g = momentum
+        delta = _project(delta + alpha * _unit(g, norm), eps, norm)
+        delta = _clip(x + delta, config) - x
+    return x + delta
+
+
+def perturb(model: nn.Module, X: torch.Tensor, y: torch.Tensor, config: AttackConfig, loss: str = "mse") -> AttackResult:
+    """Perturb every row of X against ``model`` (whose parameters are left untouched)."""
+    if X.ndim < 2 or X.shape[0] != y.shape[0]:
+        raise AuditError("attack needs inputs (n, ...) and one label per row")
+    if config.clip_min is not None:
+        lo, hi = float(X.min()), float(X.max())
+        slack = 1e-9 * max(1.0, abs(config.clip_max - config.clip_min))
+        if lo < config.clip_min - slack or hi > config.clip_max + slack:
+            raise AuditError(
+                f"data values [{lo:.3g}, {hi:.3g}] lie outside the valid range [{config.clip_min}, {config.clip_max}]; "
+                "give the range the data really has (preprocessed data has none: pass no range)"
+            )
+    gen = torch.Generator().manual_seed(int(config.seed))
+    need_noise = config.method == "random" or (config.method == "pgd" and config.random_start)
+    # One draw for the whole set (not per chunk), so the result does not depend on chunk_size.
+    noise = _noise(tuple(X.shape), config.eps, config.norm, config.method == "pgd", gen).to(X.device, X.dtype) if need_noise else None
+    had_grad = [p.requires_grad for p in model.parameters()]
+    for p in model.parameters():
+        p.requires_grad_(False)  # gradients w.r.t. the inputs only
+    try:
+        parts = []
+        for a in range(0, X.shape[0], config.chunk_size):
+            b = min(X.shape[0], a + config.chunk_size)
+            parts.append(_attack_chunk(model, X[a:b], y[a:b], loss, config, None if noise is None else noise[a:b]).detach())
+        X_adv = torch.cat(parts)
+    finally:
+        for p, flag in zip(model.parameters(), had_grad):
+            p.requires_grad_(flag)
+    with torch.no_grad():
+        out_clean, out_adv = model(X), model(X_adv)
+        radius = _norm_rows(X_adv - X, config.norm)
+        return AttackResult(
+            X_adv=X_adv,
+            config=config,
+            loss_before=float(per_sample_loss(out_clean, y, loss).mean()),
+            loss_after=float(per_sample_loss(out_adv, y, loss).mean()),
+            accuracy_before=accuracy(out_clean, y),
+            accuracy_after=accuracy(out_adv, y),
+            radius_mean=float(radius.mean()) if radius.numel() else 0.0,
+            radius_max=float(radius.max()) if radius.numel() else 0.0,
+        )
+
+
+def config_dict(config: AttackConfig) -> dict:
+    """The attack's settings as a JSON-safe dict."""
+    return asdict(config)

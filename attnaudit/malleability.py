@@ -1,0 +1,839 @@
+"""Influence malleability: how stable are training-sample influence scores when an
+adversary perturbs the training data?
+
+Protocol (one *cell* = seed x model x attack x eps x damping):
+
+1. build the model from the seed (same initialisation for everything that seed touches),
+   train on clean data (full-batch GD, :mod:`attnaudit.training`), compute the influence
+   of every training sample on the summed loss of a clean held-out test set
+   (:mod:`attnaudit.influence`; negative = helpful);
+2. perturb the training data against the clean model (:mod:`attnaudit.attacks`);
+3. ``retrain`` (default, the paper's): rebuild the model with the same initialisation,
+   train on the perturbed data, recompute influence of the perturbed samples on the same
+   clean test set. ``static``: keep the clean model and recompute influence with the
+   perturbed samples (Hessian and gradients on the perturbed training set) -- how one
+   audits a fixed checkpoint;
+4. compare clean and perturbed influence, sample by sample (sample i stays sample i):
+
+   * flip rate: among the ``top_k`` samples by clean |influence|, the share whose
+     influence changes sign (clean x perturbed < 0: helpful <-> harmful; an exact zero is
+     not a flip);
+   * Spearman rank correlation of the full clean and perturbed influence vectors;
+   * top-k overlap: |top-k(clean) n top-k(perturbed)| / k, both by |influence|.
+
+Controls, the floors every adversarial flip rate is read against: ``random`` (noise of the
+same radius; an attack in ``--attacks``) and ``reinit`` (clean data, retrained from a
+different initialisation: the flip rate training randomness alone produces). ``none`` is
+a pipeline check (deterministic GD on the same data: flip rate 0).
+
+Seeds: each seed fixes the initialisation and the attack's randomness; the data split is
+fixed (chosen once by the caller). Over seeds we report mean, sample standard deviation
+and a percentile bootstrap interval (seeds resampled with replacement; with few seeds the
+interval is crude and says so by being wide). Model ratios (each model over the first of
+``models``) are bootstrapped pairing the same seeds.
+
+Cost: seeds x models x (1 + reinit + eps x attacks) trainings and influence computations;
+see :func:`progress_total`. Memory: the data, a handful of models, and the influence
+estimator's own need (recorded in the diagnostics).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .attacks import ADVERSARIAL, ATTACKS, NORMS, AttackConfig, perturb
+from .errors import AuditError
+from .influence import ESTIMATORS, SIGN_CONVENTION, InfluenceConfig, influence_sweep, tracin_weights
+from .models import ARCHITECTURES, ModelSpec, TwoLayerNet, build_model
+from .training import LOSSES, TrainConfig, TrainResult, accuracy, train
+
+SCHEMA = "attnaudit.malleability/1"
+PROTOCOLS = ("retrain", "static")
+ATTN_CONTEXTS = ("perturbed", "clean")
+REINIT_SEED_OFFSET = 1_000_003  # the reinit control's initialisation seed is seed + this
+
+# Presets: sizes chosen for run time on 2 CPU cores, never for what the result looks like.
+PRESETS: dict[str, dict] = {
+    "quick": dict(
+        dataset="digits", split="train", n_train=300, n_test=100, width=64, steps=300, lr=4.0,
+        seeds=(0, 1, 2), eps=(0.3,), damping=(1e-3,), top_k=30, pgd_steps=10,
+    ),
+    "paper": dict(
+        dataset="mnist", split="train", n_train=2000, n_test=500, width=64, steps=400, lr=4.0,
+        seeds=(0, 1, 2, 3, 4), eps=(0.3,), damping=(1e-3,), top_k=200, pgd_steps=10,
+    ),
+}
+
+
+# --------------------------------------------------------------------------- config
+@dataclass(frozen=True)
+class MalleabilityConfig:
+    """Settings of one malleability audit; validated on construction."""
+
+    models: tuple[str, ...] = ("relu", "attn")
+    attacks: tuple[str, ...] = ("pgd", "fgsm", "mim", "random")
+    eps: tuple[float, ...] = (0.3,)
+    damping: tuple[float, ...] = (1e-3,)
+    seeds: tuple[int, ...] = (0, 1, 2)
+    protocol: str = "retrain"
+    top_k: int = 30
+    estimator: str = "last-layer"
+    norm: str = "linf"
+    pgd_steps: int = 10
+    step_size: float | None = None
+    width: int = 64
+    steps: int = 300
+    lr: float = 4.0
+    loss: str = "mse"
+    match_loss: float | None = None
+    attn_context: str = "perturbed"
+    controls: bool = True
+    parametrization: str = "ntk"
+    attn_scaling: str = "rms"
+    n_bootstrap: int = 2000
+    confidence: float = 0.95
+    loss_gap_factor: float = 1.5
+    max_flip_rate: float | None = None
+    tracin_checkpoints: int = 10
+    max_exact_params: int = 6000
+    cg_tol: float = 1e-8
+    cg_max_iter: int = 1000
+
+    def __post_init__(self) -> None:
+        for name in ("models", "attacks", "eps", "damping", "seeds"):
+            value = getattr(self, name)
+            if isinstance(value, (str, int, float)):
+                value = (value,)
+            object.__setattr__(self, name, tuple(value))
+            if not getattr(self, name):
+                raise AuditError(f"--{name} is empty; give at least one value")
+            if len(set(getattr(self, name))) != len(getattr(self, name)):
+                raise AuditError(f"--{name} lists a value twice: {','.join(map(str, getattr(self, name)))}")
+        bad = [m for m in self.models if m not in ARCHITECTURES]
+        if bad:
+            raise AuditError(f"unknown model(s) {', '.join(bad)} in --models; use {', '.join(ARCHITECTURES)}")
+        bad = [a for a in self.attacks if a not in ATTACKS]
+        if bad:
+            raise AuditError(f"unknown attack(s) {', '.join(bad)} in --attacks; use {', '.join(ATTACKS)}")
+        if any(not (math.isfinite(e) and e > 0) for e in self.eps):
+            raise AuditError(f"--eps values must be positive numbers, got {','.join(map(str, self.eps))}")
+        if any(not (math.isfinite(d) and d >= 0) for d in self.damping):
+            raise AuditError(f"--damping values must be numbers >= 0, got {','.join(map(str, self.damping))}")
+        if self.estimator not in ESTIMATORS:
+            raise AuditError(f"unknown --estimator {self.estimator!r}; use one of {', '.join(ESTIMATORS)}")
+        if self.estimator == "tracin" and len(self.damping) > 1:
+            raise AuditError("--damping takes a single value with --estimator tracin (TracIn uses no Hessian)")
+        if self.protocol not in PROTOCOLS:
+            raise AuditError(f"unknown --protocol {self.protocol!r}; use retrain or static")
+        if self.attn_context not in ATTN_CONTEXTS:
+            raise AuditError(f"unknown --attn-context {self.attn_context!r}; use perturbed or clean")
+        if self.norm not in NORMS:
+            raise AuditError(f"unknown --norm {self.norm!r}; use linf or l2")
+        if self.loss not in LOSSES:
+            raise AuditError(f"unknown --loss {self.loss!r}; use mse or ce")
+        if self.top_k < 1:
+            raise AuditError(f"--top-k must be >= 1, got {self.top_k}")
+        if self.width < 1:
+            raise AuditError(f"--width must be >= 1, got {self.width}")
+        if self.match_loss is not None and not (math.isfinite(self.match_loss) and self.match_loss > 0):
+            raise AuditError(f"--match-loss must be a positive training loss, got {self.match_loss}")
+        if self.max_flip_rate is not None and not (0 <= self.max_flip_rate <= 1):
+            raise AuditError(f"--max-flip-rate must be a share in [0, 1], got {self.max_flip_rate}")
+        if not (0 < self.confidence < 1):
+            raise AuditError(f"confidence level must be in (0, 1), got {self.confidence}")
+        if self.n_bootstrap < 100:
+            raise AuditError(f"bootstrap resamples must be >= 100, got {self.n_bootstrap}")
+        if not self.loss_gap_factor > 1:
+            raise AuditError(f"loss gap factor must be > 1, got {self.loss_gap_factor}")
+        if self.tracin_checkpoints < 1:
+            raise AuditError("tracin checkpoints must be >= 1")
+        # Build the per-step configs once, so their own checks fire now, before any compute.
+        self.train_config()
+        self.influence_config()
+        for a in self.attacks:
+            self.attack_config(a, self.eps[0], 0, None)
+        ModelSpec(self.models[0], 1, self.width, 1, self.parametrization, attn_scaling=self.attn_scaling)
+
+    def train_config(self) -> TrainConfig:
+        every = max(1, self.steps // self.tracin_checkpoints) if self.estimator == "tracin" else None
+        return TrainConfig(loss=self.loss, lr=self.lr, steps=self.steps, loss_tol=self.match_loss, checkpoint_every=every)
+
+    def influence_config(self) -> InfluenceConfig:
+        return InfluenceConfig(
+            estimator=self.estimator,
+            damping=self.damping[0],
+            max_exact_params=self.max_exact_params,
+            cg_tol=self.cg_tol,
+            cg_max_iter=self.cg_max_iter,
+        )
+
+    def attack_config(self, method: str, eps: float, seed: int, value_range) -> AttackConfig:
+        lo, hi = (None, None) if value_range is None else (float(value_range[0]), float(value_range[1]))
+        return AttackConfig(
+            method=method, eps=eps, norm=self.norm, steps=self.pgd_steps, step_size=self.step_size,
+            clip_min=lo, clip_max=hi, seed=seed,
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def influence_memory_estimate(config: MalleabilityConfig, d: int, n_classes: int, n_train: int, n_test: int) -> dict:
+    """Tracked parameters and peak bytes of one influence computation (before any compute).
+
+    Raises :class:`AuditError` when ``exact``/``last-layer`` would exceed the parameter
+    budget, so an impossible run fails before the first training.
+    """
+    from .influence import influence_memory
+
+    p_last = config.width * n_classes
+    p = p_last if config.estimator == "last-layer" else config.width * (d + n_classes)
+    if config.estimator in ("exact", "last-layer") and p > config.max_exact_params:
+        hint = "use --estimator last-layer or cg" if config.estimator == "exact" else "use --estimator cg or a smaller --width"
+        raise AuditError(
+            f"{config.estimator} influence needs the full {p:,} x {p:,} Hessian ({2 * p * p * 8 / 2**30:.2f} GiB with its "
+            f"eigenvectors), above the budget of {config.max_exact_params:,} parameters; {hint}"
+        )
+    mem = influence_memory(config.estimator, p, n_train, n_test, False, config.influence_config().chunk_size,
+                           n_dampings=len(config.damping))
+    return {"tracked_parameters": p, "bytes": mem}
+
+
+def progress_total(config: MalleabilityConfig) -> int:
+    """Units of work (one training + influence each) that :func:`run_malleability` reports."""
+    per_model = 1 + int(config.controls)
+    per_model += sum(1 if a == "none" else len(config.eps) for a in config.attacks)
+    return len(config.seeds) * len(config.models) * per_model
+
+
+# --------------------------------------------------------------------------- stability metrics
+def top_k_indices(values, k: int) -> np.ndarray:
+    """Indices of the k largest |values| (ties broken by index, so the choice is reproducible)."""
+    v = np.abs(np.asarray(values, dtype=np.float64))
+    return np.argsort(-v, kind="stable")[: min(k, v.size)]
+
+
+def flip_rate(clean, perturbed, top_k: int) -> float:
+    """Share of the top-k samples by clean |influence| whose influence changes sign."""
+    c, p = np.asarray(clean, dtype=np.float64), np.asarray(perturbed, dtype=np.float64)
+    if c.shape != p.shape:
+        raise AuditError(f"clean and perturbed influence differ in length ({c.size} vs {p.size})")
+    idx = top_k_indices(c, top_k)
+    return float(np.mean(c[idx] * p[idx] < 0)) if idx.size else float("nan")
+
+
+def stability(clean, perturbed, top_k: int) -> dict:
+    """Flip rate, Spearman correlation and top-k overlap of two influence vectors."""
+    from scipy.stats import spearmanr
+
+    c, p = np.asarray(clean, dtype=np.float64), np.asarray(perturbed, dtype=np.float64)
+    k = min(top_k, c.size)
+    idx_c, idx_p = top_k_indices(c, k), top_k_indices(p, k)
+    if np.ptp(c) == 0 or np.ptp(p) == 0:
+        rho = None  # a constant vector has no ranking
+    else:
+        rho = float(spearmanr(c, p).statistic)
+    return {
+        "flip_rate": flip_rate(c, p, k),
+        "n_flipped": int(np.sum(c[idx_c] * p[idx_c] < 0)),
+        "top_k": int(k),
+        "spearman": rho,
+        "top_k_overlap": len(set(idx_c.tolist()) & set(idx_p.tolist())) / k if k else float("nan"),
+        "clean_helpful_in_top_k": int(np.sum(c[idx_c] < 0)),
+    }
+
+
+def summarize(values, n_boot: int = 2000, confidence: float = 0.95, seed: int = 0) -> dict:
+    """Mean, sample std and percentile-bootstrap interval of per-seed values (None = undefined)."""
+    v = np.asarray([x for x in values if x is not None and np.isfinite(x)], dtype=np.float64)
+    if v.size == 0:
+        return {"mean": None, "std": None, "ci_low": None, "ci_high": None, "n": 0, "values": list(values)}
+    rng = np.random.default_rng(seed)
+    boots = v[rng.integers(0, v.size, size=(n_boot, v.size))].mean(1)
+    alpha = (1 - confidence) / 2
+    return {
+        "mean": float(v.mean()),
+        "std": float(v.std(ddof=1)) if v.size > 1 else None,
+        "ci_low": float(np.quantile(boots, alpha)),
+        "ci_high": float(np.quantile(boots, 1 - alpha)),
+        "n": int(v.size),
+        "values": [float(x) for x in v],
+    }
+
+
+def ratio_summary(numerator, denominator, n_boot: int = 2000, confidence: float = 0.95, seed: int = 0) -> dict:
+    """Ratio of mean flip rates (paired by seed) with a bootstrap interval over seeds.
+
+    Undefined (None) when the denominator's mean is 0; resamples with a zero denominator
+    are dropped from the interval and counted in ``undefined_resamples``.
+    """
+    a, b = np.asarray(numerator, dtype=np.float64), np.asarray(denominator, dtype=np.float64)
+    ok = np.isfinite(a) & np.isfinite(b)
+    a, b = a[ok], b[ok]
+    if a.size == 0:
+        return {"ratio": None, "ci_low": None, "ci_high": None, "undefined_resamples": n_boot, "n": 0}
+    ratio = float(a.mean() / b.mean()) if b.mean() > 0 else None
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, a.size, size=(n_boot, a.size))
+    num, den = a[idx].mean(1), b[idx].mean(1)
+    good = den > 0
+    alpha = (1 - confidence) / 2
+    lo = hi = None
+    if good.any():
+        r = num[good] / den[good]
+        lo, hi = float(np.quantile(r, alpha)), float(np.quantile(r, 1 - alpha))
+    return {"ratio": ratio, "ci_low": lo, "ci_high": hi, "undefined_resamples": int((~good).sum()), "n": int(a.size)}
+
+
+# --------------------------------------------------------------------------- result
+@dataclass
+class MalleabilityResult:
+    """Everything measured; ``to_dict`` is the JSON ``results`` block (schema malleability/1)."""
+
+    config: MalleabilityConfig
+    runs: list[dict]
+    controls: list[dict]
+    training: list[dict]
+    attacks: list[dict]
+    summary: list[dict]
+    ratios: list[dict]
+    sensitivity: dict
+    influence_diagnostics: list[dict]
+    exceeded: list[dict]
+    warnings: list[str]
+    verdicts: list[str]
+    timings: dict
+    n_train: int
+    n_test: int
+    influence_memory: dict = field(default_factory=dict)
+    examples: dict = field(default_factory=dict)  # for the figure, not serialised
+
+    def to_dict(self) -> dict:
+        return {
+            "config": self.config.to_dict(),
+            "sign_convention": SIGN_CONVENTION,
+            "n_train": self.n_train,
+            "n_test": self.n_test,
+            "summary": self.summary,
+            "ratios": self.ratios,
+            "sensitivity": self.sensitivity,
+            "training": self.training,
+            "attacks": self.attacks,
+            "runs": self.runs,
+            "controls": self.controls,
+            "influence_memory_estimate": self.influence_memory,
+            "influence_diagnostics": self.influence_diagnostics,
+            "exceeded": self.exceeded,
+        }
+
+
+# --------------------------------------------------------------------------- the run
+def train_model(model: TwoLayerNet, X: torch.Tensor, y: torch.Tensor, config: TrainConfig) -> TrainResult:
+    """:func:`attnaudit.training.train`, with MLP-Attn's fixed input map applied once.
+
+    MLP-Attn is the 2L-ReLU MLP on z = context @ x, and the context is a buffer, so GD on
+    (X, y) is GD of the same MLP on (Z, y) with Z = features_in(X) computed once: the same
+    parameter trajectory, without an n x d x d product per step. W and a (and checkpoints,
+    keyed by the same names) are copied back into ``model``.
+    """
+    if getattr(model, "context", None) is None:
+        return train(model, X, y, config)
+    with torch.no_grad():
+        Z = model.features_in(X)
+    mlp = TwoLayerNet(replace(model.spec, arch="relu"), dtype=model.W.dtype).to(X.device)
+    with torch.no_grad():
+        mlp.W.copy_(model.W)
+        mlp.a.copy_(model.a)
+    result = train(mlp, Z, y, config)
+    with torch.no_grad():
+        model.W.copy_(mlp.W)
+        model.a.copy_(mlp.a)
+    return result
+
+
+def _influences(model, X, y, X_test, y_test, config: MalleabilityConfig, n_classes: int, tr) -> list:
+    weights = None
+    ckpts = None
+    if config.estimator == "tracin":
+        tcfg = config.train_config()
+        ckpts = tr.checkpoints
+        weights = tracin_weights(len(ckpts), tcfg.checkpoint_every, tr.steps_run, config.lr)
+    return influence_sweep(
+        model, X, y, X_test, y_test, config.influence_config(),
+        loss=config.loss, n_classes=n_classes, dampings=config.damping, checkpoints=ckpts, checkpoint_weights=weights,
+    )
+
+
+def _diag_row(seed, arch, role, res) -> dict:
+    d = res.diagnostics
+    keys = ("min_eigenvalue", "damped_min_eigenvalue", "positive_definite", "n_negative_eigenvalues",
+            "iterations", "relative_residual_max", "converged", "negative_curvature", "checkpoints_used")
+    row = {"seed": seed, "model": arch, "role": role, "estimator": res.estimator, "damping": res.damping,
+           "n_params": res.n_params, "memory_estimate_bytes": d.get("memory_estimate_bytes", {}).get("total"),
+           "seconds": d.get("seconds")}
+    row.update({k: d[k] for k in keys if k in d})
+    return row
+
+
+def run_malleability(
+    X_train: torch.Tensor,
+    y_train: torch.Tensor,
+    X_test: torch.Tensor,
+    y_test: torch.Tensor,
+    n_classes: int,
+    config: MalleabilityConfig,
+    *,
+    value_range: tuple[float, float] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> MalleabilityResult:
+    """Run the malleability protocol (module docstring) on a fixed train/test split.
+
+    ``value_range``: the data's valid range (attacks clip to it); None = no clipping.
+    Tensors may live on any device; everything runs there in float64.
+    """
+    if y_train is None or y_test is None:
+        raise AuditError("malleability needs labelled data (influence is defined on a labelled loss)")
+    n_train, n_test = int(X_train.shape[0]), int(X_test.shape[0])
+    if config.top_k > n_train:
+        raise AuditError(f"--top-k {config.top_k} exceeds the {n_train} training samples; lower --top-k")
+    if n_classes < 2:
+        raise AuditError(f"malleability needs at least 2 classes, the data has {n_classes}")
+    memory = influence_memory_estimate(config, int(X_train.shape[1]), n_classes, n_train, n_test)  # fails early
+    X_train, X_test = X_train.to(torch.float64), X_test.to(X_train.device, torch.float64)
+    y_train, y_test = y_train.to(X_train.device).long(), y_test.to(X_train.device).long()
+    advance = progress or (lambda k=1: None)
+    d = int(X_train.shape[1])
+    tcfg = config.train_config()
+    t_train = t_attack = t_infl = 0.0
+    runs: list[dict] = []
+    controls: list[dict] = []
+    training: list[dict] = []
+    attack_rows: list[dict] = []
+    diags: list[dict] = []
+    infl_warnings: dict[str, int] = {}
+    examples: dict = {}
+
+    def note(res_list) -> None:
+        for r in res_list:
+            for w in r.warnings:
+                infl_warnings[w] = infl_warnings.get(w, 0) + 1
+
+    def fit(spec: ModelSpec, X_ctx, X, role: str, seed: int):
+        nonlocal t_train
+        t0 = time.perf_counter()
+        model = build_model(spec, X_ctx, dtype=torch.float64, device=X.device)
+        tr = train_model(model, X, y_train, tcfg)
+        t_train += time.perf_counter() - t0
+        if tr.diverged:
+            raise AuditError(
+                f"training diverged for {spec.arch} ({role}, seed {seed}) at --lr {config.lr}; lower --lr"
+            )
+        with torch.no_grad():
+            row = {
+                "seed": seed, "model": spec.arch, "role": role, "final_loss": tr.final_loss, "steps_run": tr.steps_run,
+                "reached_match_loss": tr.reached_tol, "train_accuracy": accuracy(model(X), y_train),
+                "test_accuracy": accuracy(model(X_test), y_test),
+            }
+        training.append(row)
+        return model, tr, row
+
+    def influences(model, X, tr, seed, arch, role):
+        nonlocal t_infl
+        t0 = time.perf_counter()
+        res = _influences(model, X, y_train, X_test, y_test, config, n_classes, tr)
+        t_infl += time.perf_counter() - t0
+        note(res)
+        seen = set()
+        for r in res:
+            if id(r) not in seen:
+                diags.append(_diag_row(seed, arch, role, r))
+                seen.add(id(r))
+        return [r.total.detach().cpu().numpy() for r in res]
+
+    for seed in config.seeds:
+        for arch in config.models:
+            spec = ModelSpec(arch, d, config.width, n_classes, config.parametrization, attn_scaling=config.attn_scaling, seed=seed)
+            clean_model, clean_tr, clean_row = fit(spec, X_train, X_train, "clean", seed)
+            clean_infl = influences(clean_model, X_train, clean_tr, seed, arch, "clean")
+            advance(1)
+            if config.controls:
+                rspec = replace(spec, seed=seed + REINIT_SEED_OFFSET)
+                r_model, r_tr, r_row = fit(rspec, X_train, X_train, "reinit", seed)
+                r_infl = influences(r_model, X_train, r_tr, seed, arch, "reinit")
+                for damping, ci, ri in zip(config.damping, clean_infl, r_infl):
+                    controls.append({
+                        "seed": seed, "model": arch, "control": "reinit", "damping": damping,
+                        "reinit_seed": rspec.seed, **stability(ci, ri, config.top_k),
+                        "perturbed_test_accuracy": r_row["test_accuracy"], "perturbed_train_loss": r_row["final_loss"],
+                    })
+                advance(1)
+            for eps in config.eps:
+                for attack in config.attacks:
+                    if attack == "none" and eps != config.eps[0]:
+                        continue
+                    acfg = config.attack_config(attack, eps, seed, value_range)
+                    t0 = time.perf_counter()
+                    ares = perturb(clean_model, X_train, y_train, acfg, config.loss)
+                    t_attack += time.perf_counter() - t0
+                    eps_used = 0.0 if attack == "none" else eps
+                    with torch.no_grad():
+                        clean_on_pert = accuracy(clean_model(ares.X_adv), y_train)
+                    attack_rows.append({"seed": seed, "model": arch, **ares.to_dict(), "eps": eps_used})
+                    role = f"{attack}@{eps_used:g}"
+                    if config.protocol == "retrain":
+                        ctx = ares.X_adv if (arch == "attn" and config.attn_context == "perturbed") else X_train
+                        p_model, p_tr, p_row = fit(spec, ctx, ares.X_adv, role, seed)
+                    else:
+                        p_model, p_tr, p_row = clean_model, clean_tr, clean_row
+                    p_infl = influences(p_model, ares.X_adv, p_tr, seed, arch, role)
+                    for damping, ci, pi in zip(config.damping, clean_infl, p_infl):
+                        runs.append({
+                            "seed": seed, "model": arch, "attack": attack, "eps": eps_used, "damping": damping,
+                            **stability(ci, pi, config.top_k),
+                            "clean_model_accuracy_on_perturbed_train": clean_on_pert,
+                            "clean_model_loss_on_perturbed_train": ares.loss_after,
+                            "perturbation_norm_mean": ares.radius_mean,
+                            "perturbed_test_accuracy": p_row["test_accuracy"],
+                            "perturbed_train_loss": p_row["final_loss"] if config.protocol == "retrain" else None,
+                            "clean_train_loss": clean_row["final_loss"],
+                            "clean_test_accuracy": clean_row["test_accuracy"],
+                        })
+                    if seed == config.seeds[0] and eps == config.eps[0]:
+                        examples.setdefault(arch, {})[attack] = (clean_infl[0], p_infl[0])
+                    advance(1)
+            if seed == config.seeds[0] and config.controls:
+                examples.setdefault(arch, {})["reinit"] = (clean_infl[0], r_infl[0])
+
+    summary, ratios = _aggregate(config, runs, controls)
+    sensitivity = _sensitivity(config, summary)
+    warnings = _warnings(config, training, infl_warnings)
+    exceeded = []
+    if config.max_flip_rate is not None:
+        for row in summary:
+            if row["attack"] in ("none", "reinit"):
+                continue
+            m = row["flip_rate"]["mean"]
+            if m is not None and m > config.max_flip_rate:
+                exceeded.append({k: row[k] for k in ("model", "attack", "eps", "damping")} | {"flip_rate": m})
+    verdicts = _verdicts(config, summary, ratios, sensitivity, exceeded)
+    timings = {"train": t_train, "attack": t_attack, "influence": t_infl}
+    return MalleabilityResult(
+        config=config, runs=runs, controls=controls, training=training, attacks=attack_rows, summary=summary,
+        ratios=ratios, sensitivity=sensitivity, influence_diagnostics=diags, exceeded=exceeded, warnings=warnings,
+        verdicts=verdicts, timings=timings, n_train=n_train, n_test=n_test, influence_memory=memory, examples=examples,
+    )
+
+
+# --------------------------------------------------------------------------- aggregation
+_METRICS = ("flip_rate", "spearman", "top_k_overlap", "perturbed_test_accuracy")
+
+
+def _cells(config: MalleabilityConfig) -> list[tuple[str, float | None]]:
+    out: list[tuple[str, float | None]] = []
+    for a in config.attacks:
+        if a == "none":
+            out.append((a, 0.0))
+        else:
+            out.extend((a, e) for e in config.eps)
+    if config.controls:
+        out.append(("reinit", None))
+    return out
+
+
+def _aggregate(config: MalleabilityConfig, runs: list[dict], controls: list[dict]) -> tuple[list[dict], list[dict]]:
+    nb, cf = config.n_bootstrap, config.confidence
+    by_key: dict[tuple, dict] = {}
+    for attack, eps in _cells(config):
+        for damping in config.damping:
+            for model in config.models:
+                if attack == "reinit":
+                    rows = [r for r in controls if r["model"] == model and r["damping"] == damping]
+                else:
+                    rows = [r for r in runs if r["model"] == model and r["attack"] == attack and r["eps"] == eps and r["damping"] == damping]
+                rows.sort(key=lambda r: config.seeds.index(r["seed"]))
+                entry = {"model": model, "attack": attack, "eps": eps, "damping": damping, "seeds": [r["seed"] for r in rows]}
+                for metric in _METRICS:
+                    entry[metric] = summarize([r.get(metric) for r in rows], nb, cf)
+                if attack != "reinit":
+                    entry["clean_model_accuracy_on_perturbed_train"] = summarize([r["clean_model_accuracy_on_perturbed_train"] for r in rows], nb, cf)
+                    entry["perturbation_norm_mean"] = float(np.mean([r["perturbation_norm_mean"] for r in rows])) if rows else None
+                by_key[(model, attack, eps, damping)] = entry
+    # floors: read every adversarial flip rate against reinit and random noise of the same radius
+    for (model, attack, eps, damping), entry in by_key.items():
+        if attack not in ADVERSARIAL:
+            continue
+        floors = {}
+        for name, key in (("reinit", (model, "reinit", None, damping)), ("random", (model, "random", eps, damping))):
+            other = by_key.get(key)
+            if other is None or other["flip_rate"]["mean"] is None:
+                continue
+            lo = entry["flip_rate"]["ci_low"]
+            floors[name] = {
+                "mean": other["flip_rate"]["mean"],
+                "ci_high": other["flip_rate"]["ci_high"],
+                # conservative reading: the intervals do not overlap
+                "exceeded": bool(lo is not None and lo > other["flip_rate"]["ci_high"]),
+            }
+        entry["floors"] = floors
+    ratios = []
+    base = config.models[0]
+    for attack, eps in _cells(config):
+        for damping in config.damping:
+            den_entry = by_key[(base, attack, eps, damping)]
+            for model in config.models[1:]:
+                num_entry = by_key[(model, attack, eps, damping)]
+                common = [s for s in num_entry["seeds"] if s in den_entry["seeds"]]
+                num = [num_entry["flip_rate"]["values"][num_entry["seeds"].index(s)] for s in common]
+                den = [den_entry["flip_rate"]["values"][den_entry["seeds"].index(s)] for s in common]
+                ratios.append({"numerator": model, "denominator": base, "attack": attack, "eps": eps, "damping": damping,
+                               **ratio_summary(num, den, nb, cf)})
+    return list(by_key.values()), ratios
+
+
+def _sensitivity(config: MalleabilityConfig, summary: list[dict]) -> dict:
+    """Model ranking by mean flip rate in every (eps, damping) cell, per attack; does it hold?"""
+    out: dict = {"by_attack": [], "ranking_stable": True}
+    for attack in [a for a in config.attacks if a != "none"]:
+        cells = []
+        for eps in config.eps:
+            for damping in config.damping:
+                means = {}
+                for row in summary:
+                    if row["attack"] == attack and row["eps"] == eps and row["damping"] == damping:
+                        means[row["model"]] = row["flip_rate"]["mean"]
+                order = sorted(means, key=lambda m: (-(means[m] if means[m] is not None else -1), config.models.index(m)))
+                cells.append({"eps": eps, "damping": damping, "flip_rate": means, "ranking": order})
+        # ties count as no reversal: compare strict orderings only
+        rankings = {tuple(c["ranking"]) for c in cells if len(set(c["flip_rate"].values())) == len(c["flip_rate"])}
+        stable = len(rankings) <= 1
+        out["ranking_stable"] &= stable
+        out["by_attack"].append({"attack": attack, "cells": cells, "ranking_stable": stable})
+    return out
+
+
+def _warnings(config: MalleabilityConfig, training: list[dict], infl_warnings: dict[str, int]) -> list[str]:
+    out = []
+    clean = [r for r in training if r["role"] == "clean"]
+    means = {m: float(np.mean([r["final_loss"] for r in clean if r["model"] == m])) for m in config.models}
+    if len(means) > 1:
+        lo, hi = min(means.values()), max(means.values())
+        if lo > 0 and hi / lo > config.loss_gap_factor:
+            accs = {m: float(np.mean([r["train_accuracy"] for r in clean if r["model"] == m])) for m in config.models}
+            desc = ", ".join(f"{m} {v:.3g} (train accuracy {100 * accs[m]:.0f}%)" for m, v in means.items())
+            out.append(
+                f"models are compared at very different training losses ({desc}; ratio {hi / lo:.1f} > "
+                f"{config.loss_gap_factor:g}); pass --match-loss to train each to the same loss"
+            )
+    if config.match_loss is not None:
+        missed = [r for r in training if r["reached_match_loss"] is False]
+        if missed:
+            worst = max(missed, key=lambda r: r["final_loss"])
+            out.append(
+                f"{len(missed)} of {len(training)} trainings did not reach --match-loss {config.match_loss:g} within "
+                f"{config.steps} steps (worst: {worst['model']} {worst['role']} seed {worst['seed']} at {worst['final_loss']:.3g}); "
+                "raise --steps or --lr"
+            )
+    if len(config.seeds) == 1:
+        out.append("one seed: no spread and a degenerate interval; pass several --seeds for a confidence interval")
+    elif len(config.seeds) < 5:
+        out.append(f"{len(config.seeds)} seeds: bootstrap intervals over so few seeds are rough")
+    if config.protocol == "static" and "attn" in config.models and config.attn_context != "perturbed":
+        out.append("--attn-context applies to --protocol retrain only; static keeps the clean model and its context")
+    for w, count in infl_warnings.items():
+        out.append(f"influence ({count}x): {w}")
+    return out
+
+
+def _fmt_ci(s: dict, pct: bool = True) -> str:
+    if s["mean"] is None:
+        return "n/a"
+    f = (lambda v: f"{100 * v:.1f}%") if pct else (lambda v: f"{v:.3g}")
+    return f"{f(s['mean'])} [{f(s['ci_low'])}, {f(s['ci_high'])}]"
+
+
+def _verdicts(config, summary, ratios, sensitivity, exceeded) -> list[str]:
+    out = []
+    for row in summary:
+        if row["attack"] not in ADVERSARIAL:
+            continue
+        floors = row.get("floors", {})
+        parts = []
+        for name in ("random", "reinit"):
+            if name in floors:
+                f = floors[name]
+                parts.append(f"{'above' if f['exceeded'] else 'not clearly above'} the {name} floor {100 * f['mean']:.1f}%")
+        out.append(
+            f"{row['model']} {row['attack']} eps={row['eps']:g} damping={row['damping']:g}: flip rate "
+            f"{_fmt_ci(row['flip_rate'])}" + (f", {'; '.join(parts)}" if parts else "")
+        )
+    for r in ratios:
+        if r["attack"] not in ADVERSARIAL:
+            continue
+        if r["ratio"] is None:
+            text = f"undefined ({r['denominator']} flip rate is 0)"
+        else:
+            ci = "n/a" if r["ci_low"] is None else f"[{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
+            text = f"{r['ratio']:.2f} {ci}"
+        out.append(f"flip-rate ratio {r['numerator']}/{r['denominator']} ({r['attack']} eps={r['eps']:g} damping={r['damping']:g}): {text}")
+    if len(config.models) > 1 and (len(config.eps) > 1 or len(config.damping) > 1):
+        if sensitivity["ranking_stable"]:
+            out.append("the ranking of models by flip rate is the same at every eps and damping tried")
+        else:
+            flips = [s["attack"] for s in sensitivity["by_attack"] if not s["ranking_stable"]]
+            out.append(
+                f"the ranking of models by mean flip rate changes across eps/damping for: {', '.join(flips)} "
+                "(compare the intervals before reading a reversal as real)"
+            )
+    for e in exceeded:
+        out.append(
+            f"FAIL: {e['model']} under {e['attack']} (eps={e['eps']:g}, damping={e['damping']:g}) has flip rate "
+            f"{100 * e['flip_rate']:.1f}% > --max-flip-rate {100 * config.max_flip_rate:.1f}%"
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- presentation
+def build_tables(result: MalleabilityResult) -> list:
+    """Rich tables: per-cell stability, model ratios, training comparability."""
+    from rich.table import Table
+
+    cfg = result.config
+    t = Table(title=(
+        f"influence malleability: flip rate among the top-{cfg.top_k} of {result.n_train} samples by clean |influence| "
+        f"({cfg.protocol}, {cfg.estimator}; mean [{int(100 * cfg.confidence)}% bootstrap CI] over {len(cfg.seeds)} seed(s))"
+    ))
+    t.caption = "above floor: the flip-rate interval lies entirely above the random-noise / reinit control's"
+    s = Table(title="stability and attack strength (means over seeds)")
+    s.caption = (
+        "strength: the clean model's accuracy on the perturbed training data; retrained acc: clean test accuracy of "
+        "the model trained on perturbed data (static: of the clean model)"
+    )
+    for col in ("model", "attack", "eps", "damping", "flip rate [CI]", "above floor random/reinit"):
+        t.add_column(col, justify="left" if col in ("model", "attack") else "right", no_wrap=col != "above floor random/reinit")
+    for col in ("model", "attack", "eps", "damping", "Spearman", "top-k overlap", "strength", "retrained acc"):
+        s.add_column(col, justify="left" if col in ("model", "attack") else "right", no_wrap=col in ("model", "attack"))
+
+    def mean(x: dict | None, pct: bool = True) -> str:
+        if x is None or x["mean"] is None:
+            return "-"
+        return f"{100 * x['mean']:.1f}%" if pct else f"{x['mean']:.3f}"
+
+    for row in result.summary:
+        floors = row.get("floors")
+        above = "-"
+        if floors:
+            above = "/".join(("yes" if floors[k]["exceeded"] else "no") if k in floors else "-" for k in ("random", "reinit"))
+        key = (row["model"], row["attack"], "-" if row["eps"] is None else f"{row['eps']:g}", f"{row['damping']:g}")
+        t.add_row(*key, _fmt_ci(row["flip_rate"]), above)
+        s.add_row(
+            *key, mean(row["spearman"], pct=False), mean(row["top_k_overlap"]),
+            mean(row.get("clean_model_accuracy_on_perturbed_train")), mean(row["perturbed_test_accuracy"]),
+        )
+    out = [t, s]
+    if result.ratios:
+        r = Table(title="flip-rate ratio between models (paired over seeds)")
+        for col in ("ratio", "attack", "eps", "damping", "value", "interval"):
+            r.add_column(col, justify="right")
+        for row in result.ratios:
+            r.add_row(
+                f"{row['numerator']}/{row['denominator']}", row["attack"], "-" if row["eps"] is None else f"{row['eps']:g}",
+                f"{row['damping']:g}", "undefined" if row["ratio"] is None else f"{row['ratio']:.2f}",
+                "-" if row["ci_low"] is None else f"[{row['ci_low']:.2f}, {row['ci_high']:.2f}]",
+            )
+        out.append(r)
+    tr = Table(title="training (clean models; full-batch GD, mean over seeds)")
+    for col in ("model", "final train loss", "train acc", "test acc", "steps", "reached --match-loss"):
+        tr.add_column(col, justify="right")
+    for model in cfg.models:
+        rows = [x for x in result.training if x["model"] == model and x["role"] == "clean"]
+        reached = [x["reached_match_loss"] for x in rows]
+        tr.add_row(
+            model, f"{np.mean([x['final_loss'] for x in rows]):.4g}", f"{100 * np.mean([x['train_accuracy'] for x in rows]):.1f}%",
+            f"{100 * np.mean([x['test_accuracy'] for x in rows]):.1f}%", f"{np.mean([x['steps_run'] for x in rows]):.0f}",
+            "-" if reached[0] is None else f"{sum(bool(v) for v in reached)}/{len(reached)}",
+        )
+    out.append(tr)
+    return out
+
+
+def plot_malleability(result: MalleabilityResult, path: str | Path, title: str = "") -> None:
+    """Figure: clean vs perturbed influence per model (top-k and flips marked), flip-rate bars
+    with intervals per attack and the reinit floor, and flip rate vs eps / damping when swept."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cfg = result.config
+    models = list(cfg.models)
+    sweep = len(cfg.eps) > 1 or len(cfg.damping) > 1
+    nrows = 3 if sweep else 2
+    fig = plt.figure(figsize=(4.2 * max(len(models), 2), 3.8 * nrows), constrained_layout=True)
+    grid = fig.add_gridspec(nrows, max(len(models), 2))
+    primary = next((a for a in cfg.attacks if a in ADVERSARIAL), cfg.attacks[0])
+    for j, model in enumerate(models):
+        ax = fig.add_subplot(grid[0, j])
+        pair = result.examples.get(model, {}).get(primary)
+        if pair is None:
+            ax.set_axis_off()
+            continue
+        c, p = pair
+        idx = top_k_indices(c, cfg.top_k)
+        flipped = idx[c[idx] * p[idx] < 0]
+        ax.scatter(c, p, s=6, c="0.7", label="all samples")
+        ax.scatter(c[idx], p[idx], s=12, c="tab:blue", label=f"top-{cfg.top_k} by clean |I|")
+        ax.scatter(c[flipped], p[flipped], s=16, c="tab:red", label=f"flipped ({len(flipped)})")
+        ax.axhline(0, c="k", lw=0.5)
+        ax.axvline(0, c="k", lw=0.5)
+        ax.set_xlabel("clean influence (negative = helpful)")
+        ax.set_ylabel(f"perturbed influence ({primary})")
+        ax.set_title(f"{model}, seed {cfg.seeds[0]}, eps={cfg.eps[0]:g}, damping={cfg.damping[0]:g}", fontsize=9)
+        ax.legend(fontsize=7, loc="best")
+    ax = fig.add_subplot(grid[1, :])
+    cells = [(a, e) for a, e in _cells(cfg) if a == "reinit" or a == "none" or e == cfg.eps[0]]
+    width = 0.8 / len(models)
+    for j, model in enumerate(models):
+        means, lows, highs = [], [], []
+        for attack, eps in cells:
+            row = next(r for r in result.summary if r["model"] == model and r["attack"] == attack and r["eps"] == eps and r["damping"] == cfg.damping[0])
+            s = row["flip_rate"]
+            m = s["mean"] if s["mean"] is not None else 0.0
+            means.append(m)
+            lows.append(m - (s["ci_low"] if s["ci_low"] is not None else m))
+            highs.append((s["ci_high"] if s["ci_high"] is not None else m) - m)
+        x = np.arange(len(cells)) + (j - (len(models) - 1) / 2) * width
+        ax.bar(x, means, width, yerr=[lows, highs], capsize=3, label=model)
+    ax.set_xticks(np.arange(len(cells)))
+    ax.set_xticklabels([a if a in ("reinit", "none") else f"{a}\neps={e:g}" for a, e in cells], fontsize=8)
+    ax.set_ylabel(f"flip rate (top-{cfg.top_k})")
+    ax.set_title(f"flip rate, mean and {int(100 * cfg.confidence)}% bootstrap CI over {len(cfg.seeds)} seed(s); random and reinit are floors", fontsize=9)
+    ax.legend(fontsize=8)
+    if sweep:
+        for k, (name, values) in enumerate((("eps", cfg.eps), ("damping", cfg.damping))):
+            ax = fig.add_subplot(grid[2, k])
+            for model in models:
+                for attack in [a for a in cfg.attacks if a not in ("none",)]:
+                    ys = []
+                    for v in values:
+                        eps, damping = (v, cfg.damping[0]) if name == "eps" else (cfg.eps[0], v)
+                        row = next(r for r in result.summary if r["model"] == model and r["attack"] == attack and r["eps"] == eps and r["damping"] == damping)
+                        ys.append(row["flip_rate"]["mean"])
+                    ax.plot(values, [np.nan if y is None else y for y in ys], marker="o", label=f"{model} {attack}")
+            if name == "damping" and min(values) > 0:
+                ax.set_xscale("log")
+            ax.set_xlabel(name)
+            ax.set_ylabel("flip rate (mean over seeds)")
+            fixed = f"damping={cfg.damping[0]:g}" if name == "eps" else f"eps={cfg.eps[0]:g}"
+            ax.set_title(f"flip rate vs {name} at {fixed}", fontsize=9)
+            ax.legend(fontsize=6)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

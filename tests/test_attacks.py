@@ -1,0 +1,151 @@
+"""Attacks against their definitions: the eps-ball, the valid range, hand-computed steps,
+loss increase over the random-noise control, determinism."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from attnaudit.attacks import AttackConfig, perturb
+from attnaudit.errors import AuditError
+from attnaudit.models import ModelSpec, build_model
+from attnaudit.training import TrainConfig, per_sample_loss, train
+
+torch.set_default_dtype(torch.float64)
+
+
+@pytest.fixture(scope="module")
+def trained():
+    from sklearn.datasets import load_digits  # bundled with scikit-learn: real images, no network
+
+    X, y = load_digits(return_X_y=True)
+    X = torch.from_numpy(X[:240] / 16.0)
+    y = torch.from_numpy(y[:240]).long()
+    out = {}
+    for arch in ("relu", "attn"):
+        net = build_model(ModelSpec(arch, 64, 32, 10, seed=0), X)
+        train(net, X, y, TrainConfig(lr=1.0, steps=150))
+        out[arch] = net
+    return out, X, y
+
+
+@pytest.mark.parametrize("norm", ["linf", "l2"])
+@pytest.mark.parametrize("method", ["fgsm", "pgd", "mim", "random", "none"])
+def test_perturbation_stays_in_ball_and_valid_range(trained, method, norm):
+    nets, X, y = trained
+    eps = 0.3 if norm == "linf" else 2.0
+    res = perturb(nets["relu"], X, y, AttackConfig(method=method, eps=eps, norm=norm, steps=5, clip_min=0.0, clip_max=1.0, seed=3))
+    delta = (res.X_adv - X).reshape(len(X), -1)
+    size = delta.abs().amax(1) if norm == "linf" else delta.norm(dim=1)
+    assert float(size.max()) <= eps * (1 + 1e-12)
+    assert float(res.X_adv.min()) >= 0.0 and float(res.X_adv.max()) <= 1.0
+    assert res.radius_max == pytest.approx(float(size.max()))
+    if method == "none":
+        assert torch.equal(res.X_adv, X)
+    else:
+        assert res.radius_mean > 0
+
+
+def test_random_control_radius_without_clipping(trained):
+    nets, X, y = trained
+    l2 = perturb(nets["relu"], X, y, AttackConfig(method="random", eps=1.5, norm="l2", seed=1))
+    torch.testing.assert_close((l2.X_adv - X).norm(dim=1), torch.full((len(X),), 1.5))  # on the sphere
+    li = perturb(nets["relu"], X, y, AttackConfig(method="random", eps=0.2, norm="linf", seed=1))
+    d = (li.X_adv - X).flatten()
+    assert float(d.abs().max()) <= 0.2 and float(d.abs().max()) > 0.19  # fills the cube
+    assert abs(float(d.mean())) < 0.01  # symmetric noise
+
+
+@pytest.mark.parametrize("arch", ["relu", "attn"])
+@pytest.mark.parametrize("norm", ["linf", "l2"])
+def test_pgd_beats_random_and_fgsm(trained, arch, norm):
+    nets, X, y = trained
+    eps = 0.1 if norm == "linf" else 0.8
+    common = dict(eps=eps, norm=norm, clip_min=0.0, clip_max=1.0, seed=0)
+    loss = {m: perturb(nets[arch], X, y, AttackConfig(method=m, steps=10, **common)) for m in ("pgd", "fgsm", "random", "mim")}
+    clean = loss["pgd"].loss_before
+    assert loss["pgd"].loss_after > loss["random"].loss_after > 0
+    assert loss["pgd"].loss_after >= loss["fgsm"].loss_after  # on average over the samples
+    assert loss["fgsm"].loss_after > clean and loss["mim"].loss_after > clean
+    # per sample too: PGD beats noise of the same radius on nearly every sample
+    net = nets[arch]
+    with torch.no_grad():
+        lp = per_sample_loss(net(loss["pgd"].X_adv), y, "mse")
+        lr = per_sample_loss(net(loss["random"].X_adv), y, "mse")
+    assert float((lp > lr).double().mean()) > 0.95
+
+
+def _linear_model():
+    torch.manual_seed(0)
+    lin = nn.Linear(5, 3, bias=False).double()
+    x = torch.rand(4, 5)
+    y = torch.tensor([0, 1, 2, 1])
+    t = torch.nn.functional.one_hot(y, 3).double()
+    return lin, x, y, t
+
+
+def _grad_x(lin, x, t):  # d/dx 0.5 ||W x - t||^2 = W^T (W x - t), by hand
+    W = lin.weight.detach()
+    return (x @ W.T - t) @ W
+
+
+def test_fgsm_and_pgd_steps_by_hand():
+    lin, x, y, t = _linear_model()
+    g = _grad_x(lin, x, t)
+    fg = perturb(lin, x, y, AttackConfig(method="fgsm", eps=0.05, norm="linf", clip_min=0.0, clip_max=1.0))
+    torch.testing.assert_close(fg.X_adv, (x + 0.05 * g.sign()).clamp(0, 1))
+    fl2 = perturb(lin, x, y, AttackConfig(method="fgsm", eps=0.05, norm="l2"))
+    torch.testing.assert_close(fl2.X_adv, x + 0.05 * g / g.norm(dim=1, keepdim=True))
+    # two PGD steps without random start, step 0.04 inside eps 0.05: the second is projected back
+    pg = perturb(lin, x, y, AttackConfig(method="pgd", eps=0.05, steps=2, step_size=0.04, random_start=False))
+    d1 = 0.04 * g.sign()
+    g2 = _grad_x(lin, x + d1, t)
+    torch.testing.assert_close(pg.X_adv, x + (d1 + 0.04 * g2.sign()).clamp(-0.05, 0.05))
+
+
+def test_mim_momentum_by_hand():
+    lin, x, y, t = _linear_model()
+    mu, alpha, eps = 0.9, 0.02, 0.05
+    res = perturb(lin, x, y, AttackConfig(method="mim", eps=eps, steps=2, step_size=alpha, momentum=mu))
+    g1 = _grad_x(lin, x, t)
+    m1 = g1 / g1.abs().sum(1, keepdim=True)
+    d = alpha * m1.sign()
+    g2 = _grad_x(lin, x + d, t)
+    m2 = mu * m1 + g2 / g2.abs().sum(1, keepdim=True)
+    d = (d + alpha * m2.sign()).clamp(-eps, eps)
+    torch.testing.assert_close(res.X_adv, x + d)
+
+
+def test_deterministic_given_seed(trained):
+    nets, X, y = trained
+    for method in ("pgd", "random"):
+        a = perturb(nets["attn"], X, y, AttackConfig(method=method, eps=0.1, seed=7, clip_min=0.0, clip_max=1.0))
+        b = perturb(nets["attn"], X, y, AttackConfig(method=method, eps=0.1, seed=7, clip_min=0.0, clip_max=1.0, chunk_size=50))
+        c = perturb(nets["attn"], X, y, AttackConfig(method=method, eps=0.1, seed=8, clip_min=0.0, clip_max=1.0))
+        torch.testing.assert_close(a.X_adv, b.X_adv, rtol=0, atol=1e-13)
+        assert not torch.equal(a.X_adv, c.X_adv)
+
+
+def test_model_parameters_untouched(trained):
+    nets, X, y = trained
+    before = {k: v.clone() for k, v in nets["relu"].state_dict().items()}
+    perturb(nets["relu"], X, y, AttackConfig(method="pgd", eps=0.1))
+    for k, v in nets["relu"].state_dict().items():
+        assert torch.equal(v, before[k])
+    assert all(p.requires_grad for p in nets["relu"].parameters())
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(method="cw"), dict(eps=0.0), dict(eps=-1.0), dict(norm="l1"), dict(steps=0), dict(step_size=-0.1), dict(clip_min=1.0, clip_max=0.0), dict(clip_min=0.0)],
+)
+def test_bad_attack_config_rejected(kwargs):
+    with pytest.raises(AuditError):
+        AttackConfig(**kwargs)
+
+
+def test_data_outside_valid_range_rejected(trained):
+    nets, X, y = trained
+    with pytest.raises(AuditError, match="valid range"):
+        perturb(nets["relu"], X * 2, y, AttackConfig(method="fgsm", eps=0.1, clip_min=0.0, clip_max=1.0))

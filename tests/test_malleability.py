@@ -1,0 +1,296 @@
+"""Malleability protocol: metrics on hand-made vectors, the pipeline's own checks (a 'none'
+attack must give flip rate 0 exactly), aggregation, and the `malleability` command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import typer
+from typer.testing import CliRunner
+
+from attnaudit.errors import AuditError
+from attnaudit.malleability import (
+    MalleabilityConfig,
+    build_tables,
+    flip_rate,
+    plot_malleability,
+    progress_total,
+    ratio_summary,
+    run_malleability,
+    stability,
+    summarize,
+    top_k_indices,
+    train_model,
+)
+from attnaudit.models import ModelSpec, build_model
+from attnaudit.report import dumps
+from attnaudit.training import TrainConfig, train
+
+torch.set_default_dtype(torch.float64)
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data"
+HAS_MNIST = (SHARED / "MNIST" / "raw" / "t10k-images-idx3-ubyte.gz").exists()
+runner = CliRunner()
+
+
+# ---------------------------------------------------------------- metrics by hand
+def test_flip_rate_on_hand_made_vectors():
+    clean = np.array([5.0, -4.0, 3.0, -2.0, 1.0, 0.5, 0.0])
+    pert = np.array([-1.0, -4.0, 3.0, 2.0, -1.0, 0.5, 7.0])
+    # top-4 by |clean|: samples 0 (5 -> -1, flip), 1 (same sign), 2 (same), 3 (-2 -> 2, flip)
+    assert top_k_indices(clean, 4).tolist() == [0, 1, 2, 3]
+    assert flip_rate(clean, pert, 4) == pytest.approx(0.5)
+    assert flip_rate(clean, pert, 5) == pytest.approx(3 / 5)  # sample 4 (1 -> -1) flips too
+    assert flip_rate(clean, pert, 7) == pytest.approx(3 / 7)  # an exact zero is not a flip
+    assert flip_rate(clean, -clean, 6) == 1.0 and flip_rate(clean, 2 * clean, 6) == 0.0
+    # ties in |clean| are broken by index: deterministic choice
+    assert top_k_indices([1.0, -1.0, 1.0], 2).tolist() == [0, 1]
+
+
+def test_stability_measures_by_hand():
+    clean = np.array([4.0, -3.0, 2.0, -1.0, 0.5])
+    pert = np.array([-0.2, -3.5, 2.5, 0.1, 4.0])
+    s = stability(clean, pert, 2)
+    assert s["flip_rate"] == 0.5 and s["n_flipped"] == 1 and s["top_k"] == 2
+    # top-2 by |.|: clean {0, 1}, perturbed {4, 1} -> overlap 1/2
+    assert s["top_k_overlap"] == pytest.approx(0.5)
+    # Spearman without ties: 1 - 6 sum d^2 / (n (n^2 - 1)); ranks clean [5,1,4,2,3], pert [2,1,4,3,5]
+    d = np.array([5, 1, 4, 2, 3]) - np.array([2, 1, 4, 3, 5])
+    assert s["spearman"] == pytest.approx(1 - 6 * (d**2).sum() / (5 * 24))
+    assert s["clean_helpful_in_top_k"] == 1  # sample 1 (negative = helpful)
+    assert stability(np.ones(4), np.arange(4.0), 2)["spearman"] is None  # constant: no ranking
+
+
+def test_summaries_and_ratio():
+    vals = [0.1, 0.3, 0.2]
+    s = summarize(vals, 1000, 0.95)
+    assert s["mean"] == pytest.approx(0.2) and s["std"] == pytest.approx(np.std(vals, ddof=1))
+    assert 0.1 <= s["ci_low"] <= s["mean"] <= s["ci_high"] <= 0.3
+    assert summarize(vals, 1000, 0.95) == s  # deterministic bootstrap
+    one = summarize([0.4], 1000, 0.95)
+    assert one["std"] is None and one["ci_low"] == one["ci_high"] == 0.4
+    r = ratio_summary([0.2, 0.4], [0.1, 0.1], 1000, 0.95)
+    assert r["ratio"] == pytest.approx(3.0) and r["ci_low"] == pytest.approx(2.0) and r["ci_high"] == pytest.approx(4.0)
+    zero = ratio_summary([0.2, 0.4], [0.0, 0.0], 1000, 0.95)
+    assert zero["ratio"] is None and zero["undefined_resamples"] == 1000
+
+
+# ---------------------------------------------------------------- protocol on small data
+@pytest.fixture(scope="module")
+def digits():
+    from sklearn.datasets import load_digits
+
+    X, y = load_digits(return_X_y=True)
+    X = torch.from_numpy(X / 16.0)
+    y = torch.from_numpy(y).long()
+    return X[:60], y[:60], X[100:130], y[100:130]
+
+
+SMALL = dict(width=8, steps=25, lr=2.0, top_k=10, pgd_steps=3, n_bootstrap=200)
+
+
+def test_train_model_shortcut_equals_plain_training(digits):
+    X, y, *_ = digits
+    cfg = TrainConfig(lr=2.0, steps=20, checkpoint_every=7)
+    a = build_model(ModelSpec("attn", 64, 8, 10, seed=3), X)
+    b = build_model(ModelSpec("attn", 64, 8, 10, seed=3), X)
+    ra, rb = train(a, X, y, cfg), train_model(b, X, y, cfg)
+    torch.testing.assert_close(b.W, a.W, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(b.a, a.a, rtol=1e-12, atol=1e-14)
+    assert ra.loss_curve == pytest.approx(rb.loss_curve, rel=1e-12)
+    assert len(ra.checkpoints) == len(rb.checkpoints) and set(rb.checkpoints[0]) == {"W", "a"}
+
+
+@pytest.mark.parametrize("protocol", ["retrain", "static"])
+def test_no_perturbation_gives_zero_flips_and_full_structure(digits, protocol):
+    X, y, Xt, yt = digits
+    cfg = MalleabilityConfig(attacks=("none", "pgd", "random"), seeds=(0, 1), damping=(1e-3, 1e-1), protocol=protocol, **SMALL)
+    ticks = []
+    res = run_malleability(X, y, Xt, yt, 10, cfg, value_range=(0.0, 1.0), progress=lambda k=1: ticks.append(k))
+    assert sum(ticks) == progress_total(cfg) == 2 * 2 * (1 + 1 + 1 + 2)
+    # deterministic GD on unchanged data reproduces the model: identical influence
+    for r in res.runs:
+        if r["attack"] == "none":
+            assert r["flip_rate"] == 0.0 and r["spearman"] == pytest.approx(1.0) and r["top_k_overlap"] == 1.0
+    assert len(res.runs) == 2 * 2 * 3 * 2  # seeds x models x attacks x dampings
+    assert len(res.controls) == 2 * 2 * 2
+    keys = {(s["model"], s["attack"], s["damping"]) for s in res.summary}
+    assert ("attn", "reinit", 0.1) in keys and ("relu", "pgd", 1e-3) in keys
+    pgd = next(s for s in res.summary if s["model"] == "relu" and s["attack"] == "pgd" and s["damping"] == 1e-3)
+    assert set(pgd["floors"]) == {"reinit", "random"}
+    assert pgd["clean_model_accuracy_on_perturbed_train"]["mean"] is not None
+    assert {r["numerator"] for r in res.ratios} == {"attn"}
+    assert len(res.sensitivity["by_attack"]) == 2  # pgd and random (none has no radius)
+    text = dumps(res.to_dict())  # strict JSON
+    assert json.loads(text)["sign_convention"].startswith("influence = d(test loss)")
+    if protocol == "static":  # the model is never retrained
+        assert {t["role"] for t in res.training} == {"clean", "reinit"}
+
+
+def test_attn_context_option_changes_the_retrained_model(digits):
+    X, y, Xt, yt = digits
+    out = {}
+    for ctx in ("perturbed", "clean"):
+        cfg = MalleabilityConfig(models=("attn",), attacks=("pgd",), seeds=(0,), controls=False, attn_context=ctx, **SMALL)
+        out[ctx] = run_malleability(X, y, Xt, yt, 10, cfg, value_range=(0.0, 1.0))
+    a = [t["final_loss"] for t in out["perturbed"].training if t["role"] != "clean"]
+    b = [t["final_loss"] for t in out["clean"].training if t["role"] != "clean"]
+    assert a != b  # a different attention context is a different model
+
+
+def test_match_loss_stops_training_and_reports(digits):
+    X, y, Xt, yt = digits
+    cfg = MalleabilityConfig(models=("relu", "attn"), attacks=("random",), seeds=(0,), controls=False, match_loss=0.45, **{**SMALL, "steps": 40})
+    res = run_malleability(X, y, Xt, yt, 10, cfg, value_range=(0.0, 1.0))
+    for t in res.training:
+        if t["reached_match_loss"]:
+            assert t["final_loss"] <= 0.45 and t["steps_run"] < 40
+        else:
+            assert t["steps_run"] == 40
+    unreachable = MalleabilityConfig(models=("relu",), attacks=("random",), seeds=(0,), controls=False, match_loss=1e-6, **SMALL)
+    res2 = run_malleability(X, y, Xt, yt, 10, unreachable, value_range=(0.0, 1.0))
+    assert any("did not reach --match-loss" in w for w in res2.warnings)
+
+
+def test_tables_and_figure(digits, tmp_path):
+    X, y, Xt, yt = digits
+    cfg = MalleabilityConfig(attacks=("pgd", "random"), seeds=(0,), eps=(0.1, 0.3), **SMALL)
+    res = run_malleability(X, y, Xt, yt, 10, cfg, value_range=(0.0, 1.0))
+    assert len(build_tables(res)) == 4
+    path = tmp_path / "m.png"
+    plot_malleability(res, path, "test")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(models=("relu", "gpt")), dict(attacks=("pgd", "cw")), dict(eps=(0.0,)), dict(damping=(-1.0,)), dict(top_k=0),
+     dict(protocol="replay"), dict(attn_context="both"), dict(max_flip_rate=1.5), dict(match_loss=-1.0),
+     dict(estimator="tracin", damping=(0.1, 0.01)), dict(seeds=(0, 0)), dict(lr=-1.0), dict(norm="l1")],
+)
+def test_bad_config_rejected(kwargs):
+    with pytest.raises(AuditError):
+        MalleabilityConfig(**kwargs)
+
+
+def test_top_k_above_n_train_rejected(digits):
+    X, y, Xt, yt = digits
+    with pytest.raises(AuditError, match="top-k"):
+        run_malleability(X, y, Xt, yt, 10, MalleabilityConfig(top_k=61, seeds=(0,)), value_range=(0.0, 1.0))
+
+
+# ---------------------------------------------------------------- the command
+def _app() -> typer.Typer:
+    from attnaudit.cli import app
+
+    if any(c.name == "malleability" for c in app.registered_commands):
+        return app
+    # Not yet wired into cli.py: exercise the same command on a private app.
+    from attnaudit.commands import malleability
+
+    local = typer.Typer()
+    local.callback()(lambda: None)
+    malleability.register(local)
+    return local
+
+
+TINY = ["--n-train", "50", "--n-test", "20", "--width", "8", "--steps", "20", "--top-k", "10", "--pgd-steps", "3", "--seeds", "2"]
+
+
+def test_cli_json_and_exit_codes(tmp_path):
+    app = _app()
+    ok = runner.invoke(app, ["malleability", *TINY, "--attacks", "pgd,random", "--json", "-", "--quiet"])
+    assert ok.exit_code == 0, ok.output
+    payload = json.loads(ok.stdout)
+    assert payload["schema"] == "attnaudit.malleability/1"
+    res = payload["results"]
+    assert res["config"]["seeds"] == [0, 1] and res["n_train"] == 50 and res["n_test"] == 20
+    assert payload["inputs"]["damping"] == [0.001] and payload["inputs"]["preset"] == "quick"
+    assert any(s["attack"] == "reinit" for s in res["summary"])
+    top = max(s["flip_rate"]["mean"] for s in res["summary"] if s["attack"] in ("pgd", "random"))
+    # gate below the worst measured flip rate: exit 1 naming the model and attack
+    fail = runner.invoke(app, ["malleability", *TINY, "--attacks", "pgd,random", "--max-flip-rate", str(max(top - 1e-9, 0.0)), "--quiet"])
+    assert top > 0  # seeded, so this holds for this configuration; the gate below is then live
+    assert fail.exit_code == 1, fail.output
+    assert "under pgd" in fail.output or "under random" in fail.output
+    passing = runner.invoke(app, ["malleability", *TINY, "--attacks", "pgd,random", "--max-flip-rate", "1.0", "--quiet"])
+    assert passing.exit_code == 0, passing.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--attacks", "pgd,cw"], ["--eps", "0"], ["--eps", "a,b"], ["--models", "relu,bert"], ["--max-flip-rate", "2"],
+     ["--estimator", "newton"], ["--protocol", "replay"], ["--preset", "huge"], ["--n-train", "5000"], ["--top-k", "500"],
+     ["--damping", "-1"], ["--norm", "l3"], ["--seeds", "0"]],
+)
+def test_cli_bad_options_exit_2(args):
+    result = runner.invoke(_app(), ["malleability", *TINY, "--quiet", *args])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+
+
+def test_cli_files_and_refusal_to_overwrite(tmp_path):
+    app = _app()
+    args = ["malleability", *TINY, "--attacks", "fgsm", "--out-dir", str(tmp_path), "--quiet", "--estimator", "cg", "--norm", "l2", "--eps", "1.0"]
+    first = runner.invoke(app, args)
+    assert first.exit_code == 0, first.output
+    assert (tmp_path / "report.json").exists() and (tmp_path / "malleability.png").exists()
+    payload = json.loads((tmp_path / "report.json").read_text())
+    diag = payload["results"]["influence_diagnostics"][0]
+    assert diag["estimator"] == "cg" and "converged" in diag and "iterations" in diag
+    again = runner.invoke(app, args)
+    assert again.exit_code == 2 and "already exists" in again.output
+
+
+def test_cli_subprocess_table():
+    proc = subprocess.run(
+        [sys.executable, "-m", "attnaudit", "malleability", *TINY, "--attacks", "pgd", "--no-controls", "--seeds", "1"],
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "influence malleability" in proc.stdout and "flip rate" in proc.stdout
+
+
+@pytest.mark.skipif(not HAS_MNIST, reason="../shared/data/MNIST not present")
+def test_cli_real_mnist_small():
+    result = runner.invoke(
+        _app(),
+        ["malleability", "--dataset", "mnist", "--split", "test", "--data-dir", str(SHARED), "--n-train", "80", "--n-test", "40",
+         "--width", "8", "--steps", "15", "--top-k", "10", "--pgd-steps", "3", "--seeds", "1", "--attacks", "pgd,random",
+         "--no-controls", "--json", "-", "--quiet"],
+    )
+    assert result.exit_code == 0, result.output
+    res = json.loads(result.stdout)["results"]
+    assert res["value_range"] == [0.0, 1.0]
+    for a in res["attacks"]:
+        assert a["perturbation_norm_max"] <= 0.3 + 1e-12  # the paper's L-inf radius, clipped to [0, 1]
+    pgd = [a for a in res["attacks"] if a["method"] == "pgd"]
+    rnd = [a for a in res["attacks"] if a["method"] == "random"]
+    for p, r in zip(pgd, rnd):
+        assert p["model_loss_after"] > r["model_loss_after"]
+
+
+@pytest.mark.parametrize("estimator", ["exact", "tracin", "cg"])
+def test_other_estimators_run_and_no_perturbation_is_stable(digits, estimator):
+    X, y, Xt, yt = digits
+    cfg = MalleabilityConfig(models=("relu", "attn"), attacks=("none",), seeds=(0,), controls=False, estimator=estimator,
+                             damping=(0.05,), **{**SMALL, "width": 4})
+    res = run_malleability(X, y, Xt, yt, 10, cfg, value_range=(0.0, 1.0))
+    assert all(r["flip_rate"] == 0.0 and r["spearman"] == pytest.approx(1.0) for r in res.runs)
+    assert {d["estimator"] for d in res.influence_diagnostics} == {estimator}
+    if estimator == "tracin":
+        every = max(1, SMALL["steps"] // cfg.tracin_checkpoints)  # 25 steps, a snapshot every 2: steps 0, 2, ..., 24
+        assert all(d["checkpoints_used"] == -(-SMALL["steps"] // every) == 13 for d in res.influence_diagnostics)
+
+
+def test_exact_over_budget_fails_before_training(digits):
+    X, y, Xt, yt = digits
+    cfg = MalleabilityConfig(estimator="exact", width=200, seeds=(0,), max_exact_params=1000)
+    with pytest.raises(AuditError, match="last-layer or cg"):
+        run_malleability(X, y, Xt, yt, 10, cfg, value_range=(0.0, 1.0), progress=lambda k=1: pytest.fail("trained first"))
