@@ -1,0 +1,238 @@
+"""`attnaudit landscape`: thin CLI over :mod:`attnaudit.landscape`."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.text import Text
+
+from ..cli_common import (
+    ClassesOpt,
+    DataDirOpt,
+    DataOpt,
+    DebugOpt,
+    DeviceOpt,
+    DownloadOpt,
+    JsonOpt,
+    OutDirOpt,
+    OutputOptions,
+    OverwriteOpt,
+    PngOpt,
+    PreprocessOpt,
+    QuietOpt,
+    SeedOpt,
+    cli_errors,
+    data_spec_from_options,
+    emit,
+    parse_list,
+    progress,
+)
+from ..errors import AuditError
+
+# Training and analysis sizes per preset; explicit options override every entry.
+PRESETS: dict[str, dict] = {
+    # digits, both models trained and analysed in well under 2 minutes on 2 CPU cores
+    "quick": dict(dataset="digits", split="train", n_train=500, width=256, steps=1000, lr=4.0),
+    # real MNIST (only its test split ships here); about 5 minutes on 2 CPU cores
+    "paper": dict(dataset="mnist", split="test", n_train=2000, width=256, steps=1000, lr=4.0),
+}
+ARCHS = ("relu", "attn")
+
+
+def _pick(value, preset: dict, key: str):
+    """Explicit option beats the preset."""
+    return preset[key] if value is None else value
+
+
+def _labels_for_paths(paths: list[str]) -> list[str]:
+    labels = []
+    for p in paths:
+        stem = Path(p).name
+        stem = stem[: -len(".safetensors")] if stem.endswith(".safetensors") else Path(p).stem
+        label, i = stem, 2
+        while label in labels:
+            label, i = f"{stem}#{i}", i + 1
+        labels.append(label)
+    return labels
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("landscape")
+    def landscape_command(
+        preset: Annotated[str, typer.Option("--preset", help="quick (default; digits, < 2 min on 2 CPU cores) or paper (MNIST test split, n_train 2000, ~5 min). Explicit options override it.")] = "quick",
+        models: Annotated[Optional[str], typer.Option("--models", help="Models to train and compare: relu (2L-ReLU), attn (MLP-Attn), comma-separated (default relu,attn).")] = None,
+        model: Annotated[Optional[list[str]], typer.Option("--model", help="Analyse a saved model (safetensors written by attnaudit) instead of training; repeat to compare several.")] = None,
+        dataset: Annotated[Optional[str], typer.Option("--dataset", help="digits, mnist, fashion-mnist, cifar10, synthetic (default from --preset).")] = None,
+        data: DataOpt = None,
+        data_dir: DataDirOpt = None,
+        split: Annotated[Optional[str], typer.Option("--split", help="train or test (default from --preset; the paper preset uses MNIST's test split, the one shipped here).")] = None,
+        n_train: Annotated[Optional[int], typer.Option("--n-train", help="Training samples: the loss, Hessian and surfaces are over these (default from --preset).")] = None,
+        classes: ClassesOpt = None,
+        preprocess: PreprocessOpt = "raw",
+        download: DownloadOpt = False,
+        width: Annotated[Optional[int], typer.Option("--width", help="Hidden width m (default from --preset).")] = None,
+        steps: Annotated[Optional[int], typer.Option("--steps", help="Full-batch GD steps (the budget under --match-loss).")] = None,
+        lr: Annotated[Optional[float], typer.Option("--lr", help="GD learning rate (default from --preset).")] = None,
+        loss: Annotated[str, typer.Option("--loss", help="mse or ce: the training loss whose landscape is measured.")] = "mse",
+        match_loss: Annotated[Optional[float], typer.Option("--match-loss", help="Train each model until its training loss reaches this value (or say it could not), so sharpness is compared at equal loss.")] = None,
+        top_k: Annotated[int, typer.Option("--top-k", help="Number of top Hessian eigenvalues (Lanczos).")] = 5,
+        hutchinson_samples: Annotated[int, typer.Option("--hutchinson-samples", help="Rademacher probes for the Hessian trace.")] = 30,
+        directions: Annotated[str, typer.Option("--directions", help="random (filter-normalized Gaussian) or hessian (top eigenvectors) for the surfaces.")] = "random",
+        points: Annotated[int, typer.Option("--points", help="Points of the 1-D curve (0 = skip).")] = 51,
+        span: Annotated[float, typer.Option("--span", help="Surfaces cover alpha in [-span, span] (relative distance).")] = 1.0,
+        grid: Annotated[int, typer.Option("--grid", help="Grid size of the 2-D surface (0 = skip).")] = 31,
+        keep_1d_params: Annotated[bool, typer.Option("--keep-1d-params", help="Perturb biases/1-D parameters too (one filter each) instead of zeroing them in random directions.")] = False,
+        basin_directions: Annotated[int, typer.Option("--basin-directions", help="Random directions (both signs) averaged for the basin width.")] = 8,
+        basin_factor: Annotated[float, typer.Option("--basin-factor", help="The basin ends where the loss first reaches this factor times its minimum.")] = 2.0,
+        params: Annotated[Optional[str], typer.Option("--params", help="Only these parameters (comma-separated glob patterns, e.g. W or 'layers.0.*'); default all.")] = None,
+        seed: SeedOpt = 0,
+        device: DeviceOpt = "auto",
+        json: JsonOpt = None,
+        png: PngOpt = None,
+        out_dir: OutDirOpt = None,
+        quiet: QuietOpt = False,
+        overwrite: OverwriteOpt = False,
+        debug: DebugOpt = False,
+    ) -> None:
+        """Loss landscape: top Hessian eigenvalues, trace, basin width and 1-D/2-D loss surfaces."""
+        from ..data import load_dataset
+        from ..device import resolve_device
+        from ..landscape import LandscapeConfig, analyze_landscape, select_params, train_reference_model
+        from ..landscape_report import PNG_NAME, SCHEMA, build_tables, compare_landscapes, plot_landscape
+        from ..models import ModelSpec, build_model, load_model
+        from ..report import build_report
+        from ..training import TrainConfig
+
+        with cli_errors(debug):
+            opts = OutputOptions(json=json, png=png, out_dir=out_dir, quiet=quiet, overwrite=overwrite)
+            key = preset.strip().lower()
+            if key not in PRESETS:
+                raise AuditError(f"unknown --preset {preset!r}; use {' or '.join(PRESETS)}")
+            p = PRESETS[key]
+            if model and models is not None:
+                raise AuditError("--model analyses saved models and --models trains new ones; give one of them")
+            if model:
+                given = [o for o, v in (("--width", width), ("--steps", steps), ("--lr", lr), ("--match-loss", match_loss)) if v is not None]
+                if given:
+                    raise AuditError(f"{', '.join(given)} set how new models are trained and do not apply to --model; drop them")
+            arch_list = tuple(a.strip().lower() for a in parse_list(models if models is not None else "relu,attn", str, "--models"))
+            bad = [a for a in arch_list if a not in ARCHS]
+            if bad:
+                raise AuditError(f"--models: unknown model {bad[0]!r}; use relu, attn or both (relu,attn)")
+            if len(set(arch_list)) != len(arch_list):
+                raise AuditError("--models lists a model twice; give each once")
+            ntr = _pick(n_train, p, "n_train")
+            if ntr < 2:
+                raise AuditError(f"--n-train must be >= 2, got {ntr}")
+            m = _pick(width, p, "width")
+            if m < 1:
+                raise AuditError(f"--width must be a positive integer, got {m}")
+            if match_loss is not None and not (math.isfinite(match_loss) and match_loss > 0):
+                raise AuditError(f"--match-loss must be a positive training loss, got {match_loss}")
+            loss_name = loss.strip().lower()
+            train_cfg = TrainConfig(loss=loss_name, lr=_pick(lr, p, "lr"), steps=_pick(steps, p, "steps"), loss_tol=match_loss, record_every=10)
+            patterns = tuple(parse_list(params, str, "--params")) if params is not None else None
+            config = LandscapeConfig(
+                loss=loss_name, directions=directions.strip().lower(), points=points, span=span, grid=grid,
+                keep_1d_params=keep_1d_params, params=patterns, top_k=top_k, hutchinson_samples=hutchinson_samples,
+                basin_directions=basin_directions, basin_factor=basin_factor, seed=seed,
+            )
+            dev = resolve_device(device)
+            loaded = []
+            if model:
+                for path in model:
+                    loaded.append(load_model(path))  # fails now, before data is read
+            for net in loaded or [build_model(ModelSpec("relu", 1, 1, 1))]:  # same parameter names as attn
+                select_params(net, patterns)  # a --params typo fails now, not after training
+            opts.check_writable((PNG_NAME,))
+            ds_name = dataset if dataset is not None else (None if data is not None else p["dataset"])
+            split_name = _pick(split, p, "split")
+            spec = data_spec_from_options(ds_name or "digits", data, data_dir, split_name, classes, preprocess, seed, download, n=ntr, stratify=True)
+
+            timings: dict[str, float] = {}
+            t0 = time.perf_counter()
+            try:
+                ds = load_dataset(spec)
+            except AuditError as exc:
+                if "--n " in str(exc):
+                    raise AuditError(str(exc).replace("--n ", "--n-train ").replace("lower --n", "lower --n-train")) from None
+                raise
+            if ds.y is None:
+                raise AuditError(f"{ds.name} has no labels; the loss landscape needs labelled data")
+            X, y = ds.X.to(dev), ds.y.to(dev)
+            timings["load"] = time.perf_counter() - t0
+
+            labels = _labels_for_paths(model) if model else list(arch_list)
+            for label, net in zip(labels, loaded):
+                if net.spec.d_in != ds.d:
+                    raise AuditError(f"--model {label} takes {net.spec.d_in} input features but {ds.name} has {ds.d}; use the data it was trained on")
+                if int(y.max()) >= net.spec.n_out:
+                    raise AuditError(f"--model {label} has {net.spec.n_out} outputs but the labels go up to {int(y.max())}; use matching --classes")
+            total = config.work_units() * len(labels) + (0 if model else train_cfg.steps * len(labels))
+            results, training = {}, {}
+            if not opts.quiet:
+                what = f"saved model(s) {', '.join(labels)}" if model else f"models {','.join(labels)}, width {m}, {train_cfg.steps} steps, lr {train_cfg.lr:g}"
+                opts.console.print(f"landscape: {ds.name} ({split_name}), n={ds.n}, {what}", highlight=False)
+            with progress(opts, "landscape", total) as advance:
+                for i, label in enumerate(labels):
+                    t1 = time.perf_counter()
+                    if model:
+                        net = loaded[i].to(device=dev, dtype=X.dtype)  # analyses run in float64
+                        training[label] = {"source": str(model[i]), "spec": dataclasses.asdict(net.spec)}
+                    else:
+                        net, tr = train_reference_model(label, X, y, ds.n_classes, width=m, seed=seed, train_config=train_cfg)
+                        if tr.diverged:
+                            raise AuditError(f"training {label} diverged (loss {tr.final_loss}); lower --lr")
+                        training[label] = {
+                            "steps_run": tr.steps_run, "final_loss": tr.final_loss, "reached_match_loss": tr.reached_tol,
+                            "loss_curve_every_10": tr.loss_curve, "model_seed": seed,
+                        }
+                        advance(train_cfg.steps)
+                    timings[f"{label}.train"] = time.perf_counter() - t1
+                    t1 = time.perf_counter()
+                    results[label] = analyze_landscape(net, X, y, config, progress=advance)
+                    timings[f"{label}.analysis"] = time.perf_counter() - t1
+            timings["total"] = time.perf_counter() - t0
+
+            verdicts, warnings = compare_landscapes(
+                results, training if not model else {}, lr=None if model else train_cfg.lr, match_loss=match_loss,
+            )
+            report = build_report(
+                SCHEMA,
+                inputs={
+                    "preset": key,
+                    "dataset": ds_name if data is None else None,
+                    "data": data,
+                    "split": split_name,
+                    "classes": classes,
+                    "preprocess": preprocess,
+                    "n_train": ntr,
+                    "models": list(labels),
+                    "saved_models": list(model) if model else None,
+                    "width": None if model else m,
+                    "training": None if model else dataclasses.asdict(train_cfg),
+                    "match_loss": match_loss,
+                    "landscape": dataclasses.asdict(config),
+                },
+                seeds={"base_seed": seed, "model_seed": None if model else seed, "subset_seed": seed, "landscape": config.seeds()},
+                device=dev,
+                dtype="float64",
+                timings=timings,
+                results={
+                    "dataset": ds.info,
+                    "models": {k: {"training": training[k], **results[k].to_dict()} for k in labels},
+                    "gd_stability_bound": None if model else 2.0 / train_cfg.lr,
+                },
+                warnings=warnings,
+                verdicts=verdicts,
+            )
+            renderables: list = build_tables(results, training if not model else {}, None if model else train_cfg.lr)
+            renderables.extend(Text(f"- {v}") for v in verdicts)
+            renderables.extend(Text(f"warning: {w}", style="yellow") for w in warnings)
+            title = f"{ds.name}: n={ds.n}, {loss_name}, directions {config.directions}, seed {seed}"
+            emit(opts, report, renderables, plot=lambda path: plot_landscape(results, path, title), png_name=PNG_NAME)

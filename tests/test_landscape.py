@@ -1,0 +1,417 @@
+"""Loss landscape against independent ground truth: dense Hessians, closed forms, reloads."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from attnaudit import landscape as L
+from attnaudit.errors import AuditError
+from attnaudit.models import ModelSpec, build_model
+from attnaudit.training import TrainConfig, accuracy, loss_value, train
+
+
+def _data(n=40, d=5, c=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, d, generator=g, dtype=torch.float64)
+    y = torch.randint(0, c, (n,), generator=g)
+    return X, y
+
+
+def _trained(arch="relu", loss="mse", n=40, d=5, c=3, m=6, steps=150):
+    X, y = _data(n, d, c)
+    model = build_model(ModelSpec(arch, d, m, c, seed=1), X)
+    train(model, X, y, TrainConfig(loss=loss, lr=0.5, steps=steps))
+    return model, X, y
+
+
+class MLP(nn.Module):
+    """A user's module with biases (1-D parameters) and a non-TwoLayerNet forward."""
+
+    def __init__(self, d=4, h=5, c=3):
+        super().__init__()
+        torch.manual_seed(3)
+        self.net = nn.Sequential(nn.Linear(d, h), nn.Tanh(), nn.Linear(h, c)).double()
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def dense_hessian(model, X, y, loss):
+    """Dense Hessian of the training loss by torch.autograd.functional.hessian (independent of HVPs)."""
+    names = [k for k, _ in model.named_parameters()]
+    shapes = [p.shape for _, p in model.named_parameters()]
+    numels = [p.numel() for _, p in model.named_parameters()]
+    theta = torch.cat([p.detach().reshape(-1) for _, p in model.named_parameters()])
+
+    def f(t):
+        parts = torch.split(t, numels)
+        params = {k: v.view(s) for k, v, s in zip(names, parts, shapes)}
+        return loss_value(torch.func.functional_call(model, params, (X,)), y, loss)
+
+    return torch.autograd.functional.hessian(f, theta)
+
+
+# --------------------------------------------------------------------------- Hessian
+
+
+@pytest.mark.parametrize("arch,loss", [("relu", "mse"), ("attn", "ce")])
+def test_lanczos_top_eigenvalues_match_dense_hessian(arch, loss):
+    model, X, y = _trained(arch, loss)
+    H = dense_hessian(model, X, y, loss)
+    evals, evecs = torch.linalg.eigh(H)
+    op = L.HessianOperator(model, X, y, loss)
+    assert op.size == H.shape[0] == 6 * 5 + 6 * 3
+    # fewer steps than the dimension: a real Krylov approximation, not a full tridiagonalisation
+    res = L.lanczos_top_eigen(op, op.size, 3, max_steps=35, tol=1e-8, seed=5)
+    assert res.converged and res.steps < op.size
+    np.testing.assert_allclose(res.eigenvalues, evals.flip(0)[:3].numpy(), rtol=1e-8)
+    assert max(res.residuals) < 1e-6
+    # the top eigenvector too (the top eigenvalue is simple here)
+    assert evals[-1] - evals[-2] > 1e-3 * evals[-1]
+    assert abs(float(res.eigenvectors[:, 0] @ evecs[:, -1])) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_hvp_matches_dense_hessian_generic_module_and_chunks():
+    X, y = _data(n=23, d=4)
+    model = MLP()
+    H = dense_hessian(model, X, y, "ce")
+    v = torch.randn(H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    op = L.HessianOperator(model, X, y, "ce", samples_per_batch=5)  # 5 chunks, last one short
+    torch.testing.assert_close(op(v), H @ v, rtol=1e-10, atol=1e-12)
+
+
+def test_lanczos_known_spectrum_and_invariant_restart():
+    # diagonal operator with a known spectrum
+    lam = torch.linspace(0.0, 1.0, 300, dtype=torch.float64) ** 3 * 10
+    res = L.lanczos_top_eigen(lambda v: lam * v, 300, 4, max_steps=120, tol=1e-10, seed=0)
+    np.testing.assert_allclose(res.eigenvalues, lam.flip(0)[:4].numpy(), rtol=1e-9)
+    # rank-2 operator: the Krylov space is invariant after 2 steps; restart finds the zeros
+    g = torch.Generator().manual_seed(1)
+    Q, _ = torch.linalg.qr(torch.randn(50, 2, generator=g, dtype=torch.float64))
+    A = Q @ torch.diag(torch.tensor([3.0, 1.0], dtype=torch.float64)) @ Q.T
+    res = L.lanczos_top_eigen(lambda v: A @ v, 50, 4, max_steps=20, tol=1e-10, seed=0)
+    np.testing.assert_allclose(res.eigenvalues, [3.0, 1.0, 0.0, 0.0], atol=1e-10)
+    assert res.converged
+
+
+def test_hutchinson_trace_within_standard_error_of_exact_trace():
+    model, X, y = _trained("relu", "mse")
+    H = dense_hessian(model, X, y, "mse")
+    exact = float(H.trace())
+    op = L.HessianOperator(model, X, y, "mse")
+    s = 200
+    plain = L.hutchinson_trace(op, op.size, s, seed=11)
+    assert abs(plain.estimate - exact) < 4 * plain.stderr
+    # its standard error agrees with the analytic Rademacher variance 2 (||H||_F^2 - sum H_ii^2)
+    analytic = math.sqrt(2 * (float((H**2).sum()) - float((H.diagonal() ** 2).sum())) / s)
+    assert 0.7 < plain.stderr / analytic < 1.3
+    eig = L.lanczos_top_eigen(op, op.size, 5, max_steps=40, tol=1e-8, seed=0)
+    defl = L.hutchinson_trace(op, op.size, s, seed=11, deflate=eig.eigenvectors, deflate_products=eig.h_eigenvectors)
+    assert abs(defl.estimate - exact) < 4 * defl.stderr
+    assert defl.stderr < plain.stderr and defl.deflated == 5
+    np.testing.assert_allclose(defl.exact_part, sum(eig.eigenvalues), rtol=1e-8)
+
+
+def test_hutchinson_exact_for_diagonal_operator():
+    # v^T D v = tr(D) for every Rademacher v: the estimate is exact and its SE zero
+    D = torch.arange(1.0, 21.0, dtype=torch.float64)
+    res = L.hutchinson_trace(lambda v: D * v, 20, 5, seed=0)
+    assert res.estimate == pytest.approx(210.0, abs=1e-12) and res.stderr == pytest.approx(0.0, abs=1e-12)
+
+
+# --------------------------------------------------------------------------- directions
+
+
+def test_filter_normalization_row_by_row():
+    conv = nn.Conv2d(2, 3, 3).double()
+    params = {"w": conv.weight.detach(), "b": conv.bias.detach(), "lin": torch.randn(4, 7, dtype=torch.float64)}
+    d = L.random_direction(params, seed=7)
+    for name in ("w", "lin"):
+        p, q = params[name], d[name]
+        for i in range(p.shape[0]):  # every filter (first-axis slice) separately
+            assert float(q[i].norm()) == pytest.approx(float(p[i].norm()), rel=1e-12)
+        assert not torch.allclose(q / q.norm(), p / p.norm())  # a direction, not the weights
+    assert torch.count_nonzero(d["b"]) == 0  # 1-D parameters zeroed by default
+    kept = L.random_direction(params, seed=7, keep_1d=True)
+    assert float(kept["b"].norm()) == pytest.approx(float(params["b"].norm()), rel=1e-12)
+    torch.testing.assert_close(kept["w"], d["w"])  # same stream whatever keep_1d
+    torch.testing.assert_close(L.random_direction(params, seed=7)["w"], d["w"])
+    assert not torch.allclose(L.random_direction(params, seed=8)["w"], d["w"])
+    # ||d|| = ||theta|| over the normalized parameters: alpha is a relative distance
+    assert L.params_norm({k: d[k] for k in ("w", "lin")}) == pytest.approx(
+        L.params_norm({k: params[k] for k in ("w", "lin")}), rel=1e-12
+    )
+
+
+def test_zero_weight_rows_give_zero_direction_rows():
+    p = {"W": torch.tensor([[1.0, 2.0], [0.0, 0.0]], dtype=torch.float64)}
+    d = L.random_direction(p, 0)
+    assert torch.count_nonzero(d["W"][1]) == 0 and float(d["W"][0].norm()) == pytest.approx(math.sqrt(5))
+
+
+# --------------------------------------------------------------------------- surfaces
+
+
+@pytest.mark.parametrize("arch,loss,backend", [("relu", "mse", "structured"), ("attn", "ce", "structured"), ("attn", "mse", "vmap"), ("relu", "ce", "loop")])
+def test_batched_evaluation_matches_state_dict_reload(arch, loss, backend):
+    model, X, y = _trained(arch, loss, steps=30)
+    params = L.select_params(model)
+    dirs = [L.random_direction(params, s) for s in (0, 1, 2)]
+    coeffs = torch.randn(11, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    ref = L.state_dict_loop(model, X, y, loss, dirs, coeffs)
+    ev = L.evaluate_points(model, X, y, loss, dirs, coeffs, backend=backend, points_per_batch=4, samples_per_batch=7)
+    assert ev.backend == backend
+    torch.testing.assert_close(ev.loss, ref, rtol=1e-12, atol=1e-13)
+    # accuracy against a plain forward at the first point
+    theta = {k: params[k] + sum(coeffs[0, j] * dirs[j][k] for j in range(3)) for k in params}
+    out = torch.func.functional_call(model, theta, (X,))
+    assert float(ev.accuracy[0]) == pytest.approx(accuracy(out, y))
+
+
+def test_generic_module_vmap_matches_reload_and_perturbs_subset():
+    X, y = _data(n=30, d=4)
+    model = MLP()
+    params = L.select_params(model, ["net.0.*"])
+    assert list(params) == ["net.0.weight", "net.0.bias"]
+    dirs = [L.random_direction(params, 0, keep_1d=True)]
+    coeffs = torch.linspace(-1, 1, 5, dtype=torch.float64)[:, None]
+    ev = L.evaluate_points(model, X, y, "ce", dirs, coeffs, samples_per_batch=8)
+    assert ev.backend == "vmap"
+    torch.testing.assert_close(ev.loss, L.state_dict_loop(model, X, y, "ce", dirs, coeffs), rtol=1e-12, atol=1e-13)
+    with pytest.raises(AuditError, match="structured"):
+        L.evaluate_points(model, X, y, "ce", dirs, coeffs, backend="structured")
+
+
+def test_surfaces_at_origin_equal_training_loss():
+    model, X, y = _trained("attn", "mse")
+    with torch.no_grad():
+        train_loss = float(loss_value(model(X), y, "mse"))
+    params = L.select_params(model)
+    d1, d2 = L.random_direction(params, 0), L.random_direction(params, 1)
+    s1 = L.loss_surface_1d(model, X, y, "mse", d1, points=7, span=0.5)
+    assert s1.alphas[3] == 0.0 and s1.loss[3] == pytest.approx(train_loss, rel=1e-13)
+    s2 = L.loss_surface_2d(model, X, y, "mse", d1, d2, grid=5, span=0.5)
+    assert s2.loss[2][2] == pytest.approx(train_loss, rel=1e-13)
+    # the 2-D surface's first-direction row through beta = 0 is the 1-D curve on the same alphas
+    s1b = L.loss_surface_1d(model, X, y, "mse", d1, points=5, span=0.5)
+    np.testing.assert_allclose([r[2] for r in s2.loss], s1b.loss, rtol=1e-12)
+
+
+def test_basin_width_matches_quadratic_closed_form():
+    # a bias-free linear model has an exactly quadratic MSE along any line: the crossing of
+    # factor * L0 is the positive root of a2 t^2 + a1 t + a0 (1 - factor) = 0
+    X, y = _data(n=50, d=4, c=3)
+    model = nn.Linear(4, 3, bias=False).double()
+    Y = torch.nn.functional.one_hot(y, 3).double()
+    params = L.select_params(model)
+    dirs = [L.random_direction(params, s) for s in (0, 1, 2)]
+    factor = 1.5
+    res = L.basin_width(model, X, y, "mse", dirs, factor=factor, max_radius=10.0, points=30)
+    W = params["weight"]
+    R = X @ W.T - Y
+    a0 = 0.5 * float((R**2).sum()) / 50
+    expected = []
+    for dj in dirs:
+        E = X @ dj["weight"].T
+        a1 = float((R * E).sum()) / 50
+        a2 = 0.5 * float((E**2).sum()) / 50
+        for sgn in (1.0, -1.0):
+            roots = np.roots([a2, sgn * a1, a0 * (1 - factor)])
+            expected.append(min(r.real for r in roots if r.real > 0))
+    assert res.censored == 0 and res.base_loss == pytest.approx(a0, rel=1e-12)
+    np.testing.assert_allclose(res.radii, expected, rtol=1e-3)
+    assert res.width == pytest.approx(np.mean(expected), rel=1e-3)
+
+
+def test_basin_censored_when_threshold_not_reached():
+    model, X, y = _trained("relu", "mse", steps=0)
+    params = L.select_params(model)
+    res = L.basin_width(model, X, y, "mse", [L.random_direction(params, 0)], factor=1e6, max_radius=0.01)
+    assert res.censored == 2 and res.radii == (0.01, 0.01)
+
+
+# --------------------------------------------------------------------------- orchestrator
+
+
+def test_analyze_landscape_end_to_end_and_hessian_direction_curvature():
+    model, X, y = _trained("relu", "mse")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = L.LandscapeConfig(
+        directions="hessian", points=3, span=1e-5, grid=3, top_k=3, lanczos_tol=1e-9,
+        hutchinson_samples=10, basin_directions=2, basin_points=8, seed=4,
+    )
+    ticks = []
+    res = L.analyze_landscape(model, X, y, cfg, progress=ticks.append)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k])  # analysis leaves the model alone
+    with torch.no_grad():
+        assert res.loss == pytest.approx(float(loss_value(model(X), y, "mse")), rel=1e-13)
+    H = dense_hessian(model, X, y, "mse")
+    lam = torch.linalg.eigvalsh(H).flip(0)
+    np.testing.assert_allclose(res.eigen.eigenvalues, lam[:3].numpy(), rtol=1e-8)
+    # along the top eigenvector scaled to ||theta||, the second difference of the curve is lambda_1 ||theta||^2
+    h = res.surface_1d.alphas[2]
+    second = (res.surface_1d.loss[0] - 2 * res.surface_1d.loss[1] + res.surface_1d.loss[2]) / h**2
+    theta2 = res.directions["theta_norm"] ** 2
+    assert second == pytest.approx(lam[0].item() * theta2, rel=1e-4)
+    np.testing.assert_allclose(res.top_share[0], res.eigen.eigenvalues[0] / res.trace.estimate, rtol=1e-12)
+    assert sum(ticks) == cfg.work_units()
+    payload = res.to_dict()
+    json.dumps(payload, allow_nan=False)
+    assert payload["seeds"]["basin_directions"] == [104, 105] and payload["directions"]["kind"] == "hessian"
+
+
+def test_config_validation_and_loss_mismatch():
+    for bad in (
+        dict(directions="sideways"), dict(points=2), dict(grid=-1), dict(span=0.0), dict(top_k=0),
+        dict(hutchinson_samples=1), dict(basin_factor=1.0), dict(loss="hinge"), dict(memory_mb=0),
+    ):
+        with pytest.raises(AuditError):
+            L.LandscapeConfig(**bad)
+    assert L.loss_mismatch_warning({"relu": 0.1, "attn": 0.15}) is None
+    msg = L.loss_mismatch_warning({"relu": 0.1, "attn": 0.45})
+    assert msg and "4.5x" in msg and "--match-loss" in msg
+
+
+# --------------------------------------------------------------------------- CLI
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from typer.testing import CliRunner  # noqa: E402
+
+from attnaudit.cli import app  # noqa: E402
+from attnaudit.commands import landscape as landscape_cmd  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data"
+HAS_MNIST = (SHARED / "MNIST" / "raw" / "t10k-images-idx3-ubyte.gz").exists()
+REGISTERED = any(c.name == "landscape" for c in app.registered_commands)
+if not REGISTERED:  # until attnaudit/cli.py imports the command
+    landscape_cmd.register(app)
+runner = CliRunner()
+ANALYSIS = ["--n-train", "120", "--points", "5", "--grid", "5", "--top-k", "2", "--hutchinson-samples", "4",
+            "--basin-directions", "2", "--quiet"]
+TINY = ["--width", "16", "--steps", "40", *ANALYSIS]
+
+
+def test_cli_end_to_end_json_png_and_surface_origin(tmp_path):
+    out = tmp_path / "r.json"
+    png = tmp_path / "f.png"
+    res = runner.invoke(app, ["landscape", *TINY, "--seed", "3", "--json", str(out), "--png", str(png)])
+    assert res.exit_code == 0, res.output
+    payload = json.loads(out.read_text())
+    assert payload["schema"] == "attnaudit.landscape/1"
+    assert payload["seeds"]["base_seed"] == 3 and payload["seeds"]["landscape"]["direction_2"] == 4
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    models = payload["results"]["models"]
+    assert list(models) == ["relu", "attn"]
+    for rec in models.values():
+        assert rec["training"]["steps_run"] == 40 and len(rec["top_eigenvalues"]["eigenvalues"]) == 2
+        assert rec["surface_1d"]["loss"][2] == pytest.approx(rec["loss"], rel=1e-12)
+        assert rec["surface_2d"]["loss"][2][2] == pytest.approx(rec["loss"], rel=1e-12)
+        assert rec["directions"]["seeds"] == [3, 4]
+        # the reported training loss is the last point of the training curve
+        assert rec["training"]["final_loss"] == pytest.approx(rec["loss"], rel=1e-10)
+
+
+def test_cli_saved_model_and_match_loss(tmp_path):
+    from attnaudit.data import DataSpec, load_dataset
+    from attnaudit.models import save_model
+
+    ds = load_dataset(DataSpec(dataset="digits", n=120, seed=0, stratify=True))
+    net = build_model(ModelSpec("attn", ds.d, 8, ds.n_classes, seed=5), ds.X)
+    path = save_model(net, tmp_path / "mine.safetensors")
+    out = tmp_path / "r.json"
+    res = runner.invoke(app, ["landscape", *ANALYSIS, "--model", str(path), "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    rec = json.loads(out.read_text())["results"]["models"]["mine"]
+    with torch.no_grad():
+        assert rec["loss"] == pytest.approx(float(loss_value(net(ds.X), ds.y, "mse")), rel=1e-12)
+    # a reachable target stops early; an unreachable one is reported, not hidden
+    res = runner.invoke(app, ["landscape", *TINY, "--models", "relu", "--steps", "500", "--match-loss", "0.3", "--json", "-"])
+    assert res.exit_code == 0, res.output
+    tr = json.loads(res.stdout)["results"]["models"]["relu"]["training"]
+    assert tr["reached_match_loss"] is True and tr["steps_run"] < 500 and tr["final_loss"] <= 0.3
+    res = runner.invoke(app, ["landscape", *TINY, "--models", "relu", "--steps", "3", "--match-loss", "1e-6", "--json", "-"])
+    payload = json.loads(res.stdout)
+    assert any("did not reach --match-loss" in w for w in payload["warnings"])
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--directions", "sideways"], "directions"),
+        (["--points", "2"], "--points"),
+        (["--preset", "huge"], "--preset"),
+        (["--models", "relu,gpt"], "--models"),
+        (["--model", "nowhere.safetensors"], "not found"),
+        (["--model", "x.safetensors", "--models", "relu"], "give one of them"),
+        (["--model", "x.safetensors", "--width", "8"], "do not apply to --model"),
+        (["--span", "-1"], "--span"),
+        (["--hutchinson-samples", "1"], "--hutchinson-samples"),
+        (["--n-train", "1"], "--n-train"),
+        (["--match-loss", "-1"], "--match-loss"),
+        (["--basin-factor", "0.5"], "--basin-factor"),
+        (["--loss", "hinge"], "loss"),
+        (["--n-train", "99999"], "--n-train"),
+        (["--params", "nothing*"], "no trainable parameters"),
+    ],
+)
+def test_cli_bad_options_exit_2(args, needle):
+    budget = [] if "--model" in args else ["--steps", "1"]  # in case a bad value slipped through
+    res = runner.invoke(app, ["landscape", "--quiet", *budget, *args])
+    assert res.exit_code == 2, res.output
+    assert needle in res.output and "Traceback" not in res.output
+
+
+def test_cli_subprocess_json_stdout():
+    if not REGISTERED:
+        pytest.skip("attnaudit/cli.py does not import the landscape command yet")
+    proc = subprocess.run(
+        [sys.executable, "-m", "attnaudit", "landscape", *TINY, "--models", "relu", "--directions", "hessian", "--json", "-"],
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    payload = json.loads(proc.stdout)  # nothing else on stdout
+    rec = payload["results"]["models"]["relu"]
+    assert rec["directions"]["kind"] == "hessian" and rec["top_eigenvalues"]["converged"]
+
+
+@pytest.mark.skipif(not HAS_MNIST, reason="../shared/data/MNIST not present")
+def test_cli_paper_preset_path_on_real_mnist():
+    res = runner.invoke(app, ["landscape", "--preset", "paper", "--data-dir", str(SHARED), *TINY, "--json", "-"])
+    assert res.exit_code == 0, res.output
+    payload = json.loads(res.stdout)
+    assert payload["inputs"]["dataset"] == "mnist" and payload["inputs"]["split"] == "test"
+    rec = payload["results"]["models"]["relu"]
+    assert rec["n_params"] == 16 * 784 + 16 * 10 and rec["n_samples"] == 120
+    assert all(math.isfinite(v) for v in rec["top_eigenvalues"]["eigenvalues"])
+
+
+def test_compare_landscapes_gates_verdicts_on_comparable_loss():
+    import dataclasses
+
+    from attnaudit.landscape_report import compare_landscapes
+
+    model, X, y = _trained("relu", "mse", steps=20)
+    cfg = L.LandscapeConfig(points=0, grid=0, top_k=2, hutchinson_samples=4, basin_directions=2, basin_points=6)
+    base = L.analyze_landscape(model, X, y, cfg)
+    sharp = dataclasses.replace(base, eigen=dataclasses.replace(base.eigen, eigenvalues=(2.0, 1.0)))
+    flat = dataclasses.replace(base, eigen=dataclasses.replace(base.eigen, eigenvalues=(1.0, 0.5)))
+    verdicts, warnings = compare_landscapes({"relu": sharp, "attn": flat}, {})
+    assert not any("differ" in w for w in warnings) and "consistent with the paper" in verdicts[0] and "attn/relu 0.5" in verdicts[0]
+    verdicts, _ = compare_landscapes({"relu": flat, "attn": sharp}, {})
+    assert "contradicts" in verdicts[0]
+    far = dataclasses.replace(flat, loss=base.loss * 10)
+    verdicts, warnings = compare_landscapes({"relu": sharp, "attn": far}, {})
+    assert verdicts == [verdicts[0]] and "not compared" in verdicts[0] and "--match-loss" in warnings[0]
+    # lambda_max close to GD's stability bound 2/lr: the optimiser may have capped it
+    _, warnings = compare_landscapes({"relu": sharp}, {"relu": {"steps_run": 1}}, lr=0.9)
+    assert any("edge of" in w for w in warnings)
