@@ -135,6 +135,10 @@ class OutputOptions:
     def __post_init__(self) -> None:
         # With --json - standard output carries the JSON alone, so everything human goes to stderr.
         self.console = Console(stderr=self.json == "-", highlight=False)
+        if not self.console.is_terminal and "COLUMNS" not in os.environ:
+            # Piped output (logs, CI) would otherwise be cut at 80 columns and wide tables
+            # truncated to "…"; a log file has no width limit worth respecting.
+            self.console = Console(stderr=self.json == "-", highlight=False, width=200)
 
     def json_targets(self) -> list[str]:
         targets = []
