@@ -1188,13 +1188,12 @@ def train_reference_model(
 ):
     """Build 2L-ReLU / MLP-Attn with ``seed`` and train it with the project's full-batch GD.
 
-    Uses the same training path as `malleability` (:func:`attnaudit.malleability.train_model`:
-    MLP-Attn's fixed input map applied once, the same trajectory as :func:`training.train`).
+    Uses the same training path as every command (:func:`attnaudit.training.train`).
     Returns (model, TrainResult).
     """
-    from .malleability import train_model
     from .models import ModelSpec, build_model
+    from .training import train
 
     spec = ModelSpec(arch, int(X.shape[1]), int(width), int(n_classes), seed=int(seed))
     model = build_model(spec, X, dtype=X.dtype, device=X.device)
-    return model, train_model(model, X, y.long(), train_config)
+    return model, train(model, X, y.long(), train_config)

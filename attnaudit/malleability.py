@@ -51,8 +51,8 @@ import torch
 from .attacks import ADVERSARIAL, ATTACKS, NORMS, AttackConfig, perturb
 from .errors import AuditError
 from .influence import ESTIMATORS, SIGN_CONVENTION, InfluenceConfig, influence_sweep, tracin_weights
-from .models import ARCHITECTURES, ModelSpec, TwoLayerNet, build_model
-from .training import LOSSES, TrainConfig, TrainResult, accuracy, train
+from .models import ARCHITECTURES, ModelSpec, build_model
+from .training import LOSSES, TrainConfig, accuracy, train
 
 SCHEMA = "attnaudit.malleability/1"
 PROTOCOLS = ("retrain", "static")
@@ -335,29 +335,6 @@ class MalleabilityResult:
 
 
 # --------------------------------------------------------------------------- the run
-def train_model(model: TwoLayerNet, X: torch.Tensor, y: torch.Tensor, config: TrainConfig) -> TrainResult:
-    """:func:`attnaudit.training.train`, with MLP-Attn's fixed input map applied once.
-
-    MLP-Attn is the 2L-ReLU MLP on z = context @ x, and the context is a buffer, so GD on
-    (X, y) is GD of the same MLP on (Z, y) with Z = features_in(X) computed once: the same
-    parameter trajectory, without an n x d x d product per step. W and a (and checkpoints,
-    keyed by the same names) are copied back into ``model``.
-    """
-    if getattr(model, "context", None) is None:
-        return train(model, X, y, config)
-    with torch.no_grad():
-        Z = model.features_in(X)
-    mlp = TwoLayerNet(replace(model.spec, arch="relu"), dtype=model.W.dtype).to(X.device)
-    with torch.no_grad():
-        mlp.W.copy_(model.W)
-        mlp.a.copy_(model.a)
-    result = train(mlp, Z, y, config)
-    with torch.no_grad():
-        model.W.copy_(mlp.W)
-        model.a.copy_(mlp.a)
-    return result
-
-
 def _influences(model, X, y, X_test, y_test, config: MalleabilityConfig, n_classes: int, tr) -> list:
     weights = None
     ckpts = None
@@ -429,7 +406,7 @@ def run_malleability(
         nonlocal t_train
         t0 = time.perf_counter()
         model = build_model(spec, X_ctx, dtype=torch.float64, device=X.device)
-        tr = train_model(model, X, y_train, tcfg)
+        tr = train(model, X, y_train, tcfg)
         t_train += time.perf_counter() - t0
         if tr.diverged:
             raise AuditError(

@@ -157,9 +157,13 @@ class TwoLayerNet(nn.Module):
         s_in, _ = self.preactivation_scale()
         return torch.relu(self.features_in(x) @ self.W.T * s_in)
 
+    def mlp(self, z: torch.Tensor) -> torch.Tensor:
+        """The two-layer MLP on inputs that already went through :meth:`features_in`."""
+        s_in, s_out = self.preactivation_scale()
+        return torch.relu(z @ self.W.T * s_in) @ self.a * s_out
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _, s_out = self.preactivation_scale()
-        return self.hidden(x) @ self.a * s_out
+        return self.mlp(self.features_in(x))
 
 
 def build_model(

@@ -104,6 +104,13 @@ def accuracy(outputs: torch.Tensor, y: torch.Tensor) -> float:
 def train(model: nn.Module, X: torch.Tensor, y: torch.Tensor, config: TrainConfig) -> TrainResult:
     """Full-batch GD on (X, y) in place; returns the loss curve (loss before each step, then final)."""
     params = [p for p in model.parameters() if p.requires_grad]
+    inputs, forward = X, model
+    if getattr(model, "context", None) is not None and hasattr(model, "mlp"):
+        # MLP-Attn's input map is a fixed buffer, so GD on (X, y) is GD of the MLP on
+        # (f_att(X), y): the same parameter trajectory without an n x d x d product per step.
+        with torch.no_grad():
+            inputs = model.features_in(X)
+        forward = model.mlp
     curve: list[float] = []
     checkpoints: list[dict[str, torch.Tensor]] = []
     reached = None if config.loss_tol is None else False
@@ -115,7 +122,7 @@ def train(model: nn.Module, X: torch.Tensor, y: torch.Tensor, config: TrainConfi
 
     for step in range(config.steps + 1):
         model.zero_grad(set_to_none=True)
-        loss = loss_value(model(X), y, config.loss)
+        loss = loss_value(forward(inputs), y, config.loss)
         value = loss.item()
         # the step that stops the run is always recorded, so final_loss is the loss at the end
         stopping = not math.isfinite(value) or (config.loss_tol is not None and value <= config.loss_tol)
