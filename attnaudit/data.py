@@ -502,9 +502,11 @@ def _find_file(folder: Path, stem: str, suffixes: tuple[str, ...]) -> Path | Non
     return None
 
 
-def _missing(name: str, split: str, root: Path, searched: list[str], layout: str) -> AuditError:
+def _missing(name: str, split: str, root: Path, searched: list[str], layout: str, other_present: bool = False) -> AuditError:
+    other = "test" if split == "train" else "train"
+    hint = f" (the {other} split is there: pass --split {other} to use it)" if other_present else ""
     return AuditError(
-        f"{name} {split} split not found under {root}: looked for {', '.join(searched)}; "
+        f"{name} {split} split not found under {root}: looked for {', '.join(searched)}{hint}; "
         f"pass --download to fetch it, or --data-dir pointing at a folder holding {layout}"
     )
 
@@ -539,7 +541,11 @@ def _load_idx_dataset(name: str, root: Path, split: str, download: bool) -> _Sou
         images, labels, searched = _locate_idx(name, root, split)
     if images is None or labels is None:
         folder = _IDX_FOLDERS[name]
-        raise _missing(name, split, root, searched, f"{folder}/raw/{_IDX_STEMS[split]}-*-ubyte[.gz]")
+        other_images, other_labels, _ = _locate_idx(name, root, "test" if split == "train" else "train")
+        raise _missing(
+            name, split, root, searched, f"{folder}/raw/{_IDX_STEMS[split]}-*-ubyte[.gz]",
+            other_present=other_images is not None and other_labels is not None,
+        )
     X = read_idx(images, expect_ndim=3)
     y = read_idx(labels, expect_ndim=1)
     if X.dtype != np.uint8 or y.dtype != np.uint8:
@@ -589,7 +595,11 @@ def _load_cifar10(root: Path, split: str, download: bool) -> _Source:
         _download("cifar10", root, split)
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
-        raise _missing("cifar10", split, root, missing, f"{_CIFAR_FOLDER}/{{data_batch_1..5,test_batch}}")
+        other = _CIFAR_FILES["test" if split == "train" else "train"]
+        raise _missing(
+            "cifar10", split, root, missing, f"{_CIFAR_FOLDER}/{{data_batch_1..5,test_batch}}",
+            other_present=all((folder / f).is_file() for f in other),
+        )
     parts = [_read_cifar_batch(f) for f in files]
     X = parts[0][0] if len(parts) == 1 else np.concatenate([p[0] for p in parts])
     y = _check_labels(np.concatenate([p[1] for p in parts]), len(X), str(folder))

@@ -538,5 +538,5 @@ def test_real_mnist_test_split():
     assert np.bincount(ds.y.numpy()).tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
     assert round(float(ds.X.mean()), 5) == 0.13251
     assert round(float(ds.X.std(correction=0)), 5) == 0.31048
-    with pytest.raises(AuditError, match="train split not found.*--download"):
+    with pytest.raises(AuditError, match="train split not found.*pass --split test.*--download"):
         load_dataset(DataSpec("mnist", data_dir=str(REAL_DATA), split="train"))
