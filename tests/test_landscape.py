@@ -386,7 +386,7 @@ def test_cli_subprocess_json_stdout():
 
 @pytest.mark.skipif(not HAS_MNIST, reason="../shared/data/MNIST not present")
 def test_cli_paper_preset_path_on_real_mnist():
-    res = runner.invoke(app, ["landscape", "--preset", "paper", "--data-dir", str(SHARED), *TINY, "--json", "-"])
+    res = runner.invoke(app, ["landscape", "--preset", "paper", "--split", "test", "--data-dir", str(SHARED), *TINY, "--json", "-"])
     assert res.exit_code == 0, res.output
     payload = json.loads(res.stdout)
     assert payload["inputs"]["dataset"] == "mnist" and payload["inputs"]["split"] == "test"
