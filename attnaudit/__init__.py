@@ -5,3 +5,9 @@ tensors and a small config dataclass and returns a result dataclass with ``to_di
 """
 
 __version__ = "0.1.0"
+
+import warnings as _warnings
+
+# torch's forward-mode AD (Hessian-vector products) loads a jit-scripted decomposition table
+# on first use and warns about torch's own deprecated API; nothing a user of this tool can act on.
+_warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*deprecated", category=FutureWarning)

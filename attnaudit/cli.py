@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import warnings
-
 import typer
 
 from . import __version__
 from .commands import kappa, landscape, malleability, ntk_distance
-
-# torch's forward-mode AD (used for Hessian-vector products) loads a jit-scripted
-# decomposition table on first use and warns about its own deprecated API; it is not
-# actionable for a user of this tool.
-warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*deprecated", category=FutureWarning)
 
 app = typer.Typer(
     name="attnaudit",
