@@ -121,10 +121,11 @@ def dumps(payload: dict) -> str:
 def check_target(path: str | Path, overwrite: bool) -> Path:
     """Refuse to clobber a user's file unless ``overwrite``; make sure the parent folder exists."""
     target = Path(path)
-    if target.exists() and not overwrite:
-        raise AuditError(f"{target} already exists; pass --overwrite or choose another path")
-    if target.exists() and target.is_dir():
+    if target.is_dir():
         raise AuditError(f"{target} is a directory; give a file path")
+    # Only regular files hold user data; devices and pipes (/dev/null, /dev/stdout) are fine.
+    if target.is_file() and not overwrite:
+        raise AuditError(f"{target} already exists; pass --overwrite or choose another path")
     parent = target.parent
     if not parent.exists():
         raise AuditError(f"folder {parent} does not exist; create it or choose another path")

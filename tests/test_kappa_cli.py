@@ -133,3 +133,9 @@ def test_nan_file_is_a_clear_error_in_a_subprocess(tmp_path):
     assert proc.returncode == 2
     assert "non-finite" in proc.stderr and "Traceback" not in proc.stderr
     assert proc.stdout == ""
+
+
+def test_json_to_a_device_file_needs_no_overwrite_and_a_folder_is_refused(tmp_path):
+    assert runner.invoke(app, ["kappa", "--n", "50", "-q", "--json", "/dev/null"]).exit_code == 0
+    folder = runner.invoke(app, ["kappa", "--n", "50", "-q", "--json", str(tmp_path)])
+    assert folder.exit_code == 2 and "directory" in folder.output
