@@ -51,8 +51,8 @@ import torch
 from .attacks import ADVERSARIAL, ATTACKS, NORMS, AttackConfig, perturb
 from .errors import AuditError
 from .influence import ESTIMATORS, SIGN_CONVENTION, InfluenceConfig, influence_sweep, tracin_weights
-from .models import ARCHITECTURES, ModelSpec, build_model
-from .training import LOSSES, TrainConfig, accuracy, train
+from .models import ARCHITECTURES, ModelSpec, TwoLayerNet, build_model
+from .training import LOSSES, TrainConfig, TrainResult, accuracy, loss_value, train
 
 SCHEMA = "attnaudit.malleability/1"
 PROTOCOLS = ("retrain", "static")
@@ -369,12 +369,32 @@ def run_malleability(
     *,
     value_range: tuple[float, float] | None = None,
     progress: Callable[[int], None] | None = None,
+    fixed_models: dict[str, TwoLayerNet] | None = None,
 ) -> MalleabilityResult:
     """Run the malleability protocol (module docstring) on a fixed train/test split.
 
     ``value_range``: the data's valid range (attacks clip to it); None = no clipping.
+    ``fixed_models``: already-trained models keyed by architecture (a user's checkpoint).
+    They are audited as they are: only ``protocol='static'`` applies (nothing is retrained,
+    so there is no ``reinit`` control and no TracIn trajectory); ``config.models`` is ignored
+    and the seeds only vary the attacks' randomness.
     Tensors may live on any device; everything runs there in float64.
     """
+    if fixed_models:
+        if config.protocol != "static":
+            raise AuditError("a saved model is audited as it is: pass --protocol static (retrain needs a training recipe)")
+        if config.controls:
+            raise AuditError("the reinit control retrains from scratch and does not apply to a saved model; pass --no-controls")
+        if config.estimator == "tracin":
+            raise AuditError("--estimator tracin needs the training trajectory, which a saved model does not carry; use last-layer, exact or cg")
+        for arch, model in fixed_models.items():
+            spec = model.spec
+            if spec.d_in != int(X_train.shape[1]) or spec.n_out != n_classes:
+                raise AuditError(
+                    f"saved {arch} model expects {spec.d_in} features and {spec.n_out} classes, the data have "
+                    f"{int(X_train.shape[1])} and {n_classes}; audit it on the data it was trained on"
+                )
+        config = replace(config, models=tuple(fixed_models))
     if y_train is None or y_test is None:
         raise AuditError("malleability needs labelled data (influence is defined on a labelled loss)")
     n_train, n_test = int(X_train.shape[0]), int(X_test.shape[0])
@@ -421,6 +441,21 @@ def run_malleability(
         training.append(row)
         return model, tr, row
 
+    def given(arch: str, seed: int):
+        """A saved model as the 'clean' model: no training, its loss and accuracy recorded."""
+        model = fixed_models[arch].to(device=X_train.device, dtype=torch.float64)
+        with torch.no_grad():
+            out = model(X_train)
+            loss_now = loss_value(out, y_train, config.loss).item()
+            row = {
+                "seed": seed, "model": arch, "role": "clean", "source": "saved model", "final_loss": loss_now, "steps_run": 0,
+                "reached_match_loss": None, "train_accuracy": accuracy(out, y_train),
+                "test_accuracy": accuracy(model(X_test), y_test),
+            }
+        training.append(row)
+        tr = TrainResult(loss_curve=[loss_now], steps_run=0, final_loss=loss_now, reached_tol=None, diverged=False)
+        return model, tr, row
+
     def influences(model, X, tr, seed, arch, role):
         nonlocal t_infl
         t0 = time.perf_counter()
@@ -437,7 +472,10 @@ def run_malleability(
     for seed in config.seeds:
         for arch in config.models:
             spec = ModelSpec(arch, d, config.width, n_classes, config.parametrization, attn_scaling=config.attn_scaling, seed=seed)
-            clean_model, clean_tr, clean_row = fit(spec, X_train, X_train, "clean", seed)
+            if fixed_models:
+                clean_model, clean_tr, clean_row = given(arch, seed)
+            else:
+                clean_model, clean_tr, clean_row = fit(spec, X_train, X_train, "clean", seed)
             clean_infl = influences(clean_model, X_train, clean_tr, seed, arch, "clean")
             advance(1)
             if config.controls:

@@ -295,3 +295,42 @@ def test_exact_over_budget_fails_before_training(digits):
     cfg = MalleabilityConfig(estimator="exact", width=200, seeds=(0,), max_exact_params=1000)
     with pytest.raises(AuditError, match="last-layer or cg"):
         run_malleability(X, y, Xt, yt, 10, cfg, value_range=(0.0, 1.0), progress=lambda k=1: pytest.fail("trained first"))
+
+
+def test_cli_audits_a_saved_checkpoint_statically(tmp_path):
+    """--model: a user's trained model is audited as it is (static protocol, no retraining)."""
+    import json as _json
+
+    from typer.testing import CliRunner
+
+    from attnaudit.cli import app
+    from attnaudit.data import DataSpec, load_dataset
+    from attnaudit.models import ModelSpec, build_model, save_model
+
+    ds = load_dataset(DataSpec(dataset="digits"))
+    model = build_model(ModelSpec("relu", 64, 16, 10, seed=1))
+    train(model, ds.X[:200], ds.y[:200], TrainConfig(lr=4.0, steps=100))
+    path = tmp_path / "relu.safetensors"
+    save_model(model, path)
+    weights_before = model.W.detach().clone()
+    runner = CliRunner()
+    args = ["malleability", "--model", str(path), "--attacks", "pgd", "--seeds", "2", "--n-train", "60", "--n-test", "20",
+            "--top-k", "10", "--pgd-steps", "3", "--json", "-"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    report = _json.loads(res.stdout)
+    assert report["inputs"]["protocol"] == "static" and report["inputs"]["controls"] is False
+    clean_rows = [r for r in report["results"]["training"] if r["role"] == "clean"]
+    assert clean_rows and all(r["steps_run"] == 0 and r["source"] == "saved model" for r in clean_rows)
+    assert [r["model"] for r in report["results"]["summary"]] == ["relu"]
+    from attnaudit.models import load_model
+
+    torch.testing.assert_close(load_model(path).W, weights_before)  # the checkpoint is untouched
+    for extra, needle in ((["--protocol", "retrain"], "--protocol static"), (["--width", "8"], "--width"),
+                          (["--models", "relu"], "--models"), (["--estimator", "tracin"], "tracin")):
+        bad = runner.invoke(app, args + extra)
+        assert bad.exit_code == 2 and needle in bad.output, bad.output
+    wrong = tmp_path / "wide.safetensors"
+    save_model(build_model(ModelSpec("relu", 10, 4, 3)), wrong)
+    mismatch = runner.invoke(app, ["malleability", "--model", str(wrong)])
+    assert mismatch.exit_code == 2 and "features" in mismatch.output

@@ -48,7 +48,7 @@ def register(app: typer.Typer) -> None:
         damping: Annotated[Optional[str], typer.Option("--damping", help="Hessian damping lambda in (H + lambda I)^-1, or a list.")] = None,
         seeds: Annotated[Optional[int], typer.Option("--seeds", help="Number of repeats (seeds seed, seed+1, ...): initialisation and attack randomness.")] = None,
         seed: Annotated[int, typer.Option("--seed", help="First seed; also fixes the train/test split.")] = 0,
-        protocol: Annotated[str, typer.Option("--protocol", help="retrain (paper: retrain from the same init on perturbed data) or static (keep the model).")] = "retrain",
+        protocol: Annotated[Optional[str], typer.Option("--protocol", help="retrain (paper: retrain from the same init on perturbed data) or static (keep the model; the default with --model).")] = None,
         top_k: Annotated[Optional[int], typer.Option("--top-k", help="Flip rate among the top-k samples by clean |influence|.")] = None,
         estimator: Annotated[str, typer.Option("--estimator", help="exact, last-layer, cg or tracin.")] = "last-layer",
         norm: Annotated[str, typer.Option("--norm", help="linf or l2.")] = "linf",
@@ -62,7 +62,8 @@ def register(app: typer.Typer) -> None:
         loss: Annotated[str, typer.Option("--loss", help="mse or ce.")] = "mse",
         match_loss: Annotated[Optional[float], typer.Option("--match-loss", help="Train every model until its training loss reaches this value (or say it could not).")] = None,
         attn_context: Annotated[str, typer.Option("--attn-context", help="MLP-Attn under retrain: rebuild X^T X from the perturbed data (perturbed) or keep the clean one (clean).")] = "perturbed",
-        controls: Annotated[bool, typer.Option("--controls/--no-controls", help="Run the reinit control (retrain on clean data from another init).")] = True,
+        controls: Annotated[Optional[bool], typer.Option("--controls/--no-controls", help="Run the reinit control (retrain on clean data from another init); off with --model.")] = None,
+        model: Annotated[Optional[list[str]], typer.Option("--model", help="Audit a saved model (safetensors written by attnaudit) as it is, with --protocol static, on the data it was trained on; repeat for one relu and one attn model.")] = None,
         max_flip_rate: Annotated[Optional[float], typer.Option("--max-flip-rate", help="Exit 1 when a model's mean flip rate under an attack exceeds this share (CI gate).")] = None,
         dataset: Annotated[Optional[str], typer.Option("--dataset", help="digits, mnist, fashion-mnist, cifar10, synthetic (default from --preset).")] = None,
         data: DataOpt = None,
@@ -106,6 +107,24 @@ def register(app: typer.Typer) -> None:
             for name, value in (("--n-train", ntr), ("--n-test", nte)):
                 if value < 1:
                     raise AuditError(f"{name} must be a positive integer, got {value}")
+            fixed = None
+            if model:
+                from ..models import load_model
+
+                if models is not None:
+                    raise AuditError("--model audits saved models and --models trains new ones; give one of them")
+                given = [o for o, v in (("--width", width), ("--steps", steps), ("--lr", lr), ("--match-loss", match_loss)) if v is not None]
+                if given:
+                    raise AuditError(f"{', '.join(given)} set how new models are trained and do not apply to --model; drop them")
+                fixed = {}
+                for path in model:
+                    loaded = load_model(path)
+                    if loaded.spec.arch in fixed:
+                        raise AuditError(f"two saved {loaded.spec.arch} models given ({path}); give at most one per architecture")
+                    fixed[loaded.spec.arch] = loaded
+                models = ",".join(fixed)
+            protocol = protocol if protocol is not None else ("static" if fixed else "retrain")
+            controls = controls if controls is not None else not fixed
             kw = dict(
                 models=tuple(parse_list(models, str, "--models")) if models is not None else ("relu", "attn"),
                 attacks=tuple(parse_list(attacks, str, "--attacks")) if attacks is not None else ("pgd", "fgsm", "mim", "random"),
@@ -145,7 +164,8 @@ def register(app: typer.Typer) -> None:
             if not opts.quiet:
                 opts.console.print(
                     f"malleability: {ds.name} ({split_name}), {ntr} train / {nte} held-out, models {','.join(config.models)}, "
-                    f"attacks {','.join(config.attacks)}, {len(config.seeds)} seed(s), {progress_total(config)} trainings; "
+                    f"attacks {','.join(config.attacks)}, {len(config.seeds)} seed(s), "
+                    f"{'saved models, no training' if fixed else f'{progress_total(config)} trainings'}; "
                     f"{config.estimator} influence over {memory['tracked_parameters']:,} parameters needs about "
                     f"{memory['bytes']['total'] / 2**20:,.1f} MB",
                     highlight=False,
@@ -154,7 +174,7 @@ def register(app: typer.Typer) -> None:
             with progress(opts, "malleability", progress_total(config)) as advance:
                 result = run_malleability(
                     train_ds.X.to(dev), train_ds.y.to(dev), test_ds.X.to(dev), test_ds.y.to(dev), ds.n_classes, config,
-                    value_range=ds.value_range, progress=advance,
+                    value_range=ds.value_range, progress=advance, fixed_models=fixed,
                 )
             timings.update({k: v for k, v in result.timings.items()})
             timings["analysis"] = time.perf_counter() - t1
@@ -178,6 +198,7 @@ def register(app: typer.Typer) -> None:
                     "n_train": ntr,
                     "n_test": nte,
                     **{k: v for k, v in kw.items() if k != "seeds"},
+                    "saved_models": list(model) if model else None,
                 },
                 seeds={"seeds": list(config.seeds), "split_seed": seed, "reinit_seed_offset": 1_000_003},
                 device=dev,
