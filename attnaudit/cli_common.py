@@ -93,6 +93,20 @@ def parse_list(text: str | int | float | None, kind: type, option: str) -> list:
     return out
 
 
+def preset_value(value, preset: dict, key: str, default=None):
+    """An explicit option beats the preset, which beats ``default``."""
+    if value is not None:
+        return value
+    return preset.get(key, default)
+
+
+def refuse_training_options_for_saved_model(**options) -> None:
+    """``--model`` audits a saved model as it is: options that only shape training do not apply."""
+    given = [f"--{name.replace('_', '-')}" for name, value in options.items() if value is not None]
+    if given:
+        raise AuditError(f"{', '.join(given)} set how new models are trained and do not apply to --model; drop them")
+
+
 @contextlib.contextmanager
 def cli_errors(debug: bool = False) -> Iterator[None]:
     """Turn :class:`AuditError` into one line on stderr and exit 2; other failures into exit 3."""

@@ -30,7 +30,9 @@ from ..cli_common import (
     data_spec_from_options,
     emit,
     parse_list,
+    preset_value,
     progress,
+    refuse_training_options_for_saved_model,
 )
 from ..errors import AuditError
 
@@ -43,11 +45,6 @@ PRESETS: dict[str, dict] = {
     "paper": dict(dataset="mnist", split="train", n_train=2000, width=256, steps=1000, lr=4.0),
 }
 ARCHS = ("relu", "attn")
-
-
-def _pick(value, preset: dict, key: str):
-    """Explicit option beats the preset."""
-    return preset[key] if value is None else value
 
 
 def _labels_for_paths(paths: list[str]) -> list[str]:
@@ -118,25 +115,23 @@ def register(app: typer.Typer) -> None:
             if model and models is not None:
                 raise AuditError("--model analyses saved models and --models trains new ones; give one of them")
             if model:
-                given = [o for o, v in (("--width", width), ("--steps", steps), ("--lr", lr), ("--match-loss", match_loss)) if v is not None]
-                if given:
-                    raise AuditError(f"{', '.join(given)} set how new models are trained and do not apply to --model; drop them")
+                refuse_training_options_for_saved_model(width=width, steps=steps, lr=lr, match_loss=match_loss)
             arch_list = tuple(a.strip().lower() for a in parse_list(models if models is not None else "relu,attn", str, "--models"))
             bad = [a for a in arch_list if a not in ARCHS]
             if bad:
                 raise AuditError(f"--models: unknown model {bad[0]!r}; use relu, attn or both (relu,attn)")
             if len(set(arch_list)) != len(arch_list):
                 raise AuditError("--models lists a model twice; give each once")
-            ntr = _pick(n_train, p, "n_train")
+            ntr = preset_value(n_train, p, "n_train")
             if ntr < 2:
                 raise AuditError(f"--n-train must be >= 2, got {ntr}")
-            m = _pick(width, p, "width")
+            m = preset_value(width, p, "width")
             if m < 1:
                 raise AuditError(f"--width must be a positive integer, got {m}")
             if match_loss is not None and not (math.isfinite(match_loss) and match_loss > 0):
                 raise AuditError(f"--match-loss must be a positive training loss, got {match_loss}")
             loss_name = loss.strip().lower()
-            train_cfg = TrainConfig(loss=loss_name, lr=_pick(lr, p, "lr"), steps=_pick(steps, p, "steps"), loss_tol=match_loss, record_every=10)
+            train_cfg = TrainConfig(loss=loss_name, lr=preset_value(lr, p, "lr"), steps=preset_value(steps, p, "steps"), loss_tol=match_loss, record_every=10)
             patterns = tuple(parse_list(params, str, "--params")) if params is not None else None
             config = LandscapeConfig(
                 loss=loss_name, directions=directions.strip().lower(), points=points, span=span, grid=grid,
@@ -152,7 +147,7 @@ def register(app: typer.Typer) -> None:
                 select_params(net, patterns)  # a --params typo fails now, not after training
             opts.check_writable((PNG_NAME,))
             ds_name = dataset if dataset is not None else (None if data is not None else p["dataset"])
-            split_name = _pick(split, p, "split")
+            split_name = preset_value(split, p, "split")
             spec = data_spec_from_options(ds_name or "digits", data, data_dir, split_name, classes, preprocess, seed, download, n=ntr, stratify=True)
 
             timings: dict[str, float] = {}

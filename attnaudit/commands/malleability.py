@@ -26,16 +26,11 @@ from ..cli_common import (
     data_spec_from_options,
     emit,
     parse_list,
+    preset_value,
     progress,
+    refuse_training_options_for_saved_model,
 )
 from ..errors import AuditError
-
-
-def _pick(value, preset: dict, key: str, default=None):
-    """Explicit option beats the preset, which beats the config default."""
-    if value is not None:
-        return value
-    return preset.get(key, default)
 
 
 def register(app: typer.Typer) -> None:
@@ -100,10 +95,10 @@ def register(app: typer.Typer) -> None:
             if preset not in PRESETS:
                 raise AuditError(f"unknown --preset {preset!r}; use {' or '.join(PRESETS)}")
             p = PRESETS[preset]
-            n_seeds = _pick(seeds, p, "seeds_count", len(p["seeds"]))
+            n_seeds = preset_value(seeds, p, "seeds_count", len(p["seeds"]))
             if n_seeds < 1:
                 raise AuditError(f"--seeds must be >= 1, got {n_seeds}")
-            ntr, nte = _pick(n_train, p, "n_train"), _pick(n_test, p, "n_test")
+            ntr, nte = preset_value(n_train, p, "n_train"), preset_value(n_test, p, "n_test")
             for name, value in (("--n-train", ntr), ("--n-test", nte)):
                 if value < 1:
                     raise AuditError(f"{name} must be a positive integer, got {value}")
@@ -113,9 +108,7 @@ def register(app: typer.Typer) -> None:
 
                 if models is not None:
                     raise AuditError("--model audits saved models and --models trains new ones; give one of them")
-                given = [o for o, v in (("--width", width), ("--steps", steps), ("--lr", lr), ("--match-loss", match_loss)) if v is not None]
-                if given:
-                    raise AuditError(f"{', '.join(given)} set how new models are trained and do not apply to --model; drop them")
+                refuse_training_options_for_saved_model(width=width, steps=steps, lr=lr, match_loss=match_loss)
                 fixed = {}
                 for path in model:
                     loaded = load_model(path)
@@ -132,14 +125,14 @@ def register(app: typer.Typer) -> None:
                 damping=tuple(parse_list(damping, float, "--damping")) if damping is not None else tuple(p["damping"]),
                 seeds=tuple(range(seed, seed + n_seeds)),
                 protocol=protocol,
-                top_k=_pick(top_k, p, "top_k"),
+                top_k=preset_value(top_k, p, "top_k"),
                 estimator=estimator,
                 norm=norm,
-                pgd_steps=_pick(pgd_steps, p, "pgd_steps"),
+                pgd_steps=preset_value(pgd_steps, p, "pgd_steps"),
                 step_size=step_size,
-                width=_pick(width, p, "width"),
-                steps=_pick(steps, p, "steps"),
-                lr=_pick(lr, p, "lr"),
+                width=preset_value(width, p, "width"),
+                steps=preset_value(steps, p, "steps"),
+                lr=preset_value(lr, p, "lr"),
                 loss=loss,
                 match_loss=match_loss,
                 attn_context=attn_context,
@@ -150,7 +143,7 @@ def register(app: typer.Typer) -> None:
             dev = resolve_device(device)
             opts.check_writable(("malleability.png",))
             ds_name = dataset if dataset is not None else (None if data is not None else p["dataset"])
-            split_name = _pick(split, p, "split")
+            split_name = preset_value(split, p, "split")
             spec = data_spec_from_options(ds_name or "digits", data, data_dir, split_name, classes, preprocess, seed, download)
 
             timings: dict[str, float] = {}
