@@ -200,6 +200,15 @@ def default_data_dir() -> Path:
     return Path.home() / ".cache" / "attnaudit" / "data"
 
 
+def data_fingerprint(X: torch.Tensor, y: torch.Tensor | None = None) -> str:
+    """First 16 hex digits of sha256 over X (as float64) and y: identifies a training set exactly."""
+    h = hashlib.sha256()
+    h.update(np.ascontiguousarray(X.detach().cpu().to(torch.float64).numpy()).tobytes())
+    if y is not None:
+        h.update(np.ascontiguousarray(y.detach().cpu().to(torch.int64).numpy()).tobytes())
+    return h.hexdigest()[:16]
+
+
 def parse_classes(text: str | None) -> tuple[int, ...] | None:
     """Parse ``"0,1,7"`` (ranges like ``"0-3"`` allowed) into sorted unique labels; None/"" -> None."""
     if text is None or not str(text).strip():

@@ -181,6 +181,25 @@ def build_model(
     return model
 
 
+def training_data_mismatch(model: nn.Module, label: str, fingerprint: str) -> str | None:
+    """A warning when a saved model's side-car records different training data than ``fingerprint``.
+
+    Models saved by attnaudit carry ``metadata.training_data.fingerprint``
+    (:func:`attnaudit.data.data_fingerprint`); older or foreign side-cars carry none, and
+    then nothing can be said.
+    """
+    recorded = (getattr(model, "metadata", None) or {}).get("training_data") or {}
+    saved = recorded.get("fingerprint")
+    if not saved or saved == fingerprint:
+        return None
+    where = ", ".join(f"{k} {recorded[k]}" for k in ("name", "split", "n") if recorded.get(k) is not None)
+    return (
+        f"saved model {label} was trained on other data ({where}; fingerprint {saved}) than the data audited now "
+        f"(fingerprint {fingerprint}): the numbers describe the model away from its training set; audit it on "
+        f"the data it was trained on to measure its own minimum and influence"
+    )
+
+
 def save_model(model: TwoLayerNet, path: str | Path, overwrite: bool = False, metadata: dict | None = None) -> Path:
     """Write ``path`` (.safetensors) and ``path`` + ``.json`` side-car; refuse to overwrite unless asked."""
     from safetensors.torch import save_file
@@ -220,6 +239,7 @@ def load_model(path: str | Path, device=None) -> TwoLayerNet:
     dtype = tensors["W"].dtype
     model = TwoLayerNet(spec, context=tensors.get("context"), dtype=dtype)
     model.load_state_dict(tensors)
+    model.metadata = dict(side.get("metadata") or {})
     if device is not None:
         model = model.to(device)
     return model

@@ -415,3 +415,22 @@ def test_compare_landscapes_gates_verdicts_on_comparable_loss():
     # lambda_max close to GD's stability bound 2/lr: the optimiser may have capped it
     _, warnings = compare_landscapes({"relu": sharp}, {"relu": {"steps_run": 1}}, lr=0.9)
     assert any("edge of" in w for w in warnings)
+
+
+def test_cli_saved_model_provenance_warns_only_on_other_data(tmp_path):
+    from attnaudit.data import DataSpec, data_fingerprint, load_dataset
+    from attnaudit.models import save_model
+
+    ds = load_dataset(DataSpec(dataset="digits", n=60, seed=0, stratify=True))  # what --n-train 60 loads
+    model = build_model(ModelSpec("relu", 64, 8, 10, seed=0))
+    train(model, ds.X, ds.y, TrainConfig(lr=4.0, steps=30))
+    path = tmp_path / "relu.safetensors"
+    save_model(model, path, metadata={"training_data": {"name": "digits", "n": 60, "fingerprint": data_fingerprint(ds.X, ds.y)}})
+    base = ["landscape", "--model", str(path), "--grid", "0", "--points", "0", "--top-k", "2", "--hutchinson-samples", "4",
+            "--basin-directions", "2", "--json", "-"]
+    same = runner.invoke(app, base + ["--n-train", "60"])
+    assert same.exit_code == 0, same.output
+    assert not any("other data" in w for w in json.loads(same.stdout)["warnings"])
+    other = runner.invoke(app, base + ["--n-train", "61"])
+    assert other.exit_code == 0, other.output
+    assert any("trained on other data" in w for w in json.loads(other.stdout)["warnings"])

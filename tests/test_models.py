@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnaudit.errors import AuditError
-from attnaudit.models import ModelSpec, attention_context, build_model, load_model, save_model
+from attnaudit.models import ModelSpec, attention_context, build_model, load_model, save_model, training_data_mismatch
 from attnaudit.training import TrainConfig, loss_value, per_sample_loss, train
 
 
@@ -129,3 +129,21 @@ def test_loss_tolerance_stops_early_and_checkpoints_are_kept():
     assert len(result.checkpoints) >= 1
     unreachable = train(build_model(ModelSpec("relu", 12, 4, 3, seed=7)), X, y, TrainConfig(steps=3, loss_tol=1e-9))
     assert unreachable.reached_tol is False and unreachable.steps_run == 3
+
+
+def test_training_data_provenance_round_trip_and_mismatch_warning(tmp_path):
+    from attnaudit.data import data_fingerprint
+
+    X, y = data()
+    model = build_model(ModelSpec("relu", 12, 8, 3, seed=1))
+    fp = data_fingerprint(X, y)
+    assert fp == data_fingerprint(X.clone(), y.clone()) and len(fp) == 16
+    assert fp != data_fingerprint(X[:-1], y[:-1]) and fp != data_fingerprint(X, (y + 1) % 3)
+    save_model(model, tmp_path / "m.safetensors", metadata={"training_data": {"name": "toy", "n": 40, "fingerprint": fp}})
+    loaded = load_model(tmp_path / "m.safetensors")
+    assert training_data_mismatch(loaded, "m", fp) is None
+    other = data_fingerprint(X * 2, y)
+    warning = training_data_mismatch(loaded, "m", other)
+    assert warning is not None and fp in warning and other in warning and "toy" in warning
+    save_model(model, tmp_path / "bare.safetensors")  # no provenance recorded: nothing to say
+    assert training_data_mismatch(load_model(tmp_path / "bare.safetensors"), "bare", other) is None

@@ -98,11 +98,11 @@ def register(app: typer.Typer) -> None:
         debug: DebugOpt = False,
     ) -> None:
         """Loss landscape: top Hessian eigenvalues, trace, basin width and 1-D/2-D loss surfaces."""
-        from ..data import load_dataset
+        from ..data import data_fingerprint, load_dataset
         from ..device import resolve_device
         from ..landscape import LandscapeConfig, analyze_landscape, select_params, train_reference_model
         from ..landscape_report import PNG_NAME, SCHEMA, build_tables, compare_landscapes, plot_landscape
-        from ..models import ModelSpec, build_model, load_model
+        from ..models import ModelSpec, build_model, load_model, training_data_mismatch
         from ..report import build_report
         from ..training import TrainConfig
 
@@ -164,6 +164,10 @@ def register(app: typer.Typer) -> None:
             timings["load"] = time.perf_counter() - t0
 
             labels = _labels_for_paths(model) if model else list(arch_list)
+            provenance = []
+            if loaded:
+                fingerprint = data_fingerprint(ds.X, ds.y)
+                provenance = [w for w in (training_data_mismatch(net, label, fingerprint) for label, net in zip(labels, loaded)) if w]
             for label, net in zip(labels, loaded):
                 if net.spec.d_in != ds.d:
                     raise AuditError(f"--model {label} takes {net.spec.d_in} input features but {ds.name} has {ds.d}; use the data it was trained on")
@@ -198,6 +202,7 @@ def register(app: typer.Typer) -> None:
             verdicts, warnings = compare_landscapes(
                 results, training if not model else {}, lr=None if model else train_cfg.lr, match_loss=match_loss,
             )
+            warnings = provenance + list(warnings)
             report = build_report(
                 SCHEMA,
                 inputs={

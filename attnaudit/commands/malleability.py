@@ -76,7 +76,7 @@ def register(app: typer.Typer) -> None:
         debug: DebugOpt = False,
     ) -> None:
         """Influence malleability: do influence scores flip sign when the training data is perturbed?"""
-        from ..data import holdout_split, load_dataset
+        from ..data import data_fingerprint, holdout_split, load_dataset
         from ..device import resolve_device
         from ..malleability import (
             PRESETS,
@@ -169,6 +169,11 @@ def register(app: typer.Typer) -> None:
                     train_ds.X.to(dev), train_ds.y.to(dev), test_ds.X.to(dev), test_ds.y.to(dev), ds.n_classes, config,
                     value_range=ds.value_range, progress=advance, fixed_models=fixed,
                 )
+            if fixed:
+                from ..models import training_data_mismatch
+
+                fingerprint = data_fingerprint(train_ds.X, train_ds.y)
+                result.warnings[:0] = [w for w in (training_data_mismatch(net, arch, fingerprint) for arch, net in fixed.items()) if w]
             timings.update({k: v for k, v in result.timings.items()})
             timings["analysis"] = time.perf_counter() - t1
             timings["total"] = time.perf_counter() - t0

@@ -77,7 +77,7 @@ def register(app: typer.Typer) -> None:
         debug: DebugOpt = False,
     ) -> None:
         """Distance of finite 2L-ReLU / MLP-Attn networks from their NTK predictor across widths."""
-        from ..data import holdout_split, load_dataset
+        from ..data import data_fingerprint, holdout_split, load_dataset
         from ..device import resolve_device, resolve_dtype
         from ..models import save_model
         from ..ntk_distance import PRESETS, SCHEMA, NTKDistanceConfig, build_tables, plot_ntk_distance, run_ntk_distance
@@ -154,6 +154,10 @@ def register(app: typer.Typer) -> None:
                 raise AuditError(f"{ds.name} has no labels; ntk-distance trains classifiers, so give labelled data")
             train_ds, test_ds = holdout_split(ds, ntr, nte, seed, stratify=True)
             timings["load"] = time.perf_counter() - t0
+            training_data = {
+                "name": ds.name, "split": ds.info.get("split"), "n": train_ds.n, "seed": seed,
+                "preprocess": preprocess, "fingerprint": data_fingerprint(train_ds.X, train_ds.y),
+            }
 
             saved: list[str] = []
 
@@ -161,7 +165,8 @@ def register(app: typer.Typer) -> None:
                 if save_dir is None:
                     return
                 path = save_model(net, save_dir / _model_filename(arch, width, s), overwrite=overwrite,
-                                  metadata={"command": "ntk-distance", "dataset": ds.name, "steps": config.steps})
+                                  metadata={"command": "ntk-distance", "dataset": ds.name, "steps": config.steps,
+                                            "training_data": training_data})
                 saved.append(str(path))
 
             total = len(model_list) * len(width_list) * len(seed_list)
