@@ -200,7 +200,7 @@ def entk_two_layer(
     Z1 = _features(model, X1, transformed)
     Z2 = Z1 if same else _features(model, X2, transformed)
     dt = Z1.dtype
-    W, a = state.W.to(dt), state.a.to(dt)
+    a = state.a.to(dt)
     m, c = a.shape
     S2, D2 = state.activations(Z2)
     coef = state.s_out**2

@@ -109,7 +109,6 @@ def test_centred_data_lose_one_rank():
 
 
 def test_rank_matches_numpy_matrix_rank_on_gram_across_tolerances():
-    rng = np.random.default_rng(6)
     s = np.logspace(0, -7, 30)
     X = known_spectrum(60, 30, s)
     G = X @ X.T
@@ -154,7 +153,6 @@ def test_sweep_summary_statistics():
 
 
 def test_float32_input_is_promoted_to_float64():
-    rng = np.random.default_rng(8)
     X = known_spectrum(50, 20, np.logspace(0, -2, 20)).astype(np.float32)
     result = analyse_kappa(torch.from_numpy(X))
     lam = np.sort(np.linalg.eigvalsh(X.astype(np.float64) @ X.astype(np.float64).T))[::-1]
