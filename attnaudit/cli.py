@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import sys
+
 import typer
 
 from . import __version__
+from .cli_common import error_line
 from .commands import kappa, landscape, malleability, ntk_distance
 
 app = typer.Typer(
@@ -23,7 +28,7 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def main(
+def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
     threads: int = typer.Option(
         0, "--threads", help="CPU threads for torch (0 = torch's default). On a shared machine 1 avoids OpenMP oversubscription."
@@ -31,7 +36,7 @@ def main(
 ) -> None:
     """Audit attention models through the neural tangent kernel (NTK) lens."""
     if threads < 0:
-        typer.echo("error: --threads must be >= 0 (0 keeps torch's default)", err=True)
+        error_line("error", "--threads must be >= 0 (0 keeps torch's default)")
         raise typer.Exit(2)
     if threads:
         import torch
@@ -41,3 +46,41 @@ def main(
 
 for module in (kappa, ntk_distance, malleability, landscape):
     module.register(app)
+
+
+def _exit_quietly(code: int) -> None:
+    """Flush and exit; SIGINT is ignored from here on so a late Ctrl-C cannot break interpreter shutdown."""
+    with contextlib.suppress(ValueError, OSError):  # not the main thread / no signal support
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    sys.exit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point (``attnaudit`` and ``python -m attnaudit``).
+
+    Runs the Typer app without click's standalone handling so that usage errors become
+    one ``error:`` line (exit 2) like every other bad input, and Ctrl-C anywhere exits 130.
+    """
+    try:
+        result = app(args=argv, prog_name="attnaudit", standalone_mode=False)
+        code = result if isinstance(result, int) else 0
+    except KeyboardInterrupt:
+        error_line("interrupted", "stopped by Ctrl-C (SIGINT); no output files were written")
+        code = 130
+    except Exception as exc:  # click's exceptions, matched by shape (click is vendored by newer typer)
+        if exc.__class__.__name__ == "Abort":
+            error_line("interrupted", "stopped by Ctrl-C (SIGINT); no output files were written")
+            code = 130
+        elif exc.__class__.__name__ == "NoArgsIsHelpError" or not hasattr(exc, "format_message"):
+            if not hasattr(exc, "show"):
+                raise
+            exc.show()
+            code = getattr(exc, "exit_code", 2)
+        else:
+            ctx = getattr(exc, "ctx", None)
+            where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+            error_line("error", f"{exc.format_message()}{where}")
+            code = getattr(exc, "exit_code", 2)
+    _exit_quietly(code)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,9 +16,11 @@ from typing import Annotated, Callable, Iterator, Optional
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from .errors import AuditError
-from .report import check_target, write_json
+from .atomic import StagedFiles
+from .report import check_target, dumps, folder_problem
 
 # ---- option types (typing.Annotated aliases, so every command spells them the same way)
 DatasetOpt = Annotated[
@@ -107,38 +110,62 @@ def refuse_training_options_for_saved_model(**options) -> None:
         raise AuditError(f"{', '.join(given)} set how new models are trained and do not apply to --model; drop them")
 
 
+def error_line(label: str, message: str) -> None:
+    """Print ``label: message`` as one line on stderr, the message as plain text.
+
+    User strings (paths, data set names, device names) can contain rich markup such as
+    ``[/x]`` or emoji codes such as ``:x:``; a :class:`~rich.text.Text` is never parsed,
+    so they are shown exactly as typed.
+    """
+    err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
+    one_line = " ".join(str(message).split())
+    err.print(Text.assemble((f"{label}:", "bold red"), " ", one_line))
+
+
+def _is_out_of_memory(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError) or exc.__class__.__name__ == "OutOfMemoryError":
+        return True
+    return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
+
+
 @contextlib.contextmanager
 def cli_errors(debug: bool = False) -> Iterator[None]:
-    """Turn :class:`AuditError` into one line on stderr and exit 2; other failures into exit 3."""
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    """Map failures to one stderr line and an exit code.
+
+    :class:`AuditError` -> exit 2; out of memory -> exit 2 with a hint; Ctrl-C -> exit 130
+    with "interrupted"; anything else -> exit 3 (an internal error to report).
+    """
     try:
         yield
     except AuditError as exc:
         if debug:
             traceback.print_exc()
-        err.print(f"[bold red]error:[/] {exc}", markup=True)
+        error_line("error", str(exc))
         raise typer.Exit(exc.exit_code) from None
-    except (typer.Exit, typer.Abort, KeyboardInterrupt):
+    except (typer.Exit, typer.Abort):
         raise
-    except MemoryError:
+    except KeyboardInterrupt:
         if debug:
             traceback.print_exc()
-        err.print("[bold red]error:[/] out of memory; use a smaller --n or --device cuda", markup=True)
-        raise typer.Exit(2) from None
+        error_line("interrupted", "stopped by Ctrl-C (SIGINT); no output files were written")
+        raise typer.Exit(130) from None
     except Exception as exc:  # noqa: BLE001 - last resort, keep the one-line promise
         if debug:
             traceback.print_exc()
+        if _is_out_of_memory(exc):
+            error_line("error", "out of memory; use a smaller --n / --n-train / --widths, or --device cuda")
+            raise typer.Exit(2) from None
         first = str(exc).splitlines()[0] if str(exc) else ""
-        err.print(
-            f"[bold red]internal error:[/] {exc.__class__.__name__}: {first} (rerun with --debug for the traceback and report it)",
-            markup=True,
+        error_line(
+            "internal error",
+            f"{exc.__class__.__name__}: {first} (rerun with --debug for the traceback and report it)",
         )
         raise typer.Exit(3) from None
 
 
 @dataclass
 class OutputOptions:
-    """Where a command's outputs go; checks targets before any compute starts."""
+    """Where a command's outputs go; :meth:`check_writable` vets every target before compute."""
 
     json: str | None = None
     png: str | None = None
@@ -148,11 +175,13 @@ class OutputOptions:
 
     def __post_init__(self) -> None:
         # With --json - standard output carries the JSON alone, so everything human goes to stderr.
-        self.console = Console(stderr=self.json == "-", highlight=False)
-        if not self.console.is_terminal and "COLUMNS" not in os.environ:
+        # markup/emoji off: tables hold user strings (file and data set names) that must print as typed.
+        kwargs = dict(stderr=self.json == "-", highlight=False, markup=False, emoji=False)
+        if not Console(**kwargs).is_terminal and "COLUMNS" not in os.environ:
             # Piped output (logs, CI) would otherwise be cut at 80 columns and wide tables
             # truncated to "…"; a log file has no width limit worth respecting.
-            self.console = Console(stderr=self.json == "-", highlight=False, width=200)
+            kwargs["width"] = 200
+        self.console = Console(**kwargs)
 
     def json_targets(self) -> list[str]:
         targets = []
@@ -169,23 +198,56 @@ class OutputOptions:
             return Path(self.out_dir) / default_name
         return None
 
-    def check_writable(self, png_names: tuple[str, ...] = ("figure.png",)) -> None:
-        """Fail before compute if an output would overwrite a user's file or its folder is missing."""
+    def _targets(self, png_names: tuple[str, ...]) -> list[tuple[str, Path]]:
+        """(flag, path) of every file this command will write."""
+        targets: list[tuple[str, Path]] = []
+        if self.json and self.json != "-":
+            targets.append(("--json", Path(self.json)))
+        if self.png:
+            targets.append(("--png", Path(self.png)))
+        if self.out_dir:
+            targets.append(("--out-dir", Path(self.out_dir) / "report.json"))
+            if not self.png:
+                targets.extend(("--out-dir", Path(self.out_dir) / name) for name in png_names)
+        return targets
+
+    def check_writable(self, png_names: tuple[str, ...] = ("figure.png",), extra: list[tuple[str, Path]] = ()) -> None:
+        """Fail before compute if any output could not be written, or would clobber a file or another output.
+
+        ``extra`` adds (flag, path) targets a command writes besides the report and figure.
+        Nothing is created here: the --out-dir folder is made when the outputs are written.
+        """
+        if self.png and not self.png.lower().endswith(".png"):
+            raise AuditError(f"--png {self.png}: the figure is a PNG; give a path ending in .png")
+        out_missing = False
         if self.out_dir:
             out = Path(self.out_dir)
             if out.exists() and not out.is_dir():
                 raise AuditError(f"--out-dir {out} is a file; give a folder")
-            out.mkdir(parents=True, exist_ok=True)
-        for target in self.json_targets():
-            if target != "-":
-                check_target(target, self.overwrite)
-        if self.png:
-            if not self.png.lower().endswith(".png"):
-                raise AuditError(f"--png {self.png}: the figure is a PNG; give a path ending in .png")
-            check_target(self.png, self.overwrite)
-        elif self.out_dir:
-            for name in png_names:
-                check_target(Path(self.out_dir) / name, self.overwrite)
+            if not out.exists():
+                out_missing = True
+                ancestor = out.parent
+                while not ancestor.exists() and ancestor != ancestor.parent:
+                    ancestor = ancestor.parent
+                if not ancestor.is_dir():
+                    raise AuditError(f"--out-dir {out}: {ancestor} is a file, so the folder cannot be created; choose another folder")
+                problem = folder_problem(ancestor)
+                if problem:
+                    raise AuditError(f"--out-dir {out}: {problem}")
+        targets = self._targets(png_names) + list(extra)
+        seen: dict[str, tuple[str, Path]] = {}
+        for flag, path in targets:
+            key = os.path.realpath(path)
+            if key in seen:
+                other_flag, other = seen[key]
+                raise AuditError(
+                    f"{flag} {path} and {other_flag} {other} name the same file; give each output its own path"
+                )
+            seen[key] = (flag, path)
+        for flag, path in targets:
+            if out_missing and flag == "--out-dir":
+                continue  # the folder does not exist yet, so nothing in it can be clobbered
+            check_target(path, self.overwrite)
 
     @property
     def show_table(self) -> bool:
@@ -199,23 +261,40 @@ def emit(
     plot: Callable[[Path], None] | None = None,
     png_name: str = "figure.png",
 ) -> None:
-    """Print the tables, write the JSON report(s) and the figure, as the options ask."""
+    """Print the tables, then write the JSON report(s) and the figure, as the options ask.
+
+    Files are staged under temporary names and renamed into place together at the end,
+    so an error or Ctrl-C leaves either every output or none (no half-written file).
+    """
     if opts.show_table:
         for item in renderables:
             opts.console.print(item)
-    for target in opts.json_targets():
-        write_json(report, target, overwrite=opts.overwrite)
-        if target != "-" and opts.show_table:
-            opts.console.print(f"JSON report written to {target}")
-    png = opts.png_target(png_name)
-    if plot is not None and png is not None:
-        import matplotlib
+    text = dumps(report) + "\n"
+    written: list[str] = []
+    if opts.out_dir:
+        Path(opts.out_dir).mkdir(parents=True, exist_ok=True)
+    with StagedFiles() as files:
+        for target in opts.json_targets():
+            if target == "-":
+                continue
+            check_target(target, opts.overwrite)
+            files.stage(target, lambda path: Path(path).write_text(text, encoding="utf-8"))
+            written.append(f"JSON report written to {target}")
+        png = opts.png_target(png_name)
+        if plot is not None and png is not None:
+            import matplotlib
 
-        matplotlib.use("Agg")
-        check_target(png, opts.overwrite)
-        plot(png)
-        if opts.show_table:
-            opts.console.print(f"figure written to {png}")
+            matplotlib.use("Agg")
+            check_target(png, opts.overwrite)
+            files.stage(png, plot)
+            written.append(f"figure written to {png}")
+        files.commit()
+    if "-" in opts.json_targets():
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    if opts.show_table:
+        for line in written:
+            opts.console.print(line)
 
 
 @contextlib.contextmanager

@@ -12,12 +12,17 @@ Sources (``DataSpec.dataset`` or ``DataSpec.data``):
   files exist. Pixels / 255, in [0, 1]; feature_shape (1, 28, 28).
 * ``cifar10``: torchvision's ``<data_dir>/cifar-10-batches-py/{data_batch_1..5,test_batch}``
   pickles; pixels / 255; feature_shape (3, 32, 32) (channel-major, as stored). The pickles
-  are trusted files, as in torchvision (unpickling can run code).
+  are read with a restricted unpickler that builds only what a genuine batch holds (dicts,
+  lists, strings, ints and uint8 numpy arrays) and refuses any other object, so a crafted
+  batch cannot run code.
 * ``synthetic``: X = U diag(s) V^T with exact singular values s log-spaced from 1 down to
   1/kappa over rank r, so kappa(X) = kappa and kappa(X X^T) = kappa^2 at rank r.
 * a user file or image folder (``DataSpec.data``): .npz, .npy, .safetensors, .pt/.pth,
   .csv, or a folder with one sub-folder of images per class. ``split`` does not apply
   (a file is one split; use :func:`holdout_split`).
+
+Limits. Seeds are integers in 0..MAX_SEED (2**32 - 1; :func:`check_seed`); labels are class
+indices 0..K-1 with K <= MAX_CLASSES (100,000).
 
 Conventions. ``--classes`` keeps the original label values (no remapping) and
 ``n_classes`` stays the size of the full label space (10 for MNIST; max label + 1 over the
@@ -37,6 +42,7 @@ import hashlib
 import numbers
 import os
 import pickle
+import re
 import struct
 import warnings
 import zlib
@@ -60,6 +66,8 @@ Y_NAMES = ("y", "Y", "labels", "label", "targets", "target")
 CSV_LABEL_COLUMNS = ("label", "labels", "y", "target", "targets", "class")
 
 SYNTHETIC_CLASSES = 4
+MAX_SEED = 2**32 - 1  # numpy/torch seeds beyond this are refused rather than silently folded
+MAX_CLASSES = 100_000  # labels are class indices 0..K-1 with K at most this
 _DIGITS_TRAIN_FRACTION = 0.8
 _DIGITS_SPLIT_SEED = 0
 
@@ -78,6 +86,46 @@ _IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _clip(text: Any, limit: int = 80) -> str:
+    """``str(text)`` cut to at most ``limit`` characters (an ellipsis marks the cut), for echoing user input."""
+    try:
+        text = str(text)
+    except ValueError:  # an int of more than 4300 digits cannot be printed
+        text = f"<{type(text).__name__} too large to print>"
+    return text if len(text) <= limit else text[: max(limit - 1, 0)] + "\u2026"
+
+
+def _show(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` clipped like :func:`_clip` (and safe for huge ints)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        text = f"<{type(value).__name__} too large to print>"
+    return _clip(text, limit)
+
+
+def _short_list(values: Any, limit: int = 10, sep: str = ", ") -> str:
+    """The first ``limit`` values joined by ``sep``, then ``… (N more)`` when there are more."""
+    items = [_clip(v, 40) for v in values]
+    if len(items) <= limit:
+        return sep.join(items)
+    return sep.join(items[:limit]) + f"{sep}\u2026 ({len(items) - limit} more)"
+
+
+def check_seed(value: Any, option: str = "--seed", count: int = 1) -> None:
+    """Refuse a seed unless ``value``, ``value + 1``, ..., ``value + count - 1`` all lie in 0..MAX_SEED.
+
+    ``count`` is how many consecutive seeds will be used (e.g. ``--seeds``). Raises
+    :class:`AuditError` naming ``option`` and the allowed range.
+    """
+    count = int(count) if _is_int(count) and count > 1 else 1
+    top = MAX_SEED - count + 1
+    if top < 0:
+        raise AuditError(f"{count} consecutive seeds do not fit in 0..{MAX_SEED}; use fewer seeds")
+    if not _is_int(value) or not 0 <= value <= top:
+        raise AuditError(f"{option} must be an integer in 0..{top}, got {_clip(value)}")
 
 
 @dataclass(frozen=True)
@@ -110,7 +158,7 @@ class DataSpec:
         object.__setattr__(self, "dataset", dataset)
         if self.data is None and dataset not in DATASETS:
             raise AuditError(
-                f"unknown dataset {self.dataset!r}; choose one of {', '.join(DATASETS)}, "
+                f"unknown --dataset {_show(self.dataset)}; choose one of {', '.join(DATASETS)}, "
                 "or pass --data with a .npz/.npy/.safetensors/.pt/.csv file or an image folder"
             )
         if self.data is not None:
@@ -119,36 +167,46 @@ class DataSpec:
             object.__setattr__(self, "data_dir", str(self.data_dir))
         split = str(self.split).strip().lower()
         if split not in SPLITS:
-            raise AuditError(f"unknown split {self.split!r}; use --split train or --split test")
+            raise AuditError(f"unknown split {_show(self.split)}; use --split train or --split test")
         object.__setattr__(self, "split", split)
         preprocess = str(self.preprocess).strip().lower()
         if preprocess not in PREPROCESS:
-            raise AuditError(f"unknown preprocessing {self.preprocess!r}; choose one of {', '.join(PREPROCESS)}")
+            raise AuditError(
+                f"unknown preprocessing {_show(self.preprocess)}; choose one of {', '.join(PREPROCESS)}"
+            )
         object.__setattr__(self, "preprocess", preprocess)
         if self.n is not None and (not _is_int(self.n) or self.n < 1):
-            raise AuditError(f"--n must be a positive integer, got {self.n!r}")
-        if not _is_int(self.seed):
-            raise AuditError(f"--seed must be an integer, got {self.seed!r}")
+            raise AuditError(f"--n must be a positive integer, got {_show(self.n)}")
+        check_seed(self.seed)
         if self.classes is not None:
             classes = tuple(self.classes)
             if not classes or not all(_is_int(c) and c >= 0 for c in classes):
                 raise AuditError(
-                    f"--classes must list non-negative integer labels like 0,1,7; got {self.classes!r}"
+                    f"--classes must list non-negative integer labels like 0,1,7; got {_show(self.classes)}"
+                )
+            too_big = [c for c in classes if c >= MAX_CLASSES]
+            if too_big:
+                raise AuditError(
+                    f"--classes names label {_clip(too_big[0])}, but labels are class indices 0..K-1 with "
+                    f"K <= {MAX_CLASSES}; pick labels below {MAX_CLASSES}"
                 )
             object.__setattr__(self, "classes", tuple(sorted({int(c) for c in classes})))
         for name in ("synthetic_d", "synthetic_n"):
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
-                raise AuditError(f"{name} must be a positive integer, got {value!r}")
+                raise AuditError(f"{name} must be a positive integer, got {_show(value)}")
         kappa = self.synthetic_kappa
         if not isinstance(kappa, numbers.Real) or not np.isfinite(kappa) or kappa < 1:
-            raise AuditError(f"synthetic_kappa must be a finite number >= 1 (sigma_max / sigma_min), got {kappa!r}")
+            raise AuditError(
+                f"synthetic_kappa must be a finite number >= 1 (sigma_max / sigma_min), got {_show(kappa)}"
+            )
         if self.synthetic_rank is not None:
             rows = self.n if self.n is not None else self.synthetic_n
             max_rank = min(rows, self.synthetic_d)
             if not _is_int(self.synthetic_rank) or not 1 <= self.synthetic_rank <= max_rank:
                 raise AuditError(
-                    f"synthetic_rank must be an integer in 1..min(n, d) = 1..{max_rank}, got {self.synthetic_rank!r}"
+                    f"synthetic_rank must be an integer in 1..min(n, d) = 1..{max_rank}, "
+                    f"got {_show(self.synthetic_rank)}"
                 )
 
 
@@ -222,17 +280,26 @@ def parse_classes(text: str | None) -> tuple[int, ...] | None:
                 lo, hi = int(lo_text), int(hi_text)
                 if lo < 0 or hi < lo:
                     raise ValueError
-                labels.update(range(lo, hi + 1))
             else:
-                value = int(item)
-                if value < 0:
+                lo = hi = int(item)
+                if lo < 0:
                     raise ValueError
-                labels.add(value)
-        except ValueError:
+        except ValueError:  # also int() of a number with thousands of digits
             raise AuditError(
                 f"--classes expects comma-separated non-negative integer labels like 0,1,7 or 0-4; "
-                f"could not read {item!r} in {text!r}"
+                f"could not read {_show(item, 40)} in {_show(str(text))}"
             ) from None
+        if hi - lo + 1 > MAX_CLASSES:
+            raise AuditError(
+                f"--classes range {_clip(item, 40)} spans {_clip(hi - lo + 1, 40)} labels, more than the {MAX_CLASSES} "
+                f"classes supported; list the labels you want (labels are 0..K-1 with K <= {MAX_CLASSES})"
+            )
+        if hi >= MAX_CLASSES:
+            raise AuditError(
+                f"--classes names label {_clip(hi, 40)}, but labels are class indices 0..K-1 with "
+                f"K <= {MAX_CLASSES}; pick labels below {MAX_CLASSES}"
+            )
+        labels.update(range(lo, hi + 1))
     return tuple(sorted(labels))
 
 
@@ -334,7 +401,8 @@ def holdout_split(
     """
     for name, value in (("n_train", n_train), ("n_test", n_test)):
         if not _is_int(value) or value < 1:
-            raise AuditError(f"{name} must be a positive integer, got {value!r}")
+            raise AuditError(f"{name} must be a positive integer, got {_show(value)}")
+    check_seed(seed)
     if n_train + n_test > ds.n:
         raise AuditError(
             f"holdout split asks for {n_train} train + {n_test} test rows but {ds.name} has only {ds.n}; "
@@ -388,25 +456,32 @@ def _check_labels(y: Any, n_rows: int, where: str) -> np.ndarray:
         )
     if y.dtype == np.bool_:
         y = y.astype(np.int64)
-    if np.issubdtype(y.dtype, np.integer):
-        y = y.astype(np.int64, copy=False)
-    elif np.issubdtype(y.dtype, np.floating):
+    if np.issubdtype(y.dtype, np.floating):
         bad = ~np.isfinite(y) | (y != np.round(y))
         if bad.any():
             first = int(np.flatnonzero(bad)[0])
             raise AuditError(
-                f"{where}: labels y must be integer class labels; found {y[first]!r} at row {first}; "
-                "convert labels to 0..K-1 integers"
+                f"{where}: labels y must be integer class labels; found {_show(y[first].item())} at row "
+                f"{first}; convert labels to 0..K-1 integers"
             )
-        y = y.astype(np.int64)
-    else:
-        raise AuditError(f"{where}: labels y must be integer class labels, got dtype {y.dtype}; convert them to 0..K-1")
+    elif not np.issubdtype(y.dtype, np.integer):
+        raise AuditError(
+            f"{where}: labels y must be integer class labels, got dtype {_clip(str(y.dtype))}; convert them to 0..K-1"
+        )
+    # Range checks on the original dtype: casting 1e30 or a uint64 above 2**63 to int64 would wrap.
     if len(y) and y.min() < 0:
         first = int(np.flatnonzero(y < 0)[0])
         raise AuditError(
-            f"{where}: labels must be non-negative class indices 0..K-1; found {y[first]} at row {first}"
+            f"{where}: labels must be non-negative class indices 0..K-1; found {_clip(int(y[first]))} at row "
+            f"{first}"
         )
-    return y
+    if len(y) and y.max() >= MAX_CLASSES:
+        first = int(np.flatnonzero(y >= MAX_CLASSES)[0])
+        raise AuditError(
+            f"{where}: labels must be class indices 0..K-1 with K <= {MAX_CLASSES}; found label "
+            f"{_clip(int(y[first]))} at row {first}; remap labels to 0..K-1"
+        )
+    return y.astype(np.int64, copy=False)
 
 
 def _check_features(X: Any, where: str) -> np.ndarray:
@@ -576,22 +651,136 @@ def _load_idx_dataset(name: str, root: Path, split: str, download: bool) -> _Sou
     )
 
 
+# A genuine CIFAR-10 python batch is a dict of bytes keys holding a uint8 numpy array,
+# lists of ints / bytes and bytes. Pickles run whatever callables they name, so the batch
+# is read by an unpickler that resolves only the few globals such a batch names, each
+# replaced by a checking wrapper; everything else is refused before it can run.
+_SIMPLE_DTYPE = re.compile(r"[<>|=]?(?:[bB?]|b1|[iu][1248]|f[248])")
+_MAX_PLACEHOLDER = 1 << 20  # _reconstruct only makes an empty placeholder that BUILD fills
+
+
+def _numpy_function(module: str, name: str) -> Any:
+    """numpy's private pickle helper ``module.name`` (numpy 2 ``_core``, numpy 1 ``core``)."""
+    import importlib
+
+    for prefix in ("numpy._core", "numpy.core"):
+        try:
+            return getattr(importlib.import_module(f"{prefix}.{module}"), name)
+        except (ImportError, AttributeError):
+            continue
+    raise AuditError(f"this numpy has no {module}.{name}; cannot read CIFAR batches with numpy {np.__version__}")
+
+
+class _NdarrayToken:
+    """Stands in for ``numpy.ndarray`` in a CIFAR pickle: only ``_reconstruct`` may use it."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        raise pickle.UnpicklingError("numpy.ndarray called directly")
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """Unpickler for CIFAR-10 python batches: no global outside a small allow-list resolves."""
+
+    def __init__(self, fh: Any, path: Path, **kwargs: Any) -> None:
+        super().__init__(fh, **kwargs)
+        self._path = path
+        self._globals = {
+            ("numpy.core.multiarray", "_reconstruct"): self._reconstruct,
+            ("numpy._core.multiarray", "_reconstruct"): self._reconstruct,
+            ("numpy.core.numeric", "_frombuffer"): self._frombuffer,
+            ("numpy._core.numeric", "_frombuffer"): self._frombuffer,
+            ("numpy", "ndarray"): _NdarrayToken,
+            ("numpy", "dtype"): self._dtype,
+            ("_codecs", "encode"): self._latin1_encode,  # how Python 3 pickles bytes at protocol < 3
+        }
+
+    def _refuse(self, what: str) -> AuditError:
+        return AuditError(
+            f"refused: the CIFAR batch {self._path} asks to load {_clip(what)}, which a genuine CIFAR-10 batch "
+            "never holds; delete it and fetch the data again"
+        )
+
+    def find_class(self, module: str, name: str) -> Any:
+        found = self._globals.get((module, name))
+        if found is None:
+            raise self._refuse(f"{module}.{name}")
+        return found
+
+    def _checked_dtype(self, spec: Any) -> Any:
+        text = spec.decode("latin-1") if isinstance(spec, bytes) else spec
+        if isinstance(text, np.dtype):
+            text = text.str
+        if not isinstance(text, str) or not _SIMPLE_DTYPE.fullmatch(text):
+            raise self._refuse(f"numpy.dtype({_show(text, 40)})")
+        return text
+
+    def _dtype(self, spec: Any, align: Any = False, copy: Any = False) -> np.dtype:
+        # A fresh dtype object (copy=True), so the BUILD that follows cannot touch numpy's singletons.
+        return np.dtype(self._checked_dtype(spec), False, True)
+
+    def _reconstruct(self, subtype: Any, shape: Any, dtype: Any) -> np.ndarray:
+        if subtype is not _NdarrayToken:
+            raise self._refuse(f"numpy _reconstruct of {_show(subtype, 40)}")
+        dims = shape if isinstance(shape, tuple) else (shape,)
+        if not all(_is_int(k) and k >= 0 for k in dims) or int(np.prod(dims, dtype=object)) > _MAX_PLACEHOLDER:
+            raise self._refuse(f"numpy _reconstruct of shape {_show(shape, 40)}")
+        return _numpy_function("multiarray", "_reconstruct")(np.ndarray, dims, self._checked_dtype(dtype))
+
+    def _frombuffer(self, buf: Any, dtype: Any, shape: Any, order: Any) -> np.ndarray:
+        if not isinstance(buf, (bytes, bytearray, pickle.PickleBuffer)):
+            raise self._refuse(f"numpy _frombuffer of {type(buf).__name__}")
+        dtype = np.dtype(self._checked_dtype(dtype))
+        return _numpy_function("numeric", "_frombuffer")(buf, dtype, shape, order)
+
+    def _latin1_encode(self, text: Any, encoding: Any = "utf-8", errors: Any = "strict") -> bytes:
+        if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+            raise self._refuse(f"_codecs.encode with {_show(encoding, 30)}")
+        return text.encode("latin-1")
+
+
 def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         with open(path, "rb") as fh:
-            batch = pickle.load(fh, encoding="bytes")
+            batch = _RestrictedUnpickler(fh, path, encoding="bytes").load()
+    except AuditError:
+        raise
     except Exception as exc:  # noqa: BLE001 - unpickling can fail in many ways
         raise AuditError(
-            f"cannot read CIFAR batch {path} ({_one_line(exc)}); the file is corrupt, delete it and fetch it again"
+            f"cannot read CIFAR batch {path} ({_clip(_one_line(exc), 200)}); the file is corrupt, "
+            "delete it and fetch it again"
         ) from None
+    if isinstance(batch, dict):
+        # Genuine batches (pickled by Python 2) have bytes keys; accept str keys as well.
+        batch = {k.encode("latin-1") if isinstance(k, str) else k: v for k, v in batch.items()}
     if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:
-        keys = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
-        raise AuditError(f"{path} is not a CIFAR-10 batch (expected keys b'data' and b'labels', found {keys})")
-    data = np.asarray(batch[b"data"])
-    labels = np.asarray(batch[b"labels"])
-    if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(labels) != len(data):
+        keys = _short_list(sorted(map(repr, batch))) if isinstance(batch, dict) else type(batch).__name__
         raise AuditError(
-            f"{path}: expected uint8 data of shape (k, 3072) and k labels, got data {data.dtype} {data.shape} "
+            f"{path} is not a CIFAR-10 batch (expected keys b'data' and b'labels', found {_clip(keys, 200)}); "
+            "delete it and fetch the data again"
+        )
+    data, labels = batch[b"data"], batch[b"labels"]
+    for value in batch.values():
+        if isinstance(value, np.ndarray) and value.dtype.hasobject:
+            raise AuditError(
+                f"refused: the CIFAR batch {path} holds an array of Python objects, which a genuine CIFAR-10 "
+                "batch never holds; delete it and fetch the data again"
+            )
+    if not isinstance(labels, (list, tuple, np.ndarray)) or not all(
+        _is_int(v) for v in (labels.tolist() if isinstance(labels, np.ndarray) else labels)
+    ):
+        raise AuditError(
+            f"{path}: b'labels' must be a list of integer labels, got {_clip(type(labels).__name__)}; "
+            "the file is corrupt, delete it and fetch it again"
+        )
+    try:
+        labels = np.asarray(labels, dtype=np.int64).reshape(-1)
+    except OverflowError:
+        raise AuditError(f"{path}: b'labels' holds a label outside int64; the file is corrupt, fetch it again") from None
+    if type(data) is not np.ndarray or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32 \
+            or len(labels) != len(data):
+        what = f"{data.dtype} {data.shape}" if isinstance(data, np.ndarray) else type(data).__name__
+        raise AuditError(
+            f"{path}: expected uint8 data of shape (k, 3072) and k labels, got data {_clip(what)} "
             f"and {len(labels)} labels; the file is corrupt, fetch it again"
         )
     return data, labels
@@ -730,13 +919,31 @@ def _read_safetensors(path: Path) -> tuple[Any, Any]:
     return _pick(tensors, str(path))
 
 
+# torch's weights-only refusal wraps the one useful line in advice to retry with
+# weights_only=False (which would run the file's code); keep only the useful line.
+_TORCH_BOILERPLATE = ("weights only load failed", "please file an issue", "check the documentation")
+
+
+def _torch_load_reason(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines()]
+    kept = [line for line in lines if line and not line.lower().startswith(_TORCH_BOILERPLATE)]
+    if kept and kept[0].startswith("WeightsUnpickler error:"):
+        kept[0] = kept[0][len("WeightsUnpickler error:"):].strip()
+    text = " ".join(line for line in kept if line)
+    return _clip(f"{type(exc).__name__}: {text}" if text else type(exc).__name__, 200)
+
+
 def _read_pt(path: Path) -> tuple[Any, Any]:
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        # torch warns (e.g. about the pickle protocol of a legacy or crafted file) before it
+        # refuses; the refusal below is the one line the user needs.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - unpickling errors of many kinds
         raise AuditError(
-            f"cannot read {path} with torch.load(weights_only=True) ({_one_line(exc)}); "
-            "save a tensor, an (X, y) tuple of tensors, or a dict {'X': ..., 'y': ...}"
+            f"cannot read {path} with torch.load(weights_only=True) ({_torch_load_reason(exc)}); it must hold "
+            "only tensors: save a tensor, an (X, y) tuple of tensors, or a dict {'X': ..., 'y': ...} with torch.save"
         ) from None
     if isinstance(obj, torch.Tensor):
         return obj, None
@@ -926,14 +1133,14 @@ def _select_rows(src: _Source, spec: DataSpec, n: int | None, stratify: bool) ->
         absent = [c for c in spec.classes if c not in set(present.tolist())]
         if absent:
             raise AuditError(
-                f"--classes names label(s) {', '.join(map(str, absent))} not present in {what}; "
-                f"labels present: {', '.join(map(str, present.tolist()))}"
+                f"--classes names label(s) {_short_list(absent)} not present in {what}; "
+                f"labels present: {_short_list(present.tolist())}"
             )
         pool = pool[np.isin(src.y, np.asarray(spec.classes))]
     if n is None:
         return pool
     if n > len(pool):
-        scope = f" with classes {','.join(map(str, spec.classes))}" if spec.classes is not None else ""
+        scope = f" with classes {_short_list(spec.classes, sep=',')}" if spec.classes is not None else ""
         raise AuditError(f"--n {n} is more than the {len(pool)} rows available in {what}{scope}; lower --n")
     if stratify and src.y is None:
         raise AuditError(f"{what} has no labels, so --stratify cannot be applied; drop --stratify")

@@ -39,3 +39,42 @@ def resolve_dtype(spec: str = "float64") -> torch.dtype:
         return table[spec.strip().lower()]
     except KeyError:
         raise AuditError(f"--dtype {spec!r} is not recognised; use float32 or float64") from None
+
+
+def available_memory_bytes(device: torch.device | str = "cpu") -> int | None:
+    """Memory free for new tensors on ``device`` in bytes (None when it cannot be read).
+
+    CUDA: the driver's free memory. CPU: ``MemAvailable`` from /proc/meminfo (Linux), else
+    the free physical pages reported by ``os.sysconf``.
+    """
+    import os
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        try:
+            free, _total = torch.cuda.mem_get_info(dev)
+            return int(free)
+        except Exception:  # noqa: BLE001 - no driver answer: nothing to compare with
+            return None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def refuse_if_too_big(needed_bytes: float, device: torch.device | str, what: str, fix: str, share: float = 0.8) -> None:
+    """Raise :class:`AuditError` before any compute when ``needed_bytes`` exceeds ``share`` of free memory."""
+    free = available_memory_bytes(device)
+    if free is None or needed_bytes <= share * free:
+        return
+    raise AuditError(
+        f"{what} needs about {needed_bytes / 2**30:,.1f} GiB of memory, more than the {free / 2**30:,.1f} GiB free on "
+        f"{torch.device(device)}; {fix}"
+    )

@@ -78,7 +78,7 @@ def select_params(model: nn.Module, patterns: Sequence[str] | None = None) -> Pa
         chosen = [(k, p) for k, p in named if any(fnmatch.fnmatchcase(k, pat) for pat in patterns)]
     if not chosen:
         have = ", ".join(k for k, _ in named) or "none"
-        raise AuditError(f"no trainable parameters match {list(patterns or [])}; the model has: {have}")
+        raise AuditError(f"--params: no trainable parameters match {list(patterns or [])}; the model has: {have}")
     return {k: p.detach() for k, p in chosen}
 
 
@@ -917,9 +917,9 @@ class LandscapeConfig:
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:
-            raise AuditError(f"unknown loss {self.loss!r}; use one of {', '.join(LOSSES)}")
+            raise AuditError(f"unknown --loss {self.loss!r}; use one of {', '.join(LOSSES)}")
         if self.directions not in DIRECTION_KINDS:
-            raise AuditError(f"unknown directions {self.directions!r}; use one of {', '.join(DIRECTION_KINDS)}")
+            raise AuditError(f"unknown --directions {self.directions!r}; use one of {', '.join(DIRECTION_KINDS)}")
         if self.backend not in BACKENDS:
             raise AuditError(f"unknown evaluation backend {self.backend!r}; use one of {', '.join(BACKENDS)}")
         if self.points != 0 and self.points < 3:

@@ -19,6 +19,11 @@ def _g(x: float | None, digits: int = 4) -> str:
     return f"{x:.{digits}g}"
 
 
+def _ratio(num: float, den: float) -> str:
+    """num/den to 3 digits, or "undefined" when den is 0 (e.g. a flat landscape)."""
+    return f"{num / den:.3g}" if den != 0 else "undefined"
+
+
 def compare_landscapes(
     results: dict[str, LandscapeResult], training: dict[str, dict], lr: float | None = None,
     match_loss: float | None = None,
@@ -76,7 +81,7 @@ def compare_landscapes(
         else:
             lam_r, lam_a = r.eigen.eigenvalues[0], a.eigen.eigenvalues[0]
             verdicts.append(
-                f"lambda_max: relu {lam_r:.4g}, attn {lam_a:.4g} (attn/relu {lam_a / lam_r:.3g}); "
+                f"lambda_max: relu {lam_r:.4g}, attn {lam_a:.4g} (attn/relu {_ratio(lam_a, lam_r)}); "
                 + _support(lam_r > lam_a, "relu sharper")
             )
             diff = r.trace.estimate - a.trace.estimate

@@ -402,6 +402,12 @@ def run_malleability(
         raise AuditError(f"--top-k {config.top_k} exceeds the {n_train} training samples; lower --top-k")
     if n_classes < 2:
         raise AuditError(f"malleability needs at least 2 classes, the data has {n_classes}")
+    present = torch.unique(y_train).tolist()
+    if len(present) < 2:
+        raise AuditError(
+            f"the training labels hold a single class ({present[0]}): influence on a one-class loss says nothing; "
+            "keep at least two classes (e.g. --classes 3,5)"
+        )
     memory = influence_memory_estimate(config, int(X_train.shape[1]), n_classes, n_train, n_test)  # fails early
     X_train, X_test = X_train.to(torch.float64), X_test.to(X_train.device, torch.float64)
     y_train, y_test = y_train.to(X_train.device).long(), y_test.to(X_train.device).long()

@@ -29,13 +29,15 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+import numbers
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Literal
 
 import torch
 from torch import nn
 
+from .atomic import StagedFiles
 from .errors import AuditError
 
 ARCHITECTURES = ("relu", "attn")
@@ -43,6 +45,29 @@ PARAMETRIZATIONS = ("ntk", "standard")
 INITS = ("standard", "antisymmetric")
 ATTN_SCALINGS = ("rms", "spectral", "none")
 SIDECAR_SCHEMA = "attnaudit.model/1"
+MAX_SIDECAR_BYTES = 1_000_000  # a genuine side-car is a few kB; refuse to read anything this large
+_WEIGHT_DTYPES = (torch.float32, torch.float64)
+# The range torch.Generator.manual_seed accepts.
+_TORCH_SEED_RANGE = (-(2**63), 2**64 - 1)
+
+
+def _clip(text: object, limit: int = 60) -> str:
+    try:
+        text = str(text)
+    except ValueError:  # an int of more than 4300 digits cannot be printed
+        text = f"<{type(text).__name__} too large to print>"
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def _show(value: object, limit: int = 60) -> str:
+    try:
+        return _clip(repr(value), limit)
+    except ValueError:
+        return f"<{type(value).__name__} too large to print>"
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -60,20 +85,30 @@ class ModelSpec:
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.arch not in ARCHITECTURES:
-            raise AuditError(f"unknown model {self.arch!r}; use one of {', '.join(ARCHITECTURES)}")
-        if self.parametrization not in PARAMETRIZATIONS:
-            raise AuditError(
-                f"unknown parametrization {self.parametrization!r}; use one of {', '.join(PARAMETRIZATIONS)}"
-            )
-        if self.init not in INITS:
-            raise AuditError(f"unknown init {self.init!r}; use one of {', '.join(INITS)}")
-        if self.attn_scaling not in ATTN_SCALINGS:
-            raise AuditError(
-                f"unknown attention scaling {self.attn_scaling!r}; use one of {', '.join(ATTN_SCALINGS)}"
-            )
+        for name, allowed, what in (
+            ("arch", ARCHITECTURES, "model"),
+            ("parametrization", PARAMETRIZATIONS, "parametrization"),
+            ("init", INITS, "init"),
+            ("attn_scaling", ATTN_SCALINGS, "attention scaling"),
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, str) or value not in allowed:
+                raise AuditError(f"unknown {what} {_show(value)}; use one of {', '.join(allowed)}")
+        for name in ("d_in", "width", "n_out", "seed"):
+            value = getattr(self, name)
+            if not _is_int(value):
+                raise AuditError(f"model {name} must be an integer, got {_show(value)} ({type(value).__name__})")
+            object.__setattr__(self, name, int(value))  # numpy ints would not survive json.dumps
         if self.width < 1 or self.d_in < 1 or self.n_out < 1:
-            raise AuditError("model sizes must be positive (width, input dimension, outputs)")
+            raise AuditError(
+                f"model sizes must be positive (width, input dimension, outputs), got width {_clip(self.width)}, "
+                f"d_in {_clip(self.d_in)}, n_out {_clip(self.n_out)}"
+            )
+        lo, hi = _TORCH_SEED_RANGE
+        if not lo <= self.seed <= hi:
+            raise AuditError(f"model seed must be an integer in {lo}..{hi}, got {_clip(self.seed)}")
+        if not isinstance(self.extra, dict):
+            raise AuditError(f"model extra must be a dict, got {type(self.extra).__name__}")
         if self.init == "antisymmetric" and self.width % 2:
             raise AuditError(f"antisymmetric init needs an even width, got {self.width}; pass an even width")
 
@@ -201,7 +236,13 @@ def training_data_mismatch(model: nn.Module, label: str, fingerprint: str) -> st
 
 
 def save_model(model: TwoLayerNet, path: str | Path, overwrite: bool = False, metadata: dict | None = None) -> Path:
-    """Write ``path`` (.safetensors) and ``path`` + ``.json`` side-car; refuse to overwrite unless asked."""
+    """Write ``path`` (.safetensors) and ``path`` + ``.json`` side-car; refuse to overwrite unless asked.
+
+    Both files are first written to temporary names in the same folder and only then
+    renamed into place (side-car first), so an interrupted save leaves the old files (or
+    none) rather than a truncated checkpoint, and the weights never appear without their
+    side-car.
+    """
     from safetensors.torch import save_file
 
     path = Path(path)
@@ -209,37 +250,138 @@ def save_model(model: TwoLayerNet, path: str | Path, overwrite: bool = False, me
     for target in (path, sidecar):
         if target.exists() and not overwrite:
             raise AuditError(f"{target} already exists; pass --overwrite or choose another path")
+    if not path.parent.is_dir():
+        raise AuditError(f"cannot save model {path}: folder {path.parent} does not exist; create it first")
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if v is not None}
-    save_file(tensors, str(path))
     side = {"schema": SIDECAR_SCHEMA, "spec": asdict(model.spec), "dtype": str(model.W.dtype).replace("torch.", "")}
     if metadata:
         side["metadata"] = metadata
-    sidecar.write_text(json.dumps(side, indent=2))
+    side_text = json.dumps(side, indent=2)
+    try:
+        with StagedFiles() as files:
+            files.stage(sidecar, lambda p: Path(p).write_text(side_text, encoding="utf-8"))
+            files.stage(path, lambda p: save_file(tensors, str(p)))
+            files.commit()
+    except OSError as exc:
+        raise AuditError(
+            f"cannot save model {path} ({type(exc).__name__}: {_clip(exc, 200)}); check the folder is writable "
+            "and has space"
+        ) from None
     return path
 
 
+def _bad_model(path: Path, problem: str) -> AuditError:
+    return AuditError(f"cannot load model {path}: {problem}; re-save it with attnaudit")
+
+
+def _read_sidecar(path: Path, sidecar: Path) -> tuple[ModelSpec, dict, str | None]:
+    """The side-car's spec, metadata and recorded dtype, each checked; AuditError otherwise."""
+    try:
+        size = sidecar.stat().st_size
+        if size > MAX_SIDECAR_BYTES:
+            raise _bad_model(path, f"side-car {sidecar.name} is {size} bytes, far more than a side-car holds "
+                                   f"(at most {MAX_SIDECAR_BYTES}); it is not an attnaudit side-car")
+        side = json.loads(sidecar.read_bytes().decode("utf-8"))
+    except AuditError:
+        raise
+    except UnicodeDecodeError:
+        raise _bad_model(path, f"side-car {sidecar.name} is not UTF-8 text") from None
+    except (ValueError, RecursionError) as exc:
+        raise _bad_model(path, f"side-car {sidecar.name} is not valid JSON ({_clip(exc, 120)})") from None
+    except OSError as exc:
+        raise _bad_model(path, f"cannot read side-car {sidecar.name} ({type(exc).__name__}: {_clip(exc, 120)})") from None
+    if not isinstance(side, dict):
+        raise _bad_model(path, f"side-car {sidecar.name} holds a JSON {type(side).__name__}, not an object")
+    if side.get("schema") != SIDECAR_SCHEMA:
+        raise _bad_model(path, f"side-car schema is {_show(side.get('schema'))}, expected {SIDECAR_SCHEMA!r}")
+    raw = side.get("spec")
+    if not isinstance(raw, dict):
+        raise _bad_model(path, f"side-car 'spec' must be an object, got {type(raw).__name__}")
+    known = [f.name for f in fields(ModelSpec)]
+    unknown = sorted(str(k) for k in raw if k not in known)
+    if unknown:
+        raise _bad_model(path, f"side-car spec has unknown field(s) {_clip(', '.join(unknown), 120)}")
+    missing = [k for k in ("arch", "d_in", "width", "n_out") if k not in raw]
+    if missing:
+        raise _bad_model(path, f"side-car spec lacks field(s) {', '.join(missing)}")
+    try:
+        spec = ModelSpec(**raw)
+    except AuditError as exc:
+        raise _bad_model(path, f"side-car spec is invalid ({exc})") from None
+    metadata = side.get("metadata")
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict):
+        raise _bad_model(path, f"side-car 'metadata' must be an object, got {type(metadata).__name__}")
+    dtype = side.get("dtype")
+    if dtype is not None and dtype not in ("float32", "float64"):
+        raise _bad_model(path, f"side-car dtype is {_show(dtype)}; expected 'float32' or 'float64'")
+    return spec, metadata, dtype
+
+
+def _check_tensors(path: Path, spec: ModelSpec, tensors: dict, recorded_dtype: str | None) -> torch.dtype:
+    """Names, dtypes, shapes and finiteness of the weights against the side-car's spec."""
+    m, d, c = spec.width, spec.d_in, spec.n_out
+    expected = {"W": (m, d), "a": (m, c)}
+    if spec.arch == "attn":
+        expected["context"] = (d, d)
+    missing = [k for k in expected if k not in tensors]
+    if missing:
+        raise _bad_model(path, f"the weights file has no tensor {', '.join(missing)} "
+                               f"(a {spec.arch} model holds {', '.join(expected)})")
+    extra = sorted(k for k in tensors if k not in expected)
+    if extra:
+        raise _bad_model(path, f"the weights file holds unexpected tensor(s) {_clip(', '.join(extra), 120)} "
+                               f"(a {spec.arch} model holds only {', '.join(expected)})")
+    for name in expected:
+        if tensors[name].dtype not in _WEIGHT_DTYPES:
+            raise _bad_model(path, f"tensor {name} has dtype {str(tensors[name].dtype).replace('torch.', '')}; "
+                                   "expected float32 or float64")
+    dtype = tensors["W"].dtype
+    for name in expected:
+        if tensors[name].dtype != dtype:
+            raise _bad_model(path, f"tensors W and {name} have different dtypes "
+                                   f"({str(dtype).replace('torch.', '')} and {str(tensors[name].dtype).replace('torch.', '')})")
+    if recorded_dtype is not None and recorded_dtype != str(dtype).replace("torch.", ""):
+        raise _bad_model(path, f"the side-car records dtype {recorded_dtype} but the tensors are "
+                               f"{str(dtype).replace('torch.', '')}")
+    for name, shape in expected.items():
+        got = tuple(tensors[name].shape)
+        if got != shape:
+            raise _bad_model(path, f"tensor {name} has shape {got} but the side-car spec (width {_clip(m)}, "
+                                   f"d_in {_clip(d)}, n_out {_clip(c)}) needs {_show(shape, 120)}; the two files "
+                                   "do not belong together")
+    for name in expected:
+        if not bool(torch.isfinite(tensors[name]).all()):
+            raise _bad_model(path, f"tensor {name} holds non-finite values (NaN or inf)")
+    return dtype
+
+
 def load_model(path: str | Path, device=None) -> TwoLayerNet:
-    """Load a model written by :func:`save_model` (weights + side-car)."""
+    """Load a model written by :func:`save_model` (weights + side-car), checking both files.
+
+    The side-car must be a JSON object with the attnaudit schema and a valid spec; the
+    weights must be exactly the tensors that spec implies (W, a, and context for attn), of
+    the right shapes, one float dtype, and finite. Anything else raises AuditError.
+    """
     from safetensors.torch import load_file
 
     path = Path(path)
     sidecar = path.with_suffix(path.suffix + ".json")
     if not path.exists():
-        raise AuditError(f"model file {path} not found; check the path")
+        raise AuditError(f"--model {path}: model file not found; check the path")
     if not sidecar.exists():
         raise AuditError(f"model side-car {sidecar} not found; save models with attnaudit so both files exist")
+    spec, metadata, recorded_dtype = _read_sidecar(path, sidecar)
     try:
-        side = json.loads(sidecar.read_text())
-        spec = ModelSpec(**side["spec"])
         tensors = load_file(str(path))
-    except AuditError:
-        raise
     except Exception as exc:  # noqa: BLE001 - any parse failure is the user's file
-        raise AuditError(f"cannot read model {path}: {exc.__class__.__name__}: {exc}; re-save it with attnaudit") from None
-    dtype = tensors["W"].dtype
+        raise _bad_model(path, f"the weights are not a readable .safetensors file ({type(exc).__name__}: "
+                               f"{_clip(' '.join(str(exc).split()), 160)})") from None
+    dtype = _check_tensors(path, spec, tensors, recorded_dtype)
     model = TwoLayerNet(spec, context=tensors.get("context"), dtype=dtype)
     model.load_state_dict(tensors)
-    model.metadata = dict(side.get("metadata") or {})
+    model.metadata = dict(metadata)
     if device is not None:
         model = model.to(device)
     return model

@@ -39,6 +39,7 @@ from typing import Callable, Sequence
 import torch
 
 from .errors import AuditError
+from .device import refuse_if_too_big
 from .models import ARCHITECTURES, ATTN_SCALINGS, INITS, PARAMETRIZATIONS, ModelSpec, TwoLayerNet, attention_context
 from .ntk import (
     PREDICTOR_MODES,
@@ -48,7 +49,7 @@ from .ntk import (
     entk_two_layer_blocks,
     kernel_gd_predict,
 )
-from .training import LOSSES, TrainConfig, accuracy, loss_value, one_hot_targets, train
+from .training import LOSSES, require_nonzero_inputs, TrainConfig, accuracy, loss_value, one_hot_targets, train
 
 SCHEMA = "attnaudit.ntk-distance/1"
 MODEL_LABELS = {"relu": "2L-ReLU", "attn": "MLP-Attn"}
@@ -416,6 +417,17 @@ ProgressFn = Callable[[], None]
 ModelHook = Callable[[str, int, int, TwoLayerNet], None]
 
 
+def cell_memory_bytes(width: int, n_train: int, n_test: int, d: int, n_classes: int, kernel_points: int | None = None) -> int:
+    """Peak bytes of one width-``width`` cell of the sweep, estimated before any compute.
+
+    Counts float64 copies of the parameters (network, initial and final states, gradients:
+    6 x m(d + c)), the training and test activations (4 n m + 2 n_test m) and the
+    kernel-movement features (4 kp m); the n x n kernels are shared by all widths and small.
+    """
+    m, kp = int(width), int(n_train if kernel_points is None else min(n_train, kernel_points))
+    return 8 * (6 * m * (d + n_classes) + (4 * n_train + 2 * n_test + 4 * kp) * m)
+
+
 def run_ntk_distance(
     X_train: torch.Tensor,
     y_train: torch.Tensor,
@@ -442,6 +454,19 @@ def run_ntk_distance(
         raise AuditError(f"need at least 2 training and 1 test points, got {n} and {X_test.shape[0]}")
     c = max(int(n_classes), int(y_train.max().item()) + 1, int(y_test.max().item()) + 1)
     device = X_train.device
+    require_nonzero_inputs(X_train)
+    present = torch.unique(y_train).tolist()
+    if len(present) < 2:
+        raise AuditError(
+            f"the training labels hold a single class ({present[0]}): a classifier's distance to its kernel "
+            "predictor says nothing with one class; keep at least two classes (e.g. --classes 3,5)"
+        )
+    widest = max(config.widths)
+    refuse_if_too_big(
+        cell_memory_bytes(widest, n, int(X_test.shape[0]), d, c, config.kernel_points), device,
+        f"one network of width {widest} (--widths) with its activations and kernel features",
+        "use smaller --widths, or fewer --n-train / --kernel-points",
+    )
     X = X_train.to(F64)
     Xt = X_test.to(device, F64)
     y, yt = y_train.to(device).long(), y_test.to(device).long()

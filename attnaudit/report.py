@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from . import __version__
+from .atomic import temp_path_for, write_text_atomic
 from .errors import AuditError
 
 
@@ -118,26 +119,47 @@ def dumps(payload: dict) -> str:
     return json.dumps(to_jsonable(payload), indent=2, allow_nan=False)
 
 
+def folder_problem(folder: Path) -> str | None:
+    """Why files cannot be created in ``folder`` (None when they can), found by trying.
+
+    Permission bits alone mislead (root ignores them; read-only mounts ignore them the
+    other way), so a probe file is created and removed.
+    """
+    if not folder.exists():
+        return f"folder {folder} does not exist; create it or choose another path"
+    if not folder.is_dir():
+        return f"{folder} is a file, not a folder; choose another path"
+    try:
+        probe = temp_path_for(folder / "probe")
+        probe.unlink()
+    except OSError as exc:
+        reason = exc.strerror or exc.__class__.__name__
+        return f"cannot write into folder {folder} ({reason}); choose a writable folder"
+    return None
+
+
 def check_target(path: str | Path, overwrite: bool) -> Path:
-    """Refuse to clobber a user's file unless ``overwrite``; make sure the parent folder exists."""
+    """Refuse to clobber a user's file unless ``overwrite``; the parent must be a writable folder."""
     target = Path(path)
     if target.is_dir():
         raise AuditError(f"{target} is a directory; give a file path")
     # Only regular files hold user data; devices and pipes (/dev/null, /dev/stdout) are fine.
     if target.is_file() and not overwrite:
         raise AuditError(f"{target} already exists; pass --overwrite or choose another path")
-    parent = target.parent
-    if not parent.exists():
-        raise AuditError(f"folder {parent} does not exist; create it or choose another path")
+    if target.exists() and not target.is_file():
+        return target
+    problem = folder_problem(target.parent)
+    if problem:
+        raise AuditError(problem)
     return target
 
 
 def write_json(payload: dict, path: str | Path, overwrite: bool = False) -> None:
-    """Write the report to ``path``; ``'-'`` writes to standard output (and nothing else should)."""
+    """Write the report to ``path`` atomically; ``'-'`` writes to standard output (and nothing else should)."""
     text = dumps(payload)
     if str(path) == "-":
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
         return
     target = check_target(path, overwrite)
-    target.write_text(text + "\n")
+    write_text_atomic(target, text + "\n")

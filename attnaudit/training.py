@@ -37,7 +37,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:
-            raise AuditError(f"unknown loss {self.loss!r}; use one of {', '.join(LOSSES)}")
+            raise AuditError(f"unknown --loss {self.loss!r}; use one of {', '.join(LOSSES)}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise AuditError(f"learning rate must be a positive number, got {self.lr}")
         if self.steps < 0:
@@ -101,8 +101,18 @@ def accuracy(outputs: torch.Tensor, y: torch.Tensor) -> float:
     return (outputs.argmax(1) == y.to(outputs.device)).double().mean().item()
 
 
+def require_nonzero_inputs(X: torch.Tensor) -> None:
+    """Refuse all-zero training inputs: a bias-free network's outputs and gradients are then all zero."""
+    if not bool(torch.any(X != 0)):
+        raise AuditError(
+            "the training inputs are all zero, so every network output and gradient is zero and there is nothing "
+            "to measure; check the data (and --preprocess: centering constant data gives zeros)"
+        )
+
+
 def train(model: nn.Module, X: torch.Tensor, y: torch.Tensor, config: TrainConfig) -> TrainResult:
     """Full-batch GD on (X, y) in place; returns the loss curve (loss before each step, then final)."""
+    require_nonzero_inputs(X)
     params = [p for p in model.parameters() if p.requires_grad]
     inputs, forward = X, model
     if getattr(model, "context", None) is not None and hasattr(model, "mlp"):

@@ -12,7 +12,7 @@ from attnaudit.errors import AuditError
 from attnaudit.models import ModelSpec, build_model
 from attnaudit.training import TrainConfig, per_sample_loss, train
 
-torch.set_default_dtype(torch.float64)
+F64 = torch.float64  # every tensor built here is float64 explicitly: no global default dtype
 
 
 @pytest.fixture(scope="module")
@@ -40,17 +40,22 @@ def test_perturbation_stays_in_ball_and_valid_range(trained, method, norm):
     size = delta.abs().amax(1) if norm == "linf" else delta.norm(dim=1)
     assert float(size.max()) <= eps * (1 + 1e-12)
     assert float(res.X_adv.min()) >= 0.0 and float(res.X_adv.max()) <= 1.0
-    assert res.radius_max == pytest.approx(float(size.max()))
     if method == "none":
         assert torch.equal(res.X_adv, X)
+        assert res.radius_max == 0.0 and res.radius_mean == 0.0
     else:
         assert res.radius_mean > 0
+    if norm == "linf" and method in ("fgsm", "pgd", "mim"):
+        # digits has pixels strictly inside (0, 1) far from both ends: each row moves one by the full eps
+        # (the reported radius by hand is checked in test_reported_radius_by_hand)
+        assert res.radius_max == pytest.approx(eps, rel=1e-12) and res.radius_mean == pytest.approx(eps, rel=1e-12)
 
 
 def test_random_control_radius_without_clipping(trained):
     nets, X, y = trained
     l2 = perturb(nets["relu"], X, y, AttackConfig(method="random", eps=1.5, norm="l2", seed=1))
-    torch.testing.assert_close((l2.X_adv - X).norm(dim=1), torch.full((len(X),), 1.5))  # on the sphere
+    torch.testing.assert_close((l2.X_adv - X).norm(dim=1), torch.full((len(X),), 1.5, dtype=F64))  # on the sphere
+    assert l2.radius_max == pytest.approx(1.5, rel=1e-12) and l2.radius_mean == pytest.approx(1.5, rel=1e-12)
     li = perturb(nets["relu"], X, y, AttackConfig(method="random", eps=0.2, norm="linf", seed=1))
     d = (li.X_adv - X).flatten()
     assert float(d.abs().max()) <= 0.2 and float(d.abs().max()) > 0.19  # fills the cube
@@ -77,9 +82,11 @@ def test_pgd_beats_random_and_fgsm(trained, arch, norm):
 
 
 def _linear_model():
-    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)  # local RNG: the global one is left alone
     lin = nn.Linear(5, 3, bias=False).double()
-    x = torch.rand(4, 5)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(3, 5, generator=gen, dtype=F64) / 5**0.5)
+    x = torch.rand(4, 5, generator=gen, dtype=F64)
     y = torch.tensor([0, 1, 2, 1])
     t = torch.nn.functional.one_hot(y, 3).double()
     return lin, x, y, t
@@ -102,6 +109,36 @@ def test_fgsm_and_pgd_steps_by_hand():
     d1 = 0.04 * g.sign()
     g2 = _grad_x(lin, x + d1, t)
     torch.testing.assert_close(pg.X_adv, x + (d1 + 0.04 * g2.sign()).clamp(-0.05, 0.05))
+
+
+def _identity_model():
+    lin = nn.Linear(3, 3, bias=False).double()
+    with torch.no_grad():
+        lin.weight.copy_(torch.eye(3, dtype=F64))  # f(x) = x: the MSE input gradient is x - onehot(y)
+    return lin
+
+
+def test_reported_radius_by_hand():
+    lin = _identity_model()
+    # L-inf FGSM, eps 0.3, clipped to [0, 1]; gradients x - onehot(y):
+    # row 0: (0.9, 0.95, -0.8)  -> x + 0.3 sign = (1.2, 1.25, -0.1) -> clip (1, 1, 0): |delta| = (0.1, 0.05, 0.2)
+    # row 1: (-0.95, 0.85, 0.9) -> (-0.25, 1.15, 1.2) -> clip (0, 1, 1): |delta| = (0.05, 0.15, 0.1)
+    x = torch.tensor([[0.9, 0.95, 0.2], [0.05, 0.85, 0.9]], dtype=F64)
+    y = torch.tensor([2, 0])
+    res = perturb(lin, x, y, AttackConfig(method="fgsm", eps=0.3, norm="linf", clip_min=0.0, clip_max=1.0))
+    assert res.radius_max == pytest.approx(0.2, rel=1e-12) and res.radius_mean == pytest.approx(0.175, rel=1e-12)
+    assert res.to_dict()["perturbation_norm_max"] == pytest.approx(0.2, rel=1e-12)
+    # L2 FGSM, eps 0.3, clipped: row 0 gradient (1, 1, -0.5), norm 1.5: step (0.2, 0.2, -0.1), the first two
+    # coordinates sit at 1 and stay, delta (0, 0, -0.1); row 1 gradient (0, -0.8, 0): step -0.3 from 0.2 is
+    # clipped at 0, delta (0, -0.2, 0)
+    x = torch.tensor([[1.0, 1.0, 0.5], [0.0, 0.2, 0.0]], dtype=F64)
+    y = torch.tensor([2, 1])
+    res = perturb(lin, x, y, AttackConfig(method="fgsm", eps=0.3, norm="l2", clip_min=0.0, clip_max=1.0))
+    assert res.radius_max == pytest.approx(0.2, rel=1e-12) and res.radius_mean == pytest.approx(0.15, rel=1e-12)
+    # without a valid range an L2 FGSM step has length exactly eps on every row
+    lin, x, y, _ = _linear_model()
+    res = perturb(lin, x, y, AttackConfig(method="fgsm", eps=0.05, norm="l2"))
+    assert res.radius_max == pytest.approx(0.05, rel=1e-12) and res.radius_mean == pytest.approx(0.05, rel=1e-12)
 
 
 def test_mim_momentum_by_hand():

@@ -7,8 +7,12 @@ reader is checked against the format definitions rather than against itself.
 from __future__ import annotations
 
 import gzip
+import os
 import pickle
 import struct
+import subprocess
+import warnings
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -17,10 +21,15 @@ import torch
 
 from attnaudit.data import (
     DATASETS,
+    MAX_CLASSES,
+    MAX_SEED,
     PREPROCESS,
     DataSpec,
     Dataset,
+    _clip,
+    _short_list,
     apply_preprocess,
+    check_seed,
     default_data_dir,
     holdout_split,
     load_dataset,
@@ -540,3 +549,280 @@ def test_real_mnist_test_split():
     assert round(float(ds.X.std(correction=0)), 5) == 0.31048
     with pytest.raises(AuditError, match="train split not found.*pass --split test.*--download"):
         load_dataset(DataSpec("mnist", data_dir=str(REAL_DATA), split="train"))
+
+
+# --------------------------------------------------------------------------- issue 8: hostile files, absurd values
+
+
+def py2_string(raw: bytes) -> bytes:
+    """A Python 2 ``str`` as pickle protocol 2 writes it: SHORT_BINSTRING or BINSTRING."""
+    if len(raw) < 256:
+        return b"U" + bytes([len(raw)]) + raw
+    return b"T" + struct.pack("<i", len(raw)) + raw
+
+
+def py2_int(value: int) -> bytes:
+    if 0 <= value < 256:
+        return b"K" + bytes([value])
+    if 0 <= value < 65536:
+        return b"M" + struct.pack("<H", value)
+    return b"J" + struct.pack("<i", value)
+
+
+def py2_cifar_batch(data: np.ndarray, labels: list[int]) -> bytes:
+    """A CIFAR-10 batch laid out opcode by opcode as Python 2 + numpy pickled the official files.
+
+    numpy's ndarray.__reduce__: _reconstruct(ndarray, (0,), 'b'), then BUILD with
+    (1, shape, dtype('u1', 0, 1) + its BUILD state, is_fortran=False, raw bytes).
+    """
+    n, d = data.shape
+    dtype = (b"cnumpy\ndtype\n" + py2_string(b"u1") + py2_int(0) + py2_int(1) + b"\x87R"
+             + b"(" + py2_int(3) + py2_string(b"|") + b"NNN" + b"J\xff\xff\xff\xff" * 2 + py2_int(0) + b"tb")
+    array = (b"cnumpy.core.multiarray\n_reconstruct\n" + b"cnumpy\nndarray\n" + py2_int(0) + b"\x85"
+             + py2_string(b"b") + b"\x87R" + b"(" + py2_int(1) + py2_int(n) + py2_int(d) + b"\x86" + dtype
+             + b"\x89" + py2_string(data.tobytes()) + b"tb")
+    label_list = b"](" + b"".join(py2_int(v) for v in labels) + b"e"
+    return (b"\x80\x02}(" + py2_string(b"batch_label") + py2_string(b"testing batch 1 of 1")
+            + py2_string(b"labels") + label_list + py2_string(b"data") + array
+            + py2_string(b"filenames") + b"](" + b"".join(py2_string(b"f%d.png" % i) for i in range(n)) + b"e"
+            + b"u.")
+
+
+def write_cifar_test_batch(root: Path, raw: bytes) -> None:
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(exist_ok=True)
+    (folder / "test_batch").write_bytes(raw)
+
+
+def load_cifar_test(root: Path) -> Dataset:
+    return load_dataset(DataSpec("cifar10", data_dir=str(root), split="test"))
+
+
+class _Payload:
+    """Unpickling this calls ``func(*args)``: what a crafted pickle does."""
+
+    def __init__(self, func, args):
+        self.func, self.args = func, args
+
+    def __reduce__(self):
+        return self.func, self.args
+
+
+def _hostile_payloads(marker: Path) -> dict[str, object]:
+    return {
+        "os.system": _Payload(os.system, (f"touch {marker}",)),
+        "open": _Payload(open, (str(marker), "w")),
+        "subprocess": _Payload(subprocess.call, (["touch", str(marker)],)),
+        "eval": _Payload(eval, (f"open({str(marker)!r}, 'w')",)),
+        "getattr": _Payload(getattr, ("text", "upper")),
+        "numpy.load": _Payload(np.load, (str(marker),)),
+    }
+
+
+@pytest.mark.parametrize("protocol", [0, 2, 4, 5])
+@pytest.mark.parametrize("kind", ["os.system", "open", "subprocess", "eval", "getattr", "numpy.load"])
+def test_hostile_cifar_batch_is_refused_without_running_code(tmp_path, protocol, kind):
+    marker = tmp_path / "marker"
+    payload = _hostile_payloads(marker)[kind]
+    data = np.zeros((1, 3072), np.uint8)
+    write_cifar_test_batch(tmp_path, pickle.dumps({b"data": data, b"labels": [1], b"x": payload}, protocol=protocol))
+    with pytest.raises(AuditError) as err:
+        load_cifar_test(tmp_path)
+    message = str(err.value)
+    assert message.startswith("refused: the CIFAR batch") and "asks to load" in message
+    assert "fetch the data again" in message and "\n" not in message
+    assert not marker.exists()
+
+
+def test_hostile_cifar_batch_names_the_global_it_asked_for(tmp_path):
+    marker = tmp_path / "marker"
+    write_cifar_test_batch(tmp_path, pickle.dumps(_Payload(os.system, (f"touch {marker}",)), protocol=2))
+    with pytest.raises(AuditError, match=r"asks to load (posix|nt|os)\.system, which a genuine CIFAR-10 batch"):
+        load_cifar_test(tmp_path)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("protocol", [0, 2, 3, 4, 5])
+def test_genuine_format_cifar_batch_still_loads(tmp_path, protocol):
+    data = np.random.default_rng(3).integers(0, 256, size=(3, 3072), dtype=np.uint8)
+    batch = {b"batch_label": b"testing batch 1 of 1", b"labels": [0, 9, 4], b"data": data,
+             b"filenames": [b"a.png", b"b.png", b"c.png"]}
+    write_cifar_test_batch(tmp_path, pickle.dumps(batch, protocol=protocol))
+    ds = load_cifar_test(tmp_path)
+    np.testing.assert_array_equal(ds.X.numpy(), data.astype(np.float64) / 255.0)
+    assert ds.y.tolist() == [0, 9, 4]
+
+
+def test_python2_cifar_batch_loads(tmp_path):
+    data = np.random.default_rng(4).integers(0, 256, size=(2, 3072), dtype=np.uint8)
+    write_cifar_test_batch(tmp_path, py2_cifar_batch(data, [3, 8]))
+    ds = load_cifar_test(tmp_path)
+    np.testing.assert_array_equal(ds.X.numpy(), data.astype(np.float64) / 255.0)
+    assert ds.y.tolist() == [3, 8] and ds.feature_shape == (3, 32, 32)
+    # pixel 0 of image 1 is byte 3072 of the data: channel-major layout kept
+    assert ds.X[1, 0].item() == data[1, 0] / 255.0
+
+
+@pytest.mark.parametrize("protocol", [2, 4])
+def test_object_and_structured_arrays_in_a_cifar_batch_are_refused(tmp_path, protocol):
+    data = np.zeros((1, 3072), np.uint8)
+    for extra in (np.array([1, "two", None], dtype=object), np.zeros(2, dtype=[("f", "O")])):
+        write_cifar_test_batch(tmp_path, pickle.dumps({b"data": data, b"labels": [1], b"x": extra}, protocol=protocol))
+        with pytest.raises(AuditError, match="refused: the CIFAR batch .*dtype"):
+            load_cifar_test(tmp_path)
+    objects = np.empty((1, 3072), dtype=object)
+    objects[:] = 0
+    write_cifar_test_batch(tmp_path, pickle.dumps({b"data": objects, b"labels": [1]}, protocol=protocol))
+    with pytest.raises(AuditError, match="refused"):
+        load_cifar_test(tmp_path)
+
+
+def test_non_uint8_cifar_data_is_refused(tmp_path):
+    for data in (np.zeros((1, 3072), np.float64), np.zeros((1, 3072), np.int64), np.zeros((1, 100), np.uint8)):
+        write_cifar_test_batch(tmp_path, pickle.dumps({b"data": data, b"labels": [1]}, protocol=2))
+        with pytest.raises(AuditError, match=r"expected uint8 data of shape \(k, 3072\)"):
+            load_cifar_test(tmp_path)
+    write_cifar_test_batch(tmp_path, pickle.dumps({b"data": np.zeros((1, 3072), np.uint8), b"labels": [10**30]}))
+    with pytest.raises(AuditError, match="labels"):
+        load_cifar_test(tmp_path)
+    write_cifar_test_batch(tmp_path, pickle.dumps([1, 2, 3]))
+    with pytest.raises(AuditError, match="not a CIFAR-10 batch"):
+        load_cifar_test(tmp_path)
+
+
+def test_data_module_never_calls_plain_unpickling():
+    import attnaudit.data as data_module
+
+    source = Path(data_module.__file__).read_text()
+    assert "pickle.load(" not in source and "pickle.loads(" not in source
+    assert "trusted" not in source
+
+
+def _evil_pth_files(tmp_path: Path, marker: Path) -> dict[str, Path]:
+    files = {}
+    legacy = tmp_path / "legacy.pth"
+    legacy.write_bytes(pickle.dumps(_Payload(os.system, (f"touch {marker}",)), protocol=4))
+    files["legacy pickle"] = legacy
+    noise = tmp_path / "noise.pth"
+    noise.write_bytes(np.random.default_rng(0).integers(0, 256, 300, dtype=np.uint8).tobytes())
+    files["random bytes"] = noise
+    good = tmp_path / "good.pth"
+    torch.save({"X": torch.zeros(3, 2)}, good)
+    evil_zip = tmp_path / "evilzip.pth"
+    with zipfile.ZipFile(good) as src, zipfile.ZipFile(evil_zip, "w") as dst:
+        for name in src.namelist():
+            body = src.read(name)
+            if name.endswith("data.pkl"):
+                body = pickle.dumps(_Payload(os.system, (f"touch {marker}",)), protocol=2)
+            dst.writestr(name, body)
+    files["zip with hostile data.pkl"] = evil_zip
+    return files
+
+
+def test_hostile_pth_files_give_one_quiet_line(tmp_path):
+    marker = tmp_path / "marker"
+    for what, path in _evil_pth_files(tmp_path, marker).items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(AuditError) as err:
+                load_dataset(DataSpec(data=str(path)))
+        message = str(err.value)
+        assert caught == [], (what, [str(w.message) for w in caught])
+        assert "\n" not in message and len(message) < 400, (what, message)
+        assert message.startswith(f"cannot read {path}") and "weights_only=True" in message
+        # torch's advice to retry with weights_only=False would run the file's code
+        assert "set to `False`" not in message and "will likely succeed" not in message
+    assert not marker.exists()
+
+
+def test_seed_range():
+    assert MAX_SEED == 4294967295
+    for bad in (-1, 2**70, MAX_SEED + 1, 1.5, "3", True):
+        with pytest.raises(AuditError, match=r"--seed must be an integer in 0\.\.4294967295, got"):
+            DataSpec(seed=bad)
+    assert DataSpec(seed=0).seed == 0 and DataSpec(seed=MAX_SEED).seed == 4294967295
+    check_seed(4294967293, count=3)
+    with pytest.raises(AuditError, match=r"^--seeds-first must be an integer in 0\.\.4294967292, got 4294967293$"):
+        check_seed(4294967293, option="--seeds-first", count=4)
+    with pytest.raises(AuditError, match="-1"):
+        check_seed(-1)
+    # ints beyond 4300 digits cannot even be printed by Python: still one short AuditError
+    for bad in (10**5000, -(10**5000)):
+        with pytest.raises(AuditError, match="--seed must be an integer") as err:
+            check_seed(bad)
+        assert len(str(err.value)) < 120
+    with pytest.raises(AuditError, match="--classes"):
+        DataSpec(classes=(10**5000,))
+
+
+def test_extreme_seeds_load_and_split(tmp_path):
+    path = npz_file(tmp_path, with_row_ids(30), np.arange(30) % 3)
+    ds = load_dataset(DataSpec(data=path, n=10, seed=MAX_SEED))
+    assert ds.n == 10 and ds.info["seed"] == 4294967295
+    train, test = holdout_split(ds, 4, 3, seed=MAX_SEED)
+    assert train.n == 4 and test.n == 3
+    for bad in (-1, 2**70):
+        with pytest.raises(AuditError, match="seed"):
+            holdout_split(ds, 4, 3, seed=bad)
+
+
+@pytest.mark.parametrize(
+    "y, shown",
+    [
+        (np.array([0, 1, 1e12, 1]), "1000000000000"),
+        (np.array([0, 1, 10**12, 1], dtype=np.int64), "1000000000000"),
+        (np.array([0, 1, 2**63 + 5, 1], dtype=np.uint64), "9223372036854775813"),
+        (np.array([0, 1, 1e30, 1]), "1000000000000000019884624838656"),
+        (np.array([0, 1, 100000, 1]), "100000"),
+    ],
+)
+def test_absurd_labels_refused(tmp_path, y, shown):
+    with pytest.raises(AuditError) as err:
+        load_dataset(DataSpec(data=npz_file(tmp_path, np.zeros((4, 2)), y)))
+    message = str(err.value)
+    assert "K <= 100000" in message and f"found label {shown} at row 2" in message and "remap" in message
+
+
+def test_largest_allowed_label_and_csv_label_cap(tmp_path):
+    ds = load_dataset(DataSpec(data=npz_file(tmp_path, np.zeros((3, 2)), np.array([0, 99999, 5]))))
+    assert ds.n_classes == 100000 and MAX_CLASSES == 100000
+    (tmp_path / "big.csv").write_text("a,label\n0.5,0\n0.25,1000000000000\n")
+    with pytest.raises(AuditError, match="found label 1000000000000 at row 1"):
+        load_dataset(DataSpec(data=str(tmp_path / "big.csv")))
+
+
+def test_huge_class_ranges_and_long_text_give_short_messages():
+    for text in ("0-1000000", "5-99999999999999999999", "0-100000", "100000", "0," * 5000 + "x", "9" * 6000):
+        with pytest.raises(AuditError, match="--classes") as err:
+            parse_classes(text)
+        assert len(str(err.value)) < 300, (text[:20], len(str(err.value)))
+    assert parse_classes("0-99999") == tuple(range(100000))
+    with pytest.raises(AuditError, match="--classes"):
+        DataSpec(classes=(1, 10**30))
+
+
+def test_label_lists_in_messages_are_capped(tmp_path):
+    y = np.arange(50)
+    path = npz_file(tmp_path, np.zeros((50, 2)), y)
+    with pytest.raises(AuditError) as err:
+        load_dataset(DataSpec(data=path, classes=tuple(range(60, 90))))
+    message = str(err.value)
+    assert "label(s) 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, \u2026 (20 more) not present" in message
+    assert "labels present: 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, \u2026 (40 more)" in message
+    assert len(message) < 300
+
+
+def test_short_list_and_clip():
+    assert _short_list([1, 2, 3]) == "1, 2, 3"
+    assert _short_list(range(10)) == "0, 1, 2, 3, 4, 5, 6, 7, 8, 9"
+    assert _short_list(range(12)) == "0, 1, 2, 3, 4, 5, 6, 7, 8, 9, \u2026 (2 more)"
+    assert _short_list(range(4), limit=2, sep=",") == "0,1,\u2026 (2 more)"
+    assert _clip("abc") == "abc" and _clip("x" * 80) == "x" * 80
+    assert _clip("x" * 81) == "x" * 79 + "\u2026" and len(_clip("y" * 10**6)) == 80
+
+
+def test_long_user_text_is_clipped_in_spec_errors():
+    for kwargs in ({"dataset": "z" * 10**5}, {"split": "z" * 10**5}, {"preprocess": "z" * 10**5}):
+        with pytest.raises(AuditError) as err:
+            DataSpec(**kwargs)
+        assert len(str(err.value)) < 300

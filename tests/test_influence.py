@@ -26,7 +26,7 @@ from attnaudit.influence import (
 from attnaudit.models import ModelSpec, build_model
 from attnaudit.training import TrainConfig, train
 
-torch.set_default_dtype(torch.float64)
+F64 = torch.float64  # every tensor built here is float64 explicitly: no global default dtype
 
 
 def _blobs(n, d, c, seed, spread=1.2):
@@ -263,7 +263,7 @@ def test_tracin_matches_autograd_loop():
     from attnaudit.training import per_sample_loss
 
     work = copy.deepcopy(net)
-    expected = torch.zeros(len(X), len(Xt))
+    expected = torch.zeros(len(X), len(Xt), dtype=F64)
     for ckpt, w in zip(tr.checkpoints, weights):
         work.load_state_dict({**work.state_dict(), **ckpt})
 
@@ -328,8 +328,8 @@ def test_batched_cg_against_numpy_and_negative_curvature():
     ref = np.linalg.solve(A.numpy(), B.numpy().T).T
     np.testing.assert_allclose(Xs.numpy(), ref, rtol=1e-8, atol=1e-10)
     assert diag["converged"] and not diag["negative_curvature"]
-    indefinite = torch.diag(torch.tensor([1.0, -1.0, 2.0]))
-    _, bad = batched_cg(lambda V: V @ indefinite, torch.tensor([[1.0, 1.0, 1.0]]), 1e-10, 10)
+    indefinite = torch.diag(torch.tensor([1.0, -1.0, 2.0], dtype=F64))
+    _, bad = batched_cg(lambda V: V @ indefinite, torch.tensor([[1.0, 1.0, 1.0]], dtype=F64), 1e-10, 10)
     assert bad["negative_curvature"] and not bad["converged"]
 
 

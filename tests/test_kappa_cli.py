@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,19 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 HAS_MNIST = (SHARED / "MNIST" / "raw" / "t10k-images-idx3-ubyte.gz").exists()
 runner = CliRunner()
+
+
+def _mnist_subset(n: int, seed: int) -> np.ndarray:
+    """The rows `kappa --dataset mnist --split test --n n --seed seed` analyses (same loader)."""
+    from attnaudit.data import DataSpec, load_dataset
+
+    ds = load_dataset(DataSpec(dataset="mnist", split="test", data_dir=str(SHARED), n=n, seed=seed))
+    return ds.X.double().numpy()
+
+
+def _gram_spectrum(X: np.ndarray) -> np.ndarray:
+    """Eigenvalues of G = X X^T by numpy, largest first (independent of attnaudit.spectral)."""
+    return np.linalg.eigvalsh(X @ X.T)[::-1]
 
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -40,8 +54,13 @@ def test_json_to_stdout_is_the_only_stdout(tmp_path):
     payload = json.loads(proc.stdout)  # fails if anything else was printed to stdout
     assert payload["schema"] == "attnaudit.kappa/1"
     assert payload["seeds"]["subset_seeds"] == [0]
-    assert payload["environment"]["torch"]
-    assert "analysis" in payload["timings_s"]
+    assert payload["results"]["gram"]["n"] == 300 and payload["results"]["gram"]["d"] == 64
+    import torch
+
+    assert payload["environment"]["torch"] == torch.__version__  # the interpreter that ran it is this one
+    t = payload["timings_s"]
+    assert set(t) == {"load", "analysis", "total"}
+    assert min(t.values()) >= 0 and t["total"] >= t["load"] + t["analysis"]  # total covers both
 
 
 @pytest.mark.skipif(not HAS_MNIST, reason="../shared/data/MNIST not present")
@@ -53,12 +72,26 @@ def test_real_mnist_sweep_json_has_finite_kappa_and_width():
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
     res = payload["results"]
-    assert res["gram"]["numerical_rank"] == 128
-    assert res["gram"]["kappa_d"] is not None and np.isfinite(res["gram"]["kappa_d"])
-    assert res["width_estimates"][0]["log10_required_width"] > 5
+    # independent: numpy eigenvalues of the Gram of each subset (seeds 0, 1, 2), full rank at n = 128
+    kappas = []
+    for seed in (0, 1, 2):
+        lam = _gram_spectrum(_mnist_subset(128, seed))
+        assert lam[-1] > 1e-6 * lam[0]  # well clear of the rank tolerance: kappa is finite and stable
+        kappas.append(lam[0] / lam[-1])
+    assert res["gram"]["numerical_rank"] == 128 and res["gram"]["rank_deficient"] is False
+    assert res["gram"]["kappa_d"] == pytest.approx(kappas[0], rel=1e-8)
+    assert res["gram"]["kappa_at_numerical_rank"] == pytest.approx(kappas[0], rel=1e-8)
+    # required width m = kappa^6 n ln n (about 1e25 here), and kappa^18 n ln n for MLP-Attn
+    n = 128
+    widths = {w["label"].split(":")[0]: w for w in res["width_estimates"]}
+    relu = widths["2L-ReLU"]
+    assert relu["log10_required_width"] == pytest.approx(math.log10(kappas[0] ** 6 * n * math.log(n)), abs=1e-7)
+    assert relu["orders_of_magnitude_beyond_reference"] == pytest.approx(math.log10(kappas[0] ** 6 * n * math.log(n) / 1e5), abs=1e-7)
+    attn = widths["MLP-Attn"]
+    assert attn["log10_required_width"] == pytest.approx(math.log10(kappas[0] ** 18 * n * math.log(n)), abs=1e-7)
     cells = res["sweep"]["cells"]
-    assert len(cells) == 3 and all(c["kappa_d"] is not None for c in cells)
-    assert len({c["kappa_d"] for c in cells}) == 3  # three different subsets
+    assert [c["seed"] for c in cells] == [0, 1, 2]
+    np.testing.assert_allclose([c["kappa_d"] for c in cells], kappas, rtol=1e-8)
     assert res["amplification_check"]["verdict"] == "verified"
 
 
@@ -73,7 +106,12 @@ def test_real_mnist_n1000_reports_rank_deficiency_not_noise():
     assert gram["kappa_d"] is None and gram["kappa_d_is_infinite"] is True
     # shared/data/README.md: "a random subset of 1,000 images has numerical rank about 570 of 784"
     assert 540 <= gram["numerical_rank"] <= 600
-    assert gram["kappa_at_numerical_rank"] > 0
+    # independent: numpy spectrum, rank = eigenvalues above max(n, d) eps lambda_1 (the documented rule)
+    lam = _gram_spectrum(_mnist_subset(1000, 0))
+    rank = int((lam > 1000 * np.finfo(np.float64).eps * lam[0]).sum())
+    assert gram["numerical_rank"] == rank
+    # lambda_r is about 1e-11 lambda_1: float64 pins it to a relative 1e-16 x 1e11
+    assert gram["kappa_at_numerical_rank"] == pytest.approx(lam[0] / lam[rank - 1], rel=1e-4)
 
 
 def test_outputs_written_and_not_overwritten(tmp_path):
@@ -103,26 +141,26 @@ def test_user_file_with_centering_detects_lost_rank(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "args,needle",
+    "args,needles",
     [
-        (["--dataset", "imagenet"], "unknown"),
-        (["--dataset", "mnist", "--data-dir", "/nonexistent/x"], "--download"),
-        (["--n", "abc"], "--n"),
-        (["--n", "0"], "--n"),
-        (["--seeds", "0"], "--seeds"),
-        (["--rank-tol", "5"], "--rank-tol"),
-        (["--data", "/nonexistent/file.npz"], "file.npz"),
-        (["--device", "tpu"], "--device"),
-        (["--png", "/tmp/x.jpg"], ".png"),
+        (["--dataset", "imagenet"], ["--dataset", "imagenet", "unknown"]),
+        (["--dataset", "mnist", "--data-dir", "/nonexistent/x"], ["--data-dir", "/nonexistent/x", "--download"]),
+        (["--n", "abc"], ["--n", "'abc'"]),
+        (["--n", "0"], ["--n"]),
+        (["--seeds", "0"], ["--seeds"]),
+        (["--rank-tol", "5"], ["--rank-tol"]),
+        (["--data", "/nonexistent/file.npz"], ["--data", "/nonexistent/file.npz"]),
+        (["--device", "tpu"], ["--device", "tpu"]),
+        (["--png", "/tmp/x.jpg"], ["--png", "/tmp/x.jpg", ".png"]),
     ],
 )
-def test_bad_input_exits_2_with_one_line(args, needle):
+def test_bad_input_exits_2_with_one_line(args, needles):
     result = runner.invoke(app, ["kappa", *args])
     assert result.exit_code == 2, result.output
     text = result.output.strip()
-    assert needle in text
-    assert "Traceback" not in text
-    assert len(text.splitlines()) <= 2  # one message (rich may wrap a long line once)
+    assert "Traceback" not in text and len(text.splitlines()) == 1, text  # one message line
+    for needle in needles:  # it names the offending flag (and value)
+        assert needle in text, text
 
 
 def test_nan_file_is_a_clear_error_in_a_subprocess(tmp_path):

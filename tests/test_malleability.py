@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import typer
+from scipy import stats
 from typer.testing import CliRunner
 
+from attnaudit.attacks import AttackConfig, perturb
 from attnaudit.errors import AuditError
 from attnaudit.malleability import (
     MalleabilityConfig,
@@ -31,7 +32,6 @@ from attnaudit.models import ModelSpec, build_model
 from attnaudit.report import dumps
 from attnaudit.training import TrainConfig, train
 
-torch.set_default_dtype(torch.float64)
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 HAS_MNIST = (SHARED / "MNIST" / "raw" / "t10k-images-idx3-ubyte.gz").exists()
@@ -68,16 +68,59 @@ def test_stability_measures_by_hand():
 
 def test_summaries_and_ratio():
     vals = [0.1, 0.3, 0.2]
-    s = summarize(vals, 1000, 0.95)
-    assert s["mean"] == pytest.approx(0.2) and s["std"] == pytest.approx(np.std(vals, ddof=1))
-    assert 0.1 <= s["ci_low"] <= s["mean"] <= s["ci_high"] <= 0.3
-    assert summarize(vals, 1000, 0.95) == s  # deterministic bootstrap
+    s = summarize(vals, 20000, 0.90)
+    assert s["mean"] == pytest.approx(0.2) and s["std"] == pytest.approx(0.1)
+    # all 27 equally likely resamples of 3 values, enumerated: the mean is 0.1 with probability 1/27,
+    # (0.1 + 0.1 + 0.2) / 3 with 3/27. The 5% quantile is that second atom, the 95% its mirror image;
+    # the 2.5% quantile lies in the first atom (1/27 > 2.5%)
+    assert s["ci_low"] == pytest.approx(0.4 / 3, rel=1e-12) and s["ci_high"] == pytest.approx(0.8 / 3, rel=1e-12)
+    s95 = summarize(vals, 20000, 0.95)
+    assert s95["ci_low"] == pytest.approx(0.1, rel=1e-12) and s95["ci_high"] == pytest.approx(0.3, rel=1e-12)
+    assert summarize(vals, 20000, 0.90) == s  # deterministic bootstrap
     one = summarize([0.4], 1000, 0.95)
     assert one["std"] is None and one["ci_low"] == one["ci_high"] == 0.4
+    # two paired seeds: resampled ratios 2 (both first), 4 (both second), 3 (mixed), probabilities 1/4, 1/4, 1/2
     r = ratio_summary([0.2, 0.4], [0.1, 0.1], 1000, 0.95)
     assert r["ratio"] == pytest.approx(3.0) and r["ci_low"] == pytest.approx(2.0) and r["ci_high"] == pytest.approx(4.0)
     zero = ratio_summary([0.2, 0.4], [0.0, 0.0], 1000, 0.95)
     assert zero["ratio"] is None and zero["undefined_resamples"] == 1000
+
+
+@pytest.mark.parametrize("confidence", [0.95, 0.8])
+def test_bootstrap_interval_of_a_bernoulli_sample_is_the_binomial_quantile(confidence):
+    # resampled means of a 0/1 sample with k ones out of n are exactly Binomial(n, k/n) / n: the
+    # percentile interval is a pair of binomial quantiles (scipy), up to one lattice step (1/n) and
+    # the Monte Carlo error of 10,000 resamples (about 0.0006 here)
+    n, k = 500, 150
+    sample = np.r_[np.ones(k), np.zeros(n - k)]
+    s = summarize(sample, 10000, confidence)
+    alpha = (1 - confidence) / 2
+    lo, hi = stats.binom.ppf([alpha, 1 - alpha], n, k / n) / n
+    assert s["mean"] == pytest.approx(0.3) and s["n"] == n
+    assert s["ci_low"] == pytest.approx(lo, abs=1 / n + 0.002)
+    assert s["ci_high"] == pytest.approx(hi, abs=1 / n + 0.002)
+    # and close to the normal approximation p +- z sqrt(p (1 - p) / n)
+    half = stats.norm.ppf(1 - alpha) * np.sqrt(0.3 * 0.7 / n)
+    assert s["ci_low"] == pytest.approx(0.3 - half, abs=0.006) and s["ci_high"] == pytest.approx(0.3 + half, abs=0.006)
+
+
+def test_ratio_interval_matches_an_independent_paired_bootstrap():
+    # numerator ~ 2 x denominator seed by seed: resampling seeds in pairs gives a narrow interval
+    # around 2; a bootstrap that broke the pairing would give roughly [1.35, 2.9]
+    rng = np.random.default_rng(5)
+    den = rng.uniform(0.1, 0.5, 12)
+    num = 2 * den + rng.normal(0, 0.02, 12)
+    r = ratio_summary(num, den, 20000, 0.95)
+    assert r["ratio"] == pytest.approx(num.sum() / den.sum(), rel=1e-12) and r["n"] == 12
+    # percentile bootstrap written out here, with its own generator
+    idx = np.random.default_rng(12345).integers(0, 12, size=(40000, 12))
+    ref = np.percentile(num[idx].mean(1) / den[idx].mean(1), [2.5, 97.5])
+    assert r["ci_low"] == pytest.approx(ref[0], abs=0.002) and r["ci_high"] == pytest.approx(ref[1], abs=0.002)
+    assert ref[1] - ref[0] < 0.1  # the tolerance is small against the interval itself
+    # resamples with a zero mean denominator are dropped and counted: P(all 3 draws hit a zero) = (2/3)^3
+    some_zero = ratio_summary([0.2, 0.3, 0.4], [0.0, 0.0, 0.1], 20000, 0.95)
+    p = (2 / 3) ** 3
+    assert abs(some_zero["undefined_resamples"] - 20000 * p) < 4 * np.sqrt(20000 * p * (1 - p))
 
 
 # ---------------------------------------------------------------- protocol on small data
@@ -140,9 +183,21 @@ def test_attn_context_option_changes_the_retrained_model(digits):
     for ctx in ("perturbed", "clean"):
         cfg = MalleabilityConfig(models=("attn",), attacks=("pgd",), seeds=(0,), controls=False, attn_context=ctx, **SMALL)
         out[ctx] = run_malleability(X, y, Xt, yt, 10, cfg, value_range=(0.0, 1.0))
-    a = [t["final_loss"] for t in out["perturbed"].training if t["role"] != "clean"]
-    b = [t["final_loss"] for t in out["clean"].training if t["role"] != "clean"]
-    assert a != b  # a different attention context is a different model
+    # the protocol written out by hand: train on clean data, attack it (PGD, eps 0.3, 3 steps, seed 0,
+    # clipped to [0, 1]), retrain from the same seed on the attacked data with the attention context
+    # taken from the attacked (default) or the clean inputs
+    spec = ModelSpec("attn", 64, 8, 10, seed=0)
+    recipe = TrainConfig(lr=2.0, steps=25)
+    clean = build_model(spec, X)
+    clean_loss = train(clean, X, y, recipe).final_loss
+    X_adv = perturb(clean, X, y, AttackConfig(method="pgd", eps=0.3, steps=3, clip_min=0.0, clip_max=1.0, seed=0)).X_adv
+    expected = {}
+    for ctx, context in (("perturbed", X_adv), ("clean", X)):
+        expected[ctx] = train(build_model(spec, context), X_adv, y, recipe).final_loss
+        rows = {t["role"]: t["final_loss"] for t in out[ctx].training}
+        assert rows == {"clean": pytest.approx(clean_loss, rel=1e-10), "pgd@0.3": pytest.approx(expected[ctx], rel=1e-10)}
+    # a different attention context is a different model, by more than the tolerance above
+    assert abs(expected["perturbed"] - expected["clean"]) > 1e-6 * expected["clean"]
 
 
 def test_match_loss_stops_training_and_reports(digits):
@@ -187,25 +242,18 @@ def test_top_k_above_n_train_rejected(digits):
 
 
 # ---------------------------------------------------------------- the command
-def _app() -> typer.Typer:
+@pytest.fixture
+def app():
+    """The real CLI app (attnaudit/cli.py registers every command); never modified here."""
     from attnaudit.cli import app
 
-    if any(c.name == "malleability" for c in app.registered_commands):
-        return app
-    # Not yet wired into cli.py: exercise the same command on a private app.
-    from attnaudit.commands import malleability
-
-    local = typer.Typer()
-    local.callback()(lambda: None)
-    malleability.register(local)
-    return local
+    return app
 
 
 TINY = ["--n-train", "50", "--n-test", "20", "--width", "8", "--steps", "20", "--top-k", "10", "--pgd-steps", "3", "--seeds", "2"]
 
 
-def test_cli_json_and_exit_codes(tmp_path):
-    app = _app()
+def test_cli_json_and_exit_codes(app, tmp_path):
     ok = runner.invoke(app, ["malleability", *TINY, "--attacks", "pgd,random", "--json", "-", "--quiet"])
     assert ok.exit_code == 0, ok.output
     payload = json.loads(ok.stdout)
@@ -225,19 +273,24 @@ def test_cli_json_and_exit_codes(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "args",
-    [["--attacks", "pgd,cw"], ["--eps", "0"], ["--eps", "a,b"], ["--models", "relu,bert"], ["--max-flip-rate", "2"],
-     ["--estimator", "newton"], ["--protocol", "replay"], ["--preset", "huge"], ["--n-train", "5000"], ["--top-k", "500"],
-     ["--damping", "-1"], ["--norm", "l3"], ["--seeds", "0"]],
+    "args,needles",
+    [(["--attacks", "pgd,cw"], ["--attacks", "cw"]), (["--eps", "0"], ["--eps"]), (["--eps", "a,b"], ["--eps", "'a'"]),
+     (["--models", "relu,bert"], ["--models", "bert"]), (["--max-flip-rate", "2"], ["--max-flip-rate"]),
+     (["--estimator", "newton"], ["--estimator", "newton"]), (["--protocol", "replay"], ["--protocol", "replay"]),
+     (["--preset", "huge"], ["--preset", "huge"]), (["--n-train", "5000"], ["--n-train", "5000"]),
+     (["--top-k", "500"], ["--top-k", "500"]), (["--damping", "-1"], ["--damping"]), (["--norm", "l3"], ["--norm", "l3"]),
+     (["--seeds", "0"], ["--seeds"])],
 )
-def test_cli_bad_options_exit_2(args):
-    result = runner.invoke(_app(), ["malleability", *TINY, "--quiet", *args])
+def test_cli_bad_options_exit_2(app, args, needles):
+    result = runner.invoke(app, ["malleability", *TINY, "--quiet", *args])
     assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output
+    text = result.output.strip()
+    assert "Traceback" not in text and len(text.splitlines()) == 1, text  # one message line
+    for needle in needles:  # it names the offending flag (and value)
+        assert needle in text, text
 
 
-def test_cli_files_and_refusal_to_overwrite(tmp_path):
-    app = _app()
+def test_cli_files_and_refusal_to_overwrite(app, tmp_path):
     args = ["malleability", *TINY, "--attacks", "fgsm", "--out-dir", str(tmp_path), "--quiet", "--estimator", "cg", "--norm", "l2", "--eps", "1.0"]
     first = runner.invoke(app, args)
     assert first.exit_code == 0, first.output
@@ -259,9 +312,9 @@ def test_cli_subprocess_table():
 
 
 @pytest.mark.skipif(not HAS_MNIST, reason="../shared/data/MNIST not present")
-def test_cli_real_mnist_small():
+def test_cli_real_mnist_small(app):
     result = runner.invoke(
-        _app(),
+        app,
         ["malleability", "--dataset", "mnist", "--split", "test", "--data-dir", str(SHARED), "--n-train", "80", "--n-test", "40",
          "--width", "8", "--steps", "15", "--top-k", "10", "--pgd-steps", "3", "--seeds", "1", "--attacks", "pgd,random",
          "--no-controls", "--json", "-", "--quiet"],
@@ -297,13 +350,10 @@ def test_exact_over_budget_fails_before_training(digits):
         run_malleability(X, y, Xt, yt, 10, cfg, value_range=(0.0, 1.0), progress=lambda k=1: pytest.fail("trained first"))
 
 
-def test_cli_audits_a_saved_checkpoint_statically(tmp_path):
+def test_cli_audits_a_saved_checkpoint_statically(app, tmp_path):
     """--model: a user's trained model is audited as it is (static protocol, no retraining)."""
     import json as _json
 
-    from typer.testing import CliRunner
-
-    from attnaudit.cli import app
     from attnaudit.data import DataSpec, load_dataset
     from attnaudit.models import ModelSpec, build_model, save_model
 
@@ -313,7 +363,6 @@ def test_cli_audits_a_saved_checkpoint_statically(tmp_path):
     path = tmp_path / "relu.safetensors"
     save_model(model, path)
     weights_before = model.W.detach().clone()
-    runner = CliRunner()
     args = ["malleability", "--model", str(path), "--attacks", "pgd", "--seeds", "2", "--n-train", "60", "--n-test", "20",
             "--top-k", "10", "--pgd-steps", "3", "--json", "-"]
     res = runner.invoke(app, args)

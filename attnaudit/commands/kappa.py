@@ -113,7 +113,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Gram spectrum, condition numbers, linearized-attention amplification and NTK width scale."""
         from ..device import resolve_device
-        from ..data import load_dataset
+        from ..data import check_seed, load_dataset
         from ..kappa import SCHEMA, KappaConfig, analyse_kappa, plot_kappa, summarise_sweep, sweep_cell
         from ..report import build_report
 
@@ -124,6 +124,9 @@ def register(app: typer.Typer) -> None:
             ns = parse_list(n, int, "--n") if n is not None else [None]
             if any(v is not None and v < 1 for v in ns):
                 raise AuditError("--n values must be positive integers")
+            if len(set(ns)) != len(ns):
+                raise AuditError("a value is listed twice in --n; list each subset size once")
+            check_seed(seed, "--seed", count=seeds)
             config = KappaConfig(rank_tol=rank_tol, direct_check=direct_check)
             dev = resolve_device(device)
             opts.check_writable(("kappa.png",))

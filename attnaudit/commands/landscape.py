@@ -98,7 +98,7 @@ def register(app: typer.Typer) -> None:
         debug: DebugOpt = False,
     ) -> None:
         """Loss landscape: top Hessian eigenvalues, trace, basin width and 1-D/2-D loss surfaces."""
-        from ..data import data_fingerprint, load_dataset
+        from ..data import check_seed, data_fingerprint, load_dataset
         from ..device import resolve_device
         from ..landscape import LandscapeConfig, analyze_landscape, select_params, train_reference_model
         from ..landscape_report import PNG_NAME, SCHEMA, build_tables, compare_landscapes, plot_landscape
@@ -112,6 +112,7 @@ def register(app: typer.Typer) -> None:
             if key not in PRESETS:
                 raise AuditError(f"unknown --preset {preset!r}; use {' or '.join(PRESETS)}")
             p = PRESETS[key]
+            check_seed(seed, "--seed")
             if model and models is not None:
                 raise AuditError("--model analyses saved models and --models trains new ones; give one of them")
             if model:

@@ -76,7 +76,7 @@ def register(app: typer.Typer) -> None:
         debug: DebugOpt = False,
     ) -> None:
         """Influence malleability: do influence scores flip sign when the training data is perturbed?"""
-        from ..data import data_fingerprint, holdout_split, load_dataset
+        from ..data import check_seed, data_fingerprint, holdout_split, load_dataset
         from ..device import resolve_device
         from ..malleability import (
             PRESETS,
@@ -98,6 +98,7 @@ def register(app: typer.Typer) -> None:
             n_seeds = preset_value(seeds, p, "seeds_count", len(p["seeds"]))
             if n_seeds < 1:
                 raise AuditError(f"--seeds must be >= 1, got {n_seeds}")
+            check_seed(seed, "--seed", count=n_seeds)
             ntr, nte = preset_value(n_train, p, "n_train"), preset_value(n_test, p, "n_test")
             for name, value in (("--n-train", ntr), ("--n-test", nte)):
                 if value < 1:

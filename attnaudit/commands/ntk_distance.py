@@ -77,7 +77,7 @@ def register(app: typer.Typer) -> None:
         debug: DebugOpt = False,
     ) -> None:
         """Distance of finite 2L-ReLU / MLP-Attn networks from their NTK predictor across widths."""
-        from ..data import data_fingerprint, holdout_split, load_dataset
+        from ..data import check_seed, data_fingerprint, holdout_split, load_dataset
         from ..device import resolve_device, resolve_dtype
         from ..models import save_model
         from ..ntk_distance import PRESETS, SCHEMA, NTKDistanceConfig, build_tables, plot_ntk_distance, run_ntk_distance
@@ -94,6 +94,7 @@ def register(app: typer.Typer) -> None:
             n_seeds = base["n_seeds"] if seeds is None else seeds
             if n_seeds < 1:
                 raise AuditError(f"--seeds must be >= 1, got {n_seeds}")
+            check_seed(seed, "--seed", count=n_seeds)
             ntr = base["n_train"] if n_train is None else n_train
             nte = base["n_test"] if n_test is None else n_test
             if ntr < 2:
