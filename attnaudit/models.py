@@ -158,6 +158,10 @@ class TwoLayerNet(nn.Module):
     def width(self) -> int:
         return self.spec.width
 
+    def head_parameter_names(self) -> list[str]:
+        """The layer that produces the logits: the output weights ``a`` (the nets have no biases)."""
+        return ["a"]
+
     def reset_parameters(self, seed: int) -> None:
         """Deterministic Gaussian initialisation from ``seed`` (CPU generator, any device)."""
         m, d, c = self.spec.width, self.spec.d_in, self.spec.n_out

@@ -1,0 +1,311 @@
+"""The functional engine built from a :class:`~attnaudit.core.task.Task`.
+
+Everything an analysis needs from a model, for any ``torch.nn.Module``:
+
+* ``apply(theta, rows)`` -> logits, with the tracked parameters as one flat vector theta
+  (P,) and everything else (other parameters, buffers) held fixed;
+* per-sample gradients of the loss (``vmap(grad)``), the gradient of the summed loss;
+* Hessian-vector products of the mean training loss (forward-over-reverse, with a
+  reverse-over-reverse fallback for modules without forward-mode support);
+* per-sample Jacobians of the logits and the empirical NTK by Jacobian contraction;
+* gradients with respect to the inputs (attacks);
+* a memory planner sized from a measured probe pass.
+
+Guarantees. The user's module is never modified: parameters and buffers are detached
+copies in the engine's dtype (float64 by default for analyses that need it; the caller
+chooses), passed through ``torch.func.functional_call``. Every call runs the module in
+eval mode (flags restored afterwards) and inside ``sdpa_kernel(SDPBackend.MATH)``, because
+the fused scaled-dot-product-attention kernels have no forward-mode derivative and no
+double backward (measured: ../shared/notes/transformers-and-torch-func.md), so second
+derivatives work for every attention layer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Callable, Iterable, Iterator, Sequence
+
+import torch
+from torch.func import functional_call, grad, jacrev, jvp, vjp, vmap
+
+from ..errors import AuditError
+from .task import Task, eval_mode, to_logits
+
+KERNEL_FORMS = ("full", "trace")
+_DEFAULT_MEMORY_BYTES = 1 << 30
+
+
+@contextlib.contextmanager
+def math_attention() -> Iterator[None]:
+    """Force the math kernel of scaled dot-product attention (differentiable twice)."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:  # torch < 2.3: the fused kernels are chosen per call; nothing to force
+        yield
+        return
+    with sdpa_kernel(SDPBackend.MATH):
+        yield
+
+
+def ranges(n: int, size: int) -> Iterable[tuple[int, int]]:
+    """Consecutive [start, stop) chunks of ``range(n)`` of at most ``size``."""
+    size = max(1, int(size))
+    for start in range(0, n, size):
+        yield start, min(n, start + size)
+
+
+class Engine:
+    """Functional view of ``task`` at the module's current parameter values.
+
+    ``dtype``: floating dtype of every parameter copy and computation (default: the
+    tracked parameters' own dtype). ``names``: the tracked parameters (default: the
+    task's selector, resolved with ``probe`` rows when given).
+    """
+
+    def __init__(
+        self,
+        task: Task,
+        *,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        names: Sequence[str] | None = None,
+        probe: torch.Tensor | None = None,
+    ):
+        self.task = task
+        self.module = task.module
+        self.loss = task.loss
+        self.inputs = task.inputs
+        self.n_classes = task.n_classes
+        named = dict(self.module.named_parameters())
+        self.names = list(names) if names is not None else task.parameter_names(probe)
+        missing = [n for n in self.names if n not in named]
+        if missing:
+            raise AuditError(f"parameter(s) {', '.join(missing)} not in the model")
+        if not self.names:
+            raise AuditError("no parameters selected; nothing to audit")
+        first = named[self.names[0]]
+        self.dtype = dtype or (first.dtype if first.is_floating_point() else torch.float64)
+        self.device = torch.device(device) if device is not None else first.device
+
+        def copy(t: torch.Tensor) -> torch.Tensor:
+            target = self.dtype if t.is_floating_point() else t.dtype
+            return t.detach().to(device=self.device, dtype=target)
+
+        self.shapes = [tuple(named[n].shape) for n in self.names]
+        self.numels = [named[n].numel() for n in self.names]
+        self.theta = torch.cat([copy(named[n]).reshape(-1) for n in self.names]).clone()
+        chosen = set(self.names)
+        self.frozen = {k: copy(v) for k, v in named.items() if k not in chosen}
+        self.frozen.update({k: copy(v) for k, v in self.module.named_buffers()})
+
+    # ----------------------------------------------------------------- basics
+    @property
+    def n_params(self) -> int:
+        return int(self.theta.numel())
+
+    def unflatten(self, theta: torch.Tensor) -> dict[str, torch.Tensor]:
+        parts = torch.split(theta, self.numels)
+        return {k: p.view(s) for k, p, s in zip(self.names, parts, self.shapes)}
+
+    def flatten(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        return torch.cat([tensors[k].reshape(-1) for k in self.names])
+
+    def targets(self, y: torch.Tensor) -> torch.Tensor:
+        """One-hot targets (n, c) in the engine's dtype and device."""
+        return torch.nn.functional.one_hot(y.long().to(self.device), self.n_classes).to(self.dtype)
+
+    def rows(self, X: torch.Tensor) -> torch.Tensor:
+        """Flat rows on the engine's device; floating rows in its dtype (token ids stay exact)."""
+        return X.to(device=self.device, dtype=self.dtype)
+
+    @contextlib.contextmanager
+    def context(self) -> Iterator[None]:
+        """Eval mode and the math attention kernel around every model call."""
+        with eval_mode(self.module), math_attention():
+            yield
+
+    def apply(self, theta: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Logits (B, c) of flat rows (B, d) with tracked parameters ``theta`` (call inside :meth:`context`)."""
+        state = {**self.frozen, **self.unflatten(theta)}
+        batch = self.inputs(rows)
+        if self.inputs.keyword:
+            out = functional_call(self.module, state, (), {self.inputs.keyword: batch})
+        else:
+            out = functional_call(self.module, state, (batch,))
+        return to_logits(out)
+
+    def logits(self, rows: torch.Tensor, theta: torch.Tensor | None = None, chunk: int = 1024) -> torch.Tensor:
+        """Logits of many rows, without gradients."""
+        th = self.theta if theta is None else theta
+        with torch.no_grad(), self.context():
+            return torch.cat([self.apply(th, rows[a:b]) for a, b in ranges(rows.shape[0], chunk)])
+
+    # ----------------------------------------------------------------- losses and gradients
+    def sample_loss(self, theta: torch.Tensor, row: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Loss of one row (d,) with one-hot target (c,): a scalar."""
+        return self.loss.per_sample(self.apply(theta, row.unsqueeze(0)), target.unsqueeze(0)).squeeze(0)
+
+    def sum_loss(self, theta: torch.Tensor, rows: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
+        return self.loss.per_sample(self.apply(theta, rows), T).sum()
+
+    def per_sample_grads(
+        self, rows: torch.Tensor, T: torch.Tensor, theta: torch.Tensor | None = None, chunk: int | None = None
+    ) -> torch.Tensor:
+        """Per-sample loss gradients (n, P) (``vmap(grad)``, in chunks of ``chunk`` rows)."""
+        th = self.theta if theta is None else theta
+        fn = vmap(grad(self.sample_loss), in_dims=(None, 0, 0))
+        size = rows.shape[0] if chunk is None else chunk
+        with self.context():
+            return torch.cat([fn(th, rows[a:b], T[a:b]) for a, b in ranges(rows.shape[0], size)])
+
+    def summed_grad(self, rows: torch.Tensor, T: torch.Tensor, chunk: int = 512, theta: torch.Tensor | None = None) -> torch.Tensor:
+        """Gradient (P,) of sum_i l(z_i), accumulated in chunks."""
+        th = self.theta if theta is None else theta
+        g = torch.zeros_like(th)
+        with self.context():
+            for a, b in ranges(rows.shape[0], chunk):
+                g += grad(self.sum_loss)(th, rows[a:b], T[a:b])
+        return g
+
+    def input_grads(self, rows: torch.Tensor, T: torch.Tensor, theta: torch.Tensor | None = None) -> torch.Tensor:
+        """d l(x_i) / d x_i for every row (n, d): what gradient-based attacks follow."""
+        if not self.inputs.differentiable:
+            raise AuditError("the model takes token ids, which have no input gradient; attacks need continuous inputs")
+        th = self.theta if theta is None else theta
+        with self.context():
+            return grad(lambda r: self.sum_loss(th, r, T))(rows)
+
+    # ----------------------------------------------------------------- Hessian
+    def hvp_operator(self, rows: torch.Tensor, T: torch.Tensor, chunk: int = 4096, theta: torch.Tensor | None = None) -> "HessianVectorProduct":
+        """v -> H v, H the Hessian of the mean loss (1/n) sum_i l(z_i) over ``rows``."""
+        return HessianVectorProduct(self, rows, T, chunk, self.theta if theta is None else theta)
+
+    # ----------------------------------------------------------------- Jacobians and the eNTK
+    def jacobian(self, rows: torch.Tensor, theta: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-sample Jacobians of the logits (B, c, P)."""
+        th = self.theta if theta is None else theta
+
+        def single(t: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
+            return self.apply(t, row.unsqueeze(0)).squeeze(0)
+
+        with self.context():
+            return vmap(jacrev(single), (None, 0))(th, rows)
+
+    def entk(
+        self, X1: torch.Tensor, X2: torch.Tensor | None = None, *, form: str = "full",
+        memory_bytes: int = _DEFAULT_MEMORY_BYTES,
+    ) -> torch.Tensor:
+        """Empirical NTK by Jacobian contraction: K[i, j, a, b] = J_a(x_i) . J_b(x_j).
+
+        Returns (n1, n2, c, c), or (n1, n2) averaged over the outputs for ``form='trace'``.
+        Jacobians are computed in chunks so two fit ``memory_bytes``; X2's are cached when
+        they fit, else recomputed per X1 chunk.
+        """
+        if form not in KERNEL_FORMS:
+            raise AuditError(f"unknown kernel form {form!r}; use one of {', '.join(KERNEL_FORMS)}")
+        X1 = self.rows(X1)
+        c = self.logits(X1[:1]).shape[1]
+        per_sample = max(1, c * self.n_params * self.theta.element_size())
+        chunk = max(1, int(memory_bytes // (2 * per_sample)))
+        same = X2 is None
+        X2 = X1 if same else self.rows(X2)
+        cache_ok = X2.shape[0] * per_sample <= memory_bytes
+        cached = [self.jacobian(X2[a:b]) for a, b in ranges(X2.shape[0], chunk)] if cache_ok else None
+        blocks = []
+        for a1, b1 in ranges(X1.shape[0], chunk):
+            J1 = self.jacobian(X1[a1:b1])
+            cols = []
+            for idx, (a2, b2) in enumerate(ranges(X2.shape[0], chunk)):
+                J2 = cached[idx] if cached is not None else self.jacobian(X2[a2:b2])
+                if form == "trace":
+                    cols.append(torch.einsum("iap,jap->ij", J1, J2) / c)
+                else:
+                    cols.append(torch.einsum("iap,jbp->ijab", J1, J2))
+            blocks.append(torch.cat(cols, dim=1))
+        return torch.cat(blocks, dim=0)
+
+    # ----------------------------------------------------------------- memory
+    def probe_bytes_per_sample(self, rows: torch.Tensor, batch: int = 4) -> int:
+        """Bytes autograd saves per sample for one loss gradient, measured on a probe batch.
+
+        Counts the tensors saved for backward (``saved_tensors_hooks``) in a forward and
+        backward pass over ``batch`` rows; activations of attention layers (tokens x
+        tokens) are included, which parameter shapes alone would miss.
+        """
+        rows = self.rows(rows[:batch])
+        T = self.targets(torch.zeros(rows.shape[0], dtype=torch.long, device=self.device))
+        saved = 0
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            nonlocal saved
+            saved += t.numel() * t.element_size()
+            return t
+
+        theta = self.theta.detach().requires_grad_(True)
+        with self.context(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = self.sum_loss(theta, rows, T)
+        torch.autograd.grad(loss, theta)
+        return max(1, math.ceil(saved / rows.shape[0]))
+
+    def plan_chunk(self, rows: torch.Tensor, budget_bytes: float, per_sample_extra: int = 0, limit: int = 4096) -> int:
+        """Largest chunk of rows whose activations (measured) plus ``per_sample_extra`` bytes each fit the budget."""
+        per = self.probe_bytes_per_sample(rows) + per_sample_extra
+        return int(max(1, min(limit, budget_bytes // max(1, per))))
+
+
+class HessianVectorProduct:
+    """v -> H v (or a block V (k, P) -> V H) for the mean loss over fixed rows.
+
+    Forward-over-reverse (``jvp`` of ``grad``), summed over row chunks; a module whose
+    operations have no forward-mode derivative switches to reverse-over-reverse (``vjp``
+    of ``grad``) on first failure. ``calls`` counts vectors multiplied; ``mode`` says which
+    differentiation was used.
+    """
+
+    def __init__(self, engine: Engine, rows: torch.Tensor, T: torch.Tensor, chunk: int, theta: torch.Tensor):
+        self.engine = engine
+        self.rows, self.T = engine.rows(rows), T.to(device=engine.device, dtype=engine.dtype)
+        self.n = int(self.rows.shape[0])
+        self.chunk = max(1, int(chunk))
+        self.theta = theta
+        self.size = int(theta.numel())
+        self.calls = 0
+        self.mode = "forward-over-reverse"
+
+    def _grad_fn(self, a: int, b: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        rows, T, n, eng = self.rows[a:b], self.T[a:b], self.n, self.engine
+        return grad(lambda th: eng.sum_loss(th, rows, T) / n)
+
+    def _one_chunk(self, g: Callable, V: torch.Tensor) -> torch.Tensor:
+        if self.mode == "forward-over-reverse":
+            try:
+                return vmap(lambda v: jvp(g, (self.theta,), (v,))[1])(V)
+            except (RuntimeError, NotImplementedError):
+                self.mode = "reverse-over-reverse"
+        _, pullback = vjp(g, self.theta)
+        return vmap(lambda v: pullback(v)[0])(V)
+
+    def matmat(self, V: torch.Tensor) -> torch.Tensor:
+        """H applied to each row of V (k, P) -> (k, P)."""
+        V = V.to(device=self.engine.device, dtype=self.engine.dtype)
+        out = torch.zeros_like(V)
+        with self.engine.context():
+            for a, b in ranges(self.n, self.chunk):
+                out += self._one_chunk(self._grad_fn(a, b), V)
+        self.calls += V.shape[0]
+        return out.detach()
+
+    def matvec(self, v: torch.Tensor) -> torch.Tensor:
+        return self.matmat(v.reshape(1, -1)).reshape(-1)
+
+    __call__ = matvec
+
+    def dense(self, block: int = 32) -> torch.Tensor:
+        """The P x P Hessian from blocks of products, symmetrised."""
+        P = self.size
+        H = torch.empty(P, P, dtype=self.engine.dtype, device=self.engine.device)
+        eye = torch.eye(P, dtype=self.engine.dtype, device=self.engine.device)
+        for a, b in ranges(P, block):
+            H[a:b] = self.matmat(eye[a:b])
+        return 0.5 * (H + H.T)
