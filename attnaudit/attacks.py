@@ -20,10 +20,17 @@ Clipping to the valid range moves each coordinate towards the clean value, so it
 leaves the ball; it does shrink the effective radius (most for noise on images with many
 saturated pixels), which is why the result reports the perturbation norm actually used.
 
+The model is any :class:`~attnaudit.core.task.Task` (or a bare module, wrapped in one):
+input gradients come from the functional engine -- eval mode (no dropout, running
+batch-norm statistics), the task's input and output adapters, the math kernel of scaled
+dot-product attention, detached parameter copies -- so the model is never changed and
+never put in training mode. The attack follows d l(x_i) / d x_i of the summed loss,
+which is each row's own gradient because, in eval mode, rows are processed
+independently (MLP-Attn's context is a fixed buffer during the attack). Token-id inputs
+have no input gradient and are refused.
+
 All randomness comes from a CPU ``torch.Generator`` seeded with ``seed``: deterministic
-on any device. Rows are attacked independently (the reference models process each row
-on its own; MLP-Attn's context is a fixed buffer during the attack). Memory: a few copies
-of X plus one chunk's forward/backward graph.
+on any device. Memory: a few copies of X plus one chunk's forward/backward graph.
 """
 
 from __future__ import annotations
@@ -34,8 +41,10 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from .core.engine import Engine
+from .core.task import Inputs, Loss, Task, as_task
 from .errors import AuditError
-from .training import accuracy, per_sample_loss
+from .training import accuracy
 
 ATTACKS = ("fgsm", "pgd", "mim", "random", "none")
 ADVERSARIAL = ("fgsm", "pgd", "mim")
@@ -163,13 +172,13 @@ def _noise(shape, eps: float, norm: str, ball: bool, gen: torch.Generator) -> to
     return z * eps
 
 
-def _input_grad(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str) -> torch.Tensor:
-    x = x.detach().requires_grad_(True)
-    value = per_sample_loss(model(x), y, loss).sum()  # rows independent: d/dx_i of the sum = own gradient
-    return torch.autograd.grad(value, x)[0]
+def _input_grad(engine: Engine, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """d l(x_i) / d x_i for every row, in x's dtype (the engine computes in its own)."""
+    g = engine.input_grads(engine.rows(x.detach()), engine.targets(y))
+    return g.to(device=x.device, dtype=x.dtype)
 
 
-def _attack_chunk(model, x, y, loss, config: AttackConfig, noise: torch.Tensor | None) -> torch.Tensor:
+def _attack_chunk(engine: Engine, x, y, config: AttackConfig, noise: torch.Tensor | None) -> torch.Tensor:
     eps, norm, method = config.eps, config.norm, config.method
     if method == "none":
         return x.clone()
@@ -177,13 +186,13 @@ def _attack_chunk(model, x, y, loss, config: AttackConfig, noise: torch.Tensor |
         return _clip(x + noise, config)
     alpha = config.resolved_step_size
     if method == "fgsm":
-        return _clip(x + eps * _unit(_input_grad(model, x, y, loss), norm), config)
+        return _clip(x + eps * _unit(_input_grad(engine, x, y), norm), config)
     delta = torch.zeros_like(x)
     if method == "pgd" and config.random_start:
         delta = _clip(x + noise, config) - x
     momentum = torch.zeros_like(x)
     for _ in range(config.steps):
-        g = _input_grad(model, x + delta, y, loss)
+        g = _input_grad(engine, x + delta, y)
         if method == "mim":
             l1 = g.reshape(g.shape[0], -1).abs().sum(1).clamp_min(1e-300)
             momentum = config.momentum * momentum + g / l1.view(-1, *([1] * (g.ndim - 1)))
@@ -193,8 +202,30 @@ def _attack_chunk(model, x, y, loss, config: AttackConfig, noise: torch.Tensor |
     return x + delta
 
 
-def perturb(model: nn.Module, X: torch.Tensor, y: torch.Tensor, config: AttackConfig, loss: str = "mse") -> AttackResult:
-    """Perturb every row of X against ``model`` (whose parameters are left untouched)."""
+def attack_engine(model: Task | nn.Module, X: torch.Tensor, loss: str | Loss = "mse", dtype: torch.dtype | None = None) -> Engine:
+    """The engine an attack differentiates through: ``model`` as a Task (a bare module is
+    wrapped with ``loss``, flat inputs and its logits' width as ``n_classes``).
+
+    Attacks need no parameter derivatives, so the engine tracks only the smallest
+    parameter (the others are shared, not copied). ``dtype``: computation dtype (default:
+    the module's own).
+    """
+    task = as_task(model, loss=loss, probe=X)
+    named = list(task.module.named_parameters())
+    if not named:
+        raise AuditError("the model has no parameters; there is nothing to attack")
+    smallest = min(named, key=lambda kv: kv[1].numel())[0]
+    return Engine(task, dtype=dtype, names=[smallest])
+
+
+def perturb(
+    model: Task | nn.Module, X: torch.Tensor, y: torch.Tensor, config: AttackConfig, loss: str | Loss = "mse",
+    *, dtype: torch.dtype | None = None, inputs: Inputs | None = None,
+) -> AttackResult:
+    """Perturb every row of X against ``model``, a Task or a module (left untouched, never
+    put in training mode). A module is wrapped with ``loss`` and ``inputs`` (default flat
+    rows); a Task uses its own. ``dtype``: the computation dtype (default: the module's);
+    X_adv keeps X's dtype."""
     if X.ndim < 2 or X.shape[0] != y.shape[0]:
         raise AuditError("attack needs inputs (n, ...) and one label per row")
     if config.clip_min is not None:
@@ -205,30 +236,30 @@ def perturb(model: nn.Module, X: torch.Tensor, y: torch.Tensor, config: AttackCo
                 f"data values [{lo:.3g}, {hi:.3g}] lie outside the valid range [{config.clip_min}, {config.clip_max}]; "
                 "give the range the data really has (preprocessed data has none: pass no range)"
             )
+    if not isinstance(model, Task) and inputs is not None:
+        model = as_task(model, loss=loss, inputs=inputs, probe=X)
+    engine = attack_engine(model, X, loss, dtype)
+    if config.method in ADVERSARIAL and not engine.inputs.differentiable:
+        raise AuditError("the model takes token ids, which have no input gradient; use --attacks random or none")
     gen = torch.Generator().manual_seed(int(config.seed))
     need_noise = config.method == "random" or (config.method == "pgd" and config.random_start)
     # One draw for the whole set (not per chunk), so the result does not depend on chunk_size.
     noise = _noise(tuple(X.shape), config.eps, config.norm, config.method == "pgd", gen).to(X.device, X.dtype) if need_noise else None
-    had_grad = [p.requires_grad for p in model.parameters()]
-    for p in model.parameters():
-        p.requires_grad_(False)  # gradients w.r.t. the inputs only
-    try:
-        parts = []
-        for a in range(0, X.shape[0], config.chunk_size):
-            b = min(X.shape[0], a + config.chunk_size)
-            parts.append(_attack_chunk(model, X[a:b], y[a:b], loss, config, None if noise is None else noise[a:b]).detach())
-        X_adv = torch.cat(parts)
-    finally:
-        for p, flag in zip(model.parameters(), had_grad):
-            p.requires_grad_(flag)
+    parts = []
+    for a in range(0, X.shape[0], config.chunk_size):
+        b = min(X.shape[0], a + config.chunk_size)
+        parts.append(_attack_chunk(engine, X[a:b], y[a:b], config, None if noise is None else noise[a:b]).detach())
+    X_adv = torch.cat(parts)
+    out_clean = engine.logits(engine.rows(X), chunk=config.chunk_size)
+    out_adv = engine.logits(engine.rows(X_adv), chunk=config.chunk_size)
+    T = engine.targets(y)
     with torch.no_grad():
-        out_clean, out_adv = model(X), model(X_adv)
         radius = _norm_rows(X_adv - X, config.norm)
         return AttackResult(
             X_adv=X_adv,
             config=config,
-            loss_before=float(per_sample_loss(out_clean, y, loss).mean()),
-            loss_after=float(per_sample_loss(out_adv, y, loss).mean()),
+            loss_before=float(engine.loss.per_sample(out_clean, T).mean()),
+            loss_after=float(engine.loss.per_sample(out_adv, T).mean()),
             accuracy_before=accuracy(out_clean, y),
             accuracy_after=accuracy(out_adv, y),
             radius_mean=float(radius.mean()) if radius.numel() else 0.0,

@@ -12,7 +12,7 @@ import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Callable, Iterator, Optional
+from typing import Annotated, Callable, Iterator
 
 import typer
 from rich.console import Console
@@ -22,59 +22,10 @@ from .errors import AuditError
 from .atomic import StagedFiles
 from .report import check_target, dumps, folder_problem
 
-# ---- option types (typing.Annotated aliases, so every command spells them the same way)
-DatasetOpt = Annotated[
-    str, typer.Option("--dataset", help="Built-in data set: digits (embedded, offline), mnist, fashion-mnist, cifar10, synthetic.")
-]
-DataOpt = Annotated[
-    Optional[str],
-    typer.Option("--data", help="User data: .npz, .npy, .safetensors, .pt, .csv (label column) or an image folder (one sub-folder per class)."),
-]
-DataDirOpt = Annotated[
-    Optional[str],
-    typer.Option("--data-dir", help="Root of torchvision-format data sets (default: $ATTNAUDIT_DATA_DIR, else ~/.cache/attnaudit/data)."),
-]
-SplitOpt = Annotated[str, typer.Option("--split", help="train or test.")]
-ClassesOpt = Annotated[Optional[str], typer.Option("--classes", help="Keep only these labels, e.g. 0,1,7.")]
-PreprocessOpt = Annotated[str, typer.Option("--preprocess", help="raw, center, standardize or unit-norm.")]
-DownloadOpt = Annotated[bool, typer.Option("--download", help="Allow torchvision to download a missing data set (needs a network).")]
+# ---- option types every command spells the same way (data and output options are bundles:
+# see cli_options.py)
 SeedOpt = Annotated[int, typer.Option("--seed", help="Base random seed (recorded in the report).")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:<i>.")]
-JsonOpt = Annotated[Optional[str], typer.Option("--json", help="Write the JSON report here ('-' = standard output, nothing else printed there).")]
-PngOpt = Annotated[Optional[str], typer.Option("--png", help="Write the figure here (PNG).")]
-OutDirOpt = Annotated[Optional[str], typer.Option("--out-dir", help="Write report.json and figures into this folder.")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No table and no progress bar.")]
-OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Allow replacing existing output files.")]
-DebugOpt = Annotated[bool, typer.Option("--debug", help="Show the full traceback on errors.")]
-
-
-def data_spec_from_options(
-    dataset: str,
-    data: str | None,
-    data_dir: str | None,
-    split: str,
-    classes: str | None,
-    preprocess: str,
-    seed: int,
-    download: bool,
-    n: int | None = None,
-    stratify: bool = False,
-):
-    """Build a validated :class:`attnaudit.data.DataSpec` from the shared CLI options."""
-    from .data import DataSpec, parse_classes
-
-    return DataSpec(
-        dataset=dataset,
-        data=data,
-        data_dir=data_dir,
-        split=split,
-        n=n,
-        classes=parse_classes(classes),
-        preprocess=preprocess,
-        seed=seed,
-        stratify=stratify,
-        download=download,
-    )
 
 
 def parse_list(text: str | int | float | None, kind: type, option: str) -> list:

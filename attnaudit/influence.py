@@ -1,4 +1,5 @@
-"""Influence of training samples on a test loss, behind one interface.
+"""Influence of training samples on a test loss, for any module described by a
+:class:`~attnaudit.core.task.Task`, behind one interface.
 
 Sign convention (the same for every estimator, the flip rate and the figures)
 ------------------------------------------------------------------------------
@@ -18,17 +19,39 @@ retraining is -I / n. Some libraries report -I (or drop the minus); attnaudit ne
 
 Estimators
 ----------
-* ``exact``: the full Hessian of the training loss over all trainable parameters, built
-  from Hessian-vector products in blocks, then ``eigh``. Refused above
-  ``max_exact_params`` (the P x P Hessian and its eigenvectors need 2 P^2 floats).
-* ``last-layer``: the same, restricted to the output layer (other parameters frozen);
-  for a :class:`~attnaudit.models.TwoLayerNet` the hidden features are computed once.
+* ``exact``: the full Hessian of the training loss over the tracked parameters (default:
+  every trainable parameter), built from Hessian-vector products in blocks, then
+  ``eigh``. Refused above ``max_exact_params`` (the P x P Hessian and its eigenvectors
+  need 2 P^2 floats).
+* ``last-layer``: the same, restricted to the head -- the weight and bias of the layer that
+  produces the logits (:func:`attnaudit.core.task.head_parameter_names`); other
+  parameters frozen.
 * ``cg``: Hessian-free conjugate gradient on (H + lambda I) s = grad l(z_test), one
-  Hessian-vector product (``torch.func`` forward-over-reverse) per iteration, all params.
+  Hessian-vector product (forward-over-reverse) per iteration, over the tracked parameters.
 * ``tracin``: -sum_t w_t grad l(z_test; theta_t) . grad l(z; theta_t) over checkpoints,
   w_t = learning rate x number of GD steps the checkpoint stands for. This is the
   first-order change of the test loss along the training path when z's weight is raised
   (no Hessian, no damping), in the same units and with the same sign as above.
+
+Which parameters: ``InfluenceConfig.params`` -- ``head``, ``all``, a module name, glob
+patterns or a list of names (:func:`attnaudit.core.task.select_parameter_names`). The
+resolved names and their count are in every result.
+
+Paths
+-----
+Every derivative comes from the functional :class:`~attnaudit.core.engine.Engine` built
+from the task (``"path": "generic: engine"``): eval mode, frozen buffers, the math kernel
+of scaled dot-product attention, parameters copied in ``InfluenceConfig.dtype`` (float64
+by default) -- the user's module is never modified. One declared fast path,
+:func:`twolayer_head_fast_path` (``"path": "fast: TwoLayerNet head, cached features"``),
+computes the hidden features of a built-in 2-layer net once when only its head is
+tracked; ``InfluenceConfig(fast_path=False)`` switches it off, and the tests assert both
+paths give the same numbers.
+
+Inputs: X rows are flat (n, d) as the data layer gives them (any (n, ...) works as long
+as train and test rows have the same shape); the task's
+:class:`~attnaudit.core.task.Inputs` turns them into what the module takes (images,
+tokens).
 
 Indefinite Hessians: a trained non-convex network's Hessian can have negative
 eigenvalues. Damping lambda shifts every eigenvalue by lambda; ``exact`` and
@@ -46,23 +69,36 @@ Hessian (k = 1 for the test-set total, n_test for per-test-point influence).
 
 from __future__ import annotations
 
+import copy
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 from torch import nn
-from torch.func import functional_call, grad, jvp, vmap
 
+from .core.cg import batched_cg
+from .core.engine import Engine, math_attention, ranges
+from .core.task import Inputs, Task, as_task, eval_mode, select_parameter_names
 from .errors import AuditError
+
+__all__ = [
+    "ESTIMATORS", "SIGN_CONVENTION", "PATH_FAST_TWOLAYER_HEAD", "PATH_GENERIC", "FastPath", "InfluenceConfig",
+    "InfluenceResult", "batched_cg", "check_exact_budget", "compute_influence", "influence_memory",
+    "influence_sweep", "resolve_tracked", "tracin_weights", "twolayer_head_fast_path",
+]
 
 ESTIMATORS = ("exact", "last-layer", "cg", "tracin")
 LOSSES = ("mse", "ce")
+DTYPES = {"float64": torch.float64, "float32": torch.float32}
 SIGN_CONVENTION = (
     "influence = d(test loss)/d(weight of the training sample) = -g_test^T (H + damping I)^-1 g_train; "
     "negative = helpful (up-weighting the sample lowers the test loss), positive = harmful"
 )
+PATH_GENERIC = "generic: engine"
+PATH_FAST_TWOLAYER_HEAD = "fast: TwoLayerNet head, cached features"
 
 
 # --------------------------------------------------------------------------- config / result
@@ -70,11 +106,17 @@ SIGN_CONVENTION = (
 class InfluenceConfig:
     """Settings of one influence computation (validated before any compute).
 
-    ``params``: which parameters are tracked -- None (the estimator's default: the output
-    layer for ``last-layer``, every trainable parameter otherwise), ``"all"``, ``"last"`` or
-    a tuple of parameter names. ``chunk_size``: training samples per per-sample-gradient /
-    Hessian-vector-product chunk (lowered automatically to fit ``memory_budget_mb``).
-    ``hvp_batch``: Hessian columns built per vectorised block (``exact``).
+    ``params``: which parameters are tracked -- None (the estimator's default: ``head`` for
+    ``last-layer``; for the others the task's own selector, ``all`` for a bare module),
+    ``"head"``, ``"all"``, a module name, glob patterns (``"blocks.*.attn.*"``, several
+    joined by commas) or a tuple of parameter names. ``"last"`` is a deprecated alias of
+    ``"head"``. ``last-layer`` tracks the head only.
+    ``chunk_size``: training samples per per-sample-gradient / Hessian-vector-product chunk
+    (lowered automatically to fit ``memory_budget_mb``). ``hvp_batch``: Hessian columns
+    built per vectorised block (``exact``). ``dtype``: the engine's floating dtype
+    (``float64`` default; parameters are copied, the module is untouched).
+    ``fast_path``: use a declared fast path when one applies (:func:`twolayer_head_fast_path`);
+    False forces the generic engine path.
     """
 
     estimator: str = "last-layer"
@@ -87,16 +129,37 @@ class InfluenceConfig:
     chunk_size: int = 512
     hvp_batch: int = 32
     memory_budget_mb: float = 2048.0
+    dtype: str = "float64"
+    fast_path: bool = True
 
     def __post_init__(self) -> None:
         if self.estimator not in ESTIMATORS:
             raise AuditError(f"unknown influence estimator {self.estimator!r}; use one of {', '.join(ESTIMATORS)}")
         if not (math.isfinite(self.damping) and self.damping >= 0):
             raise AuditError(f"damping must be a finite number >= 0, got {self.damping}")
-        if isinstance(self.params, str) and self.params not in ("all", "last"):
-            raise AuditError(f"params must be 'all', 'last' or a list of parameter names, got {self.params!r}")
-        if self.estimator == "last-layer" and self.params not in (None, "last"):
-            raise AuditError("the last-layer estimator tracks the output layer only; use --estimator exact or cg for other parameters")
+        params = self.params
+        if isinstance(params, str):
+            params = params.strip()
+            if not params:
+                raise AuditError("params is empty; use head, all, a module name, glob patterns or parameter names")
+            if params == "last":
+                warnings.warn("params='last' is deprecated; it means 'head' (the layer that produces the logits)",
+                              DeprecationWarning, stacklevel=3)
+                params = "head"
+        elif params is not None:
+            params = tuple(str(p) for p in params)
+            if not params:
+                raise AuditError("params is an empty list; use head, all, a module name, glob patterns or parameter names")
+        object.__setattr__(self, "params", params)
+        if self.estimator == "last-layer" and params not in (None, "head"):
+            raise AuditError(
+                "the last-layer estimator tracks the head (the layer that produces the logits) only; "
+                "use --estimator exact or cg for other parameters"
+            )
+        if isinstance(self.dtype, torch.dtype):
+            object.__setattr__(self, "dtype", str(self.dtype).replace("torch.", ""))
+        if self.dtype not in DTYPES:
+            raise AuditError(f"unknown influence dtype {self.dtype!r}; use one of {', '.join(DTYPES)}")
         if self.max_exact_params < 1:
             raise AuditError(f"max_exact_params must be >= 1, got {self.max_exact_params}")
         if not (0 < self.cg_tol < 1):
@@ -110,9 +173,22 @@ class InfluenceConfig:
 
     @property
     def tracked(self) -> str | tuple[str, ...]:
+        """The selector for a bare module: ``params``, else ``head`` (last-layer) or ``all``."""
         if self.params is None:
-            return "last" if self.estimator == "last-layer" else "all"
+            return "head" if self.estimator == "last-layer" else "all"
         return self.params
+
+    def selector(self, task: Task) -> str | tuple[str, ...]:
+        """The selector used on ``task``: ``params``, else ``head`` (last-layer) or the task's own."""
+        if self.params is not None:
+            return self.params
+        if self.estimator == "last-layer":
+            return "head"
+        return task.params if isinstance(task.params, str) else tuple(task.params)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
 
 
 @dataclass
@@ -120,8 +196,10 @@ class InfluenceResult:
     """Influence of each training sample (see the module docstring for the sign).
 
     ``total`` (n_train,) is the influence on the summed test loss; ``per_test``
-    (n_train, n_test) per test point, when asked for. ``diagnostics`` holds the memory
-    estimate, timings, and the estimator's own checks (eigenvalues, CG residuals).
+    (n_train, n_test) per test point, when asked for. ``tracked`` names the parameters the
+    influence is over (``n_params`` numbers in all); ``path`` says which implementation ran.
+    ``diagnostics`` holds the memory estimate, timings, and the estimator's own checks
+    (eigenvalues, CG residuals).
     """
 
     estimator: str
@@ -132,6 +210,7 @@ class InfluenceResult:
     tracked: list[str]
     diagnostics: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    path: str = PATH_GENERIC
 
     @property
     def helpful(self) -> torch.Tensor:
@@ -143,6 +222,7 @@ class InfluenceResult:
             "estimator": self.estimator,
             "damping": self.damping,
             "sign_convention": SIGN_CONVENTION,
+            "path": self.path,
             "n_params": self.n_params,
             "tracked_parameters": self.tracked,
             "n_train": int(self.total.numel()),
@@ -156,221 +236,145 @@ class InfluenceResult:
         return out
 
 
-# --------------------------------------------------------------------------- audit task
-def loss_rows(outputs: torch.Tensor, targets: torch.Tensor, loss: str) -> torch.Tensor:
-    """Per-sample loss for outputs (..., c) and one-hot targets (..., c).
+# --------------------------------------------------------------------------- parameters
+def _probe_rows(module: nn.Module, X: torch.Tensor) -> torch.Tensor:
+    """One row of X in the module's own floating dtype and device (for structural probes)."""
+    ref = next((t for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()), None)
+    rows = X[:1]
+    if ref is not None:
+        rows = rows.to(device=ref.device, dtype=ref.dtype if rows.is_floating_point() else rows.dtype)
+    return rows
 
-    mse: 0.5 ||f - y||^2; ce: logsumexp(f) - <f, y>. Their means are the training losses of
-    :mod:`attnaudit.training`. One-hot targets (not integer labels) keep this vmap-able.
+
+def resolve_tracked(task: Task, config: InfluenceConfig, X: torch.Tensor | None = None) -> list[str]:
+    """Names of the parameters ``config`` tracks on ``task`` (registration order).
+
+    ``head`` is found from the module's structure, with a probe forward pass on one row of
+    ``X`` when given (:func:`attnaudit.core.task.head_parameter_names`).
     """
-    if loss == "mse":
-        return 0.5 * (outputs - targets).pow(2).sum(-1)
-    if loss == "ce":
-        return torch.logsumexp(outputs, -1) - (outputs * targets).sum(-1)
-    raise AuditError(f"unknown loss {loss!r}; use one of {', '.join(LOSSES)}")
+    probe = None if X is None else _probe_rows(task.module, X)
+    return select_parameter_names(task.module, config.selector(task), probe, task.inputs)
 
 
-@dataclass
-class AuditTask:
-    """A functional view of a model for influence: flat tracked parameters theta (P,),
-    ``prepare(x)`` (the part of the forward pass that does not depend on theta, run once
-    without gradients) and ``apply(theta, u)`` -> outputs (B, c) on prepared inputs u.
+def check_exact_budget(estimator: str, n_params: int, max_exact_params: int, itemsize: int = 8) -> None:
+    """Refuse ``exact``/``last-layer`` above the parameter budget (the dense P x P Hessian)."""
+    P = int(n_params)
+    if estimator in ("exact", "last-layer") and P > max_exact_params:
+        hint = "use --estimator last-layer or cg" if estimator == "exact" else "use --estimator cg or a smaller --width"
+        raise AuditError(
+            f"{estimator} influence needs the full {P:,} x {P:,} Hessian ({2 * P * P * itemsize / 2**30:.2f} GiB with its "
+            f"eigenvectors), above the budget of {max_exact_params:,} parameters; {hint}"
+        )
 
-    Everything else (frozen parameters, buffers such as the attention context) is bound
-    inside ``apply``. Build one with :func:`make_task`.
+
+# --------------------------------------------------------------------------- paths
+class _CachedFeatureHead(nn.Module):
+    """logits = u @ a on cached features u: the head of a TwoLayerNet, on its own."""
+
+    def __init__(self, a: torch.Tensor):
+        super().__init__()
+        self.a = nn.Parameter(a.detach().clone())
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        return u @ self.a
+
+
+@dataclass(frozen=True)
+class FastPath:
+    """A cheaper evaluation of a task restricted to its tracked parameters.
+
+    ``engine``: an engine over *prepared* rows whose tracked parameters are exactly the
+    task's (same names, same order, same values); ``prepare(rows)``: the part of the
+    forward pass that does not depend on them, run once without gradients.
     """
 
-    theta: torch.Tensor
-    names: list[str]
-    shapes: list[tuple[int, ...]]
-    apply: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    description: str
+    engine: Engine
     prepare: Callable[[torch.Tensor], torch.Tensor]
-    loss: str
-    n_classes: int
-    description: str = ""
-
-    @property
-    def n_params(self) -> int:
-        return int(self.theta.numel())
-
-    def targets(self, y: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.one_hot(y.long(), self.n_classes).to(self.theta.dtype).to(self.theta.device)
-
-    def sample_loss(self, theta: torch.Tensor, u: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        """Loss of one prepared sample u with one-hot target t (scalar)."""
-        return loss_rows(self.apply(theta, u.unsqueeze(0)).squeeze(0), t, self.loss)
-
-    def sum_loss(self, theta: torch.Tensor, U: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
-        return loss_rows(self.apply(theta, U), T, self.loss).sum()
 
 
-def _unflatten(theta: torch.Tensor, names: Sequence[str], shapes: Sequence[tuple[int, ...]]) -> dict[str, torch.Tensor]:
-    out, offset = {}, 0
-    for name, shape in zip(names, shapes):
-        size = math.prod(shape)
-        out[name] = theta[offset : offset + size].view(shape)
-        offset += size
-    return out
+def twolayer_head_fast_path(
+    task: Task,
+    names: Sequence[str],
+    *,
+    dtype: torch.dtype = torch.float64,
+    state: dict[str, torch.Tensor] | None = None,
+) -> FastPath | None:
+    """The cached-feature head of a built-in 2-layer net, or None when it does not apply.
 
+    Applies exactly when all of these hold:
 
-def _select_names(model: nn.Module, params: str | tuple[str, ...]) -> list[str]:
-    trainable = [name for name, p in model.named_parameters() if p.requires_grad]
-    if not trainable:
-        raise AuditError("the model has no trainable parameters; nothing to compute influence for")
-    if params == "all":
-        return trainable
-    if params == "last":
-        return [trainable[-1]]
-    unknown = [p for p in params if p not in dict(model.named_parameters())]
-    if unknown:
-        raise AuditError(f"unknown parameter name(s) {', '.join(unknown)}; the model has {', '.join(trainable)}")
-    return list(params)
+    * ``task.module`` is a :class:`~attnaudit.models.TwoLayerNet` (that exact class: a
+      subclass may change ``forward``);
+    * the tracked parameters are its head alone: ``names == ["a"]``;
+    * ``task.inputs`` is the default flat adapter (rows reach ``forward`` unchanged).
 
-
-def make_task(model: nn.Module, loss: str, n_classes: int, params: str | tuple[str, ...] = "all") -> AuditTask:
-    """Audit task for ``model`` tracking ``params`` ('all', 'last' or names) at its current values.
-
-    For a :class:`~attnaudit.models.TwoLayerNet` tracking only the output layer ``a``, the
-    hidden features relu(W z / sqrt(d)) / sqrt(m) are prepared once and ``apply`` is the
-    linear head; otherwise ``apply`` is ``functional_call`` of the whole model.
+    Then the logits are f(x) = h(x) a with h(x) = relu(s_in W z) * s_out (z = x, or
+    f_att(x) for MLP-Attn; s_in = 1/sqrt(d), s_out = 1/sqrt(m) under the NTK
+    parametrization, 1 under the standard one) independent of ``a``: h is computed once per row (no gradients, eval mode, in ``dtype``), and the
+    tracked model is the linear map u -> u a, for any loss. Same numbers as the generic
+    engine path (tested). ``state``: parameter values to use instead of the module's
+    (TracIn checkpoints); they are loaded into a copy, never into the module.
     """
     from .models import TwoLayerNet
 
-    if loss not in LOSSES:
-        raise AuditError(f"unknown loss {loss!r}; use one of {', '.join(LOSSES)}")
-    names = _select_names(model, params)
-    named = dict(model.named_parameters())
-    shapes = [tuple(named[n].shape) for n in names]
-    theta = torch.cat([named[n].detach().reshape(-1) for n in names]).clone()
-
-    if isinstance(model, TwoLayerNet) and names == ["a"]:
-        _, s_out = model.preactivation_scale()
-        m, c = model.a.shape
-
-        def prepare(x: torch.Tensor) -> torch.Tensor:
+    module = task.module
+    if type(module) is not TwoLayerNet or list(names) != ["a"] or task.inputs != Inputs():
+        return None
+    work = module
+    if state is not None or module.a.dtype != dtype:
+        work = copy.deepcopy(module).to(dtype=dtype)
+        if state is not None:
             with torch.no_grad():
-                return model.hidden(x) * s_out
+                for name, p in work.named_parameters():
+                    if name in state:
+                        p.copy_(state[name].to(p.device, p.dtype))
+    device = work.a.device
+    _, s_out = work.preactivation_scale()
 
-        def apply(th: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-            return u @ th.view(m, c)
+    def prepare(rows: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad(), eval_mode(work), math_attention():
+            return work.hidden(rows.to(device=device, dtype=dtype)) * s_out
 
-        return AuditTask(theta, names, shapes, apply, prepare, loss, n_classes, "TwoLayerNet output layer (features cached)")
-
-    frozen = {k: v.detach() for k, v in model.named_parameters() if k not in names}
-    frozen.update({k: v.detach() for k, v in model.named_buffers()})
-
-    def apply_generic(th: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        return functional_call(model, {**frozen, **_unflatten(th, names, shapes)}, (x,))
-
-    return AuditTask(theta, names, shapes, apply_generic, lambda x: x, loss, n_classes, f"functional_call over {', '.join(names)}")
+    head = Task(_CachedFeatureHead(work.a), task.n_classes, task.loss, name="TwoLayerNet head")
+    return FastPath(PATH_FAST_TWOLAYER_HEAD, Engine(head, dtype=dtype, device=device, names=["a"]), prepare)
 
 
-# --------------------------------------------------------------------------- building blocks
-def _ranges(n: int, size: int) -> Iterable[tuple[int, int]]:
-    for start in range(0, n, size):
-        yield start, min(n, start + size)
+FAST_PATHS: tuple[Callable[..., FastPath | None], ...] = (twolayer_head_fast_path,)
 
 
-def per_sample_grads(task: AuditTask, U: torch.Tensor, T: torch.Tensor, theta: torch.Tensor | None = None) -> torch.Tensor:
-    """Per-sample gradients (B, P) of the per-sample loss at theta (one chunk; vmap over rows)."""
-    th = task.theta if theta is None else theta
-    return vmap(grad(task.sample_loss), in_dims=(None, 0, 0))(th, U, T)
+class _View(NamedTuple):
+    engine: Engine
+    prepare: Callable[[torch.Tensor], torch.Tensor]
+    path: str
 
 
-def summed_grad(task: AuditTask, U: torch.Tensor, T: torch.Tensor, chunk: int) -> torch.Tensor:
-    """Gradient (P,) of sum_i l(z_i) over all rows, accumulated in chunks."""
-    g = torch.zeros_like(task.theta)
-    for a, b in _ranges(U.shape[0], chunk):
-        g += grad(task.sum_loss)(task.theta, U[a:b], T[a:b])
-    return g
+def _load_state(engine: Engine, state: dict[str, torch.Tensor]) -> None:
+    """Point ``engine`` at the parameter values in ``state`` (names it lacks keep their values)."""
+    current = engine.unflatten(engine.theta)
+    engine.theta = torch.cat([
+        (state[n] if n in state else current[n]).detach().to(engine.device, engine.dtype).reshape(-1) for n in engine.names
+    ]).clone()
+    for name in list(engine.frozen):
+        if name in state:
+            t = state[name].detach()
+            engine.frozen[name] = t.to(engine.device, engine.dtype if t.is_floating_point() else t.dtype)
 
 
-def make_hvp(task: AuditTask, U: torch.Tensor, T: torch.Tensor, chunk: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    """V (k, P) -> V H (k, P) with H the Hessian of the mean training loss (1/n) sum_i l(z_i).
-
-    Forward-over-reverse (jvp of grad), vmapped over the k vectors, summed over data chunks.
-    """
-    n = U.shape[0]
-
-    def block(V: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros_like(V)
-        for a, b in _ranges(n, chunk):
-            Ua, Ta = U[a:b], T[a:b]
-
-            def one(v: torch.Tensor) -> torch.Tensor:
-                return jvp(lambda th: grad(task.sum_loss)(th, Ua, Ta), (task.theta,), (v,))[1]
-
-            out += vmap(one)(V)
-        return out / n
-
-    return block
+def _view(task: Task, names: list[str], config: InfluenceConfig, state: dict[str, torch.Tensor] | None = None) -> _View:
+    """The fast path when one applies (and is allowed), else the generic engine."""
+    if config.fast_path:
+        for fast in FAST_PATHS:
+            found = fast(task, names, dtype=config.torch_dtype, state=state)
+            if found is not None:
+                return _View(found.engine, found.prepare, found.description)
+    engine = Engine(task, dtype=config.torch_dtype, names=names)
+    if state is not None:
+        _load_state(engine, state)
+    return _View(engine, engine.rows, PATH_GENERIC)
 
 
-def dense_hessian(task: AuditTask, U: torch.Tensor, T: torch.Tensor, chunk: int = 512, hvp_batch: int = 32) -> torch.Tensor:
-    """The P x P Hessian of the mean training loss, column blocks of Hessian-vector products."""
-    P = task.n_params
-    hvp = make_hvp(task, U, T, chunk)
-    H = torch.empty(P, P, dtype=task.theta.dtype, device=task.theta.device)
-    eye = torch.eye(P, dtype=task.theta.dtype, device=task.theta.device)
-    for a, b in _ranges(P, hvp_batch):
-        H[a:b] = hvp(eye[a:b])
-    return 0.5 * (H + H.T)  # symmetric up to round-off; symmetrise so eigh sees one matrix
-
-
-def batched_cg(
-    matvec: Callable[[torch.Tensor], torch.Tensor], B: torch.Tensor, tol: float, max_iter: int
-) -> tuple[torch.Tensor, dict]:
-    """Solve A X_j = B_j for each row j of B (k, P) by conjugate gradients, A given by ``matvec``.
-
-    Rows stop once ||r_j|| <= tol ||b_j||. A direction with p^T A p <= 0 means A is not
-    positive definite there: that row stops and is reported as not converged. Returns X and
-    diagnostics (iterations, the true relative residual ||B - A X|| / ||B|| per row, max of
-    it, converged, negative_curvature).
-    """
-    X = torch.zeros_like(B)
-    R = B.clone()
-    Pd = R.clone()
-    rs = (R * R).sum(1)
-    bnorm = B.norm(dim=1)
-    safe_b = torch.where(bnorm > 0, bnorm, torch.ones_like(bnorm))
-    active = bnorm > 0
-    negative = torch.zeros_like(active)
-    iterations = 0
-    for it in range(max_iter):
-        if not bool(active.any()):
-            break
-        iterations = it + 1
-        Ap = matvec(Pd)
-        pAp = (Pd * Ap).sum(1)
-        bad = active & (pAp <= 0)
-        if bool(bad.any()):
-            negative |= bad
-            active &= ~bad
-        alpha = torch.where(active, rs / torch.where(pAp > 0, pAp, torch.ones_like(pAp)), torch.zeros_like(rs))
-        X += alpha[:, None] * Pd
-        R -= alpha[:, None] * Ap
-        rs_new = (R * R).sum(1)
-        done = active & (rs_new.sqrt() <= tol * safe_b)
-        beta = torch.where(active & ~done, rs_new / torch.where(rs > 0, rs, torch.ones_like(rs)), torch.zeros_like(rs))
-        Pd = torch.where((active & ~done)[:, None], R + beta[:, None] * Pd, Pd)
-        rs = torch.where(active, rs_new, rs)
-        active &= ~done
-    true_res = (B - matvec(X)).norm(dim=1) / safe_b  # recomputed, not the recursive estimate
-    converged = (~negative) & (true_res <= max(tol * 10, 1e-12))
-    diag = {
-        "iterations": iterations,
-        "max_iterations": max_iter,
-        "tolerance": tol,
-        "relative_residual_max": float(true_res.max()) if true_res.numel() else 0.0,
-        "relative_residual_mean": float(true_res.mean()) if true_res.numel() else 0.0,
-        "converged": bool(converged.all()),
-        "n_converged": int(converged.sum()),
-        "n_systems": int(B.shape[0]),
-        "negative_curvature": bool(negative.any()),
-    }
-    return X, diag
-
-
+# --------------------------------------------------------------------------- memory
 def influence_memory(
     estimator: str,
     n_params: int,
@@ -381,25 +385,55 @@ def influence_memory(
     hvp_batch: int = 32,
     n_dampings: int = 1,
     itemsize: int = 8,
+    activation_bytes_per_sample: int = 0,
 ) -> dict:
-    """Bytes the estimator holds at its peak (excluding the model's own activations per chunk).
+    """Bytes the estimator holds at its peak.
 
     exact / last-layer: Hessian + eigenvectors 2 P^2; cg: 4 P k vectors; always the
     transformed test gradients P k, one chunk of per-sample gradients chunk x P and the
-    output n_train x k (k = n_test if per_test else 1, times the number of dampings).
+    output n_train x k (k = n_test if per_test else 1, times the number of dampings);
+    ``activations``: the model's own activations for one chunk, from
+    ``activation_bytes_per_sample`` (measured by the engine on the generic path; 0 when
+    not measured).
     """
     P = n_params
     k = (n_test if per_test else 1) * (1 if estimator == "tracin" else n_dampings)
+    rows = min(chunk, max(n_train, n_test))
     parts = {
         "hessian_and_eigenvectors": 2 * P * P * itemsize if estimator in ("exact", "last-layer") else 0,
         "hvp_block": hvp_batch * P * itemsize if estimator in ("exact", "last-layer") else 0,
         "cg_vectors": 4 * P * k * itemsize if estimator == "cg" else 0,
         "transformed_test_gradients": P * k * itemsize,
-        "gradient_chunk": min(chunk, max(n_train, n_test)) * P * itemsize,
+        "gradient_chunk": rows * P * itemsize,
+        "activations": rows * int(activation_bytes_per_sample),
         "influence_output": n_train * k * itemsize,
     }
     parts["total"] = sum(parts.values())
     return parts
+
+
+def _budget_chunk(config: InfluenceConfig, P: int, fixed_bytes: int, itemsize: int, activation_bytes: int) -> int:
+    """Largest chunk <= config.chunk_size whose gradient block and activations fit in what the budget leaves."""
+    left = config.memory_budget_mb * 2**20 - fixed_bytes
+    if left <= 0:
+        return 0
+    return int(max(1, min(config.chunk_size, left // (2 * itemsize * max(P, 1) + activation_bytes))))
+
+
+def _plan(config: InfluenceConfig, view: _View, P: int, X_train, n_train: int, n_test: int, n_dampings: int):
+    """(chunk, memory estimate) for one influence run, or an AuditError when nothing fits."""
+    itemsize = view.engine.theta.element_size()
+    act = 0 if view.path != PATH_GENERIC else view.engine.probe_bytes_per_sample(X_train)
+    est, hvp_batch = config.estimator, config.hvp_batch
+    mem = influence_memory(est, P, n_train, n_test, config.per_test, config.chunk_size, hvp_batch, n_dampings, itemsize, act)
+    fixed = mem["total"] - mem["gradient_chunk"] - mem["activations"]
+    chunk = _budget_chunk(config, P, fixed, itemsize, act)
+    if chunk == 0:
+        raise AuditError(
+            f"{config.estimator} influence needs {fixed / 2**20:,.0f} MB before any chunk, above the memory budget of "
+            f"{config.memory_budget_mb:,.0f} MB; drop per-test influence, use fewer test points, or raise the budget"
+        )
+    return chunk, influence_memory(est, P, n_train, n_test, config.per_test, chunk, hvp_batch, n_dampings, itemsize, act)
 
 
 def tracin_weights(n_checkpoints: int, every: int, steps_run: int, lr: float) -> list[float]:
@@ -414,8 +448,13 @@ def tracin_weights(n_checkpoints: int, every: int, steps_run: int, lr: float) ->
 
 # --------------------------------------------------------------------------- the interface
 def _check_inputs(X_train, y_train, X_test, y_test) -> None:
-    if X_train.ndim != 2 or X_test.ndim != 2:
-        raise AuditError("influence needs 2-D inputs (n, d) for the training and test sets")
+    if X_train.ndim < 2 or X_test.ndim < 2:
+        raise AuditError("influence needs one row per sample: inputs of shape (n, d) for the training and test sets")
+    if tuple(X_train.shape[1:]) != tuple(X_test.shape[1:]):
+        raise AuditError(
+            f"training rows have shape {tuple(X_train.shape[1:])} but test rows {tuple(X_test.shape[1:])}; "
+            "both sets must come from the same data"
+        )
     if y_train is None or y_test is None:
         raise AuditError("influence needs labels for the training and test sets; this data set has none")
     if X_train.shape[0] != y_train.shape[0] or X_test.shape[0] != y_test.shape[0]:
@@ -424,80 +463,77 @@ def _check_inputs(X_train, y_train, X_test, y_test) -> None:
         raise AuditError("influence needs at least one training and one test sample")
 
 
-def _budget_chunk(config: InfluenceConfig, P: int, fixed_bytes: int) -> int:
-    """Largest chunk <= config.chunk_size whose gradient block fits in what the budget leaves."""
-    budget = config.memory_budget_mb * 2**20
-    left = budget - fixed_bytes
-    if left <= 0:
-        return 0
-    return int(max(1, min(config.chunk_size, left // (2 * 8 * max(P, 1)))))
+def _common_diagnostics(config: InfluenceConfig, task: Task, view: _View, chunk: int, mem: dict) -> dict:
+    selector = config.selector(task)
+    return {
+        "path": view.path,
+        "parameter_selector": selector if isinstance(selector, str) else list(selector),
+        "dtype": config.dtype,
+        "memory_estimate_bytes": mem,
+        "chunk_size": chunk,
+    }
 
 
 def influence_sweep(
-    model: nn.Module,
+    model: Task | nn.Module,
     X_train: torch.Tensor,
     y_train: torch.Tensor,
     X_test: torch.Tensor,
     y_test: torch.Tensor,
     config: InfluenceConfig,
     *,
-    loss: str,
-    n_classes: int,
+    loss: str = "mse",
+    n_classes: int | None = None,
+    inputs: Inputs | None = None,
     dampings: Sequence[float] | None = None,
     checkpoints: Sequence[dict[str, torch.Tensor]] | None = None,
     checkpoint_weights: Sequence[float] | None = None,
 ) -> list[InfluenceResult]:
     """Influence for each damping in ``dampings`` (default: ``[config.damping]``).
 
-    ``exact``/``last-layer`` decompose the Hessian once and reuse it for every damping;
-    ``cg`` solves once per damping; ``tracin`` has no damping and returns one result per
-    requested damping, all equal, with ``damping=None``. The model is evaluated at its
-    current parameters (``tracin``: at ``checkpoints``, dicts of named parameters as saved
-    by :func:`attnaudit.training.train`, weighted by ``checkpoint_weights``).
+    ``model``: a :class:`~attnaudit.core.task.Task`, or a bare module wrapped in one with
+    ``loss``, ``n_classes`` (default: the width of its logits) and ``inputs`` (default:
+    flat rows). ``exact``/``last-layer`` decompose the Hessian once and reuse it for every
+    damping; ``cg`` solves once per damping; ``tracin`` has no damping and returns one
+    result per requested damping, all equal, with ``damping=None``. The model is evaluated
+    at its current parameters (``tracin``: at ``checkpoints``, dicts of named parameters as
+    saved by :func:`attnaudit.training.train`, weighted by ``checkpoint_weights``); it is
+    never modified.
     """
     _check_inputs(X_train, y_train, X_test, y_test)
     dampings = [config.damping] if dampings is None else [float(d) for d in dampings]
     for d in dampings:
         if not (math.isfinite(d) and d >= 0):
             raise AuditError(f"damping must be a finite number >= 0, got {d}")
+    task = as_task(model, loss=loss, n_classes=n_classes, inputs=inputs, probe=X_test)
+    names = resolve_tracked(task, config, X_train)
     if config.estimator == "tracin":
-        res = _tracin(model, X_train, y_train, X_test, y_test, config, loss, n_classes, checkpoints, checkpoint_weights)
+        res = _tracin(task, names, X_train, y_train, X_test, y_test, config, checkpoints, checkpoint_weights)
         return [res for _ in dampings]
     t0 = time.perf_counter()
-    task = make_task(model, loss, n_classes, config.tracked)
-    P = task.n_params
+    view = _view(task, names, config)
+    eng = view.engine
+    P = eng.n_params
     n_train, n_test = X_train.shape[0], X_test.shape[0]
     exact_like = config.estimator in ("exact", "last-layer")
-    if exact_like and P > config.max_exact_params:
-        hint = "use --estimator last-layer or cg" if config.estimator == "exact" else "use --estimator cg or a smaller --width"
-        raise AuditError(
-            f"{config.estimator} influence needs the full {P:,} x {P:,} Hessian ({2 * P * P * 8 / 2**30:.2f} GiB with its "
-            f"eigenvectors), above the budget of {config.max_exact_params:,} parameters; {hint}"
-        )
-    mem = influence_memory(config.estimator, P, n_train, n_test, config.per_test, config.chunk_size, config.hvp_batch, len(dampings))
-    fixed = mem["total"] - mem["gradient_chunk"]
-    chunk = _budget_chunk(config, P, fixed)
-    if chunk == 0:
-        raise AuditError(
-            f"{config.estimator} influence needs {fixed / 2**20:,.0f} MB before any chunk, above the memory budget of "
-            f"{config.memory_budget_mb:,.0f} MB; drop per-test influence, use fewer test points, or raise the budget"
-        )
-    mem = influence_memory(config.estimator, P, n_train, n_test, config.per_test, chunk, config.hvp_batch, len(dampings))
+    check_exact_budget(config.estimator, P, config.max_exact_params, eng.theta.element_size())
+    chunk, mem = _plan(config, view, P, X_train, n_train, n_test, len(dampings))
 
-    U_tr, T_tr = task.prepare(X_train), task.targets(y_train)
-    U_te, T_te = task.prepare(X_test), task.targets(y_test)
+    U_tr, T_tr = view.prepare(X_train), eng.targets(y_train)
+    U_te, T_te = view.prepare(X_test), eng.targets(y_test)
     if config.per_test:
-        B = torch.cat([per_sample_grads(task, U_te[a:b], T_te[a:b]) for a, b in _ranges(n_test, chunk)])  # (n_test, P)
+        B = eng.per_sample_grads(U_te, T_te, chunk=chunk)  # (n_test, P)
     else:
-        B = summed_grad(task, U_te, T_te, chunk)[None]  # (1, P)
+        B = eng.summed_grad(U_te, T_te, chunk)[None]  # (1, P)
     k = B.shape[0]
 
     diags: list[dict] = []
     warns: list[list[str]] = []
     solved: list[torch.Tensor] = []  # each (k, P)
     t_solve = time.perf_counter()
+    hvp = eng.hvp_operator(U_tr, T_tr, chunk)
     if exact_like:
-        H = dense_hessian(task, U_tr, T_tr, chunk, config.hvp_batch)
+        H = hvp.dense(block=config.hvp_batch)
         evals, evecs = torch.linalg.eigh(H)
         del H
         lam_min, lam_max = float(evals[0]), float(evals[-1])
@@ -534,9 +570,8 @@ def influence_sweep(
             warns.append(w)
         del evecs
     else:  # cg
-        hvp = make_hvp(task, U_tr, T_tr, chunk)
         for d in dampings:
-            X, cgd = batched_cg(lambda V, d=d: hvp(V) + d * V, B, config.cg_tol, config.cg_max_iter)
+            X, cgd = batched_cg(lambda V, d=d: hvp.matmat(V) + d * V, B, config.cg_tol, config.cg_max_iter)
             w = []
             if cgd["negative_curvature"]:
                 w.append(f"CG met non-positive curvature at damping {d:g}: the damped Hessian is not positive definite; raise --damping")
@@ -552,17 +587,18 @@ def influence_sweep(
 
     S = torch.cat(solved).T.contiguous()  # (P, k * n_dampings)
     out = torch.empty(n_train, S.shape[1], dtype=S.dtype, device=S.device)
-    for a, b in _ranges(n_train, chunk):
-        out[a:b] = -(per_sample_grads(task, U_tr[a:b], T_tr[a:b]) @ S)
+    for a, b in ranges(n_train, chunk):
+        out[a:b] = -(eng.per_sample_grads(U_tr[a:b], T_tr[a:b]) @ S)
     elapsed = time.perf_counter() - t0
 
     results = []
+    common = _common_diagnostics(config, task, view, chunk, mem)
     for j, d in enumerate(dampings):
         block = out[:, j * k : (j + 1) * k]
         diag = {
-            "memory_estimate_bytes": mem,
-            "chunk_size": chunk,
-            "task": task.description,
+            **common,
+            "hvp_mode": hvp.mode,
+            "hvp_vectors": hvp.calls,
             "solve_seconds": solve_s,
             "seconds": elapsed,
             **diags[j],
@@ -574,17 +610,16 @@ def influence_sweep(
                 total=block.sum(1),
                 per_test=block.clone() if config.per_test else None,
                 n_params=P,
-                tracked=task.names,
+                tracked=list(names),
                 diagnostics=diag,
                 warnings=warns[j],
+                path=view.path,
             )
         )
     return results
 
 
-def _tracin(model, X_train, y_train, X_test, y_test, config, loss, n_classes, checkpoints, weights) -> InfluenceResult:
-    import copy
-
+def _tracin(task: Task, names, X_train, y_train, X_test, y_test, config, checkpoints, weights) -> InfluenceResult:
     if not checkpoints:
         raise AuditError("tracin needs checkpoints saved during training (TrainConfig.checkpoint_every); none were given")
     if weights is None:
@@ -592,45 +627,38 @@ def _tracin(model, X_train, y_train, X_test, y_test, config, loss, n_classes, ch
     if len(weights) != len(checkpoints):
         raise AuditError(f"tracin got {len(checkpoints)} checkpoints but {len(weights)} weights")
     t0 = time.perf_counter()
-    work = copy.deepcopy(model)
     n_train, n_test = X_train.shape[0], X_test.shape[0]
     out = None
     P = 0
-    mem = None
+    mem: dict = {}
     chunk = config.chunk_size
-    names: list[str] = []
+    path = PATH_GENERIC
+    common: dict = {}
     used = 0
     for ckpt, w in zip(checkpoints, weights):
         if w == 0:
             continue
-        with torch.no_grad():
-            for name, p in work.named_parameters():
-                if name in ckpt:
-                    p.copy_(ckpt[name].to(p.device, p.dtype))
-        task = make_task(work, loss, n_classes, config.tracked)
-        if mem is None:
-            P, names = task.n_params, task.names
-            mem = influence_memory("tracin", P, n_train, n_test, config.per_test, config.chunk_size, n_dampings=1)
-            chunk = _budget_chunk(config, P, mem["total"] - mem["gradient_chunk"])
-            if chunk == 0:
-                raise AuditError("tracin needs more memory than the budget before any chunk; drop per-test influence")
-            mem = influence_memory("tracin", P, n_train, n_test, config.per_test, chunk, n_dampings=1)
-        U_tr, T_tr = task.prepare(X_train), task.targets(y_train)
-        U_te, T_te = task.prepare(X_test), task.targets(y_test)
+        view = _view(task, names, config, state=ckpt)
+        eng = view.engine
+        if out is None:
+            P, path = eng.n_params, view.path
+            chunk, mem = _plan(config, view, P, X_train, n_train, n_test, 1)
+            common = _common_diagnostics(config, task, view, chunk, mem)
+        U_tr, T_tr = view.prepare(X_train), eng.targets(y_train)
+        U_te, T_te = view.prepare(X_test), eng.targets(y_test)
         if config.per_test:
-            S = torch.cat([per_sample_grads(task, U_te[a:b], T_te[a:b]) for a, b in _ranges(n_test, chunk)]).T
+            S = eng.per_sample_grads(U_te, T_te, chunk=chunk).T
         else:
-            S = summed_grad(task, U_te, T_te, chunk)[:, None]
+            S = eng.summed_grad(U_te, T_te, chunk)[:, None]
         if out is None:
             out = torch.zeros(n_train, S.shape[1], dtype=S.dtype, device=S.device)
-        for a, b in _ranges(n_train, chunk):
-            out[a:b] -= w * (per_sample_grads(task, U_tr[a:b], T_tr[a:b]) @ S)
+        for a, b in ranges(n_train, chunk):
+            out[a:b] -= w * (eng.per_sample_grads(U_tr[a:b], T_tr[a:b]) @ S)
         used += 1
     if out is None:
         raise AuditError("every tracin checkpoint has weight 0 (no training steps); train for at least one step")
     diag = {
-        "memory_estimate_bytes": mem,
-        "chunk_size": chunk,
+        **common,
         "checkpoints_used": used,
         "checkpoint_weights": [float(w) for w in weights],
         "seconds": time.perf_counter() - t0,
@@ -641,14 +669,15 @@ def _tracin(model, X_train, y_train, X_test, y_test, config, loss, n_classes, ch
         total=out.sum(1),
         per_test=out if config.per_test else None,
         n_params=P,
-        tracked=names,
+        tracked=list(names),
         diagnostics=diag,
         warnings=[],
+        path=path,
     )
 
 
 def compute_influence(
-    model: nn.Module,
+    model: Task | nn.Module,
     X_train: torch.Tensor,
     y_train: torch.Tensor,
     X_test: torch.Tensor,
@@ -657,16 +686,15 @@ def compute_influence(
     *,
     loss: str = "mse",
     n_classes: int | None = None,
+    inputs: Inputs | None = None,
     checkpoints: Sequence[dict[str, torch.Tensor]] | None = None,
     checkpoint_weights: Sequence[float] | None = None,
 ) -> InfluenceResult:
     """Influence of every training sample on the test loss (see the module docstring).
 
-    ``n_classes`` defaults to the model's output width (inferred from one forward pass).
+    ``model``: a Task, or a module (wrapped with ``loss``, ``inputs`` and ``n_classes``,
+    which defaults to the width of its logits on one test row).
     """
-    if n_classes is None:
-        with torch.no_grad():
-            n_classes = int(model(X_test[:1]).shape[1])
     return influence_sweep(
         model,
         X_train,
@@ -676,6 +704,7 @@ def compute_influence(
         config,
         loss=loss,
         n_classes=n_classes,
+        inputs=inputs,
         checkpoints=checkpoints,
         checkpoint_weights=checkpoint_weights,
     )[0]

@@ -39,6 +39,7 @@ estimator's own need (recorded in the diagnostics).
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -47,10 +48,19 @@ from typing import Callable
 
 import numpy as np
 import torch
+from torch import nn
 
 from .attacks import ADVERSARIAL, ATTACKS, NORMS, AttackConfig, perturb
 from .errors import AuditError
-from .influence import ESTIMATORS, SIGN_CONVENTION, InfluenceConfig, influence_sweep, tracin_weights
+from .influence import (
+    ESTIMATORS,
+    SIGN_CONVENTION,
+    InfluenceConfig,
+    check_exact_budget,
+    influence_memory,
+    influence_sweep,
+    tracin_weights,
+)
 from .models import ARCHITECTURES, ModelSpec, TwoLayerNet, build_model
 from .training import LOSSES, TrainConfig, TrainResult, accuracy, loss_value, train
 
@@ -185,25 +195,39 @@ class MalleabilityConfig:
         return asdict(self)
 
 
-def influence_memory_estimate(config: MalleabilityConfig, d: int, n_classes: int, n_train: int, n_test: int) -> dict:
+def influence_memory_estimate(
+    config: MalleabilityConfig, d: int, n_classes: int, n_train: int, n_test: int,
+    models: dict[str, nn.Module] | None = None,
+) -> dict:
     """Tracked parameters and peak bytes of one influence computation (before any compute).
 
-    Raises :class:`AuditError` when ``exact``/``last-layer`` would exceed the parameter
-    budget, so an impossible run fails before the first training.
+    The tracked parameters are resolved on the models themselves: ``models`` when given
+    (saved checkpoints), else the :class:`~attnaudit.models.TwoLayerNet` each architecture
+    in ``config.models`` builds (its parameters do not depend on the data: MLP-Attn's
+    context is a buffer, a placeholder here), with the estimator's parameter selector
+    (``head`` for last-layer, ``all`` otherwise). The largest count sizes the estimate.
+    Raises :class:`AuditError` (:func:`attnaudit.influence.check_exact_budget`) when
+    ``exact``/``last-layer`` would exceed the parameter budget, so an impossible run
+    fails before the first training.
     """
-    from .influence import influence_memory
+    from .core.task import select_parameter_names
 
-    p_last = config.width * n_classes
-    p = p_last if config.estimator == "last-layer" else config.width * (d + n_classes)
-    if config.estimator in ("exact", "last-layer") and p > config.max_exact_params:
-        hint = "use --estimator last-layer or cg" if config.estimator == "exact" else "use --estimator cg or a smaller --width"
-        raise AuditError(
-            f"{config.estimator} influence needs the full {p:,} x {p:,} Hessian ({2 * p * p * 8 / 2**30:.2f} GiB with its "
-            f"eigenvectors), above the budget of {config.max_exact_params:,} parameters; {hint}"
-        )
-    mem = influence_memory(config.estimator, p, n_train, n_test, False, config.influence_config().chunk_size,
-                           n_dampings=len(config.damping))
-    return {"tracked_parameters": p, "bytes": mem}
+    icfg = config.influence_config()
+    tracked: dict[str, dict] = {}
+    for arch in config.models:
+        if models is not None and arch in models:
+            model = models[arch]
+        else:
+            spec = ModelSpec(arch, d, config.width, n_classes, config.parametrization, attn_scaling=config.attn_scaling)
+            placeholder = torch.zeros(d, d, dtype=torch.float64) if arch == "attn" else None
+            model = TwoLayerNet(spec, context=placeholder)
+        names = select_parameter_names(model, icfg.tracked)
+        named = dict(model.named_parameters())
+        tracked[arch] = {"names": names, "count": int(sum(named[n].numel() for n in names))}
+    p = max(v["count"] for v in tracked.values())
+    check_exact_budget(config.estimator, p, config.max_exact_params)
+    mem = influence_memory(config.estimator, p, n_train, n_test, False, icfg.chunk_size, n_dampings=len(config.damping))
+    return {"tracked_parameters": p, "tracked_parameter_names": {k: v["names"] for k, v in tracked.items()}, "bytes": mem}
 
 
 def progress_total(config: MalleabilityConfig) -> int:
@@ -353,7 +377,7 @@ def _diag_row(seed, arch, role, res) -> dict:
     keys = ("min_eigenvalue", "damped_min_eigenvalue", "positive_definite", "n_negative_eigenvalues",
             "iterations", "relative_residual_max", "converged", "negative_curvature", "checkpoints_used")
     row = {"seed": seed, "model": arch, "role": role, "estimator": res.estimator, "damping": res.damping,
-           "n_params": res.n_params, "memory_estimate_bytes": d.get("memory_estimate_bytes", {}).get("total"),
+           "path": res.path, "n_params": res.n_params, "memory_estimate_bytes": d.get("memory_estimate_bytes", {}).get("total"),
            "seconds": d.get("seconds")}
     row.update({k: d[k] for k in keys if k in d})
     return row
@@ -378,7 +402,8 @@ def run_malleability(
     They are audited as they are: only ``protocol='static'`` applies (nothing is retrained,
     so there is no ``reinit`` control and no TracIn trajectory); ``config.models`` is ignored
     and the seeds only vary the attacks' randomness.
-    Tensors may live on any device; everything runs there in float64.
+    Tensors may live on any device; everything runs there in float64. A saved model is
+    never modified (one in another dtype or on another device is audited through a copy).
     """
     if fixed_models:
         if config.protocol != "static":
@@ -408,7 +433,7 @@ def run_malleability(
             f"the training labels hold a single class ({present[0]}): influence on a one-class loss says nothing; "
             "keep at least two classes (e.g. --classes 3,5)"
         )
-    memory = influence_memory_estimate(config, int(X_train.shape[1]), n_classes, n_train, n_test)  # fails early
+    memory = influence_memory_estimate(config, int(X_train.shape[1]), n_classes, n_train, n_test, fixed_models)  # fails early
     X_train, X_test = X_train.to(torch.float64), X_test.to(X_train.device, torch.float64)
     y_train, y_test = y_train.to(X_train.device).long(), y_test.to(X_train.device).long()
     advance = progress or (lambda k=1: None)
@@ -449,7 +474,10 @@ def run_malleability(
 
     def given(arch: str, seed: int):
         """A saved model as the 'clean' model: no training, its loss and accuracy recorded."""
-        model = fixed_models[arch].to(device=X_train.device, dtype=torch.float64)
+        model = fixed_models[arch]
+        floats = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
+        if any(t.dtype != torch.float64 or t.device != X_train.device for t in floats):
+            model = copy.deepcopy(model).to(device=X_train.device, dtype=torch.float64)  # the user's model stays as it is
         with torch.no_grad():
             out = model(X_train)
             loss_now = loss_value(out, y_train, config.loss).item()

@@ -205,6 +205,26 @@ class TwoLayerNet(nn.Module):
         return self.mlp(self.features_in(x))
 
 
+_FORWARD_METHODS = ("forward", "mlp", "hidden", "features_in", "preactivation_scale")
+
+
+def two_layer_fast_path_blocker(module: nn.Module, inputs) -> str | None:
+    """Why a 2-layer closed form cannot stand in for ``module`` (None when it can).
+
+    The closed forms (structured landscape evaluation, closed-form eNTK) apply to a
+    :class:`TwoLayerNet` that keeps TwoLayerNet's own forward computation, fed flat rows
+    positionally (``inputs``: an :class:`attnaudit.core.task.Inputs`).
+    """
+    if not isinstance(module, TwoLayerNet):
+        return f"the model is a {type(module).__name__}, not a TwoLayerNet"
+    cls = type(module)
+    if not all(getattr(cls, f) is getattr(TwoLayerNet, f) for f in _FORWARD_METHODS):
+        return f"{cls.__name__} overrides TwoLayerNet's forward computation"
+    if inputs.kind != "flat" or inputs.keyword:
+        return "the inputs are not flat rows passed positionally"
+    return None
+
+
 def build_model(
     spec: ModelSpec, X_train: torch.Tensor | None = None, dtype=torch.float64, device=None
 ) -> TwoLayerNet:

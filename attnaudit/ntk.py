@@ -23,8 +23,13 @@ Conventions
   kernel is always taken with respect to the parameters GD actually updates, so under the
   standard parametrization it grows with width: E[Theta] = d * K0 + m * K1 (see
   :func:`analytic_ntk`), versus K0 + K1 under NTK parametrization.
+* The empirical NTK of any module is the engine's Jacobian contraction
+  (:func:`entk_jacobian`, :class:`~attnaudit.core.engine.Engine`); the closed form
+  :func:`entk_two_layer` is the declared fast path for the built-in 2-layer nets.
+  :func:`empirical_ntk` picks the path, says which ran and why, and gives the same
+  numbers either way (tested to float64 round-off).
 
-Everything here computes in the dtype and on the device of its inputs; pass float64 where
+The closed forms compute in the dtype and on the device of their inputs; pass float64 where
 precision matters (the kernel of attention-transformed data is extremely ill-conditioned).
 """
 
@@ -32,11 +37,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import torch
 from torch import nn
 
+from .core.engine import Engine
+from .core.task import Inputs, Task, as_task, select_parameter_names
 from .errors import AuditError
 
 KERNEL_FORMS = ("full", "trace")
@@ -155,7 +162,7 @@ class TwoLayerState:
         for name in ("W", "a", "preactivation_scale"):
             if not hasattr(model, name):
                 raise AuditError(
-                    "the closed-form NTK needs a 2-layer attnaudit model (W, a); use entk_jacobian for other modules"
+                    "the closed-form NTK needs a 2-layer attnaudit model (W, a); use entk_jacobian or empirical_ntk for other modules"
                 )
         s_in, s_out = model.preactivation_scale()
         return cls(model.W.detach().clone(), model.a.detach().clone(), float(s_in), float(s_out))
@@ -269,96 +276,183 @@ def flatten_kernel(K: torch.Tensor) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------------------
-# Generic empirical NTK via torch.func (any nn.Module)
+# Generic empirical NTK (the engine, any nn.Module) and the declared closed-form fast path
 # --------------------------------------------------------------------------------------
+
+PATH_FAST_ENTK = "fast: TwoLayerNet closed-form eNTK"
+PATH_GENERIC_ENTK = "generic: engine"
+
+
+def _module_of(model: "Task | nn.Module") -> nn.Module:
+    return model.module if isinstance(model, Task) else model
+
+
+def _reference_tensor(module: nn.Module) -> torch.Tensor | None:
+    return next((t for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()), None)
+
+
+def _probe_rows(module: nn.Module, X1: torch.Tensor) -> torch.Tensor:
+    """The first row of X1 on the module's device, floating rows in its dtype (for probes)."""
+    ref = _reference_tensor(module)
+    rows = X1[:1]
+    if ref is not None:
+        rows = rows.to(device=ref.device, dtype=ref.dtype if rows.is_floating_point() else rows.dtype)
+    return rows
+
+
+def entk_engine(
+    model: "Task | nn.Module",
+    X1: torch.Tensor,
+    *,
+    params: str | Sequence[str] | None = None,
+    inputs: Inputs | None = None,
+    dtype: torch.dtype | None = None,
+) -> Engine:
+    """The :class:`~attnaudit.core.engine.Engine` the generic empirical NTK runs on.
+
+    ``model``: a :class:`~attnaudit.core.task.Task`, or a module wrapped in one with
+    ``inputs`` (default: flat rows) and ``n_classes`` from the width of its logits on the
+    first row of X1. ``params``: a selector string (``all``, ``head``, a module name,
+    globs) or a list of exact parameter names (default: the task's selector; ``all``
+    for a bare module, i.e. every parameter with ``requires_grad``). ``dtype``: the
+    computation dtype (default: the tracked parameters' own dtype; the module itself is
+    never cast).
+    """
+    if X1.shape[0] == 0:
+        raise AuditError("the empirical NTK needs at least one input row")
+    if isinstance(model, Task) and inputs is not None and inputs != model.inputs:
+        raise AuditError("a Task carries its own inputs adapter; set Task(inputs=...) instead of inputs=")
+    module = _module_of(model)
+    probe = _probe_rows(module, X1)
+    task = as_task(model, inputs=inputs, probe=probe)
+    if params is None:
+        names = task.parameter_names(probe)
+    elif isinstance(params, str):
+        names = select_parameter_names(task.module, params, probe, task.inputs)
+    else:
+        names = list(params)
+        known = dict(task.module.named_parameters())
+        missing = [n for n in names if n not in known]
+        if missing:
+            raise AuditError(f"parameters {missing} not in the model; choose from {sorted(known)}")
+    if not names:
+        raise AuditError("the model has no trainable parameters to take an NTK over")
+    return Engine(task, dtype=dtype, names=names)
 
 
 def entk_jacobian(
-    model: nn.Module,
+    model: "Task | nn.Module",
     X1: torch.Tensor,
     X2: torch.Tensor | None = None,
     *,
     form: str = "full",
-    params: Sequence[str] | None = None,
-    forward: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None,
+    params: str | Sequence[str] | None = None,
+    inputs: Inputs | None = None,
+    dtype: torch.dtype | None = None,
     memory_bytes: int = _DEFAULT_MEMORY_BYTES,
 ) -> torch.Tensor:
-    """Empirical NTK of any module by Jacobian contraction (torch.func ``vmap(jacrev)``).
+    """Empirical NTK of any module by Jacobian contraction: the generic engine path.
 
-    K[i, j, k, l] = sum_p df_k(x_i)/dp * df_l(x_j)/dp over the named ``params`` (default:
-    every parameter with ``requires_grad``). Inputs are batch-first tensors of any trailing
-    shape; ``forward(module, x_batch) -> (B, c)`` (or (B,)) adapts models whose output is
-    not a (batch, outputs) tensor. Per-sample Jacobians are computed in chunks sized so
-    that two chunks fit ``memory_bytes``; Jacobians of X2 are cached when they fit, else
-    recomputed per X1 chunk. Returns (n1, n2, c, c) or, for ``form='trace'``, (n1, n2).
-    The model's dtype and device are used; buffers are held fixed.
+    K[i, j, k, l] = sum_p df_k(x_i)/dp * df_l(x_j)/dp over the tracked parameters (see
+    :func:`entk_engine` for ``model``, ``params``, ``inputs`` and ``dtype``). X1, X2 are
+    flat rows (or batch-first tensors the module takes as they are); ``inputs`` restores
+    other shapes (``Inputs("images", (C, H, W))``), and the logits are found in the
+    module's output by :func:`~attnaudit.core.task.to_logits` (a tensor, a tuple, a dict
+    with ``"logits"``, an object with ``.logits``; (B,) counts as one output). Computed by
+    :meth:`Engine.entk <attnaudit.core.engine.Engine.entk>`: eval mode, the math attention
+    kernel, buffers held fixed, the module left unmodified; per-sample Jacobians in chunks
+    sized so that two chunks fit ``memory_bytes``. Returns (n1, n2, c, c) or, for
+    ``form='trace'``, (n1, n2), in the engine's dtype.
     """
-    from torch.func import functional_call, jacrev, vmap
-
     if form not in KERNEL_FORMS:
         raise AuditError(f"unknown kernel form {form!r}; use one of {', '.join(KERNEL_FORMS)}")
-    named = dict(model.named_parameters())
-    if params is None:
-        names = [k for k, v in named.items() if v.requires_grad]
-    else:
-        missing = [p for p in params if p not in named]
-        if missing:
-            raise AuditError(f"parameters {missing} not in the model; choose from {sorted(named)}")
-        names = list(params)
-    if not names:
-        raise AuditError("the model has no trainable parameters to take an NTK over")
-    theta = {k: named[k].detach() for k in names}
-    frozen = {k: v.detach() for k, v in named.items() if k not in theta}
-    frozen.update({k: v for k, v in model.named_buffers()})
-    adapter = _ForwardAdapter(model, forward)
-    frozen = {"inner." + k: v for k, v in frozen.items()}
-
-    def f_single(p: dict, x: torch.Tensor) -> torch.Tensor:
-        state = {**frozen, **{"inner." + k: v for k, v in p.items()}}
-        return functional_call(adapter, (state,), args=(x.unsqueeze(0),)).reshape(-1)
-
-    jac_fn = vmap(jacrev(f_single), (None, 0))
-    n_params = sum(v.numel() for v in theta.values())
-    with torch.no_grad():
-        probe = f_single(theta, X1[0])
-    c = probe.numel()
-    itemsize = torch.finfo(next(iter(theta.values())).dtype).bits // 8
-    per_sample = max(1, c * n_params * itemsize)
-    chunk = max(1, int(memory_bytes // (2 * per_sample)))
-
-    def jacobian(Xc: torch.Tensor) -> torch.Tensor:
-        jac = jac_fn(theta, Xc)
-        return torch.cat([jac[k].reshape(Xc.shape[0], c, -1) for k in names], dim=2)
-
-    same = X2 is None
-    X2 = X1 if same else X2
-    cache_ok = X2.shape[0] * per_sample <= memory_bytes
-    cached = [jacobian(X2[s : s + chunk]) for s in range(0, X2.shape[0], chunk)] if cache_ok else None
-
-    rows = []
-    for s1 in range(0, X1.shape[0], chunk):
-        J1 = jacobian(X1[s1 : s1 + chunk])
-        cols = []
-        for idx, s2 in enumerate(range(0, X2.shape[0], chunk)):
-            J2 = cached[idx] if cached is not None else jacobian(X2[s2 : s2 + chunk])
-            if form == "trace":
-                cols.append(torch.einsum("iap,jap->ij", J1, J2) / c)
-            else:
-                cols.append(torch.einsum("iap,jbp->ijab", J1, J2))
-        rows.append(torch.cat(cols, dim=1))
-    return torch.cat(rows, dim=0)
+    engine = entk_engine(model, X1, params=params, inputs=inputs, dtype=dtype)
+    return engine.entk(X1, X2, form=form, memory_bytes=memory_bytes)
 
 
-class _ForwardAdapter(nn.Module):
-    """Wraps ``forward(module, x)`` so torch.func can swap the inner module's parameters."""
+def closed_form_entk_unavailable(engine: Engine) -> str | None:
+    """None when the closed-form eNTK (:func:`entk_two_layer`) applies to ``engine``, else why not.
 
-    def __init__(self, inner: nn.Module, forward: Callable | None):
-        super().__init__()
-        self.inner = inner
-        self._forward = forward
+    It applies exactly when all of these hold:
 
-    def forward(self, xb: torch.Tensor) -> torch.Tensor:
-        return self.inner(xb) if self._forward is None else self._forward(self.inner, xb)
+    * the module is a :class:`~attnaudit.models.TwoLayerNet` that keeps TwoLayerNet's own
+      ``forward``, ``mlp``, ``hidden``, ``features_in`` and ``preactivation_scale``;
+    * every one of its parameters is tracked (``W`` and ``a``; the closed form is the
+      kernel over both layers);
+    * the inputs are flat rows passed positionally;
+    * the engine computes in the module's own dtype (the closed form runs the attention
+      transform with the module's tensors).
+    """
+    from .models import two_layer_fast_path_blocker
+
+    module = engine.module
+    blocker = two_layer_fast_path_blocker(module, engine.inputs)
+    if blocker:
+        return blocker
+    every = [n for n, _ in module.named_parameters()]
+    if sorted(engine.names) != sorted(every):
+        return f"tracked parameters {engine.names} are not all of the model's ({every})"
+    if engine.dtype != module.W.dtype or module.a.dtype != module.W.dtype:
+        return f"the computation dtype {engine.dtype} is not the model's {module.W.dtype}"
+    return None
+
+
+@dataclass
+class EmpiricalNTK:
+    """An empirical NTK and how it was computed.
+
+    ``kernel``: (n1, n2, c, c) or (n1, n2) (``form='trace'``). ``path``:
+    :data:`PATH_FAST_ENTK` or :data:`PATH_GENERIC_ENTK`. ``fast_path_reason``: why the
+    fast path did not run (None when it did). ``names``: the tracked parameters.
+    """
+
+    kernel: torch.Tensor
+    path: str
+    fast_path_reason: str | None
+    names: list[str]
+    form: str
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "fast_path_reason": self.fast_path_reason, "params": list(self.names),
+                "form": self.form, "shape": list(self.kernel.shape)}
+
+
+def empirical_ntk(
+    model: "Task | nn.Module",
+    X1: torch.Tensor,
+    X2: torch.Tensor | None = None,
+    *,
+    form: str = "full",
+    fast_path: bool = True,
+    params: str | Sequence[str] | None = None,
+    inputs: Inputs | None = None,
+    dtype: torch.dtype | None = None,
+    memory_bytes: int = _DEFAULT_MEMORY_BYTES,
+) -> EmpiricalNTK:
+    """Empirical NTK of a task or module, by the declared fast path when it applies.
+
+    **Fast path** (``path == PATH_FAST_ENTK``): the closed form :func:`entk_two_layer`
+    (matrix products, no Jacobians) runs exactly when ``fast_path`` is on and
+    :func:`closed_form_entk_unavailable` returns None: the module is a built-in
+    :class:`~attnaudit.models.TwoLayerNet` (its own forward), *all* its parameters (``W``
+    and ``a``) are tracked, the inputs are flat positional rows and the dtype is the
+    model's own. **Otherwise** (``path == PATH_GENERIC_ENTK``) the engine's Jacobian
+    contraction runs (:func:`entk_jacobian`), with ``fast_path_reason`` saying why. Both
+    give the same numbers on the built-in models to float64 round-off (tested). Arguments
+    as for :func:`entk_jacobian`.
+    """
+    if form not in KERNEL_FORMS:
+        raise AuditError(f"unknown kernel form {form!r}; use one of {', '.join(KERNEL_FORMS)}")
+    engine = entk_engine(model, X1, params=params, inputs=inputs, dtype=dtype)
+    reason = closed_form_entk_unavailable(engine) if fast_path else "the fast path is switched off"
+    if reason is None:
+        module = engine.module
+        place = {"device": module.W.device, "dtype": module.W.dtype}
+        kernel = entk_two_layer(module, X1.to(**place), None if X2 is None else X2.to(**place), form=form,
+                                memory_bytes=memory_bytes)
+        return EmpiricalNTK(kernel, PATH_FAST_ENTK, None, list(engine.names), form)
+    kernel = engine.entk(X1, X2, form=form, memory_bytes=memory_bytes)
+    return EmpiricalNTK(kernel, PATH_GENERIC_ENTK, reason, list(engine.names), form)
 
 
 # --------------------------------------------------------------------------------------

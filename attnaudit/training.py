@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .core.task import Loss, as_loss
 from .errors import AuditError
 
 LOSSES = ("mse", "ce")
@@ -74,24 +75,21 @@ def one_hot_targets(y: torch.Tensor, n_classes: int, dtype=torch.float64) -> tor
     return torch.nn.functional.one_hot(y.long(), n_classes).to(dtype)
 
 
-def loss_value(outputs: torch.Tensor, y: torch.Tensor, loss: str) -> torch.Tensor:
-    """The training loss of ``outputs`` (n, c) against integer labels ``y`` (see module doc)."""
-    if loss == "mse":
-        target = one_hot_targets(y, outputs.shape[1], outputs.dtype).to(outputs.device)
-        return 0.5 * (outputs - target).pow(2).sum(1).mean()
-    if loss == "ce":
-        return torch.nn.functional.cross_entropy(outputs, y.long())
-    raise AuditError(f"unknown loss {loss!r}; use one of {', '.join(LOSSES)}")
+def per_sample_loss(outputs: torch.Tensor, y: torch.Tensor, loss: str | Loss) -> torch.Tensor:
+    """Per-sample losses (n,) of ``outputs`` (n, c) against integer labels ``y``.
+
+    The one implementation is the core's :class:`~attnaudit.core.task.Loss` (``mse``:
+    0.5 ||f - onehot(y)||^2, ``ce``: logsumexp(f) - f_y) on one-hot targets; ``loss`` is
+    its name or the object. Works inside ``vmap`` over stacks of outputs.
+    """
+    target = one_hot_targets(y.to(outputs.device), outputs.shape[-1], outputs.dtype)
+    return as_loss(loss).per_sample(outputs, target)
 
 
-def per_sample_loss(outputs: torch.Tensor, y: torch.Tensor, loss: str) -> torch.Tensor:
-    """Per-sample losses whose mean is :func:`loss_value`."""
-    if loss == "mse":
-        target = one_hot_targets(y, outputs.shape[1], outputs.dtype).to(outputs.device)
-        return 0.5 * (outputs - target).pow(2).sum(1)
-    if loss == "ce":
-        return torch.nn.functional.cross_entropy(outputs, y.long(), reduction="none")
-    raise AuditError(f"unknown loss {loss!r}; use one of {', '.join(LOSSES)}")
+def loss_value(outputs: torch.Tensor, y: torch.Tensor, loss: str | Loss) -> torch.Tensor:
+    """The training loss of ``outputs`` (n, c) against integer labels ``y``: the mean of
+    :func:`per_sample_loss` (see the module docstring)."""
+    return per_sample_loss(outputs, y, loss).mean()
 
 
 def accuracy(outputs: torch.Tensor, y: torch.Tensor) -> float:

@@ -3,8 +3,11 @@
 1. ``RATIO entk_closed_vs_jacobian``: the full (n, n, c, c) empirical NTK of a 2-layer
    ReLU net at n = 512, d = 784, m = 4096, c = 10, by
    * the closed form (``attnaudit.ntk.entk_two_layer``: matrix products only), and
-   * the Jacobian contraction of PyTorch's NTK tutorial (``attnaudit.ntk.entk_jacobian``:
-     ``vmap(jacrev)`` per-sample Jacobians, ``einsum('iap,jbp->ijab')`` over parameters).
+   * the Jacobian contraction of PyTorch's NTK tutorial (``attnaudit.ntk.entk_jacobian``,
+     the generic engine path ``Engine.entk``: ``vmap(jacrev)`` per-sample Jacobians,
+     ``einsum('iap,jbp->ijab')`` over parameters).
+   ``attnaudit.ntk.empirical_ntk`` picks the closed form for this model (its declared fast
+   path); the line printed first says which path it chose.
    Both run in float32: one sample's Jacobian is c * P = 10 * 3.25e6 numbers, 260 MB in
    float64, so the 512 Jacobians (133 GB in float64, 66 GB in float32) cannot be held at
    once and the Jacobian method works in chunks (X2's Jacobians are recomputed for every
@@ -29,7 +32,7 @@ from pathlib import Path
 import torch
 
 from attnaudit.models import ModelSpec, build_model
-from attnaudit.ntk import entk_jacobian, entk_two_layer
+from attnaudit.ntk import empirical_ntk, entk_jacobian, entk_two_layer
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -51,7 +54,8 @@ def bench_entk(jac_rows: int, memory_mb: int) -> None:
     model = build_model(ModelSpec("relu", d, m, c, seed=0), dtype=torch.float32)
     X = X64.to(torch.float32)
 
-    entk_two_layer(model, X[:8])  # warm-up
+    chosen = empirical_ntk(model, X[:8])  # warm-up, and the path the library picks for this model
+    print(f"empirical_ntk path for this model: {chosen.path}", file=sys.stderr)
     t = time.perf_counter()
     K_closed = entk_two_layer(model, X)
     t_closed = time.perf_counter() - t

@@ -6,11 +6,14 @@ model), then ``torch.linalg.solve((H + damping I), g_test)`` and a per-sample-gr
 loop. It is run on the same trained model and data as the fast methods:
 
 * last-layer vs dense over the output layer only (the same parameter set);
-* cg vs dense over all parameters.
+* cg vs dense over all parameters;
+* the last-layer fast path (TwoLayerNet head, cached features) vs the generic engine path
+  (``InfluenceConfig(fast_path=False)``) on the same parameters.
 
-Prints ``RATIO influence_lastlayer_vs_dense=<x>`` and ``RATIO influence_cg_vs_dense=<x>``
-(speed-up = dense time / method time) and the agreement (Pearson correlation, max relative
-error) of the influence of every training sample on the summed test loss.
+Prints ``RATIO influence_lastlayer_vs_dense=<x>``, ``RATIO influence_cg_vs_dense=<x>`` and
+``RATIO influence_fastpath_vs_generic=<x>`` (speed-up = reference time / method time) and
+the agreement (Pearson correlation, max relative error) of the influence of every training
+sample on the summed test loss.
 
 Run: OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_influence.py [--n 400 --width 24]
 """
@@ -105,6 +108,9 @@ def main() -> None:
     dense_ll, t_dense_ll = timed(lambda: dense_influence(model, ["a"], X, y, Xt, yt, damping_ll, "mse")[0], args.repeats)
     ll, t_ll = timed(lambda: compute_influence(model, X, y, Xt, yt, InfluenceConfig(estimator="last-layer", damping=damping_ll)), args.repeats)
     print(f"last-layer ({model.a.numel()} params): dense {t_dense_ll:.3f}s, last-layer {t_ll:.3f}s, {agreement(ll.total, dense_ll)}")
+    generic_cfg = InfluenceConfig(estimator="last-layer", damping=damping_ll, fast_path=False)
+    gen, t_gen = timed(lambda: compute_influence(model, X, y, Xt, yt, generic_cfg), args.repeats)
+    print(f"last-layer paths: {ll.path} {t_ll:.3f}s, {gen.path} {t_gen:.3f}s, {agreement(ll.total, gen.total)}")
 
     # A damping that makes H + damping I positive definite (CG needs it): from the dense Hessian.
     H_full = dense_influence(model, ["W", "a"], X, y, Xt[:1], yt[:1], 1.0, "mse")[1]
@@ -119,6 +125,7 @@ def main() -> None:
     )
     print(f"RATIO influence_lastlayer_vs_dense={t_dense_ll / t_ll:.2f}")
     print(f"RATIO influence_cg_vs_dense={t_dense_all / t_cg:.2f}")
+    print(f"RATIO influence_fastpath_vs_generic={t_gen / t_ll:.2f}")
 
 
 if __name__ == "__main__":

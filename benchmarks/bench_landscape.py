@@ -6,8 +6,9 @@ to round-off before any time is reported. Two workloads, the sizes of the comman
 * ``paper``: MNIST (test split, n=2000, width 256, d=784), when the data are present;
 * ``quick``: digits (n=500, width 256, d=64), always available.
 
-Prints, per workload, the default evaluator (structured for TwoLayerNet) and the generic
-``vmap(functional_call)`` path against the loop, then
+Prints, per workload, the default evaluator (the declared fast path for TwoLayerNet:
+structured evaluation) and the generic engine path (``vmap`` over ``Engine.apply``,
+``fast_path=False``) against the loop, then
 
     RATIO landscape_batched_vs_loop=<x>
 
@@ -51,7 +52,7 @@ def run(name: str, spec: DataSpec, width: int, grid: int, repeats: int, vmap_too
     X, y = ds.X, ds.y
     model = build_model(ModelSpec("relu", X.shape[1], width, ds.n_classes, seed=0), X)
     train(model, X, y, TrainConfig(loss="mse", lr=1.0, steps=50))
-    params = L.select_params(model)
+    params = {k: p.detach() for k, p in model.named_parameters()}
     d1, d2 = L.random_direction(params, 0), L.random_direction(params, 1)
     ax = L.symmetric_grid(grid, 1.0)
     A, B = torch.meshgrid(ax, ax, indexing="ij")
@@ -66,14 +67,15 @@ def run(name: str, spec: DataSpec, width: int, grid: int, repeats: int, vmap_too
     print(f"[{name}] {ds.name}: n={X.shape[0]} d={X.shape[1]} width={width} grid={grid}x{grid} ({n_points} points), "
           f"torch threads={torch.get_num_threads()}")
     print(f"  loop (load_state_dict per point): {t_loop:8.3f} s  ({1e3 * t_loop / n_points:.2f} ms/point)")
-    print(f"  batched, {fast.backend:<22s} {t_fast:8.3f} s  ({fast.points_per_batch} points x "
+    print(f"  batched, {fast.path} ({fast.backend})")
+    print(f"  {'':<32s} {t_fast:8.3f} s  ({fast.points_per_batch} points x "
           f"{fast.samples_per_batch} samples per call, max |diff| {err:.1e})")
     out = {"batched": t_loop / t_fast}
     if vmap_too:
-        t_vmap, gen = best_of(lambda: L.evaluate_points(model, X, y, "mse", [d1, d2], coeffs, backend="vmap"), repeats)
+        t_vmap, gen = best_of(lambda: L.evaluate_points(model, X, y, "mse", [d1, d2], coeffs, fast_path=False), repeats)
         err_v = float((gen.loss - ref).abs().max())
         assert err_v <= 1e-10 * scale, f"vmap and loop disagree: {err_v}"
-        print(f"  batched, vmap (generic)          {t_vmap:8.3f} s  ({gen.points_per_batch} points x "
+        print(f"  batched, {gen.path} ({gen.backend}) {t_vmap:8.3f} s  ({gen.points_per_batch} points x "
               f"{gen.samples_per_batch} samples per call, max |diff| {err_v:.1e})")
         out["vmap"] = t_loop / t_vmap
     return out

@@ -186,3 +186,97 @@ def test_data_outside_valid_range_rejected(trained):
     nets, X, y = trained
     with pytest.raises(AuditError, match="valid range"):
         perturb(nets["relu"], X * 2, y, AttackConfig(method="fgsm", eps=0.1, clip_min=0.0, clip_max=1.0))
+
+
+# ---------------------------------------------------------------- any module, through the core
+def test_task_and_bare_module_give_identical_attacks(trained):
+    from attnaudit.core.task import Task
+
+    nets, X, y = trained
+    for arch in ("relu", "attn"):
+        for method in ("pgd", "mim"):
+            cfg = AttackConfig(method=method, eps=0.1, steps=3, clip_min=0.0, clip_max=1.0, seed=2)
+            bare = perturb(nets[arch], X, y, cfg)
+            task = perturb(Task(nets[arch], 10, "mse"), X, y, cfg)
+            assert torch.equal(bare.X_adv, task.X_adv) and bare.loss_after == task.loss_after
+
+
+def _dropout_net(train_mode=True):
+    gen = torch.Generator().manual_seed(4)
+    net = nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Dropout(0.5), nn.Linear(8, 3)).double()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=F64))
+    return net.train(train_mode)
+
+
+def test_attack_runs_in_eval_mode_and_leaves_the_model_as_it_was():
+    net = _dropout_net()
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.rand(16, 5, generator=gen, dtype=F64), torch.randint(0, 3, (16,), generator=gen)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    cfg = AttackConfig(method="pgd", eps=0.1, steps=4, clip_min=0.0, clip_max=1.0, seed=0)
+    a, b = perturb(net, x, y, cfg), perturb(net, x, y, cfg)
+    assert torch.equal(a.X_adv, b.X_adv)  # no dropout noise
+    assert net.training and all(m.training for m in net.modules())
+    assert all(torch.equal(v, before[k]) for k, v in net.state_dict().items())
+    assert all(p.requires_grad for p in net.parameters())
+    plain = nn.Sequential(net[0], net[1], net[3])  # eval-mode dropout is the identity
+    torch.testing.assert_close(a.X_adv, perturb(plain, x, y, cfg).X_adv, rtol=0, atol=0)
+
+
+def test_float32_model_is_attacked_without_being_cast():
+    lin, x, y, t = _linear_model()
+    lin32 = nn.Linear(5, 3, bias=False)
+    with torch.no_grad():
+        lin32.weight.copy_(lin.weight.float())
+    w_before = lin32.weight.detach().clone()
+    res = perturb(lin32, x, y, AttackConfig(method="fgsm", eps=0.05, norm="linf"))
+    assert lin32.weight.dtype == torch.float32 and torch.equal(lin32.weight, w_before)
+    assert res.X_adv.dtype == F64
+    g = _grad_x(lin, x, t)  # the float64 gradient by hand; its signs are far from zero here
+    assert float(g.abs().min()) > 1e-3
+    torch.testing.assert_close(res.X_adv, x + 0.05 * g.sign())
+
+
+def test_image_attention_module_fgsm_by_hand():
+    from attnaudit.core.task import Inputs, Task
+
+    gen = torch.Generator().manual_seed(3)
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v, self.head = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 3)
+            self.double()
+            with torch.no_grad():
+                for p in self.parameters():
+                    p.copy_(torch.randn(p.shape, generator=gen, dtype=F64))
+
+        def forward(self, img):
+            t = img[:, 0]
+            return self.head(torch.nn.functional.scaled_dot_product_attention(self.q(t), self.k(t), self.v(t)).mean(1))
+
+    model = Tiny()
+    x, y = torch.rand(6, 16, generator=gen, dtype=F64), torch.tensor([0, 1, 2, 0, 1, 2])
+    res = perturb(Task(model, 3, "ce", Inputs("images", (1, 4, 4))), x, y, AttackConfig(method="fgsm", eps=0.05))
+
+    def loss_by_hand(rows):  # explicit softmax attention, cross-entropy
+        t = rows.view(-1, 4, 4)
+        Q, K, V = model.q(t), model.k(t), model.v(t)
+        f = model.head((torch.softmax(Q @ K.transpose(1, 2) / 2.0, -1) @ V).mean(1))
+        return torch.nn.functional.cross_entropy(f, y, reduction="sum")
+
+    xr = x.clone().requires_grad_()
+    g = torch.autograd.grad(loss_by_hand(xr), xr)[0]
+    torch.testing.assert_close(res.X_adv, x + 0.05 * g.sign())
+    assert res.loss_after > res.loss_before
+
+
+def test_token_inputs_are_refused_for_gradient_attacks():
+    from attnaudit.core.task import Inputs, Task
+
+    emb = nn.Sequential(nn.Embedding(5, 3), nn.Flatten(), nn.Linear(6, 2)).double()
+    x, y = torch.tensor([[0.0, 1.0], [2.0, 3.0]], dtype=F64), torch.tensor([0, 1])
+    with pytest.raises(AuditError, match="token ids"):
+        perturb(Task(emb, 2, "ce", Inputs("tokens", (2,))), x, y, AttackConfig(method="fgsm", eps=0.1))

@@ -12,15 +12,19 @@ import pytest
 import torch
 from torch import nn
 
+from attnaudit.core.engine import Engine
+from attnaudit.core.task import Inputs, Task
 from attnaudit.errors import AuditError
 from attnaudit.influence import (
+    ESTIMATORS,
+    PATH_FAST_TWOLAYER_HEAD,
+    PATH_GENERIC,
     InfluenceConfig,
     batched_cg,
     compute_influence,
-    dense_hessian,
     influence_memory,
     influence_sweep,
-    make_task,
+    resolve_tracked,
     tracin_weights,
 )
 from attnaudit.models import ModelSpec, build_model
@@ -183,13 +187,13 @@ def test_exact_last_layer_cg_agree_when_only_the_last_layer_exists():
     torch.testing.assert_close(out["exact"].per_test.sum(1), out["exact"].total)
 
 
-def test_feature_cached_last_layer_equals_generic_path():
+def test_feature_cached_last_layer_equals_generic_path_on_a_wrapped_module():
     net, X, y, Xt, yt, _ = _small_net("attn")
     cached = compute_influence(net, X, y, Xt, yt, InfluenceConfig(estimator="last-layer", damping=0.01))
-    assert "cached" in cached.diagnostics["task"]
+    assert cached.path == PATH_FAST_TWOLAYER_HEAD and cached.diagnostics["path"] == PATH_FAST_TWOLAYER_HEAD
     net.W.requires_grad_(False)  # now 'all' trainable parameters = the output layer
 
-    class Wrapped(nn.Module):  # hides the TwoLayerNet type, so the generic functional_call path runs
+    class Wrapped(nn.Module):  # hides the TwoLayerNet type, so the generic engine path runs
         def __init__(self, inner):
             super().__init__()
             self.inner = inner
@@ -199,7 +203,7 @@ def test_feature_cached_last_layer_equals_generic_path():
 
     generic = compute_influence(Wrapped(net), X, y, Xt, yt, InfluenceConfig(estimator="exact", damping=0.01))
     assert generic.tracked == ["inner.a"]
-    assert "functional_call" in generic.diagnostics["task"]
+    assert generic.path == PATH_GENERIC
     torch.testing.assert_close(cached.total, generic.total, rtol=1e-9, atol=1e-12)
 
 
@@ -217,7 +221,6 @@ def test_cg_converges_to_exact_on_small_network(arch):
 
 def test_dense_hessian_and_eigenvalues_match_autograd():
     net, X, y, *_ = _small_net("relu", m=5)
-    task = make_task(net, "mse", 3, "all")
     d, m = net.spec.d_in, net.spec.width
     Y = torch.nn.functional.one_hot(y, 3).double()
 
@@ -227,8 +230,10 @@ def test_dense_hessian_and_eigenvalues_match_autograd():
         f = torch.relu(X @ W.T / d**0.5) @ a / m**0.5
         return 0.5 * ((f - Y) ** 2).sum(1).mean()
 
-    H_ref = torch.autograd.functional.hessian(loss_flat, task.theta.clone())
-    H = dense_hessian(task, task.prepare(X), task.targets(y), chunk=7, hvp_batch=4)
+    theta0 = torch.cat([net.W.detach().reshape(-1), net.a.detach().reshape(-1)])
+    H_ref = torch.autograd.functional.hessian(loss_flat, theta0)
+    engine = Engine(Task(net, 3, "mse"), dtype=F64)  # the Hessian influence's exact estimator decomposes
+    H = engine.hvp_operator(X, engine.targets(y), chunk=7).dense(block=4)
     torch.testing.assert_close(H, H_ref, rtol=1e-9, atol=1e-12)
     res = compute_influence(net, X, y, X[:3], y[:3], InfluenceConfig(estimator="exact", damping=0.1))
     ev = np.linalg.eigvalsh(H_ref.numpy())
@@ -290,7 +295,10 @@ def test_chunks_and_memory_budget_do_not_change_the_answer():
     small = compute_influence(net, X, y, Xt, yt, InfluenceConfig(estimator="cg", damping=0.05, per_test=True, cg_tol=1e-12, chunk_size=3))
     P = ref.n_params
     fixed = influence_memory("cg", P, len(X), len(Xt), True, 1)["total"] - P * 8
-    tight_mb = (fixed + 4 * 2 * 8 * P) / 2**20  # leaves room for a chunk of 4 samples
+    mem = ref.diagnostics["memory_estimate_bytes"]
+    act = mem["activations"] / min(ref.diagnostics["chunk_size"], len(X))  # measured activation bytes per sample
+    assert act > 0  # the generic path measures the model's own activations
+    tight_mb = (fixed + 4 * (2 * 8 * P + act)) / 2**20  # leaves room for a chunk of 4 samples
     budget = compute_influence(net, X, y, Xt, yt, InfluenceConfig(estimator="cg", damping=0.05, per_test=True, cg_tol=1e-12, memory_budget_mb=tight_mb))
     assert small.diagnostics["chunk_size"] == 3 and budget.diagnostics["chunk_size"] == 4
     for r in (small, budget):
@@ -350,3 +358,192 @@ def test_damping_sweep_reuses_one_decomposition():
 def test_bad_config_rejected(kwargs):
     with pytest.raises(AuditError):
         InfluenceConfig(**kwargs)
+
+
+# ---------------------------------------------------------------- the core: paths, selectors, any module
+@pytest.mark.parametrize("arch,loss", [("relu", "mse"), ("attn", "ce")])
+def test_generic_path_equals_fast_path_for_every_estimator(arch, loss):
+    net, X, y, Xt, yt, tr = _small_net(arch)
+    weights = tracin_weights(len(tr.checkpoints), 25, tr.steps_run, 1.0)
+    for est in ESTIMATORS:
+        out = {}
+        for fast in (True, False):
+            cfg = InfluenceConfig(estimator=est, params="head", damping=0.05, per_test=True, cg_tol=1e-13, fast_path=fast)
+            out[fast] = compute_influence(net, X, y, Xt, yt, cfg, loss=loss, checkpoints=tr.checkpoints, checkpoint_weights=weights)
+        assert out[True].path == PATH_FAST_TWOLAYER_HEAD and out[False].path == PATH_GENERIC, est
+        assert out[True].tracked == out[False].tracked == ["a"] and out[True].n_params == 6 * 3
+        torch.testing.assert_close(out[True].per_test, out[False].per_test, rtol=1e-8, atol=1e-13)
+        torch.testing.assert_close(out[True].total, out[False].total, rtol=1e-8, atol=1e-13)
+    # 'all' has no fast path: the generic engine runs
+    assert compute_influence(net, X, y, Xt, yt, InfluenceConfig(estimator="exact"), loss=loss).path == PATH_GENERIC
+
+
+def _mlp(dtype=F64, dropout=False, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    layers = [nn.Linear(3, 4), nn.Tanh()] + ([nn.Dropout(0.5)] if dropout else []) + [nn.Linear(4, 2)]
+    net = nn.Sequential(*layers).to(dtype)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=F64))
+    return net
+
+
+def _mlp_data(n=30, nt=8):
+    X, y = _blobs(n, 3, 2, seed=11)
+    Xt, yt = _blobs(nt, 3, 2, seed=12)
+    return (torch.from_numpy(v) for v in (X / 2, y, Xt / 2, yt))
+
+
+def test_head_of_a_sequential_is_its_last_linear_layer_and_last_layer_influence_by_hand():
+    net = _mlp()
+    X, y, Xt, yt = _mlp_data()
+    cfg = InfluenceConfig(estimator="last-layer", damping=0.05, per_test=True)
+    assert resolve_tracked(Task(net, 2), cfg, X) == ["2.weight", "2.bias"]  # not the bias alone
+    res = compute_influence(net, X, y, Xt, yt, cfg)
+    assert res.tracked == ["2.weight", "2.bias"] and res.n_params == 10
+    report = res.to_dict()
+    assert report["tracked_parameters"] == ["2.weight", "2.bias"] and report["n_params"] == 10
+    assert report["diagnostics"]["parameter_selector"] == "head" and report["path"] == PATH_GENERIC
+    # by hand (numpy): f = h W2^T + b2 with h = tanh(X W1^T + b1); MSE Hessian over (W2, b2) = mean J^T J
+    W1, b1, W2, b2 = (t.detach().numpy() for t in net.parameters())
+
+    def jac_and_residual(Xn, yn):
+        h = np.tanh(Xn @ W1.T + b1)
+        f = h @ W2.T + b2
+        J = np.zeros((len(Xn), 2, 10))
+        for k in range(2):
+            J[:, k, k * 4 : (k + 1) * 4] = h  # d f_k / d W2[k, :] (row-major weight first, then bias)
+            J[:, k, 8 + k] = 1.0
+        return J, f - np.eye(2)[yn]
+
+    J, r = jac_and_residual(X.numpy(), y.numpy())
+    Jt, rt = jac_and_residual(Xt.numpy(), yt.numpy())
+    H = np.einsum("nkp,nkq->pq", J, J) / len(X)
+    g_train = np.einsum("nkp,nk->np", J, r)
+    g_test = np.einsum("nkp,nk->np", Jt, rt)
+    expected = -g_train @ np.linalg.solve(H + 0.05 * np.eye(10), g_test.T)
+    np.testing.assert_allclose(res.per_test.numpy(), expected, rtol=1e-9, atol=1e-12)
+
+
+def test_deprecated_last_means_head():
+    with pytest.warns(DeprecationWarning, match="head"):
+        cfg = InfluenceConfig(estimator="exact", params="last")
+    assert cfg.params == "head"
+    assert resolve_tracked(Task(_mlp(), 2), cfg) == ["2.weight", "2.bias"]
+
+
+def test_dropout_model_is_audited_in_eval_mode_and_left_in_training_mode():
+    net = _mlp(dropout=True)
+    net.train()
+    X, y, Xt, yt = _mlp_data()
+    cfg = InfluenceConfig(estimator="exact", damping=0.1, per_test=True)
+    first = compute_influence(net, X, y, Xt, yt, cfg)
+    second = compute_influence(net, X, y, Xt, yt, cfg)
+    assert torch.equal(first.per_test, second.per_test)
+    assert net.training and all(m.training for m in net.modules())
+    # eval mode = dropout is the identity: the same numbers as the net without the dropout layer
+    plain = nn.Sequential(net[0], net[1], net[3])
+    torch.testing.assert_close(first.per_test, compute_influence(plain, X, y, Xt, yt, cfg).per_test, rtol=1e-12, atol=1e-14)
+
+
+def test_float32_module_is_not_modified_by_float64_influence():
+    import copy
+
+    net = _mlp(dtype=torch.float32)
+    X, y, Xt, yt = _mlp_data()
+    before = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    flags = [p.requires_grad for p in net.parameters()]
+    res = compute_influence(net, X, y, Xt, yt, InfluenceConfig(estimator="exact", damping=0.1, dtype="float64"))
+    for k, v in net.state_dict().items():
+        assert v.dtype == torch.float32
+        assert v.numpy().tobytes() == before[k].numpy().tobytes()
+    assert [p.requires_grad for p in net.parameters()] == flags and net.training
+    assert res.total.dtype == F64 and res.diagnostics["dtype"] == "float64"
+    # float32 values are exact in float64: the same numbers as on a float64 copy
+    ref = compute_influence(copy.deepcopy(net).double(), X, y, Xt, yt, InfluenceConfig(estimator="exact", damping=0.1))
+    torch.testing.assert_close(res.total, ref.total, rtol=1e-12, atol=1e-14)
+
+
+def test_train_and_test_rows_must_match():
+    net = _mlp()
+    X, y, Xt, yt = _mlp_data()
+    with pytest.raises(AuditError, match="same data"):
+        compute_influence(net, X, y, torch.cat([Xt, Xt], 1), yt, InfluenceConfig(estimator="exact"))
+
+
+class _TinyAttention(nn.Module):
+    """Images (B, 1, 4, 4) as 4 tokens of 4 features; softmax attention with trainable Q/K/V
+    through the fused scaled_dot_product_attention, mean-pooled, linear head."""
+
+    def __init__(self, c=3, seed=0):
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        self.q, self.k, self.v, self.head = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, c)
+        self.double()
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=F64) * 0.7)
+
+    def forward(self, x):
+        t = x[:, 0]
+        att = torch.nn.functional.scaled_dot_product_attention(self.q(t), self.k(t), self.v(t))
+        return self.head(att.mean(1))
+
+
+def _attention_reference(theta, names, shapes, X):
+    """The same model written out by hand: explicit softmax(Q K^T / 2) V, no SDPA."""
+    p, i = {}, 0
+    for n, s in zip(names, shapes):
+        k = int(np.prod(s))
+        p[n] = theta[i : i + k].view(s)
+        i += k
+    t = X.view(-1, 4, 4)
+    Q, K, V = (t @ p[f"{m}.weight"].T + p[f"{m}.bias"] for m in ("q", "k", "v"))
+    A = torch.softmax(Q @ K.transpose(1, 2) / 2.0, dim=-1)
+    return (A @ V).mean(1) @ p["head.weight"].T + p["head.bias"]
+
+
+def test_every_estimator_on_an_image_attention_module_against_a_hand_written_reference():
+    model = _TinyAttention()
+    task = Task(model, 3, "ce", Inputs("images", (1, 4, 4)))
+    gen = torch.Generator().manual_seed(5)
+    X, Xt = torch.rand(24, 16, generator=gen, dtype=F64), torch.rand(6, 16, generator=gen, dtype=F64)
+    y, yt = torch.randint(0, 3, (24,), generator=gen), torch.randint(0, 3, (6,), generator=gen)
+    names = [n for n, _ in model.named_parameters()]
+    shapes = [tuple(p.shape) for _, p in model.named_parameters()]
+    theta0 = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+    def ce(theta, Xs, ys):  # per-sample cross-entropy of the hand-written model
+        return torch.nn.functional.cross_entropy(_attention_reference(theta, names, shapes, Xs), ys, reduction="none")
+
+    H = torch.autograd.functional.hessian(lambda th: ce(th, X, y).mean(), theta0)
+    damping = max(0.0, -float(torch.linalg.eigvalsh(H)[0])) + 0.05
+    G = torch.stack([torch.func.grad(lambda th: ce(th, X[i : i + 1], y[i : i + 1]).sum())(theta0) for i in range(len(X))])
+    g_test = torch.func.grad(lambda th: ce(th, Xt, yt).sum())(theta0)
+    expected = -G @ torch.linalg.solve(H + damping * torch.eye(len(theta0), dtype=F64), g_test)
+
+    exact = compute_influence(task, X, y, Xt, yt, InfluenceConfig(estimator="exact", damping=damping))
+    cg = compute_influence(task, X, y, Xt, yt, InfluenceConfig(estimator="cg", damping=damping, cg_tol=1e-12))
+    assert exact.n_params == len(theta0) == 75 and exact.path == PATH_GENERIC
+    torch.testing.assert_close(exact.total, expected, rtol=1e-8, atol=1e-11)
+    torch.testing.assert_close(cg.total, expected, rtol=1e-7, atol=1e-10)
+    assert cg.diagnostics["converged"]
+
+    idx = torch.arange(60, 75)  # head.weight (3 x 4) and head.bias (3) come last in theta
+    assert names[-2:] == ["head.weight", "head.bias"]
+    Hh = H[idx][:, idx]
+    expected_head = -G[:, idx] @ torch.linalg.solve(Hh + damping * torch.eye(len(idx), dtype=F64), g_test[idx])
+    last = compute_influence(task, X, y, Xt, yt, InfluenceConfig(estimator="last-layer", damping=damping))
+    assert last.tracked == ["head.weight", "head.bias"] and last.n_params == 15
+    torch.testing.assert_close(last.total, expected_head, rtol=1e-8, atol=1e-11)
+
+    # tracin over two hand-made checkpoints
+    ckpts = [{n: p.detach() + 0.1 * j for n, p in model.named_parameters()} for j in (1, 2)]
+    tr = compute_influence(task, X, y, Xt, yt, InfluenceConfig(estimator="tracin"), checkpoints=ckpts, checkpoint_weights=[0.5, 2.0])
+    ref = torch.zeros(len(X), dtype=F64)
+    for ck, w in zip(ckpts, [0.5, 2.0]):
+        th = torch.cat([ck[n].reshape(-1) for n in names])
+        Gc = torch.stack([torch.func.grad(lambda t: ce(t, X[i : i + 1], y[i : i + 1]).sum())(th) for i in range(len(X))])
+        ref -= w * Gc @ torch.func.grad(lambda t: ce(t, Xt, yt).sum())(th)
+    torch.testing.assert_close(tr.total, ref, rtol=1e-9, atol=1e-12)
+    assert torch.equal(torch.cat([p.detach().reshape(-1) for p in model.parameters()]), theta0)  # module untouched

@@ -11,6 +11,8 @@ import torch
 from torch import nn
 
 from attnaudit import landscape as L
+from attnaudit.core.engine import HessianVectorProduct
+from attnaudit.core.task import Inputs, Task, select_parameter_names
 from attnaudit.errors import AuditError
 from attnaudit.models import ModelSpec, build_model
 from attnaudit.training import TrainConfig, accuracy, loss_value, train
@@ -43,6 +45,19 @@ class MLP(nn.Module):
         return self.net(x)
 
 
+def _params(model, patterns=None):
+    """The named parameters (detached), optionally those the core selector picks."""
+    names = select_parameter_names(model, patterns or "all")
+    named = dict(model.named_parameters())
+    return {k: named[k].detach() for k in names}
+
+
+def hvp(model, X, y, loss, chunk=4096):
+    """The engine's Hessian-vector product of the training loss (the one HVP of the project)."""
+    engine = L.landscape_engine(L.landscape_task(model, X, loss), X)
+    return engine.hvp_operator(X, engine.targets(y), chunk=chunk)
+
+
 def dense_hessian(model, X, y, loss):
     """Dense Hessian of the training loss by torch.autograd.functional.hessian (independent of HVPs)."""
     names = [k for k, _ in model.named_parameters()]
@@ -66,7 +81,7 @@ def test_lanczos_top_eigenvalues_match_dense_hessian(arch, loss):
     model, X, y = _trained(arch, loss)
     H = dense_hessian(model, X, y, loss)
     evals, evecs = torch.linalg.eigh(H)
-    op = L.HessianOperator(model, X, y, loss)
+    op = hvp(model, X, y, loss)
     assert op.size == H.shape[0] == 6 * 5 + 6 * 3
     # fewer steps than the dimension: a real Krylov approximation, not a full tridiagonalisation
     res = L.lanczos_top_eigen(op, op.size, 3, max_steps=35, tol=1e-8, seed=5)
@@ -83,7 +98,7 @@ def test_hvp_matches_dense_hessian_generic_module_and_chunks():
     model = MLP()
     H = dense_hessian(model, X, y, "ce")
     v = torch.randn(H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(2))
-    op = L.HessianOperator(model, X, y, "ce", samples_per_batch=5)  # 5 chunks, last one short
+    op = hvp(model, X, y, "ce", chunk=5)  # 5 chunks, last one short
     torch.testing.assert_close(op(v), H @ v, rtol=1e-10, atol=1e-12)
 
 
@@ -105,7 +120,7 @@ def test_hutchinson_trace_within_standard_error_of_exact_trace():
     model, X, y = _trained("relu", "mse")
     H = dense_hessian(model, X, y, "mse")
     exact = float(H.trace())
-    op = L.HessianOperator(model, X, y, "mse")
+    op = hvp(model, X, y, "mse")
     s = 200
     plain = L.hutchinson_trace(op, op.size, s, seed=11)
     assert abs(plain.estimate - exact) < 4 * plain.stderr
@@ -162,7 +177,7 @@ def test_zero_weight_rows_give_zero_direction_rows():
 @pytest.mark.parametrize("arch,loss,backend", [("relu", "mse", "structured"), ("attn", "ce", "structured"), ("attn", "mse", "vmap"), ("relu", "ce", "loop")])
 def test_batched_evaluation_matches_state_dict_reload(arch, loss, backend):
     model, X, y = _trained(arch, loss, steps=30)
-    params = L.select_params(model)
+    params = _params(model)
     dirs = [L.random_direction(params, s) for s in (0, 1, 2)]
     coeffs = torch.randn(11, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     ref = L.state_dict_loop(model, X, y, loss, dirs, coeffs)
@@ -178,12 +193,12 @@ def test_batched_evaluation_matches_state_dict_reload(arch, loss, backend):
 def test_generic_module_vmap_matches_reload_and_perturbs_subset():
     X, y = _data(n=30, d=4)
     model = MLP()
-    params = L.select_params(model, ["net.0.*"])
+    params = _params(model, ["net.0.*"])
     assert list(params) == ["net.0.weight", "net.0.bias"]
     dirs = [L.random_direction(params, 0, keep_1d=True)]
     coeffs = torch.linspace(-1, 1, 5, dtype=torch.float64)[:, None]
     ev = L.evaluate_points(model, X, y, "ce", dirs, coeffs, samples_per_batch=8)
-    assert ev.backend == "vmap"
+    assert ev.backend == "vmap" and ev.path == L.GENERIC_PATH
     torch.testing.assert_close(ev.loss, L.state_dict_loop(model, X, y, "ce", dirs, coeffs), rtol=1e-12, atol=1e-13)
     with pytest.raises(AuditError, match="structured"):
         L.evaluate_points(model, X, y, "ce", dirs, coeffs, backend="structured")
@@ -193,14 +208,16 @@ def test_surfaces_at_origin_equal_training_loss():
     model, X, y = _trained("attn", "mse")
     with torch.no_grad():
         train_loss = float(loss_value(model(X), y, "mse"))
-    params = L.select_params(model)
+    params = _params(model)
     d1, d2 = L.random_direction(params, 0), L.random_direction(params, 1)
-    s1 = L.loss_surface_1d(model, X, y, "mse", d1, points=7, span=0.5)
+    evaluate = L.build_evaluator(model, X, y, "mse")
+    assert evaluate.path == L.FAST_PATH
+    s1 = L.loss_surface_1d(evaluate, d1, points=7, span=0.5)
     assert s1.alphas[3] == 0.0 and s1.loss[3] == pytest.approx(train_loss, rel=1e-13)
-    s2 = L.loss_surface_2d(model, X, y, "mse", d1, d2, grid=5, span=0.5)
+    s2 = L.loss_surface_2d(evaluate, d1, d2, grid=5, span=0.5)
     assert s2.loss[2][2] == pytest.approx(train_loss, rel=1e-13)
     # the 2-D surface's first-direction row through beta = 0 is the 1-D curve on the same alphas
-    s1b = L.loss_surface_1d(model, X, y, "mse", d1, points=5, span=0.5)
+    s1b = L.loss_surface_1d(evaluate, d1, points=5, span=0.5)
     np.testing.assert_allclose([r[2] for r in s2.loss], s1b.loss, rtol=1e-12)
 
 
@@ -210,10 +227,10 @@ def test_basin_width_matches_quadratic_closed_form():
     X, y = _data(n=50, d=4, c=3)
     model = nn.Linear(4, 3, bias=False).double()
     Y = torch.nn.functional.one_hot(y, 3).double()
-    params = L.select_params(model)
+    params = _params(model)
     dirs = [L.random_direction(params, s) for s in (0, 1, 2)]
     factor = 1.5
-    res = L.basin_width(model, X, y, "mse", dirs, factor=factor, max_radius=10.0, points=30)
+    res = L.basin_width(L.build_evaluator(model, X, y, "mse"), dirs, factor=factor, max_radius=10.0, points=30)
     W = params["weight"]
     R = X @ W.T - Y
     a0 = 0.5 * float((R**2).sum()) / 50
@@ -232,8 +249,8 @@ def test_basin_width_matches_quadratic_closed_form():
 
 def test_basin_censored_when_threshold_not_reached():
     model, X, y = _trained("relu", "mse", steps=0)
-    params = L.select_params(model)
-    res = L.basin_width(model, X, y, "mse", [L.random_direction(params, 0)], factor=1e6, max_radius=0.01)
+    params = _params(model)
+    res = L.basin_width(L.build_evaluator(model, X, y, "mse"), [L.random_direction(params, 0)], factor=1e6, max_radius=0.01)
     assert res.censored == 2 and res.radii == (0.01, 0.01)
 
 
@@ -310,24 +327,25 @@ def test_top_share_and_progress_against_dense_spectrum_and_counted_work(monkeypa
                 phase[0] = "after"
         return wrapped
 
+    from attnaudit.landscape import analysis
+
     for name in ("lanczos_top_eigen", "hutchinson_trace", "loss_surface_1d", "loss_surface_2d", "basin_width"):
-        monkeypatch.setattr(L, name, in_phase(name, getattr(L, name)))
-    matvec = L.HessianOperator.matvec
+        monkeypatch.setattr(analysis, name, in_phase(name, getattr(analysis, name)))
+    matmat = HessianVectorProduct.matmat
 
-    def counted_matvec(self, v):
-        products[phase[0]] = products.get(phase[0], 0) + 1
-        return matvec(self, v)
+    def counted_matmat(self, V):
+        products[phase[0]] = products.get(phase[0], 0) + int(V.shape[0])
+        return matmat(self, V)
 
-    monkeypatch.setattr(L.HessianOperator, "matvec", counted_matvec)
-    monkeypatch.setattr(L.HessianOperator, "__call__", counted_matvec)
-    evaluate = L.evaluate_points
+    monkeypatch.setattr(HessianVectorProduct, "matmat", counted_matmat)
+    evaluate = L.SurfaceEvaluator.__call__
 
-    def counted_evaluate(model, X, y, loss, directions, coeffs, *args, **kwargs):
-        if kwargs.get("progress") is not None:  # the points the code says it reports
+    def counted_evaluate(self, directions, coeffs, progress=None):
+        if progress is not None:  # the points the code says it reports
             points[phase[0]] = points.get(phase[0], 0) + int(coeffs.shape[0])
-        return evaluate(model, X, y, loss, directions, coeffs, *args, **kwargs)
+        return evaluate(self, directions, coeffs, progress)
 
-    monkeypatch.setattr(L, "evaluate_points", counted_evaluate)
+    monkeypatch.setattr(L.SurfaceEvaluator, "__call__", counted_evaluate)
 
     def tick(k):
         ticks[phase[0]] = ticks.get(phase[0], 0) + k
@@ -365,6 +383,157 @@ def test_config_validation_and_loss_mismatch():
     assert L.loss_mismatch_warning({"relu": 0.1, "attn": 0.15}) is None
     msg = L.loss_mismatch_warning({"relu": 0.1, "attn": 0.45})
     assert msg and "4.5x" in msg and "--match-loss" in msg
+
+
+# --------------------------------------------------------------------------- fast path vs generic engine path
+
+
+@pytest.mark.parametrize("arch,loss", [("relu", "mse"), ("attn", "ce")])
+def test_generic_engine_path_equals_structured_fast_path(arch, loss):
+    """Both built-in nets: the generic engine path (vmap over functional_call) gives the fast path's surfaces,
+    basin, eigenvalues and trace to float64 round-off, with the same seeds; each result says which path ran."""
+    model, X, y = _trained(arch, loss, steps=60)
+    cfg = dict(loss=loss, points=5, span=0.7, grid=5, top_k=3, lanczos_tol=1e-10, hutchinson_samples=6,
+               basin_directions=2, basin_points=8, seed=3, samples_per_batch=17)  # 3 sample chunks, last one short
+    fast = L.analyze_landscape(model, X, y, L.LandscapeConfig(**cfg))
+    slow = L.analyze_landscape(model, X, y, L.LandscapeConfig(fast_path=False, **cfg))
+    assert (fast.path, fast.backend) == ("fast: TwoLayerNet structured evaluation", "structured")
+    assert (slow.path, slow.backend) == ("generic: engine", "vmap")
+    assert fast.to_dict()["path"] == fast.path
+    np.testing.assert_allclose(slow.surface_1d.loss, fast.surface_1d.loss, rtol=1e-9, atol=0)
+    np.testing.assert_allclose(slow.surface_2d.loss, fast.surface_2d.loss, rtol=1e-9, atol=0)
+    np.testing.assert_array_equal(slow.surface_2d.accuracy, fast.surface_2d.accuracy)
+    np.testing.assert_allclose(slow.basin.radii, fast.basin.radii, rtol=1e-9)
+    np.testing.assert_allclose(slow.eigen.eigenvalues, fast.eigen.eigenvalues, rtol=1e-8)
+    np.testing.assert_allclose(slow.trace.estimate, fast.trace.estimate, rtol=1e-8)
+    # and the eigenvalues are the dense Hessian's
+    lam = torch.linalg.eigvalsh(dense_hessian(model, X, y, loss)).flip(0)[:3].numpy()
+    np.testing.assert_allclose(fast.eigen.eigenvalues, lam, rtol=1e-8)
+
+
+def test_selector_keywords_and_structured_declaration():
+    X, y = _data(n=30, d=4)
+    res = L.analyze_landscape(MLP(), X, y, L.LandscapeConfig(
+        loss="ce", params=("head",), points=3, grid=0, top_k=1, hutchinson_samples=2, basin_directions=1, basin_points=4))
+    assert res.param_names == ("net.2.weight", "net.2.bias") and res.path == L.GENERIC_PATH
+    res = L.analyze_landscape(MLP(), X, y, L.LandscapeConfig(
+        loss="ce", params=("net.0",), points=3, grid=0, top_k=1, hutchinson_samples=2, basin_directions=1, basin_points=4))
+    assert res.param_names == ("net.0.weight", "net.0.bias")
+    model, X, y = _trained("relu", "mse", steps=5)
+    ev = L.build_evaluator(model, X, y, "mse", params="head")
+    assert ev.engine.names == ["a"] and ev.path == L.FAST_PATH
+    with pytest.raises(L.ParameterSelectionError, match="nothing"):
+        L.build_evaluator(model, X, y, "mse", params="nothing*")
+    with pytest.raises(AuditError, match="fast_path=False"):
+        L.LandscapeConfig(backend="structured", fast_path=False)
+
+
+class ImageAttention(nn.Module):
+    """A user's transformer-style module on (B, 1, 4, 4) images: rows are tokens, trainable Q/K/V,
+    torch's fused scaled_dot_product_attention, mean pooling and a linear head."""
+
+    def __init__(self, dtype=torch.float32):
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(7)
+            self.q, self.k, self.v = (nn.Linear(4, 3, bias=False) for _ in range(3))
+            self.head = nn.Linear(3, 3)
+        self.to(dtype)
+
+    def forward(self, images):
+        tokens = images.flatten(1, 2)  # (B, 4 tokens, 4 features)
+        att = torch.nn.functional.scaled_dot_product_attention(self.q(tokens), self.k(tokens), self.v(tokens))
+        return self.head(att.mean(1))
+
+
+def _dense_ce_hessian(module, X, y):
+    """Dense Hessian of the mean cross entropy by torch.autograd.functional.hessian on a float64 copy."""
+    import copy
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    ref = copy.deepcopy(module).double().eval()
+    names = [k for k, _ in ref.named_parameters()]
+    shapes = [p.shape for _, p in ref.named_parameters()]
+    theta = torch.cat([p.detach().reshape(-1) for _, p in ref.named_parameters()])
+
+    def f(t):
+        parts = torch.split(t, [int(np.prod(s)) for s in shapes])
+        out = torch.func.functional_call(ref, {k: v.view(s) for k, v, s in zip(names, parts, shapes)}, (X.reshape(-1, 1, 4, 4),))
+        return torch.nn.functional.cross_entropy(out, y)
+
+    with sdpa_kernel(SDPBackend.MATH):  # the fused kernels have no double backward
+        return torch.autograd.functional.hessian(f, theta), float(f(theta))
+
+
+def test_any_module_images_and_sdpa_against_dense_hessian_and_module_untouched():
+    """Surfaces and Lanczos on a float32 module taking images through a Task; the analysis runs in
+    float64 and leaves the module as it was (dtype, values, training flag)."""
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(24, 16, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (24,), generator=g)
+    module = ImageAttention()
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    task = Task(module, n_classes=3, loss="ce", inputs=Inputs("images", (1, 4, 4)))
+    cfg = L.LandscapeConfig(points=5, span=0.5, grid=3, top_k=2, lanczos_steps=40, lanczos_tol=1e-10,
+                            hutchinson_samples=4, basin_directions=1, basin_points=6)
+    res = L.analyze_landscape(task, X, y, cfg)
+    H, loss0 = _dense_ce_hessian(module, X, y)
+    assert res.n_params == H.shape[0] == 3 * 12 + 12 and res.dtype == "float64" and res.path == L.GENERIC_PATH
+    assert res.backend == "vmap" and res.hvp_mode == "forward-over-reverse"  # the math kernel: batched, twice differentiable
+    assert res.eigen.converged
+    np.testing.assert_allclose(res.eigen.eigenvalues, torch.linalg.eigvalsh(H).flip(0)[:2].numpy(), rtol=1e-8)
+    assert res.loss == pytest.approx(loss0, rel=1e-12)
+    assert res.surface_1d.loss[2] == pytest.approx(loss0, rel=1e-12) and res.surface_2d.loss[1][1] == pytest.approx(loss0, rel=1e-12)
+    assert module.training and all(p.dtype == torch.float32 for p in module.parameters())
+    for k, v in module.state_dict().items():
+        assert torch.equal(v, before[k])
+
+
+def test_dropout_model_runs_in_eval_mode_and_keeps_its_flag():
+    X, y = _data(n=30, d=4)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        model = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Tanh(), nn.Linear(8, 3)).double()
+    assert model.training
+    cfg = L.LandscapeConfig(loss="ce", points=3, grid=3, top_k=2, hutchinson_samples=3, basin_directions=1, basin_points=4)
+    a = L.analyze_landscape(model, X, y, cfg).to_dict()
+    b = L.analyze_landscape(model, X, y, cfg).to_dict()
+    for key in ("loss", "top_eigenvalues", "trace", "surface_1d", "surface_2d", "basin"):
+        assert a[key] == b[key], key
+    assert model.training and model[1].training  # flags restored
+    with torch.no_grad():
+        eval_loss = float(torch.nn.functional.cross_entropy(model.eval()(X), y))
+    model.train()
+    assert a["loss"] == pytest.approx(eval_loss, rel=1e-13)  # no dropout applied
+
+
+def test_float32_module_unchanged_by_float64_analysis():
+    X, y = _data(n=25, d=4)
+    model = MLP().float()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    res = L.analyze_landscape(model, X, y, L.LandscapeConfig(
+        loss="ce", points=3, grid=0, top_k=1, hutchinson_samples=2, basin_directions=1, basin_points=4))
+    assert res.dtype == "float64" and all(p.dtype == torch.float32 for p in model.parameters())
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k])
+    with torch.no_grad():  # the float32 weights, computed in float64
+        ref = float(torch.nn.functional.cross_entropy(model.double()(X), y))
+    assert res.loss == pytest.approx(ref, rel=1e-12)
+
+
+def test_run_landscape_resolves_the_selector_before_training(monkeypatch):
+    from attnaudit import training
+    from attnaudit.data import DataSpec, load_dataset
+
+    ds = load_dataset(DataSpec(dataset="digits", n=40, seed=0))
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("trained before the selector was checked")
+
+    monkeypatch.setattr(training, "train", no_training)
+    with pytest.raises(L.ParameterSelectionError, match="nothing"):
+        L.run_landscape(ds, L.LandscapeConfig(params=("nothing*",)), width=4, train_config=training.TrainConfig(steps=1))
 
 
 # --------------------------------------------------------------------------- CLI
@@ -452,7 +621,7 @@ def test_cli_saved_model_and_match_loss(app, tmp_path):
         (["--basin-factor", "0.5"], ["--basin-factor"]),
         (["--loss", "hinge"], ["--loss", "hinge"]),
         (["--n-train", "99999"], ["--n-train"]),
-        (["--params", "nothing*"], ["--params", "no trainable parameters"]),
+        (["--params", "nothing*"], ["--params", "no trainable parameter", "nothing*"]),
     ],
 )
 def test_cli_bad_options_exit_2(app, args, needles):

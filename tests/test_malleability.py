@@ -350,6 +350,33 @@ def test_exact_over_budget_fails_before_training(digits):
         run_malleability(X, y, Xt, yt, 10, cfg, value_range=(0.0, 1.0), progress=lambda k=1: pytest.fail("trained first"))
 
 
+@pytest.mark.parametrize("estimator,per_model", [("last-layer", 8 * 10), ("exact", 8 * (64 + 10)), ("cg", 8 * (64 + 10))])
+def test_memory_estimate_counts_the_parameters_of_the_models_built(estimator, per_model):
+    from attnaudit.malleability import influence_memory_estimate
+
+    cfg = MalleabilityConfig(estimator=estimator, seeds=(0,), damping=(0.05,), **SMALL)  # width 8, digits: d 64, 10 classes
+    est = influence_memory_estimate(cfg, 64, 10, 60, 30)
+    assert est["tracked_parameters"] == per_model
+    names = ["a"] if estimator == "last-layer" else ["W", "a"]
+    assert est["tracked_parameter_names"] == {"relu": names, "attn": names}
+    # a saved model counts as it is (its own width), not as the configured width
+    saved = build_model(ModelSpec("relu", 64, 5, 10))
+    cfg1 = MalleabilityConfig(models=("relu",), estimator=estimator, seeds=(0,), damping=(0.05,), **SMALL)
+    assert influence_memory_estimate(cfg1, 64, 10, 60, 30, {"relu": saved})["tracked_parameters"] == per_model // 8 * 5
+
+
+def test_saved_float32_model_is_audited_without_being_modified(digits):
+    X, y, Xt, yt = digits
+    model = build_model(ModelSpec("relu", 64, 8, 10, seed=2), dtype=torch.float32)
+    train(model, X.float(), y, TrainConfig(lr=2.0, steps=20))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = MalleabilityConfig(attacks=("pgd",), seeds=(0,), protocol="static", controls=False, **SMALL)
+    res = run_malleability(X, y, Xt, yt, 10, cfg, value_range=(0.0, 1.0), fixed_models={"relu": model})
+    assert res.runs and all(v.dtype == torch.float32 for v in model.state_dict().values())
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert {d["path"] for d in res.influence_diagnostics} == {"fast: TwoLayerNet head, cached features"}
+
+
 def test_cli_audits_a_saved_checkpoint_statically(app, tmp_path):
     """--model: a user's trained model is audited as it is (static protocol, no retraining)."""
     import json as _json

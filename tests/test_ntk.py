@@ -8,13 +8,17 @@ import pytest
 import torch
 from torch import nn
 
+from attnaudit.core.task import Inputs, Task
 from attnaudit.errors import AuditError
 from attnaudit.models import ModelSpec, build_model, load_model, save_model
 from attnaudit.ntk import (
+    PATH_FAST_ENTK,
+    PATH_GENERIC_ENTK,
     LinearizedGDConfig,
     TwoLayerState,
     analytic_ntk,
     analytic_ntk_parts,
+    empirical_ntk,
     entk_jacobian,
     entk_two_layer,
     entk_two_layer_blocks,
@@ -148,12 +152,24 @@ def test_entk_blocks_stream_the_full_kernel():
     assert full[:, :, 0, 1].abs().max() > 1e-3 * full[:, :, 0, 0].abs().max()
 
 
-def test_entk_jacobian_generic_module_and_forward_adapter():
-    """A module with a bias and a (B,) output, via the forward adapter; vs literal autograd."""
+class _Difference(nn.Module):
+    """Wraps a (B, 2) net; returns {"logits": out_0 - out_1}, a (B,) tensor in a dict."""
+
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: torch.Tensor) -> dict:
+        out = self.net(x)
+        return {"logits": out[:, 0] - out[:, 1]}
+
+
+def test_entk_jacobian_generic_module_and_output_adapter():
+    """A module with a bias and a (B,) output inside a dict (to_logits); vs literal autograd."""
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(3, 6), nn.Tanh(), nn.Linear(6, 2)).double()
     X = _data(5, 3)
-    K = entk_jacobian(net, X, forward=lambda mod, xb: mod(xb)[:, 0] - mod(xb)[:, 1], memory_bytes=200)
+    K = entk_jacobian(_Difference(net), X, memory_bytes=200)
     assert K.shape == (5, 5, 1, 1)
     rows = []
     for i in range(5):
@@ -162,15 +178,118 @@ def test_entk_jacobian_generic_module_and_forward_adapter():
         rows.append(torch.cat([t.reshape(-1) for t in g]))
     J = torch.stack(rows)
     assert torch.allclose(K[:, :, 0, 0], J @ J.T, rtol=1e-12, atol=1e-14)
-    # restricting to named parameters
+    # restricting to named parameters, by exact names or by the "head" selector
     K_last = entk_jacobian(net, X, params=["2.weight", "2.bias"])
     with torch.no_grad():
         h = net[1](net[0](X))
     expected = h @ h.T + 1.0
     assert torch.allclose(K_last[:, :, 0, 0], expected, rtol=1e-12)
     assert torch.allclose(K_last[:, :, 0, 1], torch.zeros(5, 5, dtype=F64))
+    assert torch.equal(entk_jacobian(net, X, params="head"), K_last)
     with pytest.raises(AuditError):
         entk_jacobian(net, X, params=["nope"])
+    with pytest.raises(AuditError):
+        entk_jacobian(net, X, form="diag")
+
+
+@pytest.mark.parametrize("arch", ["relu", "attn"])
+@pytest.mark.parametrize("par", ["ntk", "standard"])
+def test_empirical_ntk_fast_path_equals_engine_path(arch, par):
+    """The declared closed-form fast path and the generic engine give the same kernel."""
+    X = _data(7, 5)
+    X2 = _data(4, 5, seed=1)
+    model = build_model(ModelSpec(arch, 5, 12, 3, parametrization=par, seed=6), X)
+    for form in ("full", "trace"):
+        for second in (None, X2):
+            fast = empirical_ntk(model, X, second, form=form)
+            slow = empirical_ntk(model, X, second, form=form, fast_path=False)
+            assert fast.path == PATH_FAST_ENTK and fast.fast_path_reason is None
+            assert slow.path == PATH_GENERIC_ENTK and "switched off" in slow.fast_path_reason
+            assert fast.kernel.shape == slow.kernel.shape and fast.kernel.dtype == F64
+            assert (fast.kernel - slow.kernel).abs().max() <= 1e-13 * fast.kernel.abs().max()
+    # a Task with the flat default adapter takes the fast path too
+    task = Task(model, 3)
+    assert empirical_ntk(task, X).path == PATH_FAST_ENTK
+    # the fast path declares when it does not apply: only the head tracked, or another dtype
+    head = empirical_ntk(model, X, params="head")
+    assert head.path == PATH_GENERIC_ENTK and head.names == ["a"] and "not all" in head.fast_path_reason
+    with torch.no_grad():
+        S = model.hidden(X) * model.preactivation_scale()[1]
+    assert torch.allclose(head.kernel, (S @ S.T)[:, :, None, None] * torch.eye(3, dtype=F64), rtol=1e-12, atol=1e-15)
+    other = empirical_ntk(model, X, dtype=torch.float32)
+    assert other.path == PATH_GENERIC_ENTK and other.kernel.dtype == torch.float32
+    assert model.W.dtype == F64  # the module is never cast
+
+
+def _sdpa_net(x: torch.Tensor, p: dict, training: bool = False) -> torch.Tensor:
+    """Images (B, 1, 4, 4) -> four 2x2 patch tokens -> embedding -> 2-head softmax attention
+    (scaled_dot_product_attention, trainable Q/K/V) -> mean pool -> dropout -> 3 logits."""
+    B = x.shape[0]
+    tokens = x.reshape(B, 1, 2, 2, 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(B, 4, 4)
+    h = torch.tanh(tokens @ p["embed.weight"].T + p["embed.bias"])  # (B, 4, 6)
+
+    def heads(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(B, 4, 2, 3).transpose(1, 2)  # (B, 2 heads, 4 tokens, 3)
+
+    q, k, v = (heads(h @ p[f"{n}.weight"].T) for n in ("q", "k", "v"))
+    att = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    pooled = (h + att.transpose(1, 2).reshape(B, 4, 6)).mean(1)
+    pooled = torch.nn.functional.dropout(pooled, 0.5, training)
+    return pooled @ p["head.weight"].T + p["head.bias"]
+
+
+class _TinyAttention(nn.Module):
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embed = nn.Linear(4, 6)
+        self.q, self.k, self.v = (nn.Linear(6, 6, bias=False) for _ in range(3))
+        self.head = nn.Linear(6, 3)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        assert images.shape[1:] == (1, 4, 4)
+        return _sdpa_net(images, dict(self.named_parameters()), self.drop.training)
+
+
+def test_engine_entk_on_sdpa_attention_with_images_equals_explicit_jacobians():
+    """Engine eNTK of an SDPA attention net on (B, 1, 4, 4) images vs per-sample Jacobians by
+    torch.autograd.functional.jacobian (no torch.func); the module stays in train mode."""
+    model = _TinyAttention().double().train()
+    X = _data(5, 16, seed=7)
+    X2 = _data(3, 16, seed=8)
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    names = [n for n, _ in model.named_parameters()]
+    params = tuple(p.detach() for _, p in model.named_parameters())
+
+    def jac(rows: torch.Tensor) -> torch.Tensor:
+        out = []
+        for row in rows:
+            image = row.reshape(1, 1, 4, 4)
+            parts = torch.autograd.functional.jacobian(
+                lambda *ps: _sdpa_net(image, dict(zip(names, ps)))[0], params)
+            out.append(torch.cat([j.reshape(3, -1) for j in parts], dim=1))
+        return torch.stack(out)  # (n, c, P)
+
+    J1, J2 = jac(X), jac(X2)
+    task = Task(model, 3, inputs=Inputs("images", (1, 4, 4)))
+    res = empirical_ntk(task, X, X2)
+    assert res.path == PATH_GENERIC_ENTK and "not a TwoLayerNet" in res.fast_path_reason
+    expected = torch.einsum("iap,jbp->ijab", J1, J2)
+    assert (res.kernel - expected).abs().max() <= 1e-12 * expected.abs().max()
+    # symmetric kernel, chunked to one row at a time, and the trace form
+    K11 = entk_jacobian(task, X, memory_bytes=1)
+    assert torch.allclose(K11, torch.einsum("iap,jbp->ijab", J1, J1), rtol=1e-12, atol=1e-14)
+    tr = entk_jacobian(model, X, X2, form="trace", inputs=Inputs("images", (1, 4, 4)))
+    assert torch.allclose(tr, torch.einsum("iap,jap->ij", J1, J2) / 3, rtol=1e-12, atol=1e-14)
+    # Q/K/V alone by glob selector
+    qkv = entk_jacobian(task, X, X2, params="[qkv].weight")
+    sizes = [p.numel() for p in params]
+    start = sum(sizes[: names.index("q.weight")])
+    sl = slice(start, start + sum(sizes[names.index("q.weight") : names.index("v.weight") + 1]))
+    assert torch.allclose(qkv, torch.einsum("iap,jbp->ijab", J1[..., sl], J2[..., sl]), rtol=1e-12, atol=1e-14)
+    assert model.training and model.drop.training
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
 # ---------------------------------------------------------------- linearized GD predictor

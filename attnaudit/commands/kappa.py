@@ -10,29 +10,8 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from ..cli_common import (
-    ClassesOpt,
-    DataDirOpt,
-    DataOpt,
-    DatasetOpt,
-    DebugOpt,
-    DeviceOpt,
-    DownloadOpt,
-    JsonOpt,
-    OutDirOpt,
-    OutputOptions,
-    OverwriteOpt,
-    PngOpt,
-    PreprocessOpt,
-    QuietOpt,
-    SeedOpt,
-    SplitOpt,
-    cli_errors,
-    data_spec_from_options,
-    emit,
-    parse_list,
-    progress,
-)
+from ..cli_common import DeviceOpt, SeedOpt, cli_errors, emit, parse_list, progress
+from ..cli_options import DataOptions, OutputBundle, bundled
 from ..errors import AuditError
 
 
@@ -89,27 +68,17 @@ def _sweep_table(summary) -> Table:
 
 def register(app: typer.Typer) -> None:
     @app.command("kappa")
+    @bundled(data=DataOptions, out=OutputBundle)
     def kappa_command(
-        dataset: DatasetOpt = "digits",
-        data: DataOpt = None,
-        data_dir: DataDirOpt = None,
-        split: SplitOpt = "train",
+        data: DataOptions,
+        out: OutputBundle,
         n: Annotated[Optional[str], typer.Option("--n", help="Subset size, or a list (64,128,256) for a sweep; default: all rows.")] = None,
         seeds: Annotated[int, typer.Option("--seeds", help="Number of random subsets per n (seeds seed, seed+1, ...).")] = 1,
         stratify: Annotated[bool, typer.Option("--stratify", help="Draw subsets stratified by class.")] = False,
-        classes: ClassesOpt = None,
-        preprocess: PreprocessOpt = "raw",
         rank_tol: Annotated[Optional[float], typer.Option("--rank-tol", help="Relative rank tolerance (default max(n,d)*eps, numpy's matrix_rank rule).")] = None,
         direct_check: Annotated[bool, typer.Option("--direct-check/--no-direct-check", help="Measure kappa(G~) from f_att(X) directly.")] = True,
-        download: DownloadOpt = False,
         seed: SeedOpt = 0,
         device: DeviceOpt = "auto",
-        json: JsonOpt = None,
-        png: PngOpt = None,
-        out_dir: OutDirOpt = None,
-        quiet: QuietOpt = False,
-        overwrite: OverwriteOpt = False,
-        debug: DebugOpt = False,
     ) -> None:
         """Gram spectrum, condition numbers, linearized-attention amplification and NTK width scale."""
         from ..device import resolve_device
@@ -117,8 +86,8 @@ def register(app: typer.Typer) -> None:
         from ..kappa import SCHEMA, KappaConfig, analyse_kappa, plot_kappa, summarise_sweep, sweep_cell
         from ..report import build_report
 
-        with cli_errors(debug):
-            opts = OutputOptions(json=json, png=png, out_dir=out_dir, quiet=quiet, overwrite=overwrite)
+        with cli_errors(out.debug):
+            opts = out.options()
             if seeds < 1:
                 raise AuditError(f"--seeds must be >= 1, got {seeds}")
             ns = parse_list(n, int, "--n") if n is not None else [None]
@@ -130,7 +99,7 @@ def register(app: typer.Typer) -> None:
             config = KappaConfig(rank_tol=rank_tol, direct_check=direct_check)
             dev = resolve_device(device)
             opts.check_writable(("kappa.png",))
-            base_spec = data_spec_from_options(dataset, data, data_dir, split, classes, preprocess, seed, download, n=ns[0], stratify=stratify)
+            base_spec = data.spec(seed, n=ns[0], stratify=stratify)
 
             timings: dict[str, float] = {}
             t0 = time.perf_counter()
@@ -164,14 +133,10 @@ def register(app: typer.Typer) -> None:
             report = build_report(
                 SCHEMA,
                 inputs={
-                    "dataset": dataset if data is None else None,
-                    "data": data,
-                    "split": split,
+                    **data.inputs(),
                     "n": ns,
                     "seeds": seeds,
                     "stratify": stratify,
-                    "classes": classes,
-                    "preprocess": preprocess,
                     "rank_tol": rank_tol,
                     "direct_check": direct_check,
                 },

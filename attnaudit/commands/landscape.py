@@ -1,4 +1,4 @@
-"""`attnaudit landscape`: thin CLI over :mod:`attnaudit.landscape`."""
+"""`attnaudit landscape`: options -> :func:`attnaudit.landscape.run_landscape` -> report."""
 
 from __future__ import annotations
 
@@ -12,28 +12,16 @@ import typer
 from rich.text import Text
 
 from ..cli_common import (
-    ClassesOpt,
-    DataDirOpt,
-    DataOpt,
-    DebugOpt,
     DeviceOpt,
-    DownloadOpt,
-    JsonOpt,
-    OutDirOpt,
-    OutputOptions,
-    OverwriteOpt,
-    PngOpt,
-    PreprocessOpt,
-    QuietOpt,
     SeedOpt,
     cli_errors,
-    data_spec_from_options,
     emit,
     parse_list,
     preset_value,
     progress,
     refuse_training_options_for_saved_model,
 )
+from ..cli_options import DataOptions, OutputBundle, bundled
 from ..errors import AuditError
 
 # Training and analysis sizes per preset; explicit options override every entry.
@@ -61,18 +49,14 @@ def _labels_for_paths(paths: list[str]) -> list[str]:
 
 def register(app: typer.Typer) -> None:
     @app.command("landscape")
+    @bundled(source=DataOptions.defaults(dataset=None, split=None), out=OutputBundle)
     def landscape_command(
+        source: DataOptions,
+        out: OutputBundle,
         preset: Annotated[str, typer.Option("--preset", help="quick (default; digits, < 2 min on 2 CPU cores) or paper (MNIST train split, n_train 2000, ~5 min). Explicit options override it.")] = "quick",
         models: Annotated[Optional[str], typer.Option("--models", help="Models to train and compare: relu (2L-ReLU), attn (MLP-Attn), comma-separated (default relu,attn).")] = None,
         model: Annotated[Optional[list[str]], typer.Option("--model", help="Analyse a saved model (safetensors written by attnaudit) instead of training; repeat to compare several.")] = None,
-        dataset: Annotated[Optional[str], typer.Option("--dataset", help="digits, mnist, fashion-mnist, cifar10, synthetic (default from --preset).")] = None,
-        data: DataOpt = None,
-        data_dir: DataDirOpt = None,
-        split: Annotated[Optional[str], typer.Option("--split", help="train or test (default train).")] = None,
         n_train: Annotated[Optional[int], typer.Option("--n-train", help="Training samples: the loss, Hessian and surfaces are over these (default from --preset).")] = None,
-        classes: ClassesOpt = None,
-        preprocess: PreprocessOpt = "raw",
-        download: DownloadOpt = False,
         width: Annotated[Optional[int], typer.Option("--width", help="Hidden width m (default from --preset).")] = None,
         steps: Annotated[Optional[int], typer.Option("--steps", help="Full-batch GD steps (the budget under --match-loss).")] = None,
         lr: Annotated[Optional[float], typer.Option("--lr", help="GD learning rate (default from --preset).")] = None,
@@ -87,27 +71,22 @@ def register(app: typer.Typer) -> None:
         keep_1d_params: Annotated[bool, typer.Option("--keep-1d-params", help="Perturb biases/1-D parameters too (one filter each) instead of zeroing them in random directions.")] = False,
         basin_directions: Annotated[int, typer.Option("--basin-directions", help="Random directions (both signs) averaged for the basin width.")] = 8,
         basin_factor: Annotated[float, typer.Option("--basin-factor", help="The basin ends where the loss first reaches this factor times its minimum.")] = 2.0,
-        params: Annotated[Optional[str], typer.Option("--params", help="Only these parameters (comma-separated glob patterns, e.g. W or 'layers.0.*'); default all.")] = None,
+        params: Annotated[Optional[str], typer.Option("--params", help="Only these parameters: all, head (the logits layer), module names or glob patterns, comma-separated (e.g. W or 'layers.0.*'); default all.")] = None,
         seed: SeedOpt = 0,
         device: DeviceOpt = "auto",
-        json: JsonOpt = None,
-        png: PngOpt = None,
-        out_dir: OutDirOpt = None,
-        quiet: QuietOpt = False,
-        overwrite: OverwriteOpt = False,
-        debug: DebugOpt = False,
     ) -> None:
         """Loss landscape: top Hessian eigenvalues, trace, basin width and 1-D/2-D loss surfaces."""
-        from ..data import check_seed, data_fingerprint, load_dataset
+        from ..data import check_seed, load_dataset
         from ..device import resolve_device
-        from ..landscape import LandscapeConfig, analyze_landscape, select_params, train_reference_model
-        from ..landscape_report import PNG_NAME, SCHEMA, build_tables, compare_landscapes, plot_landscape
-        from ..models import ModelSpec, build_model, load_model, training_data_mismatch
+        from ..landscape import LandscapeConfig, ParameterSelectionError, run_landscape, run_work_units
+        from ..landscape.report import PNG_NAME, SCHEMA, build_tables, plot_landscape
+        from ..landscape.setup import check_selector
+        from ..models import load_model
         from ..report import build_report
         from ..training import TrainConfig
 
-        with cli_errors(debug):
-            opts = OutputOptions(json=json, png=png, out_dir=out_dir, quiet=quiet, overwrite=overwrite)
+        with cli_errors(out.debug):
+            opts = out.options()
             key = preset.strip().lower()
             if key not in PRESETS:
                 raise AuditError(f"unknown --preset {preset!r}; use {' or '.join(PRESETS)}")
@@ -140,79 +119,54 @@ def register(app: typer.Typer) -> None:
                 basin_directions=basin_directions, basin_factor=basin_factor, seed=seed,
             )
             dev = resolve_device(device)
-            loaded = []
-            if model:
-                for path in model:
-                    loaded.append(load_model(path))  # fails now, before data is read
-            for net in loaded or [build_model(ModelSpec("relu", 1, 1, 1))]:  # same parameter names as attn
-                select_params(net, patterns)  # a --params typo fails now, not after training
-            opts.check_writable((PNG_NAME,))
-            ds_name = dataset if dataset is not None else (None if data is not None else p["dataset"])
-            split_name = preset_value(split, p, "split")
-            spec = data_spec_from_options(ds_name or "digits", data, data_dir, split_name, classes, preprocess, seed, download, n=ntr, stratify=True)
-
-            timings: dict[str, float] = {}
-            t0 = time.perf_counter()
-            try:
-                ds = load_dataset(spec)
-            except AuditError as exc:
-                if "--n " in str(exc):
-                    raise AuditError(str(exc).replace("--n ", "--n-train ").replace("lower --n", "lower --n-train")) from None
-                raise
-            if ds.y is None:
-                raise AuditError(f"{ds.name} has no labels; the loss landscape needs labelled data")
-            X, y = ds.X.to(dev), ds.y.to(dev)
-            timings["load"] = time.perf_counter() - t0
-
             labels = _labels_for_paths(model) if model else list(arch_list)
-            provenance = []
-            if loaded:
-                fingerprint = data_fingerprint(ds.X, ds.y)
-                provenance = [w for w in (training_data_mismatch(net, label, fingerprint) for label, net in zip(labels, loaded)) if w]
-            for label, net in zip(labels, loaded):
-                if net.spec.d_in != ds.d:
-                    raise AuditError(f"--model {label} takes {net.spec.d_in} input features but {ds.name} has {ds.d}; use the data it was trained on")
-                if int(y.max()) >= net.spec.n_out:
-                    raise AuditError(f"--model {label} has {net.spec.n_out} outputs but the labels go up to {int(y.max())}; use matching --classes")
-            total = config.work_units() * len(labels) + (0 if model else train_cfg.steps * len(labels))
-            results, training = {}, {}
-            if not opts.quiet:
-                what = f"saved model(s) {', '.join(labels)}" if model else f"models {','.join(labels)}, width {m}, {train_cfg.steps} steps, lr {train_cfg.lr:g}"
-                opts.console.print(f"landscape: {ds.name} ({split_name}), n={ds.n}, {what}", highlight=False)
-            with progress(opts, "landscape", total) as advance:
-                for i, label in enumerate(labels):
-                    t1 = time.perf_counter()
-                    if model:
-                        net = loaded[i].to(device=dev, dtype=X.dtype)  # analyses run in float64
-                        training[label] = {"source": str(model[i]), "spec": dataclasses.asdict(net.spec)}
-                    else:
-                        net, tr = train_reference_model(label, X, y, ds.n_classes, width=m, seed=seed, train_config=train_cfg)
-                        if tr.diverged:
-                            raise AuditError(f"training {label} diverged (loss {tr.final_loss}); lower --lr")
-                        training[label] = {
-                            "steps_run": tr.steps_run, "final_loss": tr.final_loss, "reached_match_loss": tr.reached_tol,
-                            "loss_curve_every_10": tr.loss_curve, "model_seed": seed,
-                        }
-                        advance(train_cfg.steps)
-                    timings[f"{label}.train"] = time.perf_counter() - t1
-                    t1 = time.perf_counter()
-                    results[label] = analyze_landscape(net, X, y, config, progress=advance)
-                    timings[f"{label}.analysis"] = time.perf_counter() - t1
-            timings["total"] = time.perf_counter() - t0
+            saved = None
+            try:
+                if model:
+                    # fails now, before data are read: unreadable checkpoints, a --params typo
+                    saved = {label: load_model(path).to(device=dev) for label, path in zip(labels, model)}
+                    for net in saved.values():
+                        check_selector(net, config.params)
+                opts.check_writable((PNG_NAME,))
+                ds_name = source.dataset if source.dataset is not None else (None if source.data is not None else p["dataset"])
+                split_name = preset_value(source.split, p, "split")
+                spec = source.spec(seed, n=ntr, stratify=True, dataset=ds_name, split=split_name)
 
-            verdicts, warnings = compare_landscapes(
-                results, training if not model else {}, lr=None if model else train_cfg.lr, match_loss=match_loss,
-            )
-            warnings = provenance + list(warnings)
+                t0 = time.perf_counter()
+                try:
+                    ds = load_dataset(spec)
+                except AuditError as exc:
+                    if "--n " in str(exc):
+                        raise AuditError(str(exc).replace("--n ", "--n-train ").replace("lower --n", "lower --n-train")) from None
+                    raise
+                if ds.y is None:
+                    raise AuditError(f"{ds.name} has no labels; the loss landscape needs labelled data")
+                load_time = time.perf_counter() - t0
+                if not opts.quiet:
+                    what = f"saved model(s) {', '.join(labels)}" if model else f"models {','.join(labels)}, width {m}, {train_cfg.steps} steps, lr {train_cfg.lr:g}"
+                    opts.console.print(f"landscape: {ds.name} ({split_name}), n={ds.n}, {what}", highlight=False)
+                total = run_work_units(config, len(labels), 0 if model else train_cfg.steps)
+                with progress(opts, "landscape", total) as advance:
+                    run = run_landscape(
+                        dataclasses.replace(ds, X=ds.X.to(dev), y=ds.y.to(dev)), config,
+                        models=None if model else arch_list, width=m, train_config=None if model else train_cfg,
+                        seed=seed, saved=saved, saved_info={label: {"source": str(path)} for label, path in zip(labels, model or [])},
+                        progress=advance,
+                    )
+            except ParameterSelectionError as exc:
+                raise AuditError(f"--params: {exc}") from None
+            timings = {"load": load_time, **run.timings, "total": time.perf_counter() - t0}
+
+            out = run.to_dict()
             report = build_report(
                 SCHEMA,
                 inputs={
                     "preset": key,
-                    "dataset": ds_name if data is None else None,
-                    "data": data,
+                    "dataset": ds_name if source.data is None else None,
+                    "data": source.data,
                     "split": split_name,
-                    "classes": classes,
-                    "preprocess": preprocess,
+                    "classes": source.classes,
+                    "preprocess": source.preprocess,
                     "n_train": ntr,
                     "models": list(labels),
                     "saved_models": list(model) if model else None,
@@ -223,18 +177,14 @@ def register(app: typer.Typer) -> None:
                 },
                 seeds={"base_seed": seed, "model_seed": None if model else seed, "subset_seed": seed, "landscape": config.seeds()},
                 device=dev,
-                dtype="float64",
+                dtype=config.dtype,
                 timings=timings,
-                results={
-                    "dataset": ds.info,
-                    "models": {k: {"training": training[k], **results[k].to_dict()} for k in labels},
-                    "gd_stability_bound": None if model else 2.0 / train_cfg.lr,
-                },
-                warnings=warnings,
-                verdicts=verdicts,
+                results={"dataset": ds.info, "models": out["models"], "gd_stability_bound": out["gd_stability_bound"]},
+                warnings=list(run.warnings),
+                verdicts=list(run.verdicts),
             )
-            renderables: list = build_tables(results, training if not model else {}, None if model else train_cfg.lr)
-            renderables.extend(Text(f"- {v}") for v in verdicts)
-            renderables.extend(Text(f"warning: {w}", style="yellow") for w in warnings)
+            renderables: list = build_tables(run.results, run.training if not model else {}, run.lr)
+            renderables.extend(Text(f"- {v}") for v in run.verdicts)
+            renderables.extend(Text(f"warning: {w}", style="yellow") for w in run.warnings)
             title = f"{ds.name}: n={ds.n}, {loss_name}, directions {config.directions}, seed {seed}"
-            emit(opts, report, renderables, plot=lambda path: plot_landscape(results, path, title), png_name=PNG_NAME)
+            emit(opts, report, renderables, plot=lambda path: plot_landscape(run.results, path, title), png_name=PNG_NAME)

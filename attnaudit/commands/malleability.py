@@ -9,33 +9,24 @@ import typer
 from rich.text import Text
 
 from ..cli_common import (
-    ClassesOpt,
-    DataDirOpt,
-    DataOpt,
-    DebugOpt,
     DeviceOpt,
-    DownloadOpt,
-    JsonOpt,
-    OutDirOpt,
-    OutputOptions,
-    OverwriteOpt,
-    PngOpt,
-    PreprocessOpt,
-    QuietOpt,
     cli_errors,
-    data_spec_from_options,
     emit,
     parse_list,
     preset_value,
     progress,
     refuse_training_options_for_saved_model,
 )
+from ..cli_options import DataOptions, OutputBundle, bundled
 from ..errors import AuditError
 
 
 def register(app: typer.Typer) -> None:
     @app.command("malleability")
+    @bundled(source=DataOptions.defaults(dataset=None, split=None), out=OutputBundle)
     def malleability_command(
+        source: DataOptions,
+        out: OutputBundle,
         preset: Annotated[str, typer.Option("--preset", help="quick (digits, < 2 min) or paper (MNIST 2,000 train, PGD eps 0.3, 5 seeds, controls). Explicit options override it.")] = "quick",
         models: Annotated[Optional[str], typer.Option("--models", help="Models to compare, e.g. relu,attn (ratios are over the first).")] = None,
         attacks: Annotated[Optional[str], typer.Option("--attacks", help="pgd, fgsm, mim, random (noise control), none.")] = None,
@@ -60,20 +51,7 @@ def register(app: typer.Typer) -> None:
         controls: Annotated[Optional[bool], typer.Option("--controls/--no-controls", help="Run the reinit control (retrain on clean data from another init); off with --model.")] = None,
         model: Annotated[Optional[list[str]], typer.Option("--model", help="Audit a saved model (safetensors written by attnaudit) as it is, with --protocol static, on the data it was trained on; repeat for one relu and one attn model.")] = None,
         max_flip_rate: Annotated[Optional[float], typer.Option("--max-flip-rate", help="Exit 1 when a model's mean flip rate under an attack exceeds this share (CI gate).")] = None,
-        dataset: Annotated[Optional[str], typer.Option("--dataset", help="digits, mnist, fashion-mnist, cifar10, synthetic (default from --preset).")] = None,
-        data: DataOpt = None,
-        data_dir: DataDirOpt = None,
-        split: Annotated[Optional[str], typer.Option("--split", help="train or test: the one split both the training and held-out samples are drawn from.")] = None,
-        classes: ClassesOpt = None,
-        preprocess: PreprocessOpt = "raw",
-        download: DownloadOpt = False,
         device: DeviceOpt = "auto",
-        json: JsonOpt = None,
-        png: PngOpt = None,
-        out_dir: OutDirOpt = None,
-        quiet: QuietOpt = False,
-        overwrite: OverwriteOpt = False,
-        debug: DebugOpt = False,
     ) -> None:
         """Influence malleability: do influence scores flip sign when the training data is perturbed?"""
         from ..data import check_seed, data_fingerprint, holdout_split, load_dataset
@@ -90,8 +68,8 @@ def register(app: typer.Typer) -> None:
         )
         from ..report import build_report
 
-        with cli_errors(debug):
-            opts = OutputOptions(json=json, png=png, out_dir=out_dir, quiet=quiet, overwrite=overwrite)
+        with cli_errors(out.debug):
+            opts = out.options()
             if preset not in PRESETS:
                 raise AuditError(f"unknown --preset {preset!r}; use {' or '.join(PRESETS)}")
             p = PRESETS[preset]
@@ -143,9 +121,9 @@ def register(app: typer.Typer) -> None:
             config = MalleabilityConfig(**kw)  # validates every value before any data is read
             dev = resolve_device(device)
             opts.check_writable(("malleability.png",))
-            ds_name = dataset if dataset is not None else (None if data is not None else p["dataset"])
-            split_name = preset_value(split, p, "split")
-            spec = data_spec_from_options(ds_name or "digits", data, data_dir, split_name, classes, preprocess, seed, download)
+            ds_name = source.dataset if source.dataset is not None else (None if source.data is not None else p["dataset"])
+            split_name = preset_value(source.split, p, "split")
+            spec = source.spec(seed, dataset=ds_name, split=split_name)
 
             timings: dict[str, float] = {}
             t0 = time.perf_counter()
@@ -154,13 +132,15 @@ def register(app: typer.Typer) -> None:
                 raise AuditError(f"{ds.name} has no labels; malleability needs labelled data (influence is defined on a loss)")
             train_ds, test_ds = holdout_split(ds, ntr, nte, seed=seed, stratify=True)
             timings["load"] = time.perf_counter() - t0
-            memory = influence_memory_estimate(config, train_ds.d, ds.n_classes, ntr, nte)  # refuses before compute
+            memory = influence_memory_estimate(config, train_ds.d, ds.n_classes, ntr, nte, fixed)  # refuses before compute
             if not opts.quiet:
+                tracked = "; ".join(f"{arch}: {', '.join(names)}" for arch, names in memory["tracked_parameter_names"].items())
                 opts.console.print(
                     f"malleability: {ds.name} ({split_name}), {ntr} train / {nte} held-out, models {','.join(config.models)}, "
                     f"attacks {','.join(config.attacks)}, {len(config.seeds)} seed(s), "
                     f"{'saved models, no training' if fixed else f'{progress_total(config)} trainings'}; "
-                    f"{config.estimator} influence over {memory['tracked_parameters']:,} parameters needs about "
+                    f"{config.estimator} influence over {memory['tracked_parameters']:,} parameters "
+                    f"({tracked}) needs about "
                     f"{memory['bytes']['total'] / 2**20:,.1f} MB",
                     highlight=False,
                 )
@@ -189,11 +169,11 @@ def register(app: typer.Typer) -> None:
                 SCHEMA,
                 inputs={
                     "preset": preset,
-                    "dataset": ds_name if data is None else None,
-                    "data": data,
+                    "dataset": ds_name if source.data is None else None,
+                    "data": source.data,
                     "split": split_name,
-                    "classes": classes,
-                    "preprocess": preprocess,
+                    "classes": source.classes,
+                    "preprocess": source.preprocess,
                     "n_train": ntr,
                     "n_test": nte,
                     **{k: v for k, v in kw.items() if k != "seeds"},

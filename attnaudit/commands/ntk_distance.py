@@ -9,28 +9,14 @@ from typing import Annotated, Optional
 import typer
 
 from ..cli_common import (
-    ClassesOpt,
-    DataDirOpt,
-    DataOpt,
-    DatasetOpt,
-    DebugOpt,
     DeviceOpt,
-    DownloadOpt,
-    JsonOpt,
-    OutDirOpt,
-    OutputOptions,
-    OverwriteOpt,
-    PngOpt,
-    PreprocessOpt,
-    QuietOpt,
     SeedOpt,
-    SplitOpt,
     cli_errors,
-    data_spec_from_options,
     emit,
     parse_list,
     progress,
 )
+from ..cli_options import DataOptions, OutputBundle, bundled
 from ..errors import AuditError
 
 PNG_NAME = "ntk_distance.png"
@@ -42,14 +28,10 @@ def _model_filename(arch: str, width: int, seed: int) -> str:
 
 def register(app: typer.Typer) -> None:
     @app.command("ntk-distance")
+    @bundled(source=DataOptions, out=OutputBundle)
     def ntk_distance_command(
-        dataset: DatasetOpt = "digits",
-        data: DataOpt = None,
-        data_dir: DataDirOpt = None,
-        split: SplitOpt = "train",
-        classes: ClassesOpt = None,
-        preprocess: PreprocessOpt = "raw",
-        download: DownloadOpt = False,
+        source: DataOptions,
+        out: OutputBundle,
         preset: Annotated[str, typer.Option("--preset", help="quick (default; digits in about a minute) or paper (MNIST-size: n_train 500, widths 16-4096, 3 seeds). Explicit options override it.")] = "quick",
         models: Annotated[str, typer.Option("--models", help="Models to sweep: relu (2L-ReLU), attn (MLP-Attn), comma-separated.")] = "relu,attn",
         widths: Annotated[Optional[str], typer.Option("--widths", help="Hidden widths, e.g. 16,64,256,1024,4096 (default: preset).")] = None,
@@ -69,12 +51,6 @@ def register(app: typer.Typer) -> None:
         save_models: Annotated[Optional[str], typer.Option("--save-models", help="Folder to save every trained network (safetensors + JSON side-car).")] = None,
         seed: SeedOpt = 0,
         device: DeviceOpt = "auto",
-        json: JsonOpt = None,
-        png: PngOpt = None,
-        out_dir: OutDirOpt = None,
-        quiet: QuietOpt = False,
-        overwrite: OverwriteOpt = False,
-        debug: DebugOpt = False,
     ) -> None:
         """Distance of finite 2L-ReLU / MLP-Attn networks from their NTK predictor across widths."""
         from ..data import check_seed, data_fingerprint, holdout_split, load_dataset
@@ -83,8 +59,8 @@ def register(app: typer.Typer) -> None:
         from ..ntk_distance import PRESETS, SCHEMA, NTKDistanceConfig, build_tables, plot_ntk_distance, run_ntk_distance
         from ..report import build_report, check_target
 
-        with cli_errors(debug):
-            opts = OutputOptions(json=json, png=png, out_dir=out_dir, quiet=quiet, overwrite=overwrite)
+        with cli_errors(out.debug):
+            opts = out.options()
             key = preset.strip().lower()
             if key not in PRESETS:
                 raise AuditError(f"unknown --preset {preset!r}; use {' or '.join(PRESETS)}")
@@ -134,10 +110,10 @@ def register(app: typer.Typer) -> None:
                     for w in width_list:
                         for s in seed_list:
                             target = save_dir / _model_filename(arch, w, s)
-                            check_target(target, overwrite)
-                            check_target(target.with_suffix(".safetensors.json"), overwrite)
+                            check_target(target, out.overwrite)
+                            check_target(target.with_suffix(".safetensors.json"), out.overwrite)
             opts.check_writable((PNG_NAME,))
-            spec = data_spec_from_options(dataset, data, data_dir, split, classes, preprocess, seed, download, n=ntr + nte)
+            spec = source.spec(seed, n=ntr + nte)
 
             timings: dict[str, float] = {}
             t0 = time.perf_counter()
@@ -157,7 +133,7 @@ def register(app: typer.Typer) -> None:
             timings["load"] = time.perf_counter() - t0
             training_data = {
                 "name": ds.name, "split": ds.info.get("split"), "n": train_ds.n, "seed": seed,
-                "preprocess": preprocess, "fingerprint": data_fingerprint(train_ds.X, train_ds.y),
+                "preprocess": source.preprocess, "fingerprint": data_fingerprint(train_ds.X, train_ds.y),
             }
 
             saved: list[str] = []
@@ -165,7 +141,7 @@ def register(app: typer.Typer) -> None:
             def on_model(arch: str, width: int, s: int, net) -> None:
                 if save_dir is None:
                     return
-                path = save_model(net, save_dir / _model_filename(arch, width, s), overwrite=overwrite,
+                path = save_model(net, save_dir / _model_filename(arch, width, s), overwrite=out.overwrite,
                                   metadata={"command": "ntk-distance", "dataset": ds.name, "steps": config.steps,
                                             "training_data": training_data})
                 saved.append(str(path))
@@ -187,11 +163,7 @@ def register(app: typer.Typer) -> None:
             report = build_report(
                 SCHEMA,
                 inputs={
-                    "dataset": dataset if data is None else None,
-                    "data": data,
-                    "split": split,
-                    "classes": classes,
-                    "preprocess": preprocess,
+                    **source.inputs(),
                     "preset": key,
                     "n_train": ntr,
                     "n_test": nte,

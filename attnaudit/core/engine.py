@@ -116,8 +116,11 @@ class Engine:
         return torch.nn.functional.one_hot(y.long().to(self.device), self.n_classes).to(self.dtype)
 
     def rows(self, X: torch.Tensor) -> torch.Tensor:
-        """Flat rows on the engine's device; floating rows in its dtype (token ids stay exact)."""
+        """Flat rows on the engine's device, in its dtype (token ids are small integers: exact)."""
         return X.to(device=self.device, dtype=self.dtype)
+
+    def _as_targets(self, T: torch.Tensor) -> torch.Tensor:
+        return T.to(device=self.device, dtype=self.dtype)
 
     @contextlib.contextmanager
     def context(self) -> Iterator[None]:
@@ -138,6 +141,7 @@ class Engine:
     def logits(self, rows: torch.Tensor, theta: torch.Tensor | None = None, chunk: int = 1024) -> torch.Tensor:
         """Logits of many rows, without gradients."""
         th = self.theta if theta is None else theta
+        rows = self.rows(rows)
         with torch.no_grad(), self.context():
             return torch.cat([self.apply(th, rows[a:b]) for a, b in ranges(rows.shape[0], chunk)])
 
@@ -154,6 +158,7 @@ class Engine:
     ) -> torch.Tensor:
         """Per-sample loss gradients (n, P) (``vmap(grad)``, in chunks of ``chunk`` rows)."""
         th = self.theta if theta is None else theta
+        rows, T = self.rows(rows), self._as_targets(T)
         fn = vmap(grad(self.sample_loss), in_dims=(None, 0, 0))
         size = rows.shape[0] if chunk is None else chunk
         with self.context():
@@ -162,6 +167,7 @@ class Engine:
     def summed_grad(self, rows: torch.Tensor, T: torch.Tensor, chunk: int = 512, theta: torch.Tensor | None = None) -> torch.Tensor:
         """Gradient (P,) of sum_i l(z_i), accumulated in chunks."""
         th = self.theta if theta is None else theta
+        rows, T = self.rows(rows), self._as_targets(T)
         g = torch.zeros_like(th)
         with self.context():
             for a, b in ranges(rows.shape[0], chunk):
@@ -173,6 +179,7 @@ class Engine:
         if not self.inputs.differentiable:
             raise AuditError("the model takes token ids, which have no input gradient; attacks need continuous inputs")
         th = self.theta if theta is None else theta
+        rows, T = self.rows(rows), self._as_targets(T)
         with self.context():
             return grad(lambda r: self.sum_loss(th, r, T))(rows)
 
@@ -190,7 +197,7 @@ class Engine:
             return self.apply(t, row.unsqueeze(0)).squeeze(0)
 
         with self.context():
-            return vmap(jacrev(single), (None, 0))(th, rows)
+            return vmap(jacrev(single), (None, 0))(th, self.rows(rows))
 
     def entk(
         self, X1: torch.Tensor, X2: torch.Tensor | None = None, *, form: str = "full",
@@ -265,7 +272,7 @@ class HessianVectorProduct:
 
     def __init__(self, engine: Engine, rows: torch.Tensor, T: torch.Tensor, chunk: int, theta: torch.Tensor):
         self.engine = engine
-        self.rows, self.T = engine.rows(rows), T.to(device=engine.device, dtype=engine.dtype)
+        self.rows, self.T = engine.rows(rows), engine._as_targets(T)
         self.n = int(self.rows.shape[0])
         self.chunk = max(1, int(chunk))
         self.theta = theta

@@ -150,6 +150,12 @@ def to_logits(output: Any) -> torch.Tensor:
 # --------------------------------------------------------------------------- parameter selection
 
 
+def _math_attention():
+    from .engine import math_attention  # engine imports this module
+
+    return math_attention()
+
+
 PARAM_KEYWORDS = ("all", "head")
 
 
@@ -169,21 +175,29 @@ def head_parameter_names(module: nn.Module, probe: torch.Tensor | None = None, i
     declared = getattr(module, "head_parameter_names", None)
     if callable(declared):
         return list(declared())
-    leaves = [
+    holders = [
         (name, sub) for name, sub in module.named_modules()
         if any(p.requires_grad for p in sub.parameters(recurse=False))
     ]
-    if not leaves:
+    if not holders:
         raise AuditError("the model has no trainable parameters; nothing to audit")
+    # A container that also holds parameters of its own (a ViT's position embedding or class
+    # token on the root) finishes its forward after its children, so it is never the head
+    # while a parameter-holding descendant exists.
+    leaves = [
+        (name, sub) for name, sub in holders
+        if not any(other != name and (name == "" or other.startswith(name + ".")) for other, _ in holders)
+    ] or holders
     chosen = leaves[-1]
     if probe is not None:
+        adapter = inputs or Inputs()
+        first = next(p for p in module.parameters() if p.requires_grad)
+        rows = probe[:1].to(device=first.device, dtype=first.dtype if adapter.kind != "tokens" else probe.dtype)
         order: list[str] = []
-        hooks = [
-            sub.register_forward_hook(lambda m, a, o, name=name: order.append(name)) for name, sub in leaves
-        ]
+        hooks = [sub.register_forward_hook(lambda m, a, o, name=name: order.append(name)) for name, sub in leaves]
         try:
-            with torch.no_grad(), eval_mode(module):
-                (inputs or Inputs()).call(module, (inputs or Inputs())(probe[:1]))
+            with torch.no_grad(), eval_mode(module), _math_attention():
+                adapter.call(module, adapter(rows))
         finally:
             for h in hooks:
                 h.remove()
@@ -297,3 +311,36 @@ class Task:
         """The module's logits for flat rows, in eval mode, with the module's own parameters."""
         with eval_mode(self.module):
             return to_logits(self.inputs.call(self.module, self.inputs(rows)))
+
+
+def as_task(
+    model: "Task | nn.Module",
+    *,
+    loss: Loss | str = "mse",
+    n_classes: int | None = None,
+    inputs: Inputs | None = None,
+    params: str | Sequence[str] = "all",
+    probe: torch.Tensor | None = None,
+) -> Task:
+    """A :class:`Task` as given, or a bare module wrapped in one.
+
+    For a module, ``n_classes`` defaults to the width of its logits on ``probe`` rows (one
+    forward pass without gradients, in eval mode, with the rows cast to the module's
+    floating dtype and device; the module is left as it was). ``loss``, ``inputs`` and
+    ``params`` apply to a wrapped module only: a Task keeps its own.
+    """
+    if isinstance(model, Task):
+        return model
+    if not isinstance(model, nn.Module):
+        raise AuditError(f"expected a Task or a torch.nn.Module, got {type(model).__name__}")
+    inputs = inputs if inputs is not None else Inputs()
+    if n_classes is None:
+        if probe is None or probe.shape[0] == 0:
+            raise AuditError("cannot tell the number of classes: give n_classes or at least one row of data")
+        ref = next((t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()), None)
+        rows = probe[:1]
+        if ref is not None:
+            rows = rows.to(device=ref.device, dtype=ref.dtype if rows.is_floating_point() else rows.dtype)
+        with torch.no_grad(), eval_mode(model):
+            n_classes = int(to_logits(inputs.call(model, inputs(rows))).shape[1])
+    return Task(model, n_classes, loss, inputs, params)

@@ -1,0 +1,245 @@
+"""Shared linear algebra on symmetric operators given only as matrix-vector products.
+
+* :func:`lanczos_top_eigen`: the k largest eigenvalues (and Ritz vectors) by Lanczos with
+  full re-orthogonalisation, with Ritz residual bounds and true residuals;
+* :func:`hutchinson_trace`: the trace by Hutchinson's estimator (Rademacher probes),
+  optionally deflated by known orthonormal vectors, with its standard error.
+
+Used with :meth:`attnaudit.core.engine.Engine.hvp_operator` (Hessian spectra and traces of
+any module) and with plain callables in the tests. Conjugate gradients live in
+:mod:`attnaudit.core.cg`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import AuditError
+
+Progress = Callable[[int], None] | None
+
+__all__ = ["EigenResult", "TraceResult", "hutchinson_trace", "lanczos_top_eigen"]
+
+
+@dataclass(frozen=True)
+class EigenResult:
+    """Top Hessian eigenvalues (descending) with Lanczos diagnostics.
+
+    ``ritz_bounds``: |beta_m s_mi|, Lanczos' own residual bound; ``residuals``: the true
+    ||H u - lambda u|| recomputed with one more product per vector. Both are relative to
+    max |Ritz value| (the spectral scale), so 1e-6 means converged to six digits of it.
+    """
+
+    eigenvalues: tuple[float, ...]
+    residuals: tuple[float, ...]
+    ritz_bounds: tuple[float, ...]
+    steps: int
+    hvp_calls: int
+    converged: bool
+    tol: float
+    seed: int
+    eigenvectors: torch.Tensor | None = field(default=None, repr=False, compare=False)  # (size, k)
+    h_eigenvectors: torch.Tensor | None = field(default=None, repr=False, compare=False)  # H @ eigenvectors
+
+    def to_dict(self) -> dict:
+        return {
+            "eigenvalues": list(self.eigenvalues),
+            "residuals": list(self.residuals),
+            "ritz_bounds": list(self.ritz_bounds),
+            "steps": self.steps,
+            "hvp_calls": self.hvp_calls,
+            "converged": self.converged,
+            "tol": self.tol,
+            "seed": self.seed,
+        }
+
+
+def lanczos_top_eigen(
+    matvec: Callable[[torch.Tensor], torch.Tensor],
+    size: int,
+    k: int,
+    *,
+    max_steps: int = 100,
+    tol: float = 1e-4,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float64,
+    progress: Progress = None,
+) -> EigenResult:
+    """The k largest (algebraic) eigenvalues of the symmetric operator ``matvec``.
+
+    Lanczos with full re-orthogonalisation (the basis is kept: memory max_steps x size).
+    Stops when every wanted Ritz pair has |beta_m s_mi| <= tol * max|theta|, or after
+    ``max_steps``. If the Krylov space becomes invariant before k values are found, it is
+    restarted with a fresh random vector orthogonal to the basis (a zero off-diagonal).
+    Like any single-vector Krylov method it finds one copy of a repeated eigenvalue per
+    invariant subspace reached.
+    """
+    if k < 1:
+        raise AuditError(f"top-k must be >= 1, got {k}")
+    if size < 1:
+        raise AuditError("the operator has no dimensions")
+    k = min(k, size)
+    m_max = max(min(size, max_steps), k)
+    gen = torch.Generator().manual_seed(int(seed))
+
+    def fresh(Qj: torch.Tensor) -> torch.Tensor:
+        q = torch.randn(size, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
+        for _ in range(2):
+            if Qj.shape[0]:
+                q = q - Qj.T @ (Qj @ q)
+        return q / q.norm()
+
+    Q = torch.zeros(m_max, size, device=device, dtype=dtype)
+    alphas: list[float] = []
+    betas: list[float] = []  # betas[j] couples q_j and q_{j+1}
+    q = fresh(Q[:0])
+    converged = False
+    evals = evecs = None
+    steps = 0
+    bounds = torch.zeros(0)
+    for j in range(m_max):
+        Q[j] = q
+        w = matvec(q)
+        steps += 1
+        if progress is not None:
+            progress(1)
+        a = float(q @ w)
+        alphas.append(a)
+        # full re-orthogonalisation (twice is enough) replaces the three-term recurrence's
+        # explicit subtraction and keeps the basis orthogonal in floating point
+        Qj = Q[: j + 1]
+        for _ in range(2):
+            w = w - Qj.T @ (Qj @ w)
+        b = float(w.norm())
+        T = torch.diag(torch.tensor(alphas, dtype=torch.float64))
+        if j:
+            off = torch.tensor(betas, dtype=torch.float64)
+            T = T + torch.diag(off, 1) + torch.diag(off, -1)
+        evals, evecs = torch.linalg.eigh(T)
+        kk = min(k, j + 1)
+        scale = max(float(evals.abs().max()), torch.finfo(dtype).tiny)
+        bounds = b * evecs[-1, -kk:].abs()
+        invariant = b <= 1e3 * torch.finfo(dtype).eps * scale
+        if j + 1 >= k and (bool((bounds <= tol * scale).all()) or invariant):
+            converged = True
+            break
+        if j + 1 == m_max:
+            break
+        if invariant:
+            betas.append(0.0)
+            q = fresh(Qj)
+            bounds = torch.zeros_like(bounds)
+        else:
+            betas.append(b)
+            q = w / b
+    if progress is not None and steps < m_max:
+        progress(m_max - steps)
+    m = len(alphas)
+    kk = min(k, m)
+    order = torch.arange(m - 1, m - 1 - kk, -1)
+    vals = evals[order]
+    S = evecs[:, order].to(device=device, dtype=dtype)
+    U = Q[:m].T @ S  # (size, kk) Ritz vectors
+    U = U / U.norm(dim=0, keepdim=True)
+    HU = torch.stack([matvec(U[:, i]) for i in range(kk)], 1)
+    scale = max(float(evals.abs().max()), torch.finfo(dtype).tiny)
+    res = (HU - U * vals.to(device=device, dtype=dtype)).norm(dim=0) / scale
+    # fix each eigenvector's arbitrary sign: largest-magnitude entry positive
+    sign = torch.sign(U.gather(0, U.abs().argmax(0, keepdim=True))).squeeze(0)
+    sign[sign == 0] = 1
+    U, HU = U * sign, HU * sign
+    return EigenResult(
+        eigenvalues=tuple(vals.tolist()),
+        residuals=tuple(res.cpu().tolist()),
+        ritz_bounds=tuple((bounds.flip(0)[:kk] / scale).tolist()),
+        steps=steps,
+        hvp_calls=steps + kk,
+        converged=converged,
+        tol=tol,
+        seed=int(seed),
+        eigenvectors=U,
+        h_eigenvectors=HU,
+    )
+
+
+@dataclass(frozen=True)
+class TraceResult:
+    """Hutchinson estimate of tr(H) = E[v^T H v] over Rademacher v, with its standard error.
+
+    With ``deflated`` = k > 0: tr(H) = sum_i u_i^T H u_i + E[(Pv)^T H (Pv)], P = I - U U^T,
+    exact for the first term; the standard error is that of the second term only.
+    """
+
+    estimate: float
+    stderr: float
+    samples: int
+    seed: int
+    deflated: int
+    exact_part: float
+
+    def to_dict(self) -> dict:
+        return {
+            "estimate": self.estimate,
+            "stderr": self.stderr,
+            "samples": self.samples,
+            "seed": self.seed,
+            "deflated": self.deflated,
+            "exact_part": self.exact_part,
+            "distribution": "rademacher",
+        }
+
+
+def hutchinson_trace(
+    matvec: Callable[[torch.Tensor], torch.Tensor],
+    size: int,
+    samples: int = 30,
+    *,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float64,
+    deflate: torch.Tensor | None = None,
+    deflate_products: torch.Tensor | None = None,
+    progress: Progress = None,
+) -> TraceResult:
+    """Hutchinson's trace estimator; the span of ``deflate`` (size, k) is handled exactly.
+
+    ``deflate_products`` = H @ deflate when already known (saves k products; ``deflate``
+    must then be orthonormal, as Lanczos' Ritz vectors are).
+    Standard error = sample std / sqrt(samples).
+    """
+    if samples < 2:
+        raise AuditError(f"Hutchinson's estimator needs at least 2 samples for a standard error, got {samples}")
+    gen = torch.Generator().manual_seed(int(seed))
+    exact = 0.0
+    U = None
+    if deflate is not None and deflate.numel():
+        U = deflate.to(device=device, dtype=dtype)
+        if deflate_products is not None:
+            # Lanczos' Ritz vectors are orthonormal to round-off; reuse their known products
+            HU = deflate_products.to(device=device, dtype=dtype)
+        else:
+            U, _ = torch.linalg.qr(U)  # the estimator is unbiased for any orthonormal U
+            HU = torch.stack([matvec(U[:, i]) for i in range(U.shape[1])], 1)
+        exact = float((U * HU).sum())
+    vals = []
+    for _ in range(samples):
+        v = (torch.randint(0, 2, (size,), generator=gen, dtype=torch.int64) * 2 - 1).to(device=device, dtype=dtype)
+        if U is not None:
+            v = v - U @ (U.T @ v)
+        vals.append(float(v @ matvec(v)))
+        if progress is not None:
+            progress(1)
+    t = torch.tensor(vals, dtype=torch.float64)
+    return TraceResult(
+        estimate=exact + float(t.mean()),
+        stderr=float(t.std(unbiased=True)) / math.sqrt(samples),
+        samples=samples,
+        seed=int(seed),
+        deflated=0 if U is None else U.shape[1],
+        exact_part=exact,
+    )

@@ -1,0 +1,29 @@
+"""The entry point: :func:`load_dataset` dispatches a :class:`~attnaudit.data.spec.DataSpec`
+to a user file or a built-in source and assembles the :class:`~attnaudit.data.spec.Dataset`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .builtin import _IDX_FOLDERS, _load_cifar10, _load_digits, _load_idx_dataset, _load_synthetic, default_data_dir
+from .readers import _load_user
+from .selection import _finish
+from .spec import Dataset, DataSpec
+
+
+def load_dataset(spec: DataSpec) -> Dataset:
+    """Load, filter (--classes), subset (--n), and preprocess the data ``spec`` names."""
+    if spec.data is not None:
+        return _finish(_load_user(spec.data), spec, spec.n, spec.stratify)
+    root = Path(spec.data_dir).expanduser() if spec.data_dir is not None else default_data_dir()
+    if spec.dataset == "digits":
+        src = _load_digits(spec.split)
+    elif spec.dataset in _IDX_FOLDERS:
+        src = _load_idx_dataset(spec.dataset, root, spec.split, spec.download)
+    elif spec.dataset == "cifar10":
+        src = _load_cifar10(root, spec.split, spec.download)
+    else:
+        return _load_synthetic(spec)
+    ds = _finish(src, spec, spec.n, spec.stratify)
+    ds.info["data_dir"] = str(root) if spec.dataset != "digits" else None
+    return ds

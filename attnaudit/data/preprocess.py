@@ -1,0 +1,46 @@
+"""Preprocessing of the (n, d) float64 rows: raw, center, standardize, unit-norm."""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import AuditError
+from .spec import PREPROCESS
+
+
+def _preprocess_inplace(X: torch.Tensor, how: str) -> torch.Tensor:
+    """Apply ``how`` to a float64 tensor in place (callers own X); returns X."""
+    if how == "raw":
+        return X
+    if how in ("center", "standardize"):
+        # Constant columns (e.g. MNIST's always-zero border) are set to exactly 0: the
+        # mean of a constant column is not always the constant in floating point, and
+        # dividing that residue by its tiny std would blow round-off up to +-1.
+        constant = X.amax(dim=0) == X.amin(dim=0)
+        X.sub_(X.mean(dim=0, keepdim=True))
+        if how == "standardize":
+            std = X.std(dim=0, correction=0, keepdim=True)
+            std[:, constant] = 1.0
+            X.div_(std)
+        X[:, constant] = 0.0
+        return X
+    if how == "unit-norm":
+        norms = torch.linalg.vector_norm(X, dim=1, keepdim=True)
+        norms[norms == 0] = 1.0  # zero rows stay zero
+        X.div_(norms)
+        return X
+    raise AuditError(f"unknown preprocessing {how!r}; choose one of {', '.join(PREPROCESS)}")
+
+
+def apply_preprocess(X: torch.Tensor, how: str) -> torch.Tensor:
+    """Return a float64 copy of X (n, d) preprocessed; X itself is not modified.
+
+    raw: unchanged. center: subtract column means. standardize: center, then divide by
+    the population column std (ddof 0), constant columns left at 0. unit-norm: each row
+    divided by its L2 norm, zero rows left at 0.
+    """
+    if how not in PREPROCESS:
+        raise AuditError(f"unknown preprocessing {how!r}; choose one of {', '.join(PREPROCESS)}")
+    if X.ndim != 2:
+        raise AuditError(f"preprocessing needs a 2-D (samples x features) matrix, got shape {tuple(X.shape)}")
+    return _preprocess_inplace(X.to(torch.float64, copy=True), how)
