@@ -695,3 +695,13 @@ def test_cli_saved_model_provenance_warns_only_on_other_data(app, tmp_path):
     other = runner.invoke(app, base + ["--n-train", "61"])
     assert other.exit_code == 0, other.output
     assert any("trained on other data" in w for w in json.loads(other.stdout)["warnings"])
+
+
+def test_cli_dtype_float32_matches_float64_to_single_precision(app):
+    args = ["landscape", *TINY, "--models", "relu", "--grid", "0", "--json", "-"]
+    lo = json.loads(runner.invoke(app, args + ["--dtype", "float32"]).stdout)
+    hi = json.loads(runner.invoke(app, args).stdout)
+    assert lo["environment"]["dtype"] == "float32" and hi["environment"]["dtype"] == "float64"
+    top32 = lo["results"]["models"]["relu"]["top_eigenvalues"]["eigenvalues"][0]
+    top64 = hi["results"]["models"]["relu"]["top_eigenvalues"]["eigenvalues"][0]
+    assert top32 == pytest.approx(top64, rel=1e-3) and top32 != top64  # same answer, really computed in float32

@@ -72,6 +72,7 @@ def register(app: typer.Typer) -> None:
         basin_directions: Annotated[int, typer.Option("--basin-directions", help="Random directions (both signs) averaged for the basin width.")] = 8,
         basin_factor: Annotated[float, typer.Option("--basin-factor", help="The basin ends where the loss first reaches this factor times its minimum.")] = 2.0,
         params: Annotated[Optional[str], typer.Option("--params", help="Only these parameters: all, head (the logits layer), module names or glob patterns, comma-separated (e.g. W or 'layers.0.*'); default all.")] = None,
+        dtype: Annotated[str, typer.Option("--dtype", help="Precision of the analysis: float64 (default) or float32. The engine works on copies; a saved model keeps its own dtype.")] = "float64",
         seed: SeedOpt = 0,
         device: DeviceOpt = "auto",
     ) -> None:
@@ -117,6 +118,7 @@ def register(app: typer.Typer) -> None:
                 loss=loss_name, directions=directions.strip().lower(), points=points, span=span, grid=grid,
                 keep_1d_params=keep_1d_params, params=patterns, top_k=top_k, hutchinson_samples=hutchinson_samples,
                 basin_directions=basin_directions, basin_factor=basin_factor, seed=seed,
+                dtype=dtype.strip().lower(),
             )
             dev = resolve_device(device)
             labels = _labels_for_paths(model) if model else list(arch_list)

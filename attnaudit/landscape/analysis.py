@@ -106,7 +106,7 @@ class LandscapeConfig:
         if self.backend == "structured" and not self.fast_path:
             raise AuditError("the structured backend is the fast path; it cannot run with fast_path=False")
         if self.dtype not in DTYPES:
-            raise AuditError(f"unknown dtype {self.dtype!r}; use one of {', '.join(DTYPES)}")
+            raise AuditError(f"unknown --dtype {self.dtype!r}; use one of {', '.join(DTYPES)}")
         if self.points != 0 and self.points < 3:
             raise AuditError(f"--points must be 0 (skip) or >= 3, got {self.points}")
         if self.grid != 0 and self.grid < 3:
