@@ -363,7 +363,7 @@ def _read_safetensors(path: Path) -> tuple[Any, Any]:
 
 
 # torch's weights-only refusal wraps the one useful line in advice to retry with
-# weights_only=False (which would run the file's code); keep only the useful line.
+# unrestricted loading (which would run the file's code); keep only the useful line.
 _TORCH_BOILERPLATE = ("weights only load failed", "please file an issue", "check the documentation")
 
 
