@@ -3,67 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 
 from ..cli_common import DeviceOpt, SeedOpt, cli_errors, emit, parse_list, progress
 from ..cli_options import DataOptions, OutputBundle, bundled
 from ..errors import AuditError
-
-
-def _fmt(x: float | None, digits: int = 4) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float) and math.isinf(x):
-        return "inf"
-    return f"{x:.{digits}g}"
-
-
-def _main_tables(result, ds_name: str) -> list:
-    base = result.base
-    t = Table(title=f"kappa: {ds_name}  (n={base.n}, d={base.d}, float64)")
-    t.add_column("quantity")
-    t.add_column("value", justify="right")
-    t.add_row("numerical rank / min(n, d)", f"{base.numerical_rank} / {base.k}")
-    t.add_row("rank tolerance (abs, rel)", f"{base.tolerance:.3g}, {base.rel_tolerance:.3g}")
-    t.add_row("lambda_max(G)", _fmt(base.lambda_max))
-    t.add_row(f"lambda_{base.k}(G) as computed", _fmt(base.lambda_min_raw))
-    t.add_row("kappa_d(G) at min(n, d)", "inf (rank deficient)" if base.rank_deficient else _fmt(base.kappa_full))
-    t.add_row(f"kappa(G) at numerical rank {base.numerical_rank}", _fmt(base.kappa_rank))
-    t.add_row("kappa(G~) = kappa(G)^3 at rank r", _fmt(base.kappa_rank**3))
-    if result.check is not None:
-        c = result.check
-        t.add_row("kappa(G~) measured directly", _fmt(c.measured_kappa) if c.measured_kappa is not None else "not resolvable")
-        t.add_row("amplification check", c.verdict)
-    w = Table(title="NTK width scale m ~ kappa^6 n ln n (constant omitted; reference width 1e5)")
-    w.add_column("estimate")
-    w.add_column("log10 m", justify="right")
-    w.add_column("orders beyond 1e5", justify="right")
-    for est in result.widths:
-        w.add_row(est.label, _fmt(est.log10_width, 4) if est.log10_width is not None else "inf", _fmt(est.gap_orders, 4) if est.gap_orders is not None else "inf")
-    return [t, w]
-
-
-def _sweep_table(summary) -> Table:
-    t = Table(title="kappa vs n (mean +- std over seeds)")
-    for col in ("n", "seeds", "rank-deficient", "mean rank", "kappa_d(G)", "kappa at numerical rank", "log10 kappa_r"):
-        t.add_column(col, justify="right")
-    for s in summary:
-        kd = "inf" if s.kappa_d_mean is None else f"{s.kappa_d_mean:.4g} +- {s.kappa_d_std:.2g}"
-        t.add_row(
-            str(s.n),
-            str(s.seeds),
-            f"{s.rank_deficient_seeds}/{s.seeds}",
-            f"{s.rank_mean:.1f}",
-            kd,
-            f"{s.kappa_rank_mean:.4g} +- {s.kappa_rank_std:.2g}",
-            f"{s.log10_kappa_rank_mean:.3f} +- {s.log10_kappa_rank_std:.2f}",
-        )
-    return t
 
 
 def register(app: typer.Typer) -> None:
@@ -83,7 +30,7 @@ def register(app: typer.Typer) -> None:
         """Gram spectrum, condition numbers, linearized-attention amplification and NTK width scale."""
         from ..device import resolve_device
         from ..data import check_seed, load_dataset
-        from ..kappa import SCHEMA, KappaConfig, analyse_kappa, plot_kappa, summarise_sweep, sweep_cell
+        from ..kappa import SCHEMA, KappaConfig, analyse_kappa, build_tables, plot_kappa, summarise_sweep, sweep_cell
         from ..report import build_report
 
         with cli_errors(out.debug):
@@ -147,9 +94,6 @@ def register(app: typer.Typer) -> None:
                 results=results,
                 verdicts=result.verdicts,
             )
-            renderables = _main_tables(result, detail_ds.name)
-            if summary:
-                renderables.append(_sweep_table(summary))
-            renderables.extend(f"- {v}" for v in result.verdicts)
+            renderables = build_tables(result, summary, detail_ds.name)
             title = f"{detail_ds.name} (n={result.base.n}, d={result.base.d})"
             emit(opts, report, renderables, plot=lambda p: plot_kappa(result, summary, p, title), png_name="kappa.png")
