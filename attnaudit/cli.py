@@ -9,7 +9,7 @@ import sys
 import typer
 
 from . import __version__
-from .cli_common import error_line
+from .cli_common import INTERRUPTED, error_line
 from .commands import kappa, landscape, malleability, ntk_distance
 
 app = typer.Typer(
@@ -67,11 +67,11 @@ def main(argv: list[str] | None = None) -> None:
         result = app(args=argv, prog_name="attnaudit", standalone_mode=False)
         code = result if isinstance(result, int) else 0
     except KeyboardInterrupt:
-        error_line("interrupted", "stopped by Ctrl-C (SIGINT); no output files were written")
+        error_line("interrupted", INTERRUPTED)
         code = 130
     except Exception as exc:  # click's exceptions, matched by shape (click is vendored by newer typer)
         if exc.__class__.__name__ == "Abort":
-            error_line("interrupted", "stopped by Ctrl-C (SIGINT); no output files were written")
+            error_line("interrupted", INTERRUPTED)
             code = 130
         elif exc.__class__.__name__ == "NoArgsIsHelpError" or not hasattr(exc, "format_message"):
             if not hasattr(exc, "show"):

@@ -61,6 +61,11 @@ def refuse_training_options_for_saved_model(**options) -> None:
         raise AuditError(f"{', '.join(given)} set how new models are trained and do not apply to --model; drop them")
 
 
+# Models already saved by --save-models are complete files (each saved atomically), so the
+# promise is about the report and figure only.
+INTERRUPTED = "stopped by Ctrl-C (SIGINT); no report or figure was written"
+
+
 def error_line(label: str, message: str) -> None:
     """Print ``label: message`` as one line on stderr, the message as plain text.
 
@@ -98,7 +103,7 @@ def cli_errors(debug: bool = False) -> Iterator[None]:
     except KeyboardInterrupt:
         if debug:
             traceback.print_exc()
-        error_line("interrupted", "stopped by Ctrl-C (SIGINT); no output files were written")
+        error_line("interrupted", INTERRUPTED)
         raise typer.Exit(130) from None
     except Exception as exc:  # noqa: BLE001 - last resort, keep the one-line promise
         if debug:

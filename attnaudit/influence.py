@@ -237,23 +237,13 @@ class InfluenceResult:
 
 
 # --------------------------------------------------------------------------- parameters
-def _probe_rows(module: nn.Module, X: torch.Tensor) -> torch.Tensor:
-    """One row of X in the module's own floating dtype and device (for structural probes)."""
-    ref = next((t for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()), None)
-    rows = X[:1]
-    if ref is not None:
-        rows = rows.to(device=ref.device, dtype=ref.dtype if rows.is_floating_point() else rows.dtype)
-    return rows
-
-
 def resolve_tracked(task: Task, config: InfluenceConfig, X: torch.Tensor | None = None) -> list[str]:
     """Names of the parameters ``config`` tracks on ``task`` (registration order).
 
     ``head`` is found from the module's structure, with a probe forward pass on one row of
     ``X`` when given (:func:`attnaudit.core.task.head_parameter_names`).
     """
-    probe = None if X is None else _probe_rows(task.module, X)
-    return select_parameter_names(task.module, config.selector(task), probe, task.inputs)
+    return select_parameter_names(task.module, config.selector(task), X, task.inputs)
 
 
 def check_exact_budget(estimator: str, n_params: int, max_exact_params: int, itemsize: int = 8) -> None:

@@ -283,23 +283,6 @@ PATH_FAST_ENTK = "fast: TwoLayerNet closed-form eNTK"
 PATH_GENERIC_ENTK = "generic: engine"
 
 
-def _module_of(model: "Task | nn.Module") -> nn.Module:
-    return model.module if isinstance(model, Task) else model
-
-
-def _reference_tensor(module: nn.Module) -> torch.Tensor | None:
-    return next((t for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()), None)
-
-
-def _probe_rows(module: nn.Module, X1: torch.Tensor) -> torch.Tensor:
-    """The first row of X1 on the module's device, floating rows in its dtype (for probes)."""
-    ref = _reference_tensor(module)
-    rows = X1[:1]
-    if ref is not None:
-        rows = rows.to(device=ref.device, dtype=ref.dtype if rows.is_floating_point() else rows.dtype)
-    return rows
-
-
 def entk_engine(
     model: "Task | nn.Module",
     X1: torch.Tensor,
@@ -322,9 +305,8 @@ def entk_engine(
         raise AuditError("the empirical NTK needs at least one input row")
     if isinstance(model, Task) and inputs is not None and inputs != model.inputs:
         raise AuditError("a Task carries its own inputs adapter; set Task(inputs=...) instead of inputs=")
-    module = _module_of(model)
-    probe = _probe_rows(module, X1)
-    task = as_task(model, inputs=inputs, probe=probe)
+    task = as_task(model, inputs=inputs, probe=X1)
+    probe = X1[:1]
     if params is None:
         names = task.parameter_names(probe)
     elif isinstance(params, str):

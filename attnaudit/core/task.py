@@ -150,6 +150,15 @@ def to_logits(output: Any) -> torch.Tensor:
 # --------------------------------------------------------------------------- parameter selection
 
 
+def probe_rows(module: nn.Module, X: torch.Tensor) -> torch.Tensor:
+    """The first row of X on the module's device, floating rows in its floating dtype (for structural probes)."""
+    ref = next((t for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()), None)
+    rows = X[:1]
+    if ref is not None:
+        rows = rows.to(device=ref.device, dtype=ref.dtype if rows.is_floating_point() else rows.dtype)
+    return rows
+
+
 def _math_attention():
     from .engine import math_attention  # engine imports this module
 
@@ -191,8 +200,7 @@ def head_parameter_names(module: nn.Module, probe: torch.Tensor | None = None, i
     chosen = leaves[-1]
     if probe is not None:
         adapter = inputs or Inputs()
-        first = next(p for p in module.parameters() if p.requires_grad)
-        rows = probe[:1].to(device=first.device, dtype=first.dtype if adapter.kind != "tokens" else probe.dtype)
+        rows = probe_rows(module, probe)
         order: list[str] = []
         hooks = [sub.register_forward_hook(lambda m, a, o, name=name: order.append(name)) for name, sub in leaves]
         try:
@@ -337,10 +345,7 @@ def as_task(
     if n_classes is None:
         if probe is None or probe.shape[0] == 0:
             raise AuditError("cannot tell the number of classes: give n_classes or at least one row of data")
-        ref = next((t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()), None)
-        rows = probe[:1]
-        if ref is not None:
-            rows = rows.to(device=ref.device, dtype=ref.dtype if rows.is_floating_point() else rows.dtype)
+        rows = probe_rows(model, probe)
         with torch.no_grad(), eval_mode(model):
             n_classes = int(to_logits(inputs.call(model, inputs(rows))).shape[1])
     return Task(model, n_classes, loss, inputs, params)

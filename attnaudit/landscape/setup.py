@@ -45,17 +45,10 @@ def landscape_task(
     return as_task(model, loss=loss if loss is not None else "mse", params=selector or "all", probe=X)
 
 
-def _probe_rows(module: nn.Module, X: torch.Tensor) -> torch.Tensor:
-    """One row in the module's own floating dtype and device (for structural probes)."""
-    ref = next((t for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()), None)
-    rows = X[:1]
-    return rows if ref is None else rows.to(device=ref.device, dtype=ref.dtype)
-
-
 def parameter_names(task: Task, X: torch.Tensor) -> list[str]:
     """The task's selector resolved on its module (``head`` found with a probe row of X)."""
     try:
-        return task.parameter_names(_probe_rows(task.module, X))
+        return task.parameter_names(X)
     except AuditError as exc:
         raise ParameterSelectionError(str(exc)) from None
 
