@@ -10,7 +10,7 @@ import typer
 
 from . import __version__
 from .cli_common import INTERRUPTED, error_line
-from .commands import kappa, landscape, malleability, ntk_distance
+from .commands import kappa, landscape, malleability, ntk_distance, train
 
 app = typer.Typer(
     name="attnaudit",
@@ -44,7 +44,7 @@ def _root(
         torch.set_num_threads(threads)
 
 
-for module in (kappa, ntk_distance, malleability, landscape):
+for module in (kappa, ntk_distance, malleability, landscape, train):
     module.register(app)
 
 

@@ -23,6 +23,19 @@ linear, so kappa amplification is untouched):
 
 ``init='antisymmetric'`` doubles the network: neurons m/2..m-1 copy the input weights of
 neurons 0..m/2-1 with negated output weights, so f_0(x) = 0 exactly for every x.
+
+The built-in transformers (``vit``, ``vit-linear``) live in :mod:`attnaudit.vit`;
+:func:`build_builtin` builds any of the four built-in architectures from a data set's
+feature shape, and :func:`save_model` / :func:`load_model` give them one checkpoint
+format: ``model.safetensors`` (the weights) plus the side-car ``model.safetensors.json``::
+
+    {"schema": "attnaudit.model/2", "arch": "vit",
+     "spec": {...the ModelSpec or ViTSpec fields...}, "dtype": "float32",
+     "input": {"kind": "images", "shape": [1, 28, 28]},    # 2-layer nets: {"kind": "flat", "shape": [d]}
+     "metadata": {...training data, recipe, metrics...}}
+
+Side-cars of the older schema ``attnaudit.model/1`` (2-layer nets only, no ``arch`` or
+``input`` field) are still read.
 """
 
 from __future__ import annotations
@@ -38,13 +51,18 @@ import torch
 from torch import nn
 
 from .atomic import StagedFiles
+from .core.task import Inputs
 from .errors import AuditError
+from .vit import VIT_ARCHITECTURES, ViT, ViTSpec
 
-ARCHITECTURES = ("relu", "attn")
+ARCHITECTURES = ("relu", "attn")  # the 2-layer reference nets (ModelSpec)
+BUILTIN_ARCHITECTURES = ARCHITECTURES + VIT_ARCHITECTURES
 PARAMETRIZATIONS = ("ntk", "standard")
 INITS = ("standard", "antisymmetric")
 ATTN_SCALINGS = ("rms", "spectral", "none")
-SIDECAR_SCHEMA = "attnaudit.model/1"
+SIDECAR_SCHEMA = "attnaudit.model/2"
+LEGACY_SIDECAR_SCHEMA = "attnaudit.model/1"  # 2-layer nets only; still read
+_SIDECAR_FIELDS = ("schema", "arch", "spec", "dtype", "input", "metadata")
 MAX_SIDECAR_BYTES = 1_000_000  # a genuine side-car is a few kB; refuse to read anything this large
 _WEIGHT_DTYPES = (torch.float32, torch.float64)
 # The range torch.Generator.manual_seed accepts.
@@ -162,6 +180,10 @@ class TwoLayerNet(nn.Module):
         """The layer that produces the logits: the output weights ``a`` (the nets have no biases)."""
         return ["a"]
 
+    def audit_inputs(self) -> Inputs:
+        """How the data layer's rows reach this model: flat rows, as they are."""
+        return Inputs()
+
     def reset_parameters(self, seed: int) -> None:
         """Deterministic Gaussian initialisation from ``seed`` (CPU generator, any device)."""
         m, d, c = self.spec.width, self.spec.d_in, self.spec.n_out
@@ -240,6 +262,57 @@ def build_model(
     return model
 
 
+def image_shape_of(feature_shape, arch: str = "vit") -> tuple[int, int, int]:
+    """(C, H, W) of a data set's ``feature_shape``: (C, H, W) as is, (H, W) as one channel
+    (grayscale images stored without a channel axis, as ``digits``); flat rows are refused."""
+    shape = tuple(int(s) for s in feature_shape)
+    if len(shape) == 3:
+        return shape  # type: ignore[return-value]
+    if len(shape) == 2:
+        return (1, *shape)  # type: ignore[return-value]
+    features = math.prod(shape) if shape else 0
+    raise AuditError(
+        f"--arch {arch} needs image data (samples of shape (C, H, W)), but the data set has flat rows of {features} "
+        "features; use --arch relu or attn, or give image data (mnist, cifar10, digits or an image folder)"
+    )
+
+
+def build_builtin(
+    arch: str,
+    *,
+    n_out: int,
+    feature_shape,
+    X_train: torch.Tensor | None = None,
+    seed: int = 0,
+    width: int = 64,
+    depth: int = 2,
+    dim: int = 64,
+    heads: int = 4,
+    patch: int = 7,
+    mlp_ratio: int = 2,
+    dtype: torch.dtype | None = None,
+    device=None,
+) -> nn.Module:
+    """Any built-in architecture (``relu``, ``attn``, ``vit``, ``vit-linear``) for a data set.
+
+    ``feature_shape``: the data set's sample shape ((C, H, W) or (H, W) for images, (d,)
+    for flat rows). The 2-layer nets take ``width`` and flat rows of prod(feature_shape)
+    features; ``attn`` builds its context from ``X_train`` (required). The ViTs take
+    ``depth``, ``dim``, ``heads``, ``patch``, ``mlp_ratio`` and need image data. ``dtype``:
+    default float64 for the 2-layer nets (the NTK comparisons need it), float32 for ViTs.
+    """
+    if not isinstance(arch, str) or arch not in BUILTIN_ARCHITECTURES:
+        raise AuditError(f"unknown --arch {_show(arch)}; use one of {', '.join(BUILTIN_ARCHITECTURES)}")
+    if arch in VIT_ARCHITECTURES:
+        spec = ViTSpec(arch, image_shape_of(feature_shape, arch), n_out, depth=depth, dim=dim, heads=heads,
+                       patch=patch, mlp_ratio=mlp_ratio, seed=seed)
+        return ViT(spec, dtype=dtype or torch.float32, device=device)
+    d_in = math.prod(int(s) for s in feature_shape)
+    if arch == "attn" and X_train is None:
+        raise AuditError("--arch attn needs the training inputs to build its attention context")
+    return build_model(ModelSpec(arch, d_in, width, n_out, seed=seed), X_train, dtype=dtype or torch.float64, device=device)
+
+
 def training_data_mismatch(model: nn.Module, label: str, fingerprint: str) -> str | None:
     """A warning when a saved model's side-car records different training data than ``fingerprint``.
 
@@ -259,8 +332,23 @@ def training_data_mismatch(model: nn.Module, label: str, fingerprint: str) -> st
     )
 
 
-def save_model(model: TwoLayerNet, path: str | Path, overwrite: bool = False, metadata: dict | None = None) -> Path:
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _input_record(model: nn.Module) -> dict:
+    """The side-car's ``input``: how data rows reach the model."""
+    if isinstance(model, ViT):
+        return {"kind": "images", "shape": list(model.spec.image_shape)}
+    return {"kind": "flat", "shape": [model.spec.d_in]}
+
+
+def save_model(model: TwoLayerNet | ViT, path: str | Path, overwrite: bool = False, metadata: dict | None = None) -> Path:
     """Write ``path`` (.safetensors) and ``path`` + ``.json`` side-car; refuse to overwrite unless asked.
+
+    ``model``: a built-in :class:`TwoLayerNet` or :class:`~attnaudit.vit.ViT` with float32
+    or float64 weights. The side-car follows the ``attnaudit.model/2`` schema (module
+    docstring); ``metadata`` must be JSON-serialisable.
 
     Both files are first written to temporary names in the same folder and only then
     renamed into place (side-car first), so an interrupted save leaves the old files (or
@@ -269,6 +357,11 @@ def save_model(model: TwoLayerNet, path: str | Path, overwrite: bool = False, me
     """
     from safetensors.torch import save_file
 
+    if not isinstance(model, (TwoLayerNet, ViT)):
+        raise AuditError(
+            f"save_model writes attnaudit's built-in models (TwoLayerNet, ViT), not a {type(model).__name__}; save your "
+            "own module's state_dict with safetensors.torch.save_file and audit it with --factory and --weights"
+        )
     path = Path(path)
     sidecar = path.with_suffix(path.suffix + ".json")
     for target in (path, sidecar):
@@ -277,10 +370,24 @@ def save_model(model: TwoLayerNet, path: str | Path, overwrite: bool = False, me
     if not path.parent.is_dir():
         raise AuditError(f"cannot save model {path}: folder {path.parent} does not exist; create it first")
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if v is not None}
-    side = {"schema": SIDECAR_SCHEMA, "spec": asdict(model.spec), "dtype": str(model.W.dtype).replace("torch.", "")}
-    if metadata:
-        side["metadata"] = metadata
-    side_text = json.dumps(side, indent=2)
+    dtypes = sorted({_dtype_name(t.dtype) for t in tensors.values()})
+    if len(dtypes) != 1 or dtypes[0] not in ("float32", "float64"):
+        raise AuditError(
+            f"cannot save model {path}: its tensors are {', '.join(dtypes)}; checkpoints hold float32 or float64 "
+            "weights of one dtype (convert with model.float() or model.double())"
+        )
+    side = {
+        "schema": SIDECAR_SCHEMA,
+        "arch": model.spec.arch,
+        "spec": asdict(model.spec),
+        "dtype": dtypes[0],
+        "input": _input_record(model),
+        "metadata": dict(metadata or {}),
+    }
+    try:
+        side_text = json.dumps(side, indent=2, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise AuditError(f"cannot save model {path}: its metadata is not JSON ({_clip(exc, 120)})") from None
     try:
         with StagedFiles() as files:
             files.stage(sidecar, lambda p: Path(p).write_text(side_text, encoding="utf-8"))
@@ -298,8 +405,8 @@ def _bad_model(path: Path, problem: str) -> AuditError:
     return AuditError(f"cannot load model {path}: {problem}; re-save it with attnaudit")
 
 
-def _read_sidecar(path: Path, sidecar: Path) -> tuple[ModelSpec, dict, str | None]:
-    """The side-car's spec, metadata and recorded dtype, each checked; AuditError otherwise."""
+def _sidecar_document(path: Path, sidecar: Path) -> dict:
+    """The side-car as a JSON object (size, encoding and syntax checked); AuditError otherwise."""
     try:
         size = sidecar.stat().st_size
         if size > MAX_SIDECAR_BYTES:
@@ -316,22 +423,65 @@ def _read_sidecar(path: Path, sidecar: Path) -> tuple[ModelSpec, dict, str | Non
         raise _bad_model(path, f"cannot read side-car {sidecar.name} ({type(exc).__name__}: {_clip(exc, 120)})") from None
     if not isinstance(side, dict):
         raise _bad_model(path, f"side-car {sidecar.name} holds a JSON {type(side).__name__}, not an object")
-    if side.get("schema") != SIDECAR_SCHEMA:
-        raise _bad_model(path, f"side-car schema is {_show(side.get('schema'))}, expected {SIDECAR_SCHEMA!r}")
-    raw = side.get("spec")
+    return side
+
+
+def _typed_spec(path: Path, raw: object, cls: type, required: tuple[str, ...]):
+    """``cls(**raw)`` (ModelSpec or ViTSpec) with unknown, missing and ill-typed fields as AuditErrors."""
     if not isinstance(raw, dict):
         raise _bad_model(path, f"side-car 'spec' must be an object, got {type(raw).__name__}")
-    known = [f.name for f in fields(ModelSpec)]
+    known = [f.name for f in fields(cls)]
     unknown = sorted(str(k) for k in raw if k not in known)
     if unknown:
         raise _bad_model(path, f"side-car spec has unknown field(s) {_clip(', '.join(unknown), 120)}")
-    missing = [k for k in ("arch", "d_in", "width", "n_out") if k not in raw]
+    missing = [k for k in required if k not in raw]
     if missing:
         raise _bad_model(path, f"side-car spec lacks field(s) {', '.join(missing)}")
     try:
-        spec = ModelSpec(**raw)
+        return cls(**raw)
     except AuditError as exc:
         raise _bad_model(path, f"side-car spec is invalid ({exc})") from None
+
+
+_REQUIRED = {ModelSpec: ("arch", "d_in", "width", "n_out"), ViTSpec: ("arch", "image_shape", "n_out")}
+
+
+def _read_sidecar(path: Path, sidecar: Path) -> tuple[ModelSpec | ViTSpec, dict, str | None]:
+    """The side-car's spec, metadata and recorded dtype, each checked; AuditError otherwise.
+
+    Schema ``attnaudit.model/2`` (every built-in architecture) and the older
+    ``attnaudit.model/1`` (2-layer nets: schema, spec, dtype, metadata) are read.
+    """
+    side = _sidecar_document(path, sidecar)
+    schema = side.get("schema")
+    if schema == LEGACY_SIDECAR_SCHEMA:
+        raw = side.get("spec")
+        if isinstance(raw, dict) and isinstance(raw.get("arch"), str) and raw["arch"] in VIT_ARCHITECTURES:
+            raise _bad_model(path, f"side-car schema {LEGACY_SIDECAR_SCHEMA} holds only the 2-layer nets "
+                                   f"({', '.join(ARCHITECTURES)}), but its spec's arch is {raw['arch']!r}")
+        spec = _typed_spec(path, side.get("spec"), ModelSpec, _REQUIRED[ModelSpec])
+    elif schema == SIDECAR_SCHEMA:
+        unknown = sorted(str(k) for k in side if k not in _SIDECAR_FIELDS)
+        if unknown:
+            raise _bad_model(path, f"side-car has unknown field(s) {_clip(', '.join(unknown), 120)} "
+                                   f"(an {SIDECAR_SCHEMA} side-car holds {', '.join(_SIDECAR_FIELDS)})")
+        arch = side.get("arch")
+        if not isinstance(arch, str) or arch not in BUILTIN_ARCHITECTURES:
+            raise _bad_model(path, f"side-car 'arch' is {_show(arch)}; expected one of {', '.join(BUILTIN_ARCHITECTURES)}")
+        cls = ViTSpec if arch in VIT_ARCHITECTURES else ModelSpec
+        spec = _typed_spec(path, side.get("spec"), cls, _REQUIRED[cls])
+        if spec.arch != arch:
+            raise _bad_model(path, f"side-car 'arch' is {arch!r} but its spec describes a {spec.arch!r} model")
+        record = side.get("input")
+        if record is not None:
+            expected = {"kind": "images", "shape": list(spec.image_shape)} if cls is ViTSpec else \
+                {"kind": "flat", "shape": [spec.d_in]}
+            if record != expected:
+                raise _bad_model(path, f"side-car 'input' is {_show(record, 100)} but its spec needs "
+                                       f"{_show(expected, 100)}")
+    else:
+        raise _bad_model(path, f"side-car schema is {_show(schema)}, expected {SIDECAR_SCHEMA!r} "
+                               f"(or the older {LEGACY_SIDECAR_SCHEMA!r})")
     metadata = side.get("metadata")
     if metadata is None:
         metadata = {}
@@ -381,12 +531,36 @@ def _check_tensors(path: Path, spec: ModelSpec, tensors: dict, recorded_dtype: s
     return dtype
 
 
-def load_model(path: str | Path, device=None) -> TwoLayerNet:
+_FIX = "the side-car and the weights do not belong together; re-save it with attnaudit"
+
+
+def _check_vit_tensors(path: Path, spec: ViTSpec, tensors: dict, recorded_dtype: str | None) -> torch.dtype:
+    """Names, shapes and finiteness (against a skeleton ViT on the meta device, so nothing is
+    allocated for a spec that does not fit the file), then one float dtype."""
+    from .weights import match_state_dict
+
+    match_state_dict(ViT(spec, device="meta"), tensors, where=f"cannot load model {path}", fix=_FIX)
+    for name, t in tensors.items():
+        if t.dtype not in _WEIGHT_DTYPES:
+            raise _bad_model(path, f"tensor {name} has dtype {_dtype_name(t.dtype)}; expected float32 or float64")
+    dtypes = sorted({_dtype_name(t.dtype) for t in tensors.values()})
+    if len(dtypes) > 1:
+        raise _bad_model(path, f"the tensors mix dtypes ({', '.join(dtypes)}); a checkpoint holds one")
+    if recorded_dtype is not None and recorded_dtype != dtypes[0]:
+        raise _bad_model(path, f"the side-car records dtype {recorded_dtype} but the tensors are {dtypes[0]}")
+    return getattr(torch, dtypes[0])
+
+
+def load_model(path: str | Path, device=None) -> TwoLayerNet | ViT:
     """Load a model written by :func:`save_model` (weights + side-car), checking both files.
 
-    The side-car must be a JSON object with the attnaudit schema and a valid spec; the
-    weights must be exactly the tensors that spec implies (W, a, and context for attn), of
-    the right shapes, one float dtype, and finite. Anything else raises AuditError.
+    The side-car must be a JSON object with an attnaudit schema (``attnaudit.model/2``, or
+    ``attnaudit.model/1`` for 2-layer nets) and a valid spec; the weights must be exactly
+    the tensors that spec implies (2-layer: W, a, and context for attn; ViT: every
+    parameter of :class:`~attnaudit.vit.ViT`), of the right shapes, one float dtype, and
+    finite. Anything else raises AuditError. The model is built on the CPU in the file's
+    dtype, gets ``.metadata`` (the side-car's metadata dict), and is moved to ``device``
+    when given.
     """
     from safetensors.torch import load_file
 
@@ -402,9 +576,15 @@ def load_model(path: str | Path, device=None) -> TwoLayerNet:
     except Exception as exc:  # noqa: BLE001 - any parse failure is the user's file
         raise _bad_model(path, f"the weights are not a readable .safetensors file ({type(exc).__name__}: "
                                f"{_clip(' '.join(str(exc).split()), 160)})") from None
-    dtype = _check_tensors(path, spec, tensors, recorded_dtype)
-    model = TwoLayerNet(spec, context=tensors.get("context"), dtype=dtype)
-    model.load_state_dict(tensors)
+    if isinstance(spec, ViTSpec):
+        from .weights import load_into
+
+        dtype = _check_vit_tensors(path, spec, tensors, recorded_dtype)
+        model = load_into(ViT(spec, dtype=dtype), tensors, where=f"cannot load model {path}", fix=_FIX)
+    else:
+        dtype = _check_tensors(path, spec, tensors, recorded_dtype)
+        model = TwoLayerNet(spec, context=tensors.get("context"), dtype=dtype)
+        model.load_state_dict(tensors)
     model.metadata = dict(metadata)
     if device is not None:
         model = model.to(device)
