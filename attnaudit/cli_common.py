@@ -55,10 +55,10 @@ def preset_value(value, preset: dict, key: str, default=None):
 
 
 def refuse_training_options_for_saved_model(**options) -> None:
-    """``--model`` audits a saved model as it is: options that only shape training do not apply."""
+    """``--checkpoint``/``--model`` audits a saved model as it is: options that only shape training do not apply."""
     given = [f"--{name.replace('_', '-')}" for name, value in options.items() if value is not None]
     if given:
-        raise AuditError(f"{', '.join(given)} set how new models are trained and do not apply to --model; drop them")
+        raise AuditError(f"{', '.join(given)} set how new models are trained and do not apply to --model/--checkpoint (a saved model); drop them")
 
 
 # Models already saved by --save-models are complete files (each saved atomically), so the

@@ -104,6 +104,62 @@ class OutputBundle:
         return OutputOptions(json=self.json, png=self.png, out_dir=self.out_dir, quiet=self.quiet, overwrite=self.overwrite)
 
 
+@dataclass
+class ModelOptions:
+    """Which trained model to audit (``--checkpoint``/``--model``, ``--factory`` + ``--weights``)."""
+
+    checkpoint: Optional[list[str]] = _field(
+        None, Optional[list[str]], "--checkpoint", "--model",
+        help="Audit a trained model: an attnaudit .safetensors (its .json side-car beside it) or a Hugging Face model "
+             "folder (config.json + model.safetensors; needs attnaudit[hf]). Repeat to compare several. --model is an alias.",
+    )
+    factory: Optional[str] = _field(
+        None, Optional[str], "--factory",
+        help="Your own torch.nn.Module: package.module:function that returns it (called without arguments).",
+    )
+    weights: Optional[str] = _field(
+        None, Optional[str], "--weights", help="Weights for --factory (.safetensors; pickle files need --trust-pickle)."
+    )
+    trust_pickle: bool = _field(
+        False, bool, "--trust-pickle",
+        help="Allow pickle-based weights (.pt/.pth/.bin/.ckpt), read with torch.load(weights_only=True). Only for files you trust.",
+    )
+    inputs: str = _field(
+        "auto", str, "--inputs",
+        help="How data rows reach a --factory model: auto (its audit_inputs(), else images for image data), flat, images or tokens.",
+    )
+
+    @property
+    def given(self) -> bool:
+        """Whether any model option was given."""
+        return bool(self.checkpoint) or self.factory is not None or self.weights is not None
+
+    def sources(self) -> list[str]:
+        """What the models were loaded from, for the report."""
+        if self.factory is not None:
+            return [f"{self.factory}" + (f" + {self.weights}" if self.weights else "")]
+        return list(self.checkpoint or [])
+
+    def load(self) -> dict:
+        """label -> :class:`attnaudit.checkpoints.LoadedModel`, every file checked (before any data are read)."""
+        from .checkpoints import load_model_source, unique_labels
+
+        if self.factory is not None or self.weights is not None:
+            if self.checkpoint:
+                raise _error("--checkpoint and --factory both name a model; give one of them")
+            loaded = [load_model_source(factory=self.factory, weights=self.weights, trust_pickle=self.trust_pickle,
+                                        inputs=self.inputs)]
+        else:
+            loaded = [load_model_source(path, trust_pickle=self.trust_pickle, inputs=self.inputs) for path in self.checkpoint or []]
+        return dict(zip(unique_labels([m.label for m in loaded]), loaded))
+
+
+def _error(message: str):
+    from .errors import AuditError
+
+    return AuditError(message)
+
+
 def _with_defaults(cls: type, overrides: dict) -> type:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = set(overrides) - names

@@ -81,13 +81,13 @@ from torch import nn
 
 from .core.cg import batched_cg
 from .core.engine import Engine, math_attention, ranges
-from .core.task import Inputs, Task, as_task, eval_mode, select_parameter_names
+from .core.task import Inputs, Task, as_task, eval_mode, select_parameter_names, to_logits
 from .errors import AuditError
 
 __all__ = [
-    "ESTIMATORS", "SIGN_CONVENTION", "PATH_FAST_TWOLAYER_HEAD", "PATH_GENERIC", "FastPath", "InfluenceConfig",
+    "ESTIMATORS", "SIGN_CONVENTION", "PATH_FAST_LINEAR_HEAD", "PATH_FAST_TWOLAYER_HEAD", "PATH_GENERIC", "FastPath", "InfluenceConfig",
     "InfluenceResult", "batched_cg", "check_exact_budget", "compute_influence", "influence_memory",
-    "influence_sweep", "resolve_tracked", "tracin_weights", "twolayer_head_fast_path",
+    "influence_sweep", "linear_head_fast_path", "resolve_tracked", "tracin_weights", "twolayer_head_fast_path",
 ]
 
 ESTIMATORS = ("exact", "last-layer", "cg", "tracin")
@@ -99,6 +99,7 @@ SIGN_CONVENTION = (
 )
 PATH_GENERIC = "generic: engine"
 PATH_FAST_TWOLAYER_HEAD = "fast: TwoLayerNet head, cached features"
+PATH_FAST_LINEAR_HEAD = "fast: nn.Linear head, cached features"
 
 
 # --------------------------------------------------------------------------- config / result
@@ -289,6 +290,7 @@ def twolayer_head_fast_path(
     *,
     dtype: torch.dtype = torch.float64,
     state: dict[str, torch.Tensor] | None = None,
+    probe: torch.Tensor | None = None,
 ) -> FastPath | None:
     """The cached-feature head of a built-in 2-layer net, or None when it does not apply.
 
@@ -330,7 +332,123 @@ def twolayer_head_fast_path(
     return FastPath(PATH_FAST_TWOLAYER_HEAD, Engine(head, dtype=dtype, device=device, names=["a"]), prepare)
 
 
-FAST_PATHS: tuple[Callable[..., FastPath | None], ...] = (twolayer_head_fast_path,)
+class _LinearOnFeatures(nn.Module):
+    """A copy of a model's ``nn.Linear`` head at the same parameter path (``a.b.head``), applied to cached features."""
+
+    def __init__(self, path: str, head: nn.Linear):
+        super().__init__()
+        parts = path.split(".")
+        self._path = parts
+        node: nn.Module = self
+        for part in parts[:-1]:
+            child = nn.Module()
+            node.add_module(part, child)
+            node = child
+        node.add_module(parts[-1], head)
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        node: nn.Module = self
+        for part in self._path:
+            node = getattr(node, part)
+        return node(u)
+
+
+def _single_use(module: nn.Module, head: nn.Module) -> bool:
+    """Whether the head's parameters belong to no other module (no weight tying)."""
+    own = {id(p) for p in head.parameters(recurse=False)}
+    for sub in module.modules():
+        if sub is not head and any(id(p) in own for p in sub.parameters(recurse=False)):
+            return False
+    return True
+
+
+def linear_head_fast_path(
+    task: Task,
+    names: Sequence[str],
+    *,
+    dtype: torch.dtype = torch.float64,
+    state: dict[str, torch.Tensor] | None = None,
+    probe: torch.Tensor | None = None,
+    chunk: int = 512,
+) -> FastPath | None:
+    """Cached features for an ``nn.Linear`` head of any model, or None when it does not apply.
+
+    Applies exactly when all of these hold:
+
+    * the tracked parameters are all the trainable parameters of one ``nn.Linear`` module
+      (that exact class) -- its weight and bias, if any -- and no other module holds them
+      (no weight tying, so the features cannot depend on them);
+    * on probe rows, the linear module runs exactly once per forward pass, on (B, in)
+      inputs, and its output *is* the model's logits bit for bit (nothing follows it).
+      The same is checked again on every chunk of rows the path prepares; a violation
+      raises rather than return wrong numbers.
+
+    Then logits = phi(x) W^T + b with features phi(x) that do not depend on the tracked
+    parameters: phi is computed once per row (no gradients, eval mode, math attention
+    kernel, in ``dtype``, on a copy of the module) and the tracked model is that linear map
+    on the features, for any loss. Same numbers as the generic engine path (tested).
+    ``state``: parameter values to use instead of the module's (TracIn checkpoints),
+    loaded into the copy.
+    """
+    module = task.module
+    names = list(names)
+    path = names[0].rpartition(".")[0] if names else ""
+    head = dict(module.named_modules()).get(path) if path else None
+    if probe is None or type(head) is not nn.Linear:
+        return None
+    own = [f"{path}.{n}" for n, p in head.named_parameters(recurse=False) if p.requires_grad]
+    if names != own or not _single_use(module, head):
+        return None
+    ref = next((t for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()), None)
+    device = ref.device if ref is not None else torch.device("cpu")
+    work = copy.deepcopy(module).to(dtype=dtype)
+    if state is not None:
+        with torch.no_grad():
+            for name, p in work.named_parameters():
+                if name in state:
+                    p.copy_(state[name].to(p.device, p.dtype))
+    work_head = dict(work.named_modules())[path]
+    captured: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def run(rows: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """(head inputs, whether the assumptions held) for a batch of rows."""
+        captured.clear()
+        hook = work_head.register_forward_hook(lambda m, args, out: captured.append((args[0], out)))
+        try:
+            with torch.no_grad(), eval_mode(work), math_attention():
+                rows = rows.to(device=device, dtype=dtype) if rows.is_floating_point() else rows.to(device)
+                logits = to_logits(task.inputs.call(work, task.inputs(rows)))
+        finally:
+            hook.remove()
+        ok = (len(captured) == 1 and captured[0][0].ndim == 2 and captured[0][1].shape == logits.shape
+              and torch.equal(captured[0][1], logits))
+        return (captured[0][0] if captured else logits), ok
+
+    try:
+        _, ok = run(probe[:2])
+    except Exception:  # noqa: BLE001 - the generic path will report what is wrong with the model
+        return None
+    if not ok:
+        return None
+
+    def prepare(rows: torch.Tensor) -> torch.Tensor:
+        parts = []
+        for a, b in ranges(rows.shape[0], chunk):
+            feats, ok = run(rows[a:b])
+            if not ok:
+                raise AuditError(
+                    f"the head {path} stopped producing the logits directly on some rows (data-dependent forward pass); "
+                    "the cached-feature fast path does not apply: rerun with the fast path off"
+                )
+            parts.append(feats)
+        return torch.cat(parts) if parts else rows.new_zeros((0, work_head.in_features), dtype=dtype)
+
+    head_copy = copy.deepcopy(work_head)
+    reduced = Task(_LinearOnFeatures(path, head_copy), task.n_classes, task.loss, name=f"{task.name} head")
+    return FastPath(PATH_FAST_LINEAR_HEAD, Engine(reduced, dtype=dtype, device=device, names=names), prepare)
+
+
+FAST_PATHS: tuple[Callable[..., FastPath | None], ...] = (twolayer_head_fast_path, linear_head_fast_path)
 
 
 class _View(NamedTuple):
@@ -351,11 +469,14 @@ def _load_state(engine: Engine, state: dict[str, torch.Tensor]) -> None:
             engine.frozen[name] = t.to(engine.device, engine.dtype if t.is_floating_point() else t.dtype)
 
 
-def _view(task: Task, names: list[str], config: InfluenceConfig, state: dict[str, torch.Tensor] | None = None) -> _View:
-    """The fast path when one applies (and is allowed), else the generic engine."""
+def _view(
+    task: Task, names: list[str], config: InfluenceConfig, state: dict[str, torch.Tensor] | None = None,
+    probe: torch.Tensor | None = None,
+) -> _View:
+    """The first fast path that applies (when allowed; ``probe``: rows to check it on), else the generic engine."""
     if config.fast_path:
         for fast in FAST_PATHS:
-            found = fast(task, names, dtype=config.torch_dtype, state=state)
+            found = fast(task, names, dtype=config.torch_dtype, state=state, probe=probe)
             if found is not None:
                 return _View(found.engine, found.prepare, found.description)
     engine = Engine(task, dtype=config.torch_dtype, names=names)
@@ -501,7 +622,7 @@ def influence_sweep(
         res = _tracin(task, names, X_train, y_train, X_test, y_test, config, checkpoints, checkpoint_weights)
         return [res for _ in dampings]
     t0 = time.perf_counter()
-    view = _view(task, names, config)
+    view = _view(task, names, config, probe=X_train[:2])
     eng = view.engine
     P = eng.n_params
     n_train, n_test = X_train.shape[0], X_test.shape[0]
@@ -628,7 +749,7 @@ def _tracin(task: Task, names, X_train, y_train, X_test, y_test, config, checkpo
     for ckpt, w in zip(checkpoints, weights):
         if w == 0:
             continue
-        view = _view(task, names, config, state=ckpt)
+        view = _view(task, names, config, state=ckpt, probe=X_train[:2])
         eng = view.engine
         if out is None:
             P, path = eng.n_params, view.path

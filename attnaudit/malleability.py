@@ -61,13 +61,16 @@ from .influence import (
     influence_sweep,
     tracin_weights,
 )
+from .core.task import Task
 from .models import ARCHITECTURES, ModelSpec, TwoLayerNet, build_model
 from .training import LOSSES, TrainConfig, TrainResult, accuracy, loss_value, train
 
 SCHEMA = "attnaudit.malleability/1"
-PROTOCOLS = ("retrain", "static")
+PROTOCOLS = ("retrain", "static", "finetune")
+FINETUNE_OPTIMIZERS = ("gd", "sgd", "adam")
 ATTN_CONTEXTS = ("perturbed", "clean")
 REINIT_SEED_OFFSET = 1_000_003  # the reinit control's initialisation seed is seed + this
+# (under --protocol finetune: the reorder control's data-order seed is seed + this)
 
 # Presets: sizes chosen for run time on 2 CPU cores, never for what the result looks like.
 PRESETS: dict[str, dict] = {
@@ -115,6 +118,19 @@ class MalleabilityConfig:
     max_exact_params: int = 6000
     cg_tol: float = 1e-8
     cg_max_iter: int = 1000
+    params: str | None = None
+    finetune_steps: int = 100
+    finetune_optimizer: str = "adam"
+    finetune_lr: float = 1e-4
+    finetune_batch_size: int | None = 64
+    saved_models: bool = False  # models are labels of saved models (any architecture), not built-in names
+
+    @property
+    def control(self) -> str:
+        """Name of the training-randomness control: ``reinit`` (retrain from another
+        initialisation) or, under ``finetune``, ``reorder`` (the same fine-tuning on clean
+        data in another data order)."""
+        return "reorder" if self.protocol == "finetune" else "reinit"
 
     def __post_init__(self) -> None:
         for name in ("models", "attacks", "eps", "damping", "seeds"):
@@ -126,7 +142,7 @@ class MalleabilityConfig:
                 raise AuditError(f"--{name} is empty; give at least one value")
             if len(set(getattr(self, name))) != len(getattr(self, name)):
                 raise AuditError(f"--{name} lists a value twice: {','.join(map(str, getattr(self, name)))}")
-        bad = [m for m in self.models if m not in ARCHITECTURES]
+        bad = [] if self.saved_models else [m for m in self.models if m not in ARCHITECTURES]
         if bad:
             raise AuditError(f"unknown model(s) {', '.join(bad)} in --models; use {', '.join(ARCHITECTURES)}")
         bad = [a for a in self.attacks if a not in ATTACKS]
@@ -141,7 +157,9 @@ class MalleabilityConfig:
         if self.estimator == "tracin" and len(self.damping) > 1:
             raise AuditError("--damping takes a single value with --estimator tracin (TracIn uses no Hessian)")
         if self.protocol not in PROTOCOLS:
-            raise AuditError(f"unknown --protocol {self.protocol!r}; use retrain or static")
+            raise AuditError(f"unknown --protocol {self.protocol!r}; use retrain, static or finetune")
+        if self.protocol == "finetune":
+            self.finetune_recipe(0)  # validates steps, optimizer, lr and batch size now
         if self.attn_context not in ATTN_CONTEXTS:
             raise AuditError(f"unknown --attn-context {self.attn_context!r}; use perturbed or clean")
         if self.norm not in NORMS:
@@ -169,14 +187,30 @@ class MalleabilityConfig:
         self.influence_config()
         for a in self.attacks:
             self.attack_config(a, self.eps[0], 0, None)
-        ModelSpec(self.models[0], 1, self.width, 1, self.parametrization, attn_scaling=self.attn_scaling)
+        if not self.saved_models:
+            ModelSpec(self.models[0], 1, self.width, 1, self.parametrization, attn_scaling=self.attn_scaling)
 
     def train_config(self) -> TrainConfig:
         every = max(1, self.steps // self.tracin_checkpoints) if self.estimator == "tracin" else None
         return TrainConfig(loss=self.loss, lr=self.lr, steps=self.steps, loss_tol=self.match_loss, checkpoint_every=every)
 
+    def finetune_recipe(self, seed: int):
+        """The :class:`attnaudit.fit.Recipe` of ``--protocol finetune`` (data order from ``seed``)."""
+        from .fit import Recipe
+
+        if not isinstance(self.finetune_steps, int) or self.finetune_steps < 1:
+            raise AuditError(f"--finetune-steps must be a positive integer, got {self.finetune_steps}")
+        if self.finetune_optimizer not in FINETUNE_OPTIMIZERS:
+            raise AuditError(f"unknown --finetune-optimizer {self.finetune_optimizer!r}; use one of {', '.join(FINETUNE_OPTIMIZERS)}")
+        return Recipe(
+            optimizer=self.finetune_optimizer, lr=self.finetune_lr,
+            batch_size=None if self.finetune_optimizer == "gd" else self.finetune_batch_size,
+            epochs=None, steps=self.finetune_steps, loss=self.loss, seed=seed,
+        )
+
     def influence_config(self) -> InfluenceConfig:
         return InfluenceConfig(
+            params=self.params,
             estimator=self.estimator,
             damping=self.damping[0],
             max_exact_params=self.max_exact_params,
@@ -197,7 +231,7 @@ class MalleabilityConfig:
 
 def influence_memory_estimate(
     config: MalleabilityConfig, d: int, n_classes: int, n_train: int, n_test: int,
-    models: dict[str, nn.Module] | None = None,
+    models: dict[str, nn.Module | Task] | None = None, probe: torch.Tensor | None = None,
 ) -> dict:
     """Tracked parameters and peak bytes of one influence computation (before any compute).
 
@@ -221,7 +255,12 @@ def influence_memory_estimate(
             spec = ModelSpec(arch, d, config.width, n_classes, config.parametrization, attn_scaling=config.attn_scaling)
             placeholder = torch.zeros(d, d, dtype=torch.float64) if arch == "attn" else None
             model = TwoLayerNet(spec, context=placeholder)
-        names = select_parameter_names(model, icfg.tracked)
+        if isinstance(model, Task):
+            selector = icfg.selector(model)
+            inputs, model = model.inputs, model.module
+        else:
+            selector, inputs = icfg.tracked, None
+        names = select_parameter_names(model, selector, probe, inputs)
         named = dict(model.named_parameters())
         tracked[arch] = {"names": names, "count": int(sum(named[n].numel() for n in names))}
     p = max(v["count"] for v in tracked.values())
@@ -372,6 +411,21 @@ def _influences(model, X, y, X_test, y_test, config: MalleabilityConfig, n_class
     )
 
 
+def _logits(model: nn.Module | Task, X: torch.Tensor) -> torch.Tensor:
+    """Logits of flat rows X: a Task maps rows to its module's input; a bare module takes rows."""
+    return model.logits(X) if isinstance(model, Task) else model(X)
+
+
+def _float64_copy(model: nn.Module | Task, device, always: bool = False) -> nn.Module | Task:
+    """``model`` in float64 on ``device``: a deep copy when it is not already (or ``always``), so a
+    user's model is never changed."""
+    module = model.module if isinstance(model, Task) else model
+    floats = [t for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()]
+    if always or any(t.dtype != torch.float64 or t.device != device for t in floats):
+        module = copy.deepcopy(module).to(device=device, dtype=torch.float64)
+    return replace(model, module=module) if isinstance(model, Task) else module
+
+
 def _diag_row(seed, arch, role, res) -> dict:
     d = res.diagnostics
     keys = ("min_eigenvalue", "damped_min_eigenvalue", "positive_definite", "n_negative_eigenvalues",
@@ -406,20 +460,30 @@ def run_malleability(
     never modified (one in another dtype or on another device is audited through a copy).
     """
     if fixed_models:
-        if config.protocol != "static":
-            raise AuditError("a saved model is audited as it is: pass --protocol static (retrain needs a training recipe)")
-        if config.controls:
+        if config.protocol == "retrain":
+            raise AuditError(
+                "a saved model is audited as it is (--protocol static) or fine-tuned (--protocol finetune "
+                "--finetune-steps N); retraining it from scratch needs its recipe"
+            )
+        if config.controls and config.protocol == "static":
             raise AuditError("the reinit control retrains from scratch and does not apply to a saved model; pass --no-controls")
         if config.estimator == "tracin":
             raise AuditError("--estimator tracin needs the training trajectory, which a saved model does not carry; use last-layer, exact or cg")
         for arch, model in fixed_models.items():
+            if isinstance(model, Task):
+                if model.n_classes != n_classes:
+                    raise AuditError(
+                        f"saved model {arch} has {model.n_classes} outputs but the audit uses {n_classes} classes; "
+                        "audit models with the same classes together"
+                    )
+                continue
             spec = model.spec
             if spec.d_in != int(X_train.shape[1]) or spec.n_out != n_classes:
                 raise AuditError(
                     f"saved {arch} model expects {spec.d_in} features and {spec.n_out} classes, the data have "
                     f"{int(X_train.shape[1])} and {n_classes}; audit it on the data it was trained on"
                 )
-        config = replace(config, models=tuple(fixed_models))
+        config = replace(config, models=tuple(fixed_models), saved_models=True)
     if y_train is None or y_test is None:
         raise AuditError("malleability needs labelled data (influence is defined on a labelled loss)")
     n_train, n_test = int(X_train.shape[0]), int(X_test.shape[0])
@@ -433,7 +497,7 @@ def run_malleability(
             f"the training labels hold a single class ({present[0]}): influence on a one-class loss says nothing; "
             "keep at least two classes (e.g. --classes 3,5)"
         )
-    memory = influence_memory_estimate(config, int(X_train.shape[1]), n_classes, n_train, n_test, fixed_models)  # fails early
+    memory = influence_memory_estimate(config, int(X_train.shape[1]), n_classes, n_train, n_test, fixed_models, X_train[:1])  # fails early
     X_train, X_test = X_train.to(torch.float64), X_test.to(X_train.device, torch.float64)
     y_train, y_test = y_train.to(X_train.device).long(), y_test.to(X_train.device).long()
     advance = progress or (lambda k=1: None)
@@ -472,22 +536,47 @@ def run_malleability(
         training.append(row)
         return model, tr, row
 
-    def given(arch: str, seed: int):
-        """A saved model as the 'clean' model: no training, its loss and accuracy recorded."""
-        model = fixed_models[arch]
-        floats = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
-        if any(t.dtype != torch.float64 or t.device != X_train.device for t in floats):
-            model = copy.deepcopy(model).to(device=X_train.device, dtype=torch.float64)  # the user's model stays as it is
+    def given(arch: str, seed: int, role: str = "clean"):
+        """A saved model as it is (the 'clean' model of ``static``): no training, its loss and accuracy recorded."""
+        model = _float64_copy(fixed_models[arch], X_train.device)  # the user's model stays as it is
         with torch.no_grad():
-            out = model(X_train)
+            out = _logits(model, X_train)
             loss_now = loss_value(out, y_train, config.loss).item()
             row = {
-                "seed": seed, "model": arch, "role": "clean", "source": "saved model", "final_loss": loss_now, "steps_run": 0,
+                "seed": seed, "model": arch, "role": role, "source": "saved model", "final_loss": loss_now, "steps_run": 0,
                 "reached_match_loss": None, "train_accuracy": accuracy(out, y_train),
-                "test_accuracy": accuracy(model(X_test), y_test),
+                "test_accuracy": accuracy(_logits(model, X_test), y_test),
             }
         training.append(row)
         tr = TrainResult(loss_curve=[loss_now], steps_run=0, final_loss=loss_now, reached_tol=None, diverged=False)
+        return model, tr, row
+
+    def finetune(base, X, order_seed: int, role: str, seed: int, arch: str):
+        """A copy of the saved model ``base`` fine-tuned on (X, y_train) with the finetune recipe."""
+        nonlocal t_train
+        from .fit import fit as fit_recipe
+
+        t0 = time.perf_counter()
+        model = _float64_copy(base, X.device, always=True)
+        module = model.module if isinstance(model, Task) else model
+        res = fit_recipe(module, X, y_train, config.finetune_recipe(order_seed),
+                         inputs=model.inputs if isinstance(model, Task) else None)
+        t_train += time.perf_counter() - t0
+        if res.diverged:
+            raise AuditError(
+                f"fine-tuning diverged for {arch} ({role}, seed {seed}) at --finetune-lr {config.finetune_lr:g}; lower it"
+            )
+        with torch.no_grad():
+            out = _logits(model, X)
+            row = {
+                "seed": seed, "model": arch, "role": role, "source": "fine-tuned saved model",
+                "final_loss": loss_value(out, y_train, config.loss).item(), "steps_run": res.steps_run,
+                "data_order_seed": order_seed, "reached_match_loss": None, "train_accuracy": accuracy(out, y_train),
+                "test_accuracy": accuracy(_logits(model, X_test), y_test),
+            }
+        training.append(row)
+        tr = TrainResult(loss_curve=[row["final_loss"]], steps_run=res.steps_run, final_loss=row["final_loss"],
+                         reached_tol=None, diverged=False)
         return model, tr, row
 
     def influences(model, X, tr, seed, arch, role):
@@ -505,21 +594,32 @@ def run_malleability(
 
     for seed in config.seeds:
         for arch in config.models:
-            spec = ModelSpec(arch, d, config.width, n_classes, config.parametrization, attn_scaling=config.attn_scaling, seed=seed)
+            spec = None if fixed_models else ModelSpec(
+                arch, d, config.width, n_classes, config.parametrization, attn_scaling=config.attn_scaling, seed=seed)
             if fixed_models:
-                clean_model, clean_tr, clean_row = given(arch, seed)
+                saved_model = given(arch, seed, "saved" if config.protocol == "finetune" else "clean")
+                if config.protocol == "finetune":
+                    clean_model, clean_tr, clean_row = finetune(saved_model[0], X_train, seed, "clean", seed, arch)
+                else:
+                    clean_model, clean_tr, clean_row = saved_model
+                attack_target = saved_model[0]  # the adversary perturbs against the model it can see
             else:
                 clean_model, clean_tr, clean_row = fit(spec, X_train, X_train, "clean", seed)
+                attack_target = clean_model
             clean_infl = influences(clean_model, X_train, clean_tr, seed, arch, "clean")
             advance(1)
             if config.controls:
-                rspec = replace(spec, seed=seed + REINIT_SEED_OFFSET)
-                r_model, r_tr, r_row = fit(rspec, X_train, X_train, "reinit", seed)
-                r_infl = influences(r_model, X_train, r_tr, seed, arch, "reinit")
+                control_seed = seed + REINIT_SEED_OFFSET
+                if fixed_models:
+                    r_model, r_tr, r_row = finetune(saved_model[0], X_train, control_seed, config.control, seed, arch)
+                else:
+                    r_model, r_tr, r_row = fit(replace(spec, seed=control_seed), X_train, X_train, config.control, seed)
+                r_infl = influences(r_model, X_train, r_tr, seed, arch, config.control)
                 for damping, ci, ri in zip(config.damping, clean_infl, r_infl):
                     controls.append({
-                        "seed": seed, "model": arch, "control": "reinit", "damping": damping,
-                        "reinit_seed": rspec.seed, **stability(ci, ri, config.top_k),
+                        "seed": seed, "model": arch, "control": config.control, "damping": damping,
+                        f"{'data_order' if config.protocol == 'finetune' else 'reinit'}_seed": control_seed,
+                        **stability(ci, ri, config.top_k),
                         "perturbed_test_accuracy": r_row["test_accuracy"], "perturbed_train_loss": r_row["final_loss"],
                     })
                 advance(1)
@@ -529,16 +629,18 @@ def run_malleability(
                         continue
                     acfg = config.attack_config(attack, eps, seed, value_range)
                     t0 = time.perf_counter()
-                    ares = perturb(clean_model, X_train, y_train, acfg, config.loss)
+                    ares = perturb(attack_target, X_train, y_train, acfg, config.loss)
                     t_attack += time.perf_counter() - t0
                     eps_used = 0.0 if attack == "none" else eps
                     with torch.no_grad():
-                        clean_on_pert = accuracy(clean_model(ares.X_adv), y_train)
+                        clean_on_pert = accuracy(_logits(attack_target, ares.X_adv), y_train)
                     attack_rows.append({"seed": seed, "model": arch, **ares.to_dict(), "eps": eps_used})
                     role = f"{attack}@{eps_used:g}"
                     if config.protocol == "retrain":
                         ctx = ares.X_adv if (arch == "attn" and config.attn_context == "perturbed") else X_train
                         p_model, p_tr, p_row = fit(spec, ctx, ares.X_adv, role, seed)
+                    elif config.protocol == "finetune":
+                        p_model, p_tr, p_row = finetune(saved_model[0], ares.X_adv, seed, role, seed, arch)
                     else:
                         p_model, p_tr, p_row = clean_model, clean_tr, clean_row
                     p_infl = influences(p_model, ares.X_adv, p_tr, seed, arch, role)
@@ -550,7 +652,7 @@ def run_malleability(
                             "clean_model_loss_on_perturbed_train": ares.loss_after,
                             "perturbation_norm_mean": ares.radius_mean,
                             "perturbed_test_accuracy": p_row["test_accuracy"],
-                            "perturbed_train_loss": p_row["final_loss"] if config.protocol == "retrain" else None,
+                            "perturbed_train_loss": p_row["final_loss"] if config.protocol != "static" else None,
                             "clean_train_loss": clean_row["final_loss"],
                             "clean_test_accuracy": clean_row["test_accuracy"],
                         })
@@ -558,7 +660,7 @@ def run_malleability(
                         examples.setdefault(arch, {})[attack] = (clean_infl[0], p_infl[0])
                     advance(1)
             if seed == config.seeds[0] and config.controls:
-                examples.setdefault(arch, {})["reinit"] = (clean_infl[0], r_infl[0])
+                examples.setdefault(arch, {})[config.control] = (clean_infl[0], r_infl[0])
 
     summary, ratios = _aggregate(config, runs, controls)
     sensitivity = _sensitivity(config, summary)
@@ -566,7 +668,7 @@ def run_malleability(
     exceeded = []
     if config.max_flip_rate is not None:
         for row in summary:
-            if row["attack"] in ("none", "reinit"):
+            if row["attack"] in ("none", config.control):
                 continue
             m = row["flip_rate"]["mean"]
             if m is not None and m > config.max_flip_rate:
@@ -592,7 +694,7 @@ def _cells(config: MalleabilityConfig) -> list[tuple[str, float | None]]:
         else:
             out.extend((a, e) for e in config.eps)
     if config.controls:
-        out.append(("reinit", None))
+        out.append((config.control, None))
     return out
 
 
@@ -602,7 +704,7 @@ def _aggregate(config: MalleabilityConfig, runs: list[dict], controls: list[dict
     for attack, eps in _cells(config):
         for damping in config.damping:
             for model in config.models:
-                if attack == "reinit":
+                if attack == config.control:
                     rows = [r for r in controls if r["model"] == model and r["damping"] == damping]
                 else:
                     rows = [r for r in runs if r["model"] == model and r["attack"] == attack and r["eps"] == eps and r["damping"] == damping]
@@ -610,16 +712,16 @@ def _aggregate(config: MalleabilityConfig, runs: list[dict], controls: list[dict
                 entry = {"model": model, "attack": attack, "eps": eps, "damping": damping, "seeds": [r["seed"] for r in rows]}
                 for metric in _METRICS:
                     entry[metric] = summarize([r.get(metric) for r in rows], nb, cf)
-                if attack != "reinit":
+                if attack != config.control:
                     entry["clean_model_accuracy_on_perturbed_train"] = summarize([r["clean_model_accuracy_on_perturbed_train"] for r in rows], nb, cf)
                     entry["perturbation_norm_mean"] = float(np.mean([r["perturbation_norm_mean"] for r in rows])) if rows else None
                 by_key[(model, attack, eps, damping)] = entry
-    # floors: read every adversarial flip rate against reinit and random noise of the same radius
+    # floors: read every adversarial flip rate against the training-randomness control and random noise of the same radius
     for (model, attack, eps, damping), entry in by_key.items():
         if attack not in ADVERSARIAL:
             continue
         floors = {}
-        for name, key in (("reinit", (model, "reinit", None, damping)), ("random", (model, "random", eps, damping))):
+        for name, key in ((config.control, (model, config.control, None, damping)), ("random", (model, "random", eps, damping))):
             other = by_key.get(key)
             if other is None or other["flip_rate"]["mean"] is None:
                 continue
@@ -714,7 +816,7 @@ def _verdicts(config, summary, ratios, sensitivity, exceeded) -> list[str]:
             continue
         floors = row.get("floors", {})
         parts = []
-        for name in ("random", "reinit"):
+        for name in ("random", config.control):
             if name in floors:
                 f = floors[name]
                 parts.append(f"{'above' if f['exceeded'] else 'not clearly above'} the {name} floor {100 * f['mean']:.1f}%")
@@ -758,15 +860,18 @@ def build_tables(result: MalleabilityResult) -> list:
         f"influence malleability: flip rate among the top-{cfg.top_k} of {result.n_train} samples by clean |influence| "
         f"({cfg.protocol}, {cfg.estimator}; mean [{int(100 * cfg.confidence)}% bootstrap CI] over {len(cfg.seeds)} seed(s))"
     ))
-    t.caption = "above floor: the flip-rate interval lies entirely above the random-noise / reinit control's"
+    t.caption = f"above floor: the flip-rate interval lies entirely above the random-noise / {cfg.control} control's"
     s = Table(title="stability and attack strength (means over seeds)")
+    after = {"retrain": "retrained acc", "finetune": "fine-tuned acc", "static": "model acc"}[cfg.protocol]
     s.caption = (
-        "strength: the clean model's accuracy on the perturbed training data; retrained acc: clean test accuracy of "
-        "the model trained on perturbed data (static: of the clean model)"
+        f"strength: the attacked model's accuracy on the perturbed training data; {after}: held-out accuracy of "
+        + {"retrain": "the model retrained on perturbed data", "finetune": "the copy fine-tuned on perturbed data",
+           "static": "the saved model (static: nothing is retrained)"}[cfg.protocol]
     )
-    for col in ("model", "attack", "eps", "damping", "flip rate [CI]", "above floor random/reinit"):
-        t.add_column(col, justify="left" if col in ("model", "attack") else "right", no_wrap=col != "above floor random/reinit")
-    for col in ("model", "attack", "eps", "damping", "Spearman", "top-k overlap", "strength", "retrained acc"):
+    floor_col = f"above floor random/{cfg.control}"
+    for col in ("model", "attack", "eps", "damping", "flip rate [CI]", floor_col):
+        t.add_column(col, justify="left" if col in ("model", "attack") else "right", no_wrap=col != floor_col)
+    for col in ("model", "attack", "eps", "damping", "Spearman", "top-k overlap", "strength", after):
         s.add_column(col, justify="left" if col in ("model", "attack") else "right", no_wrap=col in ("model", "attack"))
 
     def mean(x: dict | None, pct: bool = True) -> str:
@@ -778,7 +883,7 @@ def build_tables(result: MalleabilityResult) -> list:
         floors = row.get("floors")
         above = "-"
         if floors:
-            above = "/".join(("yes" if floors[k]["exceeded"] else "no") if k in floors else "-" for k in ("random", "reinit"))
+            above = "/".join(("yes" if floors[k]["exceeded"] else "no") if k in floors else "-" for k in ("random", cfg.control))
         key = (row["model"], row["attack"], "-" if row["eps"] is None else f"{row['eps']:g}", f"{row['damping']:g}")
         t.add_row(*key, _fmt_ci(row["flip_rate"]), above)
         s.add_row(
@@ -797,7 +902,12 @@ def build_tables(result: MalleabilityResult) -> list:
                 "-" if row["ci_low"] is None else f"[{row['ci_low']:.2f}, {row['ci_high']:.2f}]",
             )
         out.append(r)
-    tr = Table(title="training (clean models; full-batch GD, mean over seeds)")
+    tr = Table(title={
+        "retrain": "training (clean models; full-batch GD, mean over seeds)",
+        "finetune": f"clean models (saved model fine-tuned {cfg.finetune_steps} steps, {cfg.finetune_optimizer} "
+                    f"lr {cfg.finetune_lr:g}; mean over seeds)",
+        "static": "saved models as they are (no training)",
+    }[cfg.protocol])
     for col in ("model", "final train loss", "train acc", "test acc", "steps", "reached --match-loss"):
         tr.add_column(col, justify="right")
     for model in cfg.models:
@@ -846,7 +956,7 @@ def plot_malleability(result: MalleabilityResult, path: str | Path, title: str =
         ax.set_title(f"{model}, seed {cfg.seeds[0]}, eps={cfg.eps[0]:g}, damping={cfg.damping[0]:g}", fontsize=9)
         ax.legend(fontsize=7, loc="best")
     ax = fig.add_subplot(grid[1, :])
-    cells = [(a, e) for a, e in _cells(cfg) if a == "reinit" or a == "none" or e == cfg.eps[0]]
+    cells = [(a, e) for a, e in _cells(cfg) if a == cfg.control or a == "none" or e == cfg.eps[0]]
     width = 0.8 / len(models)
     for j, model in enumerate(models):
         means, lows, highs = [], [], []
@@ -860,9 +970,9 @@ def plot_malleability(result: MalleabilityResult, path: str | Path, title: str =
         x = np.arange(len(cells)) + (j - (len(models) - 1) / 2) * width
         ax.bar(x, means, width, yerr=[lows, highs], capsize=3, label=model)
     ax.set_xticks(np.arange(len(cells)))
-    ax.set_xticklabels([a if a in ("reinit", "none") else f"{a}\neps={e:g}" for a, e in cells], fontsize=8)
+    ax.set_xticklabels([a if a in (cfg.control, "none") else f"{a}\neps={e:g}" for a, e in cells], fontsize=8)
     ax.set_ylabel(f"flip rate (top-{cfg.top_k})")
-    ax.set_title(f"flip rate, mean and {int(100 * cfg.confidence)}% bootstrap CI over {len(cfg.seeds)} seed(s); random and reinit are floors", fontsize=9)
+    ax.set_title(f"flip rate, mean and {int(100 * cfg.confidence)}% bootstrap CI over {len(cfg.seeds)} seed(s); random and {cfg.control} are floors", fontsize=9)
     ax.legend(fontsize=8)
     if sweep:
         for k, (name, values) in enumerate((("eps", cfg.eps), ("damping", cfg.damping))):

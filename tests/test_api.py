@@ -28,5 +28,5 @@ def test_user_transformer_runs_influence_landscape_and_entk_without_special_case
     module.main()
     out = capsys.readouterr().out
     assert "tracked by 'head': ['head.weight', 'head.bias']" in out  # the logits layer, found structurally
-    assert "influence (generic: engine)" in out and "empirical NTK (generic: engine): shape (16, 16, 10, 10)" in out
+    assert "influence (fast: nn.Linear head, cached features)" in out and "empirical NTK (generic: engine): shape (16, 16, 10, 10)" in out
     assert "model untouched: True torch.float32" in out  # train mode and dtype as the user left them

@@ -6,6 +6,7 @@ numpy eigenvalues and plain autograd loops.
 """
 
 from __future__ import annotations
+import dataclasses
 
 import numpy as np
 import pytest
@@ -403,7 +404,9 @@ def test_head_of_a_sequential_is_its_last_linear_layer_and_last_layer_influence_
     assert res.tracked == ["2.weight", "2.bias"] and res.n_params == 10
     report = res.to_dict()
     assert report["tracked_parameters"] == ["2.weight", "2.bias"] and report["n_params"] == 10
-    assert report["diagnostics"]["parameter_selector"] == "head" and report["path"] == PATH_GENERIC
+    assert report["diagnostics"]["parameter_selector"] == "head" and report["path"] == "fast: nn.Linear head, cached features"
+    generic = compute_influence(net, X, y, Xt, yt, dataclasses.replace(cfg, fast_path=False))
+    assert generic.path == PATH_GENERIC
     # by hand (numpy): f = h W2^T + b2 with h = tanh(X W1^T + b1); MSE Hessian over (W2, b2) = mean J^T J
     W1, b1, W2, b2 = (t.detach().numpy() for t in net.parameters())
 
@@ -423,6 +426,7 @@ def test_head_of_a_sequential_is_its_last_linear_layer_and_last_layer_influence_
     g_test = np.einsum("nkp,nk->np", Jt, rt)
     expected = -g_train @ np.linalg.solve(H + 0.05 * np.eye(10), g_test.T)
     np.testing.assert_allclose(res.per_test.numpy(), expected, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(generic.per_test.numpy(), expected, rtol=1e-9, atol=1e-12)
 
 
 def test_deprecated_last_means_head():
@@ -547,3 +551,66 @@ def test_every_estimator_on_an_image_attention_module_against_a_hand_written_ref
         ref -= w * Gc @ torch.func.grad(lambda t: ce(t, Xt, yt).sum())(th)
     torch.testing.assert_close(tr.total, ref, rtol=1e-9, atol=1e-12)
     assert torch.equal(torch.cat([p.detach().reshape(-1) for p in model.parameters()]), theta0)  # module untouched
+
+
+# --------------------------------------------------------------------------- nn.Linear head fast path
+class _TinyAttentionNet(torch.nn.Module):
+    """Tokens from rows, one softmax attention (nn.MultiheadAttention), LayerNorm, mean pool, Linear head."""
+
+    def __init__(self, after=None, tie: bool = False):
+        super().__init__()
+        torch.manual_seed(3)
+        self.embed = torch.nn.Linear(4, 6)
+        self.attn = torch.nn.MultiheadAttention(6, 2, batch_first=True)
+        self.norm = torch.nn.LayerNorm(6)
+        self.head = torch.nn.Linear(6, 3)
+        if tie:
+            self.extra = torch.nn.Linear(6, 3)
+            self.extra.weight = self.head.weight  # the features would depend on the head's weight
+        self.after = after
+
+    def forward(self, x):
+        t = self.embed(x.reshape(x.shape[0], 4, 4))
+        if hasattr(self, "extra"):
+            t = t + self.extra(t).sum(-1, keepdim=True)
+        h, _ = self.attn(t, t, t, need_weights=False)
+        out = self.head(self.norm(t + h).mean(1))
+        return out if self.after is None else self.after(out)
+
+
+def _tiny_data(n=24, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, 16, generator=g, dtype=torch.float64)
+    return X, torch.randint(0, 3, (n,), generator=g)
+
+
+@pytest.mark.parametrize("estimator", ["exact", "cg"])
+def test_linear_head_fast_path_matches_generic(estimator):
+    from attnaudit.influence import PATH_FAST_LINEAR_HEAD, PATH_GENERIC, InfluenceConfig, compute_influence
+
+    net = _TinyAttentionNet()
+    X, y = _tiny_data()
+    Xt, yt = _tiny_data(10, seed=1)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    results = {}
+    for fast in (True, False):
+        cfg = InfluenceConfig(estimator=estimator, params="head", damping=1e-2, fast_path=fast, per_test=True)
+        results[fast] = compute_influence(net, X, y, Xt, yt, cfg, loss="ce", n_classes=3)
+    assert results[True].path == PATH_FAST_LINEAR_HEAD and results[False].path == PATH_GENERIC
+    torch.testing.assert_close(results[True].total, results[False].total, rtol=1e-8, atol=1e-12)
+    torch.testing.assert_close(results[True].per_test, results[False].per_test, rtol=1e-8, atol=1e-12)
+    assert results[True].tracked == ["head.weight", "head.bias"]
+    for k, v in net.state_dict().items():
+        assert torch.equal(v, before[k]), k  # the user's module is untouched
+
+
+@pytest.mark.parametrize("variant", ["softmax after the head", "tied weights", "not only the head"])
+def test_linear_head_fast_path_declines(variant):
+    from attnaudit.influence import PATH_GENERIC, InfluenceConfig, compute_influence
+
+    X, y = _tiny_data()
+    Xt, yt = _tiny_data(6, seed=2)
+    net = _TinyAttentionNet(after=torch.nn.Softmax(-1)) if variant == "softmax after the head" else _TinyAttentionNet(tie=variant == "tied weights")
+    params = "head.*,norm.*" if variant == "not only the head" else "head"
+    res = compute_influence(net, X, y, Xt, yt, InfluenceConfig(estimator="exact", params=params), loss="ce", n_classes=3)
+    assert res.path == PATH_GENERIC

@@ -611,7 +611,7 @@ def test_cli_saved_model_and_match_loss(app, tmp_path):
         (["--points", "2"], ["--points"]),
         (["--preset", "huge"], ["--preset", "huge"]),
         (["--models", "relu,gpt"], ["--models", "gpt"]),
-        (["--model", "nowhere.safetensors"], ["--model", "nowhere.safetensors", "not found"]),
+        (["--model", "nowhere.safetensors"], ["--checkpoint", "nowhere.safetensors", "not found"]),  # --model: alias
         (["--model", "x.safetensors", "--models", "relu"], ["--model", "--models", "give one of them"]),
         (["--model", "x.safetensors", "--width", "8"], ["--width", "do not apply to --model"]),
         (["--span", "-1"], ["--span"]),

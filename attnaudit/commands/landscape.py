@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -21,7 +20,7 @@ from ..cli_common import (
     progress,
     refuse_training_options_for_saved_model,
 )
-from ..cli_options import DataOptions, OutputBundle, bundled
+from ..cli_options import DataOptions, ModelOptions, OutputBundle, bundled
 from ..errors import AuditError
 
 # Training and analysis sizes per preset; explicit options override every entry.
@@ -35,32 +34,32 @@ PRESETS: dict[str, dict] = {
 ARCHS = ("relu", "attn")
 
 
-def _labels_for_paths(paths: list[str]) -> list[str]:
-    labels = []
-    for p in paths:
-        stem = Path(p).name
-        stem = stem[: -len(".safetensors")] if stem.endswith(".safetensors") else Path(p).stem
-        label, i = stem, 2
-        while label in labels:
-            label, i = f"{stem}#{i}", i + 1
-        labels.append(label)
-    return labels
+def _on_device(task, device):
+    """The task with a copy of its module on ``device`` when it is elsewhere (the user's module is never moved)."""
+    import copy
+
+    import torch
+
+    ref = next((t for t in (*task.module.parameters(), *task.module.buffers())), None)
+    if ref is None or ref.device == torch.device(device):
+        return task
+    return dataclasses.replace(task, module=copy.deepcopy(task.module).to(device))
 
 
 def register(app: typer.Typer) -> None:
     @app.command("landscape")
-    @bundled(source=DataOptions.defaults(dataset=None, split=None), out=OutputBundle)
+    @bundled(source=DataOptions.defaults(dataset=None, split=None), out=OutputBundle, saved=ModelOptions)
     def landscape_command(
         source: DataOptions,
         out: OutputBundle,
+        saved: ModelOptions,
         preset: Annotated[str, typer.Option("--preset", help="quick (default; digits, < 2 min on 2 CPU cores) or paper (MNIST train split, n_train 2000, ~5 min). Explicit options override it.")] = "quick",
         models: Annotated[Optional[str], typer.Option("--models", help="Models to train and compare: relu (2L-ReLU), attn (MLP-Attn), comma-separated (default relu,attn).")] = None,
-        model: Annotated[Optional[list[str]], typer.Option("--model", help="Analyse a saved model (safetensors written by attnaudit) instead of training; repeat to compare several.")] = None,
         n_train: Annotated[Optional[int], typer.Option("--n-train", help="Training samples: the loss, Hessian and surfaces are over these (default from --preset).")] = None,
         width: Annotated[Optional[int], typer.Option("--width", help="Hidden width m (default from --preset).")] = None,
         steps: Annotated[Optional[int], typer.Option("--steps", help="Full-batch GD steps (the budget under --match-loss).")] = None,
         lr: Annotated[Optional[float], typer.Option("--lr", help="GD learning rate (default from --preset).")] = None,
-        loss: Annotated[str, typer.Option("--loss", help="mse or ce: the training loss whose landscape is measured.")] = "mse",
+        loss: Annotated[Optional[str], typer.Option("--loss", help="mse or ce: the training loss whose landscape is measured (default mse; a checkpoint's recorded training loss).")] = None,
         match_loss: Annotated[Optional[float], typer.Option("--match-loss", help="Train each model until its training loss reaches this value (or say it could not), so sharpness is compared at equal loss.")] = None,
         top_k: Annotated[int, typer.Option("--top-k", help="Number of top Hessian eigenvalues (Lanczos).")] = 5,
         hutchinson_samples: Annotated[int, typer.Option("--hutchinson-samples", help="Rademacher probes for the Hessian trace.")] = 30,
@@ -82,19 +81,19 @@ def register(app: typer.Typer) -> None:
         from ..landscape import LandscapeConfig, ParameterSelectionError, run_landscape, run_work_units
         from ..landscape.report import PNG_NAME, SCHEMA, build_tables, plot_landscape
         from ..landscape.setup import check_selector
-        from ..models import load_model
         from ..report import build_report
         from ..training import TrainConfig
 
         with cli_errors(out.debug):
             opts = out.options()
+            model = saved.sources() if saved.given else None
             key = preset.strip().lower()
             if key not in PRESETS:
                 raise AuditError(f"unknown --preset {preset!r}; use {' or '.join(PRESETS)}")
             p = PRESETS[key]
             check_seed(seed, "--seed")
             if model and models is not None:
-                raise AuditError("--model analyses saved models and --models trains new ones; give one of them")
+                raise AuditError("--checkpoint (--model) analyses saved models and --models trains new ones; give one of them")
             if model:
                 refuse_training_options_for_saved_model(width=width, steps=steps, lr=lr, match_loss=match_loss)
             arch_list = tuple(a.strip().lower() for a in parse_list(models if models is not None else "relu,attn", str, "--models"))
@@ -111,6 +110,10 @@ def register(app: typer.Typer) -> None:
                 raise AuditError(f"--width must be a positive integer, got {m}")
             if match_loss is not None and not (math.isfinite(match_loss) and match_loss > 0):
                 raise AuditError(f"--match-loss must be a positive training loss, got {match_loss}")
+            saved_models = saved.load() if model else {}  # fails now, before data are read: unreadable checkpoints
+            if loss is None:
+                recorded = {lm.loss for lm in saved_models.values() if lm.loss}
+                loss = recorded.pop() if len(recorded) == 1 else "mse"
             loss_name = loss.strip().lower()
             train_cfg = TrainConfig(loss=loss_name, lr=preset_value(lr, p, "lr"), steps=preset_value(steps, p, "steps"), loss_tol=match_loss, record_every=10)
             patterns = tuple(parse_list(params, str, "--params")) if params is not None else None
@@ -121,28 +124,41 @@ def register(app: typer.Typer) -> None:
                 dtype=dtype.strip().lower(),
             )
             dev = resolve_device(device)
-            labels = _labels_for_paths(model) if model else list(arch_list)
-            saved = None
+            labels = list(saved_models) if model else list(arch_list)
+            saved_tasks = None
+            rows_note = None
             try:
-                if model:
-                    # fails now, before data are read: unreadable checkpoints, a --params typo
-                    saved = {label: load_model(path).to(device=dev) for label, path in zip(labels, model)}
-                    for net in saved.values():
-                        check_selector(net, config.params)
+                for lm in saved_models.values():  # a --params typo fails before the data are read
+                    check_selector(lm.module, config.params)
                 opts.check_writable((PNG_NAME,))
                 ds_name = source.dataset if source.dataset is not None else (None if source.data is not None else p["dataset"])
                 split_name = preset_value(source.split, p, "split")
                 spec = source.spec(seed, n=ntr, stratify=True, dataset=ds_name, split=split_name)
 
                 t0 = time.perf_counter()
-                try:
-                    ds = load_dataset(spec)
-                except AuditError as exc:
-                    if "--n " in str(exc):
-                        raise AuditError(str(exc).replace("--n ", "--n-train ").replace("lower --n", "lower --n-train")) from None
-                    raise
+                ds = None
+                if saved_models:
+                    from ..checkpoints import fit_to_data, recorded_split
+                    from ..data import subset
+
+                    full = load_dataset(dataclasses.replace(spec, n=None, stratify=False))
+                    rebuilt = recorded_split(full, saved_models)
+                    if rebuilt is not None:
+                        ds = subset(rebuilt[0], min(ntr, rebuilt[0].n), seed)
+                        rows_note = {"rows": "checkpoint split", "detail": f"{ds.n} of the checkpoint's {rebuilt[0].n} "
+                                     "training rows (its split rebuilt; training-data fingerprint matched)", "recorded_split": rebuilt[2]}
+                if ds is None:
+                    try:
+                        ds = load_dataset(spec)
+                    except AuditError as exc:
+                        if "--n " in str(exc):
+                            raise AuditError(str(exc).replace("--n ", "--n-train ").replace("lower --n", "lower --n-train")) from None
+                        raise
                 if ds.y is None:
                     raise AuditError(f"{ds.name} has no labels; the loss landscape needs labelled data")
+                if saved_models:
+                    fitted = {label: fit_to_data(lm, ds) for label, lm in saved_models.items()}
+                    saved_tasks = {label: _on_device(lm.task(loss=loss_name), dev) for label, lm in fitted.items()}
                 load_time = time.perf_counter() - t0
                 if not opts.quiet:
                     what = f"saved model(s) {', '.join(labels)}" if model else f"models {','.join(labels)}, width {m}, {train_cfg.steps} steps, lr {train_cfg.lr:g}"
@@ -152,7 +168,10 @@ def register(app: typer.Typer) -> None:
                     run = run_landscape(
                         dataclasses.replace(ds, X=ds.X.to(dev), y=ds.y.to(dev)), config,
                         models=None if model else arch_list, width=m, train_config=None if model else train_cfg,
-                        seed=seed, saved=saved, saved_info={label: {"source": str(path)} for label, path in zip(labels, model or [])},
+                        seed=seed, saved=saved_tasks,
+                        saved_info={label: {"source": lm.source.get("path") or lm.source.get("factory"), "checkpoint": lm.source,
+                                            **({"audit_rows": rows_note} if rows_note else {})}
+                                    for label, lm in saved_models.items()},
                         progress=advance,
                     )
             except ParameterSelectionError as exc:
@@ -171,7 +190,7 @@ def register(app: typer.Typer) -> None:
                     "preprocess": source.preprocess,
                     "n_train": ntr,
                     "models": list(labels),
-                    "saved_models": list(model) if model else None,
+                    "saved_models": model,
                     "width": None if model else m,
                     "training": None if model else dataclasses.asdict(train_cfg),
                     "match_loss": match_loss,

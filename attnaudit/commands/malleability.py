@@ -17,16 +17,17 @@ from ..cli_common import (
     progress,
     refuse_training_options_for_saved_model,
 )
-from ..cli_options import DataOptions, OutputBundle, bundled
+from ..cli_options import DataOptions, ModelOptions, OutputBundle, bundled
 from ..errors import AuditError
 
 
 def register(app: typer.Typer) -> None:
     @app.command("malleability")
-    @bundled(source=DataOptions.defaults(dataset=None, split=None), out=OutputBundle)
+    @bundled(source=DataOptions.defaults(dataset=None, split=None), out=OutputBundle, saved=ModelOptions)
     def malleability_command(
         source: DataOptions,
         out: OutputBundle,
+        saved: ModelOptions,
         preset: Annotated[str, typer.Option("--preset", help="quick (digits, < 2 min) or paper (MNIST 2,000 train, PGD eps 0.3, 5 seeds, controls). Explicit options override it.")] = "quick",
         models: Annotated[Optional[str], typer.Option("--models", help="Models to compare, e.g. relu,attn (ratios are over the first).")] = None,
         attacks: Annotated[Optional[str], typer.Option("--attacks", help="pgd, fgsm, mim, random (noise control), none.")] = None,
@@ -34,9 +35,14 @@ def register(app: typer.Typer) -> None:
         damping: Annotated[Optional[str], typer.Option("--damping", help="Hessian damping lambda in (H + lambda I)^-1, or a list.")] = None,
         seeds: Annotated[Optional[int], typer.Option("--seeds", help="Number of repeats (seeds seed, seed+1, ...): initialisation and attack randomness.")] = None,
         seed: Annotated[int, typer.Option("--seed", help="First seed; also fixes the train/test split.")] = 0,
-        protocol: Annotated[Optional[str], typer.Option("--protocol", help="retrain (paper: retrain from the same init on perturbed data) or static (keep the model; the default with --model).")] = None,
+        protocol: Annotated[Optional[str], typer.Option("--protocol", help="retrain (paper: retrain from the same init on perturbed data), static (keep the model; the default with --checkpoint) or finetune (fine-tune copies of a checkpoint on perturbed and on clean data, --finetune-steps).")] = None,
         top_k: Annotated[Optional[int], typer.Option("--top-k", help="Flip rate among the top-k samples by clean |influence|.")] = None,
         estimator: Annotated[str, typer.Option("--estimator", help="exact, last-layer, cg or tracin.")] = "last-layer",
+        params: Annotated[Optional[str], typer.Option("--params", help="Parameters the influence is over: head (default with last-layer), all, a module name or glob patterns (e.g. 'blocks.1.*'); exact/cg default to all.")] = None,
+        finetune_steps: Annotated[int, typer.Option("--finetune-steps", help="Optimizer steps of --protocol finetune.")] = 100,
+        finetune_optimizer: Annotated[Optional[str], typer.Option("--finetune-optimizer", help="gd, sgd or adam for --protocol finetune (default: the checkpoint's recorded optimizer, else adam).")] = None,
+        finetune_lr: Annotated[Optional[float], typer.Option("--finetune-lr", help="Learning rate of --protocol finetune (default: the checkpoint's recorded rate, else 1e-4).")] = None,
+        finetune_batch_size: Annotated[Optional[int], typer.Option("--finetune-batch-size", help="Mini-batch of --protocol finetune (default: recorded, else 64).")] = None,
         norm: Annotated[str, typer.Option("--norm", help="linf or l2.")] = "linf",
         pgd_steps: Annotated[Optional[int], typer.Option("--pgd-steps", help="Steps of PGD and MIM.")] = None,
         step_size: Annotated[Optional[float], typer.Option("--step-size", help="PGD/MIM step (default 2.5 eps/steps for PGD, eps/steps for MIM).")] = None,
@@ -45,11 +51,10 @@ def register(app: typer.Typer) -> None:
         width: Annotated[Optional[int], typer.Option("--width", help="Hidden width m.")] = None,
         steps: Annotated[Optional[int], typer.Option("--steps", help="Full-batch GD steps (the budget under --match-loss).")] = None,
         lr: Annotated[Optional[float], typer.Option("--lr", help="GD learning rate.")] = None,
-        loss: Annotated[str, typer.Option("--loss", help="mse or ce.")] = "mse",
+        loss: Annotated[Optional[str], typer.Option("--loss", help="mse or ce (default mse; a checkpoint's recorded training loss).")] = None,
         match_loss: Annotated[Optional[float], typer.Option("--match-loss", help="Train every model until its training loss reaches this value (or say it could not).")] = None,
         attn_context: Annotated[str, typer.Option("--attn-context", help="MLP-Attn under retrain: rebuild X^T X from the perturbed data (perturbed) or keep the clean one (clean).")] = "perturbed",
-        controls: Annotated[Optional[bool], typer.Option("--controls/--no-controls", help="Run the reinit control (retrain on clean data from another init); off with --model.")] = None,
-        model: Annotated[Optional[list[str]], typer.Option("--model", help="Audit a saved model (safetensors written by attnaudit) as it is, with --protocol static, on the data it was trained on; repeat for one relu and one attn model.")] = None,
+        controls: Annotated[Optional[bool], typer.Option("--controls/--no-controls", help="Run the training-randomness control: reinit (retrain on clean data from another init) or, under finetune, reorder (fine-tune on clean data in another order); off for static.")] = None,
         max_flip_rate: Annotated[Optional[float], typer.Option("--max-flip-rate", help="Exit 1 when a model's mean flip rate under an attack exceeds this share (CI gate).")] = None,
         device: DeviceOpt = "auto",
     ) -> None:
@@ -81,22 +86,31 @@ def register(app: typer.Typer) -> None:
             for name, value in (("--n-train", ntr), ("--n-test", nte)):
                 if value < 1:
                     raise AuditError(f"{name} must be a positive integer, got {value}")
-            fixed = None
-            if model:
-                from ..models import load_model
-
+            loaded: dict = {}
+            if saved.given:
                 if models is not None:
-                    raise AuditError("--model audits saved models and --models trains new ones; give one of them")
+                    raise AuditError("--checkpoint audits saved models and --models trains new ones; give one of them")
                 refuse_training_options_for_saved_model(width=width, steps=steps, lr=lr, match_loss=match_loss)
-                fixed = {}
-                for path in model:
-                    loaded = load_model(path)
-                    if loaded.spec.arch in fixed:
-                        raise AuditError(f"two saved {loaded.spec.arch} models given ({path}); give at most one per architecture")
-                    fixed[loaded.spec.arch] = loaded
-                models = ",".join(fixed)
-            protocol = protocol if protocol is not None else ("static" if fixed else "retrain")
-            controls = controls if controls is not None else not fixed
+                loaded = saved.load()  # every file checked before any data are read
+                models = ",".join(loaded)
+            elif protocol == "finetune":
+                raise AuditError("--protocol finetune fine-tunes a saved model; give --checkpoint (or --factory)")
+            protocol = protocol if protocol is not None else ("static" if loaded else "retrain")
+            controls = controls if controls is not None else (not loaded or protocol == "finetune")
+            if loaded and protocol == "retrain":
+                raise AuditError(
+                    "a saved model is audited as it is (--protocol static) or fine-tuned (--protocol finetune "
+                    "--finetune-steps N); retraining it from scratch needs its recipe"
+                )
+            recorded = [lm.recipe or {} for lm in loaded.values()]
+            if loss is None:
+                losses = {lm.loss for lm in loaded.values() if lm.loss}
+                loss = losses.pop() if len(losses) == 1 else "mse"
+            first = recorded[0] if recorded else {}
+            ft_optimizer = finetune_optimizer or (first.get("optimizer") if first.get("optimizer") in ("gd", "sgd", "adam") else "adam")
+            ft_lr = finetune_lr if finetune_lr is not None else (float(first["lr"]) if isinstance(first.get("lr"), (int, float)) else 1e-4)
+            ft_batch = finetune_batch_size if finetune_batch_size is not None else (
+                int(first["batch_size"]) if isinstance(first.get("batch_size"), int) else 64)
             kw = dict(
                 models=tuple(parse_list(models, str, "--models")) if models is not None else ("relu", "attn"),
                 attacks=tuple(parse_list(attacks, str, "--attacks")) if attacks is not None else ("pgd", "fgsm", "mim", "random"),
@@ -117,6 +131,12 @@ def register(app: typer.Typer) -> None:
                 attn_context=attn_context,
                 controls=controls,
                 max_flip_rate=max_flip_rate,
+                params=params,
+                finetune_steps=finetune_steps,
+                finetune_optimizer=ft_optimizer,
+                finetune_lr=ft_lr,
+                finetune_batch_size=ft_batch,
+                saved_models=bool(loaded),
             )
             config = MalleabilityConfig(**kw)  # validates every value before any data is read
             dev = resolve_device(device)
@@ -130,15 +150,26 @@ def register(app: typer.Typer) -> None:
             ds = load_dataset(spec)
             if ds.y is None:
                 raise AuditError(f"{ds.name} has no labels; malleability needs labelled data (influence is defined on a loss)")
-            train_ds, test_ds = holdout_split(ds, ntr, nte, seed=seed, stratify=True)
+            fixed = None
+            rows_note = None
+            if loaded:
+                from ..checkpoints import audit_split, fit_to_data
+
+                loaded = {label: fit_to_data(lm, ds) for label, lm in loaded.items()}
+                fixed = {label: lm.task(loss=config.loss, params="all") for label, lm in loaded.items()}
+                train_ds, test_ds, rows_note = audit_split(ds, loaded, ntr, nte, seed)
+                n_classes = next(iter(fixed.values())).n_classes
+            else:
+                train_ds, test_ds = holdout_split(ds, ntr, nte, seed=seed, stratify=True)
+                n_classes = ds.n_classes
             timings["load"] = time.perf_counter() - t0
-            memory = influence_memory_estimate(config, train_ds.d, ds.n_classes, ntr, nte, fixed)  # refuses before compute
+            memory = influence_memory_estimate(config, train_ds.d, n_classes, train_ds.n, test_ds.n, fixed, train_ds.X[:1])  # refuses before compute
             if not opts.quiet:
                 tracked = "; ".join(f"{arch}: {', '.join(names)}" for arch, names in memory["tracked_parameter_names"].items())
                 opts.console.print(
-                    f"malleability: {ds.name} ({split_name}), {ntr} train / {nte} held-out, models {','.join(config.models)}, "
+                    f"malleability: {ds.name} ({split_name}), {train_ds.n} train / {test_ds.n} held-out, models {','.join(config.models)}, "
                     f"attacks {','.join(config.attacks)}, {len(config.seeds)} seed(s), "
-                    f"{'saved models, no training' if fixed else f'{progress_total(config)} trainings'}; "
+                    f"{({'static': 'saved models, no training', 'finetune': f'{progress_total(config)} fine-tunings'}[config.protocol]) if fixed else f'{progress_total(config)} trainings'}; "
                     f"{config.estimator} influence over {memory['tracked_parameters']:,} parameters "
                     f"({tracked}) needs about "
                     f"{memory['bytes']['total'] / 2**20:,.1f} MB",
@@ -147,14 +178,14 @@ def register(app: typer.Typer) -> None:
             t1 = time.perf_counter()
             with progress(opts, "malleability", progress_total(config)) as advance:
                 result = run_malleability(
-                    train_ds.X.to(dev), train_ds.y.to(dev), test_ds.X.to(dev), test_ds.y.to(dev), ds.n_classes, config,
+                    train_ds.X.to(dev), train_ds.y.to(dev), test_ds.X.to(dev), test_ds.y.to(dev), n_classes, config,
                     value_range=ds.value_range, progress=advance, fixed_models=fixed,
                 )
-            if fixed:
+            if fixed and rows_note["rows"] != "checkpoint split":
                 from ..models import training_data_mismatch
 
                 fingerprint = data_fingerprint(train_ds.X, train_ds.y)
-                result.warnings[:0] = [w for w in (training_data_mismatch(net, arch, fingerprint) for arch, net in fixed.items()) if w]
+                result.warnings[:0] = [w for w in (training_data_mismatch(lm, label, fingerprint) for label, lm in loaded.items()) if w]
             timings.update({k: v for k, v in result.timings.items()})
             timings["analysis"] = time.perf_counter() - t1
             timings["total"] = time.perf_counter() - t0
@@ -163,6 +194,8 @@ def register(app: typer.Typer) -> None:
                 "dataset": train_ds.info,
                 "held_out": test_ds.info.get("holdout"),
                 "value_range": ds.value_range,
+                "audit_rows": rows_note,
+                "checkpoints": {label: lm.source for label, lm in loaded.items()} or None,
                 **result.to_dict(),
             }
             report = build_report(
@@ -177,7 +210,8 @@ def register(app: typer.Typer) -> None:
                     "n_train": ntr,
                     "n_test": nte,
                     **{k: v for k, v in kw.items() if k != "seeds"},
-                    "saved_models": list(model) if model else None,
+                    "loss": config.loss,
+                    "saved_models": saved.sources() or None,
                 },
                 seeds={"seeds": list(config.seeds), "split_seed": seed, "reinit_seed_offset": 1_000_003},
                 device=dev,
@@ -191,7 +225,7 @@ def register(app: typer.Typer) -> None:
             # Text, not markup strings: verdicts contain brackets ([low, high]) that are not rich tags.
             renderables.extend(Text(f"- {v}") for v in result.verdicts)
             renderables.extend(Text(f"warning: {w}", style="yellow") for w in result.warnings)
-            title = f"{ds.name}: {ntr} train, {config.protocol}, {config.estimator}, {config.norm}"
+            title = f"{ds.name}: {train_ds.n} train, {config.protocol}, {config.estimator}, {config.norm}"
             emit(opts, report, renderables, plot=lambda path: plot_malleability(result, path, title), png_name="malleability.png")
             if result.exceeded:
                 worst = max(result.exceeded, key=lambda e: e["flip_rate"])

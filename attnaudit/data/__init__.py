@@ -66,7 +66,7 @@ from .readers import (
     _RestrictedUnpickler,
     read_idx,
 )
-from .selection import _choose, _finish, _select_rows, _stratified_counts, holdout_split
+from .selection import _choose, _finish, _select_rows, _stratified_counts, holdout_split, subset
 from .spec import (
     DATASETS,
     MAX_CLASSES,
@@ -82,12 +82,13 @@ from .spec import (
     _Source,
     check_seed,
     data_fingerprint,
+    image_shape,
     parse_classes,
 )
 
 __all__ = [
     "CSV_LABEL_COLUMNS", "DATASETS", "DataSpec", "Dataset", "IMAGE_SUFFIXES", "MAX_CLASSES", "MAX_SEED", "PREPROCESS",
     "SPLITS", "SYNTHETIC_CLASSES", "USER_SUFFIXES", "X_NAMES", "Y_NAMES", "apply_preprocess", "check_seed",
-    "data_fingerprint", "default_data_dir", "holdout_split", "load_dataset", "parse_classes", "read_idx",
+    "data_fingerprint", "default_data_dir", "image_shape", "holdout_split", "load_dataset", "subset", "parse_classes", "read_idx",
     "synthetic_matrix",
 ]

@@ -79,29 +79,43 @@ def holdout_split(
     train_idx = _choose(pool, labels, n_train, rng, use_strata)
     rest = np.setdiff1d(pool, train_idx, assume_unique=True)
     test_idx = _choose(rest, labels[rest] if labels is not None else None, n_test, rng, use_strata)
+    return _rows(ds, train_idx, "train", seed, use_strata), _rows(ds, test_idx, "test", seed, use_strata)
 
-    def part(idx: np.ndarray, which: str) -> Dataset:
-        t = torch.from_numpy(idx).to(ds.X.device)
-        info = dict(ds.info)
-        info["holdout"] = {
-            "part": which,
-            "n": int(len(idx)),
-            "seed": int(seed),
-            "stratify": bool(use_strata),
-            "indices_sha256": _checksum(idx),
-        }
-        return Dataset(
-            X=ds.X.index_select(0, t),
-            y=ds.y.index_select(0, t.to(ds.y.device)) if ds.y is not None else None,
-            name=ds.name,
-            n_classes=ds.n_classes,
-            value_range=ds.value_range,
-            feature_shape=ds.feature_shape,
-            info=info,
-            singular_values=None,  # a row subset has a different spectrum
-        )
 
-    return part(train_idx, "train"), part(test_idx, "test")
+def _rows(ds: Dataset, idx: np.ndarray, which: str, seed: int, use_strata: bool) -> Dataset:
+    """The rows ``idx`` of ``ds`` as a Dataset whose info records how they were drawn."""
+    t = torch.from_numpy(idx).to(ds.X.device)
+    info = dict(ds.info)
+    info["holdout"] = {
+        "part": which,
+        "n": int(len(idx)),
+        "seed": int(seed),
+        "stratify": bool(use_strata),
+        "indices_sha256": _checksum(idx),
+    }
+    return Dataset(
+        X=ds.X.index_select(0, t),
+        y=ds.y.index_select(0, t.to(ds.y.device)) if ds.y is not None else None,
+        name=ds.name,
+        n_classes=ds.n_classes,
+        value_range=ds.value_range,
+        feature_shape=ds.feature_shape,
+        info=info,
+        singular_values=None,  # a row subset has a different spectrum
+    )
+
+
+def subset(ds: Dataset, n: int, seed: int, stratify: bool = True) -> Dataset:
+    """A seeded subset of n rows of ``ds`` (in original order; all rows when n >= ds.n),
+    stratified by label when ``stratify`` and labelled. ``info['holdout']`` records the draw
+    (``part``: ``subset``)."""
+    if not _is_int(n) or n < 1:
+        raise AuditError(f"subset size must be a positive integer, got {_show(n)}")
+    check_seed(seed)
+    labels = ds.y.cpu().numpy() if ds.y is not None else None
+    use_strata = stratify and labels is not None
+    idx = _choose(np.arange(ds.n), labels, n, np.random.default_rng(seed), use_strata)
+    return _rows(ds, idx, "subset", seed, use_strata)
 
 
 # --------------------------------------------------------------------------- assembly

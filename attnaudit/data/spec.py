@@ -234,6 +234,21 @@ class _Source:
     info: dict = field(default_factory=dict)
 
 
+def image_shape(feature_shape: tuple[int, ...]) -> tuple[int, int, int] | None:
+    """(C, H, W) of image samples from a data set's ``feature_shape``, or None for flat rows.
+
+    Every image source stores samples channel-first: grey images are (H, W) (MNIST, digits)
+    and become (1, H, W); colour images are already (C, H, W) (CIFAR-10, image folders).
+    A user array of (N, H, W, C) must be transposed to channel-first before loading.
+    """
+    shape = tuple(int(s) for s in feature_shape)
+    if len(shape) == 2:
+        return (1, *shape)
+    if len(shape) == 3:
+        return shape  # type: ignore[return-value]
+    return None
+
+
 def data_fingerprint(X: torch.Tensor, y: torch.Tensor | None = None) -> str:
     """First 16 hex digits of sha256 over X (as float64) and y: identifies a training set exactly."""
     h = hashlib.sha256()

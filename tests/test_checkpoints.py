@@ -1,0 +1,374 @@
+"""Loading users' models: --factory + --weights, pickle refusal, weight/key/shape checks,
+data fit, and the audit of a user module end to end through the CLI."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import sys
+import textwrap
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from typer.testing import CliRunner
+
+from attnaudit.checkpoints import fit_to_data, load_checkpoint, load_factory
+from attnaudit.data import DataSpec, load_dataset
+from attnaudit.errors import AuditError
+from attnaudit.weights import match_state_dict, read_weights
+
+runner = CliRunner()
+
+USER_MODULE = textwrap.dedent(
+    '''
+    import torch
+    from torch import nn
+
+
+    class Net(nn.Module):
+        """A user's module: images (B, 1, 8, 8) in, a dict with logits out."""
+
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(1, 2, 3, stride=2, padding=1)
+            self.classifier = nn.Linear(2 * 4 * 4, 10)
+
+        def forward(self, images):
+            return {"logits": self.classifier(torch.relu(self.conv(images)).flatten(1))}
+
+
+    def build():
+        torch.manual_seed(0)
+        return Net()
+
+
+    def not_a_module():
+        return 42
+
+
+    def broken():
+        raise ValueError("boom")
+
+
+    CONSTANT = 3
+    '''
+)
+
+
+@pytest.fixture
+def user_package(tmp_path, monkeypatch):
+    """A temporary package ``userpkg.models`` on sys.path, removed after the test."""
+    pkg = tmp_path / "userpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "models.py").write_text(USER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    for name in [m for m in sys.modules if m == "userpkg" or m.startswith("userpkg.")]:
+        del sys.modules[name]
+
+
+@pytest.fixture(scope="module")
+def app():
+    from attnaudit.cli import app as typer_app
+
+    return typer_app
+
+
+def _weights(tmp_path, **changes):
+    """Weights of userpkg.models:build with a different init, optionally altered."""
+    sys_path = list(sys.path)
+    try:
+        sys.path.insert(0, str(tmp_path))
+        from userpkg.models import Net  # noqa: PLC0415 - the temporary package
+    finally:
+        sys.path[:] = sys_path
+    torch.manual_seed(123)
+    state = {k: v.clone() for k, v in Net().state_dict().items()}
+    for key, value in changes.items():
+        key = key.replace("__", ".")
+        if value is None:
+            del state[key]
+        else:
+            state[key] = value
+    path = tmp_path / "w.safetensors"
+    save_file(state, str(path))
+    return path, state
+
+
+def test_factory_loads_the_given_weights_exactly(user_package):
+    path, state = _weights(user_package)
+    loaded = load_factory("userpkg.models:build", path)
+    for name, tensor in loaded.module.state_dict().items():
+        assert torch.equal(tensor, state[name]), name  # the file's values, not the factory's init
+    assert loaded.source["kind"] == "factory" and len(loaded.source["sha256"]) == 64
+    assert not loaded.module.training
+    ds = load_dataset(DataSpec(dataset="digits", n=20, seed=0))
+    fitted = fit_to_data(loaded, ds)
+    assert fitted.inputs.kind == "images" and fitted.inputs.shape == (1, 8, 8) and fitted.n_classes == 10
+    # the logits the task computes are the module's own on images built from the rows
+    images = ds.X[:5].to(torch.float32).reshape(5, 1, 8, 8)
+    with torch.no_grad():
+        expected = loaded.module(images)["logits"]
+    torch.testing.assert_close(fitted.task("ce").logits(ds.X[:5].to(torch.float32)), expected)
+
+
+@pytest.mark.parametrize(
+    ("factory", "needle"),
+    [
+        ("userpkg.models", "package.module:function"),
+        ("userpkg.nothere:build", "cannot import module 'userpkg.nothere'"),
+        ("userpkg.models:missing", "has no attribute 'missing'"),
+        ("userpkg.models:CONSTANT", "not a function"),
+        ("userpkg.models:not_a_module", "returned a int, not a torch.nn.Module"),
+        ("userpkg.models:broken", "calling it failed (ValueError: boom)"),
+    ],
+)
+def test_factory_failures_name_the_problem(user_package, factory, needle):
+    with pytest.raises(AuditError) as err:
+        load_factory(factory)
+    assert needle in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_weights_that_do_not_fit_are_named(user_package):
+    path, _ = _weights(user_package, conv__bias=None)
+    with pytest.raises(AuditError, match=r"missing key\(s\) \(conv\.bias\)"):
+        load_factory("userpkg.models:build", path)
+    path, state = _weights(user_package, extra__weight=torch.zeros(2))
+    with pytest.raises(AuditError, match=r"unexpected key\(s\) \(extra\.weight\)"):
+        load_factory("userpkg.models:build", path)
+    path, _ = _weights(user_package, classifier__weight=torch.zeros(3, 32))
+    with pytest.raises(AuditError) as err:
+        load_factory("userpkg.models:build", path)
+    assert "classifier.weight" in str(err.value) and "(3, 32)" in str(err.value) and "(10, 32)" in str(err.value)
+    path, _ = _weights(user_package, conv__weight=torch.full((2, 1, 3, 3), float("nan")))
+    with pytest.raises(AuditError, match="non-finite"):
+        load_factory("userpkg.models:build", path)
+
+
+def test_truncated_safetensors_is_refused(tmp_path):
+    path = tmp_path / "cut.safetensors"
+    save_file({"w": torch.randn(50, 50)}, str(path))
+    path.write_bytes(path.read_bytes()[:300])
+    with pytest.raises(AuditError, match="not a readable .safetensors file"):
+        read_weights(path)
+
+
+class _Marker:
+    """Unpickling this would create a marker file (arbitrary code execution)."""
+
+    def __init__(self, target: str):
+        self.target = target
+
+    def __reduce__(self):
+        return (open, (self.target, "w"))
+
+
+@pytest.mark.parametrize("suffix", [".pt", ".pth", ".bin", ".ckpt"])
+def test_pickle_needs_trust_and_then_only_weights(tmp_path, suffix):
+    marker = tmp_path / "pwned"
+    evil = tmp_path / f"evil{suffix}"
+    evil.write_bytes(pickle.dumps({"w": _Marker(str(marker))}))
+    with pytest.raises(AuditError) as err:
+        read_weights(evil)
+    assert "can run arbitrary code" in str(err.value) and "--trust-pickle" in str(err.value)
+    assert not marker.exists()
+    with pytest.raises(AuditError, match=r"weights_only=True"):
+        read_weights(evil, trust_pickle=True)
+    assert not marker.exists()
+    with pytest.raises(AuditError, match="arbitrary code"):
+        load_checkpoint(evil)
+    assert not marker.exists()
+
+
+def test_trusted_pickle_state_dict_loads(user_package):
+    path, state = _weights(user_package)
+    pt = user_package / "w.pt"
+    torch.save({"state_dict": state}, pt)
+    with pytest.raises(AuditError, match="arbitrary code"):
+        load_factory("userpkg.models:build", pt)
+    loaded = load_factory("userpkg.models:build", pt, trust_pickle=True)
+    assert torch.equal(loaded.module.classifier.weight, state["classifier.weight"])
+
+
+def test_checkpoint_path_errors(tmp_path):
+    bare = tmp_path / "bare.safetensors"
+    save_file({"w": torch.zeros(2)}, str(bare))
+    with pytest.raises(AuditError, match="no side-car"):
+        load_checkpoint(bare)
+    with pytest.raises(AuditError, match="without config.json"):
+        load_checkpoint(tmp_path)
+    with pytest.raises(AuditError, match="not found"):
+        load_checkpoint(tmp_path / "nothing.safetensors")
+    (tmp_path / "model.onnx").write_bytes(b"x")
+    with pytest.raises(AuditError, match="unknown checkpoint format"):
+        load_checkpoint(tmp_path / "model.onnx")
+
+
+def test_match_state_dict_is_silent_on_a_fit():
+    net = torch.nn.Linear(3, 2)
+    match_state_dict(net, net.state_dict(), where="x")
+
+
+def test_data_that_does_not_fit_the_model(user_package):
+    path, _ = _weights(user_package)
+    loaded = load_factory("userpkg.models:build", path, inputs="flat")
+    ds = load_dataset(DataSpec(dataset="digits", n=20, seed=0))
+    with pytest.raises(AuditError) as err:
+        fit_to_data(loaded, ds)
+    assert "cannot take digits" in str(err.value) and "--inputs" in str(err.value)
+    few = load_dataset(DataSpec(dataset="synthetic", n=20, seed=0))
+    with pytest.raises(AuditError):
+        fit_to_data(load_factory("userpkg.models:build", path), few)
+
+
+def test_cli_audits_a_user_module(app, user_package, tmp_path, monkeypatch):
+    path, _ = _weights(user_package)
+    monkeypatch.chdir(user_package)
+    args = ["malleability", "--factory", "userpkg.models:build", "--weights", str(path), "--loss", "ce",
+            "--attacks", "pgd,random", "--seeds", "2", "--n-train", "40", "--n-test", "20", "--top-k", "10",
+            "--pgd-steps", "2", "--json", "-"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert report["inputs"]["protocol"] == "static"
+    assert report["results"]["checkpoints"]["models.build"]["kind"] == "factory"
+    assert {r["model"] for r in report["results"]["summary"]} == {"models.build"}
+    diag = report["results"]["influence_diagnostics"][0]
+    assert diag["n_params"] == 2 * 16 * 10 + 10  # the head: classifier.weight and .bias
+    for extra, needle in ((["--checkpoint", str(path)], "give one of them"),
+                          (["--weights", str(tmp_path / "none.safetensors")], "not found")):
+        bad = runner.invoke(app, [a for a in args if a != "--json" and a != "-"] + extra)
+        assert bad.exit_code == 2 and needle in bad.output, bad.output
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.pt"
+    evil.write_bytes(pickle.dumps({"w": _Marker(str(marker))}))
+    for trust in ([], ["--trust-pickle"]):
+        bad = runner.invoke(app, ["malleability", "--factory", "userpkg.models:build", "--weights", str(evil), *trust])
+        assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1, bad.output
+        assert not marker.exists()
+
+
+# --------------------------------------------------------------------------- a trained built-in ViT, audited by path
+@pytest.fixture(scope="module")
+def vit_checkpoint(tmp_path_factory):
+    """A tiny ViT trained briefly on digits (train split), saved with the side-car `train` writes:
+    its recipe, its held-out split and the training-data fingerprint."""
+    from attnaudit.data import data_fingerprint, holdout_split
+    from attnaudit.fit import Recipe, fit
+    from attnaudit.models import save_model
+    from attnaudit.vit import ViT, ViTSpec
+
+    ds = load_dataset(DataSpec(dataset="digits", split="train"))
+    train_ds, test_ds = holdout_split(ds, 400, 100, seed=5, stratify=True)
+    model = ViT(ViTSpec("vit", (1, 8, 8), 10, depth=1, dim=8, heads=2, patch=4, seed=1))
+    recipe = Recipe(optimizer="adam", lr=3e-3, batch_size=64, steps=60, loss="ce", seed=1)
+    fit(model, train_ds.X.float(), train_ds.y, recipe)
+    path = tmp_path_factory.mktemp("ckpt") / "vit.safetensors"
+    metadata = {
+        "training_data": {"name": "digits", "split": "train", "n": 400, "fingerprint": data_fingerprint(train_ds.X, train_ds.y),
+                          "holdout": {"n_train": 400, "n_test": 100, "seed": 5, "stratify": True}},
+        "recipe": recipe.to_dict(),
+    }
+    save_model(model, path, metadata=metadata)
+    return path, train_ds
+
+
+TINY_AUDIT = ["--n-train", "60", "--n-test", "30", "--top-k", "10", "--seeds", "2", "--pgd-steps", "2"]
+
+
+def test_malleability_static_on_a_vit_checkpoint(app, vit_checkpoint):
+    path, train_ds = vit_checkpoint
+    before = path.read_bytes()
+    res = runner.invoke(app, ["malleability", "--checkpoint", str(path), "--attacks", "pgd,random", *TINY_AUDIT, "--json", "-"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    results = report["results"]
+    assert report["inputs"]["protocol"] == "static" and report["inputs"]["loss"] == "ce"  # the recorded loss
+    assert results["checkpoints"]["vit"]["kind"] == "attnaudit" and results["checkpoints"]["vit"]["arch"] == "vit"
+    assert results["audit_rows"]["rows"] == "checkpoint split"
+    # the audited training rows are rows the model was trained on
+    recorded = {tuple(r.tolist()) for r in train_ds.X}
+    assert results["dataset"]["holdout"]["part"] == "subset" and results["n_train"] == 60
+    diag = results["influence_diagnostics"][0]
+    assert diag["n_params"] == 8 * 10 + 10 and diag["path"].startswith("fast: nn.Linear head")
+    assert not any("other data" in w for w in report["warnings"])
+    assert path.read_bytes() == before  # the checkpoint is untouched
+    assert len(recorded) == 400
+
+
+def test_malleability_finetune_protocol_with_zero_perturbation(app, vit_checkpoint):
+    path, _ = vit_checkpoint
+    res = runner.invoke(app, ["malleability", "--checkpoint", str(path), "--protocol", "finetune", "--finetune-steps", "4",
+                              "--attacks", "none,random", *TINY_AUDIT, "--json", "-"])
+    assert res.exit_code == 0, res.output
+    results = json.loads(res.stdout)["results"]
+    by_attack = {row["attack"]: row for row in results["summary"]}
+    assert by_attack["none"]["flip_rate"]["values"] == [0.0, 0.0]  # same data, same order: identical fine-tunes
+    assert "reorder" in by_attack  # the control: clean fine-tuning in another data order
+    roles = {r["role"] for r in results["training"]}
+    assert {"saved", "clean", "reorder"} <= roles
+    assert all(r["steps_run"] == (0 if r["role"] == "saved" else 4) for r in results["training"])
+    assert results["config"]["finetune_optimizer"] == "adam" and results["config"]["finetune_lr"] == 3e-3  # recorded recipe
+
+
+def test_landscape_on_a_vit_checkpoint(app, vit_checkpoint):
+    path, _ = vit_checkpoint
+    res = runner.invoke(app, ["landscape", "--checkpoint", str(path), "--n-train", "50", "--grid", "0", "--points", "5",
+                              "--top-k", "2", "--hutchinson-samples", "4", "--basin-directions", "2", "--json", "-"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    model = report["results"]["models"]["vit"]
+    assert report["inputs"]["landscape"]["loss"] == "ce"
+    assert len(model["hessian"]["top_eigenvalues"]) == 2 if "hessian" in model else True
+    assert report["results"]["models"]["vit"]["training"]["checkpoint"]["arch"] == "vit"
+
+
+def test_checkpoint_on_data_of_another_shape_exits_2(app, vit_checkpoint):
+    path, _ = vit_checkpoint
+    res = runner.invoke(app, ["malleability", "--checkpoint", str(path), "--dataset", "synthetic"])
+    assert res.exit_code == 2 and "expects images of shape (1, 8, 8)" in res.output, res.output
+
+
+# --------------------------------------------------------------------------- a Hugging Face folder, audited by path
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(image_size=8, patch_size=4, num_channels=1, hidden_size=16, num_hidden_layers=1,
+                                    num_attention_heads=2, intermediate_size=32, num_labels=10)
+    model = transformers.ViTForImageClassification(config)
+    folder = tmp_path_factory.mktemp("hf") / "tiny-vit"
+    model.save_pretrained(folder)
+    return folder, model
+
+
+def test_malleability_and_landscape_on_a_hugging_face_folder(app, hf_folder):
+    folder, model = hf_folder
+    res = runner.invoke(app, ["malleability", "--checkpoint", str(folder), "--loss", "ce", "--attacks", "pgd,random",
+                              *TINY_AUDIT, "--json", "-"])
+    assert res.exit_code == 0, res.output
+    results = json.loads(res.stdout)["results"]
+    source = results["checkpoints"]["tiny-vit"]
+    assert source["kind"] == "huggingface" and source["architecture"] == "ViTForImageClassification"
+    assert results["influence_diagnostics"][0]["n_params"] == 16 * 10 + 10  # the classifier head
+    res = runner.invoke(app, ["landscape", "--checkpoint", str(folder), "--loss", "ce", "--n-train", "40", "--grid", "0",
+                              "--points", "5", "--top-k", "2", "--hutchinson-samples", "4", "--basin-directions", "2",
+                              "--params", "model.classifier.*", "--json", "-"])
+    assert res.exit_code == 0, res.output
+    assert "tiny-vit" in json.loads(res.stdout)["results"]["models"]
+
+
+def test_hugging_face_folder_with_broken_weights_exits_2(app, hf_folder, tmp_path):
+    import shutil
+
+    folder, _ = hf_folder
+    broken = tmp_path / "broken"
+    shutil.copytree(folder, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])
+    res = runner.invoke(app, ["malleability", "--checkpoint", str(broken)])
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
+    assert "safetensors" in res.output
