@@ -400,3 +400,50 @@ def audit_split(dataset, models: dict[str, LoadedModel], n_train: int, n_test: i
         }
     train, test = holdout_split(dataset, n_train, n_test, seed=seed, stratify=True)
     return train, test, {"rows": "fresh split", "detail": f"a seeded holdout split of the data (seed {seed})"}
+
+
+@dataclass(frozen=True)
+class Rebuild:
+    """How to re-run a checkpoint's recorded training from scratch (``--protocol retrain``).
+
+    ``spec``: the architecture and sizes (a built-in's ``ModelSpec``/``ViTSpec``);
+    ``recipe``: the recorded :class:`attnaudit.fit.Recipe`; ``init_seed``: the recorded
+    initialisation seed.
+    """
+
+    spec: Any
+    recipe: Any
+    init_seed: int
+
+    def build(self, seed: int, X_context: torch.Tensor) -> nn.Module:
+        """A fresh float64 model of this architecture initialised from ``seed`` (MLP-Attn's
+        context from ``X_context``)."""
+        from .models import ModelSpec, build_model
+        from .vit import ViT, ViTSpec
+
+        if isinstance(self.spec, ModelSpec):
+            return build_model(dataclasses.replace(self.spec, seed=seed), X_context, dtype=torch.float64,
+                               device=X_context.device)
+        if isinstance(self.spec, ViTSpec):
+            return ViT(dataclasses.replace(self.spec, seed=seed), dtype=torch.float64, device=X_context.device)
+        raise AuditError(f"cannot rebuild a {type(self.spec).__name__}")  # pragma: no cover - guarded by rebuild_of
+
+
+def rebuild_of(loaded: LoadedModel) -> Rebuild | None:
+    """The :class:`Rebuild` of an attnaudit checkpoint whose side-car records its recipe, else None."""
+    from .fit import Recipe
+    from .models import ModelSpec
+    from .vit import ViTSpec
+
+    spec = (loaded.source or {}).get("spec")
+    module_spec = getattr(loaded.module, "spec", None)
+    if loaded.source.get("kind") != "attnaudit" or spec is None or not isinstance(module_spec, (ModelSpec, ViTSpec)):
+        return None
+    recorded = loaded.recipe
+    if recorded is None:
+        return None
+    recipe = Recipe.from_dict(recorded)
+    init_seed = loaded.metadata.get("init_seed", module_spec.seed)
+    if not isinstance(init_seed, int) or isinstance(init_seed, bool):
+        raise AuditError(f"checkpoint {loaded.label}: side-car init_seed must be an integer, got {init_seed!r}")
+    return Rebuild(spec=module_spec, recipe=recipe, init_seed=init_seed)

@@ -447,7 +447,8 @@ def run_malleability(
     *,
     value_range: tuple[float, float] | None = None,
     progress: Callable[[int], None] | None = None,
-    fixed_models: dict[str, TwoLayerNet] | None = None,
+    fixed_models: dict[str, TwoLayerNet | Task] | None = None,
+    rebuild: dict | None = None,
 ) -> MalleabilityResult:
     """Run the malleability protocol (module docstring) on a fixed train/test split.
 
@@ -459,11 +460,14 @@ def run_malleability(
     Tensors may live on any device; everything runs there in float64. A saved model is
     never modified (one in another dtype or on another device is audited through a copy).
     """
+    rebuild = rebuild or {}
     if fixed_models:
-        if config.protocol == "retrain":
+        if config.protocol == "retrain" and not all(label in rebuild for label in fixed_models):
+            missing = [label for label in fixed_models if label not in rebuild]
             raise AuditError(
-                "a saved model is audited as it is (--protocol static) or fine-tuned (--protocol finetune "
-                "--finetune-steps N); retraining it from scratch needs its recipe"
+                f"--protocol retrain re-runs a checkpoint's recorded training recipe, and {', '.join(missing)} records "
+                "none (attnaudit train writes it); audit it as it is (--protocol static) or fine-tune it "
+                "(--protocol finetune --finetune-steps N)"
             )
         if config.controls and config.protocol == "static":
             raise AuditError("the reinit control retrains from scratch and does not apply to a saved model; pass --no-controls")
@@ -579,6 +583,34 @@ def run_malleability(
                          reached_tol=None, diverged=False)
         return model, tr, row
 
+    def refit(arch: str, init_seed: int, order_seed: int, X_ctx, X, role: str, seed: int):
+        """A checkpoint's architecture rebuilt from ``init_seed`` and trained on (X, y_train)
+        with its recorded recipe (data order from ``order_seed``)."""
+        nonlocal t_train
+        from .fit import fit as fit_recipe
+
+        t0 = time.perf_counter()
+        rb, template = rebuild[arch], fixed_models[arch]
+        module = rb.build(init_seed, X_ctx)
+        model = replace(template, module=module) if isinstance(template, Task) else module
+        res = fit_recipe(module, X, y_train, replace(rb.recipe, seed=order_seed),
+                         inputs=template.inputs if isinstance(template, Task) else None)
+        t_train += time.perf_counter() - t0
+        if res.diverged:
+            raise AuditError(f"retraining diverged for {arch} ({role}, seed {seed}) with the recorded recipe")
+        with torch.no_grad():
+            out = _logits(model, X)
+            row = {
+                "seed": seed, "model": arch, "role": role, "source": "recorded recipe re-run",
+                "final_loss": loss_value(out, y_train, config.loss).item(), "steps_run": res.steps_run,
+                "init_seed": init_seed, "data_order_seed": order_seed, "reached_match_loss": None,
+                "train_accuracy": accuracy(out, y_train), "test_accuracy": accuracy(_logits(model, X_test), y_test),
+            }
+        training.append(row)
+        tr = TrainResult(loss_curve=[row["final_loss"]], steps_run=res.steps_run, final_loss=row["final_loss"],
+                         reached_tol=None, diverged=False)
+        return model, tr, row
+
     def influences(model, X, tr, seed, arch, role):
         nonlocal t_infl
         t0 = time.perf_counter()
@@ -596,7 +628,12 @@ def run_malleability(
         for arch in config.models:
             spec = None if fixed_models else ModelSpec(
                 arch, d, config.width, n_classes, config.parametrization, attn_scaling=config.attn_scaling, seed=seed)
-            if fixed_models:
+            if fixed_models and config.protocol == "retrain":
+                k = config.seeds.index(seed)
+                init_seed, order_seed = rebuild[arch].init_seed + k, rebuild[arch].recipe.seed + k
+                clean_model, clean_tr, clean_row = refit(arch, init_seed, order_seed, X_train, X_train, "clean", seed)
+                attack_target = clean_model
+            elif fixed_models:
                 saved_model = given(arch, seed, "saved" if config.protocol == "finetune" else "clean")
                 if config.protocol == "finetune":
                     clean_model, clean_tr, clean_row = finetune(saved_model[0], X_train, seed, "clean", seed, arch)
@@ -610,7 +647,10 @@ def run_malleability(
             advance(1)
             if config.controls:
                 control_seed = seed + REINIT_SEED_OFFSET
-                if fixed_models:
+                if fixed_models and config.protocol == "retrain":
+                    control_seed = init_seed + REINIT_SEED_OFFSET
+                    r_model, r_tr, r_row = refit(arch, control_seed, order_seed, X_train, X_train, config.control, seed)
+                elif fixed_models:
                     r_model, r_tr, r_row = finetune(saved_model[0], X_train, control_seed, config.control, seed, arch)
                 else:
                     r_model, r_tr, r_row = fit(replace(spec, seed=control_seed), X_train, X_train, config.control, seed)
@@ -637,8 +677,12 @@ def run_malleability(
                     attack_rows.append({"seed": seed, "model": arch, **ares.to_dict(), "eps": eps_used})
                     role = f"{attack}@{eps_used:g}"
                     if config.protocol == "retrain":
-                        ctx = ares.X_adv if (arch == "attn" and config.attn_context == "perturbed") else X_train
-                        p_model, p_tr, p_row = fit(spec, ctx, ares.X_adv, role, seed)
+                        attn = (rebuild[arch].spec.arch if fixed_models else arch) == "attn"
+                        ctx = ares.X_adv if (attn and config.attn_context == "perturbed") else X_train
+                        if fixed_models:
+                            p_model, p_tr, p_row = refit(arch, init_seed, order_seed, ctx, ares.X_adv, role, seed)
+                        else:
+                            p_model, p_tr, p_row = fit(spec, ctx, ares.X_adv, role, seed)
                     elif config.protocol == "finetune":
                         p_model, p_tr, p_row = finetune(saved_model[0], ares.X_adv, seed, role, seed, arch)
                     else:
@@ -903,7 +947,8 @@ def build_tables(result: MalleabilityResult) -> list:
             )
         out.append(r)
     tr = Table(title={
-        "retrain": "training (clean models; full-batch GD, mean over seeds)",
+        "retrain": "training (clean models; " + ("the recorded recipe re-run" if cfg.saved_models else "full-batch GD")
+                   + ", mean over seeds)",
         "finetune": f"clean models (saved model fine-tuned {cfg.finetune_steps} steps, {cfg.finetune_optimizer} "
                     f"lr {cfg.finetune_lr:g}; mean over seeds)",
         "static": "saved models as they are (no training)",

@@ -372,3 +372,24 @@ def test_hugging_face_folder_with_broken_weights_exits_2(app, hf_folder, tmp_pat
     res = runner.invoke(app, ["malleability", "--checkpoint", str(broken)])
     assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
     assert "safetensors" in res.output
+
+
+def test_malleability_retrain_reruns_the_recorded_recipe(app, vit_checkpoint, tmp_path):
+    path, _ = vit_checkpoint
+    res = runner.invoke(app, ["malleability", "--checkpoint", str(path), "--protocol", "retrain", "--attacks", "none",
+                              *TINY_AUDIT, "--json", "-"])
+    assert res.exit_code == 0, res.output
+    results = json.loads(res.stdout)["results"]
+    by_attack = {row["attack"]: row for row in results["summary"]}
+    assert by_attack["none"]["flip_rate"]["values"] == [0.0, 0.0]  # same init, order and data: the same model
+    assert "reinit" in by_attack
+    rows = [r for r in results["training"] if r["role"] == "clean"]
+    assert [r["init_seed"] for r in rows] == [1, 2] and all(r["steps_run"] == 60 for r in rows)  # recorded recipe: 60 steps
+    assert all(r["source"] == "recorded recipe re-run" for r in results["training"])
+    # a checkpoint without a recipe cannot be retrained
+    from attnaudit.models import ModelSpec, build_model, save_model
+
+    bare = tmp_path / "bare.safetensors"
+    save_model(build_model(ModelSpec("relu", 64, 8, 10)), bare)
+    res = runner.invoke(app, ["malleability", "--checkpoint", str(bare), "--protocol", "retrain"])
+    assert res.exit_code == 2 and "records none" in res.output, res.output

@@ -96,12 +96,19 @@ def register(app: typer.Typer) -> None:
             elif protocol == "finetune":
                 raise AuditError("--protocol finetune fine-tunes a saved model; give --checkpoint (or --factory)")
             protocol = protocol if protocol is not None else ("static" if loaded else "retrain")
-            controls = controls if controls is not None else (not loaded or protocol == "finetune")
+            controls = controls if controls is not None else (not loaded or protocol != "static")
+            rebuild = {}
             if loaded and protocol == "retrain":
-                raise AuditError(
-                    "a saved model is audited as it is (--protocol static) or fine-tuned (--protocol finetune "
-                    "--finetune-steps N); retraining it from scratch needs its recipe"
-                )
+                from ..checkpoints import rebuild_of
+
+                rebuild = {label: rb for label, rb in ((label, rebuild_of(lm)) for label, lm in loaded.items()) if rb}
+                missing = [label for label in loaded if label not in rebuild]
+                if missing:
+                    raise AuditError(
+                        f"--protocol retrain re-runs a checkpoint's recorded training recipe, and {', '.join(missing)} "
+                        "records none (attnaudit train writes it); audit it as it is (--protocol static) or fine-tune "
+                        "it (--protocol finetune --finetune-steps N)"
+                    )
             recorded = [lm.recipe or {} for lm in loaded.values()]
             if loss is None:
                 losses = {lm.loss for lm in loaded.values() if lm.loss}
@@ -169,7 +176,7 @@ def register(app: typer.Typer) -> None:
                 opts.console.print(
                     f"malleability: {ds.name} ({split_name}), {train_ds.n} train / {test_ds.n} held-out, models {','.join(config.models)}, "
                     f"attacks {','.join(config.attacks)}, {len(config.seeds)} seed(s), "
-                    f"{({'static': 'saved models, no training', 'finetune': f'{progress_total(config)} fine-tunings'}[config.protocol]) if fixed else f'{progress_total(config)} trainings'}; "
+                    f"{({'static': 'saved models, no training', 'finetune': f'{progress_total(config)} fine-tunings', 'retrain': f'{progress_total(config)} re-runs of the recorded recipe'}[config.protocol]) if fixed else f'{progress_total(config)} trainings'}; "
                     f"{config.estimator} influence over {memory['tracked_parameters']:,} parameters "
                     f"({tracked}) needs about "
                     f"{memory['bytes']['total'] / 2**20:,.1f} MB",
@@ -179,7 +186,7 @@ def register(app: typer.Typer) -> None:
             with progress(opts, "malleability", progress_total(config)) as advance:
                 result = run_malleability(
                     train_ds.X.to(dev), train_ds.y.to(dev), test_ds.X.to(dev), test_ds.y.to(dev), n_classes, config,
-                    value_range=ds.value_range, progress=advance, fixed_models=fixed,
+                    value_range=ds.value_range, progress=advance, fixed_models=fixed, rebuild=rebuild,
                 )
             if fixed and rows_note["rows"] != "checkpoint split":
                 from ..models import training_data_mismatch
