@@ -32,6 +32,10 @@ _PUBLIC = {
     "DataSpec": "data", "Dataset": "data", "load_dataset": "data", "holdout_split": "data",
     # reference models
     "ModelSpec": "models", "build_model": "models", "save_model": "models", "load_model": "models",
+    "build_builtin": "models", "ViT": "vit", "ViTSpec": "vit", "Recipe": "fit", "fit": "fit",
+    # trained models from files: attnaudit checkpoints, Hugging Face folders, user factories
+    "LoadedModel": "checkpoints", "load_checkpoint": "checkpoints", "load_factory": "checkpoints",
+    "fit_to_data": "checkpoints",
     # analyses: config -> run -> result
     "KappaConfig": "kappa", "analyse_kappa": "kappa",
     "NTKDistanceConfig": "ntk_distance", "run_ntk_distance": "ntk_distance",

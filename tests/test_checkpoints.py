@@ -393,3 +393,15 @@ def test_malleability_retrain_reruns_the_recorded_recipe(app, vit_checkpoint, tm
     save_model(build_model(ModelSpec("relu", 64, 8, 10)), bare)
     res = runner.invoke(app, ["malleability", "--checkpoint", str(bare), "--protocol", "retrain"])
     assert res.exit_code == 2 and "records none" in res.output, res.output
+
+
+def test_checkpoint_with_fewer_outputs_than_labels_exits_2(app, tmp_path):
+    from attnaudit.models import ModelSpec, build_model, save_model
+
+    path = tmp_path / "three.safetensors"
+    save_model(build_model(ModelSpec("relu", 64, 8, 3)), path)
+    res = runner.invoke(app, ["landscape", "--checkpoint", str(path)])
+    assert res.exit_code == 2 and "3 outputs" in res.output and "labels go up to 9" in res.output, res.output
+    ok = runner.invoke(app, ["landscape", "--checkpoint", str(path), "--classes", "0,1,2", "--n-train", "30", "--grid", "0",
+                             "--points", "5", "--top-k", "1", "--hutchinson-samples", "2", "--basin-directions", "2", "-q"])
+    assert ok.exit_code == 0, ok.output
