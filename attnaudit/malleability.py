@@ -824,7 +824,9 @@ def _warnings(config: MalleabilityConfig, training: list[dict], infl_warnings: d
             desc = ", ".join(f"{m} {v:.3g} (train accuracy {100 * accs[m]:.0f}%)" for m, v in means.items())
             out.append(
                 f"models are compared at very different training losses ({desc}; ratio {hi / lo:.1f} > "
-                f"{config.loss_gap_factor:g}); pass --match-loss to train each to the same loss"
+                f"{config.loss_gap_factor:g}); "
+                + ("train the checkpoints to comparable losses before comparing their flip rates" if config.saved_models
+                   else "pass --match-loss to train each to the same loss")
             )
     if config.match_loss is not None:
         missed = [r for r in training if r["reached_match_loss"] is False]
