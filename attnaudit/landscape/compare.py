@@ -24,7 +24,7 @@ def _ratio(num: float, den: float) -> str:
     return f"{num / den:.3g}" if den != 0 else "undefined"
 
 
-def loss_mismatch_warning(losses: dict[str, float], ratio: float = LOSS_MISMATCH_RATIO) -> str | None:
+def loss_mismatch_warning(losses: dict[str, float], ratio: float = LOSS_MISMATCH_RATIO, saved: bool = False) -> str | None:
     """A warning when the models' training losses differ by more than ``ratio`` (else None)."""
     finite = {k: v for k, v in losses.items() if math.isfinite(v)}
     if len(finite) < 2:
@@ -36,14 +36,14 @@ def loss_mismatch_warning(losses: dict[str, float], ratio: float = LOSS_MISMATCH
         r = "inf" if lo <= 0 else f"{hi / lo:.3g}"
         return (
             f"training losses differ {r}x ({hi_k} {hi:.4g} vs {lo_k} {lo:.4g}): sharpness is only comparable "
-            f"at comparable loss; rerun with --match-loss L"
+            f"at comparable loss; " + ("train the checkpoints to comparable losses" if saved else "rerun with --match-loss L")
         )
     return None
 
 
 def compare_landscapes(
     results: dict[str, LandscapeResult], training: dict[str, dict], lr: float | None = None,
-    match_loss: float | None = None,
+    match_loss: float | None = None, saved: bool = False,
 ) -> tuple[list[str], list[str]]:
     """(verdicts, warnings) comparing the models' sharpness, read with its diagnostics.
 
@@ -54,7 +54,7 @@ def compare_landscapes(
     verdicts: list[str] = []
     warnings: list[str] = []
     losses = {k: r.loss for k, r in results.items()}
-    mismatch = loss_mismatch_warning(losses)
+    mismatch = loss_mismatch_warning(losses, saved=saved)
     if mismatch:
         warnings.append(mismatch)
     for label, info in training.items():
@@ -122,7 +122,40 @@ def compare_landscapes(
                 f"top-1 share of the trace: relu {r.top_share[0]:.3g}, attn {a.top_share[0]:.3g} "
                 f"(trace / lambda_max: relu {r.trace_over_top:.3g}, attn {a.trace_over_top:.3g} directions)"
             )
+    elif saved and len(results) > 1:
+        verdicts.extend(_pairwise(results, bool(mismatch)))
     return verdicts, warnings
+
+
+def _pairwise(results: dict[str, LandscapeResult], mismatch: bool) -> list[str]:
+    """Each saved model against the first one: lambda_max, trace (in its standard errors)
+    and basin width (in its standard errors). No hypothesis is attached: the labels are the
+    user's models, not the paper's two reference nets."""
+    labels = list(results)
+    base_label, base = labels[0], results[labels[0]]
+    out = []
+    for label in labels[1:]:
+        r = results[label]
+        lam_b, lam = base.eigen.eigenvalues[0], r.eigen.eigenvalues[0]
+        diff = r.trace.estimate - base.trace.estimate
+        se = math.hypot(r.trace.stderr, base.trace.stderr)
+        z = abs(diff) / se if se > 0 else math.inf
+        se_w = math.hypot(r.basin.stderr, base.basin.stderr)
+        censored = r.basin.censored or base.basin.censored
+        if censored:
+            width = "not resolved (censored half-lines: lower bounds)"
+        elif se_w > 0 and abs(r.basin.width - base.basin.width) >= 2 * se_w:
+            width = f"{'wider' if r.basin.width > base.basin.width else 'narrower'} ({r.basin.width:.3g} vs {base.basin.width:.3g})"
+        else:
+            width = f"within 2 SE ({r.basin.width:.3g} vs {base.basin.width:.3g})"
+        out.append(
+            f"{label} vs {base_label}: lambda_max {lam:.4g} vs {lam_b:.4g} ({label}/{base_label} {_ratio(lam, lam_b)}); "
+            f"trace {r.trace.estimate:.4g} vs {base.trace.estimate:.4g} "
+            + (f"({'larger' if diff > 0 else 'smaller'}, {z:.1f} SE)" if z >= 2 else "(within 2 SE)")
+            + f"; basin width {width}"
+            + ("; the training losses differ (see warnings), so sharpness is not comparable as it stands" if mismatch else "")
+        )
+    return out
 
 
 def _support(holds: bool, what: str) -> str:

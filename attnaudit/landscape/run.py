@@ -132,7 +132,10 @@ def run_landscape(
             training[label] = {**(saved_info or {}).get(label, {})}
             if dataclasses.is_dataclass(spec):
                 training[label]["spec"] = dataclasses.asdict(spec)
-        provenance = _provenance(nets, X, y)
+        # models whose audited rows were drawn from their own recorded training split need no warning
+        own_rows = {label for label, info in (saved_info or {}).items()
+                    if (info.get("audit_rows") or {}).get("rows") == "checkpoint split"}
+        provenance = _provenance({k: v for k, v in nets.items() if k not in own_rows}, X, y)
         train_config = None
     else:
         archs = tuple(models) if models is not None else ARCHS
@@ -167,7 +170,7 @@ def run_landscape(
     lr = None if train_config is None else train_config.lr
     verdicts, warnings = compare_landscapes(
         results, training if train_config is not None else {}, lr=lr,
-        match_loss=None if train_config is None else train_config.loss_tol,
+        match_loss=None if train_config is None else train_config.loss_tol, saved=bool(saved),
     )
     return LandscapeRun(
         results=results, training=training, verdicts=tuple(verdicts), warnings=tuple(provenance + list(warnings)),
