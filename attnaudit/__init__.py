@@ -38,6 +38,11 @@ _PUBLIC = {
     "fit_to_data": "checkpoints",
     # analyses: config -> run -> result
     "KappaConfig": "kappa", "analyse_kappa": "kappa",
+    "LayerKappaConfig": "layer_kappa", "analyse_layers": "layer_kappa", "find_attention_layers": "layer_kappa",
+    "kernel_movement": "kernel_regime", "centered_kernel_alignment": "kernel_regime",
+    "LinearizedModel": "kernel_regime", "linearized_prediction": "kernel_regime",
+    "CheckpointKernelConfig": "kernel_regime", "analyse_checkpoint": "kernel_regime",
+    "TransformerSweepConfig": "kernel_regime", "run_transformer_sweep": "kernel_regime",
     "NTKDistanceConfig": "ntk_distance", "run_ntk_distance": "ntk_distance",
     "empirical_ntk": "ntk", "analytic_ntk": "ntk",
     "InfluenceConfig": "influence", "compute_influence": "influence", "influence_sweep": "influence",
