@@ -20,6 +20,7 @@ from rich.text import Text
 
 from .errors import AuditError
 from .atomic import StagedFiles
+from .invocation import captured_reports
 from .report import check_target, dumps, folder_problem
 
 # ---- option types every command spells the same way (data and output options are bundles:
@@ -93,6 +94,16 @@ def cli_errors(debug: bool = False) -> Iterator[None]:
     """
     try:
         yield
+    except BaseException:
+        if captured_reports() is not None:  # run by `attnaudit audit`: it reports the error itself
+            raise
+        _exit_for(debug)
+
+
+def _exit_for(debug: bool) -> None:
+    """Turn the exception being handled into one stderr line and typer.Exit (see cli_errors)."""
+    try:
+        raise
     except AuditError as exc:
         if debug:
             traceback.print_exc()
@@ -222,6 +233,10 @@ def emit(
     Files are staged under temporary names and renamed into place together at the end,
     so an error or Ctrl-C leaves either every output or none (no half-written file).
     """
+    captured = captured_reports()
+    if captured is not None:  # run by `attnaudit audit`, which writes one combined report
+        captured.append(report)
+        return
     if opts.show_table:
         for item in renderables:
             opts.console.print(item)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..invocation import stop_if_dry_run
 from .builtin import _IDX_FOLDERS, _load_cifar10, _load_digits, _load_idx_dataset, _load_synthetic, default_data_dir
 from .readers import _load_user
 from .selection import _finish
@@ -12,7 +13,17 @@ from .spec import Dataset, DataSpec
 
 
 def load_dataset(spec: DataSpec) -> Dataset:
-    """Load, filter (--classes), subset (--n), and preprocess the data ``spec`` names."""
+    """Load, filter (--classes), subset (--n), and preprocess the data ``spec`` names.
+
+    In a dry run (:func:`attnaudit.invocation.dry_run`, used by ``attnaudit audit`` to
+    validate checks) the command ends here, once the data have loaded.
+    """
+    ds = _load(spec)
+    stop_if_dry_run()
+    return ds
+
+
+def _load(spec: DataSpec) -> Dataset:
     if spec.data is not None:
         return _finish(_load_user(spec.data), spec, spec.n, spec.stratify)
     root = Path(spec.data_dir).expanduser() if spec.data_dir is not None else default_data_dir()

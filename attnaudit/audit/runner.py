@@ -1,0 +1,457 @@
+"""Running an audit: validate every check by a dry run, train the model once if asked, run each
+distinct command line once, read each check's metric, judge thresholds and baselines.
+
+Checks run the commands themselves in-process (:mod:`attnaudit.audit.commands`), so a check's
+numbers are the CLI's numbers for the command line it prints as its reproduction. Checks
+whose command lines are identical share one run: its trained networks, influence scores
+and every other intermediate (reported as ``run`` / ``shared_with``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import AuditError
+from ..invocation import DryRunStop, dry_run
+from . import metrics as M
+from .commands import invoke, option_params, shell_line, to_args
+from .file import AuditPlan, CheckSpec
+
+SCHEMA = "attnaudit.audit/1"
+BASELINE_SCHEMA = "attnaudit.audit-baseline/1"
+STATUSES = ("pass", "fail", "error", "skipped")
+
+
+@dataclass
+class CheckResult:
+    """What one check measured and whether it held."""
+
+    spec: CheckSpec
+    command: str
+    run: str
+    status: str = "skipped"
+    value: float | None = None
+    values: list = field(default_factory=list)  # [{"labels": {...}, "value": v}]
+    message: str = ""
+    failure_type: str | None = None  # threshold | baseline
+    error_kind: str | None = None  # input | internal
+    baseline: dict | None = None
+    shared_with: list = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def threshold_text(self) -> str:
+        parts = []
+        if self.spec.min is not None:
+            parts.append(f">= {self.spec.min:g}")
+        if self.spec.max is not None:
+            parts.append(f"<= {self.spec.max:g}")
+        return " and ".join(parts) or f"baseline only ({self.spec.better} is better)"
+
+    def to_dict(self) -> dict:
+        s = self.spec
+        return {
+            "name": s.name, "analysis": s.analysis, "description": s.description, "metric": s.metric, "path": s.path,
+            "report_schema": s.schema, "select": s.select, "stat": s.stat, "max": s.max, "min": s.min,
+            "better": s.better, "tolerance": s.tolerance, "tolerance_rel": s.tolerance_rel,
+            "value": _finite_or_none(self.value), "value_text": format_value(self.value),
+            "values": [{"labels": v["labels"], "value": _finite_or_none(v["value"]), "value_text": format_value(v["value"])}
+                       for v in self.values],
+            "status": self.status, "message": self.message, "failure_type": self.failure_type,
+            "error_kind": self.error_kind, "baseline": self.baseline, "command": self.command, "run": self.run,
+            "shared_with": self.shared_with, "uses_model": s.use_model,
+        }
+
+
+@dataclass
+class Run:
+    """One command line, run once for every check that names it."""
+
+    id: str
+    analysis: str
+    args: list[str]
+    checks: list[str]
+    report: dict | None = None
+    error: str | None = None
+    error_kind: str | None = None
+    seconds: float = 0.0
+    shown_args: list[str] | None = None  # args as a user reruns them (the saved model's path, not a temporary one)
+
+    @property
+    def command(self) -> str:
+        return shell_line(self.analysis, self.shown_args if self.shown_args is not None else self.args)
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "analysis": self.analysis, "command": self.command, "checks": self.checks,
+                "seconds": self.seconds, "error": self.error, "report": self.report}
+
+
+@dataclass
+class AuditResult:
+    plan: AuditPlan
+    checks: list[CheckResult]
+    runs: list[Run]
+    model: dict | None
+    warnings: list[str]
+    seconds: float
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {status: sum(c.status == status for c in self.checks) for status in STATUSES}
+
+    @property
+    def exit_code(self) -> int:
+        """3 an internal error, else 2 a check's input was refused, else 1 a check failed, else 0."""
+        kinds = {c.error_kind for c in self.checks if c.status == "error"}
+        if "internal" in kinds:
+            return 3
+        if kinds:
+            return 2
+        return 1 if any(c.status == "fail" for c in self.checks) else 0
+
+    def verdicts(self) -> list[str]:
+        n = self.counts
+        line = (f"{self.plan.name}: {n['pass']} of {len(self.checks)} checks passed"
+                + (f", {n['fail']} failed" if n["fail"] else "") + (f", {n['error']} errored" if n["error"] else "")
+                + (f", {n['skipped']} skipped" if n["skipped"] else "") + f" (exit {self.exit_code})")
+        return [line] + [f"{c.name}: {c.status.upper()}: {c.message}" for c in self.checks if c.status in ("fail", "error")]
+
+    def to_dict(self) -> dict:
+        shared = [r.id for r in self.runs if len(r.checks) > 1]
+        return {
+            "file": self.plan.file_info(), "model": self.model,
+            "checks": [c.to_dict() for c in self.checks], "runs": [r.to_dict() for r in self.runs],
+            "shared_runs": shared,
+            "summary": {"checks": len(self.checks), "passed": self.counts["pass"], "failed": self.counts["fail"],
+                        "errors": self.counts["error"], "skipped": self.counts["skipped"], "exit_code": self.exit_code,
+                        "runs": len(self.runs), "seconds": self.seconds},
+        }
+
+
+def _finite_or_none(value: Any) -> Any:
+    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def format_value(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return f"{value:.6g}" if isinstance(value, (int, float)) else str(value)
+
+
+# ----------------------------------------------------------------------------- baselines
+def read_baseline(path: str | Path) -> dict[str, dict]:
+    """check name -> {value, metric, stat, better} from a --save-baseline file."""
+    p = Path(path)
+    if not p.is_file():
+        raise AuditError(f"--baseline {path}: no such file; write one with --save-baseline first")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise AuditError(f"--baseline {path}: not a JSON baseline file ({exc.__class__.__name__}); "
+                         "write one with --save-baseline") from None
+    if not isinstance(data, dict) or data.get("schema") != BASELINE_SCHEMA or not isinstance(data.get("checks"), dict):
+        raise AuditError(f"--baseline {path}: not an attnaudit baseline (schema {BASELINE_SCHEMA}); write one with "
+                         "--save-baseline")
+    out = {}
+    for name, entry in data["checks"].items():
+        value = entry.get("value") if isinstance(entry, dict) else None
+        if isinstance(value, str) and value in ("inf", "-inf"):
+            value = float(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise AuditError(f"--baseline {path}: checks.{name}.value must be a number")
+        out[name] = {**entry, "value": float(value)}
+    return out
+
+
+def baseline_payload(result: AuditResult) -> dict:
+    """The --save-baseline file: every check that produced a value."""
+    checks = {}
+    for c in result.checks:
+        if c.value is None:
+            continue
+        value = c.value if math.isfinite(c.value) else format_value(c.value)
+        checks[c.name] = {"value": value, "metric": c.spec.metric or f"path {c.spec.path}", "select": c.spec.select,
+                          "stat": c.spec.stat, "better": c.spec.better}
+    return {"schema": BASELINE_SCHEMA, "file": result.plan.file_info(), "seed": result.plan.seed, "checks": checks}
+
+
+# ----------------------------------------------------------------------------- judging one check
+def observe(spec: CheckSpec, report: dict) -> list[dict]:
+    """The check's metric in a run's report: [{labels, value}] after select (AuditError when nothing fits)."""
+    schema = str(report.get("schema", "")).split("/")[0]
+    if schema != spec.schema:
+        raise AuditError(f"{spec.where}: the run produced a {schema} report, not the {spec.schema} report its metric "
+                         "reads; check the options")
+    results = report.get("results") or {}
+    if spec.path is not None:
+        obs = M.path_observations(results, spec.path)
+        if not obs:
+            raise AuditError(f"{spec.where}.metric.path: {spec.path} matches nothing in the {schema} report's results")
+    else:
+        obs = M.observations(M.METRICS[spec.schema][spec.metric], results, spec.stat)
+        if not obs:
+            raise AuditError(f"{spec.where}.metric: the {schema} report has no {spec.metric} rows")
+    kept = [(labels, value) for labels, value in obs if M.matches(labels, spec.select)]
+    if not kept:
+        available = {}
+        for labels, _ in obs:
+            for key, value in labels.items():
+                available.setdefault(key, [])
+                if value not in available[key]:
+                    available[key].append(value)
+        offer = "; ".join(f"{k}: {', '.join(map(str, v))}" for k, v in available.items())
+        raise AuditError(f"{spec.where}.select: no {spec.metric or 'path'} row matches "
+                         f"{', '.join(f'{k}={v}' for k, v in spec.select.items())} (available {offer})")
+    out = []
+    missing = [labels for labels, value in kept if value is None]
+    if len(missing) == len(kept):
+        where = "; ".join(", ".join(f"{k}={v}" for k, v in labels.items()) or "the report" for labels in missing[:4])
+        raise AuditError(f"{spec.where}: {spec.metric or spec.path} was not measured (null in the report) for {where}; "
+                         "select rows where it is defined")
+    for labels, value in kept:
+        where = ", ".join(f"{k}={v}" for k, v in labels.items()) or "the report"
+        if value is None:  # undefined for this row (e.g. a 0/0 ratio): listed, not judged
+            out.append({"labels": labels, "value": None})
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise AuditError(f"{spec.where}: {spec.metric or spec.path} for {where} is {type(value).__name__}, not a number")
+        if math.isnan(value):
+            raise AuditError(f"{spec.where}: {spec.metric or spec.path} for {where} is NaN")
+        out.append({"labels": labels, "value": float(value)})
+    return out
+
+
+def judge(check: CheckResult, values: list[dict], baseline: dict | None) -> None:
+    """Thresholds on every value, then the baseline on the worst one; sets status and message."""
+    spec = check.spec
+    check.values = values
+    undefined = [v for v in values if v["value"] is None]
+    values = [v for v in values if v["value"] is not None]
+    nums = [v["value"] for v in values]
+    check.value = max(nums) if spec.better == "lower" else min(nums)
+    what = spec.metric_label
+    problems = []
+    if spec.max is not None and max(nums) > spec.max:
+        bad = [v for v in values if v["value"] > spec.max]
+        problems.append(f"{what} = {format_value(max(nums))} > max {spec.max:g}" + _rows(bad, values))
+        check.value = max(nums)
+    if spec.min is not None and min(nums) < spec.min:
+        bad = [v for v in values if v["value"] < spec.min]
+        problems.append(f"{what} = {format_value(min(nums))} < min {spec.min:g}" + _rows(bad, values))
+        if spec.max is None or max(nums) <= spec.max:
+            check.value = min(nums)
+    if problems:
+        check.failure_type = "threshold"
+    if baseline is not None:
+        base = baseline["value"]
+        worse = (check.value - base) if spec.better == "lower" else (base - check.value)
+        if math.isnan(worse):
+            worse = 0.0  # inf against inf: unchanged
+        allowed = spec.tolerance if spec.tolerance_rel is None else spec.tolerance_rel * abs(base)
+        passed = worse <= allowed
+        check.baseline = {"value": _finite_or_none(base), "value_text": format_value(base),
+                          "worse_by": _finite_or_none(worse), "allowed": _finite_or_none(allowed), "passed": passed}
+        if not passed:
+            problems.append(f"{what} = {format_value(check.value)} is worse than the baseline {format_value(base)} by "
+                            f"{format_value(worse)} (tolerance {format_value(allowed)}; {spec.better} is better)")
+            check.failure_type = check.failure_type or "baseline"
+    check.status = "fail" if problems else "pass"
+    if problems:
+        check.message = "; ".join(problems) + f"; reproduce: {check.command}"
+    else:
+        check.message = f"{what} = {format_value(check.value)} ({check.threshold_text})"
+    if undefined:
+        rows = "; ".join(", ".join(f"{k}={x}" for k, x in v["labels"].items()) for v in undefined[:4])
+        check.message += f" [not defined, so not judged, at {rows}]"
+
+
+def _rows(bad: list[dict], values: list[dict]) -> str:
+    if len(values) == 1:
+        return ""
+    rows = "; ".join(", ".join(f"{k}={x}" for k, x in v["labels"].items()) for v in bad[:4])
+    return f" at {rows}" + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")
+
+
+# ----------------------------------------------------------------------------- the plan of runs
+def _model_args(plan: AuditPlan, analysis: str, model_path: str | None, where: str) -> list[str]:
+    if plan.model is None:
+        return []
+    if plan.model.kind == "trained":
+        return ["--checkpoint", str(model_path)]
+    return to_args(analysis, plan.model.options, "model")
+
+
+def _train_args(plan: AuditPlan, out: str, stand_in: bool) -> list[str]:
+    options = {**plan.data, **plan.model.train}
+    if stand_in:  # one step: a model of the right architecture to validate the checks against
+        options = {k: v for k, v in options.items() if k not in ("steps", "epochs")}
+        options["steps"] = 1
+    return ["--arch", plan.model.arch, *to_args("train", options, "model.train"), "--seed", str(plan.seed),
+            "--out", out, "--overwrite"]
+
+
+def _check_args(plan: AuditPlan, spec: CheckSpec, model_path: str | None) -> list[str]:
+    options = dict(spec.options)
+    if "seed" in option_params(spec.analysis) and options.get("seed") is None:
+        options["seed"] = plan.seed
+    args = to_args(spec.analysis, options, f"{spec.where}.options")
+    return args + (_model_args(plan, spec.analysis, model_path, spec.where) if spec.use_model else [])
+
+
+def _dry(analysis: str, args: list[str], where: str) -> None:
+    """The command validates its options and loads its data, then stops."""
+    try:
+        with dry_run():
+            invoke(analysis, args)
+    except DryRunStop:
+        return
+    except AuditError as exc:
+        raise AuditError(f"{where}: {exc}") from None
+
+
+def _option_key(message: str, spec: CheckSpec) -> str:
+    """The key path of the check option a command's error names (``--eps`` -> ``.options.eps``), if any."""
+    import re
+
+    for flag in re.findall(r"--([a-z][a-z0-9-]*)", message):
+        name = flag.replace("-", "_")
+        if name in spec.options:
+            return f"{spec.where}.options.{name.replace('_', '-')}"
+    return spec.where
+
+
+def run_audit(
+    plan: AuditPlan,
+    *,
+    baseline: str | Path | dict | None = None,
+    fail_fast: bool = False,
+    overwrite: bool = False,
+    progress: Callable[[CheckResult], None] | None = None,
+) -> AuditResult:
+    """Validate every check (dry runs), then run them; see the module docstring.
+
+    Raises :class:`AuditError` for a bad file, baseline or option value (nothing has run
+    then); a check that fails at run time is recorded in the result (status error).
+    """
+    t0 = time.perf_counter()
+    base = read_baseline(baseline) if isinstance(baseline, (str, Path)) else (baseline or {})
+    warnings: list[str] = []
+    workdir = Path(tempfile.mkdtemp(prefix="attnaudit-audit-"))
+    try:
+        model_path = shown_model = None
+        model_info = None
+        if plan.model is not None and plan.model.kind == "trained":
+            from ..report import check_target
+
+            if plan.model.save:
+                try:
+                    check_target(plan.model.save, overwrite)
+                except AuditError as exc:
+                    raise AuditError(f"{plan.path}: model.save: {exc}") from None
+            model_path = str(workdir / "model.safetensors")
+            shown_model = plan.model.save or "MODEL.safetensors"
+            _dry("train", _train_args(plan, model_path, stand_in=False), f"{plan.path}: model.train")
+            try:  # a one-step stand-in, so the checks can be validated against the architecture
+                invoke("train", _train_args(plan, model_path, stand_in=True))
+            except AuditError as exc:
+                raise AuditError(f"{plan.path}: model: {exc}") from None
+        elif plan.model is not None:
+            model_info = {"kind": plan.model.kind, **plan.model.options}
+
+        runs: dict[tuple, Run] = {}
+        checks: list[CheckResult] = []
+        for spec in plan.checks:
+            try:
+                args = _check_args(plan, spec, model_path)
+            except AuditError as exc:
+                raise AuditError(f"{plan.path}: {exc}") from None
+            key = (spec.analysis, tuple(args))
+            if key not in runs:
+                shown = [shown_model if a == model_path else a for a in args] if model_path else None
+                runs[key] = Run(f"run{len(runs) + 1}", spec.analysis, args, [], shown_args=shown)
+                try:
+                    _dry(spec.analysis, args, "")
+                except AuditError as exc:
+                    message = str(exc).removeprefix(": ")
+                    raise AuditError(f"{plan.path}: {_option_key(message, spec)} ({spec.name}): {message}") from None
+            run = runs[key]
+            run.checks.append(spec.name)
+            checks.append(CheckResult(spec, run.command, run.id))
+        for c in checks:
+            run = next(r for r in runs.values() if r.id == c.run)
+            c.shared_with = [n for n in run.checks if n != c.name]
+        for name in base:
+            if name not in {c.name for c in checks}:
+                warnings.append(f"the baseline has a check {name!r} that this file does not define")
+        for c in checks:
+            if base and c.name not in base:
+                warnings.append(f"{c.name}: not in the baseline; judged by its thresholds only")
+
+        if plan.model is not None and plan.model.kind == "trained":
+            tt = time.perf_counter()
+            train_report = invoke("train", _train_args(plan, model_path, stand_in=False))
+            if plan.model.save:
+                _keep_model(model_path, plan.model.save)
+            model_info = {"kind": "trained", "arch": plan.model.arch, "saved_to": plan.model.save,
+                          "command": shell_line("train", _train_args(plan, shown_model, stand_in=False)[:-1]),
+                          "seconds": time.perf_counter() - tt, "train_report": train_report}
+
+        stop = False
+        for c in checks:
+            if stop:
+                c.message = "skipped: --fail-fast stopped the audit at an earlier failure"
+                if progress:
+                    progress(c)
+                continue
+            run = next(r for r in runs.values() if r.id == c.run)
+            if run.report is None and run.error is None:
+                tr = time.perf_counter()
+                try:
+                    run.report = invoke(run.analysis, run.args)
+                except AuditError as exc:
+                    run.error, run.error_kind = str(exc), "input"
+                except (KeyboardInterrupt, SystemExit):
+                    raise
+                except Exception as exc:  # noqa: BLE001 - recorded against the check, reported with exit 3
+                    first = str(exc).splitlines()[0] if str(exc) else ""
+                    run.error, run.error_kind = f"{exc.__class__.__name__}: {first}", "internal"
+                run.seconds = time.perf_counter() - tr
+            if run.error is not None:
+                c.status, c.error_kind = "error", run.error_kind
+                c.message = f"{run.error}; reproduce: {c.command}"
+            else:
+                try:
+                    judge(c, observe(c.spec, run.report), base.get(c.name))
+                except AuditError as exc:
+                    c.status, c.error_kind, c.message = "error", "input", f"{exc}; reproduce: {c.command}"
+            if progress:
+                progress(c)
+            if fail_fast and c.status in ("fail", "error"):
+                stop = True
+        return AuditResult(plan, checks, list(runs.values()), model_info, warnings, time.perf_counter() - t0)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _keep_model(src: str, target: str) -> None:
+    """Copy the trained model and its side-car to model.save, atomically together."""
+    from ..atomic import StagedFiles
+
+    pairs = [(Path(src), Path(target)), (Path(src + ".json"), Path(target + ".json"))]
+    with StagedFiles() as files:
+        for s, t in pairs:
+            if s.exists():
+                files.stage(t, lambda path, s=s: shutil.copyfile(s, path))
+        files.commit()

@@ -1,0 +1,110 @@
+"""`attnaudit audit FILE`: thin CLI over :mod:`attnaudit.audit` (checks from a YAML file, one
+combined JSON report, JUnit XML, baselines; exit 0 pass, 1 a check failed, 2 bad input, 3 internal)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ..cli_common import cli_errors, emit, progress
+
+HELP = (
+    "Run the checks of an audit file (YAML: the model, the data, and checks that each name an analysis, its CLI "
+    "options, a metric and thresholds) as one CI gate. Exit 0 when every check passes, 1 when one fails, 2 for a "
+    "bad file or input, 3 for an internal error. Every check is validated (a dry run of its command) before "
+    "anything trains. See docs/audit.md."
+)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("audit", help=HELP)
+    def audit_command(
+        file: Annotated[str, typer.Argument(help="The audit file (YAML).", show_default=False)],
+        json: Annotated[Optional[str], typer.Option("--json", help="Write the combined JSON report (schema attnaudit.audit/1) here ('-' = standard output).")] = None,
+        junit: Annotated[Optional[str], typer.Option("--junit", help="Write JUnit XML here: one test case per check.")] = None,
+        save_baseline: Annotated[Optional[str], typer.Option("--save-baseline", help="Store every check's measured value here (JSON), for a later --baseline.")] = None,
+        baseline: Annotated[Optional[str], typer.Option("--baseline", help="Fail a check whose value got worse than in this baseline file by more than its tolerance.")] = None,
+        fail_fast: Annotated[bool, typer.Option("--fail-fast", help="Stop at the first failed check (the rest are reported as skipped).")] = False,
+        quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No table, no progress.")] = False,
+        overwrite: Annotated[bool, typer.Option("--overwrite", help="Allow replacing existing output files.")] = False,
+        debug: Annotated[bool, typer.Option("--debug", help="Show the full traceback on errors.")] = False,
+    ) -> None:
+        from ..audit import SCHEMA, baseline_payload, junit_xml, load_audit_file, run_audit
+        from ..cli_common import OutputOptions
+        from ..report import build_report, dumps
+
+        with cli_errors(debug):
+            opts = OutputOptions(json=json, quiet=quiet, overwrite=overwrite)
+            extra = [(flag, Path(p)) for flag, p in (("--junit", junit), ("--save-baseline", save_baseline)) if p]
+            opts.check_writable((), extra=extra)
+            t0 = time.perf_counter()
+            plan = load_audit_file(file)
+            if not opts.quiet:
+                opts.console.print(f"audit {plan.name}: {len(plan.checks)} checks from {file}; validating each "
+                                   "(a dry run of its command) before anything runs", highlight=False)
+            with progress(opts, "audit", len(plan.checks)) as advance:
+                def done(check) -> None:
+                    advance(1)
+                    if not opts.quiet and not opts.console.is_terminal:
+                        opts.console.print(f"{check.status.upper():7} {check.name}: {check.message}", highlight=False)
+
+                result = run_audit(plan, baseline=baseline, fail_fast=fail_fast, overwrite=overwrite, progress=done)
+            report = build_report(
+                SCHEMA,
+                inputs={"file": file, "baseline": baseline, "fail_fast": fail_fast, "junit": junit,
+                        "save_baseline": save_baseline},
+                seeds={"seed": plan.seed, "checks": {c.name: _seed_of(c) for c in result.checks}},
+                device=None,
+                dtype="as each command records in its report",
+                timings={"total": time.perf_counter() - t0,
+                         **{f"run:{r.id}": r.seconds for r in result.runs}},
+                results=result.to_dict(),
+                warnings=result.warnings,
+                verdicts=result.verdicts(),
+            )
+            emit(opts, report, _tables(result))
+            from ..atomic import write_text_atomic
+
+            if junit:
+                write_text_atomic(junit, junit_xml(result))
+            if save_baseline:
+                write_text_atomic(save_baseline, dumps(baseline_payload(result)) + "\n")
+            if not opts.quiet and (junit or save_baseline):
+                for flag, p in (("JUnit XML", junit), ("baseline", save_baseline)):
+                    if p:
+                        opts.console.print(f"{flag} written to {p}", highlight=False)
+        if result.exit_code:
+            raise typer.Exit(result.exit_code)
+
+
+def _seed_of(check) -> int | None:
+    """The --seed a check's command ran with (from its argument list)."""
+    args = check.command.split()
+    return int(args[args.index("--seed") + 1]) if "--seed" in args else None
+
+
+def _tables(result) -> list:
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=f"attnaudit audit: {result.plan.name}", title_justify="left")
+    for col in ("check", "analysis", "metric", "value", "threshold", "baseline", "result", "run"):
+        table.add_column(col)
+    style = {"pass": "green", "fail": "bold red", "error": "bold red", "skipped": "yellow"}
+    for c in result.checks:
+        d = c.to_dict()
+        base = "" if c.baseline is None else f"{c.baseline['value_text']} ({'ok' if c.baseline['passed'] else 'worse'})"
+        run = c.run + (f" (shared with {', '.join(c.shared_with)})" if c.shared_with else "")
+        table.add_row(c.name, c.spec.analysis, c.spec.metric_label, d["value_text"], c.threshold_text, base,
+                      Text(c.status.upper(), style=style[c.status]), run)
+    lines = [table]
+    for c in result.checks:
+        if c.status in ("fail", "error"):
+            lines.append(Text(f"{c.status.upper()} {c.name}: {c.message}"))
+    for w in result.warnings:
+        lines.append(Text(f"warning: {w}"))
+    lines.append(Text(result.verdicts()[0]))
+    return lines
