@@ -49,6 +49,8 @@ _PUBLIC = {
     "AttackConfig": "attacks", "perturb": "attacks",
     "MalleabilityConfig": "malleability", "run_malleability": "malleability",
     "LandscapeConfig": "landscape", "analyze_landscape": "landscape", "run_landscape": "landscape",
+    # CI audit files (attnaudit audit)
+    "load_audit_file": "audit", "run_audit": "audit", "write_junit": "audit",
     # errors
     "AuditError": "errors",
 }

@@ -154,6 +154,32 @@ class ModelOptions:
         return dict(zip(unique_labels([m.label for m in loaded]), loaded))
 
 
+@dataclass
+class ExecutorOptions:
+    """Where a sweep's cells run (``--executor``, ``--jobs``, ``--ray-address``, ``--gpus-per-cell``, ``--resume``)."""
+
+    executor: str = _field(
+        "local", str, "--executor",
+        help="local (cells in this process, or --jobs N worker processes) or ray (Ray tasks; needs attnaudit[ray]).",
+    )
+    jobs: int = _field(1, int, "--jobs", help="Local worker processes (or the CPUs of a Ray started for the run).")
+    ray_address: Optional[str] = _field(
+        None, Optional[str], "--ray-address", help="Join this running Ray cluster (default: start a local Ray for the run)."
+    )
+    gpus_per_cell: float = _field(0.0, float, "--gpus-per-cell", help="GPUs Ray reserves for each cell.")
+    resume: Optional[str] = _field(
+        None, Optional[str], "--resume",
+        help="Folder that keeps every finished cell; a rerun skips the cells already there (same configuration and version).",
+    )
+
+    def config(self):
+        """The :class:`attnaudit.sweep.ExecutorConfig` these flags describe (validated)."""
+        from .sweep import ExecutorConfig
+
+        return ExecutorConfig(kind=self.executor, jobs=self.jobs, ray_address=self.ray_address,
+                              gpus_per_cell=self.gpus_per_cell, resume_dir=self.resume)
+
+
 def _error(message: str):
     from .errors import AuditError
 

@@ -74,7 +74,7 @@ import dataclasses
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -84,6 +84,10 @@ from .core.task import Inputs, Task
 from .errors import AuditError
 from .ntk import LinearizedGDConfig, kernel_gd_predict
 from .ntk_distance import KERNEL_RATE, _clean, _loglog_slope, _rms_rows, _stats, _trend
+
+if TYPE_CHECKING:
+    from .data import HoldoutRecipe
+    from .sweep import ExecutorConfig
 
 SCHEMA_CHECKPOINT = "attnaudit.ntk-checkpoint/1"
 SCHEMA_TRANSFORMERS = "attnaudit.ntk-transformers/1"
@@ -1060,6 +1064,8 @@ class TransformerSweepResult:
     archs: dict[str, ArchSummary]
     warnings: list[str]
     seconds: float
+    failed_cells: list = field(default_factory=list)
+    execution: dict = field(default_factory=dict)  # executor, cells, resumed (how it ran; not a result)
 
     def summary_rows(self) -> list[dict]:
         rows = []
@@ -1075,7 +1081,8 @@ class TransformerSweepResult:
         return rows
 
     def verdicts(self) -> list[str]:
-        return [self.archs[a].verdict for a in self.config.archs]
+        return [self.archs[a].verdict if a in self.archs else f"{a}: every cell failed; no verdict"
+                for a in self.config.archs]
 
     def to_dict(self) -> dict:
         return _clean({
@@ -1085,6 +1092,7 @@ class TransformerSweepResult:
             "distance_definition": DISTANCE_DEFINITION,
             "cells": [c.to_dict() for c in self.cells], "summary": self.summary_rows(),
             "archs": {k: v.to_dict() for k, v in self.archs.items()}, "seconds": self.seconds,
+            "failed_cells": list(self.failed_cells),
         })
 
 
@@ -1157,6 +1165,8 @@ def run_transformer_sweep(
     *,
     device=None,
     progress: Callable[[], None] | None = None,
+    executor: "ExecutorConfig | None" = None,
+    data: "HoldoutRecipe | None" = None,
 ) -> TransformerSweepResult:
     """Train every arch x width x seed with the recipe and measure its kernel regime.
 
@@ -1165,11 +1175,13 @@ def run_transformer_sweep(
     trained by :func:`attnaudit.fit.fit`; :func:`kernel_movement` against its initialization
     on ``kernel_points`` training rows (a fixed random subset, seed 0); and
     :func:`linearized_prediction` on the held-out rows. Per arch: log-log slopes against width
-    per seed, mean ± sd, and the verdict.
+    per seed, mean ± sd, and the verdict. Each arch x width x seed is one cell
+    (:func:`transformer_cell`) run by ``executor`` (:mod:`attnaudit.sweep`); executors other
+    than the in-process one need ``data``, the recipe the tensors came from.
     """
-    from .fit import fit
-    from .models import build_builtin, image_shape_of
-    from .vit import default_patch, n_parameters
+    from .models import image_shape_of
+    from .sweep import CellTask, ExecutorConfig, cached, clear_cache, run_cells
+    from .vit import default_patch
 
     t_start = time.perf_counter()
     if X_train.ndim != 2 or X_test.ndim != 2 or X_train.shape[1] != X_test.shape[1]:
@@ -1180,51 +1192,29 @@ def run_transformer_sweep(
     image = image_shape_of(feature_shape, config.archs[0])
     patch = config.patch if config.patch is not None else default_patch(image)
     c = max(int(n_classes), int(y_train.max()) + 1, int(y_test.max()) + 1)
-    dtype = getattr(torch, config.train_dtype)
-    kp = min(n, config.kernel_points)
-    kidx = torch.arange(n) if kp == n else torch.randperm(n, generator=torch.Generator().manual_seed(0))[:kp].sort().values
-    Xk, yk = X_train[kidx.to(X_train.device)], y_train[kidx.to(y_train.device)]
-    warnings: list[str] = []
-    cells: list[TransformerCell] = []
-    for arch in config.archs:
-        for width in config.widths:
-            for seed in config.seeds:
-                t_cell = time.perf_counter()
-                model = build_builtin(arch, n_out=c, feature_shape=feature_shape, seed=seed, dim=width, heads=config.heads,
-                                      depth=config.depth, patch=patch, mlp_ratio=config.mlp_ratio, dtype=dtype, device=device)
-                init = copy.deepcopy(model)
-                recipe = dataclasses.replace(config.recipe, seed=seed)
-                fr = fit(model, X_train, y_train, recipe, X_val=X_test, y_val=y_test)
-                inputs = model.audit_inputs()
-                t_init, t_trained = Task(init, c, inputs=inputs), Task(model, c, inputs=inputs)
-                if fr.diverged:
-                    warnings.append(f"{arch} width {width} seed {seed}: training diverged at step {fr.steps_run + 1}")
-                    mv = None
-                    lin = LinearizedResult(method="none", applicable=False, reason="training diverged")
-                else:
-                    mv = kernel_movement(t_init, t_trained, Xk, yk, form=config.form, memory_bytes=config.memory_bytes,
-                                         device=device)
-                    lin = (LinearizedResult(method="off", applicable=False, reason="switched off (--linearized off)")
-                           if config.linearized == "off" else
-                           linearized_prediction(t_init, t_trained, recipe, X_train, y_train, X_test, y_test,
-                                                 method=config.linearized, steps=fr.steps_run, train_dtype=dtype,
-                                                 memory_bytes=config.memory_bytes, device=device))
-                nan = float("nan")
-                cells.append(TransformerCell(
-                    arch=arch, width=width, heads=config.heads, seed=seed, n_params=n_parameters(model),
-                    steps_run=fr.steps_run, diverged=fr.diverged, train_loss=fr.final_train_loss,
-                    train_acc=fr.train_accuracy, test_acc=fr.val_accuracy if fr.val_accuracy is not None else nan,
-                    movement=None if mv is None else mv.movement, movement_trace=nan if mv is None else mv.movement_trace,
-                    norm_ratio=nan if mv is None else mv.norm_ratio,
-                    kernel_distance=nan if mv is None else mv.kernel_distance,
-                    cka_init=None if mv is None else mv.cka_init, cka_trained=None if mv is None else mv.cka_trained,
-                    group_movement={} if mv is None else {g.group: (g.movement if g.movement is not None else g.movement_trace)
-                                                          for g in mv.groups},
-                    linearized={k: v for k, v in lin.to_dict().items() if k not in ("definition",)},
-                    distance_rms=lin.distance_rms, distance_rel=lin.distance_rel, seconds=time.perf_counter() - t_cell,
-                ))
-                if progress is not None:
-                    progress()
+    ex = executor or ExecutorConfig()
+    remote = ex.kind != "local" or ex.jobs > 1
+    if remote and data is None:
+        raise AuditError("cells on worker processes or Ray rebuild their data from a recipe; pass data=HoldoutRecipe(...) "
+                         "(the CLI does), or run with the local executor")
+    memory_key = data.key if data is not None else f"memory:{id(X_train)}"
+    cached(f"vit-sweep:{memory_key}", lambda: (X_train, y_train, X_test, y_test))
+    base = {"data": None if data is None else data.to_dict(), "memory_key": memory_key, "n_classes": c,
+            "feature_shape": list(feature_shape), "patch": patch, "device": None if device is None else str(device),
+            "config": config}
+    tasks = [CellTask("attnaudit.kernel_regime:transformer_cell", {**base, "arch": a, "width": w, "seed": s},
+                      f"{a} width {w} seed {s}")
+             for a in config.archs for w in config.widths for s in config.seeds]
+    try:
+        outcomes = run_cells(tasks, ex, on_done=(lambda o: progress()) if progress is not None else None)
+    finally:
+        clear_cache()
+    cells = [TransformerCell(**o.result["cell"]) for o in outcomes if o.ok]
+    warnings = [w for o in outcomes if o.ok for w in o.result["warnings"]]
+    failed = [o.failure() for o in outcomes if not o.ok]
+    if failed:
+        warnings.append(f"{len(failed)} of {len(tasks)} cells failed (listed in failed_cells): "
+                        + "; ".join(f"{f['cell']}: {f['error']}" for f in failed[:3]))
     shaky = [f"{c.arch} width {c.width} seed {c.seed}" for c in cells if c.linearized.get("unstable")]
     if shaky:
         warnings.append(
@@ -1235,7 +1225,7 @@ def run_transformer_sweep(
         )
     measured = config.linearized != "off"
     summaries = {a: _arch_summary(a, [cl for cl in cells if cl.arch == a], config.widths, config.seeds, measured)
-                 for a in config.archs}
+                 for a in config.archs if any(cl.arch == a for cl in cells)}
     if config.recipe.optimizer == "adam":
         warnings.append(
             "the networks are trained with Adam: its per-parameter normalisation moves every weight by about lr per "
@@ -1246,7 +1236,71 @@ def run_transformer_sweep(
     return TransformerSweepResult(
         config=config, n_train=n, n_test=int(X_test.shape[0]), n_classes=c, image_shape=tuple(image), patch=patch,
         cells=cells, archs=summaries, warnings=warnings, seconds=time.perf_counter() - t_start,
+        failed_cells=failed, execution={**ex.to_dict(), "cells": len(tasks), "resumed": sum(o.resumed for o in outcomes)},
     )
+
+
+def transformer_cell(payload: dict) -> dict:
+    """One arch x width x seed cell of the transformer sweep (a pure function of ``payload``):
+    build the ViT from the seed, train it with the recipe, measure its kernel movement and its
+    distance to the linearized model. Returns {"cell": TransformerCell fields, "warnings": [...]}."""
+    from .data import HoldoutRecipe
+    from .fit import fit
+    from .models import build_builtin
+    from .sweep import cached
+    from .vit import n_parameters
+
+    def rows():
+        train_ds, test_ds = HoldoutRecipe(**payload["data"]).load()
+        dev = torch.device(payload["device"]) if payload["device"] else None
+        return tuple(t.to(dev) if dev is not None else t for t in (train_ds.X, train_ds.y, test_ds.X, test_ds.y))
+
+    X_train, y_train, X_test, y_test = cached(f"vit-sweep:{payload['memory_key']}", rows)
+    config: TransformerSweepConfig = payload["config"]
+    arch, width, seed = payload["arch"], int(payload["width"]), int(payload["seed"])
+    c, patch = int(payload["n_classes"]), int(payload["patch"])
+    device = torch.device(payload["device"]) if payload["device"] else None
+    n = int(X_train.shape[0])
+    dtype = getattr(torch, config.train_dtype)
+    kp = min(n, config.kernel_points)
+    kidx = torch.arange(n) if kp == n else torch.randperm(n, generator=torch.Generator().manual_seed(0))[:kp].sort().values
+    Xk, yk = X_train[kidx.to(X_train.device)], y_train[kidx.to(y_train.device)]
+    warnings: list[str] = []
+    t_cell = time.perf_counter()
+    model = build_builtin(arch, n_out=c, feature_shape=tuple(payload["feature_shape"]), seed=seed, dim=width,
+                          heads=config.heads, depth=config.depth, patch=patch, mlp_ratio=config.mlp_ratio, dtype=dtype,
+                          device=device)
+    init = copy.deepcopy(model)
+    recipe = dataclasses.replace(config.recipe, seed=seed)
+    fr = fit(model, X_train, y_train, recipe, X_val=X_test, y_val=y_test)
+    inputs = model.audit_inputs()
+    t_init, t_trained = Task(init, c, inputs=inputs), Task(model, c, inputs=inputs)
+    if fr.diverged:
+        warnings.append(f"{arch} width {width} seed {seed}: training diverged at step {fr.steps_run + 1}")
+        mv = None
+        lin = LinearizedResult(method="none", applicable=False, reason="training diverged")
+    else:
+        mv = kernel_movement(t_init, t_trained, Xk, yk, form=config.form, memory_bytes=config.memory_bytes, device=device)
+        lin = (LinearizedResult(method="off", applicable=False, reason="switched off (--linearized off)")
+               if config.linearized == "off" else
+               linearized_prediction(t_init, t_trained, recipe, X_train, y_train, X_test, y_test,
+                                     method=config.linearized, steps=fr.steps_run, train_dtype=dtype,
+                                     memory_bytes=config.memory_bytes, device=device))
+    nan = float("nan")
+    cell = TransformerCell(
+        arch=arch, width=width, heads=config.heads, seed=seed, n_params=n_parameters(model),
+        steps_run=fr.steps_run, diverged=fr.diverged, train_loss=fr.final_train_loss,
+        train_acc=fr.train_accuracy, test_acc=fr.val_accuracy if fr.val_accuracy is not None else nan,
+        movement=None if mv is None else mv.movement, movement_trace=nan if mv is None else mv.movement_trace,
+        norm_ratio=nan if mv is None else mv.norm_ratio,
+        kernel_distance=nan if mv is None else mv.kernel_distance,
+        cka_init=None if mv is None else mv.cka_init, cka_trained=None if mv is None else mv.cka_trained,
+        group_movement={} if mv is None else {g.group: (g.movement if g.movement is not None else g.movement_trace)
+                                              for g in mv.groups},
+        linearized={k: v for k, v in lin.to_dict().items() if k not in ("definition",)},
+        distance_rms=lin.distance_rms, distance_rel=lin.distance_rel, seconds=time.perf_counter() - t_cell,
+    )
+    return {"cell": asdict(cell), "warnings": warnings}
 
 
 # --------------------------------------------------------------------------- rendering

@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
@@ -50,6 +50,10 @@ from .ntk import (
     kernel_gd_predict,
 )
 from .training import LOSSES, require_nonzero_inputs, TrainConfig, accuracy, loss_value, one_hot_targets, train
+
+if TYPE_CHECKING:
+    from .data import HoldoutRecipe
+    from .sweep import ExecutorConfig
 
 SCHEMA = "attnaudit.ntk-distance/1"
 MODEL_LABELS = {"relu": "2L-ReLU", "attn": "MLP-Attn"}
@@ -209,6 +213,8 @@ class NTKDistanceResult:
     warnings: list[str]
     lr_rule: str
     seconds: float
+    failed_cells: list = field(default_factory=list)
+    execution: dict = field(default_factory=dict)  # executor, cells, resumed (how it ran; not a result)
 
     def summary_rows(self) -> list[dict]:
         """Mean and spread over seeds, one row per model x width."""
@@ -228,11 +234,13 @@ class NTKDistanceResult:
         return rows
 
     def verdicts(self) -> list[str]:
-        return [self.models[m].verdict for m in self.config.models]
+        return [self.models[m].verdict if m in self.models else f"{MODEL_LABELS[m]}: every cell failed; no verdict"
+                for m in self.config.models]
 
     def to_dict(self) -> dict:
         return _clean({
             "schema": SCHEMA,
+            "failed_cells": list(self.failed_cells),
             "config": self.config.to_dict(),
             "n_train": self.n_train,
             "n_test": self.n_test,
@@ -438,13 +446,23 @@ def run_ntk_distance(
     *,
     progress: ProgressFn | None = None,
     on_model: ModelHook | None = None,
+    executor: "ExecutorConfig | None" = None,
+    data: "HoldoutRecipe | None" = None,
 ) -> NTKDistanceResult:
     """Run the width sweep (see the module docstring). Tensors' device is used throughout.
 
     ``progress()`` is called after each cell; ``on_model(model, width, seed, net)`` gets
-    each trained network (an attnaudit TwoLayerNet, e.g. to save it).
+    each trained network (an attnaudit TwoLayerNet, e.g. to save it; local executor only).
+    Each model x width x seed is one cell (:func:`ntk_cell`) run by ``executor``
+    (:mod:`attnaudit.sweep`; default: in this process). Executors other than the local
+    in-process one need ``data``, the recipe the tensors came from, since cells ship their
+    configuration, not tensors. Cells that fail are listed in ``result.failed_cells``; the
+    summaries use the cells that finished.
     """
+    from .sweep import CellTask, ExecutorConfig, cached, clear_cache, run_cells
+
     t_start = time.perf_counter()
+    ex = executor or ExecutorConfig()
     if X_train.ndim != 2 or X_test.ndim != 2 or X_train.shape[1] != X_test.shape[1]:
         raise AuditError("training and test inputs must be (n, d) matrices with the same d")
     if y_train is None or y_test is None:
@@ -467,99 +485,59 @@ def run_ntk_distance(
         f"one network of width {widest} (--widths) with its activations and kernel features",
         "use smaller --widths, or fewer --n-train / --kernel-points",
     )
-    X = X_train.to(F64)
-    Xt = X_test.to(device, F64)
-    y, yt = y_train.to(device).long(), y_test.to(device).long()
-    Y = one_hot_targets(y, c).to(device)
-    kp = n if config.kernel_points is None else min(n, config.kernel_points)
-    # a fixed random subset (rows arrive in source order, which may be sorted by class)
-    kidx = torch.arange(n, device=device) if kp == n else (
-        torch.randperm(n, generator=torch.Generator().manual_seed(0))[:kp].sort().values.to(device))
-    warnings: list[str] = []
-    cells: list[Cell] = []
-    summaries: dict[str, ModelSummary] = {}
-
-    for arch in config.models:
-        if arch == "attn":
-            context = attention_context(X, config.attn_scaling).to(device, F64)
-            Z, Zt = X @ context, Xt @ context
-        else:
-            context, Z, Zt = None, X, Xt
-        parts_tr = analytic_ntk_parts(Z)
-        parts_te = analytic_ntk_parts(Zt, Z)
-        diag_width = max(config.widths)
-        ref_kernel = parts_tr.kernel(config.parametrization, diag_width)
-        spec_diag = _spectrum_diagnostics(ref_kernel)
-        lr_by_width: dict[int, float] = {}
-        for width in config.widths:
-            kinf = parts_tr.kernel(config.parametrization, width)
-            kinf_test = parts_te.kernel(config.parametrization, width)
-            lam_max = torch.linalg.eigvalsh(0.5 * (kinf + kinf.T))[-1].item()
-            lr = config.lr if config.lr is not None else config.lr_fraction * 2 * n / lam_max
-            lr_by_width[width] = lr
-            if config.lr is not None and lr * lam_max / n > 2:
+    remote = ex.kind != "local" or ex.jobs > 1
+    if remote and data is None:
+        raise AuditError("cells on worker processes or Ray rebuild their data from a recipe; pass data=HoldoutRecipe(...) "
+                         "(the CLI does), or run with the local executor")
+    if on_model is not None and (remote or ex.resume_dir):
+        raise AuditError("--save-models keeps the trained networks of this process; use it with the local executor "
+                         "and without --resume")
+    # the driver's own tensors serve the in-process cells; workers load theirs from the recipe
+    memory_key = data.key if data is not None else f"memory:{id(X_train)}"
+    sweep = _Sweep(memory_key, X_train, y_train, X_test, y_test, c)
+    cached(f"ntk-sweep:{memory_key}", lambda: sweep)
+    hook_key = None
+    if on_model is not None:
+        hook_key = f"ntk-hook:{id(on_model)}"
+        cached(hook_key, lambda: on_model)
+    payload_data = data.to_dict() if data is not None else None
+    base = {"data": payload_data, "memory_key": memory_key, "n_classes": c, "config": config.to_dict(),
+            "device": str(device), "hook": hook_key}
+    tasks = [CellTask("attnaudit.ntk_distance:ntk_cell", {**base, "model": arch, "width": width, "seed": seed},
+                      f"{arch} m={width} seed={seed}")
+             for arch in config.models for width in config.widths for seed in config.seeds]
+    try:
+        outcomes = run_cells(tasks, ex, on_done=(lambda o: progress()) if progress is not None else None,
+                             encode=lambda r: r, decode=lambda r: r)
+        warnings: list[str] = []
+        cells = [Cell(**o.result) for o in outcomes if o.ok]
+        failed = [o.failure() for o in outcomes if not o.ok]
+        summaries: dict[str, ModelSummary] = {}
+        for arch in config.models:
+            ctx = sweep.arch_context(arch, config)
+            lr_by_width = {}
+            for width in config.widths:
+                w = sweep.width_context(arch, width, config)
+                lr_by_width[width] = w.lr
+                if config.lr is not None and w.lr * w.lam_max / n > 2:
+                    warnings.append(
+                        f"{arch} m={width}: --lr {w.lr:g} exceeds the stable step 2n/lambda_max = {2 * n / w.lam_max:.4g}; "
+                        "the linearized dynamics (and probably the network) diverge"
+                    )
+            group = [cl for cl in cells if cl.model == arch]
+            if group:
+                summaries[arch] = _summarise(arch, group, config, ctx, lr_by_width)
+            if ctx.spec_diag["condition_number"] > 1 / torch.finfo(F64).eps or ctx.spec_diag["numerical_rank"] < n:
                 warnings.append(
-                    f"{arch} m={width}: --lr {lr:g} exceeds the stable step 2n/lambda_max = {2 * n / lam_max:.4g}; "
-                    "the linearized dynamics (and probably the network) diverge"
+                    f"{arch}: the analytic NTK on the training set is numerically singular (numerical rank "
+                    f"{ctx.spec_diag['numerical_rank']} of {n}); the predictor stays finite (eigen-decomposition, "
+                    "null directions follow the lr*T/n limit) but directions below round-off are not resolved"
                 )
-            kin_k = kinf[kidx][:, kidx]
-            evals, evecs = torch.linalg.eigh(0.5 * (kin_k + kin_k.T))
-            v_top = evecs[:, -1]
-            gd_cfg = LinearizedGDConfig(lr=lr, steps=config.steps, mode=config.predictor, loss=config.loss)
-            for seed in config.seeds:
-                t_cell = time.perf_counter()
-                cells.append(
-                    _run_cell(arch, width, seed, lr, config, context, Z, Zt, X, Xt, y, yt, Y, c,
-                              kinf, kinf_test, gd_cfg, kin_k, v_top, kidx, on_model, t_cell)
-                )
-                if progress is not None:
-                    progress()
-        group = [cl for cl in cells if cl.model == arch]
-        widths = list(config.widths)
-        per_seed = [
-            _loglog_slope(widths, [next(cl.distance_rms for cl in group if cl.width == w and cl.seed == s) for w in widths])
-            for s in config.seeds
-        ]
-        mean_dist = [_stats([cl.distance_rms for cl in group if cl.width == w])["mean"] for w in widths]
-        mean_move = [_stats([cl.kernel_movement for cl in group if cl.width == w])["mean"] for w in widths]
-        mean_init = [_stats([cl.kernel_init_error for cl in group if cl.width == w])["mean"] for w in widths]
-        order = sorted(range(len(widths)), key=lambda i: widths[i])
-        ordered = [mean_dist[i] for i in order]
-        monotone = all(b < a for a, b in zip(ordered, ordered[1:]))
-        slope_stats = _stats(per_seed)
-        trend = _trend(per_seed, monotone)
-        first, last = widths[order[0]], widths[order[-1]]
-        rel_last = _stats([cl.distance_rel for cl in group if cl.width == last])["mean"]
-        label = MODEL_LABELS[arch]
-        if config.parametrization == "ntk":
-            diag_name = "analytic NTK on the training set (width free, NTK parametrization)"
-        else:
-            diag_name = f"expected NTK at width {diag_width} (standard parametrization)"
-        summaries[arch] = ModelSummary(
-            model=arch,
-            condition_number=spec_diag["condition_number"],
-            numerical_rank=spec_diag["numerical_rank"],
-            top_eig_share=spec_diag["top_eig_share"],
-            mean_pairwise_cosine=_mean_pairwise_cosine(Z),
-            diagnostic_kernel=diag_name,
-            lr_by_width={str(w): lr_by_width[w] for w in widths},
-            slope_per_seed=per_seed,
-            slope_mean=slope_stats["mean"],
-            slope_std=slope_stats["std"],
-            slope_of_mean=_loglog_slope(widths, mean_dist),
-            movement_slope=_loglog_slope(widths, mean_move),
-            init_error_slope=_loglog_slope(widths, mean_init),
-            monotone_decreasing=monotone,
-            trend=trend,
-            verdict=_verdict(label, trend, slope_stats["mean"], slope_stats["std"], len(config.seeds), rel_last,
-                             first, last, mean_dist[order[0]], mean_dist[order[-1]]),
-        )
-        if spec_diag["condition_number"] > 1 / torch.finfo(F64).eps or spec_diag["numerical_rank"] < n:
-            warnings.append(
-                f"{arch}: the analytic NTK on the training set is numerically singular (numerical rank "
-                f"{spec_diag['numerical_rank']} of {n}); the predictor stays finite (eigen-decomposition, "
-                "null directions follow the lr*T/n limit) but directions below round-off are not resolved"
-            )
+    finally:
+        clear_cache()
+    if failed:
+        warnings.append(f"{len(failed)} of {len(tasks)} cells failed (listed in failed_cells): "
+                        + "; ".join(f"{f['cell']}: {f['error']}" for f in failed[:3]))
     diverged = [f"{cl.model} m={cl.width} seed={cl.seed}" for cl in cells if cl.diverged]
     if diverged:
         warnings.append(
@@ -575,8 +553,162 @@ def run_ntk_distance(
         else f"lr = {config.lr_fraction} * 2n / lambda_max(Theta_inf on the training set), n = {n}"
     )
     return NTKDistanceResult(
-        config=config, n_train=n, n_test=Xt.shape[0], n_classes=c, d=d, cells=cells, models=summaries,
+        config=config, n_train=n, n_test=X_test.shape[0], n_classes=c, d=d, cells=cells, models=summaries,
         warnings=warnings, lr_rule=rule, seconds=time.perf_counter() - t_start,
+        failed_cells=failed,
+        execution={**ex.to_dict(), "cells": len(tasks), "resumed": sum(o.resumed for o in outcomes)},
+    )
+
+
+@dataclass
+class _ArchContext:
+    context: torch.Tensor | None
+    Z: torch.Tensor
+    Zt: torch.Tensor
+    parts_tr: object
+    parts_te: object
+    spec_diag: dict
+
+
+@dataclass
+class _WidthContext:
+    kinf: torch.Tensor
+    kinf_test: torch.Tensor
+    lam_max: float
+    lr: float
+    kin_k: torch.Tensor
+    v_top: torch.Tensor
+    gd_cfg: LinearizedGDConfig
+
+
+class _Sweep:
+    """One sweep's rows and the per-model / per-width quantities its cells share (cached per process)."""
+
+    def __init__(self, key: str, X_train, y_train, X_test, y_test, c: int) -> None:
+        device = X_train.device
+        self.key = key
+        self.X = X_train.to(F64)
+        self.Xt = X_test.to(device, F64)
+        self.y, self.yt = y_train.to(device).long(), y_test.to(device).long()
+        self.c = c
+        self.Y = one_hot_targets(self.y, c).to(device)
+        self._arch: dict = {}
+        self._width: dict = {}
+
+    def kernel_rows(self, config: NTKDistanceConfig) -> torch.Tensor:
+        n = self.X.shape[0]
+        kp = n if config.kernel_points is None else min(n, config.kernel_points)
+        # a fixed random subset (rows arrive in source order, which may be sorted by class)
+        return torch.arange(n, device=self.X.device) if kp == n else (
+            torch.randperm(n, generator=torch.Generator().manual_seed(0))[:kp].sort().values.to(self.X.device))
+
+    def arch_context(self, arch: str, config: NTKDistanceConfig) -> _ArchContext:
+        key = (arch, config.attn_scaling, config.parametrization, max(config.widths))
+        if key not in self._arch:
+            X, Xt = self.X, self.Xt
+            if arch == "attn":
+                context = attention_context(X, config.attn_scaling).to(X.device, F64)
+                Z, Zt = X @ context, Xt @ context
+            else:
+                context, Z, Zt = None, X, Xt
+            parts_tr = analytic_ntk_parts(Z)
+            parts_te = analytic_ntk_parts(Zt, Z)
+            ref_kernel = parts_tr.kernel(config.parametrization, max(config.widths))
+            self._arch[key] = _ArchContext(context, Z, Zt, parts_tr, parts_te, _spectrum_diagnostics(ref_kernel))
+        return self._arch[key]
+
+    def width_context(self, arch: str, width: int, config: NTKDistanceConfig) -> _WidthContext:
+        key = (arch, width, config.attn_scaling, config.parametrization, config.lr, config.lr_fraction, config.steps,
+               config.predictor, config.loss, config.kernel_points)
+        if key not in self._width:
+            ctx = self.arch_context(arch, config)
+            n = self.X.shape[0]
+            kinf = ctx.parts_tr.kernel(config.parametrization, width)
+            kinf_test = ctx.parts_te.kernel(config.parametrization, width)
+            lam_max = torch.linalg.eigvalsh(0.5 * (kinf + kinf.T))[-1].item()
+            lr = config.lr if config.lr is not None else config.lr_fraction * 2 * n / lam_max
+            kidx = self.kernel_rows(config)
+            kin_k = kinf[kidx][:, kidx]
+            evals, evecs = torch.linalg.eigh(0.5 * (kin_k + kin_k.T))
+            gd_cfg = LinearizedGDConfig(lr=lr, steps=config.steps, mode=config.predictor, loss=config.loss)
+            self._width[key] = _WidthContext(kinf, kinf_test, lam_max, lr, kin_k, evecs[:, -1], gd_cfg)
+        return self._width[key]
+
+
+def _sweep_for(payload: dict) -> _Sweep:
+    """This process's :class:`_Sweep` for a cell: the driver's own, or rebuilt from the data recipe."""
+    from .data import HoldoutRecipe
+    from .sweep import cached
+
+    def build() -> _Sweep:
+        recipe = HoldoutRecipe(**payload["data"])
+        train_ds, test_ds = recipe.load()
+        dev = torch.device(payload["device"])
+        return _Sweep(payload["memory_key"], train_ds.X.to(dev), train_ds.y.to(dev), test_ds.X.to(dev),
+                      test_ds.y.to(dev), payload["n_classes"])
+
+    return cached(f"ntk-sweep:{payload['memory_key']}", build)
+
+
+def ntk_cell(payload: dict) -> dict:
+    """One model x width x seed cell of the sweep (a pure function of ``payload``): the Cell as a dict."""
+    from .sweep import cached
+
+    raw = dict(payload["config"])
+    for key in ("models", "widths", "seeds"):
+        raw[key] = tuple(raw[key])
+    config = NTKDistanceConfig(**raw)
+    sweep = _sweep_for(payload)
+    arch, width, seed = payload["model"], int(payload["width"]), int(payload["seed"])
+    ctx = sweep.arch_context(arch, config)
+    w = sweep.width_context(arch, width, config)
+    hook = cached(payload["hook"], lambda: None) if payload.get("hook") else None
+    cell = _run_cell(arch, width, seed, w.lr, config, ctx.context, ctx.Z, ctx.Zt, sweep.X, sweep.Xt, sweep.y, sweep.yt,
+                     sweep.Y, sweep.c, w.kinf, w.kinf_test, w.gd_cfg, w.kin_k, w.v_top, sweep.kernel_rows(config), hook,
+                     time.perf_counter())
+    return asdict(cell)
+
+
+def _summarise(arch: str, group: list, config: NTKDistanceConfig, ctx: _ArchContext, lr_by_width: dict) -> "ModelSummary":
+    """Per-model slopes and verdict from the cells that finished (a failed cell leaves its seed's slope out)."""
+    widths = sorted({cl.width for cl in group}, key=list(config.widths).index)
+    per_seed = []
+    for s in config.seeds:
+        mine = {cl.width: cl.distance_rms for cl in group if cl.seed == s}
+        if all(w in mine for w in widths):
+            per_seed.append(_loglog_slope(widths, [mine[w] for w in widths]))
+    mean_dist = [_stats([cl.distance_rms for cl in group if cl.width == w])["mean"] for w in widths]
+    mean_move = [_stats([cl.kernel_movement for cl in group if cl.width == w])["mean"] for w in widths]
+    mean_init = [_stats([cl.kernel_init_error for cl in group if cl.width == w])["mean"] for w in widths]
+    order = sorted(range(len(widths)), key=lambda i: widths[i])
+    ordered = [mean_dist[i] for i in order]
+    monotone = all(b < a for a, b in zip(ordered, ordered[1:]))
+    slope_stats = _stats(per_seed)
+    trend = _trend(per_seed, monotone)
+    first, last = widths[order[0]], widths[order[-1]]
+    rel_last = _stats([cl.distance_rel for cl in group if cl.width == last])["mean"]
+    if config.parametrization == "ntk":
+        diag_name = "analytic NTK on the training set (width free, NTK parametrization)"
+    else:
+        diag_name = f"expected NTK at width {max(config.widths)} (standard parametrization)"
+    return ModelSummary(
+        model=arch,
+        condition_number=ctx.spec_diag["condition_number"],
+        numerical_rank=ctx.spec_diag["numerical_rank"],
+        top_eig_share=ctx.spec_diag["top_eig_share"],
+        mean_pairwise_cosine=_mean_pairwise_cosine(ctx.Z),
+        diagnostic_kernel=diag_name,
+        lr_by_width={str(w): lr_by_width[w] for w in config.widths},
+        slope_per_seed=per_seed,
+        slope_mean=slope_stats["mean"],
+        slope_std=slope_stats["std"],
+        slope_of_mean=_loglog_slope(widths, mean_dist),
+        movement_slope=_loglog_slope(widths, mean_move),
+        init_error_slope=_loglog_slope(widths, mean_init),
+        monotone_decreasing=monotone,
+        trend=trend,
+        verdict=_verdict(MODEL_LABELS[arch], trend, slope_stats["mean"], slope_stats["std"], len(per_seed), rel_last,
+                         first, last, mean_dist[order[0]], mean_dist[order[-1]]),
     )
 
 

@@ -18,7 +18,7 @@ from ..cli_common import (
     parse_list,
     progress,
 )
-from ..cli_options import DataOptions, ModelOptions, OutputBundle, bundled
+from ..cli_options import DataOptions, ExecutorOptions, ModelOptions, OutputBundle, bundled
 from ..errors import AuditError
 
 PNG_NAME = "ntk_distance.png"
@@ -36,11 +36,12 @@ def _model_filename(arch: str, width: int, seed: int) -> str:
 
 def register(app: typer.Typer) -> None:
     @app.command("ntk-distance")
-    @bundled(source=DataOptions, out=OutputBundle, saved=ModelOptions)
+    @bundled(source=DataOptions, out=OutputBundle, saved=ModelOptions, execution=ExecutorOptions)
     def ntk_distance_command(
         source: DataOptions,
         out: OutputBundle,
         saved: ModelOptions,
+        execution: ExecutorOptions,
         preset: Annotated[Optional[str], typer.Option("--preset", help="quick (default; digits in about a minute) or paper (MNIST-size: n_train 500, widths 16-4096, 3 seeds). Explicit options override it. 2-layer sweep only.")] = None,
         models: Annotated[Optional[str], typer.Option("--models", help="Models of the 2-layer sweep: relu (2L-ReLU), attn (MLP-Attn), comma-separated (default relu,attn).")] = None,
         arch: Annotated[Optional[str], typer.Option("--arch", help="Sweep the built-in transformers instead: vit, vit-linear or vit,vit-linear (--widths = embedding dims, heads fixed at 4; trained with the ViT defaults of attnaudit train unless --optimizer/--lr/--steps/--epochs/--batch-size/--loss are given).")] = None,
@@ -70,14 +71,18 @@ def register(app: typer.Typer) -> None:
         """Distance of finite 2L-ReLU / MLP-Attn networks from their NTK predictor across widths; with
         --checkpoint, how far training moved a trained model from the kernel regime; with --arch
         vit,vit-linear, the same across widths of the built-in transformers."""
-        from ..data import data_fingerprint, holdout_split, load_dataset
+        from ..data import HoldoutRecipe, data_fingerprint
         from ..device import resolve_device, resolve_dtype
         from ..models import save_model
         from ..ntk_distance import PRESETS, SCHEMA, NTKDistanceConfig, build_tables, plot_ntk_distance, run_ntk_distance
         from ..report import build_report, check_target
 
         with cli_errors(out.debug):
+            executor = execution.config()
             if saved.given:
+                if executor.kind != "local" or executor.jobs > 1 or executor.resume_dir:
+                    raise AuditError("--checkpoint analyses given models in this process; --executor, --jobs and --resume "
+                                     "run the width sweeps")
                 if arch is not None:
                     raise AuditError("--checkpoint audits a trained model and --arch trains new transformers; give one of them")
                 return _checkpoint_command(
@@ -96,7 +101,7 @@ def register(app: typer.Typer) -> None:
                     source, out, arch=arch, widths=widths, seeds=seeds, n_train=n_train, n_test=n_test, steps=steps,
                     epochs=epochs, lr=lr, optimizer=optimizer, batch_size=batch_size, loss=loss,
                     kernel_points=kernel_points, linearized=linearized, dtype=dtype, seed=seed, device=device,
-                    refused={"preset": preset, "models": models, "lr_fraction": lr_fraction,
+                    executor=executor, refused={"preset": preset, "models": models, "lr_fraction": lr_fraction,
                              "parametrization": parametrization, "init": init, "attn_scaling": attn_scaling,
                              "predictor": predictor, "save_models": save_models},
                 )
@@ -157,8 +162,13 @@ def register(app: typer.Typer) -> None:
 
             timings: dict[str, float] = {}
             t0 = time.perf_counter()
+            recipe = HoldoutRecipe.of(spec, ntr, nte, seed, stratify=True)
+            executor.check_available()
+            if save_dir is not None and (executor.kind != "local" or executor.jobs > 1 or executor.resume_dir):
+                raise AuditError("--save-models keeps the networks trained in this process; use it without --executor "
+                                 "ray, --jobs or --resume")
             try:
-                ds = load_dataset(spec)
+                train_ds, test_ds = recipe.load()  # the same rows every worker rebuilds from the recipe
             except AuditError as exc:
                 # the data layer speaks of --n; here the row count is --n-train + --n-test
                 if "--n " in str(exc):
@@ -167,9 +177,9 @@ def register(app: typer.Typer) -> None:
                         + str(exc).replace("lower --n", "lower --n-train/--n-test")
                     ) from None
                 raise
+            ds = train_ds
             if ds.y is None:
                 raise AuditError(f"{ds.name} has no labels; ntk-distance trains classifiers, so give labelled data")
-            train_ds, test_ds = holdout_split(ds, ntr, nte, seed, stratify=True)
             timings["load"] = time.perf_counter() - t0
             training_data = {
                 "name": ds.name, "split": ds.info.get("split"), "n": train_ds.n, "seed": seed,
@@ -192,6 +202,7 @@ def register(app: typer.Typer) -> None:
                 result = run_ntk_distance(
                     train_ds.X.to(dev), train_ds.y.to(dev), test_ds.X.to(dev), test_ds.y.to(dev), ds.n_classes, config,
                     progress=lambda: advance(1), on_model=on_model if save_dir is not None else None,
+                    executor=executor, data=recipe,
                 )
             timings["analysis"] = time.perf_counter() - t1
             timings["total"] = time.perf_counter() - t0
@@ -208,6 +219,7 @@ def register(app: typer.Typer) -> None:
                     "n_train": ntr,
                     "n_test": nte,
                     **config.to_dict(),
+                    "execution": result.execution,
                 },
                 seeds={"base_seed": seed, "model_seeds": list(seed_list), "holdout_seed": seed},
                 device=dev,
@@ -377,9 +389,9 @@ def _checkpoint_command(source: DataOptions, out: OutputBundle, saved: ModelOpti
 
 def _transformer_command(source: DataOptions, out: OutputBundle, *, arch, widths, seeds, n_train, n_test, steps, epochs,
                          lr, optimizer, batch_size, loss, kernel_points, linearized, dtype, seed: int, device: str,
-                         refused: dict) -> None:
+                         executor, refused: dict) -> None:
     """``ntk-distance --arch vit,vit-linear``: the kernel regime of the built-in transformers across widths."""
-    from ..data import holdout_split, load_dataset
+    from ..data import HoldoutRecipe
     from ..device import resolve_device
     from ..fit import Recipe
     from ..kernel_regime import (SCHEMA_TRANSFORMERS, TransformerSweepConfig, build_sweep_tables, plot_sweep,
@@ -412,17 +424,19 @@ def _transformer_command(source: DataOptions, out: OutputBundle, *, arch, widths
     dev = resolve_device(device)
     opts.check_writable((PNG_TRANSFORMERS,))
     t0 = time.perf_counter()
+    executor.check_available()
+    data_recipe = HoldoutRecipe.of(source.spec(seed, n=ntr + nte), ntr, nte, seed, stratify=True)
     try:
-        ds = load_dataset(source.spec(seed, n=ntr + nte))
+        train_ds, test_ds = data_recipe.load()  # the same rows every worker rebuilds from the recipe
     except AuditError as exc:
         if "--n " in str(exc):
             raise AuditError(f"--n-train {ntr} + --n-test {nte} = {ntr + nte} rows: "
                              + str(exc).replace("lower --n", "lower --n-train/--n-test")) from None
         raise
+    ds = train_ds
     if ds.y is None:
         raise AuditError(f"{ds.name} has no labels; the transformer sweep trains classifiers, so give labelled data")
     image_shape_of(ds.feature_shape, archs[0])  # flat data is refused before any training
-    train_ds, test_ds = holdout_split(ds, ntr, nte, seed, stratify=True)
     timings = {"load": time.perf_counter() - t0}
     if not opts.quiet:
         opts.console.print(
@@ -437,7 +451,7 @@ def _transformer_command(source: DataOptions, out: OutputBundle, *, arch, widths
     with progress(opts, "ntk-distance", total) as advance:
         result = run_transformer_sweep(
             train_ds.X.to(dev), train_ds.y.to(dev), test_ds.X.to(dev), test_ds.y.to(dev), ds.n_classes,
-            ds.feature_shape, config, device=dev, progress=lambda: advance(1),
+            ds.feature_shape, config, device=dev, progress=lambda: advance(1), executor=executor, data=data_recipe,
         )
     timings["analysis"] = time.perf_counter() - t1
     timings["total"] = time.perf_counter() - t0
@@ -445,7 +459,7 @@ def _transformer_command(source: DataOptions, out: OutputBundle, *, arch, widths
     results["dataset"] = {"train": train_ds.info, "test": test_ds.info}
     report = build_report(
         SCHEMA_TRANSFORMERS,
-        inputs={**source.inputs(), "n_train": ntr, "n_test": nte, **config.to_dict()},
+        inputs={**source.inputs(), "n_train": ntr, "n_test": nte, **config.to_dict(), "execution": result.execution},
         seeds={"base_seed": seed, "model_seeds": list(config.seeds), "holdout_seed": seed, "kernel_rows_seed": 0},
         device=dev,
         dtype=f"float64 (kernels, metrics); training {config.train_dtype}",
