@@ -44,7 +44,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
@@ -64,6 +64,10 @@ from .influence import (
 from .core.task import Task
 from .models import ARCHITECTURES, ModelSpec, TwoLayerNet, build_model
 from .training import LOSSES, TrainConfig, TrainResult, accuracy, loss_value, train
+
+if TYPE_CHECKING:
+    from .data import HoldoutRecipe
+    from .sweep import ExecutorConfig
 
 SCHEMA = "attnaudit.malleability/1"
 PROTOCOLS = ("retrain", "static", "finetune")
@@ -377,10 +381,13 @@ class MalleabilityResult:
     n_test: int
     influence_memory: dict = field(default_factory=dict)
     examples: dict = field(default_factory=dict)  # for the figure, not serialised
+    failed_cells: list = field(default_factory=list)
+    execution: dict = field(default_factory=dict)  # executor, cells, resumed (how it ran; not a result)
 
     def to_dict(self) -> dict:
         return {
             "config": self.config.to_dict(),
+            "failed_cells": self.failed_cells,
             "sign_convention": SIGN_CONVENTION,
             "n_train": self.n_train,
             "n_test": self.n_test,
@@ -449,6 +456,8 @@ def run_malleability(
     progress: Callable[[int], None] | None = None,
     fixed_models: dict[str, TwoLayerNet | Task] | None = None,
     rebuild: dict | None = None,
+    executor: "ExecutorConfig | None" = None,
+    data: "HoldoutRecipe | None" = None,
 ) -> MalleabilityResult:
     """Run the malleability protocol (module docstring) on a fixed train/test split.
 
@@ -459,7 +468,15 @@ def run_malleability(
     and the seeds only vary the attacks' randomness.
     Tensors may live on any device; everything runs there in float64. A saved model is
     never modified (one in another dtype or on another device is audited through a copy).
+
+    Each seed x model is one cell (:func:`malleability_cell`: its trainings, attacks and
+    influences) run by ``executor`` (:mod:`attnaudit.sweep`; default in this process).
+    Executors other than the in-process one need ``data``, the recipe the tensors came from,
+    and built-in models (saved models are audited in this process). A seed with a failed cell
+    is left out of the summaries and listed in ``failed_cells``.
     """
+    from .sweep import CellTask, ExecutorConfig, cached, clear_cache, run_cells
+
     rebuild = rebuild or {}
     if fixed_models:
         if config.protocol == "retrain" and not all(label in rebuild for label in fixed_models):
@@ -502,9 +519,124 @@ def run_malleability(
             "keep at least two classes (e.g. --classes 3,5)"
         )
     memory = influence_memory_estimate(config, int(X_train.shape[1]), n_classes, n_train, n_test, fixed_models, X_train[:1])  # fails early
-    X_train, X_test = X_train.to(torch.float64), X_test.to(X_train.device, torch.float64)
-    y_train, y_test = y_train.to(X_train.device).long(), y_test.to(X_train.device).long()
+    ex = executor or ExecutorConfig()
+    remote = ex.kind != "local" or ex.jobs > 1
+    if fixed_models and (remote or ex.resume_dir):
+        raise AuditError("saved models are audited in this process; drop --executor ray / --jobs / --resume")
+    if remote and data is None:
+        raise AuditError("cells on worker processes or Ray rebuild their data from a recipe; pass data=HoldoutRecipe(...) "
+                         "(the CLI does), or run with the local executor")
     advance = progress or (lambda k=1: None)
+    memory_key = data.key if data is not None else f"memory:{id(X_train)}"
+    state = _MalleabilityState(X_train, y_train, X_test, y_test, n_classes, config, value_range, fixed_models, rebuild)
+    cached(f"malleability:{memory_key}", lambda: state)
+    per_cell = progress_total(config) // (len(config.seeds) * len(config.models))
+    base = {"data": None if data is None else data.to_dict(), "memory_key": memory_key, "n_classes": n_classes,
+            "value_range": None if value_range is None else list(value_range), "device": str(X_train.device),
+            "config": config}
+    tasks = [CellTask("attnaudit.malleability:malleability_cell", {**base, "seed": seed, "arch": arch},
+                      f"{arch} seed {seed}") for seed in config.seeds for arch in config.models]
+    try:
+        outcomes = run_cells(tasks, ex, on_done=lambda o: advance(per_cell))
+    finally:
+        clear_cache()
+    failed = [o.failure() for o in outcomes if not o.ok]
+    bad_seeds = {o.task.config["seed"] for o in outcomes if not o.ok}
+    runs: list[dict] = []
+    controls: list[dict] = []
+    training: list[dict] = []
+    attack_rows: list[dict] = []
+    diags: list[dict] = []
+    infl_warnings: dict[str, int] = {}
+    examples: dict = {}
+    t_train = t_attack = t_infl = 0.0
+    for o in outcomes:
+        if not o.ok or o.task.config["seed"] in bad_seeds:
+            continue
+        raw = o.result
+        runs += raw["runs"]
+        controls += raw["controls"]
+        training += raw["training"]
+        attack_rows += raw["attacks"]
+        diags += raw["diagnostics"]
+        for w, k in raw["influence_warnings"].items():
+            infl_warnings[w] = infl_warnings.get(w, 0) + k
+        for arch, ex_rows in raw["examples"].items():
+            examples.setdefault(arch, {}).update(ex_rows)
+        t_train += raw["timings"]["train"]
+        t_attack += raw["timings"]["attack"]
+        t_infl += raw["timings"]["influence"]
+
+    summary, ratios = _aggregate(config, runs, controls)
+    sensitivity = _sensitivity(config, summary)
+    warnings = _warnings(config, training, infl_warnings)
+    if failed:
+        warnings.append(f"{len(failed)} of {len(tasks)} cells failed (listed in failed_cells); their seeds ({', '.join(map(str, sorted(bad_seeds)))}) "
+                        "are left out of the summaries: " + "; ".join(f"{f['cell']}: {f['error']}" for f in failed[:3]))
+    exceeded = []
+    if config.max_flip_rate is not None:
+        for row in summary:
+            if row["attack"] in ("none", config.control):
+                continue
+            m = row["flip_rate"]["mean"]
+            if m is not None and m > config.max_flip_rate:
+                exceeded.append({k: row[k] for k in ("model", "attack", "eps", "damping")} | {"flip_rate": m})
+    verdicts = _verdicts(config, summary, ratios, sensitivity, exceeded)
+    timings = {"train": t_train, "attack": t_attack, "influence": t_infl}
+    return MalleabilityResult(
+        config=config, runs=runs, controls=controls, training=training, attacks=attack_rows, summary=summary,
+        ratios=ratios, sensitivity=sensitivity, influence_diagnostics=diags, exceeded=exceeded, warnings=warnings,
+        verdicts=verdicts, timings=timings, n_train=n_train, n_test=n_test, influence_memory=memory, examples=examples,
+        failed_cells=failed, execution={**ex.to_dict(), "cells": len(tasks), "resumed": sum(o.resumed for o in outcomes)},
+    )
+
+
+
+
+@dataclass
+class _MalleabilityState:
+    """A malleability run's rows and settings, shared by its cells in one process."""
+
+    X_train: torch.Tensor
+    y_train: torch.Tensor
+    X_test: torch.Tensor
+    y_test: torch.Tensor
+    n_classes: int
+    config: "MalleabilityConfig"
+    value_range: tuple | None
+    fixed_models: dict | None
+    rebuild: dict
+
+    def __post_init__(self) -> None:
+        self.X_train = self.X_train.to(torch.float64)
+        self.X_test = self.X_test.to(self.X_train.device, torch.float64)
+        self.y_train = self.y_train.to(self.X_train.device).long()
+        self.y_test = self.y_test.to(self.X_train.device).long()
+        self.rebuild = self.rebuild or {}
+
+
+def malleability_cell(payload: dict) -> dict:
+    """One seed x model cell (a pure function of ``payload``): its trainings, attacks, influence
+    and stability rows, unaggregated."""
+    from .data import HoldoutRecipe
+    from .sweep import cached
+
+    def build() -> _MalleabilityState:
+        train_ds, test_ds = HoldoutRecipe(**payload["data"]).load()
+        dev = torch.device(payload["device"])
+        vr = payload["value_range"]
+        return _MalleabilityState(train_ds.X.to(dev), train_ds.y.to(dev), test_ds.X.to(dev), test_ds.y.to(dev),
+                                  int(payload["n_classes"]), payload["config"], None if vr is None else tuple(vr), None, {})
+
+    state = cached(f"malleability:{payload['memory_key']}", build)
+    return _cell_raw(state, int(payload["seed"]), payload["arch"])
+
+
+def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
+    """The protocol for one seed and one model (module docstring): clean model, control, attacks."""
+    config, n_classes, value_range = state.config, state.n_classes, state.value_range
+    fixed_models, rebuild = state.fixed_models, state.rebuild
+    X_train, y_train, X_test, y_test = state.X_train, state.y_train, state.X_test, state.y_test
     d = int(X_train.shape[1])
     tcfg = config.train_config()
     t_train = t_attack = t_infl = 0.0
@@ -624,106 +756,86 @@ def run_malleability(
                 seen.add(id(r))
         return [r.total.detach().cpu().numpy() for r in res]
 
-    for seed in config.seeds:
-        for arch in config.models:
-            spec = None if fixed_models else ModelSpec(
-                arch, d, config.width, n_classes, config.parametrization, attn_scaling=config.attn_scaling, seed=seed)
-            if fixed_models and config.protocol == "retrain":
-                k = config.seeds.index(seed)
-                init_seed, order_seed = rebuild[arch].init_seed + k, rebuild[arch].recipe.seed + k
-                clean_model, clean_tr, clean_row = refit(arch, init_seed, order_seed, X_train, X_train, "clean", seed)
-                attack_target = clean_model
-            elif fixed_models:
-                saved_model = given(arch, seed, "saved" if config.protocol == "finetune" else "clean")
-                if config.protocol == "finetune":
-                    clean_model, clean_tr, clean_row = finetune(saved_model[0], X_train, seed, "clean", seed, arch)
-                else:
-                    clean_model, clean_tr, clean_row = saved_model
-                attack_target = saved_model[0]  # the adversary perturbs against the model it can see
-            else:
-                clean_model, clean_tr, clean_row = fit(spec, X_train, X_train, "clean", seed)
-                attack_target = clean_model
-            clean_infl = influences(clean_model, X_train, clean_tr, seed, arch, "clean")
-            advance(1)
-            if config.controls:
-                control_seed = seed + REINIT_SEED_OFFSET
-                if fixed_models and config.protocol == "retrain":
-                    control_seed = init_seed + REINIT_SEED_OFFSET
-                    r_model, r_tr, r_row = refit(arch, control_seed, order_seed, X_train, X_train, config.control, seed)
-                elif fixed_models:
-                    r_model, r_tr, r_row = finetune(saved_model[0], X_train, control_seed, config.control, seed, arch)
-                else:
-                    r_model, r_tr, r_row = fit(replace(spec, seed=control_seed), X_train, X_train, config.control, seed)
-                r_infl = influences(r_model, X_train, r_tr, seed, arch, config.control)
-                for damping, ci, ri in zip(config.damping, clean_infl, r_infl):
-                    controls.append({
-                        "seed": seed, "model": arch, "control": config.control, "damping": damping,
-                        f"{'data_order' if config.protocol == 'finetune' else 'reinit'}_seed": control_seed,
-                        **stability(ci, ri, config.top_k),
-                        "perturbed_test_accuracy": r_row["test_accuracy"], "perturbed_train_loss": r_row["final_loss"],
-                    })
-                advance(1)
-            for eps in config.eps:
-                for attack in config.attacks:
-                    if attack == "none" and eps != config.eps[0]:
-                        continue
-                    acfg = config.attack_config(attack, eps, seed, value_range)
-                    t0 = time.perf_counter()
-                    ares = perturb(attack_target, X_train, y_train, acfg, config.loss)
-                    t_attack += time.perf_counter() - t0
-                    eps_used = 0.0 if attack == "none" else eps
-                    with torch.no_grad():
-                        clean_on_pert = accuracy(_logits(attack_target, ares.X_adv), y_train)
-                    attack_rows.append({"seed": seed, "model": arch, **ares.to_dict(), "eps": eps_used})
-                    role = f"{attack}@{eps_used:g}"
-                    if config.protocol == "retrain":
-                        attn = (rebuild[arch].spec.arch if fixed_models else arch) == "attn"
-                        ctx = ares.X_adv if (attn and config.attn_context == "perturbed") else X_train
-                        if fixed_models:
-                            p_model, p_tr, p_row = refit(arch, init_seed, order_seed, ctx, ares.X_adv, role, seed)
-                        else:
-                            p_model, p_tr, p_row = fit(spec, ctx, ares.X_adv, role, seed)
-                    elif config.protocol == "finetune":
-                        p_model, p_tr, p_row = finetune(saved_model[0], ares.X_adv, seed, role, seed, arch)
-                    else:
-                        p_model, p_tr, p_row = clean_model, clean_tr, clean_row
-                    p_infl = influences(p_model, ares.X_adv, p_tr, seed, arch, role)
-                    for damping, ci, pi in zip(config.damping, clean_infl, p_infl):
-                        runs.append({
-                            "seed": seed, "model": arch, "attack": attack, "eps": eps_used, "damping": damping,
-                            **stability(ci, pi, config.top_k),
-                            "clean_model_accuracy_on_perturbed_train": clean_on_pert,
-                            "clean_model_loss_on_perturbed_train": ares.loss_after,
-                            "perturbation_norm_mean": ares.radius_mean,
-                            "perturbed_test_accuracy": p_row["test_accuracy"],
-                            "perturbed_train_loss": p_row["final_loss"] if config.protocol != "static" else None,
-                            "clean_train_loss": clean_row["final_loss"],
-                            "clean_test_accuracy": clean_row["test_accuracy"],
-                        })
-                    if seed == config.seeds[0] and eps == config.eps[0]:
-                        examples.setdefault(arch, {})[attack] = (clean_infl[0], p_infl[0])
-                    advance(1)
-            if seed == config.seeds[0] and config.controls:
-                examples.setdefault(arch, {})[config.control] = (clean_infl[0], r_infl[0])
-
-    summary, ratios = _aggregate(config, runs, controls)
-    sensitivity = _sensitivity(config, summary)
-    warnings = _warnings(config, training, infl_warnings)
-    exceeded = []
-    if config.max_flip_rate is not None:
-        for row in summary:
-            if row["attack"] in ("none", config.control):
+    spec = None if fixed_models else ModelSpec(
+        arch, d, config.width, n_classes, config.parametrization, attn_scaling=config.attn_scaling, seed=seed)
+    if fixed_models and config.protocol == "retrain":
+        k = config.seeds.index(seed)
+        init_seed, order_seed = rebuild[arch].init_seed + k, rebuild[arch].recipe.seed + k
+        clean_model, clean_tr, clean_row = refit(arch, init_seed, order_seed, X_train, X_train, "clean", seed)
+        attack_target = clean_model
+    elif fixed_models:
+        saved_model = given(arch, seed, "saved" if config.protocol == "finetune" else "clean")
+        if config.protocol == "finetune":
+            clean_model, clean_tr, clean_row = finetune(saved_model[0], X_train, seed, "clean", seed, arch)
+        else:
+            clean_model, clean_tr, clean_row = saved_model
+        attack_target = saved_model[0]  # the adversary perturbs against the model it can see
+    else:
+        clean_model, clean_tr, clean_row = fit(spec, X_train, X_train, "clean", seed)
+        attack_target = clean_model
+    clean_infl = influences(clean_model, X_train, clean_tr, seed, arch, "clean")
+    if config.controls:
+        control_seed = seed + REINIT_SEED_OFFSET
+        if fixed_models and config.protocol == "retrain":
+            control_seed = init_seed + REINIT_SEED_OFFSET
+            r_model, r_tr, r_row = refit(arch, control_seed, order_seed, X_train, X_train, config.control, seed)
+        elif fixed_models:
+            r_model, r_tr, r_row = finetune(saved_model[0], X_train, control_seed, config.control, seed, arch)
+        else:
+            r_model, r_tr, r_row = fit(replace(spec, seed=control_seed), X_train, X_train, config.control, seed)
+        r_infl = influences(r_model, X_train, r_tr, seed, arch, config.control)
+        for damping, ci, ri in zip(config.damping, clean_infl, r_infl):
+            controls.append({
+                "seed": seed, "model": arch, "control": config.control, "damping": damping,
+                f"{'data_order' if config.protocol == 'finetune' else 'reinit'}_seed": control_seed,
+                **stability(ci, ri, config.top_k),
+                "perturbed_test_accuracy": r_row["test_accuracy"], "perturbed_train_loss": r_row["final_loss"],
+            })
+    for eps in config.eps:
+        for attack in config.attacks:
+            if attack == "none" and eps != config.eps[0]:
                 continue
-            m = row["flip_rate"]["mean"]
-            if m is not None and m > config.max_flip_rate:
-                exceeded.append({k: row[k] for k in ("model", "attack", "eps", "damping")} | {"flip_rate": m})
-    verdicts = _verdicts(config, summary, ratios, sensitivity, exceeded)
-    timings = {"train": t_train, "attack": t_attack, "influence": t_infl}
-    return MalleabilityResult(
-        config=config, runs=runs, controls=controls, training=training, attacks=attack_rows, summary=summary,
-        ratios=ratios, sensitivity=sensitivity, influence_diagnostics=diags, exceeded=exceeded, warnings=warnings,
-        verdicts=verdicts, timings=timings, n_train=n_train, n_test=n_test, influence_memory=memory, examples=examples,
-    )
+            acfg = config.attack_config(attack, eps, seed, value_range)
+            t0 = time.perf_counter()
+            ares = perturb(attack_target, X_train, y_train, acfg, config.loss)
+            t_attack += time.perf_counter() - t0
+            eps_used = 0.0 if attack == "none" else eps
+            with torch.no_grad():
+                clean_on_pert = accuracy(_logits(attack_target, ares.X_adv), y_train)
+            attack_rows.append({"seed": seed, "model": arch, **ares.to_dict(), "eps": eps_used})
+            role = f"{attack}@{eps_used:g}"
+            if config.protocol == "retrain":
+                attn = (rebuild[arch].spec.arch if fixed_models else arch) == "attn"
+                ctx = ares.X_adv if (attn and config.attn_context == "perturbed") else X_train
+                if fixed_models:
+                    p_model, p_tr, p_row = refit(arch, init_seed, order_seed, ctx, ares.X_adv, role, seed)
+                else:
+                    p_model, p_tr, p_row = fit(spec, ctx, ares.X_adv, role, seed)
+            elif config.protocol == "finetune":
+                p_model, p_tr, p_row = finetune(saved_model[0], ares.X_adv, seed, role, seed, arch)
+            else:
+                p_model, p_tr, p_row = clean_model, clean_tr, clean_row
+            p_infl = influences(p_model, ares.X_adv, p_tr, seed, arch, role)
+            for damping, ci, pi in zip(config.damping, clean_infl, p_infl):
+                runs.append({
+                    "seed": seed, "model": arch, "attack": attack, "eps": eps_used, "damping": damping,
+                    **stability(ci, pi, config.top_k),
+                    "clean_model_accuracy_on_perturbed_train": clean_on_pert,
+                    "clean_model_loss_on_perturbed_train": ares.loss_after,
+                    "perturbation_norm_mean": ares.radius_mean,
+                    "perturbed_test_accuracy": p_row["test_accuracy"],
+                    "perturbed_train_loss": p_row["final_loss"] if config.protocol != "static" else None,
+                    "clean_train_loss": clean_row["final_loss"],
+                    "clean_test_accuracy": clean_row["test_accuracy"],
+                })
+            if seed == config.seeds[0] and eps == config.eps[0]:
+                examples.setdefault(arch, {})[attack] = (clean_infl[0], p_infl[0])
+    if seed == config.seeds[0] and config.controls:
+        examples.setdefault(arch, {})[config.control] = (clean_infl[0], r_infl[0])
+
+    return {"runs": runs, "controls": controls, "training": training, "attacks": attack_rows, "diagnostics": diags,
+            "influence_warnings": infl_warnings, "examples": examples,
+            "timings": {"train": t_train, "attack": t_attack, "influence": t_infl}}
 
 
 # --------------------------------------------------------------------------- aggregation

@@ -66,7 +66,8 @@ class CellTask:
         """Hash of the function, the configuration and the toolkit version (the resume key)."""
         from . import __version__
 
-        text = json.dumps({"fn": self.fn, "config": self.config, "version": __version__}, sort_keys=True, default=str)
+        text = json.dumps({"fn": self.fn, "config": self.config, "version": __version__}, sort_keys=True,
+                          default=_json_default)
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -179,8 +180,8 @@ def _load_resumed(folder: Path, task: CellTask, decode: Callable[[Any], Any]) ->
     if not path.is_file():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        data = json.loads(path.read_text(encoding="utf-8"), object_hook=_json_hook)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError, TypeError):
         return None  # unreadable: recomputed (and rewritten)
     if (not isinstance(data, dict) or data.get("schema") != RESUME_SCHEMA or data.get("key") != task.key
             or data.get("fn") != task.fn or data.get("version") != __version__):
@@ -196,7 +197,28 @@ def _save_resumed(folder: Path, outcome: CellOutcome, encode: Callable[[Any], An
     payload = {"schema": RESUME_SCHEMA, "key": task.key, "fn": task.fn, "version": __version__, "label": task.label,
                "config": task.config, "seconds": outcome.seconds, "result": encode(outcome.result)}
     # NaN / inf kept as JSON's NaN / Infinity tokens: this file is read back by Python only
-    write_text_atomic(_resume_path(folder, task), json.dumps(payload, allow_nan=True, default=str))
+    write_text_atomic(_resume_path(folder, task), json.dumps(payload, allow_nan=True, default=_json_default))
+
+
+def _json_default(obj: Any) -> Any:
+    """Arrays and numpy scalars in a cell's result, kept exactly (float64 repr round-trips)."""
+    import numpy as np
+
+    if hasattr(obj, "detach"):  # a torch tensor
+        obj = obj.detach().cpu().numpy()
+    if isinstance(obj, np.ndarray):
+        return {"__ndarray__": obj.tolist(), "dtype": str(obj.dtype)}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return str(obj)
+
+
+def _json_hook(obj: dict) -> Any:
+    if "__ndarray__" in obj and "dtype" in obj:
+        import numpy as np
+
+        return np.asarray(obj["__ndarray__"], dtype=obj["dtype"])
+    return obj
 
 
 # ----------------------------------------------------------------------------- the driver side

@@ -118,3 +118,13 @@ def invoke(command: str, args: list[str]) -> dict:
     if not reports:
         raise RuntimeError(f"attnaudit {command} produced no report")
     return reports[-1]
+
+
+def run_cell(config: dict) -> dict:
+    """An audit run as a sweep cell (:mod:`attnaudit.sweep`): {"report": ...} or {"error": ..., "kind": "input"}.
+
+    Internal errors propagate (the executor records them with their class name)."""
+    try:
+        return {"report": invoke(config["analysis"], list(config["args"]))}
+    except AuditError as exc:
+        return {"error": str(exc), "kind": "input"}

@@ -16,13 +16,16 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import AuditError
 from ..invocation import DryRunStop, dry_run
 from . import metrics as M
 from .commands import invoke, option_params, shell_line, to_args
 from .file import AuditPlan, CheckSpec
+
+if TYPE_CHECKING:
+    from ..sweep import ExecutorConfig
 
 SCHEMA = "attnaudit.audit/1"
 BASELINE_SCHEMA = "attnaudit.audit-baseline/1"
@@ -339,12 +342,23 @@ def run_audit(
     fail_fast: bool = False,
     overwrite: bool = False,
     progress: Callable[[CheckResult], None] | None = None,
+    executor: "ExecutorConfig | None" = None,
 ) -> AuditResult:
     """Validate every check (dry runs), then run them; see the module docstring.
 
     Raises :class:`AuditError` for a bad file, baseline or option value (nothing has run
     then); a check that fails at run time is recorded in the result (status error).
+    ``executor`` (:mod:`attnaudit.sweep`): each distinct run is one cell; with worker
+    processes or Ray the runs go in parallel (``fail_fast`` needs the sequential local one).
     """
+    from ..sweep import ExecutorConfig
+
+    ex = executor or ExecutorConfig()
+    parallel = ex.kind != "local" or ex.jobs > 1 or ex.resume_dir is not None
+    if fail_fast and parallel:
+        raise AuditError("--fail-fast stops a sequential audit at its first failure; drop it, or run without "
+                         "--executor ray / --jobs / --resume")
+    ex.check_available()
     t0 = time.perf_counter()
     base = read_baseline(baseline) if isinstance(baseline, (str, Path)) else (baseline or {})
     warnings: list[str] = []
@@ -408,6 +422,8 @@ def run_audit(
                           "command": shell_line("train", _train_args(plan, shown_model, stand_in=False)[:-1]),
                           "seconds": time.perf_counter() - tt, "train_report": train_report}
 
+        if parallel:
+            _run_parallel(list(runs.values()), ex)
         stop = False
         for c in checks:
             if stop:
@@ -443,6 +459,21 @@ def run_audit(
         return AuditResult(plan, checks, list(runs.values()), model_info, warnings, time.perf_counter() - t0)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run_parallel(runs: list[Run], ex: "ExecutorConfig") -> None:
+    """Every run as one cell on the executor; reports (or errors) stored on the runs."""
+    from ..sweep import CellTask, run_cells
+
+    tasks = [CellTask("attnaudit.audit.commands:run_cell", {"analysis": r.analysis, "args": r.args}, r.id) for r in runs]
+    for run, outcome in zip(runs, run_cells(tasks, ex)):
+        run.seconds = outcome.seconds
+        if not outcome.ok:
+            run.error, run.error_kind = outcome.error, "internal"
+        elif "error" in outcome.result:
+            run.error, run.error_kind = outcome.result["error"], outcome.result.get("kind", "input")
+        else:
+            run.report = outcome.result["report"]
 
 
 def _keep_model(src: str, target: str) -> None:

@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..cli_common import cli_errors, emit, progress
+from ..cli_options import ExecutorOptions, bundled
 
 HELP = (
     "Run the checks of an audit file (YAML: the model, the data, and checks that each name an analysis, its CLI "
@@ -21,7 +22,9 @@ HELP = (
 
 def register(app: typer.Typer) -> None:
     @app.command("audit", help=HELP)
+    @bundled(execution=ExecutorOptions)
     def audit_command(
+        execution: ExecutorOptions,
         file: Annotated[str, typer.Argument(help="The audit file (YAML).", show_default=False)],
         json: Annotated[Optional[str], typer.Option("--json", help="Write the combined JSON report (schema attnaudit.audit/1) here ('-' = standard output).")] = None,
         junit: Annotated[Optional[str], typer.Option("--junit", help="Write JUnit XML here: one test case per check.")] = None,
@@ -40,6 +43,7 @@ def register(app: typer.Typer) -> None:
             opts = OutputOptions(json=json, quiet=quiet, overwrite=overwrite)
             extra = [(flag, Path(p)) for flag, p in (("--junit", junit), ("--save-baseline", save_baseline)) if p]
             opts.check_writable((), extra=extra)
+            executor = execution.config()
             t0 = time.perf_counter()
             plan = load_audit_file(file)
             if not opts.quiet:
@@ -51,11 +55,12 @@ def register(app: typer.Typer) -> None:
                     if not opts.quiet and not opts.console.is_terminal:
                         opts.console.print(f"{check.status.upper():7} {check.name}: {check.message}", highlight=False)
 
-                result = run_audit(plan, baseline=baseline, fail_fast=fail_fast, overwrite=overwrite, progress=done)
+                result = run_audit(plan, baseline=baseline, fail_fast=fail_fast, overwrite=overwrite, progress=done,
+                                   executor=executor)
             report = build_report(
                 SCHEMA,
                 inputs={"file": file, "baseline": baseline, "fail_fast": fail_fast, "junit": junit,
-                        "save_baseline": save_baseline},
+                        "save_baseline": save_baseline, "execution": executor.to_dict()},
                 seeds={"seed": plan.seed, "checks": {c.name: _seed_of(c) for c in result.checks}},
                 device=None,
                 dtype="as each command records in its report",

@@ -17,17 +17,19 @@ from ..cli_common import (
     progress,
     refuse_training_options_for_saved_model,
 )
-from ..cli_options import DataOptions, ModelOptions, OutputBundle, bundled
+from ..cli_options import ExecutorOptions, DataOptions, ModelOptions, OutputBundle, bundled
 from ..errors import AuditError
 
 
 def register(app: typer.Typer) -> None:
     @app.command("malleability")
-    @bundled(source=DataOptions.defaults(dataset=None, split=None), out=OutputBundle, saved=ModelOptions)
+    @bundled(source=DataOptions.defaults(dataset=None, split=None), out=OutputBundle, saved=ModelOptions,
+             execution=ExecutorOptions)
     def malleability_command(
         source: DataOptions,
         out: OutputBundle,
         saved: ModelOptions,
+        execution: ExecutorOptions,
         preset: Annotated[str, typer.Option("--preset", help="quick (digits, < 2 min) or paper (MNIST 2,000 train, PGD eps 0.3, 5 seeds, controls). Explicit options override it.")] = "quick",
         models: Annotated[Optional[str], typer.Option("--models", help="Models to compare, e.g. relu,attn (ratios are over the first).")] = None,
         attacks: Annotated[Optional[str], typer.Option("--attacks", help="pgd, fgsm, mim, random (noise control), none.")] = None,
@@ -59,7 +61,7 @@ def register(app: typer.Typer) -> None:
         device: DeviceOpt = "auto",
     ) -> None:
         """Influence malleability: do influence scores flip sign when the training data is perturbed?"""
-        from ..data import check_seed, data_fingerprint, holdout_split, load_dataset
+        from ..data import HoldoutRecipe, check_seed, data_fingerprint, load_dataset
         from ..device import resolve_device
         from ..malleability import (
             PRESETS,
@@ -152,9 +154,18 @@ def register(app: typer.Typer) -> None:
             split_name = preset_value(source.split, p, "split")
             spec = source.spec(seed, dataset=ds_name, split=split_name)
 
+            executor = execution.config()
+            if loaded and (executor.kind != "local" or executor.jobs > 1 or executor.resume_dir):
+                raise AuditError("saved models are audited in this process; drop --executor ray / --jobs / --resume")
+            executor.check_available()
             timings: dict[str, float] = {}
             t0 = time.perf_counter()
-            ds = load_dataset(spec)
+            recipe = None if loaded else HoldoutRecipe.of(spec, ntr, nte, seed, stratify=True)
+            if recipe is not None:  # the rows every worker rebuilds from the recipe
+                train_ds, test_ds = recipe.load()
+                ds = train_ds
+            else:
+                ds = load_dataset(spec)
             if ds.y is None:
                 raise AuditError(f"{ds.name} has no labels; malleability needs labelled data (influence is defined on a loss)")
             fixed = None
@@ -167,7 +178,6 @@ def register(app: typer.Typer) -> None:
                 train_ds, test_ds, rows_note = audit_split(ds, loaded, ntr, nte, seed)
                 n_classes = next(iter(fixed.values())).n_classes
             else:
-                train_ds, test_ds = holdout_split(ds, ntr, nte, seed=seed, stratify=True)
                 n_classes = ds.n_classes
             timings["load"] = time.perf_counter() - t0
             memory = influence_memory_estimate(config, train_ds.d, n_classes, train_ds.n, test_ds.n, fixed, train_ds.X[:1])  # refuses before compute
@@ -187,6 +197,7 @@ def register(app: typer.Typer) -> None:
                 result = run_malleability(
                     train_ds.X.to(dev), train_ds.y.to(dev), test_ds.X.to(dev), test_ds.y.to(dev), n_classes, config,
                     value_range=ds.value_range, progress=advance, fixed_models=fixed, rebuild=rebuild,
+                    executor=executor, data=recipe,
                 )
             if fixed and rows_note["rows"] != "checkpoint split":
                 from ..models import training_data_mismatch
@@ -219,6 +230,7 @@ def register(app: typer.Typer) -> None:
                     **{k: v for k, v in kw.items() if k != "seeds"},
                     "loss": config.loss,
                     "saved_models": saved.sources() or None,
+                    "execution": result.execution,
                 },
                 seeds={"seeds": list(config.seeds), "split_seed": seed, "reinit_seed_offset": 1_000_003},
                 device=dev,
