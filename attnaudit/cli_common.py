@@ -268,6 +268,18 @@ def emit(
             opts.console.print(line)
 
 
+def exit_if_cells_failed(failed: list[dict]) -> None:
+    """After the partial report is written: one line per failed sweep cell (up to 5) and exit 1."""
+    if not failed:
+        return
+    message = (f"{len(failed)} sweep cell(s) failed; the report holds the others and lists these under failed_cells: "
+               + "; ".join(f"{f['cell']}: {f['error']}" for f in failed[:5]))
+    if captured_reports() is not None:  # run by `attnaudit audit`
+        raise AuditError(message)
+    error_line("error", message)
+    raise typer.Exit(1)
+
+
 @contextlib.contextmanager
 def progress(opts: OutputOptions, description: str, total: int) -> Iterator[Callable[[int], None]]:
     """A rich progress bar on a terminal; a no-op when quiet, piped, or writing JSON to stdout."""

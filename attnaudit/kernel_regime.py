@@ -1203,7 +1203,7 @@ def run_transformer_sweep(
             "feature_shape": list(feature_shape), "patch": patch, "device": None if device is None else str(device),
             "config": config}
     tasks = [CellTask("attnaudit.kernel_regime:transformer_cell", {**base, "arch": a, "width": w, "seed": s},
-                      f"{a} width {w} seed {s}")
+                      f"{a} width {w} seed {s}", cost=float(w) ** 2)
              for a in config.archs for w in config.widths for s in config.seeds]
     try:
         outcomes = run_cells(tasks, ex, on_done=(lambda o: progress()) if progress is not None else None)

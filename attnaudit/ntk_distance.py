@@ -504,7 +504,7 @@ def run_ntk_distance(
     base = {"data": payload_data, "memory_key": memory_key, "n_classes": c, "config": config.to_dict(),
             "device": str(device), "hook": hook_key}
     tasks = [CellTask("attnaudit.ntk_distance:ntk_cell", {**base, "model": arch, "width": width, "seed": seed},
-                      f"{arch} m={width} seed={seed}")
+                      f"{arch} m={width} seed={seed}", cost=float(width))
              for arch in config.models for width in config.widths for seed in config.seeds]
     try:
         outcomes = run_cells(tasks, ex, on_done=(lambda o: progress()) if progress is not None else None,

@@ -60,6 +60,7 @@ class CellTask:
     fn: str
     config: dict
     label: str
+    cost: float = 1.0  # relative run time: parallel executors start the costliest cells first
 
     @property
     def key(self) -> str:
@@ -247,7 +248,8 @@ def run_cells(
                 outcomes[i] = got
                 if on_done:
                     on_done(got)
-    todo = [(i, t) for i, t in enumerate(tasks) if i not in outcomes]
+    # longest first, so one wide cell does not run alone at the end (outcomes keep the task order)
+    todo = sorted(((i, t) for i, t in enumerate(tasks) if i not in outcomes), key=lambda it: -it[1].cost)
 
     def finished(i: int, outcome: CellOutcome) -> None:
         outcomes[i] = outcome
@@ -264,7 +266,7 @@ def run_cells(
         else:
             before = torch.get_num_threads()
             try:
-                for i, task in todo:
+                for i, task in sorted(todo):  # in process: in order
                     result, error, seconds = execute_cell(task.fn, task.config, ex.threads)
                     finished(i, CellOutcome(task, result, error, seconds))
             finally:
@@ -331,6 +333,19 @@ def _run_ray(todo, ex: ExecutorConfig, threads: int, finished) -> None:
 
 def _ray_cpus(ray) -> float:
     return max(1.0, float(ray.cluster_resources().get("CPU", 1.0)))
+
+
+def check_cell(config: dict) -> dict:
+    """A cheap cell for checking an executor set-up (and for the tests): a seeded float64 sum
+    of a random matrix product, computed with torch's threads; raises AuditError when
+    ``config['fail']`` is true."""
+    import torch
+
+    if config.get("fail"):
+        raise AuditError(f"cell {config.get('i')} was asked to fail")
+    g = torch.Generator().manual_seed(int(config.get("seed", 0)))
+    A = torch.randn(int(config.get("n", 64)), int(config.get("n", 64)), generator=g, dtype=torch.float64)
+    return {"i": config.get("i"), "value": float((A @ A.T).sum()), "pid": os.getpid()}
 
 
 def failures(outcomes: Iterable[CellOutcome]) -> list[dict]:

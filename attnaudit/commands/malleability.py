@@ -10,6 +10,7 @@ from rich.text import Text
 
 from ..cli_common import (
     DeviceOpt,
+    exit_if_cells_failed,
     cli_errors,
     emit,
     parse_list,
@@ -246,6 +247,7 @@ def register(app: typer.Typer) -> None:
             renderables.extend(Text(f"warning: {w}", style="yellow") for w in result.warnings)
             title = f"{ds.name}: {train_ds.n} train, {config.protocol}, {config.estimator}, {config.norm}"
             emit(opts, report, renderables, plot=lambda path: plot_malleability(result, path, title), png_name="malleability.png")
+            exit_if_cells_failed(result.failed_cells)
             if result.exceeded:
                 worst = max(result.exceeded, key=lambda e: e["flip_rate"])
                 names = "; ".join(

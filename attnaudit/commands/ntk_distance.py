@@ -11,6 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..cli_common import (
+    exit_if_cells_failed,
     DeviceOpt,
     SeedOpt,
     cli_errors,
@@ -231,6 +232,7 @@ def register(app: typer.Typer) -> None:
                 verdicts=result.verdicts(),
             )
             emit(opts, report, build_tables(result), plot=lambda p: plot_ntk_distance(result, p), png_name=PNG_NAME)
+            exit_if_cells_failed(result.failed_cells)
 
 
 def _sweep_sizes(defaults: dict, widths, seeds, n_train, n_test, seed: int) -> tuple[tuple[int, ...], int, int, int]:
@@ -469,3 +471,4 @@ def _transformer_command(source: DataOptions, out: OutputBundle, *, arch, widths
         verdicts=result.verdicts(),
     )
     emit(opts, report, build_sweep_tables(result), plot=lambda p: plot_sweep(result, p), png_name=PNG_TRANSFORMERS)
+    exit_if_cells_failed(result.failed_cells)
