@@ -10,7 +10,7 @@ import typer
 
 from . import __version__
 from .cli_common import INTERRUPTED, error_line
-from .commands import audit, kappa, landscape, malleability, ntk_distance, train
+from .commands import audit, claims, kappa, landscape, malleability, ntk_distance, train
 
 app = typer.Typer(
     name="attnaudit",
@@ -44,7 +44,7 @@ def _root(
         torch.set_num_threads(threads)
 
 
-for module in (kappa, ntk_distance, malleability, landscape, train, audit):
+for module in (kappa, ntk_distance, malleability, landscape, train, audit, claims):
     module.register(app)
 
 
