@@ -83,17 +83,51 @@ class AnalyticNTKParts:
         raise AuditError(f"unknown parametrization {parametrization!r}; use ntk or standard")
 
 
-def _pair_angles(U1: torch.Tensor, U2: torch.Tensor) -> torch.Tensor:
-    """Angles between unit rows, theta = 2 atan2(|u - v|, |u + v|).
+def _pair_angles_exact(U1: torch.Tensor, U2: torch.Tensor) -> torch.Tensor:
+    """Angles between unit rows, theta = 2 atan2(|u - v|, |u + v|), from explicit differences.
 
-    Differences are formed explicitly (no Gram expansion), so nearly collinear rows, the
-    rule after linearized attention, keep full relative precision in theta; arccos of a
-    dot product would lose half the digits there.
+    No Gram expansion, so nearly collinear rows keep full relative precision in theta (arccos
+    of a dot product would lose half the digits there); O(n1 n2 d) without matrix products.
     """
     mode = "donot_use_mm_for_euclid_dist"
     minus = torch.cdist(U1, U2, compute_mode=mode)
     plus = torch.cdist(U1, -U2, compute_mode=mode)
     return 2.0 * torch.atan2(minus, plus)
+
+
+# A pair is recomputed from explicit differences when the matrix-product form of a squared
+# distance has cancelled more than about 1 - log10(RECOMPUTE_BELOW) digits (see _pair_angles).
+RECOMPUTE_BELOW = 0.05
+
+
+def _pair_angles(U1: torch.Tensor, U2: torch.Tensor, center: torch.Tensor | None = None) -> torch.Tensor:
+    """theta = 2 atan2(|u - v|, |u + v|) between unit rows, at matrix-product speed, keeping precision.
+
+    |u - v|^2 is expanded around a centre mu (the mean unit row): with w = u - mu,
+    |u - v|^2 = |w_u|^2 + |w_v|^2 - 2 w_u.w_v, whose round-off is about eps (|w_u|^2 + |w_v|^2)
+    instead of eps |u|^2: inputs that are all nearly collinear (the rule after linearized
+    attention) sit close to mu, so their small distances come out with full relative
+    precision from one GEMM. |u + v|^2 = |u|^2 + |v|^2 + 2 u.v is accurate unless u and v
+    are nearly opposite. The pairs where either expansion cancelled (the result below
+    :data:`RECOMPUTE_BELOW` times the terms it came from) are recomputed from explicit
+    differences, as :func:`_pair_angles_exact` does for every pair.
+    """
+    mu = (U2.mean(0) if center is None else center).to(U1.dtype)
+    W1, W2 = U1 - mu, U2 - mu
+    s1, s2 = (W1 * W1).sum(1), (W2 * W2).sum(1)
+    scale = s1[:, None] + s2[None, :]
+    minus2 = (scale - 2.0 * (W1 @ W2.T)).clamp_min(0.0)
+    q1, q2 = (U1 * U1).sum(1), (U2 * U2).sum(1)  # 1, or 0 for a zero row
+    plus_scale = q1[:, None] + q2[None, :]
+    plus2 = (plus_scale + 2.0 * (U1 @ U2.T)).clamp_min(0.0)
+    bad = (minus2 < RECOMPUTE_BELOW * scale) | (plus2 < RECOMPUTE_BELOW * plus_scale)
+    theta = 2.0 * torch.atan2(minus2.sqrt(), plus2.sqrt())
+    idx = bad.nonzero(as_tuple=False)
+    for start in range(0, idx.shape[0], 65536):
+        i, j = idx[start:start + 65536, 0], idx[start:start + 65536, 1]
+        a, b = U1[i], U2[j]
+        theta[i, j] = 2.0 * torch.atan2((a - b).norm(dim=1), (a + b).norm(dim=1))
+    return theta
 
 
 def analytic_ntk_parts(
@@ -112,12 +146,13 @@ def analytic_ntk_parts(
     d = X1.shape[1]
     n2_norm = X2.norm(dim=1)
     U2 = X2 / n2_norm.clamp_min(torch.finfo(X2.dtype).tiny)[:, None]
+    center = U2.mean(0)  # one centre for every chunk (see _pair_angles)
     k0_rows, k1_rows = [], []
     for start in range(0, X1.shape[0], max(1, chunk_size)):
         A = X1[start : start + chunk_size]
         a_norm = A.norm(dim=1)
         U1 = A / a_norm.clamp_min(torch.finfo(A.dtype).tiny)[:, None]
-        theta = _pair_angles(U1, U2)
+        theta = _pair_angles(U1, U2, center)
         dots = A @ X2.T
         norms = a_norm[:, None] * n2_norm[None, :]
         kappa0 = (math.pi - theta) / (2 * math.pi)
