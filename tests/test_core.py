@@ -442,11 +442,11 @@ def test_eval_mode_and_the_users_module_untouched():
 
 def test_math_kernel_makes_second_derivatives_work_through_sdpa(vit, data, engine):
     X, y = data
-    # the engine: forward-over-reverse HVP through SDPA, no fallback needed
+    # the engine: reverse-over-reverse HVP through SDPA, no fallback needed
     op = engine.hvp_operator(X, _onehot(y))
     v = torch.randn(engine.n_params, generator=torch.Generator().manual_seed(5), dtype=F64)
     hv = op.matvec(v)
-    assert op.mode == "forward-over-reverse"
+    assert op.mode == "reverse-over-reverse"
     ref = _reference(vit)
     _, params = _ref_params(ref)
     with sdpa_kernel(SDPBackend.MATH):

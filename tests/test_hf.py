@@ -329,7 +329,7 @@ def test_engine_per_sample_grads_and_hvp(vit3):
     loss = torch.nn.functional.cross_entropy(module(X.reshape(4, 1, 8, 8)), y)
     g = torch.cat([t.reshape(-1) for t in torch.autograd.grad(loss, params, create_graph=True)])
     ref = torch.cat([t.reshape(-1) for t in torch.autograd.grad(g @ v, params)])
-    assert hvp.mode == "forward-over-reverse"
+    assert hvp.mode == "reverse-over-reverse"
     assert torch.allclose(Hv, ref, atol=1e-4, rtol=1e-3), (Hv - ref).abs().max()
 
     # input gradients exist through the resize (attacks)

@@ -217,11 +217,11 @@ def test_per_sample_grads_and_hvp_through_the_engine(arch):
         loss = torch.nn.functional.cross_entropy(ref(x[i:i + 1]), y[i:i + 1], reduction="sum")
         loop.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)]))
     torch.testing.assert_close(G, torch.stack(loop), rtol=1e-10, atol=1e-12)
-    # forward-over-reverse Hessian-vector product (jvp of grad) against double backward
+    # the Hessian-vector product (reverse-over-reverse, no fallback needed) against double backward
     v = torch.randn(engine.n_params, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     op = engine.hvp_operator(rows, engine.targets(y))
     hv = op.matvec(v)
-    assert op.mode == "forward-over-reverse"
+    assert op.mode == "reverse-over-reverse"
     loss = torch.nn.functional.cross_entropy(ref(x), y)
     g = torch.cat([t.reshape(-1) for t in torch.autograd.grad(loss, params, create_graph=True)])
     expected = torch.cat([t.reshape(-1) for t in torch.autograd.grad(g @ v, params)])
