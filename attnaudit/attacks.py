@@ -12,8 +12,13 @@ x + delta inside the data's valid range [clip_min, clip_max]:
   last iterate is returned.
 * ``mim`` (Dong et al. 2018): momentum accumulator m <- mu m + g / ||g||_1, steps along
   sign(m) (L-inf) or m / ||m||_2 (L2), step size eps / steps by default; no random start.
-* ``random``: the control -- noise of the same radius, uniform in the L-inf cube, or
-  uniform on the L2 sphere of radius eps; then clipped.
+* ``sign``: the default control -- the strongest random perturbation of the radius:
+  +-eps on every coordinate (independent fair signs: a random corner of the L-inf cube),
+  or for L2 a random sign vector scaled to L2 norm eps (a random direction on the
+  sphere); then clipped. Same size as the adversarial attacks, random direction.
+* ``random``: uniform noise in the L-inf cube (typical |delta_j| = eps/2, far below the
+  corners the adversarial attacks reach), or uniform on the L2 sphere of radius eps;
+  then clipped.
 * ``none``: the data unchanged.
 
 Clipping to the valid range moves each coordinate towards the clean value, so it never
@@ -46,8 +51,9 @@ from .core.task import Inputs, Loss, Task, as_task
 from .errors import AuditError
 from .training import accuracy
 
-ATTACKS = ("fgsm", "pgd", "mim", "random", "none")
+ATTACKS = ("fgsm", "pgd", "mim", "sign", "random", "none")
 ADVERSARIAL = ("fgsm", "pgd", "mim")
+RANDOM_CONTROLS = ("sign", "random")  # noise controls, the strongest first
 NORMS = ("linf", "l2")
 
 
@@ -90,7 +96,7 @@ class AttackConfig:
     @property
     def resolved_step_size(self) -> float | None:
         """Step size actually used: given, else 2.5 eps/steps (PGD), eps/steps (MIM), eps (FGSM)."""
-        if self.method in ("random", "none"):
+        if self.method in ("random", "sign", "none"):
             return None
         if self.method == "fgsm":
             return self.eps
@@ -111,6 +117,10 @@ class AttackResult:
     accuracy_after: float
     radius_mean: float
     radius_max: float
+    linf_mean: float = 0.0
+    linf_max: float = 0.0
+    l2_mean: float = 0.0
+    l2_max: float = 0.0
 
     def to_dict(self) -> dict:
         return {
@@ -129,6 +139,10 @@ class AttackResult:
             "model_accuracy_after": self.accuracy_after,
             "perturbation_norm_mean": self.radius_mean,
             "perturbation_norm_max": self.radius_max,
+            "perturbation_linf_mean": self.linf_mean,
+            "perturbation_linf_max": self.linf_max,
+            "perturbation_l2_mean": self.l2_mean,
+            "perturbation_l2_max": self.l2_max,
         }
 
 
@@ -172,6 +186,14 @@ def _noise(shape, eps: float, norm: str, ball: bool, gen: torch.Generator) -> to
     return z * eps
 
 
+def _sign_noise(shape, eps: float, norm: str, gen: torch.Generator) -> torch.Tensor:
+    """Independent fair signs: +-eps per coordinate (L-inf), or the sign vector scaled to L2 norm eps."""
+    s = torch.randint(0, 2, shape, generator=gen, dtype=torch.int64).to(torch.float64) * 2 - 1
+    if norm == "linf":
+        return s * eps
+    return s * (eps / math.sqrt(math.prod(shape[1:])))
+
+
 def _input_grad(engine: Engine, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """d l(x_i) / d x_i for every row, in x's dtype (the engine computes in its own)."""
     g = engine.input_grads(engine.rows(x.detach()), engine.targets(y))
@@ -182,7 +204,7 @@ def _attack_chunk(engine: Engine, x, y, config: AttackConfig, noise: torch.Tenso
     eps, norm, method = config.eps, config.norm, config.method
     if method == "none":
         return x.clone()
-    if method == "random":
+    if method in ("random", "sign"):
         return _clip(x + noise, config)
     alpha = config.resolved_step_size
     if method == "fgsm":
@@ -240,11 +262,13 @@ def perturb(
         model = as_task(model, loss=loss, inputs=inputs, probe=X)
     engine = attack_engine(model, X, loss, dtype)
     if config.method in ADVERSARIAL and not engine.inputs.differentiable:
-        raise AuditError("the model takes token ids, which have no input gradient; use --attacks random or none")
+        raise AuditError("the model takes token ids, which have no input gradient; use --attacks sign, random or none")
     gen = torch.Generator().manual_seed(int(config.seed))
     need_noise = config.method == "random" or (config.method == "pgd" and config.random_start)
     # One draw for the whole set (not per chunk), so the result does not depend on chunk_size.
     noise = _noise(tuple(X.shape), config.eps, config.norm, config.method == "pgd", gen).to(X.device, X.dtype) if need_noise else None
+    if config.method == "sign":
+        noise = _sign_noise(tuple(X.shape), config.eps, config.norm, gen).to(X.device, X.dtype)
     parts = []
     for a in range(0, X.shape[0], config.chunk_size):
         b = min(X.shape[0], a + config.chunk_size)
@@ -254,7 +278,13 @@ def perturb(
     out_adv = engine.logits(engine.rows(X_adv), chunk=config.chunk_size)
     T = engine.targets(y)
     with torch.no_grad():
-        radius = _norm_rows(X_adv - X, config.norm)
+        delta = X_adv - X
+        radius = _norm_rows(delta, config.norm)
+        linf, l2 = _norm_rows(delta, "linf"), _norm_rows(delta, "l2")
+
+        def stat(v: torch.Tensor, how: str) -> float:
+            return float(getattr(v, how)()) if v.numel() else 0.0
+
         return AttackResult(
             X_adv=X_adv,
             config=config,
@@ -264,6 +294,7 @@ def perturb(
             accuracy_after=accuracy(out_adv, y),
             radius_mean=float(radius.mean()) if radius.numel() else 0.0,
             radius_max=float(radius.max()) if radius.numel() else 0.0,
+            linf_mean=stat(linf, "mean"), linf_max=stat(linf, "max"), l2_mean=stat(l2, "mean"), l2_max=stat(l2, "max"),
         )
 
 

@@ -61,6 +61,14 @@ indefinite system, dominated by negative-curvature directions: raise the damping
 |lambda_min|). ``cg`` stops and says so when it meets a direction of non-positive
 curvature. A singular damped Hessian is refused.
 
+Relative damping: a damping given as a string ``"<m>x"`` (``"1e-3x"``) means m times
+lambda_max(H), the largest eigenvalue of the (undamped) Hessian over the tracked
+parameters of the model at hand, resolved per model (:func:`parse_damping`). ``exact`` and
+``last-layer`` read lambda_max from their eigendecomposition; ``cg`` estimates it by
+Lanczos on Hessian-vector products (its residual is in the diagnostics). Every result
+records the damping as given (``damping_given``), the absolute value used
+(``damping_abs``, also ``InfluenceResult.damping``) and ``lambda_max``.
+
 Computation: influence is an inner product of transformed gradients. Test-side gradients
 are transformed once (s = (H + lambda I)^{-1} g_test), then per-sample training gradients
 are streamed in chunks and contracted with s, so memory stays O(P (k + chunk)) beyond the
@@ -85,7 +93,7 @@ from .core.task import Inputs, Task, as_task, eval_mode, select_parameter_names,
 from .errors import AuditError
 
 __all__ = [
-    "ESTIMATORS", "SIGN_CONVENTION", "PATH_FAST_LINEAR_HEAD", "PATH_FAST_TWOLAYER_HEAD", "PATH_GENERIC", "FastPath", "InfluenceConfig",
+    "parse_damping", "damping_label", "ESTIMATORS", "SIGN_CONVENTION", "PATH_FAST_LINEAR_HEAD", "PATH_FAST_TWOLAYER_HEAD", "PATH_GENERIC", "FastPath", "InfluenceConfig",
     "InfluenceResult", "batched_cg", "check_exact_budget", "compute_influence", "influence_memory",
     "influence_sweep", "linear_head_fast_path", "resolve_tracked", "tracin_weights", "twolayer_head_fast_path",
 ]
@@ -98,6 +106,52 @@ SIGN_CONVENTION = (
     "negative = helpful (up-weighting the sample lowers the test loss), positive = harmful"
 )
 PATH_GENERIC = "generic: engine"
+
+
+def parse_damping(value, option: str = "--damping") -> float | str:
+    """A damping as given: an absolute number >= 0 (returned as float), or a multiple of
+    lambda_max(H) written ``"<m>x"`` with m > 0 (returned in canonical form ``f"{m:g}x"``).
+    Anything else raises a one-line :class:`AuditError`."""
+    if isinstance(value, bool):
+        raise AuditError(f"{option}: {value!r} is not a damping")
+    if isinstance(value, (int, float)):
+        v = float(value)
+        if not (math.isfinite(v) and v >= 0):
+            raise AuditError(f"{option} values must be numbers >= 0 (or multiples of lambda_max such as 1e-3x), got {value}")
+        return v
+    text = str(value).strip().lower()
+    relative = text.endswith("x")
+    number = text[:-1].strip() if relative else text
+    try:
+        v = float(number)
+    except ValueError:
+        raise AuditError(
+            f"{option}: {value!r} is not a damping; give a number >= 0 (absolute) or a multiple of lambda_max(H) such as 1e-3x"
+        ) from None
+    if relative:
+        if not (math.isfinite(v) and v > 0):
+            raise AuditError(f"{option}: relative damping {value!r} must be a positive multiple of lambda_max(H), e.g. 1e-3x")
+        return f"{v:g}x"
+    if not (math.isfinite(v) and v >= 0):
+        raise AuditError(f"{option} values must be numbers >= 0 (or multiples of lambda_max such as 1e-3x), got {value}")
+    return v
+
+
+def damping_label(value) -> str:
+    """A damping as text: ``1e-3x`` for relative, ``0.001`` for absolute."""
+    return value if isinstance(value, str) else f"{value:g}"
+
+
+def _resolve_damping(value, lam_max: float | None) -> float:
+    """The absolute damping of ``value`` (parsed) given lambda_max(H)."""
+    if not isinstance(value, str):
+        return float(value)
+    m = float(value[:-1])
+    if lam_max is None or not (math.isfinite(lam_max) and lam_max > 0):
+        raise AuditError(
+            f"relative damping {value} needs lambda_max(H) > 0, but lambda_max = {lam_max}; give an absolute --damping"
+        )
+    return m * lam_max
 PATH_FAST_TWOLAYER_HEAD = "fast: TwoLayerNet head, cached features"
 PATH_FAST_LINEAR_HEAD = "fast: nn.Linear head, cached features"
 
@@ -121,7 +175,7 @@ class InfluenceConfig:
     """
 
     estimator: str = "last-layer"
-    damping: float = 1e-3
+    damping: float | str = 1e-3  # absolute, or "1e-3x": a multiple of lambda_max(H)
     params: str | tuple[str, ...] | None = None
     per_test: bool = False
     max_exact_params: int = 6000
@@ -136,8 +190,7 @@ class InfluenceConfig:
     def __post_init__(self) -> None:
         if self.estimator not in ESTIMATORS:
             raise AuditError(f"unknown influence estimator {self.estimator!r}; use one of {', '.join(ESTIMATORS)}")
-        if not (math.isfinite(self.damping) and self.damping >= 0):
-            raise AuditError(f"damping must be a finite number >= 0, got {self.damping}")
+        object.__setattr__(self, "damping", parse_damping(self.damping, "damping"))
         params = self.params
         if isinstance(params, str):
             params = params.strip()
@@ -612,15 +665,12 @@ def influence_sweep(
     never modified.
     """
     _check_inputs(X_train, y_train, X_test, y_test)
-    dampings = [config.damping] if dampings is None else [float(d) for d in dampings]
-    for d in dampings:
-        if not (math.isfinite(d) and d >= 0):
-            raise AuditError(f"damping must be a finite number >= 0, got {d}")
+    given = [config.damping] if dampings is None else [parse_damping(d, "damping") for d in dampings]
     task = as_task(model, loss=loss, n_classes=n_classes, inputs=inputs, probe=X_test)
     names = resolve_tracked(task, config, X_train)
     if config.estimator == "tracin":
         res = _tracin(task, names, X_train, y_train, X_test, y_test, config, checkpoints, checkpoint_weights)
-        return [res for _ in dampings]
+        return [res for _ in given]
     t0 = time.perf_counter()
     view = _view(task, names, config, probe=X_train[:2])
     eng = view.engine
@@ -628,7 +678,7 @@ def influence_sweep(
     n_train, n_test = X_train.shape[0], X_test.shape[0]
     exact_like = config.estimator in ("exact", "last-layer")
     check_exact_budget(config.estimator, P, config.max_exact_params, eng.theta.element_size())
-    chunk, mem = _plan(config, view, P, X_train, n_train, n_test, len(dampings))
+    chunk, mem = _plan(config, view, P, X_train, n_train, n_test, len(given))
 
     U_tr, T_tr = view.prepare(X_train), eng.targets(y_train)
     U_te, T_te = view.prepare(X_test), eng.targets(y_test)
@@ -648,6 +698,8 @@ def influence_sweep(
         evals, evecs = torch.linalg.eigh(H)
         del H
         lam_min, lam_max = float(evals[0]), float(evals[-1])
+        dampings = [_resolve_damping(g, lam_max) for g in given]
+        lam_info = {"lambda_max": lam_max, "lambda_max_method": "eigh"}
         coeff = B @ evecs  # (k, P) in the eigenbasis
         scale = max(abs(lam_min), abs(lam_max), 1e-300)
         for d in dampings:
@@ -681,6 +733,15 @@ def influence_sweep(
             warns.append(w)
         del evecs
     else:  # cg
+        lam_info = {"lambda_max": None, "lambda_max_method": None}
+        if any(isinstance(g, str) for g in given):
+            from .core.linalg import lanczos_top_eigen
+
+            eig = lanczos_top_eigen(lambda v: hvp.matmat(v[None])[0], P, 1, max_steps=min(P, 200), tol=1e-6,
+                                    device=eng.theta.device, dtype=eng.theta.dtype)
+            lam_info = {"lambda_max": float(eig.eigenvalues[0]), "lambda_max_method": "lanczos",
+                        "lambda_max_residual": float(eig.residuals[0]), "lambda_max_converged": eig.converged}
+        dampings = [_resolve_damping(g, lam_info["lambda_max"]) for g in given]
         for d in dampings:
             X, cgd = batched_cg(lambda V, d=d: hvp.matmat(V) + d * V, B, config.cg_tol, config.cg_max_iter)
             w = []
@@ -713,6 +774,10 @@ def influence_sweep(
             "solve_seconds": solve_s,
             "seconds": elapsed,
             **diags[j],
+            **lam_info,
+            "damping_given": given[j],
+            "damping_relative": float(given[j][:-1]) if isinstance(given[j], str) else None,
+            "damping_abs": d,
         }
         results.append(
             InfluenceResult(

@@ -21,13 +21,27 @@ Protocol (one *cell* = seed x model x attack x eps x damping):
    * Spearman rank correlation of the full clean and perturbed influence vectors;
    * top-k overlap: |top-k(clean) n top-k(perturbed)| / k, both by |influence|.
 
-Controls, the floors every adversarial flip rate is read against: ``random`` (noise of the
-same radius; an attack in ``--attacks``) and ``reinit`` (clean data, retrained from a
+Controls, the floors every adversarial flip rate is read against: the random-noise control
+of the same radius (``sign``, +-eps on every coordinate, by default; ``random``, uniform
+noise in the ball, when ``sign`` is not in ``--attacks``; reported as ``floors.random``
+with the attack it came from) and ``reinit`` (clean data, retrained from a
 different initialisation: the flip rate training randomness alone produces). ``none`` is
 a pipeline check (deterministic GD on the same data: flip rate 0).
 
-Seeds: each seed fixes the initialisation and the attack's randomness; the data split is
-fixed (chosen once by the caller). Over seeds we report mean, sample standard deviation
+Seeds: each seed fixes the initialisation, the attack's randomness and (``sgd``/``adam``)
+the data order; the data split is fixed (chosen once by the caller), unless
+``resample_data``: then seed s draws its own train/held-out split (the caller's
+:class:`~attnaudit.data.HoldoutRecipe` with its seed replaced by s), so the intervals
+include the choice of training rows.
+
+Training (built-in models): ``optimizer`` ``gd`` (default; full-batch gradient descent,
+:func:`attnaudit.training.train`), or ``sgd``/``adam`` through :func:`attnaudit.fit.fit`
+(``batch_size`` rows per step, None = full batch; data order from the seed; the reinit
+control also draws a new data order). ``lr`` and ``match_loss`` may be given per model.
+
+Untrained models: a model whose mean clean training accuracy is below
+1/c + max(0.05, 2 sqrt((1/c)(1 - 1/c)/n_train)) (chance plus a few points, or two binomial
+standard errors) is flagged ``untrained`` and every verdict about it makes no claim. Over seeds we report mean, sample standard deviation
 and a percentile bootstrap interval (seeds resampled with replacement; with few seeds the
 interval is crude and says so by being wide). Model ratios (each model over the first of
 ``models``) are bootstrapped pairing the same seeds.
@@ -50,14 +64,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from .attacks import ADVERSARIAL, ATTACKS, NORMS, AttackConfig, perturb
+from .attacks import ADVERSARIAL, ATTACKS, NORMS, RANDOM_CONTROLS, AttackConfig, perturb
 from .errors import AuditError
 from .influence import (
     ESTIMATORS,
     SIGN_CONVENTION,
     InfluenceConfig,
     check_exact_budget,
+    damping_label,
     influence_memory,
+    parse_damping,
     influence_sweep,
     tracin_weights,
 )
@@ -72,6 +88,8 @@ if TYPE_CHECKING:
 SCHEMA = "attnaudit.malleability/1"
 PROTOCOLS = ("retrain", "static", "finetune")
 FINETUNE_OPTIMIZERS = ("gd", "sgd", "adam")
+OPTIMIZERS = ("gd", "sgd", "adam")
+DEFAULT_ADAM_LR = 1e-3  # the default --lr of --optimizer adam (the preset lr is a GD rate)
 ATTN_CONTEXTS = ("perturbed", "clean")
 REINIT_SEED_OFFSET = 1_000_003  # the reinit control's initialisation seed is seed + this
 # (under --protocol finetune: the reorder control's data-order seed is seed + this)
@@ -95,21 +113,21 @@ class MalleabilityConfig:
     """Settings of one malleability audit; validated on construction."""
 
     models: tuple[str, ...] = ("relu", "attn")
-    attacks: tuple[str, ...] = ("pgd", "fgsm", "mim", "random")
+    attacks: tuple[str, ...] = ("pgd", "fgsm", "mim", "sign")
     eps: tuple[float, ...] = (0.3,)
-    damping: tuple[float, ...] = (1e-3,)
+    damping: tuple[float | str, ...] = (1e-3,)  # absolute numbers, or "1e-3x": a multiple of lambda_max(H)
     seeds: tuple[int, ...] = (0, 1, 2)
     protocol: str = "retrain"
-    top_k: int = 30
+    top_k: int = 30  # the first (or only) k; a tuple of k is accepted and stored in top_ks
     estimator: str = "last-layer"
     norm: str = "linf"
     pgd_steps: int = 10
     step_size: float | None = None
     width: int = 64
     steps: int = 300
-    lr: float = 4.0
+    lr: float | dict = 4.0  # a number, or {model: lr}
     loss: str = "mse"
-    match_loss: float | None = None
+    match_loss: float | dict | None = None  # a number, or {model: loss}
     attn_context: str = "perturbed"
     controls: bool = True
     parametrization: str = "ntk"
@@ -128,6 +146,10 @@ class MalleabilityConfig:
     finetune_lr: float = 1e-4
     finetune_batch_size: int | None = 64
     saved_models: bool = False  # models are labels of saved models (any architecture), not built-in names
+    optimizer: str = "gd"
+    batch_size: int | None = None
+    resample_data: bool = False
+    top_ks: tuple[int, ...] | None = None  # every k the flip rate is reported for (default: (top_k,))
 
     @property
     def control(self) -> str:
@@ -137,6 +159,19 @@ class MalleabilityConfig:
         return "reorder" if self.protocol == "finetune" else "reinit"
 
     def __post_init__(self) -> None:
+        ks = self.top_ks if self.top_ks is not None else self.top_k
+        ks = (ks,) if isinstance(ks, (int, np.integer)) else tuple(ks)
+        if not ks:
+            raise AuditError("--top-k is empty; give at least one value")
+        if any(isinstance(k, bool) or not isinstance(k, (int, np.integer)) for k in ks):
+            raise AuditError(f"--top-k values must be integers, got {','.join(map(str, ks))}")
+        if len(set(ks)) != len(ks):
+            raise AuditError(f"--top-k lists a value twice: {','.join(map(str, ks))}")
+        object.__setattr__(self, "top_ks", tuple(int(k) for k in ks))
+        object.__setattr__(self, "top_k", int(ks[0]))
+        if isinstance(self.damping, (str, int, float)):
+            object.__setattr__(self, "damping", (self.damping,))
+        object.__setattr__(self, "damping", tuple(parse_damping(d) for d in self.damping))
         for name in ("models", "attacks", "eps", "damping", "seeds"):
             value = getattr(self, name)
             if isinstance(value, (str, int, float)):
@@ -154,8 +189,8 @@ class MalleabilityConfig:
             raise AuditError(f"unknown attack(s) {', '.join(bad)} in --attacks; use {', '.join(ATTACKS)}")
         if any(not (math.isfinite(e) and e > 0) for e in self.eps):
             raise AuditError(f"--eps values must be positive numbers, got {','.join(map(str, self.eps))}")
-        if any(not (math.isfinite(d) and d >= 0) for d in self.damping):
-            raise AuditError(f"--damping values must be numbers >= 0, got {','.join(map(str, self.damping))}")
+        if self.estimator == "tracin" and any(isinstance(d, str) for d in self.damping):
+            raise AuditError("relative --damping (a multiple of lambda_max) does not apply to --estimator tracin (no Hessian)")
         if self.estimator not in ESTIMATORS:
             raise AuditError(f"unknown --estimator {self.estimator!r}; use one of {', '.join(ESTIMATORS)}")
         if self.estimator == "tracin" and len(self.damping) > 1:
@@ -170,12 +205,31 @@ class MalleabilityConfig:
             raise AuditError(f"unknown --norm {self.norm!r}; use linf or l2")
         if self.loss not in LOSSES:
             raise AuditError(f"unknown --loss {self.loss!r}; use mse or ce")
-        if self.top_k < 1:
-            raise AuditError(f"--top-k must be >= 1, got {self.top_k}")
+        if min(self.top_ks) < 1:
+            raise AuditError(f"--top-k must be >= 1, got {min(self.top_ks)}")
         if self.width < 1:
             raise AuditError(f"--width must be >= 1, got {self.width}")
-        if self.match_loss is not None and not (math.isfinite(self.match_loss) and self.match_loss > 0):
-            raise AuditError(f"--match-loss must be a positive training loss, got {self.match_loss}")
+        object.__setattr__(self, "lr", self._per_model("lr", "--lr", self.lr, allow_none=False))
+        object.__setattr__(self, "match_loss", self._per_model("match_loss", "--match-loss", self.match_loss, allow_none=True))
+        for arch in self.models:
+            v = self.match_loss_for(arch)
+            if v is not None and not (math.isfinite(v) and v > 0):
+                raise AuditError(f"--match-loss must be a positive training loss, got {v}")
+            lr = self.lr_for(arch)
+            if not (math.isfinite(lr) and lr > 0):
+                raise AuditError(f"--lr must be a positive number, got {lr}")
+        if self.optimizer not in OPTIMIZERS:
+            raise AuditError(f"unknown --optimizer {self.optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
+        if self.optimizer != "gd" and self.estimator == "tracin":
+            raise AuditError("--estimator tracin weights checkpoints by GD steps; use it with --optimizer gd")
+        if self.batch_size is not None and (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, (int, np.integer)) or self.batch_size < 1):
+            raise AuditError(f"--batch-size must be a positive integer, got {self.batch_size}")
+        if self.batch_size is not None and self.optimizer == "gd":
+            raise AuditError("--batch-size does not apply to --optimizer gd (full-batch gradient descent); use --optimizer sgd or adam")
+        if self.resample_data and self.saved_models:
+            raise AuditError("--resample-data draws new training rows per seed, which a saved model was not trained on; drop it")
+        if self.optimizer != "gd" and not self.saved_models:
+            self.recipe(self.models[0], 0)  # validates the recipe now
         if self.max_flip_rate is not None and not (0 <= self.max_flip_rate <= 1):
             raise AuditError(f"--max-flip-rate must be a share in [0, 1], got {self.max_flip_rate}")
         if not (0 < self.confidence < 1):
@@ -194,9 +248,60 @@ class MalleabilityConfig:
         if not self.saved_models:
             ModelSpec(self.models[0], 1, self.width, 1, self.parametrization, attn_scaling=self.attn_scaling)
 
-    def train_config(self) -> TrainConfig:
+    def _per_model(self, name: str, option: str, value, allow_none: bool):
+        """A number (every model), or {model: number} with every key one of ``models``."""
+        if value is None:
+            if allow_none:
+                return None
+            raise AuditError(f"{option} needs a value")
+        if isinstance(value, dict):
+            unknown = [k for k in value if k not in self.models]
+            if unknown:
+                raise AuditError(f"{option} names model(s) {', '.join(map(str, unknown))} not in --models ({', '.join(self.models)})")
+            missing = [m for m in self.models if m not in value]
+            if missing and not allow_none:
+                raise AuditError(f"{option} gives no value for {', '.join(missing)}; give every model (e.g. {option} "
+                                 + ",".join(f"{m}=1" for m in self.models) + ") or one number")
+            out = {}
+            for k in self.models:
+                if k in value:
+                    v = value[k]
+                    if isinstance(v, bool) or not isinstance(v, (int, float)):
+                        raise AuditError(f"{option}: {k}={v!r} is not a number")
+                    out[k] = float(v)
+            return out
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise AuditError(f"{option}: {value!r} is not a number")
+        return float(value)
+
+    def lr_for(self, arch: str) -> float:
+        """The learning rate model ``arch`` is trained with."""
+        return float(self.lr[arch]) if isinstance(self.lr, dict) else float(self.lr)
+
+    def match_loss_for(self, arch: str) -> float | None:
+        """The --match-loss target of model ``arch`` (None: train the whole budget)."""
+        if isinstance(self.match_loss, dict):
+            return self.match_loss.get(arch)
+        return self.match_loss
+
+    def train_config(self, arch: str | None = None) -> TrainConfig:
+        """Full-batch GD settings of model ``arch`` (default: the first model)."""
+        arch = self.models[0] if arch is None else arch
         every = max(1, self.steps // self.tracin_checkpoints) if self.estimator == "tracin" else None
-        return TrainConfig(loss=self.loss, lr=self.lr, steps=self.steps, loss_tol=self.match_loss, checkpoint_every=every)
+        return TrainConfig(loss=self.loss, lr=self.lr_for(arch), steps=self.steps, loss_tol=self.match_loss_for(arch),
+                           checkpoint_every=every)
+
+    def recipe(self, arch: str, order_seed: int):
+        """The :class:`attnaudit.fit.Recipe` of ``--optimizer sgd|adam`` for model ``arch`` (data order from ``order_seed``)."""
+        from .fit import Recipe
+
+        return Recipe(optimizer=self.optimizer, lr=self.lr_for(arch), batch_size=self.batch_size, epochs=None,
+                      steps=self.steps, loss=self.loss, seed=order_seed)
+
+    @property
+    def random_control(self) -> str | None:
+        """The random-noise control the ``random`` floor comes from: ``sign`` when listed, else ``random``."""
+        return next((a for a in RANDOM_CONTROLS if a in self.attacks), None)
 
     def finetune_recipe(self, seed: int):
         """The :class:`attnaudit.fit.Recipe` of ``--protocol finetune`` (data order from ``seed``)."""
@@ -230,7 +335,47 @@ class MalleabilityConfig:
         )
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if not self.saved_models:
+            out["lr_per_model"] = {m: self.lr_for(m) for m in self.models}
+            out["match_loss_per_model"] = {m: self.match_loss_for(m) for m in self.models}
+        out["random_control"] = self.random_control
+        return out
+
+
+def parse_per_model(text, option: str) -> float | dict:
+    """``"0.1"`` -> 0.1 (every model); ``"relu=10,attn=8"`` -> {"relu": 10.0, "attn": 8.0}. One-line AuditError otherwise."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return float(text)
+    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    if not items:
+        raise AuditError(f"{option} is empty; give a number or model=value pairs such as {option} relu=10,attn=8")
+    if len(items) == 1 and "=" not in items[0]:
+        try:
+            return float(items[0])
+        except ValueError:
+            raise AuditError(f"{option}: {items[0]!r} is not a number; give a number or model=value pairs such as {option} relu=10,attn=8") from None
+    out: dict = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise AuditError(f"{option}: {item!r} is not model=value; give e.g. {option} relu=10,attn=8 (or one number for every model)")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            raise AuditError(f"{option}: {name}={value.strip()!r} is not a number; give e.g. {option} relu=10,attn=8") from None
+    if len(out) != len(items):
+        raise AuditError(f"{option} names a model twice: {text}")
+    return out
+
+
+def untrained_threshold(n_classes: int, n_train: int) -> tuple[float, float]:
+    """(chance, threshold): a model whose training accuracy is below the threshold
+    1/c + max(0.05, 2 sqrt((1/c)(1 - 1/c)/n_train)) is called untrained (within a few points,
+    or two binomial standard errors, of chance)."""
+    chance = 1.0 / n_classes
+    return chance, chance + max(0.05, 2.0 * math.sqrt(chance * (1.0 - chance) / max(n_train, 1)))
 
 
 def influence_memory_estimate(
@@ -317,6 +462,17 @@ def stability(clean, perturbed, top_k: int) -> dict:
     }
 
 
+def stability_by_k(clean, perturbed, top_ks) -> dict:
+    """:func:`stability` at the first k (its keys), plus ``by_top_k``: flip rate, flips and
+    overlap at every k."""
+    first = stability(clean, perturbed, top_ks[0])
+    by = []
+    for k in top_ks:
+        st = first if k == top_ks[0] else stability(clean, perturbed, k)
+        by.append({key: st[key] for key in ("top_k", "flip_rate", "n_flipped", "top_k_overlap", "clean_helpful_in_top_k")})
+    return {**first, "by_top_k": by}
+
+
 def summarize(values, n_boot: int = 2000, confidence: float = 0.95, seed: int = 0) -> dict:
     """Mean, sample std and percentile-bootstrap interval of per-seed values (None = undefined)."""
     v = np.asarray([x for x in values if x is not None and np.isfinite(x)], dtype=np.float64)
@@ -383,6 +539,8 @@ class MalleabilityResult:
     examples: dict = field(default_factory=dict)  # for the figure, not serialised
     failed_cells: list = field(default_factory=list)
     execution: dict = field(default_factory=dict)  # executor, cells, resumed (how it ran; not a result)
+    model_status: list = field(default_factory=list)  # per model: chance, threshold, train accuracy, untrained
+    splits: list = field(default_factory=list)  # per seed: the rows it trained and was measured on
 
     def to_dict(self) -> dict:
         return {
@@ -401,17 +559,20 @@ class MalleabilityResult:
             "influence_memory_estimate": self.influence_memory,
             "influence_diagnostics": self.influence_diagnostics,
             "exceeded": self.exceeded,
+            "untrained": {r["model"]: r["untrained"] for r in self.model_status},
+            "model_status": self.model_status,
+            "splits": self.splits,
         }
 
 
 # --------------------------------------------------------------------------- the run
-def _influences(model, X, y, X_test, y_test, config: MalleabilityConfig, n_classes: int, tr) -> list:
+def _influences(model, X, y, X_test, y_test, config: MalleabilityConfig, n_classes: int, tr, arch: str | None = None) -> list:
     weights = None
     ckpts = None
     if config.estimator == "tracin":
-        tcfg = config.train_config()
+        tcfg = config.train_config(arch if arch in config.models else None)
         ckpts = tr.checkpoints
-        weights = tracin_weights(len(ckpts), tcfg.checkpoint_every, tr.steps_run, config.lr)
+        weights = tracin_weights(len(ckpts), tcfg.checkpoint_every, tr.steps_run, tcfg.lr)
     return influence_sweep(
         model, X, y, X_test, y_test, config.influence_config(),
         loss=config.loss, n_classes=n_classes, dampings=config.damping, checkpoints=ckpts, checkpoint_weights=weights,
@@ -435,13 +596,75 @@ def _float64_copy(model: nn.Module | Task, device, always: bool = False) -> nn.M
 
 def _diag_row(seed, arch, role, res) -> dict:
     d = res.diagnostics
-    keys = ("min_eigenvalue", "damped_min_eigenvalue", "positive_definite", "n_negative_eigenvalues",
-            "iterations", "relative_residual_max", "converged", "negative_curvature", "checkpoints_used")
+    keys = ("min_eigenvalue", "max_eigenvalue", "damped_min_eigenvalue", "positive_definite", "n_negative_eigenvalues",
+            "damped_condition_number", "iterations", "relative_residual_max", "converged", "negative_curvature",
+            "checkpoints_used", "lambda_max", "lambda_max_method", "lambda_max_residual", "lambda_max_converged",
+            "damping_relative", "damping_abs")
     row = {"seed": seed, "model": arch, "role": role, "estimator": res.estimator, "damping": res.damping,
            "path": res.path, "n_params": res.n_params, "memory_estimate_bytes": d.get("memory_estimate_bytes", {}).get("total"),
            "seconds": d.get("seconds")}
     row.update({k: d[k] for k in keys if k in d})
+    if "damping_given" in d:
+        row["damping"] = d["damping_given"]  # as given (a number, or "1e-3x"); damping_abs is what was used
+    else:
+        row["damping_abs"] = res.damping
     return row
+
+
+class _MatchLossReached(Exception):
+    """Raised from fit's progress callback to stop training at --match-loss."""
+
+
+def _sampled_curve(curve: list[float], points: int = 11) -> list[list]:
+    """[[step, loss], ...] at up to ``points`` evenly spaced entries of a loss curve (step = index)."""
+    if not curve:
+        return []
+    idx = sorted(set(np.linspace(0, len(curve) - 1, min(points, len(curve))).round().astype(int).tolist()))
+    return [[int(i), float(curve[i])] for i in idx]
+
+
+def _train_recipe(model: nn.Module, X: torch.Tensor, y: torch.Tensor, recipe, loss_tol: float | None) -> TrainResult:
+    """Train a built-in model with an :class:`attnaudit.fit.Recipe` (sgd/adam); with ``loss_tol``
+    stop once the loss over the whole training set is <= it, checked before training and
+    after every epoch (every step when full-batch)."""
+    from .fit import fit as fit_recipe
+    from .training import require_nonzero_inputs
+
+    require_nonzero_inputs(X)
+    n = int(X.shape[0])
+    per_epoch = recipe.steps_per_epoch(n)
+    if getattr(model, "context", None) is not None and hasattr(model, "mlp"):
+        feats, forward = model.features_in(X).detach(), model.mlp
+    else:
+        feats, forward = X, model
+
+    def full_loss() -> float:
+        with torch.no_grad():
+            return loss_value(forward(feats), y, recipe.loss).item()
+
+    steps = {"n": 0}
+    checks: list[float] = []
+
+    def check(_k: int = 1) -> None:
+        steps["n"] += 1
+        if steps["n"] % per_epoch == 0:
+            v = full_loss()
+            checks.append(v)
+            if v <= loss_tol:
+                raise _MatchLossReached
+
+    if loss_tol is not None:
+        v0 = full_loss()
+        if v0 <= loss_tol:
+            return TrainResult(loss_curve=[v0], steps_run=0, final_loss=v0, reached_tol=True, diverged=False)
+        checks.append(v0)
+    try:
+        res = fit_recipe(model, X, y, recipe, progress=check if loss_tol is not None else None)
+    except _MatchLossReached:
+        return TrainResult(loss_curve=checks, steps_run=steps["n"], final_loss=checks[-1], reached_tol=True, diverged=False)
+    final = full_loss() if not res.diverged else float("nan")
+    return TrainResult(loss_curve=list(res.loss_curve) + [final], steps_run=res.steps_run, final_loss=final,
+                       reached_tol=None if loss_tol is None else bool(final <= loss_tol), diverged=res.diverged)
 
 
 def run_malleability(
@@ -508,8 +731,11 @@ def run_malleability(
     if y_train is None or y_test is None:
         raise AuditError("malleability needs labelled data (influence is defined on a labelled loss)")
     n_train, n_test = int(X_train.shape[0]), int(X_test.shape[0])
-    if config.top_k > n_train:
-        raise AuditError(f"--top-k {config.top_k} exceeds the {n_train} training samples; lower --top-k")
+    if max(config.top_ks) > n_train:
+        raise AuditError(f"--top-k {max(config.top_ks)} exceeds the {n_train} training samples; lower --top-k")
+    if config.resample_data and (fixed_models or data is None):
+        raise AuditError("--resample-data draws each seed's rows from the data recipe; pass data=HoldoutRecipe(...) "
+                         "(the CLI does) and built-in models")
     if n_classes < 2:
         raise AuditError(f"malleability needs at least 2 classes, the data has {n_classes}")
     present = torch.unique(y_train).tolist()
@@ -528,13 +754,22 @@ def run_malleability(
                          "(the CLI does), or run with the local executor")
     advance = progress or (lambda k=1: None)
     memory_key = data.key if data is not None else f"memory:{id(X_train)}"
-    state = _MalleabilityState(X_train, y_train, X_test, y_test, n_classes, config, value_range, fixed_models, rebuild)
+    state = _MalleabilityState(X_train, y_train, X_test, y_test, n_classes, config, value_range, fixed_models, rebuild,
+                               split=_split_info(X_train, y_train, data))
     cached(f"malleability:{memory_key}", lambda: state)
     per_cell = progress_total(config) // (len(config.seeds) * len(config.models))
     base = {"data": None if data is None else data.to_dict(), "memory_key": memory_key, "n_classes": n_classes,
             "value_range": None if value_range is None else list(value_range), "device": str(X_train.device),
             "config": config}
-    tasks = [CellTask("attnaudit.malleability:malleability_cell", {**base, "seed": seed, "arch": arch},
+
+    def seed_data(seed: int) -> dict:
+        """The cell's data: the caller's rows, or (--resample-data) the recipe's split drawn with ``seed``."""
+        if not config.resample_data:
+            return {}
+        rec = replace(data, seed=int(seed))
+        return {"data": rec.to_dict(), "memory_key": rec.key}
+
+    tasks = [CellTask("attnaudit.malleability:malleability_cell", {**base, **seed_data(seed), "seed": seed, "arch": arch},
                       f"{arch} seed {seed}") for seed in config.seeds for arch in config.models]
     try:
         outcomes = run_cells(tasks, ex, on_done=lambda o: advance(per_cell))
@@ -567,9 +802,21 @@ def run_malleability(
         t_attack += raw["timings"]["attack"]
         t_infl += raw["timings"]["influence"]
 
-    summary, ratios = _aggregate(config, runs, controls)
+    status = _model_status(config, training, n_classes, n_train)
+    summary, ratios = _aggregate(config, runs, controls, status)
     sensitivity = _sensitivity(config, summary)
     warnings = _warnings(config, training, infl_warnings)
+    for st in status:
+        if st["untrained"]:
+            warnings.append(_untrained_text(st) + "; every verdict about it makes no claim (train it longer, raise --lr, "
+                            "or scale the inputs)")
+    splits = []
+    for o in outcomes:
+        if o.ok and o.task.config["seed"] not in bad_seeds and o.result.get("split") is not None:
+            row = {"seed": o.task.config["seed"], **o.result["split"]}
+            if row not in splits:
+                splits.append(row)
+    splits.sort(key=lambda r: config.seeds.index(r["seed"]))
     if failed:
         warnings.append(f"{len(failed)} of {len(tasks)} cells failed (listed in failed_cells); their seeds ({', '.join(map(str, sorted(bad_seeds)))}) "
                         "are left out of the summaries: " + "; ".join(f"{f['cell']}: {f['error']}" for f in failed[:3]))
@@ -581,14 +828,51 @@ def run_malleability(
             m = row["flip_rate"]["mean"]
             if m is not None and m > config.max_flip_rate:
                 exceeded.append({k: row[k] for k in ("model", "attack", "eps", "damping")} | {"flip_rate": m})
-    verdicts = _verdicts(config, summary, ratios, sensitivity, exceeded)
+    verdicts = _verdicts(config, summary, ratios, sensitivity, exceeded, status)
     timings = {"train": t_train, "attack": t_attack, "influence": t_infl}
     return MalleabilityResult(
         config=config, runs=runs, controls=controls, training=training, attacks=attack_rows, summary=summary,
         ratios=ratios, sensitivity=sensitivity, influence_diagnostics=diags, exceeded=exceeded, warnings=warnings,
         verdicts=verdicts, timings=timings, n_train=n_train, n_test=n_test, influence_memory=memory, examples=examples,
         failed_cells=failed, execution={**ex.to_dict(), "cells": len(tasks), "resumed": sum(o.resumed for o in outcomes)},
+        model_status=status, splits=splits,
     )
+
+
+def _split_info(X_train: torch.Tensor, y_train: torch.Tensor, data: "HoldoutRecipe | None") -> dict:
+    """Which rows a cell trained and was measured on: the split seed and index checksums (from
+    the recipe) and a checksum of the training rows' contents."""
+    from .data import data_fingerprint
+
+    info: dict = {"split_seed": None if data is None else int(data.seed), "train_indices_sha256": None,
+                  "test_indices_sha256": None, "train_data_sha256": data_fingerprint(X_train, y_train)}
+    if data is not None:
+        try:
+            tr, te = data.load()
+            info["train_indices_sha256"] = (tr.info.get("holdout") or {}).get("indices_sha256")
+            info["test_indices_sha256"] = (te.info.get("holdout") or {}).get("indices_sha256")
+        except AuditError:
+            pass
+    return info
+
+
+def _model_status(config: MalleabilityConfig, training: list[dict], n_classes: int, n_train: int) -> list[dict]:
+    """Per model: chance, the untrained threshold, its clean training accuracy (mean and per seed), and the flag."""
+    chance, threshold = untrained_threshold(n_classes, n_train)
+    out = []
+    for m in config.models:
+        accs = [r["train_accuracy"] for r in training if r["model"] == m and r["role"] == "clean"]
+        mean = float(np.mean(accs)) if accs else None
+        out.append({"model": m, "chance": chance, "threshold": threshold, "train_accuracy_mean": mean,
+                    "train_accuracy_by_seed": [float(a) for a in accs],
+                    "untrained": bool(mean is not None and mean < threshold),
+                    "rule": "train accuracy < 1/c + max(0.05, 2 sqrt((1/c)(1-1/c)/n_train))"})
+    return out
+
+
+def _untrained_text(st: dict) -> str:
+    return (f"{st['model']} did not train (clean train accuracy {100 * st['train_accuracy_mean']:.1f}% against chance "
+            f"{100 * st['chance']:.1f}%, below the {100 * st['threshold']:.1f}% threshold)")
 
 
 
@@ -606,6 +890,7 @@ class _MalleabilityState:
     value_range: tuple | None
     fixed_models: dict | None
     rebuild: dict
+    split: dict | None = None
 
     def __post_init__(self) -> None:
         self.X_train = self.X_train.to(torch.float64)
@@ -622,11 +907,13 @@ def malleability_cell(payload: dict) -> dict:
     from .sweep import cached
 
     def build() -> _MalleabilityState:
-        train_ds, test_ds = HoldoutRecipe(**payload["data"]).load()
+        recipe = HoldoutRecipe(**payload["data"])
+        train_ds, test_ds = recipe.load()
         dev = torch.device(payload["device"])
         vr = payload["value_range"]
         return _MalleabilityState(train_ds.X.to(dev), train_ds.y.to(dev), test_ds.X.to(dev), test_ds.y.to(dev),
-                                  int(payload["n_classes"]), payload["config"], None if vr is None else tuple(vr), None, {})
+                                  int(payload["n_classes"]), payload["config"], None if vr is None else tuple(vr), None, {},
+                                  split=_split_info(train_ds.X, train_ds.y, recipe))
 
     state = cached(f"malleability:{payload['memory_key']}", build)
     return _cell_raw(state, int(payload["seed"]), payload["arch"])
@@ -638,7 +925,6 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
     fixed_models, rebuild = state.fixed_models, state.rebuild
     X_train, y_train, X_test, y_test = state.X_train, state.y_train, state.X_test, state.y_test
     d = int(X_train.shape[1])
-    tcfg = config.train_config()
     t_train = t_attack = t_infl = 0.0
     runs: list[dict] = []
     controls: list[dict] = []
@@ -653,21 +939,29 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
             for w in r.warnings:
                 infl_warnings[w] = infl_warnings.get(w, 0) + 1
 
-    def fit(spec: ModelSpec, X_ctx, X, role: str, seed: int):
+    def fit(spec: ModelSpec, X_ctx, X, role: str, seed: int, order_seed: int | None = None):
         nonlocal t_train
         t0 = time.perf_counter()
         model = build_model(spec, X_ctx, dtype=torch.float64, device=X.device)
-        tr = train(model, X, y_train, tcfg)
+        lr = config.lr_for(spec.arch)
+        if config.optimizer == "gd":
+            tr = train(model, X, y_train, config.train_config(spec.arch))
+        else:
+            order_seed = seed if order_seed is None else order_seed
+            tr = _train_recipe(model, X, y_train, config.recipe(spec.arch, order_seed), config.match_loss_for(spec.arch))
         t_train += time.perf_counter() - t0
         if tr.diverged:
             raise AuditError(
-                f"training diverged for {spec.arch} ({role}, seed {seed}) at --lr {config.lr}; lower --lr"
+                f"training diverged for {spec.arch} ({role}, seed {seed}) at --lr {lr:g}; lower --lr"
             )
         with torch.no_grad():
             row = {
                 "seed": seed, "model": spec.arch, "role": role, "final_loss": tr.final_loss, "steps_run": tr.steps_run,
                 "reached_match_loss": tr.reached_tol, "train_accuracy": accuracy(model(X), y_train),
                 "test_accuracy": accuracy(model(X_test), y_test),
+                "optimizer": config.optimizer, "lr": lr, "batch_size": config.batch_size,
+                "data_order_seed": None if config.optimizer == "gd" else order_seed,
+                "match_loss": config.match_loss_for(spec.arch), "loss_curve": _sampled_curve(tr.loss_curve),
             }
         training.append(row)
         return model, tr, row
@@ -744,9 +1038,10 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
         return model, tr, row
 
     def influences(model, X, tr, seed, arch, role):
+        """Influence vectors per damping, and the absolute dampings they used (None for TracIn)."""
         nonlocal t_infl
         t0 = time.perf_counter()
-        res = _influences(model, X, y_train, X_test, y_test, config, n_classes, tr)
+        res = _influences(model, X, y_train, X_test, y_test, config, n_classes, tr, arch)
         t_infl += time.perf_counter() - t0
         note(res)
         seen = set()
@@ -754,7 +1049,7 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
             if id(r) not in seen:
                 diags.append(_diag_row(seed, arch, role, r))
                 seen.add(id(r))
-        return [r.total.detach().cpu().numpy() for r in res]
+        return [r.total.detach().cpu().numpy() for r in res], [r.damping for r in res]
 
     spec = None if fixed_models else ModelSpec(
         arch, d, config.width, n_classes, config.parametrization, attn_scaling=config.attn_scaling, seed=seed)
@@ -773,7 +1068,7 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
     else:
         clean_model, clean_tr, clean_row = fit(spec, X_train, X_train, "clean", seed)
         attack_target = clean_model
-    clean_infl = influences(clean_model, X_train, clean_tr, seed, arch, "clean")
+    clean_infl, clean_abs = influences(clean_model, X_train, clean_tr, seed, arch, "clean")
     if config.controls:
         control_seed = seed + REINIT_SEED_OFFSET
         if fixed_models and config.protocol == "retrain":
@@ -782,13 +1077,15 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
         elif fixed_models:
             r_model, r_tr, r_row = finetune(saved_model[0], X_train, control_seed, config.control, seed, arch)
         else:
-            r_model, r_tr, r_row = fit(replace(spec, seed=control_seed), X_train, X_train, config.control, seed)
-        r_infl = influences(r_model, X_train, r_tr, seed, arch, config.control)
-        for damping, ci, ri in zip(config.damping, clean_infl, r_infl):
+            r_model, r_tr, r_row = fit(replace(spec, seed=control_seed), X_train, X_train, config.control, seed,
+                                       order_seed=control_seed)
+        r_infl, r_abs = influences(r_model, X_train, r_tr, seed, arch, config.control)
+        for damping, ci, ri, ca, ra in zip(config.damping, clean_infl, r_infl, clean_abs, r_abs):
             controls.append({
                 "seed": seed, "model": arch, "control": config.control, "damping": damping,
+                "damping_abs": ra, "damping_abs_clean": ca,
                 f"{'data_order' if config.protocol == 'finetune' else 'reinit'}_seed": control_seed,
-                **stability(ci, ri, config.top_k),
+                **stability_by_k(ci, ri, config.top_ks),
                 "perturbed_test_accuracy": r_row["test_accuracy"], "perturbed_train_loss": r_row["final_loss"],
             })
     for eps in config.eps:
@@ -815,14 +1112,17 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
                 p_model, p_tr, p_row = finetune(saved_model[0], ares.X_adv, seed, role, seed, arch)
             else:
                 p_model, p_tr, p_row = clean_model, clean_tr, clean_row
-            p_infl = influences(p_model, ares.X_adv, p_tr, seed, arch, role)
-            for damping, ci, pi in zip(config.damping, clean_infl, p_infl):
+            p_infl, p_abs = influences(p_model, ares.X_adv, p_tr, seed, arch, role)
+            for damping, ci, pi, ca, pa in zip(config.damping, clean_infl, p_infl, clean_abs, p_abs):
                 runs.append({
                     "seed": seed, "model": arch, "attack": attack, "eps": eps_used, "damping": damping,
-                    **stability(ci, pi, config.top_k),
+                    "damping_abs": pa, "damping_abs_clean": ca,
+                    **stability_by_k(ci, pi, config.top_ks),
                     "clean_model_accuracy_on_perturbed_train": clean_on_pert,
                     "clean_model_loss_on_perturbed_train": ares.loss_after,
                     "perturbation_norm_mean": ares.radius_mean,
+                    "perturbation_linf_mean": ares.linf_mean, "perturbation_linf_max": ares.linf_max,
+                    "perturbation_l2_mean": ares.l2_mean, "perturbation_l2_max": ares.l2_max,
                     "perturbed_test_accuracy": p_row["test_accuracy"],
                     "perturbed_train_loss": p_row["final_loss"] if config.protocol != "static" else None,
                     "clean_train_loss": clean_row["final_loss"],
@@ -833,8 +1133,12 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
     if seed == config.seeds[0] and config.controls:
         examples.setdefault(arch, {})[config.control] = (clean_infl[0], r_infl[0])
 
+    if state.split is not None:
+        for row in training:
+            row["train_data_sha256"] = state.split["train_data_sha256"]
+            row["split_seed"] = state.split["split_seed"]
     return {"runs": runs, "controls": controls, "training": training, "attacks": attack_rows, "diagnostics": diags,
-            "influence_warnings": infl_warnings, "examples": examples,
+            "influence_warnings": infl_warnings, "examples": examples, "split": state.split,
             "timings": {"train": t_train, "attack": t_attack, "influence": t_infl}}
 
 
@@ -854,8 +1158,10 @@ def _cells(config: MalleabilityConfig) -> list[tuple[str, float | None]]:
     return out
 
 
-def _aggregate(config: MalleabilityConfig, runs: list[dict], controls: list[dict]) -> tuple[list[dict], list[dict]]:
+def _aggregate(config: MalleabilityConfig, runs: list[dict], controls: list[dict],
+               status: list[dict] | None = None) -> tuple[list[dict], list[dict]]:
     nb, cf = config.n_bootstrap, config.confidence
+    untrained = {r["model"] for r in (status or []) if r["untrained"]}
     by_key: dict[tuple, dict] = {}
     for attack, eps in _cells(config):
         for damping in config.damping:
@@ -871,24 +1177,49 @@ def _aggregate(config: MalleabilityConfig, runs: list[dict], controls: list[dict
                 if attack != config.control:
                     entry["clean_model_accuracy_on_perturbed_train"] = summarize([r["clean_model_accuracy_on_perturbed_train"] for r in rows], nb, cf)
                     entry["perturbation_norm_mean"] = float(np.mean([r["perturbation_norm_mean"] for r in rows])) if rows else None
+                    for key in ("perturbation_linf_mean", "perturbation_l2_mean"):
+                        vals = [r[key] for r in rows if r.get(key) is not None]
+                        entry[key] = float(np.mean(vals)) if vals else None
+                    for key in ("perturbation_linf_max", "perturbation_l2_max"):
+                        vals = [r[key] for r in rows if r.get(key) is not None]
+                        entry[key] = float(np.max(vals)) if vals else None
+                abs_vals = [r.get("damping_abs") for r in rows if r.get("damping_abs") is not None]
+                entry["damping_abs_mean"] = float(np.mean(abs_vals)) if abs_vals else None
+                entry["top_k"] = config.top_k
+                entry["by_top_k"] = [
+                    {"top_k": k,
+                     "flip_rate": summarize([_at_k(r, k, "flip_rate") for r in rows], nb, cf),
+                     "top_k_overlap": summarize([_at_k(r, k, "top_k_overlap") for r in rows], nb, cf)}
+                    for k in config.top_ks
+                ]
+                entry["untrained"] = model in untrained
                 by_key[(model, attack, eps, damping)] = entry
     # floors: read every adversarial flip rate against the training-randomness control and random noise of the same radius
+    rc = config.random_control
     for (model, attack, eps, damping), entry in by_key.items():
         if attack not in ADVERSARIAL:
             continue
-        floors = {}
-        for name, key in ((config.control, (model, config.control, None, damping)), ("random", (model, "random", eps, damping))):
-            other = by_key.get(key)
-            if other is None or other["flip_rate"]["mean"] is None:
-                continue
-            lo = entry["flip_rate"]["ci_low"]
-            floors[name] = {
-                "mean": other["flip_rate"]["mean"],
-                "ci_high": other["flip_rate"]["ci_high"],
-                # conservative reading: the intervals do not overlap
-                "exceeded": bool(lo is not None and lo > other["flip_rate"]["ci_high"]),
-            }
-        entry["floors"] = floors
+        sources = ((config.control, (model, config.control, None, damping)), ("random", (model, rc, eps, damping)))
+
+        def floors_of(get) -> dict:
+            floors = {}
+            for name, key in sources:
+                other = by_key.get(key)
+                if other is None or get(other)["mean"] is None:
+                    continue
+                lo = get(entry)["ci_low"]
+                floors[name] = {
+                    "mean": get(other)["mean"],
+                    "ci_high": get(other)["ci_high"],
+                    # conservative reading: the intervals do not overlap
+                    "exceeded": bool(lo is not None and lo > get(other)["ci_high"]),
+                    "attack": key[1],
+                }
+            return floors
+
+        entry["floors"] = floors_of(lambda e: e["flip_rate"])
+        for j, k_entry in enumerate(entry["by_top_k"]):
+            k_entry["floors"] = floors_of(lambda e, j=j: e["by_top_k"][j]["flip_rate"])
     ratios = []
     base = config.models[0]
     for attack, eps in _cells(config):
@@ -897,11 +1228,25 @@ def _aggregate(config: MalleabilityConfig, runs: list[dict], controls: list[dict
             for model in config.models[1:]:
                 num_entry = by_key[(model, attack, eps, damping)]
                 common = [s for s in num_entry["seeds"] if s in den_entry["seeds"]]
-                num = [num_entry["flip_rate"]["values"][num_entry["seeds"].index(s)] for s in common]
-                den = [den_entry["flip_rate"]["values"][den_entry["seeds"].index(s)] for s in common]
+
+                def paired(get):
+                    num = [get(num_entry)["values"][num_entry["seeds"].index(s)] for s in common]
+                    den = [get(den_entry)["values"][den_entry["seeds"].index(s)] for s in common]
+                    return ratio_summary(num, den, nb, cf)
+
+                by_k = [{"top_k": k, **paired(lambda e, j=j: e["by_top_k"][j]["flip_rate"])} for j, k in enumerate(config.top_ks)]
                 ratios.append({"numerator": model, "denominator": base, "attack": attack, "eps": eps, "damping": damping,
-                               **ratio_summary(num, den, nb, cf)})
+                               **paired(lambda e: e["flip_rate"]), "top_k": config.top_k, "by_top_k": by_k,
+                               "untrained": [m for m in (model, base) if m in untrained]})
     return list(by_key.values()), ratios
+
+
+def _at_k(row: dict, k: int, key: str):
+    """``row[key]`` at top-k ``k`` (from its ``by_top_k``; the row's own value when it has none)."""
+    for item in row.get("by_top_k") or ():
+        if item["top_k"] == k:
+            return item[key]
+    return row.get(key) if row.get("top_k") == k else None
 
 
 def _sensitivity(config: MalleabilityConfig, summary: list[dict]) -> dict:
@@ -928,7 +1273,8 @@ def _sensitivity(config: MalleabilityConfig, summary: list[dict]) -> dict:
 def _warnings(config: MalleabilityConfig, training: list[dict], infl_warnings: dict[str, int]) -> list[str]:
     out = []
     clean = [r for r in training if r["role"] == "clean"]
-    means = {m: float(np.mean([r["final_loss"] for r in clean if r["model"] == m])) for m in config.models}
+    means = {m: float(np.mean([r["final_loss"] for r in clean if r["model"] == m])) for m in config.models
+             if any(r["model"] == m for r in clean)}
     if len(means) > 1:
         lo, hi = min(means.values()), max(means.values())
         if lo > 0 and hi / lo > config.loss_gap_factor:
@@ -944,8 +1290,10 @@ def _warnings(config: MalleabilityConfig, training: list[dict], infl_warnings: d
         missed = [r for r in training if r["reached_match_loss"] is False]
         if missed:
             worst = max(missed, key=lambda r: r["final_loss"])
+            target = config.match_loss_for(worst["model"]) if worst["model"] in config.models else None
             out.append(
-                f"{len(missed)} of {len(training)} trainings did not reach --match-loss {config.match_loss:g} within "
+                f"{len(missed)} of {len(training)} trainings did not reach --match-loss "
+                f"{'-' if target is None else format(target, 'g')} within "
                 f"{config.steps} steps (worst: {worst['model']} {worst['role']} seed {worst['seed']} at {worst['final_loss']:.3g}); "
                 "raise --steps or --lr"
             )
@@ -967,8 +1315,14 @@ def _fmt_ci(s: dict, pct: bool = True) -> str:
     return f"{f(s['mean'])} [{f(s['ci_low'])}, {f(s['ci_high'])}]"
 
 
-def _verdicts(config, summary, ratios, sensitivity, exceeded) -> list[str]:
+def _verdicts(config, summary, ratios, sensitivity, exceeded, status=None) -> list[str]:
     out = []
+    status = {r["model"]: r for r in (status or [])}
+    untrained = [m for m in config.models if status.get(m, {}).get("untrained")]
+    for m in untrained:
+        out.append(_untrained_text(status[m]) + ": its flip rates are no evidence of stability or malleability; "
+                   "no claim is made about it")
+    rc = config.random_control
     for row in summary:
         if row["attack"] not in ADVERSARIAL:
             continue
@@ -977,11 +1331,17 @@ def _verdicts(config, summary, ratios, sensitivity, exceeded) -> list[str]:
         for name in ("random", config.control):
             if name in floors:
                 f = floors[name]
-                parts.append(f"{'above' if f['exceeded'] else 'not clearly above'} the {name} floor {100 * f['mean']:.1f}%")
-        out.append(
-            f"{row['model']} {row['attack']} eps={row['eps']:g} damping={row['damping']:g}: flip rate "
-            f"{_fmt_ci(row['flip_rate'])}" + (f", {'; '.join(parts)}" if parts else "")
-        )
+                label = f"{rc}-noise" if name == "random" and rc else name
+                parts.append(f"{'above' if f['exceeded'] else 'not clearly above'} the {label} floor {100 * f['mean']:.1f}%")
+        text = (f"{row['model']} {row['attack']} eps={row['eps']:g} damping={damping_label(row['damping'])}: flip rate "
+                f"{_fmt_ci(row['flip_rate'])}")
+        if row["model"] in untrained:
+            out.append(text + f" -- {row['model']} did not train: no claim")
+            continue
+        out.append(text + (f", {'; '.join(parts)}" if parts else ""))
+        if len(config.top_ks) > 1:
+            out.append(f"{row['model']} {row['attack']} eps={row['eps']:g} damping={damping_label(row['damping'])}: flip rate by "
+                       "top-k: " + ", ".join(f"k={e['top_k']} {_fmt_ci(e['flip_rate'])}" for e in row["by_top_k"]))
     for r in ratios:
         if r["attack"] not in ADVERSARIAL:
             continue
@@ -990,9 +1350,16 @@ def _verdicts(config, summary, ratios, sensitivity, exceeded) -> list[str]:
         else:
             ci = "n/a" if r["ci_low"] is None else f"[{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
             text = f"{r['ratio']:.2f} {ci}"
-        out.append(f"flip-rate ratio {r['numerator']}/{r['denominator']} ({r['attack']} eps={r['eps']:g} damping={r['damping']:g}): {text}")
+        head = f"flip-rate ratio {r['numerator']}/{r['denominator']} ({r['attack']} eps={r['eps']:g} damping={damping_label(r['damping'])}): "
+        bad = [m for m in (r["numerator"], r["denominator"]) if m in untrained]
+        if bad:
+            out.append(head + f"{text} -- {', '.join(bad)} did not train: no claim about which model is more malleable")
+        else:
+            out.append(head + text)
     if len(config.models) > 1 and (len(config.eps) > 1 or len(config.damping) > 1):
-        if sensitivity["ranking_stable"]:
+        if untrained:
+            out.append(f"no ranking of models is read across eps/damping: {', '.join(untrained)} did not train")
+        elif sensitivity["ranking_stable"]:
             out.append("the ranking of models by flip rate is the same at every eps and damping tried")
         else:
             flips = [s["attack"] for s in sensitivity["by_attack"] if not s["ranking_stable"]]
@@ -1002,8 +1369,10 @@ def _verdicts(config, summary, ratios, sensitivity, exceeded) -> list[str]:
             )
     for e in exceeded:
         out.append(
-            f"FAIL: {e['model']} under {e['attack']} (eps={e['eps']:g}, damping={e['damping']:g}) has flip rate "
+            f"FAIL: {e['model']} under {e['attack']} (eps={e['eps']:g}, damping={damping_label(e['damping'])}) has flip rate "
             f"{100 * e['flip_rate']:.1f}% > --max-flip-rate {100 * config.max_flip_rate:.1f}%"
+            + (f" ({e['model']} did not train: the gate fires on the number, which says nothing about the model)"
+               if e["model"] in untrained else "")
         )
     return out
 
@@ -1016,9 +1385,11 @@ def build_tables(result: MalleabilityResult) -> list:
     cfg = result.config
     t = Table(title=(
         f"influence malleability: flip rate among the top-{cfg.top_k} of {result.n_train} samples by clean |influence| "
-        f"({cfg.protocol}, {cfg.estimator}; mean [{int(100 * cfg.confidence)}% bootstrap CI] over {len(cfg.seeds)} seed(s))"
+        + (f"(other k: {', '.join(map(str, cfg.top_ks[1:]))} in the JSON's by_top_k and the verdicts) " if len(cfg.top_ks) > 1 else "")
+        + f"({cfg.protocol}, {cfg.estimator}; mean [{int(100 * cfg.confidence)}% bootstrap CI] over {len(cfg.seeds)} seed(s))"
     ))
-    t.caption = f"above floor: the flip-rate interval lies entirely above the random-noise / {cfg.control} control's"
+    t.caption = (f"above floor: the flip-rate interval lies entirely above the {cfg.random_control or 'random'}-noise / "
+                 f"{cfg.control} control's")
     s = Table(title="stability and attack strength (means over seeds)")
     after = {"retrain": "retrained acc", "finetune": "fine-tuned acc", "static": "model acc"}[cfg.protocol]
     s.caption = (
@@ -1042,7 +1413,8 @@ def build_tables(result: MalleabilityResult) -> list:
         above = "-"
         if floors:
             above = "/".join(("yes" if floors[k]["exceeded"] else "no") if k in floors else "-" for k in ("random", cfg.control))
-        key = (row["model"], row["attack"], "-" if row["eps"] is None else f"{row['eps']:g}", f"{row['damping']:g}")
+        key = (row["model"] + (" (untrained)" if row.get("untrained") else ""), row["attack"],
+               "-" if row["eps"] is None else f"{row['eps']:g}", damping_label(row["damping"]))
         t.add_row(*key, _fmt_ci(row["flip_rate"]), above)
         s.add_row(
             *key, mean(row["spearman"], pct=False), mean(row["top_k_overlap"]),
@@ -1056,29 +1428,41 @@ def build_tables(result: MalleabilityResult) -> list:
         for row in result.ratios:
             r.add_row(
                 f"{row['numerator']}/{row['denominator']}", row["attack"], "-" if row["eps"] is None else f"{row['eps']:g}",
-                f"{row['damping']:g}", "undefined" if row["ratio"] is None else f"{row['ratio']:.2f}",
+                damping_label(row["damping"]), "undefined" if row["ratio"] is None else f"{row['ratio']:.2f}",
                 "-" if row["ci_low"] is None else f"[{row['ci_low']:.2f}, {row['ci_high']:.2f}]",
             )
         out.append(r)
     tr = Table(title={
-        "retrain": "training (clean models; " + ("the recorded recipe re-run" if cfg.saved_models else "full-batch GD")
-                   + ", mean over seeds)",
+        "retrain": "training (clean models; " + ("the recorded recipe re-run" if cfg.saved_models else _optimizer_text(cfg))
+                   + ", mean over seeds" + ("; rows resampled per seed" if cfg.resample_data else "") + ")",
         "finetune": f"clean models (saved model fine-tuned {cfg.finetune_steps} steps, {cfg.finetune_optimizer} "
                     f"lr {cfg.finetune_lr:g}; mean over seeds)",
         "static": "saved models as they are (no training)",
     }[cfg.protocol])
-    for col in ("model", "final train loss", "train acc", "test acc", "steps", "reached --match-loss"):
+    status = {r["model"]: r for r in result.model_status}
+    for col in ("model", "final train loss", "train acc", "test acc", "steps", "reached --match-loss", "untrained?"):
         tr.add_column(col, justify="right")
     for model in cfg.models:
         rows = [x for x in result.training if x["model"] == model and x["role"] == "clean"]
+        if not rows:  # every cell of this model failed (see failed_cells)
+            tr.add_row(model, "-", "-", "-", "-", "-", "-")
+            continue
         reached = [x["reached_match_loss"] for x in rows]
         tr.add_row(
             model, f"{np.mean([x['final_loss'] for x in rows]):.4g}", f"{100 * np.mean([x['train_accuracy'] for x in rows]):.1f}%",
             f"{100 * np.mean([x['test_accuracy'] for x in rows]):.1f}%", f"{np.mean([x['steps_run'] for x in rows]):.0f}",
             "-" if reached[0] is None else f"{sum(bool(v) for v in reached)}/{len(reached)}",
+            ("yes" if status[model]["untrained"] else "no") + f" (< {100 * status[model]['threshold']:.1f}%)" if model in status else "-",
         )
     out.append(tr)
     return out
+
+
+def _optimizer_text(cfg: MalleabilityConfig) -> str:
+    lr = ", ".join(f"{m} {cfg.lr_for(m):g}" for m in cfg.models) if isinstance(cfg.lr, dict) else f"{cfg.lr_for(cfg.models[0]):g}"
+    if cfg.optimizer == "gd":
+        return f"full-batch GD, lr {lr}"
+    return f"{cfg.optimizer}, lr {lr}, " + ("full batch" if cfg.batch_size is None else f"batch {cfg.batch_size}")
 
 
 def plot_malleability(result: MalleabilityResult, path: str | Path, title: str = "") -> None:
@@ -1112,7 +1496,7 @@ def plot_malleability(result: MalleabilityResult, path: str | Path, title: str =
         ax.axvline(0, c="k", lw=0.5)
         ax.set_xlabel("clean influence (negative = helpful)")
         ax.set_ylabel(f"perturbed influence ({primary})")
-        ax.set_title(f"{model}, seed {cfg.seeds[0]}, eps={cfg.eps[0]:g}, damping={cfg.damping[0]:g}", fontsize=9)
+        ax.set_title(f"{model}, seed {cfg.seeds[0]}, eps={cfg.eps[0]:g}, damping={damping_label(cfg.damping[0])}", fontsize=9)
         ax.legend(fontsize=7, loc="best")
     ax = fig.add_subplot(grid[1, :])
     cells = [(a, e) for a, e in _cells(cfg) if a == cfg.control or a == "none" or e == cfg.eps[0]]
@@ -1143,12 +1527,17 @@ def plot_malleability(result: MalleabilityResult, path: str | Path, title: str =
                         eps, damping = (v, cfg.damping[0]) if name == "eps" else (cfg.eps[0], v)
                         row = next(r for r in result.summary if r["model"] == model and r["attack"] == attack and r["eps"] == eps and r["damping"] == damping)
                         ys.append(row["flip_rate"]["mean"])
-                    ax.plot(values, [np.nan if y is None else y for y in ys], marker="o", label=f"{model} {attack}")
-            if name == "damping" and min(values) > 0:
+                    categorical = any(isinstance(v, str) for v in values)  # relative damping: one tick per value
+                    xs = list(range(len(values))) if categorical else values
+                    ax.plot(xs, [np.nan if y is None else y for y in ys], marker="o", label=f"{model} {attack}")
+            if any(isinstance(v, str) for v in values):
+                ax.set_xticks(list(range(len(values))))
+                ax.set_xticklabels([damping_label(v) for v in values], fontsize=8)
+            elif name == "damping" and min(values) > 0:
                 ax.set_xscale("log")
             ax.set_xlabel(name)
             ax.set_ylabel("flip rate (mean over seeds)")
-            fixed = f"damping={cfg.damping[0]:g}" if name == "eps" else f"eps={cfg.eps[0]:g}"
+            fixed = f"damping={damping_label(cfg.damping[0])}" if name == "eps" else f"eps={cfg.eps[0]:g}"
             ax.set_title(f"flip rate vs {name} at {fixed}", fontsize=9)
             ax.legend(fontsize=6)
     if title:

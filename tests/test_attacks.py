@@ -280,3 +280,25 @@ def test_token_inputs_are_refused_for_gradient_attacks():
     x, y = torch.tensor([[0.0, 1.0], [2.0, 3.0]], dtype=F64), torch.tensor([0, 1])
     with pytest.raises(AuditError, match="token ids"):
         perturb(Task(emb, 2, "ce", Inputs("tokens", (2,))), x, y, AttackConfig(method="fgsm", eps=0.1))
+
+
+@pytest.mark.parametrize("norm", ["linf", "l2"])
+def test_sign_control_stays_in_ball_range_and_is_deterministic(trained, norm):
+    nets, X, y = trained
+    eps = 0.3 if norm == "linf" else 2.0
+    cfg = AttackConfig(method="sign", eps=eps, norm=norm, clip_min=0.0, clip_max=1.0, seed=3)
+    res = perturb(nets["relu"], X, y, cfg)
+    delta = (res.X_adv - X).reshape(len(X), -1)
+    size = delta.abs().amax(1) if norm == "linf" else delta.norm(dim=1)
+    assert float(size.max()) <= eps * (1 + 1e-12)
+    assert float(res.X_adv.min()) >= 0.0 and float(res.X_adv.max()) <= 1.0
+    assert torch.equal(perturb(nets["relu"], X, y, cfg).X_adv, res.X_adv)
+    assert not torch.equal(perturb(nets["relu"], X, y, AttackConfig(method="sign", eps=eps, norm=norm, seed=4,
+                                                                    clip_min=0.0, clip_max=1.0)).X_adv, res.X_adv)
+    # the L-inf and L2 norms of the applied perturbation, reported whatever the attack's norm
+    assert res.linf_max == pytest.approx(float(delta.abs().amax(1).max()))
+    assert res.l2_mean == pytest.approx(float(delta.norm(dim=1).mean()))
+    # sign noise of the same radius is bigger than uniform noise (the old control) on average
+    uni = perturb(nets["relu"], X, y, AttackConfig(method="random", eps=eps, norm=norm, clip_min=0.0, clip_max=1.0, seed=3))
+    if norm == "linf":
+        assert res.l2_mean > 1.3 * uni.l2_mean

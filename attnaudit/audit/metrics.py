@@ -90,10 +90,10 @@ def _over_floor(control: str) -> Callable:
 
 
 def _attacked_rows(rows: Callable) -> Callable:
-    """Summary rows of real attacks (the random, none and reinit rows are the controls' own cells)."""
+    """Summary rows of real attacks (the random, sign, none and reinit rows are the controls' own cells)."""
     def attacked(results: dict):
         for labels, row in rows(results):
-            if str(labels.get("attack")).lower() not in ("random", "none", "reinit"):
+            if str(labels.get("attack")).lower() not in ("random", "sign", "none", "reinit"):
                 yield labels, row
     return attacked
 

@@ -33,13 +33,13 @@ def register(app: typer.Typer) -> None:
         execution: ExecutorOptions,
         preset: Annotated[str, typer.Option("--preset", help="quick (digits, < 2 min) or paper (MNIST 2,000 train, PGD eps 0.3, 5 seeds, controls). Explicit options override it.")] = "quick",
         models: Annotated[Optional[str], typer.Option("--models", help="Models to compare, e.g. relu,attn (ratios are over the first).")] = None,
-        attacks: Annotated[Optional[str], typer.Option("--attacks", help="pgd, fgsm, mim, random (noise control), none.")] = None,
+        attacks: Annotated[Optional[str], typer.Option("--attacks", help="pgd, fgsm, mim, sign (the default random control: +-eps per coordinate), random (uniform noise in the ball), none.")] = None,
         eps: Annotated[Optional[str], typer.Option("--eps", help="Attack radius, or a list (0.1,0.3) for a sensitivity sweep.")] = None,
-        damping: Annotated[Optional[str], typer.Option("--damping", help="Hessian damping lambda in (H + lambda I)^-1, or a list.")] = None,
-        seeds: Annotated[Optional[int], typer.Option("--seeds", help="Number of repeats (seeds seed, seed+1, ...): initialisation and attack randomness.")] = None,
-        seed: Annotated[int, typer.Option("--seed", help="First seed; also fixes the train/test split.")] = 0,
+        damping: Annotated[Optional[str], typer.Option("--damping", help="Hessian damping lambda in (H + lambda I)^-1: absolute (1e-3), or relative to the curvature (1e-3x = 1e-3 lambda_max(H), per model), or a list.")] = None,
+        seeds: Annotated[Optional[int], typer.Option("--seeds", help="Number of repeats (seeds seed, seed+1, ...): initialisation, attack randomness, data order (sgd/adam) and, with --resample-data, the training rows.")] = None,
+        seed: Annotated[int, typer.Option("--seed", help="First seed; also fixes the train/test split (each seed draws its own with --resample-data).")] = 0,
         protocol: Annotated[Optional[str], typer.Option("--protocol", help="retrain (paper: retrain from the same init on perturbed data), static (keep the model; the default with --checkpoint) or finetune (fine-tune copies of a checkpoint on perturbed and on clean data, --finetune-steps).")] = None,
-        top_k: Annotated[Optional[int], typer.Option("--top-k", help="Flip rate among the top-k samples by clean |influence|.")] = None,
+        top_k: Annotated[Optional[str], typer.Option("--top-k", help="Flip rate among the top-k samples by clean |influence|; a list (10,30,100) reports each k (the first in the main columns).")] = None,
         estimator: Annotated[str, typer.Option("--estimator", help="exact, last-layer, cg or tracin.")] = "last-layer",
         params: Annotated[Optional[str], typer.Option("--params", help="Parameters the influence is over: head (default with last-layer), all, a module name or glob patterns (e.g. 'blocks.1.*'); exact/cg default to all.")] = None,
         finetune_steps: Annotated[int, typer.Option("--finetune-steps", help="Optimizer steps of --protocol finetune.")] = 100,
@@ -52,10 +52,13 @@ def register(app: typer.Typer) -> None:
         n_train: Annotated[Optional[int], typer.Option("--n-train", help="Training samples.")] = None,
         n_test: Annotated[Optional[int], typer.Option("--n-test", help="Held-out samples whose summed loss the influence is measured on.")] = None,
         width: Annotated[Optional[int], typer.Option("--width", help="Hidden width m.")] = None,
-        steps: Annotated[Optional[int], typer.Option("--steps", help="Full-batch GD steps (the budget under --match-loss).")] = None,
-        lr: Annotated[Optional[float], typer.Option("--lr", help="GD learning rate.")] = None,
+        steps: Annotated[Optional[int], typer.Option("--steps", help="Optimizer steps (the budget under --match-loss).")] = None,
+        lr: Annotated[Optional[str], typer.Option("--lr", help="Learning rate, or per model (relu=10,attn=8). Default: the preset's (4) for gd/sgd, 1e-3 for adam.")] = None,
+        optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="How built-in models are trained: gd (full-batch gradient descent, default), sgd or adam.")] = None,
+        batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="Mini-batch of --optimizer sgd/adam (default: full batch).")] = None,
+        resample_data: Annotated[bool, typer.Option("--resample-data/--fixed-data", help="Each seed draws its own train/held-out rows (split seeded by that seed), so intervals include the choice of training rows.")] = False,
         loss: Annotated[Optional[str], typer.Option("--loss", help="mse or ce (default mse; a checkpoint's recorded training loss).")] = None,
-        match_loss: Annotated[Optional[float], typer.Option("--match-loss", help="Train every model until its training loss reaches this value (or say it could not).")] = None,
+        match_loss: Annotated[Optional[str], typer.Option("--match-loss", help="Train every model until its training loss reaches this value (or say it could not); or per model (relu=0.1,attn=0.1).")] = None,
         attn_context: Annotated[str, typer.Option("--attn-context", help="MLP-Attn under retrain: rebuild X^T X from the perturbed data (perturbed) or keep the clean one (clean).")] = "perturbed",
         controls: Annotated[Optional[bool], typer.Option("--controls/--no-controls", help="Run the training-randomness control: reinit (retrain on clean data from another init) or, under finetune, reorder (fine-tune on clean data in another order); off for static.")] = None,
         max_flip_rate: Annotated[Optional[float], typer.Option("--max-flip-rate", help="Exit 1 when a model's mean flip rate under an attack exceeds this share (CI gate).")] = None,
@@ -68,8 +71,10 @@ def register(app: typer.Typer) -> None:
             PRESETS,
             SCHEMA,
             influence_memory_estimate,
+            DEFAULT_ADAM_LR,
             MalleabilityConfig,
             build_tables,
+            parse_per_model,
             plot_malleability,
             progress_total,
             run_malleability,
@@ -93,7 +98,10 @@ def register(app: typer.Typer) -> None:
             if saved.given:
                 if models is not None:
                     raise AuditError("--checkpoint audits saved models and --models trains new ones; give one of them")
-                refuse_training_options_for_saved_model(width=width, steps=steps, lr=lr, match_loss=match_loss)
+                refuse_training_options_for_saved_model(width=width, steps=steps, lr=lr, match_loss=match_loss,
+                                                        optimizer=optimizer, batch_size=batch_size)
+                if resample_data:
+                    raise AuditError("--resample-data draws new training rows per seed, which a saved model was not trained on; drop it")
                 loaded = saved.load()  # every file checked before any data are read
                 models = ",".join(loaded)
             elif protocol == "finetune":
@@ -121,23 +129,32 @@ def register(app: typer.Typer) -> None:
             ft_lr = finetune_lr if finetune_lr is not None else (float(first["lr"]) if isinstance(first.get("lr"), (int, float)) else 1e-4)
             ft_batch = finetune_batch_size if finetune_batch_size is not None else (
                 int(first["batch_size"]) if isinstance(first.get("batch_size"), int) else 64)
+            from ..influence import parse_damping
+
+            opt = optimizer if optimizer is not None else "gd"
+            lr_value = parse_per_model(lr, "--lr") if lr is not None else (DEFAULT_ADAM_LR if opt == "adam" else p["lr"])
+            top_ks = tuple(parse_list(top_k, int, "--top-k")) if top_k is not None else (p["top_k"],)
             kw = dict(
                 models=tuple(parse_list(models, str, "--models")) if models is not None else ("relu", "attn"),
-                attacks=tuple(parse_list(attacks, str, "--attacks")) if attacks is not None else ("pgd", "fgsm", "mim", "random"),
+                attacks=tuple(parse_list(attacks, str, "--attacks")) if attacks is not None else ("pgd", "fgsm", "mim", "sign"),
                 eps=tuple(parse_list(eps, float, "--eps")) if eps is not None else tuple(p["eps"]),
-                damping=tuple(parse_list(damping, float, "--damping")) if damping is not None else tuple(p["damping"]),
+                damping=tuple(parse_damping(d) for d in parse_list(damping, str, "--damping")) if damping is not None else tuple(p["damping"]),
                 seeds=tuple(range(seed, seed + n_seeds)),
                 protocol=protocol,
-                top_k=preset_value(top_k, p, "top_k"),
+                top_k=top_ks[0],
+                top_ks=top_ks,
                 estimator=estimator,
                 norm=norm,
                 pgd_steps=preset_value(pgd_steps, p, "pgd_steps"),
                 step_size=step_size,
                 width=preset_value(width, p, "width"),
                 steps=preset_value(steps, p, "steps"),
-                lr=preset_value(lr, p, "lr"),
+                lr=lr_value,
                 loss=loss,
-                match_loss=match_loss,
+                match_loss=parse_per_model(match_loss, "--match-loss") if match_loss is not None else None,
+                optimizer=opt,
+                batch_size=batch_size,
+                resample_data=resample_data,
                 attn_context=attn_context,
                 controls=controls,
                 max_flip_rate=max_flip_rate,
@@ -249,9 +266,11 @@ def register(app: typer.Typer) -> None:
             emit(opts, report, renderables, plot=lambda path: plot_malleability(result, path, title), png_name="malleability.png")
             exit_if_cells_failed(result.failed_cells)
             if result.exceeded:
+                from ..influence import damping_label
+
                 worst = max(result.exceeded, key=lambda e: e["flip_rate"])
                 names = "; ".join(
-                    f"{e['model']} under {e['attack']} (eps={e['eps']:g}, damping={e['damping']:g}): {100 * e['flip_rate']:.1f}%"
+                    f"{e['model']} under {e['attack']} (eps={e['eps']:g}, damping={damping_label(e['damping'])}): {100 * e['flip_rate']:.1f}%"
                     for e in result.exceeded
                 )
                 typer.echo(
