@@ -48,7 +48,7 @@ class DataOptions:
     )
     split: Optional[str] = _field("train", Optional[str], "--split", help="train or test.")
     classes: Optional[str] = _field(None, Optional[str], "--classes", help="Keep only these labels, e.g. 0,1,7.")
-    preprocess: str = _field("raw", str, "--preprocess", help="raw, center, standardize or unit-norm.")
+    preprocess: str = _field("raw", str, "--preprocess", help="raw, center, standardize, unit-norm or ntk-scale (one global scale so that mean ||x||^2 = d, the NTK convention).")
     download: bool = _field(
         False, bool, "--download", help="Allow torchvision to download a missing data set (needs a network)."
     )

@@ -112,6 +112,22 @@ def analyse_kappa(X: torch.Tensor, config: KappaConfig = KappaConfig()) -> Kappa
     return KappaResult(base, transformed, measured, check, widths, verdicts)
 
 
+#: The width scales a sweep reports per subset: (key, label, power of kappa, which kappa).
+WIDTH_SCALES = (
+    ("relu", "2L-ReLU: kappa_d(G)^6 n ln n", 1, "kappa_d"),
+    ("relu_rank", "2L-ReLU, at numerical rank: kappa_r(G)^6 n ln n", 1, "kappa_rank"),
+    ("attn", "MLP-Attn: kappa_d(G)^18 n ln n", 3, "kappa_d"),
+    ("attn_rank", "MLP-Attn, at numerical rank: kappa_r(G)^18 n ln n", 3, "kappa_rank"),
+)
+
+
+def _log10_width(kappa: float, power: int, n: int) -> float | None:
+    """log10 of (kappa^power)^6 n ln n, None when kappa is infinite (the constant is omitted)."""
+    if not math.isfinite(kappa) or kappa <= 0 or n < 2:
+        return None
+    return 6.0 * power * math.log10(kappa) + math.log10(n) + math.log10(math.log(n))
+
+
 @dataclass
 class SweepCell:
     n: int
@@ -120,6 +136,10 @@ class SweepCell:
     min_n_d: int
     kappa_d: float
     kappa_rank: float
+
+    def log10_widths(self) -> dict[str, float | None]:
+        """log10 m (the NTK width scale, constant omitted) of this subset, per :data:`WIDTH_SCALES` key."""
+        return {key: _log10_width(getattr(self, which), power, self.n) for key, _, power, which in WIDTH_SCALES}
 
     def to_dict(self) -> dict:
         return {
@@ -130,6 +150,7 @@ class SweepCell:
             "kappa_d": None if math.isinf(self.kappa_d) else self.kappa_d,
             "kappa_d_is_infinite": math.isinf(self.kappa_d),
             "kappa_at_numerical_rank": self.kappa_rank,
+            "log10_width": self.log10_widths(),
         }
 
 
@@ -147,6 +168,8 @@ class SweepSummary:
     kappa_rank_std: float
     log10_kappa_rank_mean: float
     log10_kappa_rank_std: float
+    # log10 m per WIDTH_SCALES key over the seeds: {"median", "min", "max", "iqr", "std", "finite_seeds"}
+    log10_width: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -182,8 +205,46 @@ def summarise_sweep(cells: Iterable[SweepCell]) -> list[SweepSummary]:
                 kappa_rank_std=float(kr.std(ddof=ddof)),
                 log10_kappa_rank_mean=float(np.log10(kr).mean()),
                 log10_kappa_rank_std=float(np.log10(kr).std(ddof=ddof)),
+                log10_width=_width_spread(group),
             )
         )
+    return out
+
+
+def _width_spread(group: list[SweepCell]) -> dict:
+    """Median and spread over seeds of log10 m per width scale (only seeds where it is finite)."""
+    out = {}
+    per_cell = [c.log10_widths() for c in group]
+    for key, label, _, _ in WIDTH_SCALES:
+        vals = np.array([w[key] for w in per_cell if w[key] is not None], dtype=float)
+        if vals.size == 0:
+            out[key] = {"label": label, "median": None, "min": None, "max": None, "iqr": None, "std": None,
+                        "finite_seeds": 0, "seeds": len(group)}
+            continue
+        q1, q3 = np.percentile(vals, [25, 75])
+        out[key] = {
+            "label": label, "median": float(np.median(vals)), "min": float(vals.min()), "max": float(vals.max()),
+            "iqr": float(q3 - q1), "std": float(vals.std(ddof=1)) if vals.size > 1 else 0.0,
+            "finite_seeds": int(vals.size), "seeds": len(group),
+        }
+    return out
+
+
+def sweep_verdicts(summary: list[SweepSummary]) -> list[str]:
+    """One line per n: the width scale log10 m as median [min, max] over its seeds, for both models."""
+    out = []
+    for s in summary:
+        parts = []
+        for arch, name in (("relu", "2L-ReLU"), ("attn", "MLP-Attn")):
+            w = s.log10_width.get(arch) or {}
+            basis = "kappa_d"
+            if w.get("median") is None or w.get("finite_seeds") != w.get("seeds"):
+                w, basis = s.log10_width.get(arch + "_rank") or {}, "kappa at the numerical rank"
+            if w.get("median") is None:
+                parts.append(f"{name} undefined")
+            else:
+                parts.append(f"{name} {w['median']:.1f} [{w['min']:.1f}, {w['max']:.1f}] ({basis})")
+        out.append(f"width scale at n={s.n}, log10 m median [min, max] over {s.seeds} seed(s): " + "; ".join(parts))
     return out
 
 
@@ -225,9 +286,25 @@ def _main_tables(result: KappaResult, ds_name: str) -> list:
 def _sweep_table(summary: list[SweepSummary]):
     from rich.table import Table
 
-    t = Table(title="kappa vs n (mean +- std over seeds)")
-    for col in ("n", "seeds", "rank-deficient", "mean rank", "kappa_d(G)", "kappa at numerical rank", "log10 kappa_r"):
+    t = Table(title="kappa vs n (mean +- std over seeds); log10 m: median [min, max] over seeds")
+    for col in ("n", "seeds", "rank-deficient", "mean rank", "kappa_d(G)", "kappa at numerical rank", "log10 kappa_r",
+                "log10 m 2L-ReLU", "log10 m MLP-Attn"):
         t.add_column(col, justify="right")
+
+    def med(s: SweepSummary, key: str) -> str:
+        w = (s.log10_width or {}).get(key) or {}
+        if w.get("median") is None:
+            return "inf"
+        part = f" ({w['finite_seeds']}/{w['seeds']} finite)" if w["finite_seeds"] < w["seeds"] else ""
+        return f"{w['median']:.1f} [{w['min']:.1f}, {w['max']:.1f}]{part}"
+
+    def scale(s: SweepSummary, arch: str) -> str:
+        # kappa_d when every seed is full rank, else at the numerical rank (said so)
+        full = (s.log10_width or {}).get(arch) or {}
+        if full.get("finite_seeds") == full.get("seeds") and full.get("median") is not None:
+            return med(s, arch)
+        return med(s, arch + "_rank") + " @rank"
+
     for s in summary:
         kd = "inf" if s.kappa_d_mean is None else f"{s.kappa_d_mean:.4g} +- {s.kappa_d_std:.2g}"
         t.add_row(
@@ -238,6 +315,8 @@ def _sweep_table(summary: list[SweepSummary]):
             kd,
             f"{s.kappa_rank_mean:.4g} +- {s.kappa_rank_std:.2g}",
             f"{s.log10_kappa_rank_mean:.3f} +- {s.log10_kappa_rank_std:.2f}",
+            scale(s, "relu"),
+            scale(s, "attn"),
         )
     return t
 

@@ -1103,14 +1103,20 @@ def _width_trend(measure: str, cells: list[TransformerCell], key: Callable[[Tran
     for sd in seeds:
         vals = [next((key(c) for c in cells if c.width == w and c.seed == sd and not c.diverged), float("nan")) for w in ws]
         slopes.append(_loglog_slope(ws, vals))
-    curve = [_stats([key(c) for c in cells if c.width == w and not c.diverged])["mean"] for w in ws]
+    by_width = [_stats([key(c) for c in cells if c.width == w and not c.diverged]) for w in ws]
+    curve = [b["mean"] for b in by_width]
+    sds = [b["std"] for b in by_width]
     mono = all(math.isfinite(x) and math.isfinite(y) and y < x for x, y in zip(curve, curve[1:]))
     st = _stats(slopes)
-    return WidthTrend(measure, slopes, st["mean"], st["std"], curve, mono, _trend(slopes, mono))
+    # non-monotone only for a rise beyond the seed spread; a slope interval containing 0 is no trend
+    return WidthTrend(measure, slopes, st["mean"], st["std"], curve, mono,
+                      _trend(slopes, mono, widths=ws, means=curve, sds=sds))
 
 
-_TREND_WORDS = {"falls": "falls monotonically", "falls-non-monotone": "falls overall but not monotonically",
+_TREND_WORDS = {"falls": "falls (no rise between neighbouring widths beyond the seed spread)",
+                "falls-non-monotone": "falls overall but rises between neighbouring widths by more than the seed spread",
                 "rises": "rises", "mixed": "has no consistent trend (seed slopes differ in sign)",
+                "no-clear-trend": "shows no clear trend (the slope interval includes 0)",
                 "undetermined": "is undetermined (too few finite values)"}
 
 
@@ -1125,10 +1131,16 @@ def _arch_summary(arch: str, cells: list[TransformerCell], widths: Sequence[int]
     rms_slope = _stats(_width_trend("", cells, lambda c: c.distance_rms, ws, seeds).slope_per_seed)["mean"] \
         if measured_distance else float("nan")
     trends = [t for t in (movement, shape, distance) if t is not None]
-    approaches = all(t.trend == "falls" for t in trends)
+    # one seed gives no interval: no kernel-regime claim from it
+    approaches = k > 1 and all(t.trend == "falls" for t in trends)
+
+    from .ntk_distance import slope_interval
 
     def spread(t: WidthTrend) -> str:
-        return f"{t.slope_mean:+.2f} ± {t.slope_std:.2f} over {k} seeds" if k > 1 else f"{t.slope_mean:+.2f}, 1 seed"
+        if k <= 1:
+            return f"{t.slope_mean:+.2f}, 1 seed (no interval)"
+        _, lo, hi, _n = slope_interval(t.slope_per_seed)
+        return f"{t.slope_mean:+.2f} ± {t.slope_std:.2f} over {k} seeds, interval [{lo:+.2f}, {hi:+.2f}]"
 
     def describe(t: WidthTrend, fmt: str = "{:.3g}") -> str:
         return (f"{t.measure} {_TREND_WORDS.get(t.trend, t.trend)} (slope {spread(t)}; {fmt.format(t.mean_by_width[0])} at "
@@ -1145,9 +1157,11 @@ def _arch_summary(arch: str, cells: list[TransformerCell], widths: Sequence[int]
             text += (f", but slowly: {slowest.measure} falls at less than half the m^{KERNEL_RATE} rate "
                      f"(slope {slowest.slope_mean:+.2f}), and at width {ws[-1]} it is still {slowest.mean_by_width[-1]:.3g}")
         text += "."
-    elif any(t.trend == "rises" for t in trends):
+    elif k > 1 and any(t.trend == "rises" for t in trends):
         rising = ", ".join(t.measure for t in trends if t.trend == "rises")
         text += f" — moving away from the kernel regime as it widens ({rising} rises)."
+    elif k <= 1:
+        text += " — one seed gives no interval, so no claim about the kernel regime; rerun with more seeds."
     else:
         text += " — not clearly approaching the kernel regime at these widths."
     return ArchSummary(arch=arch, movement=movement, kernel_distance=shape, distance=distance,

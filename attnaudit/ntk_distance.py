@@ -196,6 +196,14 @@ class ModelSummary:
     monotone_decreasing: bool
     trend: str
     verdict: str
+    slope_interval: list = field(default_factory=list)  # [low, high]: see INTERVAL_RULE
+    interval_rule: str = ""
+    increases_beyond_spread: list = field(default_factory=list)  # [[w_a, w_b, rise, spread], ...]
+    train_acc_by_width: dict = field(default_factory=dict)  # width -> mean net train accuracy over seeds
+    untrained_by_width: dict = field(default_factory=dict)  # width -> within a few points of chance
+    untrained: bool = False  # at chance at every width: no trend claim
+    chance: float | None = None
+    untrained_threshold: float | None = None
 
     def to_dict(self) -> dict:
         return _clean(asdict(self))
@@ -367,44 +375,141 @@ def _mean_pairwise_cosine(Z: torch.Tensor) -> float:
     return ((s @ s - U.pow(2).sum()) / (n * (n - 1))).item()
 
 
-def _trend(slopes: list[float], monotone: bool) -> str:
-    finite = [s for s in slopes if math.isfinite(s)]
-    if not finite:
+def untrained_threshold(n_classes: int, n_train: int) -> tuple[float, float]:
+    """(chance, threshold): training accuracy below ``threshold`` = 1/c + max(0.05, 2 sqrt((1/c)(1 - 1/c)/n))
+    is within a few points (or two binomial standard errors) of chance: the model learned nothing
+    worth a verdict. ``n_classes``: classes present in the training labels."""
+    c = max(int(n_classes), 1)
+    chance = 1.0 / c
+    return chance, chance + max(0.05, 2.0 * math.sqrt(chance * (1.0 - chance) / max(int(n_train), 1)))
+
+
+def slope_interval(slopes: Sequence[float]) -> tuple[float, float, float, int]:
+    """(mean, low, high, k) of the finite per-seed slopes: mean ± 2 sd/sqrt(k) (sd with ddof 1),
+    widened to the per-seed range [min, max] when that is wider; k = 1 gives a point (no interval)."""
+    finite = [float(s) for s in slopes if s is not None and math.isfinite(s)]
+    k = len(finite)
+    if not k:
+        return float("nan"), float("nan"), float("nan"), 0
+    mean = sum(finite) / k
+    if k == 1:
+        return mean, mean, mean, 1
+    sd = math.sqrt(sum((v - mean) ** 2 for v in finite) / (k - 1))
+    half = 2.0 * sd / math.sqrt(k)
+    return mean, min(mean - half, min(finite)), max(mean + half, max(finite)), k
+
+
+INTERVAL_RULE = ("slope interval = mean ± 2 sd/sqrt(k) over the k seeds' log-log slopes (sd ddof 1), widened to "
+                 "the per-seed range when that is wider; an interval that includes 0 reads 'no clear trend'")
+MONOTONE_RULE = ("an increase of the seed-mean between neighbouring widths counts only when it exceeds the seed "
+                 "spread there (the larger of the two widths' sd over seeds)")
+
+
+def increases_beyond_spread(widths: Sequence[int], means: Sequence[float], sds: Sequence[float] | None) -> list[list]:
+    """[[w_a, w_b, rise, spread], ...] for neighbouring widths (sorted) where the mean rises by more
+    than max(sd_a, sd_b) (with one seed, or no sds, every rise counts)."""
+    order = sorted(range(len(widths)), key=lambda i: widths[i])
+    out = []
+    for i, j in zip(order, order[1:]):
+        a, b = means[i], means[j]
+        if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)):
+            continue
+        spread = 0.0
+        if sds is not None:
+            vals = [v for v in (sds[i], sds[j]) if v is not None and math.isfinite(v)]
+            spread = max(vals) if vals else 0.0
+        if b - a > spread:
+            out.append([widths[i], widths[j], b - a, spread])
+    return out
+
+
+def _trend(slopes: list[float], monotone: bool | None = None, *, widths: Sequence[int] | None = None,
+           means: Sequence[float] | None = None, sds: Sequence[float] | None = None, untrained: bool = False) -> str:
+    """The trend word: untrained / undetermined / no-clear-trend / falls / falls-non-monotone / rises.
+
+    ``falls``/``rises`` only when the slope interval (:func:`slope_interval`) excludes 0;
+    ``falls-non-monotone`` when it falls but the seed-mean curve rises between neighbouring
+    widths by more than the seed spread there (``widths``, ``means``, ``sds``; without them the
+    legacy ``monotone`` flag decides). ``untrained``: the model stayed at chance at every
+    width, so no trend is claimed.
+    """
+    if untrained:
+        return "untrained"
+    mean, lo, hi, k = slope_interval(slopes)
+    if not k:
         return "undetermined"
-    if all(s < 0 for s in finite):
-        return "falls" if monotone else "falls-non-monotone"
-    if all(s > 0 for s in finite):
-        return "rises"
-    return "mixed"
+    if lo <= 0 <= hi:
+        return "no-clear-trend"
+    if hi < 0:
+        if widths is not None and means is not None:
+            rising = increases_beyond_spread(widths, means, sds)
+            return "falls-non-monotone" if rising else "falls"
+        return "falls" if (monotone is None or monotone) else "falls-non-monotone"
+    return "rises"
 
 
 KERNEL_RATE = -0.5  # distance ~ m^-1/2 in the kernel regime (kernel fluctuation and movement are O(m^-1/2))
 
 
 def _verdict(label: str, trend: str, slope_mean: float, slope_std: float, k: int, rel_last: float,
-             w_first: int, w_last: int, d_first: float, d_last: float) -> str:
-    """One sentence: the measured trend, its rate against m^-1/2, and what it means."""
+             w_first: int, w_last: int, d_first: float, d_last: float, *, interval: tuple[float, float] | None = None,
+             rising: Sequence | None = None, untrained_widths: Sequence[int] = (),
+             train_acc: dict | None = None, chance: float | None = None) -> str:
+    """One sentence: the measured trend with its interval, its rate against m^-1/2, and what it means.
+
+    Never claims more than the numbers: a model at chance at every width gets no trend claim;
+    an interval that includes 0 reads "no clear trend"; one seed gives no interval, so no claim
+    about the kernel regime is made from it.
+    """
+    accs = train_acc or {}
+    if trend == "untrained":
+        acc = ", ".join(f"m={w}: {100 * a:.0f}%" for w, a in accs.items())
+        where = ("at every width" if not untrained_widths or len(untrained_widths) == len(accs)
+                 else f"at {len(untrained_widths)} of {len(accs)} widths, leaving fewer than two trained widths")
+        return (f"{label}: untrained — the network stayed within a few points of chance ({100 * (chance or 0):.0f}%) "
+                f"{where} (train accuracy {acc}); its distance to the NTK predictor is no evidence about the "
+                "kernel regime, so no claim is made.")
     if trend == "undetermined":
         return f"{label}: trend undetermined (needs at least two widths with finite distances)."
-    spread = f"{slope_mean:+.2f} ± {slope_std:.2f} over {k} seeds" if k > 1 else f"{slope_mean:+.2f}, 1 seed"
+    if interval is not None and k > 1:
+        spread = (f"{slope_mean:+.2f} ± {slope_std:.2f} over {k} seeds, interval [{interval[0]:+.2f}, "
+                  f"{interval[1]:+.2f}]")
+    else:
+        spread = f"{slope_mean:+.2f} ± {slope_std:.2f} over {k} seeds" if k > 1 else f"{slope_mean:+.2f}, 1 seed (no interval)"
     factor = d_first / d_last if d_last and d_last > 0 else float("nan")
     predicted = (w_last / w_first) ** -KERNEL_RATE
     change = f"fell by a factor {factor:.3g}" if factor >= 1 else f"rose by a factor {1 / factor:.3g}"
     rate = (f"log-log slope {spread}, kernel regime about {KERNEL_RATE}; the distance {change} from m={w_first} "
             f"to m={w_last}, where m^-1/2 predicts a fall by a factor {predicted:.3g}; "
             f"relative distance {rel_last:.1%} at m={w_last}")
+    one_seed = k <= 1
     if trend == "falls":
-        slow = slope_mean > KERNEL_RATE / 2
-        what = ("approaching the kernel regime as width grows, but at less than half the m^-1/2 rate"
-                if slow else "approaching the kernel regime as width grows")
-        return f"{label}: distance to the NTK predictor falls monotonically with width ({rate}) — {what}."
-    if trend == "falls-non-monotone":
-        return (f"{label}: distance falls overall but not monotonically with width ({rate}) — not clearly "
-                f"approaching the kernel regime at these widths.")
-    if trend == "rises":
-        return f"{label}: distance to the NTK predictor rises with width ({rate}) — moving away from the kernel regime."
-    return (f"{label}: no consistent trend of distance with width (seed slopes differ in sign; {rate}) — no "
-            f"evidence of approaching the kernel regime at these widths.")
+        head = (f"{label}: distance to the NTK predictor falls with width, no rise between neighbouring widths beyond "
+                f"the seed spread ({rate})")
+        if one_seed:
+            claim = "a single seed gives no interval, so this is not resolved; rerun with more seeds"
+        else:
+            claim = ("approaching the kernel regime as width grows, but at less than half the m^-1/2 rate"
+                     if slope_mean > KERNEL_RATE / 2 else "approaching the kernel regime as width grows")
+    elif trend == "falls-non-monotone":
+        where = "; ".join(f"m={a}->{b} rose by {r:.3g} (seed spread {sp:.2g})" for a, b, r, sp in (rising or []))
+        head = f"{label}: distance falls overall but not monotonically with width ({where}{'; ' if where else ''}{rate})"
+        claim = "not clearly approaching the kernel regime at these widths"
+    elif trend == "rises":
+        head = f"{label}: distance to the NTK predictor rises with width ({rate})"
+        claim = ("a single seed gives no interval, so this is not resolved; rerun with more seeds" if one_seed
+                 else "moving away from the kernel regime")
+    else:
+        head = f"{label}: no clear trend of distance with width (the slope interval includes 0; {rate})"
+        claim = "no evidence of approaching the kernel regime at these widths"
+    if untrained_widths:
+        # a distance measured on a network that learned nothing is no evidence: no regime claim from this sweep
+        claim = (f"no claim about the kernel regime: at width(s) {', '.join(str(w) for w in untrained_widths)} the "
+                 "network stayed within a few points of chance ("
+                 + ", ".join(f"{100 * accs[w]:.0f}%" for w in untrained_widths if w in accs)
+                 + f" train accuracy against a chance level of {100 * (chance or 0):.0f}%), so the trend mixes trained "
+                 "and untrained networks")
+    return f"{head} — {claim}."
 
 
 # Presets: sizes only (the data set comes from --dataset). Explicit options override them.
@@ -526,7 +631,7 @@ def run_ntk_distance(
                     )
             group = [cl for cl in cells if cl.model == arch]
             if group:
-                summaries[arch] = _summarise(arch, group, config, ctx, lr_by_width)
+                summaries[arch] = _summarise(arch, group, config, ctx, lr_by_width, n_present=len(present))
             if ctx.spec_diag["condition_number"] > 1 / torch.finfo(F64).eps or ctx.spec_diag["numerical_rank"] < n:
                 warnings.append(
                     f"{arch}: the analytic NTK on the training set is numerically singular (numerical rank "
@@ -669,22 +774,39 @@ def ntk_cell(payload: dict) -> dict:
     return asdict(cell)
 
 
-def _summarise(arch: str, group: list, config: NTKDistanceConfig, ctx: _ArchContext, lr_by_width: dict) -> "ModelSummary":
-    """Per-model slopes and verdict from the cells that finished (a failed cell leaves its seed's slope out)."""
+def _summarise(arch: str, group: list, config: NTKDistanceConfig, ctx: _ArchContext, lr_by_width: dict,
+               n_present: int | None = None) -> "ModelSummary":
+    """Per-model slopes and verdict from the cells that finished (a failed cell leaves its seed's slope out).
+
+    ``n_present``: classes present in the training labels (chance = 1/n_present; 10 when not given).
+    A model whose mean net training accuracy is at chance at every width gets no trend claim."""
     widths = sorted({cl.width for cl in group}, key=list(config.widths).index)
     per_seed = []
     for s in config.seeds:
         mine = {cl.width: cl.distance_rms for cl in group if cl.seed == s}
         if all(w in mine for w in widths):
             per_seed.append(_loglog_slope(widths, [mine[w] for w in widths]))
-    mean_dist = [_stats([cl.distance_rms for cl in group if cl.width == w])["mean"] for w in widths]
+    dist_stats = [_stats([cl.distance_rms for cl in group if cl.width == w]) for w in widths]
+    mean_dist = [st["mean"] for st in dist_stats]
+    sd_dist = [st["std"] for st in dist_stats]
     mean_move = [_stats([cl.kernel_movement for cl in group if cl.width == w])["mean"] for w in widths]
     mean_init = [_stats([cl.kernel_init_error for cl in group if cl.width == w])["mean"] for w in widths]
     order = sorted(range(len(widths)), key=lambda i: widths[i])
     ordered = [mean_dist[i] for i in order]
     monotone = all(b < a for a, b in zip(ordered, ordered[1:]))
     slope_stats = _stats(per_seed)
-    trend = _trend(per_seed, monotone)
+    # untrained rule: mean net train accuracy per width against chance + a few points
+    n_train = int(ctx.Z.shape[0])
+    c = n_present or 10
+    chance, threshold = untrained_threshold(c, n_train)
+    acc_by_width = {w: _stats([cl.net_train_acc for cl in group if cl.width == w])["mean"] for w in widths}
+    untrained_by_width = {w: bool(math.isfinite(a) and a < threshold) for w, a in acc_by_width.items()}
+    all_untrained = bool(untrained_by_width) and all(untrained_by_width.values())
+    # at chance somewhere and fewer than two trained widths left: no trend to read at all
+    too_few_trained = any(untrained_by_width.values()) and sum(not u for u in untrained_by_width.values()) < 2
+    rising = increases_beyond_spread(widths, mean_dist, sd_dist)
+    trend = _trend(per_seed, monotone, widths=widths, means=mean_dist, sds=sd_dist, untrained=too_few_trained)
+    _, lo, hi, _k = slope_interval(per_seed)
     first, last = widths[order[0]], widths[order[-1]]
     rel_last = _stats([cl.distance_rel for cl in group if cl.width == last])["mean"]
     if config.parametrization == "ntk":
@@ -708,7 +830,17 @@ def _summarise(arch: str, group: list, config: NTKDistanceConfig, ctx: _ArchCont
         monotone_decreasing=monotone,
         trend=trend,
         verdict=_verdict(MODEL_LABELS[arch], trend, slope_stats["mean"], slope_stats["std"], len(per_seed), rel_last,
-                         first, last, mean_dist[order[0]], mean_dist[order[-1]]),
+                         first, last, mean_dist[order[0]], mean_dist[order[-1]], interval=(lo, hi), rising=rising,
+                         untrained_widths=[w for w in widths if untrained_by_width[w]],
+                         train_acc=acc_by_width, chance=chance),
+        slope_interval=[lo, hi],
+        interval_rule=INTERVAL_RULE + "; " + MONOTONE_RULE,
+        increases_beyond_spread=rising,
+        train_acc_by_width={str(w): a for w, a in acc_by_width.items()},
+        untrained_by_width={str(w): u for w, u in untrained_by_width.items()},
+        untrained=all_untrained,
+        chance=chance,
+        untrained_threshold=threshold,
     )
 
 

@@ -484,7 +484,7 @@ def test_preprocess_against_numpy():
     np.testing.assert_array_equal(X.numpy(), Xn)  # input untouched
     with pytest.raises(AuditError, match="preprocess"):
         apply_preprocess(X, "bogus")
-    assert set(PREPROCESS) == {"raw", "center", "standardize", "unit-norm"}
+    assert set(PREPROCESS) == {"raw", "center", "standardize", "unit-norm", "ntk-scale"}  # ntk-scale: issue 14
 
 
 def test_load_with_preprocess_drops_value_range(tmp_path):
@@ -829,3 +829,15 @@ def test_long_user_text_is_clipped_in_spec_errors():
         with pytest.raises(AuditError) as err:
             DataSpec(**kwargs)
         assert len(str(err.value)) < 300
+
+
+def test_ntk_scale_preprocess_against_numpy():
+    """ntk-scale: one global scalar s = sqrt(d / mean ||x||^2); mean ||x||^2 becomes d, directions unchanged."""
+    rng = np.random.default_rng(3)
+    Xn = rng.uniform(0, 1, size=(50, 12))
+    out = apply_preprocess(torch.from_numpy(Xn), "ntk-scale").numpy()
+    s = np.sqrt(12 / np.mean(np.sum(Xn**2, axis=1)))
+    np.testing.assert_allclose(out, s * Xn, rtol=1e-14)
+    assert np.mean(np.sum(out**2, axis=1)) == pytest.approx(12, rel=1e-13)
+    zeros = apply_preprocess(torch.zeros(3, 4, dtype=torch.float64), "ntk-scale")
+    assert torch.equal(zeros, torch.zeros(3, 4, dtype=torch.float64))  # all-zero data stay zero (no 0/0)

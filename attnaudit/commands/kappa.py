@@ -35,7 +35,7 @@ def register(app: typer.Typer) -> None:
         with --checkpoint, the same per attention layer of a trained transformer."""
         from ..device import resolve_device
         from ..data import check_seed, load_dataset
-        from ..kappa import SCHEMA, KappaConfig, analyse_kappa, build_tables, plot_kappa, summarise_sweep, sweep_cell
+        from ..kappa import SCHEMA, KappaConfig, analyse_kappa, build_tables, plot_kappa, summarise_sweep, sweep_cell, sweep_verdicts
         from ..report import build_report
 
         with cli_errors(out.debug):
@@ -82,6 +82,8 @@ def register(app: typer.Typer) -> None:
             result = analyse_kappa(detail_ds.X.to(dev), config)
             timings["analysis"] = time.perf_counter() - t1
             summary = summarise_sweep(cells) if sweeping else None
+            if summary:
+                result.verdicts.extend(sweep_verdicts(summary))
             timings["total"] = time.perf_counter() - t0
 
             results = {"dataset": detail_ds.info, **result.to_dict()}

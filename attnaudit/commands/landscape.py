@@ -32,6 +32,7 @@ PRESETS: dict[str, dict] = {
     "paper": dict(dataset="mnist", split="train", n_train=2000, width=256, steps=1000, lr=4.0),
 }
 ARCHS = ("relu", "attn")
+DEFAULT_ADAM_LR = 1e-3  # the default --lr of --optimizer adam (the preset lr is a GD rate)
 
 
 def _on_device(task, device):
@@ -60,7 +61,10 @@ def register(app: typer.Typer) -> None:
         steps: Annotated[Optional[int], typer.Option("--steps", help="Full-batch GD steps (the budget under --match-loss).")] = None,
         lr: Annotated[Optional[float], typer.Option("--lr", help="GD learning rate (default from --preset).")] = None,
         loss: Annotated[Optional[str], typer.Option("--loss", help="mse or ce: the training loss whose landscape is measured (default mse; a checkpoint's recorded training loss).")] = None,
-        match_loss: Annotated[Optional[float], typer.Option("--match-loss", help="Train each model until its training loss reaches this value (or say it could not), so sharpness is compared at equal loss.")] = None,
+        match_loss: Annotated[Optional[float], typer.Option("--match-loss", help="Train each model until its training loss reaches this value (or say it could not), so sharpness is compared at equal loss (full-batch GD only). Models are compared only when their losses are within 10 %.")] = None,
+        n_seeds: Annotated[int, typer.Option("--seeds", help="Independent initialisations, trainings and analyses per built-in model (seeds seed, seed+1, ...); the JSON gains per-seed values with mean/sd, and the comparison uses the mean with its standard error.")] = 1,
+        optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="How the built-in models are trained: gd (full-batch gradient descent, default), sgd or adam (attnaudit.fit).")] = None,
+        batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="Rows per step of --optimizer sgd/adam (default: full batch).")] = None,
         top_k: Annotated[int, typer.Option("--top-k", help="Number of top Hessian eigenvalues (Lanczos).")] = 5,
         hutchinson_samples: Annotated[int, typer.Option("--hutchinson-samples", help="Rademacher probes for the Hessian trace.")] = 30,
         directions: Annotated[str, typer.Option("--directions", help="random (filter-normalized Gaussian) or hessian (top eigenvectors) for the surfaces.")] = "random",
@@ -95,7 +99,19 @@ def register(app: typer.Typer) -> None:
             if model and models is not None:
                 raise AuditError("--checkpoint (--model) analyses saved models and --models trains new ones; give one of them")
             if model:
-                refuse_training_options_for_saved_model(width=width, steps=steps, lr=lr, match_loss=match_loss)
+                refuse_training_options_for_saved_model(width=width, steps=steps, lr=lr, match_loss=match_loss,
+                                                        optimizer=optimizer, batch_size=batch_size)
+                if n_seeds != 1:
+                    raise AuditError("--seeds trains independent copies of the built-in models; a saved model is one model, drop --seeds")
+            if n_seeds < 1:
+                raise AuditError(f"--seeds must be a positive integer, got {n_seeds}")
+            check_seed(seed, "--seed", count=n_seeds)
+            opt_name = (optimizer or "gd").strip().lower()
+            if opt_name not in ("gd", "sgd", "adam"):
+                raise AuditError(f"unknown --optimizer {optimizer!r}; use gd, sgd or adam")
+            if opt_name != "gd" and match_loss is not None:
+                raise AuditError("--match-loss stops full-batch GD at a training loss; with --optimizer sgd/adam train "
+                                 "for --steps and compare (models are compared when their losses are within 10 %)")
             arch_list = tuple(a.strip().lower() for a in parse_list(models if models is not None else "relu,attn", str, "--models"))
             bad = [a for a in arch_list if a not in ARCHS]
             if bad:
@@ -115,7 +131,16 @@ def register(app: typer.Typer) -> None:
                 recorded = {lm.loss for lm in saved_models.values() if lm.loss}
                 loss = recorded.pop() if len(recorded) == 1 else "mse"
             loss_name = loss.strip().lower()
-            train_cfg = TrainConfig(loss=loss_name, lr=preset_value(lr, p, "lr"), steps=preset_value(steps, p, "steps"), loss_tol=match_loss, record_every=10)
+            lr_value = lr if lr is not None else (DEFAULT_ADAM_LR if opt_name == "adam" else p["lr"])
+            train_cfg = TrainConfig(loss=loss_name, lr=lr_value, steps=preset_value(steps, p, "steps"), loss_tol=match_loss, record_every=10)
+            recipe = None
+            if opt_name != "gd" and not model:
+                from ..fit import Recipe
+
+                recipe = Recipe(optimizer=opt_name, lr=lr_value, batch_size=batch_size, steps=train_cfg.steps,
+                                loss=loss_name, seed=seed)
+            elif batch_size is not None:
+                raise AuditError("--batch-size applies to --optimizer sgd or adam (gd uses every row at every step); drop it")
             patterns = tuple(parse_list(params, str, "--params")) if params is not None else None
             config = LandscapeConfig(
                 loss=loss_name, directions=directions.strip().lower(), points=points, span=span, grid=grid,
@@ -161,14 +186,18 @@ def register(app: typer.Typer) -> None:
                     saved_tasks = {label: _on_device(lm.task(loss=loss_name), dev) for label, lm in fitted.items()}
                 load_time = time.perf_counter() - t0
                 if not opts.quiet:
-                    what = f"saved model(s) {', '.join(labels)}" if model else f"models {','.join(labels)}, width {m}, {train_cfg.steps} steps, lr {train_cfg.lr:g}"
+                    what = (f"saved model(s) {', '.join(labels)}" if model else
+                            f"models {','.join(labels)}, width {m}, {opt_name} {train_cfg.steps} steps, lr {train_cfg.lr:g}"
+                            + (f", batch {batch_size}" if batch_size else "") + (f", {n_seeds} seeds" if n_seeds > 1 else ""))
                     opts.console.print(f"landscape: {ds.name} ({split_name}), n={ds.n}, {what}", highlight=False)
-                total = run_work_units(config, len(labels), 0 if model else train_cfg.steps)
+                steps_per_model = 0 if model else (recipe.total_steps(ds.n) if recipe is not None else train_cfg.steps)
+                total = run_work_units(config, len(labels) * n_seeds, steps_per_model)
                 with progress(opts, "landscape", total) as advance:
                     run = run_landscape(
                         dataclasses.replace(ds, X=ds.X.to(dev), y=ds.y.to(dev)), config,
                         models=None if model else arch_list, width=m, train_config=None if model else train_cfg,
-                        seed=seed, saved=saved_tasks,
+                        seed=seed, saved=saved_tasks, seeds=None if model else tuple(range(seed, seed + n_seeds)),
+                        recipe=recipe,
                         saved_info={label: {"source": lm.source.get("path") or lm.source.get("factory"), "checkpoint": lm.source,
                                             **({"audit_rows": rows_note} if rows_note else {})}
                                     for label, lm in saved_models.items()},
@@ -193,18 +222,23 @@ def register(app: typer.Typer) -> None:
                     "saved_models": model,
                     "width": None if model else m,
                     "training": None if model else dataclasses.asdict(train_cfg),
+                    "optimizer": None if model else (recipe.to_dict() if recipe is not None else {"optimizer": "gd", "lr": train_cfg.lr, "batch_size": None, "steps": train_cfg.steps, "loss": loss_name}),
+                    "seeds": None if model else n_seeds,
                     "match_loss": match_loss,
+                    "loss_comparable_within": 0.10,
                     "landscape": dataclasses.asdict(config),
                 },
-                seeds={"base_seed": seed, "model_seed": None if model else seed, "subset_seed": seed, "landscape": config.seeds()},
+                seeds={"base_seed": seed, "model_seed": None if model else seed, "subset_seed": seed, "landscape": config.seeds(),
+                       "model_seeds": None if model else list(range(seed, seed + n_seeds))},
                 device=dev,
                 dtype=config.dtype,
                 timings=timings,
-                results={"dataset": ds.info, "models": out["models"], "gd_stability_bound": out["gd_stability_bound"]},
+                results={"dataset": ds.info, "models": out["models"], "gd_stability_bound": out["gd_stability_bound"],
+                         "optimizer": out["optimizer"]},
                 warnings=list(run.warnings),
                 verdicts=list(run.verdicts),
             )
-            renderables: list = build_tables(run.results, run.training if not model else {}, run.lr)
+            renderables: list = build_tables(run.results, run.training if not model else {}, run.lr, run=run)
             renderables.extend(Text(f"- {v}") for v in run.verdicts)
             renderables.extend(Text(f"warning: {w}", style="yellow") for w in run.warnings)
             title = f"{ds.name}: n={ds.n}, {loss_name}, directions {config.directions}, seed {seed}"

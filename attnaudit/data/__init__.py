@@ -53,7 +53,7 @@ from .builtin import (
 )
 from .loader import load_dataset
 from .recipe import HoldoutRecipe
-from .preprocess import _preprocess_inplace, apply_preprocess
+from .preprocess import _preprocess_inplace, apply_preprocess, ntk_scale_factor
 from .readers import (
     CSV_LABEL_COLUMNS,
     IMAGE_SUFFIXES,
@@ -90,6 +90,7 @@ from .spec import (
 __all__ = [
     "CSV_LABEL_COLUMNS", "DATASETS", "DataSpec", "Dataset", "HoldoutRecipe", "IMAGE_SUFFIXES", "MAX_CLASSES", "MAX_SEED", "PREPROCESS",
     "SPLITS", "SYNTHETIC_CLASSES", "USER_SUFFIXES", "X_NAMES", "Y_NAMES", "apply_preprocess", "check_seed",
-    "data_fingerprint", "default_data_dir", "image_shape", "holdout_split", "load_dataset", "subset", "parse_classes", "read_idx",
+    "data_fingerprint", "default_data_dir", "image_shape", "holdout_split", "load_dataset", "ntk_scale_factor", "subset",
+    "parse_classes", "read_idx",
     "synthetic_matrix",
 ]

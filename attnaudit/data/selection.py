@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ..errors import AuditError
-from .preprocess import _preprocess_inplace
+from .preprocess import _preprocess_inplace, ntk_scale_factor
 from .spec import Dataset, DataSpec, _is_int, _short_list, _show, _Source, check_seed
 
 
@@ -168,6 +168,7 @@ def _finish(src: _Source, spec: DataSpec, n: int | None, stratify: bool) -> Data
         value_range: tuple[float, float] | None = src.value_range
     else:
         value_range = (float(X.min()), float(X.max()))
+    scale = ntk_scale_factor(X) if spec.preprocess == "ntk-scale" else None
     _preprocess_inplace(X, spec.preprocess)
     y = torch.from_numpy(np.ascontiguousarray(src.y[idx])) if src.y is not None else None
     info = dict(src.info)
@@ -184,7 +185,12 @@ def _finish(src: _Source, spec: DataSpec, n: int | None, stratify: bool) -> Data
             "indices_sha256": _checksum(idx),
         }
     )
-    if y is not None:
+    if scale is not None:
+        # one global scalar: the valid range (attack clipping) scales with the data
+        info["preprocess_scale"] = scale
+        info["preprocess_scale_rule"] = "x -> s x with s = sqrt(d / mean_i ||x_i||^2) over the loaded rows"
+        info["mean_sq_norm_after"] = float(X.pow(2).sum()) / max(X.shape[0], 1)
+        value_range = (value_range[0] * scale, value_range[1] * scale)
         labels, counts = np.unique(src.y[idx], return_counts=True)
         info["class_counts"] = {str(int(k)): int(c) for k, c in zip(labels, counts)}
     return Dataset(
@@ -192,7 +198,7 @@ def _finish(src: _Source, spec: DataSpec, n: int | None, stratify: bool) -> Data
         y=y,
         name=src.name,
         n_classes=src.n_classes,
-        value_range=value_range if spec.preprocess == "raw" else None,
+        value_range=value_range if spec.preprocess in ("raw", "ntk-scale") else None,
         feature_shape=tuple(int(s) for s in src.X.shape[1:]),
         info=info,
     )

@@ -15,7 +15,7 @@ import torch
 from ..errors import AuditError
 
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "synthetic")
-PREPROCESS = ("raw", "center", "standardize", "unit-norm")
+PREPROCESS = ("raw", "center", "standardize", "unit-norm", "ntk-scale")
 SPLITS = ("train", "test")
 MAX_SEED = 2**32 - 1  # numpy/torch seeds beyond this are refused rather than silently folded
 MAX_CLASSES = 100_000  # labels are class indices 0..K-1 with K at most this

@@ -8,7 +8,7 @@ Modules, one job each:
 * :mod:`.structured` -- the declared fast path for the built-in two-layer nets;
 * :mod:`.surfaces` -- 1-D and 2-D surfaces; :mod:`.basin` -- the basin width;
 * :mod:`.analysis` -- :class:`LandscapeConfig`, :class:`LandscapeResult`, :func:`analyze_landscape`;
-* :mod:`.compare` -- verdicts and warnings comparing models;
+* :mod:`.compare` -- verdicts and warnings comparing models (10 % loss gate, seed tolerances, untrained rule);
 * :mod:`.run` -- :func:`run_landscape`: train or take saved models, analyse, compare;
 * :mod:`.report` -- table and figure.
 
@@ -19,7 +19,15 @@ Hessian-vector products are the engine's (:meth:`attnaudit.core.engine.Engine.hv
 from ..core.linalg import EigenResult, TraceResult, hutchinson_trace, lanczos_top_eigen
 from .analysis import LandscapeConfig, LandscapeResult, analyze_landscape
 from .basin import BasinResult, basin_width
-from .compare import EOS_SHARE, LOSS_MISMATCH_RATIO, compare_landscapes, loss_mismatch_warning
+from .compare import (
+    EOS_SHARE,
+    LOSS_MISMATCH_RATIO,
+    RESOLVE_SE,
+    compare_landscapes,
+    loss_mismatch_warning,
+    untrained_status,
+    untrained_threshold,
+)
 from .directions import DIRECTION_KINDS, Params, eigenvector_direction, filter_normalize, params_norm, random_direction
 from .evaluate import (
     BACKENDS,
@@ -38,11 +46,11 @@ from .surfaces import Surface1D, Surface2D, loss_surface_1d, loss_surface_2d, sy
 
 __all__ = [
     "ARCHS", "BACKENDS", "BasinResult", "DIRECTION_KINDS", "EOS_SHARE", "EigenResult", "FAST_PATH", "GENERIC_PATH",
-    "LOSS_MISMATCH_RATIO", "LandscapeConfig", "LandscapeResult", "LandscapeRun", "ParameterSelectionError", "Params",
+    "LOSS_MISMATCH_RATIO", "RESOLVE_SE", "LandscapeConfig", "LandscapeResult", "LandscapeRun", "ParameterSelectionError", "Params",
     "PointEval", "Surface1D", "Surface2D", "SurfaceEvaluator", "TraceResult", "analyze_landscape", "basin_width",
     "build_evaluator", "build_reference_model", "compare_landscapes", "eigenvector_direction", "evaluate_points",
     "filter_normalize", "hutchinson_trace", "landscape_engine", "landscape_task", "lanczos_top_eigen",
     "loss_and_accuracy", "loss_mismatch_warning", "loss_surface_1d", "loss_surface_2d", "params_norm",
     "random_direction", "run_landscape", "run_work_units", "state_dict_loop", "symmetric_grid",
-    "train_reference_model",
+    "train_reference_model", "untrained_status", "untrained_threshold",
 ]

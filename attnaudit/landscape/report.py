@@ -17,8 +17,10 @@ def _g(x: float | None, digits: int = 4) -> str:
     return f"{x:.{digits}g}"
 
 
-def build_tables(results: dict[str, LandscapeResult], training: dict[str, dict], lr: float | None) -> list:
-    """One rich table, a column per model."""
+def build_tables(results: dict[str, LandscapeResult], training: dict[str, dict], lr: float | None, run=None) -> list:
+    """One rich table, a column per model (the first seed's analysis); with ``run`` (a
+    :class:`~attnaudit.landscape.run.LandscapeRun`) also the untrained flags and, for several
+    seeds, the mean +- sd over seeds."""
     from rich.table import Table
 
     labels = list(results)
@@ -49,7 +51,33 @@ def build_tables(results: dict[str, LandscapeResult], training: dict[str, dict],
     )
     if lr is not None:
         t.add_row("GD stability bound 2/lr", *[_g(2.0 / lr) if k in training else "-" for k in labels])
-    return [t]
+    if run is not None and run.status:
+        def flag(k: str) -> str:
+            st = run.status.get(k) or {}
+            if st.get("untrained") is None:
+                return "-"
+            return (f"UNTRAINED (< {100 * st['threshold']:.1f}%)" if st["untrained"]
+                    else f"no (chance {100 * st['chance']:.0f}%)")
+        t.add_row("at chance (untrained)?", *[flag(k) for k in labels])
+    tables = [t]
+    if run is not None and len(run.seeds) > 1 and run.seed_results:
+        from .run import seed_record, seed_summary
+
+        st = Table(title=f"over {len(run.seeds)} seeds ({', '.join(str(s) for s in run.seeds)}): mean +- sd")
+        st.add_column("quantity")
+        for label in labels:
+            st.add_column(label, justify="right")
+        summaries = {k: seed_summary([seed_record(s, r) for s, r in zip(run.seeds, run.seed_results.get(k, []))])
+                     for k in labels}
+        for key, name in (("loss", "training loss"), ("accuracy", "training accuracy"), ("lambda_max", "lambda_max"),
+                          ("trace", "trace(H)"), ("basin_width", "basin width")):
+            if key == "accuracy":
+                st.add_row(name, *[f"{100 * summaries[k]['mean'][key]:.1f}% +- {100 * summaries[k]['sd'][key]:.1f}%"
+                                   for k in labels])
+            else:
+                st.add_row(name, *[f"{_g(summaries[k]['mean'][key])} +- {_g(summaries[k]['sd'][key], 2)}" for k in labels])
+        tables.append(st)
+    return tables
 
 
 def plot_landscape(results: dict[str, LandscapeResult], path: str | Path, title: str = "") -> None:

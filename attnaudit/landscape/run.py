@@ -52,13 +52,47 @@ def run_work_units(config: LandscapeConfig, n_models: int, train_steps: int = 0)
     return n_models * (config.work_units() + train_steps)
 
 
+SEED_FIELDS = ("loss", "accuracy", "lambda_max", "trace", "trace_stderr", "basin_width", "basin_stderr")
+
+
+def seed_record(seed: int, r: LandscapeResult) -> dict:
+    """The headline numbers of one seed's analysis (per-seed values of the per-model JSON)."""
+    return {
+        "seed": seed, "loss": r.loss, "accuracy": r.accuracy,
+        "lambda_max": r.eigen.eigenvalues[0] if r.eigen.eigenvalues else float("nan"),
+        "top_eigenvalues": list(r.eigen.eigenvalues), "trace": r.trace.estimate, "trace_stderr": r.trace.stderr,
+        "basin_width": r.basin.width, "basin_stderr": r.basin.stderr, "basin_censored": r.basin.censored,
+    }
+
+
+def seed_summary(records: Sequence[dict]) -> dict:
+    """Per-seed values with mean and sd (ddof 1; 0 for one seed) of each headline number."""
+    import math
+
+    mean, sd = {}, {}
+    for key in SEED_FIELDS:
+        vals = [float(rec[key]) for rec in records if rec.get(key) is not None and math.isfinite(rec[key])]
+        if not vals:
+            mean[key] = sd[key] = None
+            continue
+        m = sum(vals) / len(vals)
+        mean[key] = m
+        sd[key] = math.sqrt(sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
+    return {"n_seeds": len(records), "values": list(records), "mean": mean, "sd": sd,
+            "note": "the model's other fields (loss, accuracy, top_eigenvalues, trace, basin, surfaces) are the first "
+                    "seed's; the comparison uses the mean over seeds with its standard error"}
+
+
 @dataclass(frozen=True)
 class LandscapeRun:
     """Landscapes of several models on the same data, with the comparison's verdicts and warnings.
 
     ``training[label]``: how the model came to be (trained here: steps run, final loss,
     loss curve, seed; saved: its source and spec). ``lr``: the GD learning rate when the
-    models were trained here (GD's stability bound is 2 / lr), else None.
+    models were trained here with full-batch GD (GD's stability bound is 2 / lr), else None.
+    ``results``: the first seed's analysis per model; ``seed_results``: every seed's (``seeds``
+    lists them; one seed unless ``--seeds``). ``status[label]``: the untrained rule (chance,
+    threshold, mean training accuracy, ``untrained``).
     """
 
     results: dict[str, LandscapeResult]
@@ -67,15 +101,34 @@ class LandscapeRun:
     warnings: tuple[str, ...]
     lr: float | None = None
     timings: dict = field(default_factory=dict)
+    seed_results: dict[str, list[LandscapeResult]] = field(default_factory=dict)
+    seed_training: dict[str, list[dict]] = field(default_factory=dict)
+    seeds: tuple[int, ...] = ()
+    status: dict[str, dict] = field(default_factory=dict)
+    optimizer: dict | None = None
 
     @property
     def labels(self) -> list[str]:
         return list(self.results)
 
+    def model_dict(self, label: str) -> dict:
+        out = {"training": self.training[label], **self.results[label].to_dict()}
+        st = self.status.get(label)
+        if st is not None:
+            out.update({"untrained": st["untrained"], "chance": st["chance"], "untrained_threshold": st["threshold"]})
+        runs = self.seed_results.get(label)
+        if runs:
+            seeds = self.seeds or tuple(range(len(runs)))
+            out["seeds"] = seed_summary([seed_record(s, r) for s, r in zip(seeds, runs)])
+            if self.seed_training.get(label):
+                out["seeds"]["training"] = self.seed_training[label]
+        return out
+
     def to_dict(self) -> dict:
         return {
-            "models": {k: {"training": self.training[k], **r.to_dict()} for k, r in self.results.items()},
+            "models": {k: self.model_dict(k) for k in self.results},
             "gd_stability_bound": None if self.lr is None else 2.0 / self.lr,
+            "optimizer": self.optimizer,
             "verdicts": list(self.verdicts),
             "warnings": list(self.warnings),
         }
@@ -102,6 +155,9 @@ def run_landscape(
     saved: Mapping[str, nn.Module | Task] | None = None,
     saved_info: Mapping[str, dict] | None = None,
     progress: Progress = None,
+    seeds: Sequence[int] | None = None,
+    recipe=None,
+    loss_ratio: float | None = None,
 ) -> LandscapeRun:
     """Train the reference models ``models`` (default relu, attn) on ``data``, or take the
     ``saved`` ones (label -> module or Task), analyse each with ``config`` and compare them.
@@ -111,6 +167,14 @@ def run_landscape(
     (its ``loss_tol`` is the match-loss target). ``saved_info``: provenance recorded under
     each saved model's ``training`` (e.g. its file). Saved models carrying a training-data
     fingerprint that differs from ``data`` get a warning.
+
+    ``seeds``: built-in models only; one independent initialisation, training and analysis
+    (random directions, Lanczos start, probes: ``config.seed`` + the seed's offset from the
+    first) per seed, default ``(seed,)``. ``results`` holds the first seed's analysis, so a
+    one-seed run is unchanged; the comparison uses the mean over seeds. ``recipe``: an
+    :class:`attnaudit.fit.Recipe` (``sgd``/``adam`` with a batch size) trains the built-in
+    models with :func:`attnaudit.fit.fit` instead of full-batch GD (``train_config`` then only
+    names the loss); its ``seed`` (data order) is replaced by each model seed.
     """
     from .. import training as gd  # looked up at call time (tests replace gd.train)
 
@@ -146,36 +210,83 @@ def run_landscape(
             raise AuditError("list each reference model once (relu, attn)")
         train_config = train_config or gd.TrainConfig(loss=config.loss or "mse")
         nets = {a: build_reference_model(a, X, data.n_classes, width=width, seed=seed) for a in archs}
+    seed_list = tuple(int(s) for s in seeds) if seeds is not None else (int(seed),)
+    if not seed_list or len(set(seed_list)) != len(seed_list):
+        raise AuditError("give at least one seed, each once")
+    if saved and len(seed_list) > 1:
+        raise AuditError("--seeds trains independent copies of the built-in models; a saved model is one model")
+    if recipe is not None and saved:
+        raise AuditError("--optimizer and --batch-size say how to train the built-in models; a saved model is trained already")
     for net in nets.values():  # a selector that matches nothing fails now, before training or analysis
         parameter_names(landscape_task(net, X, config.loss, config.params), X)
 
     results: dict[str, LandscapeResult] = {}
-    for label, net in nets.items():
-        t1 = time.perf_counter()
-        if train_config is not None:
-            tr = gd.train(net, X, y, train_config)
-            if tr.diverged:
-                raise AuditError(f"training {label} diverged (loss {tr.final_loss}); lower the learning rate")
-            training[label] = {
-                "steps_run": tr.steps_run, "final_loss": tr.final_loss, "reached_match_loss": tr.reached_tol,
-                "loss_curve_every_10": tr.loss_curve, "model_seed": seed,
-            }
-            if progress is not None:
-                progress(train_config.steps)
-        timings[f"{label}.train"] = time.perf_counter() - t1
-        t1 = time.perf_counter()
-        results[label] = analyze_landscape(net, X, y, config, progress=progress)
-        timings[f"{label}.analysis"] = time.perf_counter() - t1
+    seed_results: dict[str, list[LandscapeResult]] = {label: [] for label in nets}
+    seed_training: dict[str, list[dict]] = {label: [] for label in nets}
+    for label in list(nets):
+        for i, s in enumerate(seed_list):
+            net = nets[label] if i == 0 else build_reference_model(label, X, data.n_classes, width=width, seed=s)
+            cfg = config if i == 0 else dataclasses.replace(config, seed=config.seed + (s - seed_list[0]))
+            t1 = time.perf_counter()
+            if train_config is not None:
+                info = _train_one(label, net, X, y, train_config, recipe, s, gd)
+                seed_training[label].append(info)
+                if i == 0:
+                    training[label] = info
+                if progress is not None:
+                    progress(info.pop("_units"))
+            timings[f"{label}.train"] = timings.get(f"{label}.train", 0.0) + time.perf_counter() - t1
+            t1 = time.perf_counter()
+            res = analyze_landscape(net, X, y, cfg, progress=progress)
+            timings[f"{label}.analysis"] = timings.get(f"{label}.analysis", 0.0) + time.perf_counter() - t1
+            seed_results[label].append(res)
+            if i == 0:
+                results[label] = res
 
-    lr = None if train_config is None else train_config.lr
+    lr = None if train_config is None or recipe is not None else train_config.lr
+    n_present = int(torch.unique(y).numel())
     verdicts, warnings = compare_landscapes(
         results, training if train_config is not None else {}, lr=lr,
         match_loss=None if train_config is None else train_config.loss_tol, saved=bool(saved),
+        seed_results=seed_results, n_classes=n_present,
+        **({} if loss_ratio is None else {"loss_ratio": loss_ratio}),
     )
+    from .compare import untrained_status
+
+    status = untrained_status({k: [r.accuracy for r in v] for k, v in seed_results.items()}, n_present, int(X.shape[0]))
     return LandscapeRun(
         results=results, training=training, verdicts=tuple(verdicts), warnings=tuple(provenance + list(warnings)),
-        lr=lr, timings=timings,
+        lr=lr, timings=timings, seed_results=seed_results if not saved else {},
+        seed_training=seed_training if len(seed_list) > 1 else {}, seeds=seed_list, status=status,
+        optimizer=None if train_config is None else (
+            recipe.to_dict() if recipe is not None else {"optimizer": "gd", "lr": train_config.lr, "batch_size": None,
+                                                         "steps": train_config.steps, "loss": train_config.loss}),
     )
+
+
+def _train_one(label: str, net: nn.Module, X: torch.Tensor, y: torch.Tensor, train_config, recipe, seed: int, gd) -> dict:
+    """Train one built-in model (full-batch GD, or :func:`attnaudit.fit.fit` with ``recipe``); its training record."""
+    if recipe is None:
+        tr = gd.train(net, X, y, train_config)
+        if tr.diverged:
+            raise AuditError(f"training {label} diverged (loss {tr.final_loss}); lower the learning rate")
+        return {
+            "steps_run": tr.steps_run, "final_loss": tr.final_loss, "reached_match_loss": tr.reached_tol,
+            "loss_curve_every_10": tr.loss_curve, "model_seed": seed, "optimizer": "gd", "_units": train_config.steps,
+        }
+    from ..fit import fit
+
+    rec = dataclasses.replace(recipe, seed=int(seed))
+    res = fit(net, X, y, rec)
+    if res.diverged:
+        raise AuditError(f"training {label} diverged ({res.notes[0] if res.notes else 'non-finite loss'}); lower --lr")
+    reached = None if train_config.loss_tol is None else bool(res.final_train_loss <= train_config.loss_tol)
+    return {
+        "steps_run": res.steps_run, "final_loss": res.final_train_loss, "reached_match_loss": reached,
+        "loss_curve_every_10": res.loss_curve[::10], "model_seed": seed, "optimizer": rec.optimizer,
+        "batch_size": rec.batch_size, "lr": rec.lr, "train_accuracy": res.train_accuracy, "path": res.path,
+        "_units": rec.total_steps(int(X.shape[0])),
+    }
 
 
 def _provenance(nets: Mapping[str, nn.Module | Task], X: torch.Tensor, y: torch.Tensor) -> list[str]:
