@@ -25,6 +25,7 @@ TOP_KEYS = ("version", "name", "seed", "data", "model", "checks")
 CHECK_KEYS = ("name", "analysis", "description", "options", "use_model", "metric", "select", "stat", "max", "min",
               "better", "tolerance", "tolerance_rel")
 MODEL_KEYS = (*MODEL_OPTIONS, "arch", "train", "save")
+SUBSET_OPTIONS = ("n", "stratify")  # data options only some commands take (kappa)
 BETTER = ("lower", "higher")
 
 
@@ -268,6 +269,11 @@ def _check(raw: Any, index: int, plan_data: dict, model: ModelSection | None, na
         raise AuditError(f"{where}.analysis: unknown analysis {raw['analysis']!r}{hint(analysis, ANALYSES)}; "
                          f"use one of {', '.join(ANALYSES)}")
     own = _options(raw.get("options"), analysis, f"{where}.options", REFUSED)
+    params = option_params(analysis)
+    for key in plan_data:
+        if key in SUBSET_OPTIONS and key not in params and key not in own:
+            raise AuditError(f"data.{key}: {analysis} (checks[{index}]) has no --{key} option; move {key} into the "
+                             "options of the checks that take it")
     options = {**plan_data, **own}
     use_model = raw.get("use_model", True)
     _expect(use_model, (bool,), "true or false", f"{where}.use_model")
@@ -344,9 +350,10 @@ def _parse(data: Any, path: str, sha256: str) -> AuditPlan:
     plan_data: dict[str, Any] = {}
     for key, value in raw_data.items():
         key_name = normalise(key)
-        if key_name not in DATA_OPTIONS:
-            raise AuditError(f"data.{key}: unknown data option{hint(key_name, DATA_OPTIONS)} (allowed: "
-                             f"{', '.join(DATA_OPTIONS)}; other options go into each check's options)")
+        allowed = (*DATA_OPTIONS, *SUBSET_OPTIONS)
+        if key_name not in allowed:
+            raise AuditError(f"data.{key}: unknown data option{hint(key_name, allowed)} (allowed: "
+                             f"{', '.join(allowed)}; other options go into each check's options)")
         plan_data[key_name] = value
     model = _model(data.get("model"))
     checks = data.get("checks")

@@ -309,7 +309,8 @@ def _check_args(plan: AuditPlan, spec: CheckSpec, model_path: str | None) -> lis
     options = dict(spec.options)
     if "seed" in option_params(spec.analysis) and options.get("seed") is None:
         options["seed"] = plan.seed
-    args = to_args(spec.analysis, options, f"{spec.where}.options")
+    # a canonical order, so the same options written in another order share one run
+    args = to_args(spec.analysis, dict(sorted(options.items())), f"{spec.where}.options")
     return args + (_model_args(plan, spec.analysis, model_path, spec.where) if spec.use_model else [])
 
 
@@ -399,7 +400,7 @@ def run_audit(
                     _dry(spec.analysis, args, "")
                 except AuditError as exc:
                     message = str(exc).removeprefix(": ")
-                    raise AuditError(f"{plan.path}: {_option_key(message, spec)} ({spec.name}): {message}") from None
+                    raise AuditError(f"{plan.path}: {_option_key(message, spec)}: {message} (check {spec.name!r})") from None
             run = runs[key]
             run.checks.append(spec.name)
             checks.append(CheckResult(spec, run.command, run.id))
