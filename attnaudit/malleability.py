@@ -777,11 +777,8 @@ def run_malleability(
         clear_cache()
     failed = [o.failure() for o in outcomes if not o.ok]
     bad_seeds = {o.task.config["seed"] for o in outcomes if not o.ok}
-    runs: list[dict] = []
-    controls: list[dict] = []
-    training: list[dict] = []
-    attack_rows: list[dict] = []
-    diags: list[dict] = []
+    row_keys = ("runs", "controls", "training", "attacks", "diagnostics")
+    merged: dict[str, list] = {key: [] for key in row_keys}
     infl_warnings: dict[str, int] = {}
     examples: dict = {}
     t_train = t_attack = t_infl = 0.0
@@ -789,11 +786,8 @@ def run_malleability(
         if not o.ok or o.task.config["seed"] in bad_seeds:
             continue
         raw = o.result
-        runs += raw["runs"]
-        controls += raw["controls"]
-        training += raw["training"]
-        attack_rows += raw["attacks"]
-        diags += raw["diagnostics"]
+        for key in row_keys:
+            merged[key] += raw[key]
         for w, k in raw["influence_warnings"].items():
             infl_warnings[w] = infl_warnings.get(w, 0) + k
         for arch, ex_rows in raw["examples"].items():
@@ -801,6 +795,7 @@ def run_malleability(
         t_train += raw["timings"]["train"]
         t_attack += raw["timings"]["attack"]
         t_infl += raw["timings"]["influence"]
+    runs, controls, training, attack_rows, diags = (merged[key] for key in row_keys)
 
     status = _model_status(config, training, n_classes, n_train)
     summary, ratios = _aggregate(config, runs, controls, status)

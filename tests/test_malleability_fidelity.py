@@ -42,14 +42,6 @@ def app():
     return app
 
 
-@pytest.fixture(scope="module")
-def digits():
-    from sklearn.datasets import load_digits
-
-    X, y = load_digits(return_X_y=True)
-    X = torch.from_numpy(X / 16.0)
-    y = torch.from_numpy(y).long()
-    return X[:60], y[:60], X[100:130], y[100:130]
 
 
 SMALL = dict(width=8, steps=25, lr=2.0, top_k=10, pgd_steps=2, n_bootstrap=200)
