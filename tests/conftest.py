@@ -1,5 +1,7 @@
 """Fixtures shared by several test modules (a module's own fixture of the same name wins)."""
 
+import signal
+
 import pytest
 import torch
 
@@ -13,3 +15,19 @@ def digits():
     X = torch.from_numpy(X / 16.0)
     y = torch.from_numpy(y).long()
     return X[:60], y[:60], X[100:130], y[100:130]
+
+
+_SIGINT_AT_START = signal.getsignal(signal.SIGINT)
+
+
+@pytest.fixture(autouse=True)
+def _restore_sigint():
+    """``attnaudit.cli.main`` ignores SIGINT just before it exits (so a late Ctrl-C cannot break
+    interpreter shutdown); in a test process that outlives it (tests and module fixtures call
+    it), put the session's handler back before and after every test, or later subprocesses
+    would inherit an ignored SIGINT."""
+    if _SIGINT_AT_START is not None:
+        signal.signal(signal.SIGINT, _SIGINT_AT_START)
+    yield
+    if _SIGINT_AT_START is not None:
+        signal.signal(signal.SIGINT, _SIGINT_AT_START)
