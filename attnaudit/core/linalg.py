@@ -58,6 +58,15 @@ class EigenResult:
         }
 
 
+def _apply_block(matvec: Callable[[torch.Tensor], torch.Tensor], U: torch.Tensor) -> torch.Tensor:
+    """The operator applied to each column of U (size, k) -> (size, k): in one batched call
+    when the operator offers ``matmat`` (rows in, rows out), else column by column."""
+    matmat = getattr(matvec, "matmat", None)
+    if matmat is not None:
+        return matmat(U.T.contiguous()).T
+    return torch.stack([matvec(U[:, i]) for i in range(U.shape[1])], 1)
+
+
 def lanczos_top_eigen(
     matvec: Callable[[torch.Tensor], torch.Tensor],
     size: int,
@@ -146,7 +155,7 @@ def lanczos_top_eigen(
     S = evecs[:, order].to(device=device, dtype=dtype)
     U = Q[:m].T @ S  # (size, kk) Ritz vectors
     U = U / U.norm(dim=0, keepdim=True)
-    HU = torch.stack([matvec(U[:, i]) for i in range(kk)], 1)
+    HU = _apply_block(matvec, U)
     scale = max(float(evals.abs().max()), torch.finfo(dtype).tiny)
     res = (HU - U * vals.to(device=device, dtype=dtype)).norm(dim=0) / scale
     # fix each eigenvector's arbitrary sign: largest-magnitude entry positive
@@ -224,16 +233,21 @@ def hutchinson_trace(
             HU = deflate_products.to(device=device, dtype=dtype)
         else:
             U, _ = torch.linalg.qr(U)  # the estimator is unbiased for any orthonormal U
-            HU = torch.stack([matvec(U[:, i]) for i in range(U.shape[1])], 1)
+            HU = _apply_block(matvec, U)
         exact = float((U * HU).sum())
-    vals = []
-    for _ in range(samples):
-        v = (torch.randint(0, 2, (size,), generator=gen, dtype=torch.int64) * 2 - 1).to(device=device, dtype=dtype)
+    vals: list[float] = []
+    # probes go through the operator in blocks when it offers matmat (one batched pass per
+    # block); the draws are the same sequence either way. Blocks hold at most ~2^24 numbers.
+    block = min(8, max(1, 2**24 // max(size, 1))) if hasattr(matvec, "matmat") else 1
+    while len(vals) < samples:
+        k = min(block, samples - len(vals))
+        V = torch.stack([(torch.randint(0, 2, (size,), generator=gen, dtype=torch.int64) * 2 - 1) for _ in range(k)], 1)
+        V = V.to(device=device, dtype=dtype)
         if U is not None:
-            v = v - U @ (U.T @ v)
-        vals.append(float(v @ matvec(v)))
+            V = V - U @ (U.T @ V)
+        vals.extend((V * _apply_block(matvec, V)).sum(0).tolist())
         if progress is not None:
-            progress(1)
+            progress(k)
     t = torch.tensor(vals, dtype=torch.float64)
     return TraceResult(
         estimate=exact + float(t.mean()),

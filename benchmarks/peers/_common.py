@@ -1,0 +1,100 @@
+"""Shared set-up for the peer benchmarks: the same data, model and timing rules for both sides.
+
+Workloads (float64 throughout; the peers run on exactly the tensors attnaudit sees):
+
+* ``digits``: sklearn's bundled digits, train split (1,437 rows, d = 64), 2-layer ReLU
+  net (NTK parametrisation) of width 32, trained 50 steps of full-batch GD on MSE;
+* ``mnist``: the real MNIST test split in ../shared/data (skipped with a message when
+  absent), the first ``n`` rows (each benchmark states n and the width).
+
+Timing: each side is run once to warm up (imports, allocator, jit), then ``repeats``
+times; the best time is kept. ``RATIO <name>=<attnaudit time / peer time>``: below 1 means
+attnaudit is faster. A peer that is not installed is skipped with a message (exit 0).
+Run with one thread for stable ratios: ``OMP_NUM_THREADS=1 python benchmarks/peers/<file>.py``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from attnaudit.data import DataSpec, load_dataset
+from attnaudit.models import ModelSpec, build_model
+from attnaudit.training import TrainConfig, train
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+
+
+@dataclass
+class Workload:
+    name: str
+    X: torch.Tensor  # (n, d) float64
+    y: torch.Tensor  # (n,) int64
+    model: torch.nn.Module  # float64, eval mode
+    n_classes: int
+
+    def describe(self) -> str:
+        P = sum(p.numel() for p in self.model.parameters())
+        return f"{self.name}: n={self.X.shape[0]} d={self.X.shape[1]} width={self.model_width} P={P}"
+
+    @property
+    def model_width(self) -> int:
+        return int(next(p for p in self.model.parameters() if p.dim() == 2).shape[0])
+
+
+def require(module: str, package: str):
+    """Import a peer or exit 0 with a message (a missing peer is skipped, never a failure)."""
+    try:
+        return importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - any import failure means the peer is unusable here
+        print(f"SKIP {package} is not importable ({exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+              f"install the peers with: pip install -e '.[bench]'")
+        sys.exit(0)
+
+
+def workload(name: str, n: int | None = None, width: int = 32, steps: int = 50, lr: float = 1.0) -> Workload | None:
+    """The named workload, or None (with a message) when its data are absent."""
+    if name == "digits":
+        spec = DataSpec(dataset="digits", split="train", n=n)
+    elif name == "mnist":
+        if not (SHARED / "MNIST").exists():
+            print(f"SKIP mnist workload: no MNIST under {SHARED}")
+            return None
+        spec = DataSpec(dataset="mnist", split="test", data_dir=str(SHARED), n=n, seed=0)
+    else:
+        raise ValueError(name)
+    ds = load_dataset(spec)
+    X, y = ds.X.to(torch.float64), ds.y
+    model = build_model(ModelSpec("relu", X.shape[1], width, ds.n_classes, seed=0), X).to(torch.float64)
+    train(model, X, y, TrainConfig(loss="mse", lr=lr, steps=steps))
+    model.eval()
+    return Workload(name, X, y, model, ds.n_classes)
+
+
+def best_time(fn, repeats: int = 3, warmup: int = 1):
+    """(best seconds over ``repeats`` runs after ``warmup`` runs, last result)."""
+    out = None
+    for _ in range(warmup):
+        out = fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| / max |b|."""
+    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
+
+
+def report(name: str, ours: float, peer: float, agreement: str) -> None:
+    print(f"  attnaudit {ours:.4f} s   peer {peer:.4f} s   agreement: {agreement}")
+    print(f"RATIO {name}={ours / peer:.3f}")
