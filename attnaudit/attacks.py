@@ -111,16 +111,16 @@ class AttackResult:
 
     X_adv: torch.Tensor
     config: AttackConfig
-    loss_before: float
-    loss_after: float
-    accuracy_before: float
-    accuracy_after: float
-    radius_mean: float
-    radius_max: float
-    linf_mean: float = 0.0
-    linf_max: float = 0.0
-    l2_mean: float = 0.0
-    l2_max: float = 0.0
+    loss_before: float | None  # None: perturb(..., evaluate=False)
+    loss_after: float | None
+    accuracy_before: float | None
+    accuracy_after: float | None
+    radius_mean: float | None = None  # perturbation norms: None with evaluate=False
+    radius_max: float | None = None
+    linf_mean: float | None = None
+    linf_max: float | None = None
+    l2_mean: float | None = None
+    l2_max: float | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -196,19 +196,27 @@ def _sign_noise(shape, eps: float, norm: str, gen: torch.Generator) -> torch.Ten
 
 def _input_grad(engine: Engine, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """d l(x_i) / d x_i for every row, in x's dtype (the engine computes in its own)."""
-    g = engine.input_grads(engine.rows(x.detach()), engine.targets(y))
-    return g.to(device=x.device, dtype=x.dtype)
+    return _input_grad_and_logits(engine, x, y)[0]
 
 
-def _attack_chunk(engine: Engine, x, y, config: AttackConfig, noise: torch.Tensor | None) -> torch.Tensor:
+def _input_grad_and_logits(engine: Engine, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    g, logits = engine.input_grads_and_logits(engine.rows(x.detach()), engine.targets(y))
+    return g.to(device=x.device, dtype=x.dtype), logits
+
+
+def _attack_chunk(engine: Engine, x, y, config: AttackConfig, noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(perturbed rows, the clean rows' logits when the attack computed them anyway, else None)."""
     eps, norm, method = config.eps, config.norm, config.method
     if method == "none":
-        return x.clone()
+        return x.clone(), None
     if method in ("random", "sign"):
-        return _clip(x + noise, config)
+        return _clip(x + noise, config), None
     alpha = config.resolved_step_size
     if method == "fgsm":
-        return _clip(x + eps * _unit(_input_grad(engine, x, y), norm), config)
+        g, clean_logits = _input_grad_and_logits(engine, x, y)
+        step = g.sign_() if norm == "linf" else _unit(g, norm)  # g is ours: signed in place
+        x_adv = torch.add(x, step, alpha=eps)
+        return (x_adv if config.clip_min is None else x_adv.clamp_(config.clip_min, config.clip_max)), clean_logits
     delta = torch.zeros_like(x)
     if method == "pgd" and config.random_start:
         delta = _clip(x + noise, config) - x
@@ -221,7 +229,7 @@ def _attack_chunk(engine: Engine, x, y, config: AttackConfig, noise: torch.Tenso
             g = momentum
         delta = _project(delta + alpha * _unit(g, norm), eps, norm)
         delta = _clip(x + delta, config) - x
-    return x + delta
+    return x + delta, None
 
 
 def attack_engine(model: Task | nn.Module, X: torch.Tensor, loss: str | Loss = "mse", dtype: torch.dtype | None = None) -> Engine:
@@ -242,12 +250,15 @@ def attack_engine(model: Task | nn.Module, X: torch.Tensor, loss: str | Loss = "
 
 def perturb(
     model: Task | nn.Module, X: torch.Tensor, y: torch.Tensor, config: AttackConfig, loss: str | Loss = "mse",
-    *, dtype: torch.dtype | None = None, inputs: Inputs | None = None,
+    *, dtype: torch.dtype | None = None, inputs: Inputs | None = None, evaluate: bool = True,
 ) -> AttackResult:
     """Perturb every row of X against ``model``, a Task or a module (left untouched, never
     put in training mode). A module is wrapped with ``loss`` and ``inputs`` (default flat
     rows); a Task uses its own. ``dtype``: the computation dtype (default: the module's);
-    X_adv keeps X's dtype."""
+    X_adv keeps X's dtype. ``evaluate``: also measure the model's loss and accuracy before
+    and after (one forward pass over X_adv, and one over X unless the attack's own gradient
+    pass gave its logits, as FGSM's does) and the perturbation norms; without it those
+    fields are None and only X_adv is computed."""
     if X.ndim < 2 or X.shape[0] != y.shape[0]:
         raise AuditError("attack needs inputs (n, ...) and one label per row")
     if config.clip_min is not None:
@@ -269,14 +280,30 @@ def perturb(
     noise = _noise(tuple(X.shape), config.eps, config.norm, config.method == "pgd", gen).to(X.device, X.dtype) if need_noise else None
     if config.method == "sign":
         noise = _sign_noise(tuple(X.shape), config.eps, config.norm, gen).to(X.device, X.dtype)
-    parts = []
+    parts, clean = [], []
     for a in range(0, X.shape[0], config.chunk_size):
         b = min(X.shape[0], a + config.chunk_size)
-        parts.append(_attack_chunk(engine, X[a:b], y[a:b], config, None if noise is None else noise[a:b]).detach())
-    X_adv = torch.cat(parts)
-    out_clean = engine.logits(engine.rows(X), chunk=config.chunk_size)
-    out_adv = engine.logits(engine.rows(X_adv), chunk=config.chunk_size)
-    T = engine.targets(y)
+        x_adv, logits = _attack_chunk(engine, X[a:b], y[a:b], config, None if noise is None else noise[a:b])
+        parts.append(x_adv.detach())
+        clean.append(logits)
+    X_adv = parts[0] if len(parts) == 1 else torch.cat(parts)
+    evaluated: dict[str, float | None] = dict.fromkeys(("loss_before", "loss_after", "accuracy_before", "accuracy_after"))
+    if evaluate:
+        if any(c is None for c in clean):
+            out_clean = engine.logits(engine.rows(X), chunk=config.chunk_size)
+        else:
+            out_clean = torch.cat(clean)
+        out_adv = engine.logits(engine.rows(X_adv), chunk=config.chunk_size)
+        T = engine.targets(y)
+        with torch.no_grad():
+            evaluated = {
+                "loss_before": float(engine.loss.per_sample(out_clean, T).mean()),
+                "loss_after": float(engine.loss.per_sample(out_adv, T).mean()),
+                "accuracy_before": accuracy(out_clean, y),
+                "accuracy_after": accuracy(out_adv, y),
+            }
+    if not evaluate:
+        return AttackResult(X_adv=X_adv, config=config, **evaluated)
     with torch.no_grad():
         delta = X_adv - X
         radius = _norm_rows(delta, config.norm)
@@ -288,10 +315,7 @@ def perturb(
         return AttackResult(
             X_adv=X_adv,
             config=config,
-            loss_before=float(engine.loss.per_sample(out_clean, T).mean()),
-            loss_after=float(engine.loss.per_sample(out_adv, T).mean()),
-            accuracy_before=accuracy(out_clean, y),
-            accuracy_after=accuracy(out_adv, y),
+            **evaluated,
             radius_mean=float(radius.mean()) if radius.numel() else 0.0,
             radius_max=float(radius.max()) if radius.numel() else 0.0,
             linf_mean=stat(linf, "mean"), linf_max=stat(linf, "max"), l2_mean=stat(l2, "mean"), l2_max=stat(l2, "max"),

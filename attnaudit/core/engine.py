@@ -117,6 +117,10 @@ class Engine:
         chosen = set(self.names)
         self.frozen = {k: copy(v) for k, v in named.items() if k not in chosen}
         self.frozen.update({k: copy(v) for k, v in self.module.named_buffers()})
+        originals = {**named, **dict(self.module.named_buffers())}
+        # True when no frozen tensor had to be converted (then each is the module's own storage)
+        self._frozen_shared = all(v.data_ptr() == originals[k].data_ptr() and v.dtype == originals[k].dtype
+                                  for k, v in self.frozen.items())
 
     # ----------------------------------------------------------------- basics
     @property
@@ -157,6 +161,24 @@ class Engine:
             out = functional_call(self.module, state, (batch,))
         return to_logits(out)
 
+    def _module_is_theta(self) -> bool:
+        """Whether calling the module itself computes apply(self.theta, .): every frozen
+        tensor is the module's own (same dtype and device, so no copy was made) and the
+        tracked parameters still hold theta's values. Checked per call, O(tracked size)."""
+        if not self._frozen_shared:
+            return False
+        named = dict(self.module.named_parameters())
+        current = [named[k] for k in self.names]
+        if any(p.dtype != self.dtype or p.device != self.device for p in current):
+            return False
+        return torch.equal(torch.cat([p.detach().reshape(-1) for p in current]), self.theta)
+
+    def _call_module(self, rows: torch.Tensor) -> torch.Tensor:
+        """Logits of the module called as it is (no functional call; see :meth:`_module_is_theta`)."""
+        batch = self.inputs(rows)
+        out = self.module(**{self.inputs.keyword: batch}) if self.inputs.keyword else self.module(batch)
+        return to_logits(out)
+
     def logits(self, rows: torch.Tensor, theta: torch.Tensor | None = None, chunk: int = 1024) -> torch.Tensor:
         """Logits of many rows, without gradients."""
         th = self.theta if theta is None else theta
@@ -195,12 +217,27 @@ class Engine:
 
     def input_grads(self, rows: torch.Tensor, T: torch.Tensor, theta: torch.Tensor | None = None) -> torch.Tensor:
         """d l(x_i) / d x_i for every row (n, d): what gradient-based attacks follow."""
+        return self.input_grads_and_logits(rows, T, theta)[0]
+
+    def input_grads_and_logits(
+        self, rows: torch.Tensor, T: torch.Tensor, theta: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(d l(x_i) / d x_i (n, d), logits (n, c)) from one forward and one backward pass.
+
+        Plain reverse-mode autograd with respect to the rows only (the parameters are
+        constants here): no functional transform is needed for a single gradient, and its
+        per-call overhead was most of an FGSM step on small models.
+        """
         if not self.inputs.differentiable:
             raise AuditError("the model takes token ids, which have no input gradient; attacks need continuous inputs")
-        th = self.theta if theta is None else theta
+        direct = theta is None and self._module_is_theta()
+        th = (self.theta if theta is None else theta).detach()
         rows, T = self.rows(rows), self._as_targets(T)
-        with self.context():
-            return grad(lambda r: self.sum_loss(th, r, T))(rows)
+        with self.context(), torch.enable_grad():
+            r = rows.detach().requires_grad_(True)
+            logits = self._call_module(r) if direct else self.apply(th, r)
+            (g,) = torch.autograd.grad(self.loss.per_sample(logits, T).sum(), r)
+        return g, logits.detach()
 
     # ----------------------------------------------------------------- Hessian
     def hvp_operator(self, rows: torch.Tensor, T: torch.Tensor, chunk: int = 4096, theta: torch.Tensor | None = None) -> "HessianVectorProduct":

@@ -1,0 +1,68 @@
+"""Peer benchmark: FGSM against torchattacks 3.5.1 on the same model, data and loss.
+
+Both sides: one signed-gradient step of radius eps = 0.1 (L-inf) on the cross-entropy
+loss, clipped to the valid range [0, 1], float64, the whole set in one batch.
+attnaudit: ``attnaudit.attacks.perturb(model, X, y, AttackConfig("fgsm", eps=0.1, clip 0..1),
+loss="ce")``, which also reports the model's loss and accuracy before and after the attack
+(torchattacks returns the images only): the attack alone is timed with ``evaluate=False``,
+the same work as the peer's; with evaluation is printed as its own ratio. Peer:
+``torchattacks.FGSM(model, eps=0.1)(X, y)``.
+
+Agreement: the adversarial inputs of the two sides (max |difference|; identical signs of
+the gradient give exactly equal inputs).
+
+Workloads: digits (1,437 x 64, width 32) and MNIST (n = 10,000 x 784, width 256; skipped
+when ../shared/data is absent). Prints ``RATIO fgsm_vs_torchattacks=<x>`` and ``RATIO fgsm_evaluated_vs_torchattacks=<x>``
+per workload.
+Run: OMP_NUM_THREADS=1 python benchmarks/peers/bench_torchattacks.py [--workload digits|mnist|both]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from _common import best_time, report, require, workload
+from attnaudit.attacks import AttackConfig, perturb
+
+torchattacks = require("torchattacks", "torchattacks")
+
+
+def run(name: str, n: int | None, width: int, repeats: int) -> None:
+    w = workload(name, n=n, width=width)
+    if w is None:
+        return
+    print(w.describe(), f"threads={torch.get_num_threads()}")
+    X, y, model = w.X, w.y, w.model
+    lo, hi = float(X.min()), float(X.max())
+    assert 0.0 <= lo and hi <= 1.0, (lo, hi)
+    config = AttackConfig("fgsm", eps=0.1, norm="linf", clip_min=0.0, clip_max=1.0, chunk_size=X.shape[0])
+    attack = torchattacks.FGSM(model, eps=0.1)
+    t_ours, ours = best_time(lambda: perturb(model, X, y, config, loss="ce", evaluate=False), repeats)
+    t_peer, theirs = best_time(lambda: attack(X, y), repeats)
+    t_eval, evaluated = best_time(lambda: perturb(model, X, y, config, loss="ce"), repeats)
+    diff = float((ours.X_adv - theirs).abs().max())
+    changed = float(((ours.X_adv - theirs).abs() > 0).double().mean())
+    report("fgsm_vs_torchattacks", t_ours, t_peer,
+           f"adversarial inputs max |diff| {diff:.1e} ({changed:.1e} of entries differ)")
+    # what the malleability command runs: the attack plus the model's loss and accuracy
+    # before (from the gradient pass) and after (one more forward pass)
+    print(f"  with evaluation: {t_eval:.4f} s (loss {evaluated.loss_before:.4f} -> {evaluated.loss_after:.4f}, "
+          f"accuracy {evaluated.accuracy_before:.3f} -> {evaluated.accuracy_after:.3f})")
+    print(f"RATIO fgsm_evaluated_vs_torchattacks={t_eval / t_peer:.3f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", choices=("digits", "mnist", "both"), default="both")
+    ap.add_argument("--repeats", type=int, default=7)
+    args = ap.parse_args()
+    if args.workload in ("digits", "both"):
+        run("digits", None, 32, args.repeats)
+    if args.workload in ("mnist", "both"):
+        run("mnist", 10000, 256, max(1, args.repeats - 2))
+
+
+if __name__ == "__main__":
+    main()
