@@ -93,12 +93,13 @@ from .core.task import Inputs, Task, as_task, eval_mode, select_parameter_names,
 from .errors import AuditError
 
 __all__ = [
-    "parse_damping", "damping_label", "ESTIMATORS", "SIGN_CONVENTION", "PATH_FAST_LINEAR_HEAD", "PATH_FAST_TWOLAYER_HEAD", "PATH_GENERIC", "FastPath", "InfluenceConfig",
+    "parse_damping", "damping_label", "count_negative_eigenvalues", "SOLVERS", "ESTIMATORS", "SIGN_CONVENTION", "PATH_FAST_LINEAR_HEAD", "PATH_FAST_TWOLAYER_HEAD", "PATH_GENERIC", "FastPath", "InfluenceConfig",
     "InfluenceResult", "batched_cg", "check_exact_budget", "compute_influence", "influence_memory",
     "influence_sweep", "linear_head_fast_path", "resolve_tracked", "tracin_weights", "twolayer_head_fast_path",
 ]
 
 ESTIMATORS = ("exact", "last-layer", "cg", "tracin")
+SOLVERS = ("auto", "cholesky", "eigh")  # how exact / last-layer solve (see InfluenceConfig)
 LOSSES = ("mse", "ce")
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 SIGN_CONVENTION = (
@@ -171,7 +172,12 @@ class InfluenceConfig:
     built per vectorised block (``exact``). ``dtype``: the engine's floating dtype
     (``float64`` default; parameters are copied, the module is untouched).
     ``fast_path``: use a declared fast path when one applies (:func:`twolayer_head_fast_path`);
-    False forces the generic engine path.
+    False forces the generic engine path. ``solver`` (exact, last-layer): ``cholesky``
+    factors H + damping I once (P^3/3 flops) with lambda_min / lambda_max from Lanczos on the
+    dense H and the count of negative eigenvalues from an LDL^T factorisation (Sylvester's
+    inertia), falling back to ``eigh`` when the damped Hessian is not positive definite;
+    ``eigh`` decomposes H (about 9 P^3 flops) and reuses it for every damping; ``auto``
+    (default): cholesky for one damping, eigh for a damping sweep.
     """
 
     estimator: str = "last-layer"
@@ -186,8 +192,11 @@ class InfluenceConfig:
     memory_budget_mb: float = 2048.0
     dtype: str = "float64"
     fast_path: bool = True
+    solver: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.solver not in SOLVERS:
+            raise AuditError(f"unknown influence solver {self.solver!r}; use one of {', '.join(SOLVERS)}")
         if self.estimator not in ESTIMATORS:
             raise AuditError(f"unknown influence estimator {self.estimator!r}; use one of {', '.join(ESTIMATORS)}")
         object.__setattr__(self, "damping", parse_damping(self.damping, "damping"))
@@ -638,6 +647,73 @@ def _common_diagnostics(config: InfluenceConfig, task: Task, view: _View, chunk:
     }
 
 
+def _extreme_eigenvalues(H: torch.Tensor) -> tuple[float, float, str]:
+    """(lambda_min, lambda_max, method) of a dense symmetric H: Lanczos at both ends (matrix
+    products with H, Ritz residual <= 1e-12 lambda_scale), eigvalsh when either end has not
+    converged in min(P, 300) steps -- exact to round-off either way."""
+    from .core.linalg import lanczos_top_eigen
+
+    P = H.shape[0]
+    steps = min(P, 300)
+    top = lanczos_top_eigen(lambda v: H @ v, P, 1, max_steps=steps, tol=1e-12, device=H.device, dtype=H.dtype)
+    bottom = lanczos_top_eigen(lambda v: -(H @ v), P, 1, max_steps=steps, tol=1e-12, seed=1, device=H.device, dtype=H.dtype)
+    # residuals are relative to each run's largest Ritz value; 1e-10 bounds the eigenvalue error
+    if all((r.converged or r.steps >= P) and r.residuals[0] <= 1e-10 for r in (top, bottom)):
+        return -bottom.eigenvalues[0], top.eigenvalues[0], "lanczos"
+    ev = torch.linalg.eigvalsh(H)
+    return float(ev[0]), float(ev[-1]), "eigvalsh (Lanczos not converged)"
+
+
+def count_negative_eigenvalues(H: torch.Tensor, shift: float = 0.0) -> int:
+    """Number of eigenvalues of the symmetric H below ``-shift``, by Sylvester's law of inertia
+    on the Bunch-Kaufman factorisation H + shift I = L D L^T (D has 1x1 and 2x2 blocks), one
+    O(P^3 / 3) factorisation instead of an eigendecomposition."""
+    A = H + shift * torch.eye(H.shape[0], dtype=H.dtype, device=H.device) if shift else H
+    LD, pivots, info = torch.linalg.ldl_factor_ex(A)
+    if int(info) < 0:
+        raise AuditError("LDL factorisation failed on the Hessian")
+    piv = pivots.cpu().tolist()
+    diag = LD.diagonal().cpu().tolist()
+    sub = LD.diagonal(-1).cpu().tolist()
+    count, k, n = 0, 0, len(piv)
+    while k < n:
+        if piv[k] > 0 or k + 1 == n:  # 1x1 block (LAPACK: a positive pivot index)
+            count += diag[k] < 0
+            k += 1
+        else:  # 2x2 block [[a, b], [b, c]]: signs from its determinant and trace
+            a, b, c = diag[k], sub[k], diag[k + 1]
+            det = a * c - b * b
+            count += 1 if det < 0 else (2 if det > 0 and a + c < 0 else 0)
+            k += 2
+    return count
+
+
+def _cholesky_solve(H: torch.Tensor, B: torch.Tensor, given: float | str):
+    """(H + damping I)^-1 B^T for one damping by Cholesky, with the diagnostics the eigh path
+    reports, or None when H + damping I is not positive definite (the caller decomposes)."""
+    lam_min, lam_max, method = _extreme_eigenvalues(H)
+    d = _resolve_damping(given, lam_max)
+    P = H.shape[0]
+    eye = torch.eye(P, dtype=H.dtype, device=H.device)
+    L, info = torch.linalg.cholesky_ex(H + d * eye)
+    if int(info) != 0:
+        return None
+    X = torch.cholesky_solve(B.T, L).T  # (k, P)
+    scale = max(abs(lam_min), abs(lam_max), 1e-300)
+    # eigenvalues within round-off of 0 (P eps lambda_max, numpy's rank rule) are not counted negative
+    n_neg = 0 if lam_min >= 0 else count_negative_eigenvalues(H, P * torch.finfo(H.dtype).eps * scale)
+    diag = {
+        "min_eigenvalue": lam_min,
+        "max_eigenvalue": lam_max,
+        "damped_min_eigenvalue": lam_min + d,
+        "n_negative_eigenvalues": n_neg,
+        "positive_definite": True,
+        "damped_condition_number": (lam_max + d) / (lam_min + d),
+    }
+    lam_info = {"lambda_max": lam_max, "lambda_max_method": method, "solver": "cholesky"}
+    return X, diag, lam_info, d
+
+
 def influence_sweep(
     model: Task | nn.Module,
     X_train: torch.Tensor,
@@ -693,13 +769,27 @@ def influence_sweep(
     solved: list[torch.Tensor] = []  # each (k, P)
     t_solve = time.perf_counter()
     hvp = eng.hvp_operator(U_tr, T_tr, chunk)
+    solver = None
     if exact_like:
         H = hvp.dense(block=config.hvp_batch)
+        solver = "cholesky" if config.solver == "cholesky" or (config.solver == "auto" and len(given) == 1) else "eigh"
+    if solver == "cholesky":
+        chol = _cholesky_solve(H, B, given[0])
+        if chol is None:
+            solver = "eigh (damped Hessian not positive definite)"
+        else:
+            X_sol, diag, lam_info, d = chol
+            dampings = [d]
+            solved.append(X_sol)
+            diags.append(diag)
+            warns.append([])
+            del H
+    if exact_like and solver != "cholesky":
         evals, evecs = torch.linalg.eigh(H)
         del H
         lam_min, lam_max = float(evals[0]), float(evals[-1])
         dampings = [_resolve_damping(g, lam_max) for g in given]
-        lam_info = {"lambda_max": lam_max, "lambda_max_method": "eigh"}
+        lam_info = {"lambda_max": lam_max, "lambda_max_method": "eigh", "solver": solver}
         coeff = B @ evecs  # (k, P) in the eigenbasis
         scale = max(abs(lam_min), abs(lam_max), 1e-300)
         for d in dampings:
@@ -732,7 +822,7 @@ def influence_sweep(
             )
             warns.append(w)
         del evecs
-    else:  # cg
+    elif not exact_like:  # cg
         lam_info = {"lambda_max": None, "lambda_max_method": None}
         if any(isinstance(g, str) for g in given):
             from .core.linalg import lanczos_top_eigen

@@ -614,3 +614,57 @@ def test_linear_head_fast_path_declines(variant):
     params = "head.*,norm.*" if variant == "not only the head" else "head"
     res = compute_influence(net, X, y, Xt, yt, InfluenceConfig(estimator="exact", params=params), loss="ce", n_classes=3)
     assert res.path == PATH_GENERIC
+
+
+# ---------------------------------------------------------------- solvers: Cholesky vs eigendecomposition
+def test_negative_eigenvalue_count_by_inertia_matches_numpy():
+    from attnaudit.influence import count_negative_eigenvalues
+
+    gen = np.random.default_rng(7)
+    for P, n_neg in ((1, 1), (5, 0), (40, 13), (120, 60), (200, 199)):
+        Q, _ = np.linalg.qr(gen.standard_normal((P, P)))
+        ev = np.concatenate([-gen.uniform(0.01, 3.0, n_neg), gen.uniform(0.01, 3.0, P - n_neg)])
+        H = torch.from_numpy((Q * ev) @ Q.T)
+        H = 0.5 * (H + H.T)
+        assert count_negative_eigenvalues(H) == int((np.linalg.eigvalsh(H.numpy()) < 0).sum()) == n_neg
+    # a shift moves the threshold: eigenvalues below -shift only
+    H = torch.diag(torch.tensor([-2.0, -0.5, 0.1, 1.0], dtype=F64))
+    assert count_negative_eigenvalues(H, shift=1.0) == 1
+
+
+def test_cholesky_and_eigh_solvers_agree_on_a_positive_definite_system():
+    net, X, y, Xt, yt, _ = _small_net("relu")
+    probe = compute_influence(net, X, y, Xt, yt, InfluenceConfig(estimator="exact", damping=1e-3, solver="eigh"))
+    damping = max(0.0, -probe.diagnostics["min_eigenvalue"]) + 0.02
+    runs = {s: compute_influence(net, X, y, Xt, yt, InfluenceConfig(estimator="exact", damping=damping, per_test=True, solver=s))
+            for s in ("cholesky", "eigh", "auto")}
+    assert runs["cholesky"].diagnostics["solver"] == runs["auto"].diagnostics["solver"] == "cholesky"
+    assert runs["eigh"].diagnostics["solver"] == "eigh"
+    torch.testing.assert_close(runs["cholesky"].per_test, runs["eigh"].per_test, rtol=1e-10, atol=1e-13)
+    # the Cholesky path's diagnostics against numpy's eigenvalues of the same dense Hessian
+    engine = Engine(Task(net, 3, "mse"), dtype=F64)
+    ev = np.linalg.eigvalsh(engine.hvp_operator(X, engine.targets(y)).dense().numpy())
+    d = runs["cholesky"].diagnostics
+    assert d["min_eigenvalue"] == pytest.approx(ev[0], abs=1e-10)
+    assert d["max_eigenvalue"] == pytest.approx(ev[-1], rel=1e-10)
+    assert d["positive_definite"] is True
+    tol = len(ev) * np.finfo(float).eps * max(abs(ev[0]), abs(ev[-1]))
+    assert d["n_negative_eigenvalues"] == int((ev < -tol).sum()) == runs["eigh"].diagnostics["n_negative_eigenvalues"]
+    assert d["damped_condition_number"] == pytest.approx((ev[-1] + damping) / (ev[0] + damping), rel=1e-8)
+
+
+def test_indefinite_system_falls_back_to_eigh_and_a_sweep_uses_eigh():
+    net, X, y, Xt, yt, _ = _small_net("relu")
+    res = compute_influence(net, X, y, Xt, yt, InfluenceConfig(estimator="exact", damping=1e-6))
+    assert res.diagnostics["min_eigenvalue"] < -1e-6  # the trained ReLU net is non-convex here
+    assert res.diagnostics["solver"].startswith("eigh") and "not positive definite" in res.diagnostics["solver"]
+    assert not res.diagnostics["positive_definite"]
+    sweep = influence_sweep(net, X, y, Xt, yt, InfluenceConfig(estimator="exact"), dampings=[0.05, 0.1])
+    assert [r.diagnostics["solver"] for r in sweep] == ["eigh", "eigh"]
+    single = compute_influence(net, X, y, Xt, yt, InfluenceConfig(estimator="exact", damping=0.1))
+    torch.testing.assert_close(single.total, sweep[1].total, rtol=1e-10, atol=1e-13)
+
+
+def test_unknown_solver_is_refused():
+    with pytest.raises(AuditError, match="solver"):
+        InfluenceConfig(estimator="exact", solver="lu")
