@@ -80,6 +80,28 @@ def test_amplification_beyond_precision_is_said_not_measured():
     assert result.check.verdict == "beyond-float64-precision"
     assert result.check.measured_kappa is None
     assert "identity" in result.check.explanation
+    # the eigendecomposition of G~ is skipped (its spectrum would be round-off below the top);
+    # the top eigenvalue is still measured, by Lanczos on the same products
+    assert result.transformed_measured is None
+    assert result.check.top_eigenvalue_relative_error < 1e-10
+
+
+def test_attention_gram_from_c_cubed_products_equals_the_row_chunked_direct_form():
+    """n > d: C (C C) and the row-chunked (X C)^T (X C) are the same matrix up to round-off,
+    and their spectra both match numpy on the explicit f_att(X) = X X^T X."""
+    from attnaudit.spectral import attention_cross_gram, attention_gram_matrix
+
+    rng = np.random.default_rng(11)
+    X = rng.standard_normal((300, 25))
+    Xt = torch.from_numpy(X)
+    chunked = attention_cross_gram(Xt, chunk_rows=64)
+    products = attention_gram_matrix(Xt)
+    scale = float(chunked.abs().max())
+    assert float((products - chunked).abs().max()) <= 1e-12 * scale
+    F = X @ X.T @ X
+    ref = np.sort(np.linalg.eigvalsh(F.T @ F))[::-1]
+    ours = attention_gram_eigenvalues(Xt).numpy()
+    np.testing.assert_allclose(ours, ref, rtol=1e-9)
 
 
 def test_constant_column_is_rank_deficient_and_kappa_d_infinite():
