@@ -31,17 +31,22 @@ def _version(value: bool) -> None:
 def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
     threads: int = typer.Option(
-        0, "--threads", help="CPU threads for torch (0 = torch's default). On a shared machine 1 avoids OpenMP oversubscription."
+        0, "--threads", help="CPU threads for torch. 0 = auto (idle cores, see docs/performance.md#threads; "
+        "ATTNAUDIT_THREADS=N overrides it); N pins N threads."
     ),
 ) -> None:
     """Audit attention models through the neural tangent kernel (NTK) lens."""
     if threads < 0:
-        error_line("error", "--threads must be >= 0 (0 keeps torch's default)")
+        error_line("error", "--threads must be >= 0 (0 = auto: the idle cores)")
         raise typer.Exit(2)
-    if threads:
-        import torch
+    from .errors import AuditError
+    from .threads import apply_threads, choose_threads
 
-        torch.set_num_threads(threads)
+    try:
+        apply_threads(choose_threads(threads or None))
+    except AuditError as exc:
+        error_line("error", str(exc))
+        raise typer.Exit(exc.exit_code) from None
 
 
 for module in (kappa, ntk_distance, malleability, landscape, train, audit, claims):

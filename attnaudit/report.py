@@ -62,8 +62,11 @@ def to_jsonable(obj: Any) -> Any:
 
 
 def environment_info(device: torch.device | str | None = None, dtype: str | None = None) -> dict:
-    """Package versions, platform, device name and thread count, for reproducibility."""
+    """Package versions, platform, device name and thread count (with ``threads_rule``: why
+    that count, see attnaudit/threads.py), for reproducibility."""
     import scipy
+
+    from .threads import threads_rule
 
     info: dict[str, Any] = {
         "python": sys.version.split()[0],
@@ -73,6 +76,7 @@ def environment_info(device: torch.device | str | None = None, dtype: str | None
         "numpy": np.__version__,
         "scipy": scipy.__version__,
         "torch_threads": torch.get_num_threads(),
+        "threads_rule": threads_rule(),
         "cpu_count": os.cpu_count(),
         "device": str(device) if device is not None else "cpu",
         "dtype": dtype,
