@@ -126,13 +126,13 @@ class _UnitRows:
         return part
 
     def left(self) -> torch.Tensor:
-        """[w, |w|^2, 1] per row: with :meth:`right`, one GEMM gives |w_u - w_v|^2."""
-        return torch.cat([self.W, self.s[:, None], torch.ones_like(self.s)[:, None]], 1)
+        """[w, |w|^2 / 2, 1] per row: with :meth:`right`, one GEMM gives |w_u - w_v|^2 / 2."""
+        return torch.cat([self.W, 0.5 * self.s[:, None], torch.ones_like(self.s)[:, None]], 1)
 
     def right(self) -> torch.Tensor:
-        """[-2 w, 1, |w|^2] per row, transposed (d + 2, n); built once and shared by row slices."""
+        """[-w, 1, |w|^2 / 2] per row, transposed (d + 2, n); built once and shared by row slices."""
         if "_right" not in self.__dict__:
-            R = torch.cat([-2.0 * self.W, torch.ones_like(self.s)[:, None], self.s[:, None]], 1).T.contiguous()
+            R = torch.cat([-self.W, torch.ones_like(self.s)[:, None], 0.5 * self.s[:, None]], 1).T.contiguous()
             object.__setattr__(self, "_right", R)
         return self.__dict__["_right"]
 
@@ -142,45 +142,49 @@ def _unit_center(X: torch.Tensor) -> torch.Tensor:
     return (X / X.norm(dim=1).clamp_min(torch.finfo(X.dtype).tiny)[:, None]).mean(0)
 
 
-def _pair_geometry(r1: _UnitRows, r2: _UnitRows, mu2: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(c, m2, S) for every pair of unit rows u, v: c = u.v, m2 = |u - v|^2 and
-    S = |u - v| |u + v| / sqrt(2) = sqrt(2) sin(theta), at matrix-product speed, keeping precision.
+def _pair_geometry(r1: _UnitRows, r2: _UnitRows, mu2: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(c, S) for every pair of unit rows u, v: c = u.v = cos(theta) and
+    S = |u - v| |u + v| / 2 = sin(theta), at matrix-product speed, keeping precision.
 
     One GEMM of the rows w = u - mu extended by two columns gives
-    m2 = |w_u|^2 + |w_v|^2 - 2 w_u.w_v, whose round-off is about eps (|w_u|^2 + |w_v|^2)
-    instead of eps |u|^2: inputs that are all nearly collinear (the rule after linearized
-    attention) sit close to the centre mu (|mu|^2 = ``mu2``), so their small distances come
-    out with full relative precision. Then c = u.v = (|w_u|^2 + |w_v|^2 - m2)/2 + w_u.mu +
-    w_v.mu + |mu|^2 (absolute error ~eps, all c needs) and |u + v|^2 = 2 + 2c, accurate
-    unless u and v are nearly opposite. Pairs where either expansion cancelled (a result
-    below :data:`RECOMPUTE_BELOW` times the terms it came from, a negative rounded value
-    included) are recomputed from explicit differences, as :func:`_pair_angles_exact` does
-    for every pair. Zero rows give finite values (their kernel rows are scaled by |x| = 0).
+    h = |u - v|^2 / 2 = (|w_u|^2 + |w_v|^2) / 2 - w_u.w_v, whose round-off is about
+    eps (|w_u|^2 + |w_v|^2) instead of eps |u|^2: inputs that are all nearly collinear (the
+    rule after linearized attention) sit close to the centre mu (|mu|^2 = ``mu2``), so their
+    small distances come out with full relative precision. Then c = u.v = (|w_u|^2 +
+    |w_v|^2)/2 - h + w_u.mu + w_v.mu + |mu|^2 (absolute error ~eps, all c needs) and
+    sin(theta) = sqrt(h (1 + c)) (|u + v|^2 = 2 + 2c, accurate unless u and v are nearly
+    opposite). Pairs where either expansion cancelled (h below :data:`RECOMPUTE_BELOW` times
+    the terms it came from, a negative rounded value included, or 1 + c below
+    RECOMPUTE_BELOW) are recomputed from explicit differences, as :func:`_pair_angles_exact`
+    does for every pair; nearly opposite pairs are only looked for when some coordinate is
+    negative (non-negative data, such as pixels, have c >= 0). Zero rows give finite values
+    (their kernel rows are scaled by |x| = 0).
     """
-    m2 = r1.left() @ r2.right()
+    h = r1.left() @ r2.right()
     # cheap superset of the cancelled pairs (row threshold with the largest |w_v|^2), refined below
-    cand = m2 < (RECOMPUTE_BELOW * (r1.s + r2.s.max()))[:, None]
-    c = torch.add(r1.r[:, None], m2, alpha=-0.5).add_((r2.r + mu2)[None, :])
-    cand |= c < RECOMPUTE_BELOW - 1.0  # |u + v|^2 = 2 + 2c below RECOMPUTE_BELOW * 2
-    S = torch.add(c, 1.0).mul_(m2).sqrt_()  # sqrt(m2 (1 + c)) = |u-v| |u+v| / sqrt(2) (cancelled: fixed below)
+    cand = h < (0.5 * RECOMPUTE_BELOW * (r1.s + r2.s.max()))[:, None]
+    c = torch.sub(r1.r[:, None], h).add_((r2.r + mu2)[None, :])
+    opposite_possible = bool((r1.U < 0).any()) or bool((r2.U < 0).any())
+    if opposite_possible:
+        cand |= c < RECOMPUTE_BELOW - 1.0
+    S = torch.addcmul(h, h, c).sqrt_()  # sqrt(h (1 + c)) = sin(theta) (cancelled entries: fixed below)
     idx = cand.nonzero(as_tuple=False)
     for start in range(0, idx.shape[0], 65536):
         i, j = idx[start:start + 65536, 0], idx[start:start + 65536, 1]
-        mij = m2[i, j]
-        bad = (mij < RECOMPUTE_BELOW * (r1.s[i] + r2.s[j])) | (c[i, j] < RECOMPUTE_BELOW - 1.0) | S[i, j].isnan()
+        bad = (h[i, j] < 0.5 * RECOMPUTE_BELOW * (r1.s[i] + r2.s[j])) | S[i, j].isnan()
+        if opposite_possible:
+            bad |= c[i, j] < RECOMPUTE_BELOW - 1.0
         i, j = i[bad], j[bad]
         a, b = r1.U[i], r2.U[j]
-        minus2, plus2 = ((a - b) ** 2).sum(1), ((a + b) ** 2).sum(1)
-        m2[i, j] = minus2
-        S[i, j] = (minus2 * plus2).sqrt() / math.sqrt(2.0)
-    return c, m2, S
+        S[i, j] = (((a - b) ** 2).sum(1) * ((a + b) ** 2).sum(1)).sqrt() * 0.5
+    return c, S
 
 
 def _pair_angles(U1: torch.Tensor, U2: torch.Tensor, center: torch.Tensor | None = None) -> torch.Tensor:
     """theta between unit rows U1, U2 from :func:`_pair_geometry`: atan2(sin theta, cos theta)."""
     mu = (U2.mean(0) if center is None else center).to(U2.dtype)
-    c, _, S = _pair_geometry(_UnitRows.of(U1, mu), _UnitRows.of(U2, mu), float(mu @ mu))
-    return torch.atan2(S, c.mul_(math.sqrt(2.0)))
+    c, S = _pair_geometry(_UnitRows.of(U1, mu), _UnitRows.of(U2, mu), float(mu @ mu))
+    return torch.atan2(S, c)
 
 
 def _arccos_combinations(
@@ -188,11 +192,11 @@ def _arccos_combinations(
 ) -> list[torch.Tensor]:
     """alpha k0 + beta k1 for each (alpha, beta) in ``weights``, each (n1, n2).
 
-    With c = cos(theta) and sin(theta) = S / sqrt(2) from :func:`_pair_geometry`,
-    alpha k0 + beta k1 = (|x||x'| / (2 pi d)) [(alpha + beta) c (pi - theta) + beta sin(theta)],
-    theta = atan2(S, sqrt(2) c): one GEMM, one atan2, one sqrt and a few elementwise passes
-    per pair, in row chunks that stay in cache. Without X2 the kernel is symmetric: only
-    blocks on and above the diagonal are computed and mirrored (exactly symmetric, half the work).
+    With c = cos(theta) and S = sin(theta) from :func:`_pair_geometry`, theta = atan2(S, c),
+    alpha k0 + beta k1 = (|x||x'| / (2 pi d)) [(alpha + beta) c (pi - theta) + beta S]:
+    one GEMM, one atan2, one sqrt and a few elementwise passes per pair, in row chunks that
+    stay in cache. Without X2 the kernel is symmetric: only blocks on and above the diagonal
+    are computed and mirrored (exactly symmetric, half the work).
     """
     symmetric = X2 is None
     X2 = X1 if X2 is None else X2
@@ -208,28 +212,27 @@ def _arccos_combinations(
     # faster than whole-matrix passes); at least 128 rows keep the GEMM efficient when n2
     # is large (MNIST n = 10,000: 13-row chunks were several times slower)
     rows = max(1, min(int(chunk_size), max(128, (1 << 17) // max(n2, 1))))
-    root2 = math.sqrt(2.0)
     for a in range(0, n1, rows):
         b = min(n1, a + rows)
         c0 = a if symmetric else 0
         r1 = r1_all.rows(a, b)
         rc = r2.rows(c0, n2) if c0 else r2
-        c, _, S = _pair_geometry(r1, rc, mu2)
-        theta = torch.atan2(S, torch.mul(c, root2))
-        # sqrt(2) (alpha k0 + beta k1) (2 pi d) / (|x||x'|) = beta S + sqrt(2) (alpha + beta) (pi c - c theta)
-        row_scale = (r1.norm / (2.0 * math.pi * d * root2))[:, None]
+        c, S = _pair_geometry(r1, rc, mu2)
+        theta = torch.atan2(S, c)
+        # (alpha k0 + beta k1) (2 pi d) / (|x||x'|) = beta S + (alpha + beta) (pi c - c theta)
+        row_scale = (r1.norm / (2.0 * math.pi * d))[:, None]
         for k, (out, (alpha, beta)) in enumerate(zip(outs, weights)):
-            ab = root2 * (alpha + beta)
+            ab = alpha + beta
             last = k == len(outs) - 1
             block = S if (last and beta == 1.0) else torch.mul(S, beta)
             block.add_(c, alpha=math.pi * ab).addcmul_(c, theta, value=-ab)
             block.mul_(rc.norm[None, :])
-            torch.mul(block, row_scale, out=block)
-            out[a:b, c0:] = block
+            view = out[a:b, c0:]
+            torch.mul(block, row_scale, out=view)
             if symmetric:
                 diag = out[a:b, a:b]
                 diag.copy_(diag.triu() + diag.triu(1).T)
-                out[b:, a:b] = block[:, b - a:].T
+                out[b:, a:b] = view[:, b - a:].T
     return outs
 
 

@@ -10,7 +10,8 @@ Workloads (float64 throughout; the peers run on exactly the tensors attnaudit se
 Timing: each side is run once to warm up (imports, allocator, jit), then ``repeats``
 times; the best time is kept. ``RATIO <name>=<attnaudit time / peer time>``: below 1 means
 attnaudit is faster. A peer that is not installed is skipped with a message (exit 0).
-Run with one thread for stable ratios: ``OMP_NUM_THREADS=1 python benchmarks/peers/<file>.py``.
+Every script pins itself to one core and one thread on import of this module (see
+:func:`_one_core`), so both sides run single-threaded: ``python benchmarks/peers/<file>.py``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,23 @@ from attnaudit.models import ModelSpec, build_model
 from attnaudit.training import TrainConfig, train
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+
+
+def _one_core() -> None:
+    """Pin this process to one core and one torch thread (before any peer is imported):
+    OMP_NUM_THREADS does not reach XLA's own thread pool, which used a second core when it
+    was idle and halved neural-tangents' time, so only pinning makes the ratio one thread
+    against one thread. Set ATTNAUDIT_BENCH_ALL_CORES=1 to compare multi-threaded runs."""
+    import os
+
+    if os.environ.get("ATTNAUDIT_BENCH_ALL_CORES"):
+        return
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    torch.set_num_threads(1)
+
+
+_one_core()
 
 
 @dataclass

@@ -16,7 +16,7 @@ Workloads: digits (1,437 training x 360 test rows, d = 64, width 32, P = 2,368) 
 (the first 1,000 test-split rows for training, the next 200 as test rows, d = 784, width 4,
 P = 3,176; skipped when ../shared/data is absent). Prints
 ``RATIO influence_exact_vs_dattri=<x>`` per workload.
-Run: OMP_NUM_THREADS=1 python benchmarks/peers/bench_dattri.py [--workload digits|mnist|both]
+Run: python benchmarks/peers/bench_dattri.py [--workload digits|mnist|both]
 """
 
 from __future__ import annotations

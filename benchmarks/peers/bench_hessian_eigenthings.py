@@ -17,7 +17,7 @@ P = 203,786; skipped when ../shared/data is absent).
 
 Prints ``RATIO lanczos_vs_hessian_eigenthings=<x>`` and
 ``RATIO hutchinson_vs_hessian_eigenthings=<x>`` per workload (the digits line first).
-Run: OMP_NUM_THREADS=1 python benchmarks/peers/bench_hessian_eigenthings.py [--workload digits|mnist|both]
+Run: python benchmarks/peers/bench_hessian_eigenthings.py [--workload digits|mnist|both]
 """
 
 from __future__ import annotations

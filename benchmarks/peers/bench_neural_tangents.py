@@ -17,7 +17,7 @@ reference on 400 pairs (the 200 most nearly collinear ones, where cancellation b
 Workloads: digits (1,437 x 64) and the MNIST test split (n = 2,000 and 10,000, d = 784;
 skipped when ../shared/data is absent). Prints ``RATIO analytic_ntk_vs_neural_tangents=<x>``
 per workload.
-Run: OMP_NUM_THREADS=1 python benchmarks/peers/bench_neural_tangents.py [--workload digits|mnist|both]
+Run: python benchmarks/peers/bench_neural_tangents.py [--workload digits|mnist|both]
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ the gradient give exactly equal inputs).
 Workloads: digits (1,437 x 64, width 32) and MNIST (n = 10,000 x 784, width 256; skipped
 when ../shared/data is absent). Prints ``RATIO fgsm_vs_torchattacks=<x>`` and ``RATIO fgsm_evaluated_vs_torchattacks=<x>``
 per workload.
-Run: OMP_NUM_THREADS=1 python benchmarks/peers/bench_torchattacks.py [--workload digits|mnist|both]
+Run: python benchmarks/peers/bench_torchattacks.py [--workload digits|mnist|both]
 """
 
 from __future__ import annotations
