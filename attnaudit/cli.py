@@ -10,13 +10,16 @@ import typer
 
 from . import __version__
 from .cli_common import INTERRUPTED, error_line
-from .commands import audit, claims, kappa, landscape, malleability, ntk_distance, train
+from .commands import audit, claims, kappa, landscape, malleability, ntk_distance, report, train
+
+from .cli_options import ManualGroup  # noqa: E402 - the command modules above import it too
 
 app = typer.Typer(
     name="attnaudit",
+    cls=ManualGroup,
     help="Audit attention models through the neural tangent kernel (NTK) lens.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
 
@@ -49,7 +52,7 @@ def _root(
         raise typer.Exit(exc.exit_code) from None
 
 
-for module in (kappa, ntk_distance, malleability, landscape, train, audit, claims):
+for module in (kappa, ntk_distance, malleability, landscape, train, audit, claims, report):
     module.register(app)
 
 
@@ -68,8 +71,12 @@ def main(argv: list[str] | None = None) -> None:
     Runs the Typer app without click's standalone handling so that usage errors become
     one ``error:`` line (exit 2) like every other bad input, and Ctrl-C anywhere exits 130.
     """
+    from .invocation import command_line
+
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        result = app(args=argv, prog_name="attnaudit", standalone_mode=False)
+        with command_line(args):
+            result = app(args=args, prog_name="attnaudit", standalone_mode=False)
         code = result if isinstance(result, int) else 0
     except KeyboardInterrupt:
         error_line("interrupted", INTERRUPTED)

@@ -25,8 +25,8 @@ from .report import check_target, dumps, folder_problem
 
 # ---- option types every command spells the same way (data and output options are bundles:
 # see cli_options.py)
-SeedOpt = Annotated[int, typer.Option("--seed", help="Base random seed (recorded in the report).")]
-DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:<i>.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Base random seed (recorded in the report).", rich_help_panel="Protocol")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:<i>.", rich_help_panel="Execution")]
 
 
 def parse_list(text: str | int | float | None, kind: type, option: str) -> list:
@@ -139,6 +139,7 @@ class OutputOptions:
     out_dir: str | None = None
     quiet: bool = False
     overwrite: bool = False
+    html: str | None = None
 
     def __post_init__(self) -> None:
         # With --json - standard output carries the JSON alone, so everything human goes to stderr.
@@ -158,6 +159,12 @@ class OutputOptions:
             targets.append(str(Path(self.out_dir) / "report.json"))
         return targets
 
+    def html_targets(self) -> list[Path]:
+        targets = [Path(self.html)] if self.html else []
+        if self.out_dir:
+            targets.append(Path(self.out_dir) / "report.html")
+        return targets
+
     def png_target(self, default_name: str = "figure.png") -> Path | None:
         if self.png:
             return Path(self.png)
@@ -172,8 +179,11 @@ class OutputOptions:
             targets.append(("--json", Path(self.json)))
         if self.png:
             targets.append(("--png", Path(self.png)))
+        if self.html:
+            targets.append(("--html", Path(self.html)))
         if self.out_dir:
             targets.append(("--out-dir", Path(self.out_dir) / "report.json"))
+            targets.append(("--out-dir", Path(self.out_dir) / "report.html"))
             if not self.png:
                 targets.extend(("--out-dir", Path(self.out_dir) / name) for name in png_names)
         return targets
@@ -186,6 +196,8 @@ class OutputOptions:
         """
         if self.png and not self.png.lower().endswith(".png"):
             raise AuditError(f"--png {self.png}: the figure is a PNG; give a path ending in .png")
+        if self.html and not self.html.lower().endswith((".html", ".htm")):
+            raise AuditError(f"--html {self.html}: the report is an HTML page; give a path ending in .html")
         out_missing = False
         if self.out_dir:
             out = Path(self.out_dir)
@@ -259,6 +271,16 @@ def emit(
             check_target(png, opts.overwrite)
             files.stage(png, plot)
             written.append(f"figure written to {png}")
+        html_targets = opts.html_targets()
+        if html_targets:
+            from .html_report import RunPage, png_bytes, render_run
+
+            figures = [(png_name, png_bytes(plot, png_name))] if plot is not None else []
+            page = render_run(RunPage(report, list(renderables), figures))
+            for target in html_targets:
+                check_target(target, opts.overwrite)
+                files.stage(target, lambda path: Path(path).write_text(page, encoding="utf-8"))
+                written.append(f"HTML report written to {target}")
         files.commit()
     if "-" in opts.json_targets():
         sys.stdout.write(text)

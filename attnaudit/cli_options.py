@@ -15,35 +15,51 @@ are set with :meth:`DataOptions.defaults`.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import inspect
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Any, Callable, ClassVar, Optional, get_args
 
 import typer
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 _OPTION = "typer_option"
 
+# The panels of every command's --help, in this order (docs/cli.md says what goes where).
+DATA = "Data"
+MODEL = "Model / checkpoint"
+PROTOCOL = "Protocol"
+ANALYSIS = "Attack / analysis"
+OUTPUT = "Output"
+EXECUTION = "Execution"
+PANELS = (DATA, MODEL, PROTOCOL, ANALYSIS, OUTPUT, EXECUTION)
 
-def _field(default: Any, annotation: Any, *decls: str, help: str) -> Any:
-    return dataclasses.field(default=default, metadata={_OPTION: (annotation, typer.Option(*decls, help=help))})
+_METAVARS = {str: "TEXT", int: "INTEGER", float: "FLOAT"}
+
+
+def _field(default: Any, annotation: Any, *decls: str, help: str, metavar: Optional[str] = None) -> Any:
+    """A bundle field; its option lands in the bundle's ``PANEL`` of --help."""
+    return dataclasses.field(default=default, metadata={_OPTION: (annotation, typer.Option(*decls, help=help, metavar=metavar))})
 
 
 @dataclass
 class DataOptions:
     """Where the data come from (``--dataset``/``--data``) and how they are filtered and preprocessed."""
 
+    PANEL: ClassVar[str] = DATA
+
     dataset: Optional[str] = _field(
         "digits", Optional[str], "--dataset",
         help="Built-in data set: digits (embedded, offline), mnist, fashion-mnist, cifar10, synthetic.",
     )
     data: Optional[str] = _field(
-        None, Optional[str], "--data",
+        None, Optional[str], "--data", metavar="PATH",
         help="User data: .npz, .npy, .safetensors, .pt, .csv (label column) or an image folder (one sub-folder per class).",
     )
     data_dir: Optional[str] = _field(
-        None, Optional[str], "--data-dir",
+        None, Optional[str], "--data-dir", metavar="PATH",
         help="Root of torchvision-format data sets (default: $ATTNAUDIT_DATA_DIR, else ~/.cache/attnaudit/data).",
     )
     split: Optional[str] = _field("train", Optional[str], "--split", help="train or test.")
@@ -86,13 +102,19 @@ class DataOptions:
 
 @dataclass
 class OutputBundle:
-    """Where results go (``--json``, ``--png``, ``--out-dir``), how much is printed, and ``--debug``."""
+    """Where results go (``--json``, ``--png``, ``--html``, ``--out-dir``), how much is printed, and ``--debug``."""
+
+    PANEL: ClassVar[str] = OUTPUT
 
     json: Optional[str] = _field(
-        None, Optional[str], "--json", help="Write the JSON report here ('-' = standard output, nothing else printed there)."
+        None, Optional[str], "--json", metavar="PATH", help="Write the JSON report here ('-' = standard output, nothing else printed there)."
     )
-    png: Optional[str] = _field(None, Optional[str], "--png", help="Write the figure here (PNG).")
-    out_dir: Optional[str] = _field(None, Optional[str], "--out-dir", help="Write report.json and figures into this folder.")
+    png: Optional[str] = _field(None, Optional[str], "--png", metavar="PATH", help="Write the figure here (PNG).")
+    html: Optional[str] = _field(
+        None, Optional[str], "--html", metavar="PATH",
+        help="Write a self-contained HTML report here: verdicts first, then tables, figures, the protocol and the command that reproduces the run.",
+    )
+    out_dir: Optional[str] = _field(None, Optional[str], "--out-dir", metavar="PATH", help="Write report.json, report.html and figures into this folder.")
     quiet: bool = _field(False, bool, "--quiet", "-q", help="No table and no progress bar.")
     overwrite: bool = _field(False, bool, "--overwrite", help="Allow replacing existing output files.")
     debug: bool = _field(False, bool, "--debug", help="Show the full traceback on errors.")
@@ -101,15 +123,18 @@ class OutputBundle:
         """The :class:`attnaudit.cli_common.OutputOptions` these flags describe."""
         from .cli_common import OutputOptions
 
-        return OutputOptions(json=self.json, png=self.png, out_dir=self.out_dir, quiet=self.quiet, overwrite=self.overwrite)
+        return OutputOptions(json=self.json, png=self.png, out_dir=self.out_dir, quiet=self.quiet, overwrite=self.overwrite,
+                             html=self.html)
 
 
 @dataclass
 class ModelOptions:
     """Which trained model to audit (``--checkpoint``/``--model``, ``--factory`` + ``--weights``)."""
 
+    PANEL: ClassVar[str] = MODEL
+
     checkpoint: Optional[list[str]] = _field(
-        None, Optional[list[str]], "--checkpoint", "--model",
+        None, Optional[list[str]], "--checkpoint", "--model", metavar="PATH",
         help="Audit a trained model: an attnaudit .safetensors (its .json side-car beside it) or a Hugging Face model "
              "folder (config.json + model.safetensors; needs attnaudit[hf]). Repeat to compare several. --model is an alias.",
     )
@@ -118,7 +143,7 @@ class ModelOptions:
         help="Your own torch.nn.Module: package.module:function that returns it (called without arguments).",
     )
     weights: Optional[str] = _field(
-        None, Optional[str], "--weights", help="Weights for --factory (.safetensors; pickle files need --trust-pickle)."
+        None, Optional[str], "--weights", metavar="PATH", help="Weights for --factory (.safetensors; pickle files need --trust-pickle)."
     )
     trust_pickle: bool = _field(
         False, bool, "--trust-pickle",
@@ -158,6 +183,8 @@ class ModelOptions:
 class ExecutorOptions:
     """Where a sweep's cells run (``--executor``, ``--jobs``, ``--ray-address``, ``--gpus-per-cell``, ``--resume``)."""
 
+    PANEL: ClassVar[str] = EXECUTION
+
     executor: str = _field(
         "local", str, "--executor",
         help="local (cells in this process, or --jobs N worker processes) or ray (Ray tasks; needs attnaudit[ray]).",
@@ -168,7 +195,7 @@ class ExecutorOptions:
     )
     gpus_per_cell: float = _field(0.0, float, "--gpus-per-cell", help="GPUs Ray reserves for each cell.")
     resume: Optional[str] = _field(
-        None, Optional[str], "--resume",
+        None, Optional[str], "--resume", metavar="PATH",
         help="Folder that keeps every finished cell; a rerun skips the cells already there (same configuration and version).",
     )
 
@@ -202,6 +229,8 @@ def _parameters(bundle: type) -> list[inspect.Parameter]:
     params = []
     for f in dataclasses.fields(bundle):
         annotation, option = f.metadata[_OPTION]
+        option = copy.copy(option)
+        option.rich_help_panel = bundle.PANEL
         params.append(
             inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=Annotated[annotation, option])
         )
@@ -243,3 +272,68 @@ def bundled(**bundles: type) -> Callable[[Callable], Callable]:
 
     return decorate
 
+
+
+class ManualCommand(TyperCommand):
+    """A command whose ``--help`` reads like a manual (``@app.command(..., cls=ManualCommand)``).
+
+    Options are listed in the panels of :data:`PANELS`, in that order (each option names its
+    panel with ``rich_help_panel``); an option that takes a value shows a plain metavar (TEXT,
+    INTEGER, FLOAT, or the PATH it declares) and a flag shows none, where typer would print
+    ``<str>``/``<bool>``; help texts are shown as written (``attnaudit[hf]`` is not Rich markup).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        rank = {name: i for i, name in enumerate(PANELS)}
+        # stable: arguments keep their order, options keep theirs within a panel
+        self.params.sort(key=lambda p: rank.get(getattr(p, "rich_help_panel", None), -1) if isinstance(p, TyperOption) else -1)
+        for param in self.params:
+            if param.help:
+                from rich.markup import escape
+
+                param.help = escape(param.help)
+            _plain_metavar(param)
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)
+        if option is not None:
+            _plain_metavar(option)
+        return option
+
+
+class ManualGroup(TyperGroup):
+    """The root ``attnaudit --help``: the same plain metavars as :class:`ManualCommand`
+    (applied when help is shown, so the completion options typer adds later are covered)."""
+
+    def get_params(self, ctx: Any) -> list:
+        params = super().get_params(ctx)
+        for param in params:
+            _plain_metavar(param)
+        return params
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)
+        if option is not None:
+            _plain_metavar(option)
+        return option
+
+
+def _plain_metavar(param: Any) -> None:
+    """TEXT/INTEGER/FLOAT for an option that takes a value, nothing for a flag; a declared metavar wins.
+    A positional argument shows its metavar (PATH, PATH... when it takes several) instead of
+    typer's ``<str>`` / ``<list[str]>``."""
+    if isinstance(param, TyperArgument):
+        label = (param.metavar or "PATH") + ("..." if param.nargs != 1 else "")
+        param.display_type_rich = lambda ctx, _label=label: _label  # per instance: typer has no hook
+        return
+    if not isinstance(param, TyperOption) or param.metavar is not None:
+        return
+    if param.is_flag:
+        param.metavar = ""
+        return
+    annotation = param.type_descriptor.annotation
+    if param.type_descriptor.is_list:
+        annotation = get_args(annotation)[0]
+    if annotation in _METAVARS:
+        param.metavar = _METAVARS[annotation]

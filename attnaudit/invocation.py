@@ -20,6 +20,7 @@ from typing import Iterator
 
 _CAPTURED: ContextVar[list | None] = ContextVar("attnaudit_captured_reports", default=None)
 _DRY_RUN: ContextVar[bool] = ContextVar("attnaudit_dry_run", default=False)
+_COMMAND: ContextVar[str | None] = ContextVar("attnaudit_command_line", default=None)
 
 
 class DryRunStop(Exception):
@@ -56,3 +57,23 @@ def stop_if_dry_run() -> None:
     """End a dry run here (called when the data have been loaded)."""
     if _DRY_RUN.get():
         raise DryRunStop()
+
+
+@contextlib.contextmanager
+def command_line(argv: list[str]) -> Iterator[None]:
+    """Record the shell command being run (``attnaudit`` + ``argv``) for the reports."""
+    import shlex
+
+    token = _COMMAND.set(shlex.join(["attnaudit", *argv]))
+    try:
+        yield
+    finally:
+        _COMMAND.reset(token)
+
+
+def current_command() -> str | None:
+    """The command line that reproduces this run: None when run in-process by an audit (each
+    audit run records its own command) or through the Python API."""
+    if _CAPTURED.get() is not None:
+        return None
+    return _COMMAND.get()

@@ -103,10 +103,13 @@ def build_report(
     verdicts: Iterable[str] = (),
 ) -> dict:
     """The versioned JSON envelope (see module docstring), already JSON-safe."""
+    from .invocation import current_command
+
     payload = {
         "schema": schema,
         "attnaudit_version": __version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": current_command(),
         "inputs": inputs,
         "seeds": seeds,
         "environment": environment_info(device, dtype),
@@ -116,6 +119,20 @@ def build_report(
         "warnings": list(warnings),
     }
     return to_jsonable(payload)
+
+
+def read_json_file(path: str | Path, label: str, fix: str, max_bytes: int | None = None) -> Any:
+    """The parsed JSON in ``path``, or an :class:`AuditError` that names ``label`` (how the
+    user gave the file) and ``fix``: missing file, too large, not UTF-8 or not JSON."""
+    p = Path(path)
+    if not p.is_file():
+        raise AuditError(f"{label}: no such file; {fix}")
+    if max_bytes is not None and p.stat().st_size > max_bytes:
+        raise AuditError(f"{label} is larger than {max_bytes // 2**20} MB, too large for what it should be; {fix}")
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise AuditError(f"{label}: not valid JSON ({exc.__class__.__name__}); {fix}") from None
 
 
 def dumps(payload: dict) -> str:

@@ -31,3 +31,14 @@ def _restore_sigint():
     yield
     if _SIGINT_AT_START is not None:
         signal.signal(signal.SIGINT, _SIGINT_AT_START)
+
+
+def run_cli(*args) -> int:
+    """`attnaudit ARGS` in-process; the exit code (tests import it: ``from conftest import run_cli``)."""
+    from attnaudit.cli import main
+
+    try:
+        main([str(a) for a in args])
+    except SystemExit as exc:
+        return 0 if exc.code is None else int(exc.code)
+    return 0

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_cli
 import yaml
 
 # tiny malleability settings (relu only, 2 seeds so ci_high is a real interval bound)
@@ -27,15 +28,7 @@ KAPPA_N = 200
 
 
 # ----------------------------------------------------------------------------- helpers
-def cli(*args: str) -> int:
-    """`attnaudit ARGS` in-process; the exit code."""
-    from attnaudit.cli import main
-
-    try:
-        main([str(a) for a in args])
-    except SystemExit as exc:
-        return 0 if exc.code is None else int(exc.code)
-    return 0
+cli = run_cli
 
 
 def write_audit(path: Path, doc: dict | str) -> Path:

@@ -69,7 +69,9 @@ def test_emit_writes_report_and_figure(tmp_path):
     emit(opts, {"results": {"x": 1.5}}, [], plot=lambda p: Path(p).write_bytes(b"\x89PNG"), png_name="fig.png")
     assert json.loads((tmp_path / "od" / "report.json").read_text()) == {"results": {"x": 1.5}}
     assert (tmp_path / "od" / "fig.png").read_bytes() == b"\x89PNG"
-    assert _listing(tmp_path / "od") == ["fig.png", "report.json"]
+    assert _listing(tmp_path / "od") == ["fig.png", "report.html", "report.json"]
+    page = (tmp_path / "od" / "report.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and "data:image/png;base64," in page  # the figure, embedded
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,6 @@ and every other intermediate (reported as ``run`` / ``shared_with``).
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
 import tempfile
@@ -156,14 +155,9 @@ def format_value(value: Any) -> str:
 # ----------------------------------------------------------------------------- baselines
 def read_baseline(path: str | Path) -> dict[str, dict]:
     """check name -> {value, metric, stat, better} from a --save-baseline file."""
-    p = Path(path)
-    if not p.is_file():
-        raise AuditError(f"--baseline {path}: no such file; write one with --save-baseline first")
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise AuditError(f"--baseline {path}: not a JSON baseline file ({exc.__class__.__name__}); "
-                         "write one with --save-baseline") from None
+    from ..report import read_json_file
+
+    data = read_json_file(path, f"--baseline {path}", "write a baseline with --save-baseline first")
     if not isinstance(data, dict) or data.get("schema") != BASELINE_SCHEMA or not isinstance(data.get("checks"), dict):
         raise AuditError(f"--baseline {path}: not an attnaudit baseline (schema {BASELINE_SCHEMA}); write one with "
                          "--save-baseline")

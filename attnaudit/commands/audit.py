@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..cli_common import cli_errors, emit, progress
-from ..cli_options import ExecutorOptions, bundled
+from ..cli_options import ExecutorOptions, ManualCommand, bundled
 
 HELP = (
     "Run the checks of an audit file (YAML: the model, the data, and checks that each name an analysis, its CLI "
@@ -21,26 +21,28 @@ HELP = (
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("audit", help=HELP)
+    @app.command("audit", help=HELP, cls=ManualCommand,
+                 epilog="Example: attnaudit audit examples/audit_digits.yaml --junit audit-junit.xml --json audit.json")
     @bundled(execution=ExecutorOptions)
     def audit_command(
         execution: ExecutorOptions,
-        file: Annotated[str, typer.Argument(help="The audit file (YAML).", show_default=False)],
-        json: Annotated[Optional[str], typer.Option("--json", help="Write the combined JSON report (schema attnaudit.audit/1) here ('-' = standard output).")] = None,
-        junit: Annotated[Optional[str], typer.Option("--junit", help="Write JUnit XML here: one test case per check.")] = None,
-        save_baseline: Annotated[Optional[str], typer.Option("--save-baseline", help="Store every check's measured value here (JSON), for a later --baseline.")] = None,
-        baseline: Annotated[Optional[str], typer.Option("--baseline", help="Fail a check whose value got worse than in this baseline file by more than its tolerance.")] = None,
-        fail_fast: Annotated[bool, typer.Option("--fail-fast", help="Stop at the first failed check (the rest are reported as skipped).")] = False,
-        quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No table, no progress.")] = False,
-        overwrite: Annotated[bool, typer.Option("--overwrite", help="Allow replacing existing output files.")] = False,
-        debug: Annotated[bool, typer.Option("--debug", help="Show the full traceback on errors.")] = False,
+        file: Annotated[str, typer.Argument(help="The audit file (YAML).", show_default=False, metavar="AUDIT.yaml")],
+        json: Annotated[Optional[str], typer.Option("--json", help="Write the combined JSON report (schema attnaudit.audit/1) here ('-' = standard output).", metavar="PATH", rich_help_panel="Output")] = None,
+        junit: Annotated[Optional[str], typer.Option("--junit", help="Write JUnit XML here: one test case per check.", metavar="PATH", rich_help_panel="Output")] = None,
+        html: Annotated[Optional[str], typer.Option("--html", help="Write a self-contained HTML report here: one row per check (pass/fail, value, threshold) linking to its section.", metavar="PATH", rich_help_panel="Output")] = None,
+        save_baseline: Annotated[Optional[str], typer.Option("--save-baseline", help="Store every check's measured value here (JSON), for a later --baseline.", metavar="PATH", rich_help_panel="Output")] = None,
+        baseline: Annotated[Optional[str], typer.Option("--baseline", help="Fail a check whose value got worse than in this baseline file by more than its tolerance.", metavar="PATH", rich_help_panel="Attack / analysis")] = None,
+        fail_fast: Annotated[bool, typer.Option("--fail-fast", help="Stop at the first failed check (the rest are reported as skipped).", rich_help_panel="Execution")] = False,
+        quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No table, no progress.", rich_help_panel="Output")] = False,
+        overwrite: Annotated[bool, typer.Option("--overwrite", help="Allow replacing existing output files.", rich_help_panel="Output")] = False,
+        debug: Annotated[bool, typer.Option("--debug", help="Show the full traceback on errors.", rich_help_panel="Output")] = False,
     ) -> None:
         from ..audit import SCHEMA, baseline_payload, junit_xml, load_audit_file, run_audit
         from ..cli_common import OutputOptions
         from ..report import build_report, dumps
 
         with cli_errors(debug):
-            opts = OutputOptions(json=json, quiet=quiet, overwrite=overwrite)
+            opts = OutputOptions(json=json, quiet=quiet, overwrite=overwrite, html=html)
             extra = [(flag, Path(p)) for flag, p in (("--junit", junit), ("--save-baseline", save_baseline)) if p]
             opts.check_writable((), extra=extra)
             executor = execution.config()

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from ..cli_common import DeviceOpt, SeedOpt, cli_errors, emit, progress
-from ..cli_options import DataOptions, ExecutorOptions, OutputBundle, bundled
+from ..cli_options import PROTOCOL, DataOptions, ExecutorOptions, ManualCommand, OutputBundle, bundled
 
 PNG_NAME = "claims.png"
 HELP = (
@@ -35,13 +35,13 @@ def _data_args(source: DataOptions, mode: str) -> list[str]:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("claims", help=HELP)
+    @app.command("claims", help=HELP, cls=ManualCommand, epilog="Example: attnaudit claims --quick --json claims.json")
     @bundled(source=DataOptions.defaults(dataset=None, split=None), out=OutputBundle, execution=ExecutorOptions)
     def claims_command(
         source: DataOptions,
         out: OutputBundle,
         execution: ExecutorOptions,
-        quick: Annotated[bool, typer.Option("--quick/--full", help="--quick (default): the commands' quick presets on digits; --full: their paper presets (MNIST-size).")] = True,
+        quick: Annotated[bool, typer.Option("--quick/--full", help="--quick (default): the commands' quick presets on digits; --full: their paper presets (MNIST-size).", rich_help_panel=PROTOCOL)] = True,
         seed: SeedOpt = 0,
         device: DeviceOpt = "auto",
     ) -> None:

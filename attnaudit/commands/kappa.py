@@ -10,24 +10,24 @@ from typing import Annotated, Optional
 import typer
 
 from ..cli_common import DeviceOpt, SeedOpt, cli_errors, emit, parse_list, progress
-from ..cli_options import DataOptions, ModelOptions, OutputBundle, bundled
+from ..cli_options import ANALYSIS, PROTOCOL, DataOptions, ManualCommand, ModelOptions, OutputBundle, bundled
 from ..errors import AuditError
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("kappa")
+    @app.command("kappa", cls=ManualCommand, epilog="Example: attnaudit kappa --dataset digits --json kappa.json")
     @bundled(data=DataOptions, out=OutputBundle, saved=ModelOptions)
     def kappa_command(
         data: DataOptions,
         out: OutputBundle,
         saved: ModelOptions,
-        n: Annotated[Optional[str], typer.Option("--n", help="Subset size, or a list (64,128,256) for a sweep; default: all rows (with a model: the batch, default 256).")] = None,
-        seeds: Annotated[int, typer.Option("--seeds", help="Number of random subsets per n (seeds seed, seed+1, ...).")] = 1,
-        stratify: Annotated[bool, typer.Option("--stratify", help="Draw subsets stratified by class.")] = False,
-        rank_tol: Annotated[Optional[float], typer.Option("--rank-tol", help="Relative rank tolerance (default max(n,d)*eps, numpy's matrix_rank rule).")] = None,
-        direct_check: Annotated[bool, typer.Option("--direct-check/--no-direct-check", help="Measure kappa(G~) from f_att(X) directly.")] = True,
-        layers: Annotated[Optional[str], typer.Option("--layers", help="With a model: analyse these modules (names or glob patterns, comma-separated, e.g. 'blocks.*.attn'); default: every attention layer found.")] = None,
-        gram: Annotated[Optional[str], typer.Option("--gram", help="With a model: tokens (per-layer token Grams, default) or entk (also the empirical-NTK Gram of the whole model on the batch).")] = None,
+        n: Annotated[Optional[str], typer.Option("--n", help="Subset size, or a list (64,128,256) for a sweep; default: all rows (with a model: the batch, default 256).", rich_help_panel=PROTOCOL)] = None,
+        seeds: Annotated[int, typer.Option("--seeds", help="Number of random subsets per n (seeds seed, seed+1, ...).", rich_help_panel=PROTOCOL)] = 1,
+        stratify: Annotated[bool, typer.Option("--stratify", help="Draw subsets stratified by class.", rich_help_panel=PROTOCOL)] = False,
+        rank_tol: Annotated[Optional[float], typer.Option("--rank-tol", help="Relative rank tolerance (default max(n,d)*eps, numpy's matrix_rank rule).", rich_help_panel=ANALYSIS)] = None,
+        direct_check: Annotated[bool, typer.Option("--direct-check/--no-direct-check", help="Measure kappa(G~) from f_att(X) directly.", rich_help_panel=ANALYSIS)] = True,
+        layers: Annotated[Optional[str], typer.Option("--layers", help="With a model: analyse these modules (names or glob patterns, comma-separated, e.g. 'blocks.*.attn'); default: every attention layer found.", rich_help_panel=ANALYSIS)] = None,
+        gram: Annotated[Optional[str], typer.Option("--gram", help="With a model: tokens (per-layer token Grams, default) or entk (also the empirical-NTK Gram of the whole model on the batch).", rich_help_panel=ANALYSIS)] = None,
         seed: SeedOpt = 0,
         device: DeviceOpt = "auto",
     ) -> None:

@@ -20,7 +20,7 @@ from ..cli_common import (
     progress,
     refuse_training_options_for_saved_model,
 )
-from ..cli_options import DataOptions, ModelOptions, OutputBundle, bundled
+from ..cli_options import ANALYSIS, PROTOCOL, DataOptions, ManualCommand, ModelOptions, OutputBundle, bundled
 from ..errors import AuditError
 
 # Training and analysis sizes per preset; explicit options override every entry.
@@ -48,34 +48,35 @@ def _on_device(task, device):
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("landscape")
+    @app.command("landscape", cls=ManualCommand,
+                 epilog="Example: attnaudit landscape --preset quick --json landscape.json --png landscape.png")
     @bundled(source=DataOptions.defaults(dataset=None, split=None), out=OutputBundle, saved=ModelOptions)
     def landscape_command(
         source: DataOptions,
         out: OutputBundle,
         saved: ModelOptions,
-        preset: Annotated[str, typer.Option("--preset", help="quick (default; digits, < 2 min on 2 CPU cores) or paper (MNIST train split, n_train 2000, ~5 min). Explicit options override it.")] = "quick",
-        models: Annotated[Optional[str], typer.Option("--models", help="Models to train and compare: relu (2L-ReLU), attn (MLP-Attn), comma-separated (default relu,attn).")] = None,
-        n_train: Annotated[Optional[int], typer.Option("--n-train", help="Training samples: the loss, Hessian and surfaces are over these (default from --preset).")] = None,
-        width: Annotated[Optional[int], typer.Option("--width", help="Hidden width m (default from --preset).")] = None,
-        steps: Annotated[Optional[int], typer.Option("--steps", help="Full-batch GD steps (the budget under --match-loss).")] = None,
-        lr: Annotated[Optional[float], typer.Option("--lr", help="GD learning rate (default from --preset).")] = None,
-        loss: Annotated[Optional[str], typer.Option("--loss", help="mse or ce: the training loss whose landscape is measured (default mse; a checkpoint's recorded training loss).")] = None,
-        match_loss: Annotated[Optional[float], typer.Option("--match-loss", help="Train each model until its training loss reaches this value (or say it could not), so sharpness is compared at equal loss (full-batch GD only). Models are compared only when their losses are within 10 %.")] = None,
-        n_seeds: Annotated[int, typer.Option("--seeds", help="Independent initialisations, trainings and analyses per built-in model (seeds seed, seed+1, ...); the JSON gains per-seed values with mean/sd, and the comparison uses the mean with its standard error.")] = 1,
-        optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="How the built-in models are trained: gd (full-batch gradient descent, default), sgd or adam (attnaudit.fit).")] = None,
-        batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="Rows per step of --optimizer sgd/adam (default: full batch).")] = None,
-        top_k: Annotated[int, typer.Option("--top-k", help="Number of top Hessian eigenvalues (Lanczos).")] = 5,
-        hutchinson_samples: Annotated[int, typer.Option("--hutchinson-samples", help="Rademacher probes for the Hessian trace.")] = 30,
-        directions: Annotated[str, typer.Option("--directions", help="random (filter-normalized Gaussian) or hessian (top eigenvectors) for the surfaces.")] = "random",
-        points: Annotated[int, typer.Option("--points", help="Points of the 1-D curve (0 = skip).")] = 51,
-        span: Annotated[float, typer.Option("--span", help="Surfaces cover alpha in [-span, span] (relative distance).")] = 1.0,
-        grid: Annotated[int, typer.Option("--grid", help="Grid size of the 2-D surface (0 = skip).")] = 31,
-        keep_1d_params: Annotated[bool, typer.Option("--keep-1d-params", help="Perturb biases/1-D parameters too (one filter each) instead of zeroing them in random directions.")] = False,
-        basin_directions: Annotated[int, typer.Option("--basin-directions", help="Random directions (both signs) averaged for the basin width.")] = 8,
-        basin_factor: Annotated[float, typer.Option("--basin-factor", help="The basin ends where the loss first reaches this factor times its minimum.")] = 2.0,
-        params: Annotated[Optional[str], typer.Option("--params", help="Only these parameters: all, head (the logits layer), module names or glob patterns, comma-separated (e.g. W or 'layers.0.*'); default all.")] = None,
-        dtype: Annotated[str, typer.Option("--dtype", help="Precision of the analysis: float64 (default) or float32. The engine works on copies; a saved model keeps its own dtype.")] = "float64",
+        preset: Annotated[str, typer.Option("--preset", help="quick (default; digits, < 2 min on 2 CPU cores) or paper (MNIST train split, n_train 2000, ~5 min). Explicit options override it.", rich_help_panel=PROTOCOL)] = "quick",
+        models: Annotated[Optional[str], typer.Option("--models", help="Models to train and compare: relu (2L-ReLU), attn (MLP-Attn), comma-separated (default relu,attn).", rich_help_panel=PROTOCOL)] = None,
+        n_train: Annotated[Optional[int], typer.Option("--n-train", help="Training samples: the loss, Hessian and surfaces are over these (default from --preset).", rich_help_panel=PROTOCOL)] = None,
+        width: Annotated[Optional[int], typer.Option("--width", help="Hidden width m (default from --preset).", rich_help_panel=PROTOCOL)] = None,
+        steps: Annotated[Optional[int], typer.Option("--steps", help="Full-batch GD steps (the budget under --match-loss).", rich_help_panel=PROTOCOL)] = None,
+        lr: Annotated[Optional[float], typer.Option("--lr", help="GD learning rate (default from --preset).", rich_help_panel=PROTOCOL)] = None,
+        loss: Annotated[Optional[str], typer.Option("--loss", help="mse or ce: the training loss whose landscape is measured (default mse; a checkpoint's recorded training loss).", rich_help_panel=PROTOCOL)] = None,
+        match_loss: Annotated[Optional[float], typer.Option("--match-loss", help="Train each model until its training loss reaches this value (or say it could not), so sharpness is compared at equal loss (full-batch GD only). Models are compared only when their losses are within 10 %.", rich_help_panel=PROTOCOL)] = None,
+        n_seeds: Annotated[int, typer.Option("--seeds", help="Independent initialisations, trainings and analyses per built-in model (seeds seed, seed+1, ...); the JSON gains per-seed values with mean/sd, and the comparison uses the mean with its standard error.", rich_help_panel=PROTOCOL)] = 1,
+        optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="How the built-in models are trained: gd (full-batch gradient descent, default), sgd or adam (attnaudit.fit).", rich_help_panel=PROTOCOL)] = None,
+        batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="Rows per step of --optimizer sgd/adam (default: full batch).", rich_help_panel=PROTOCOL)] = None,
+        top_k: Annotated[int, typer.Option("--top-k", help="Number of top Hessian eigenvalues (Lanczos).", rich_help_panel=ANALYSIS)] = 5,
+        hutchinson_samples: Annotated[int, typer.Option("--hutchinson-samples", help="Rademacher probes for the Hessian trace.", rich_help_panel=ANALYSIS)] = 30,
+        directions: Annotated[str, typer.Option("--directions", help="random (filter-normalized Gaussian) or hessian (top eigenvectors) for the surfaces.", rich_help_panel=ANALYSIS)] = "random",
+        points: Annotated[int, typer.Option("--points", help="Points of the 1-D curve (0 = skip).", rich_help_panel=ANALYSIS)] = 51,
+        span: Annotated[float, typer.Option("--span", help="Surfaces cover alpha in [-span, span] (relative distance).", rich_help_panel=ANALYSIS)] = 1.0,
+        grid: Annotated[int, typer.Option("--grid", help="Grid size of the 2-D surface (0 = skip).", rich_help_panel=ANALYSIS)] = 31,
+        keep_1d_params: Annotated[bool, typer.Option("--keep-1d-params", help="Perturb biases/1-D parameters too (one filter each) instead of zeroing them in random directions.", rich_help_panel=ANALYSIS)] = False,
+        basin_directions: Annotated[int, typer.Option("--basin-directions", help="Random directions (both signs) averaged for the basin width.", rich_help_panel=ANALYSIS)] = 8,
+        basin_factor: Annotated[float, typer.Option("--basin-factor", help="The basin ends where the loss first reaches this factor times its minimum.", rich_help_panel=ANALYSIS)] = 2.0,
+        params: Annotated[Optional[str], typer.Option("--params", help="Only these parameters: all, head (the logits layer), module names or glob patterns, comma-separated (e.g. W or 'layers.0.*'); default all.", rich_help_panel=ANALYSIS)] = None,
+        dtype: Annotated[str, typer.Option("--dtype", help="Precision of the analysis: float64 (default) or float32. The engine works on copies; a saved model keeps its own dtype.", rich_help_panel=ANALYSIS)] = "float64",
         seed: SeedOpt = 0,
         device: DeviceOpt = "auto",
     ) -> None:

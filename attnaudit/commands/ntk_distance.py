@@ -19,7 +19,18 @@ from ..cli_common import (
     parse_list,
     progress,
 )
-from ..cli_options import DataOptions, ExecutorOptions, ModelOptions, OutputBundle, bundled
+from ..cli_options import (
+    ANALYSIS,
+    MODEL,
+    OUTPUT,
+    PROTOCOL,
+    DataOptions,
+    ExecutorOptions,
+    ManualCommand,
+    ModelOptions,
+    OutputBundle,
+    bundled,
+)
 from ..errors import AuditError
 
 PNG_NAME = "ntk_distance.png"
@@ -36,36 +47,37 @@ def _model_filename(arch: str, width: int, seed: int) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("ntk-distance")
+    @app.command("ntk-distance", cls=ManualCommand,
+                 epilog="Example: attnaudit ntk-distance --dataset digits --preset quick --json ntk.json --png ntk.png")
     @bundled(source=DataOptions, out=OutputBundle, saved=ModelOptions, execution=ExecutorOptions)
     def ntk_distance_command(
         source: DataOptions,
         out: OutputBundle,
         saved: ModelOptions,
         execution: ExecutorOptions,
-        preset: Annotated[Optional[str], typer.Option("--preset", help="quick (default; digits in about a minute) or paper (MNIST-size: n_train 500, widths 16-4096, 3 seeds). Explicit options override it. 2-layer sweep only.")] = None,
-        models: Annotated[Optional[str], typer.Option("--models", help="Models of the 2-layer sweep: relu (2L-ReLU), attn (MLP-Attn), comma-separated (default relu,attn).")] = None,
-        arch: Annotated[Optional[str], typer.Option("--arch", help="Sweep the built-in transformers instead: vit, vit-linear or vit,vit-linear (--widths = embedding dims, heads fixed at 4; trained with the ViT defaults of attnaudit train unless --optimizer/--lr/--steps/--epochs/--batch-size/--loss are given).")] = None,
-        widths: Annotated[Optional[str], typer.Option("--widths", help="Hidden widths, e.g. 16,64,256,1024,4096 (default: preset); with --arch the embedding dims (default 16,32,64,128).")] = None,
-        seeds: Annotated[Optional[int], typer.Option("--seeds", help="Number of initialisation seeds per width: seed, seed+1, ... (default: preset; 2 with --arch).")] = None,
-        n_train: Annotated[Optional[int], typer.Option("--n-train", help="Training points (default: preset; 1000 with --arch).")] = None,
-        n_test: Annotated[Optional[int], typer.Option("--n-test", help="Held-out points (default: preset; 400 with --arch; 500 with --checkpoint).")] = None,
-        steps: Annotated[Optional[int], typer.Option("--steps", help="Full-batch GD steps (default: preset); with --arch optimizer steps (default: 5 epochs).")] = None,
-        lr: Annotated[Optional[float], typer.Option("--lr", help="Learning rate (default: the rule lr = lr_fraction * 2n / lambda_max(Theta_inf); 1e-3 for adam with --arch).")] = None,
-        lr_fraction: Annotated[Optional[float], typer.Option("--lr-fraction", help="Fraction of the stable step 2n/lambda_max used when --lr is not given (default 0.5).")] = None,
-        loss: Annotated[Optional[str], typer.Option("--loss", help="mse (closed-form kernel predictor, default) or ce (linearized GD iterated in function space); with --arch the training loss (default ce).")] = None,
-        parametrization: Annotated[Optional[str], typer.Option("--parametrization", help="ntk (default) or standard.")] = None,
-        init: Annotated[Optional[str], typer.Option("--init", help="antisymmetric (f_0 = 0, default) or standard.")] = None,
-        attn_scaling: Annotated[Optional[str], typer.Option("--attn-scaling", help="Scale of the attention context: rms (default), spectral or none.")] = None,
-        predictor: Annotated[Optional[str], typer.Option("--predictor", help="discrete (exact for GD steps, default) or continuous (gradient flow for time lr*steps).")] = None,
-        dtype: Annotated[Optional[str], typer.Option("--dtype", help="Training dtype for every width: float64 or float32 (default: float64; the paper preset uses float32 from width 1024; float32 with --arch). Kernels and metrics are always float64.")] = None,
-        kernel_points: Annotated[Optional[int], typer.Option("--kernel-points", help="Training points used for the kernel-movement metrics (default: all; 128 with --arch; 256 with --checkpoint).")] = None,
-        save_models: Annotated[Optional[str], typer.Option("--save-models", help="Folder to save every trained network (safetensors + JSON side-car). 2-layer sweep only.")] = None,
-        reference_checkpoint: Annotated[Optional[str], typer.Option("--reference-checkpoint", help="With --checkpoint: the same model at initialization (default: a fresh initialization of the same architecture from the side-car's recorded seed).")] = None,
-        linearized: Annotated[Optional[str], typer.Option("--linearized", help="With --checkpoint or --arch: the linearized model to compare with: auto (default: kernel-gd when the recipe is full-batch gd on a small training set, else train), kernel-gd (closed-form kernel gradient descent with the initial eNTK), train (the linearized network trained with the same recipe) or off.")] = None,
-        optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="With --arch: gd (full batch), sgd or adam (default adam, as attnaudit train).")] = None,
-        batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="With --arch: rows per step for sgd/adam (default 64).")] = None,
-        epochs: Annotated[Optional[int], typer.Option("--epochs", help="With --arch: passes over the training rows (default 5); give --epochs or --steps.")] = None,
+        preset: Annotated[Optional[str], typer.Option("--preset", help="quick (default; digits in about a minute) or paper (MNIST-size: n_train 500, widths 16-4096, 3 seeds). Explicit options override it. 2-layer sweep only.", rich_help_panel=PROTOCOL)] = None,
+        models: Annotated[Optional[str], typer.Option("--models", help="Models of the 2-layer sweep: relu (2L-ReLU), attn (MLP-Attn), comma-separated (default relu,attn).", rich_help_panel=PROTOCOL)] = None,
+        arch: Annotated[Optional[str], typer.Option("--arch", help="Sweep the built-in transformers instead: vit, vit-linear or vit,vit-linear (--widths = embedding dims, heads fixed at 4; trained with the ViT defaults of attnaudit train unless --optimizer/--lr/--steps/--epochs/--batch-size/--loss are given).", rich_help_panel=PROTOCOL)] = None,
+        widths: Annotated[Optional[str], typer.Option("--widths", help="Hidden widths, e.g. 16,64,256,1024,4096 (default: preset); with --arch the embedding dims (default 16,32,64,128).", rich_help_panel=PROTOCOL)] = None,
+        seeds: Annotated[Optional[int], typer.Option("--seeds", help="Number of initialisation seeds per width: seed, seed+1, ... (default: preset; 2 with --arch).", rich_help_panel=PROTOCOL)] = None,
+        n_train: Annotated[Optional[int], typer.Option("--n-train", help="Training points (default: preset; 1000 with --arch).", rich_help_panel=PROTOCOL)] = None,
+        n_test: Annotated[Optional[int], typer.Option("--n-test", help="Held-out points (default: preset; 400 with --arch; 500 with --checkpoint).", rich_help_panel=PROTOCOL)] = None,
+        steps: Annotated[Optional[int], typer.Option("--steps", help="Full-batch GD steps (default: preset); with --arch optimizer steps (default: 5 epochs).", rich_help_panel=PROTOCOL)] = None,
+        lr: Annotated[Optional[float], typer.Option("--lr", help="Learning rate (default: the rule lr = lr_fraction * 2n / lambda_max(Theta_inf); 1e-3 for adam with --arch).", rich_help_panel=PROTOCOL)] = None,
+        lr_fraction: Annotated[Optional[float], typer.Option("--lr-fraction", help="Fraction of the stable step 2n/lambda_max used when --lr is not given (default 0.5).", rich_help_panel=PROTOCOL)] = None,
+        loss: Annotated[Optional[str], typer.Option("--loss", help="mse (closed-form kernel predictor, default) or ce (linearized GD iterated in function space); with --arch the training loss (default ce).", rich_help_panel=PROTOCOL)] = None,
+        parametrization: Annotated[Optional[str], typer.Option("--parametrization", help="ntk (default) or standard.", rich_help_panel=PROTOCOL)] = None,
+        init: Annotated[Optional[str], typer.Option("--init", help="antisymmetric (f_0 = 0, default) or standard.", rich_help_panel=PROTOCOL)] = None,
+        attn_scaling: Annotated[Optional[str], typer.Option("--attn-scaling", help="Scale of the attention context: rms (default), spectral or none.", rich_help_panel=PROTOCOL)] = None,
+        predictor: Annotated[Optional[str], typer.Option("--predictor", help="discrete (exact for GD steps, default) or continuous (gradient flow for time lr*steps).", rich_help_panel=ANALYSIS)] = None,
+        dtype: Annotated[Optional[str], typer.Option("--dtype", help="Training dtype for every width: float64 or float32 (default: float64; the paper preset uses float32 from width 1024; float32 with --arch). Kernels and metrics are always float64.", rich_help_panel=PROTOCOL)] = None,
+        kernel_points: Annotated[Optional[int], typer.Option("--kernel-points", help="Training points used for the kernel-movement metrics (default: all; 128 with --arch; 256 with --checkpoint).", rich_help_panel=ANALYSIS)] = None,
+        save_models: Annotated[Optional[str], typer.Option("--save-models", help="Folder to save every trained network (safetensors + JSON side-car). 2-layer sweep only.", metavar="PATH", rich_help_panel=OUTPUT)] = None,
+        reference_checkpoint: Annotated[Optional[str], typer.Option("--reference-checkpoint", help="With --checkpoint: the same model at initialization (default: a fresh initialization of the same architecture from the side-car's recorded seed).", metavar="PATH", rich_help_panel=MODEL)] = None,
+        linearized: Annotated[Optional[str], typer.Option("--linearized", help="With --checkpoint or --arch: the linearized model to compare with: auto (default: kernel-gd when the recipe is full-batch gd on a small training set, else train), kernel-gd (closed-form kernel gradient descent with the initial eNTK), train (the linearized network trained with the same recipe) or off.", rich_help_panel=ANALYSIS)] = None,
+        optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="With --arch: gd (full batch), sgd or adam (default adam, as attnaudit train).", rich_help_panel=PROTOCOL)] = None,
+        batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="With --arch: rows per step for sgd/adam (default 64).", rich_help_panel=PROTOCOL)] = None,
+        epochs: Annotated[Optional[int], typer.Option("--epochs", help="With --arch: passes over the training rows (default 5); give --epochs or --steps.", rich_help_panel=PROTOCOL)] = None,
         seed: SeedOpt = 0,
         device: DeviceOpt = "auto",
     ) -> None:

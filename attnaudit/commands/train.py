@@ -16,7 +16,7 @@ import typer
 from rich.text import Text
 
 from ..cli_common import DeviceOpt, cli_errors, emit, progress
-from ..cli_options import DataOptions, OutputBundle, bundled
+from ..cli_options import MODEL, OUTPUT, PROTOCOL, DataOptions, ManualCommand, OutputBundle, bundled
 from ..errors import AuditError
 
 SCHEMA = "attnaudit.train/1"
@@ -45,31 +45,31 @@ def _family_defaults(arch: str) -> dict:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("train", help=HELP)
+    @app.command("train", help=HELP, cls=ManualCommand, epilog="Example: attnaudit train --arch vit --dataset digits --out vit.safetensors")
     @bundled(source=DataOptions.defaults(dataset="digits", split="train"), out=OutputBundle)
     def train_command(
         source: DataOptions,
         out: OutputBundle,
-        out_path: Annotated[str, typer.Option("--out", help="The checkpoint to write (.safetensors); its side-car PATH.json is written beside it. Existing files are kept unless --overwrite.")],
-        arch: Annotated[str, typer.Option("--arch", help="relu (2L-ReLU), attn (MLP-Attn), vit (softmax attention) or vit-linear (linearized attention).")] = "vit",
-        width: Annotated[Optional[int], typer.Option("--width", help="Hidden width m of relu/attn (default 64).")] = None,
-        depth: Annotated[Optional[int], typer.Option("--depth", help="ViT blocks (default 2).")] = None,
-        dim: Annotated[Optional[int], typer.Option("--dim", help="ViT token width (default 64).")] = None,
-        heads: Annotated[Optional[int], typer.Option("--heads", help="ViT attention heads; must divide --dim (default 4).")] = None,
-        patch: Annotated[Optional[int], typer.Option("--patch", help="ViT patch size; must divide the image height and width (default: the largest leaving >= 16 tokens).")] = None,
-        mlp_ratio: Annotated[Optional[int], typer.Option("--mlp-ratio", help="ViT MLP hidden width / --dim (default 2).")] = None,
-        optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="gd (full batch), sgd or adam (default: adam for ViTs, gd for relu/attn).")] = None,
-        lr: Annotated[Optional[float], typer.Option("--lr", help="Learning rate (default: 1e-3 for adam on ViTs, 4.0 for gd on relu/attn).")] = None,
-        batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="Rows per step for sgd/adam (default 64); gd always uses every row.")] = None,
-        epochs: Annotated[Optional[int], typer.Option("--epochs", help="Passes over the training rows (ViT default 5); give --epochs or --steps.")] = None,
-        steps: Annotated[Optional[int], typer.Option("--steps", help="Optimizer steps, counted across epochs (relu/attn default 300).")] = None,
-        loss: Annotated[Optional[str], typer.Option("--loss", help="ce or mse (default: ce for ViTs, mse for relu/attn).")] = None,
-        momentum: Annotated[float, typer.Option("--momentum", help="SGD momentum (sgd only).")] = 0.0,
-        weight_decay: Annotated[float, typer.Option("--weight-decay", help="L2 weight decay.")] = 0.0,
-        seed: Annotated[int, typer.Option("--seed", help="Initialisation, mini-batch order and held-out split.")] = 0,
-        n_train: Annotated[Optional[int], typer.Option("--n-train", help="Training rows (default: every row not held out).")] = None,
-        n_test: Annotated[Optional[int], typer.Option("--n-test", help="Held-out rows for the accuracy (default: min(1000, n/5)).")] = None,
-        dtype: Annotated[Optional[str], typer.Option("--dtype", help="float32 or float64 (default: float32 for ViTs, float64 for relu/attn).")] = None,
+        out_path: Annotated[str, typer.Option("--out", help="The checkpoint to write (.safetensors); its side-car PATH.json is written beside it. Existing files are kept unless --overwrite.", metavar="PATH", rich_help_panel=OUTPUT)],
+        arch: Annotated[str, typer.Option("--arch", help="relu (2L-ReLU), attn (MLP-Attn), vit (softmax attention) or vit-linear (linearized attention).", rich_help_panel=MODEL)] = "vit",
+        width: Annotated[Optional[int], typer.Option("--width", help="Hidden width m of relu/attn (default 64).", rich_help_panel=MODEL)] = None,
+        depth: Annotated[Optional[int], typer.Option("--depth", help="ViT blocks (default 2).", rich_help_panel=MODEL)] = None,
+        dim: Annotated[Optional[int], typer.Option("--dim", help="ViT token width (default 64).", rich_help_panel=MODEL)] = None,
+        heads: Annotated[Optional[int], typer.Option("--heads", help="ViT attention heads; must divide --dim (default 4).", rich_help_panel=MODEL)] = None,
+        patch: Annotated[Optional[int], typer.Option("--patch", help="ViT patch size; must divide the image height and width (default: the largest leaving >= 16 tokens).", rich_help_panel=MODEL)] = None,
+        mlp_ratio: Annotated[Optional[int], typer.Option("--mlp-ratio", help="ViT MLP hidden width / --dim (default 2).", rich_help_panel=MODEL)] = None,
+        optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="gd (full batch), sgd or adam (default: adam for ViTs, gd for relu/attn).", rich_help_panel=PROTOCOL)] = None,
+        lr: Annotated[Optional[float], typer.Option("--lr", help="Learning rate (default: 1e-3 for adam on ViTs, 4.0 for gd on relu/attn).", rich_help_panel=PROTOCOL)] = None,
+        batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="Rows per step for sgd/adam (default 64); gd always uses every row.", rich_help_panel=PROTOCOL)] = None,
+        epochs: Annotated[Optional[int], typer.Option("--epochs", help="Passes over the training rows (ViT default 5); give --epochs or --steps.", rich_help_panel=PROTOCOL)] = None,
+        steps: Annotated[Optional[int], typer.Option("--steps", help="Optimizer steps, counted across epochs (relu/attn default 300).", rich_help_panel=PROTOCOL)] = None,
+        loss: Annotated[Optional[str], typer.Option("--loss", help="ce or mse (default: ce for ViTs, mse for relu/attn).", rich_help_panel=PROTOCOL)] = None,
+        momentum: Annotated[float, typer.Option("--momentum", help="SGD momentum (sgd only).", rich_help_panel=PROTOCOL)] = 0.0,
+        weight_decay: Annotated[float, typer.Option("--weight-decay", help="L2 weight decay.", rich_help_panel=PROTOCOL)] = 0.0,
+        seed: Annotated[int, typer.Option("--seed", help="Initialisation, mini-batch order and held-out split.", rich_help_panel=PROTOCOL)] = 0,
+        n_train: Annotated[Optional[int], typer.Option("--n-train", help="Training rows (default: every row not held out).", rich_help_panel=PROTOCOL)] = None,
+        n_test: Annotated[Optional[int], typer.Option("--n-test", help="Held-out rows for the accuracy (default: min(1000, n/5)).", rich_help_panel=PROTOCOL)] = None,
+        dtype: Annotated[Optional[str], typer.Option("--dtype", help="float32 or float64 (default: float32 for ViTs, float64 for relu/attn).", rich_help_panel=PROTOCOL)] = None,
         device: DeviceOpt = "auto",
     ) -> None:
         import torch

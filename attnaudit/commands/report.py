@@ -1,0 +1,60 @@
+"""`attnaudit report RUN.json [...] --html out.html`: render existing JSON reports into one
+self-contained HTML page, without recomputing anything (see :mod:`attnaudit.html_report`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..cli_common import cli_errors
+from ..cli_options import ManualCommand
+from ..errors import AuditError
+
+HELP = (
+    "Render one or several JSON reports written by --json (a sweep's runs, two checkpoints, an audit) into one "
+    "self-contained HTML page: verdicts first, then the summaries, the protocol and the command of each run. "
+    "Nothing is recomputed, so figures (not stored in JSON) are absent; --html on the command itself embeds them. "
+    "A report of an unknown schema is refused (exit 2)."
+)
+
+EPILOG = "Example: attnaudit kappa --json k.json && attnaudit report k.json --html k.html"
+
+MAX_REPORT_BYTES = 512 * 2**20  # a JSON report is a few MB at most; refuse absurd inputs before reading them
+
+
+def load_reports(paths: list[str]) -> list[tuple[str, dict]]:
+    """(file name, report) for every path, each a JSON report of a known schema."""
+    from ..html_report import check_schema
+
+    from ..report import read_json_file
+
+    out = []
+    for raw in paths:
+        report = read_json_file(raw, raw, "give JSON reports written by --json", MAX_REPORT_BYTES)
+        out.append((Path(raw).name, check_schema(report, raw)))
+    return out
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("report", help=HELP, epilog=EPILOG, cls=ManualCommand)
+    def report_command(
+        reports: Annotated[list[str], typer.Argument(help="JSON reports written by --json (one or more).", show_default=False, metavar="RUN.json")],
+        html: Annotated[str, typer.Option("--html", help="Write the HTML page here.", show_default=False, metavar="PATH", rich_help_panel="Output")],
+        overwrite: Annotated[bool, typer.Option("--overwrite", help="Allow replacing an existing file.", rich_help_panel="Output")] = False,
+        quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on success.", rich_help_panel="Output")] = False,
+        debug: Annotated[bool, typer.Option("--debug", help="Show the full traceback on errors.", rich_help_panel="Output")] = False,
+    ) -> None:
+        from ..atomic import write_text_atomic
+        from ..html_report import render_reports
+        from ..report import check_target
+
+        with cli_errors(debug):
+            if not html.lower().endswith((".html", ".htm")):
+                raise AuditError(f"--html {html}: the report is an HTML page; give a path ending in .html")
+            check_target(html, overwrite)
+            loaded = load_reports(reports)
+            write_text_atomic(html, render_reports(loaded))
+            if not quiet:
+                typer.echo(f"HTML report of {len(loaded)} run(s) written to {html}")

@@ -1,0 +1,114 @@
+"""`--help` reads like a manual: options in panels, plain metavars, a runnable example (docs/cli.md)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import typer
+from typer.core import TyperOption
+
+from attnaudit.cli import app, main
+from attnaudit.cli_options import PANELS
+
+REPO = Path(__file__).resolve().parents[1]
+COMMANDS = ["kappa", "ntk-distance", "malleability", "landscape", "train", "audit", "claims", "report"]
+PLAIN_METAVARS = {"TEXT", "INTEGER", "FLOAT", "PATH"}
+PATH_OPTIONS = {"--json", "--png", "--html", "--out-dir", "--data", "--data-dir", "--checkpoint", "--weights", "--resume",
+                "--out", "--junit", "--save-baseline", "--baseline", "--save-models", "--reference-checkpoint"}
+
+
+def _group():
+    return typer.main.get_command(app)
+
+
+def _options(name: str) -> list[TyperOption]:
+    return [p for p in _group().commands[name].params if isinstance(p, TyperOption)]
+
+
+def _help(capsys, monkeypatch, *args: str) -> str:
+    monkeypatch.setenv("COLUMNS", "200")  # rich would wrap or cut at 80 columns
+    with pytest.raises(SystemExit) as exc:
+        main([*args, "--help"])
+    assert exc.value.code == 0
+    return capsys.readouterr().out
+
+
+def _panel(out: str, title: str) -> str:
+    """The text of one panel: from its title line to its bottom border."""
+    start = out.index(f"─ {title} ─")
+    return out[start:out.index("╰", start)]
+
+
+def _examples(epilog: str) -> list[list[str]]:
+    """The command lines of 'Example: attnaudit ... [&& attnaudit ...]' (first line after 'Example:')."""
+    line = epilog.split("Example:", 1)[1].strip().splitlines()[0]
+    return [shlex.split(part) for part in line.split("&&")]
+
+
+def test_root_help_lists_every_command(capsys, monkeypatch):
+    out = _help(capsys, monkeypatch)
+    for name in COMMANDS:
+        assert re.search(rf"│ {re.escape(name)}\s", out), name
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_option_sits_in_a_panel_in_the_manual_order(name, capsys, monkeypatch):
+    options = _options(name)
+    assert [p.opts[0] for p in options if p.rich_help_panel not in PANELS] == []
+    out = _help(capsys, monkeypatch, name)
+    used = [panel for panel in PANELS if any(p.rich_help_panel == panel for p in options)]
+    positions = [out.index(f"─ {panel} ─") for panel in used]
+    assert positions == sorted(positions), used
+    assert re.findall(r"--[\w-]+", _panel(out, "Options")) == ["--help"]
+    for p in options:  # each flag, in the panel the option names
+        panel = _panel(out, p.rich_help_panel)
+        for flag in p.opts + p.secondary_opts:
+            assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", panel), (flag, p.rich_help_panel)
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_plain_metavars_and_no_type_labels(name, capsys, monkeypatch):
+    for p in _options(name):
+        if p.is_flag:
+            assert p.metavar == "", p.opts
+        else:
+            assert p.metavar in PLAIN_METAVARS, (p.opts, p.metavar)
+            if set(p.opts) & PATH_OPTIONS:
+                assert p.metavar == "PATH", p.opts
+    out = _help(capsys, monkeypatch, name)
+    assert "<bool>" not in out
+    options_part = out[out.index("─ Options ─"):]  # arguments keep typer's own labels
+    assert re.findall(r"<(?:str|int|float|bool|list\[\w+\])>", options_part) == []
+    for p in _options(name):  # a value option's row: its flag, then its metavar
+        if not p.is_flag:
+            assert re.search(rf"{re.escape(','.join(p.opts))}\s+{p.metavar}\s", out), (p.opts, p.metavar)
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_help_ends_with_an_example_that_parses(name, capsys, monkeypatch):
+    command = _group().commands[name]
+    assert command.epilog and command.epilog.startswith("Example: attnaudit ")
+    out = _help(capsys, monkeypatch, name)
+    assert command.epilog.splitlines()[0] in out
+    assert out.rstrip().splitlines()[-1].strip().startswith("Example:")
+    examples = _examples(command.epilog)
+    assert any(args[1] == name for args in examples)
+    for args in examples:
+        assert args[0] == "attnaudit"
+        sub = _group().commands[args[1]]
+        # strict parsing (not resilient): unknown options, bad values and missing required options fail here
+        with sub.make_context(args[1], args[2:]) as ctx:
+            assert ctx.params
+        for arg in args[2:]:
+            if arg.startswith("examples/"):
+                assert (REPO / arg).is_file(), arg
+
+
+def test_help_texts_are_not_eaten_as_markup(capsys, monkeypatch):
+    out = _help(capsys, monkeypatch, "kappa")
+    assert "attnaudit[hf]" in out
+    out = _help(capsys, monkeypatch, "ntk-distance")
+    assert "attnaudit[ray]" in out
