@@ -81,7 +81,7 @@ import copy
 import math
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, NamedTuple, Sequence
 
 import torch
@@ -98,7 +98,8 @@ __all__ = [
     "influence_sweep", "linear_head_fast_path", "resolve_tracked", "tracin_weights", "twolayer_head_fast_path",
 ]
 
-ESTIMATORS = ("exact", "last-layer", "cg", "tracin")
+ESTIMATORS = ("exact", "last-layer", "cg", "tracin", "kfac", "ekfac")
+KRONECKER = ("kfac", "ekfac")  # Kronecker-factored curvature of the linear layers (attnaudit.kfac)
 SOLVERS = ("auto", "cholesky", "eigh")  # how exact / last-layer solve (see InfluenceConfig)
 LOSSES = ("mse", "ce")
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
@@ -559,6 +560,7 @@ def influence_memory(
     n_dampings: int = 1,
     itemsize: int = 8,
     activation_bytes_per_sample: int = 0,
+    factor_bytes: int = 0,
 ) -> dict:
     """Bytes the estimator holds at its peak.
 
@@ -576,6 +578,7 @@ def influence_memory(
         "hessian_and_eigenvectors": 2 * P * P * itemsize if estimator in ("exact", "last-layer") else 0,
         "hvp_block": hvp_batch * P * itemsize if estimator in ("exact", "last-layer") else 0,
         "cg_vectors": 4 * P * k * itemsize if estimator == "cg" else 0,
+        "kronecker_factors": int(factor_bytes) if estimator in KRONECKER else 0,
         "transformed_test_gradients": P * k * itemsize,
         "gradient_chunk": rows * P * itemsize,
         "activations": rows * int(activation_bytes_per_sample),
@@ -598,7 +601,13 @@ def _plan(config: InfluenceConfig, view: _View, P: int, X_train, n_train: int, n
     itemsize = view.engine.theta.element_size()
     act = 0 if view.path != PATH_GENERIC else view.engine.probe_bytes_per_sample(X_train)
     est, hvp_batch = config.estimator, config.hvp_batch
-    mem = influence_memory(est, P, n_train, n_test, config.per_test, config.chunk_size, hvp_batch, n_dampings, itemsize, act)
+    factors = 0
+    if est in KRONECKER:
+        from .kfac import kfac_memory_bytes, linear_blocks
+
+        factors = kfac_memory_bytes(linear_blocks(view.engine)[0])
+    mem = influence_memory(est, P, n_train, n_test, config.per_test, config.chunk_size, hvp_batch, n_dampings, itemsize, act,
+                           factors)
     fixed = mem["total"] - mem["gradient_chunk"] - mem["activations"]
     chunk = _budget_chunk(config, P, fixed, itemsize, act)
     if chunk == 0:
@@ -606,7 +615,8 @@ def _plan(config: InfluenceConfig, view: _View, P: int, X_train, n_train: int, n
             f"{config.estimator} influence needs {fixed / 2**20:,.0f} MB before any chunk, above the memory budget of "
             f"{config.memory_budget_mb:,.0f} MB; drop per-test influence, use fewer test points, or raise the budget"
         )
-    return chunk, influence_memory(est, P, n_train, n_test, config.per_test, chunk, hvp_batch, n_dampings, itemsize, act)
+    return chunk, influence_memory(est, P, n_train, n_test, config.per_test, chunk, hvp_batch, n_dampings, itemsize, act,
+                                   factors)
 
 
 def tracin_weights(n_checkpoints: int, every: int, steps_run: int, lr: float) -> list[float]:
@@ -748,7 +758,9 @@ def influence_sweep(
         res = _tracin(task, names, X_train, y_train, X_test, y_test, config, checkpoints, checkpoint_weights)
         return [res for _ in given]
     t0 = time.perf_counter()
-    view = _view(task, names, config, probe=X_train[:2])
+    kron = config.estimator in KRONECKER
+    # K-FAC needs the real module's linear layers: the generic engine, never a feature-cached fast path
+    view = _view(task, names, replace(config, fast_path=False) if kron else config, probe=X_train[:2])
     eng = view.engine
     P = eng.n_params
     n_train, n_test = X_train.shape[0], X_test.shape[0]
@@ -822,6 +834,26 @@ def influence_sweep(
             )
             warns.append(w)
         del evecs
+    elif kron:
+        from .kfac import fit_factors, resolve_damping as kron_damping
+
+        factors = fit_factors(eng, U_tr, config.estimator, chunk=chunk)
+        dampings = []
+        lam_info = {"lambda_max": None, "lambda_max_method": None, "solver": config.estimator}
+        excluded = factors.excluded
+        for g in given:
+            solved.append(factors.precondition(B, eng, g))
+            per_layer = {b.path: kron_damping(g, b.eigenvalues(factors.kind)) for b in factors.blocks}
+            dampings.append(None if isinstance(g, str) else float(g))  # relative: per layer, in the diagnostics
+            diags.append({
+                "curvature": f"{config.estimator} (Gauss-Newton of the linear layers, exact output-Hessian columns)",
+                "layers": [b.path for b in factors.blocks],
+                "excluded_parameters": excluded,
+                "damping_per_layer": per_layer,
+                "factor_bytes": factors.memory_bytes(),
+            })
+            warns.append([f"{config.estimator} covers nn.Linear layers only; {len(excluded)} tracked parameter(s) left out "
+                          f"of the influence: {', '.join(excluded[:6])}{' ...' if len(excluded) > 6 else ''}"] if excluded else [])
     elif not exact_like:  # cg
         lam_info = {"lambda_max": None, "lambda_max_method": None}
         if any(isinstance(g, str) for g in given):

@@ -1,0 +1,261 @@
+"""Kronecker-factored curvature (K-FAC and EK-FAC) of the linear layers of any module.
+
+For a linear layer y = W a (+ b) inside a model f trained on the mean loss
+(1/n) sum_i l(f(x_i), y_i), the Gauss-Newton block of the layer's parameters is
+
+    GGN = (1/n) sum_i sum_k vec(G_ik) vec(G_ik)^T,   G_ik = sum_t s_ikt a_it^T,
+
+where a_it is the layer's input at token t of sample i (a constant 1 appended for the bias)
+and s_ikt = d(f_i . L_i[:, k]) / d y_it is the back-propagated k-th column of a square root
+of the loss's output Hessian, L_i L_i^T = d^2 l / d f^2 (MSE: L = I; cross-entropy:
+L = diag(sqrt p) - p sqrt(p)^T, since diag(p) - p p^T = L L^T). These columns are computed
+exactly, one backward pass each (no sampled labels), so the factors carry no Monte-Carlo
+noise. Flattening G row-major, vec(s a^T) = s (x) a, so
+
+* **K-FAC**: GGN ~ S (x) A with A = (1/(n T)) sum_it a a^T and S = (1/n) sum_ikt s s^T (the
+  "expand" convention for T tokens; exact for one sample, and for the output layer under MSE
+  where S is the identity). (S (x) A + lambda I)^-1 vec(V) = vec(Q_S [(Q_S^T V Q_A) /
+  (Lambda_S Lambda_A^T + lambda)] Q_A^T) with the eigendecompositions of A and S.
+* **EK-FAC** (George et al. 2018): the same eigenbases, but the eigenvalues replaced by the
+  second moments of the gradients in that basis, Lambda*_ol = (1/n) sum_ik
+  ((Q_S^T G_ik Q_A)_ol)^2 -- the best diagonal fit in the Kronecker eigenbasis, which makes
+  the approximation exact on the diagonal of the rotated GGN.
+
+Damping: absolute lambda, or relative ``"<m>x"`` = m times the mean eigenvalue of each
+layer's Lambda (K-FAC: Lambda_S Lambda_A^T; EK-FAC: Lambda*). Only ``nn.Linear`` modules
+whose weight (and bias) are all tracked are covered; every other tracked parameter
+(embeddings, norms, convolutions, attention in-projections held as bare parameters) is
+listed in ``excluded`` and left out of the influence (its block is treated as absent), with
+a warning from the caller.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from .core.engine import Engine, ranges
+from .core.task import CrossEntropyLoss, MSELoss
+from .errors import AuditError
+
+KINDS = ("kfac", "ekfac")
+
+
+@dataclass
+class LinearBlock:
+    """One covered linear layer: its module path, parameter names and Kronecker factors."""
+
+    path: str
+    weight: str
+    bias: str | None
+    d_in: int
+    d_out: int
+    A: torch.Tensor | None = None  # (d_in + bias, d_in + bias)
+    S: torch.Tensor | None = None  # (d_out, d_out)
+    QA: torch.Tensor | None = None
+    QS: torch.Tensor | None = None
+    lamA: torch.Tensor | None = None
+    lamS: torch.Tensor | None = None
+    corrected: torch.Tensor | None = None  # (d_out, d_in + bias): EK-FAC eigenvalues
+
+    @property
+    def width_in(self) -> int:
+        return self.d_in + (1 if self.bias else 0)
+
+    def eigenvalues(self, kind: str) -> torch.Tensor:
+        if kind == "ekfac":
+            return self.corrected
+        return self.lamS[:, None] * self.lamA[None, :]
+
+
+@dataclass
+class KroneckerFactors:
+    """The fitted factors of every covered layer, and what was left out."""
+
+    kind: str
+    blocks: list[LinearBlock]
+    excluded: list[str]
+    n_samples: int
+    names: list[str]  # covered parameter names, in the engine's order
+    diagnostics: dict = field(default_factory=dict)
+
+    def memory_bytes(self) -> int:
+        return kfac_memory_bytes(self.blocks)
+
+    def precondition(self, grads: torch.Tensor, engine: Engine, damping: float | str) -> torch.Tensor:
+        """(F + lambda I)^-1 applied to each row of ``grads`` (k, P) over ``engine.names``
+        (rows of parameters outside the covered layers come back as zeros)."""
+        out = torch.zeros_like(grads, dtype=torch.float64)
+        offsets = dict(zip(engine.names, _offsets(engine)))
+        for b in self.blocks:
+            o_w, n_w = offsets[b.weight]
+            V = grads[:, o_w:o_w + n_w].to(torch.float64).reshape(-1, b.d_out, b.d_in)
+            if b.bias:
+                o_b, n_b = offsets[b.bias]
+                V = torch.cat([V, grads[:, o_b:o_b + n_b].to(torch.float64)[:, :, None]], 2)
+            lam = b.eigenvalues(self.kind)
+            d = resolve_damping(damping, lam)
+            rotated = b.QS.T @ V @ b.QA
+            solved = b.QS @ (rotated / (lam + d)) @ b.QA.T
+            out[:, o_w:o_w + n_w] = solved[:, :, : b.d_in].reshape(-1, n_w)
+            if b.bias:
+                out[:, o_b:o_b + n_b] = solved[:, :, b.d_in]
+        return out.to(grads.dtype)
+
+
+def resolve_damping(damping: float | str, eigenvalues: torch.Tensor) -> float:
+    """Absolute damping, or ``"<m>x"``: m times the mean of the layer's eigenvalues."""
+    if isinstance(damping, str):
+        return float(damping[:-1]) * float(eigenvalues.mean())
+    return float(damping)
+
+
+def _offsets(engine: Engine) -> list[tuple[int, int]]:
+    out, start = [], 0
+    for k in engine.numels:
+        out.append((start, k))
+        start += k
+    return out
+
+
+def linear_blocks(engine: Engine) -> tuple[list[LinearBlock], list[str]]:
+    """The ``nn.Linear`` modules whose parameters are all tracked by ``engine``, and the
+    tracked parameter names no such module covers."""
+    tracked = set(engine.names)
+    blocks: list[LinearBlock] = []
+    covered: set[str] = set()
+    for path, module in engine.module.named_modules():
+        if type(module) is not nn.Linear:
+            continue
+        w = f"{path}.weight" if path else "weight"
+        bname = (f"{path}.bias" if path else "bias") if module.bias is not None else None
+        if w not in tracked or (bname is not None and bname not in tracked):
+            continue
+        blocks.append(LinearBlock(path, w, bname, module.in_features, module.out_features))
+        covered.update({w} | ({bname} if bname else set()))
+    excluded = [n for n in engine.names if n not in covered]
+    return blocks, excluded
+
+
+def _output_hessian_root(loss, logits: torch.Tensor) -> torch.Tensor:
+    """L (B, c, c) with L L^T = d^2 l / d f^2 for each row."""
+    B, c = logits.shape
+    if isinstance(loss, MSELoss):
+        return torch.eye(c, dtype=logits.dtype, device=logits.device).expand(B, c, c)
+    if isinstance(loss, CrossEntropyLoss):
+        p = torch.softmax(logits.detach(), -1)
+        sq = p.sqrt()
+        return torch.diag_embed(sq) - p[:, :, None] * sq[:, None, :]
+    raise AuditError(f"K-FAC needs the output Hessian of the loss; {type(loss).__name__} has no closed form here")
+
+
+def _capture(engine: Engine, blocks: list[LinearBlock], rows: torch.Tensor):
+    """Logits of ``rows`` and, per block, the layer's inputs and outputs (B, T, .)."""
+    modules = dict(engine.module.named_modules())
+    inputs: dict[str, torch.Tensor] = {}
+    outputs: dict[str, torch.Tensor] = {}
+    hooks = []
+
+    def hook_for(path: str):
+        def hook(module, args, out):
+            inputs[path] = args[0]
+            outputs[path] = out
+        return hook
+
+    for b in blocks:
+        hooks.append(modules[b.path].register_forward_hook(hook_for(b.path)))
+    try:
+        theta = engine.theta.detach().requires_grad_(True)  # so every layer output is in the graph
+        logits = engine.apply(theta, rows)
+    finally:
+        for h in hooks:
+            h.remove()
+    return logits, inputs, outputs
+
+
+def _tokens(t: torch.Tensor, B: int) -> torch.Tensor:
+    """(B, T, d) view of a layer's activations (T = 1 for flat rows)."""
+    return t.reshape(B, -1, t.shape[-1])
+
+
+def fit_factors(
+    engine: Engine, X: torch.Tensor, kind: str = "ekfac", *, chunk: int = 256,
+) -> KroneckerFactors:
+    """Fit the Kronecker factors (and, for EK-FAC, the corrected eigenvalues) of the linear
+    layers tracked by ``engine`` on the rows ``X`` (the model is evaluated at the engine's
+    parameters, in eval mode; nothing is modified). Two passes over X for EK-FAC, one for K-FAC;
+    each batch costs one forward and c backward passes (c = number of outputs)."""
+    if kind not in KINDS:
+        raise AuditError(f"unknown curvature {kind!r}; use one of {', '.join(KINDS)}")
+    blocks, excluded = linear_blocks(engine)
+    if not blocks:
+        raise AuditError("K-FAC covers nn.Linear layers, and none of the tracked parameters belongs to one; "
+                         "use --estimator cg or exact, or track linear layers with --params")
+    rows_all = engine.rows(X)
+    n = rows_all.shape[0]
+    for b in blocks:
+        b.A = torch.zeros(b.width_in, b.width_in, dtype=torch.float64, device=engine.device)
+        b.S = torch.zeros(b.d_out, b.d_out, dtype=torch.float64, device=engine.device)
+    tokens_seen = {b.path: 0 for b in blocks}
+
+    def passes(rows: torch.Tensor):
+        """Per block: inputs a (B, T, w) with bias column, and per output column k the
+        back-propagated s (B, T, d_out)."""
+        B = rows.shape[0]
+        logits, ins, outs = _capture(engine, blocks, rows)
+        L = _output_hessian_root(engine.loss, logits)
+        acts = {}
+        for b in blocks:
+            a = _tokens(ins[b.path].detach().to(torch.float64), B)
+            if b.bias:
+                a = torch.cat([a, torch.ones(*a.shape[:2], 1, dtype=a.dtype, device=a.device)], 2)
+            acts[b.path] = a
+        out_list = [outs[b.path] for b in blocks]
+        for k in range(L.shape[2]):
+            target = (logits * L[:, :, k].to(logits.dtype)).sum()
+            grads = torch.autograd.grad(target, out_list, retain_graph=k + 1 < L.shape[2])
+            yield acts, {b.path: _tokens(g.detach().to(torch.float64), B) for b, g in zip(blocks, grads)}
+
+    with engine.context(), torch.enable_grad():
+        for a0, b0 in ranges(n, chunk):
+            first = True
+            for acts, sgrads in passes(rows_all[a0:b0]):
+                for b in blocks:
+                    if first:
+                        a = acts[b.path]
+                        b.A += torch.einsum("bti,btj->ij", a, a)
+                        tokens_seen[b.path] += a.shape[0] * a.shape[1]
+                    s = sgrads[b.path]
+                    b.S += torch.einsum("bti,btj->ij", s, s)
+                first = False
+    for b in blocks:
+        b.A /= tokens_seen[b.path]
+        b.S /= n
+        b.lamA, b.QA = torch.linalg.eigh(b.A)
+        b.lamS, b.QS = torch.linalg.eigh(b.S)
+        b.lamA.clamp_(min=0.0)
+        b.lamS.clamp_(min=0.0)
+    if kind == "ekfac":
+        for b in blocks:
+            b.corrected = torch.zeros(b.d_out, b.width_in, dtype=torch.float64, device=engine.device)
+        with engine.context(), torch.enable_grad():
+            for a0, b0 in ranges(n, chunk):
+                for acts, sgrads in passes(rows_all[a0:b0]):
+                    for b in blocks:
+                        G = torch.einsum("bto,bti->boi", sgrads[b.path], acts[b.path])  # per-sample gradients
+                        b.corrected += (b.QS.T @ G @ b.QA).pow(2).sum(0)
+        for b in blocks:
+            b.corrected /= n
+    covered = [nm for nm in engine.names if nm not in set(excluded)]
+    return KroneckerFactors(kind, blocks, excluded, n, covered, {
+        "layers": [b.path for b in blocks],
+        "factor_shapes": {b.path: [b.width_in, b.d_out] for b in blocks},
+    })
+
+
+def kfac_memory_bytes(blocks: Sequence[LinearBlock]) -> int:
+    """Bytes the factors of ``blocks`` hold (float64): A, Q_A, S, Q_S and the EK-FAC eigenvalues."""
+    return 8 * sum(2 * b.width_in**2 + 2 * b.d_out**2 + b.d_out * b.width_in for b in blocks)
