@@ -98,7 +98,7 @@ __all__ = [
     "influence_sweep", "linear_head_fast_path", "resolve_tracked", "tracin_weights", "twolayer_head_fast_path",
 ]
 
-ESTIMATORS = ("exact", "last-layer", "cg", "tracin", "kfac", "ekfac")
+ESTIMATORS = ("exact", "last-layer", "cg", "tracin", "kfac", "ekfac", "projected")
 KRONECKER = ("kfac", "ekfac")  # Kronecker-factored curvature of the linear layers (attnaudit.kfac)
 SOLVERS = ("auto", "cholesky", "eigh")  # how exact / last-layer solve (see InfluenceConfig)
 LOSSES = ("mse", "ce")
@@ -194,8 +194,15 @@ class InfluenceConfig:
     dtype: str = "float64"
     fast_path: bool = True
     solver: str = "auto"
+    curvature: str = "auto"  # kfac / ekfac: ggn (exact output-Hessian columns), fisher (sampled labels) or auto
+    proj_dim: int = 512  # projected: dimension k of the random sign projection
+    seed: int = 0  # kfac / ekfac with the sampled Fisher
 
     def __post_init__(self) -> None:
+        if isinstance(self.proj_dim, bool) or int(self.proj_dim) != self.proj_dim or self.proj_dim < 1:
+            raise AuditError(f"--proj-dim must be a positive integer, got {self.proj_dim!r}")
+        if self.curvature not in ("auto", "ggn", "fisher"):
+            raise AuditError(f"unknown K-FAC curvature {self.curvature!r}; use auto, ggn or fisher")
         if self.solver not in SOLVERS:
             raise AuditError(f"unknown influence solver {self.solver!r}; use one of {', '.join(SOLVERS)}")
         if self.estimator not in ESTIMATORS:
@@ -561,6 +568,7 @@ def influence_memory(
     itemsize: int = 8,
     activation_bytes_per_sample: int = 0,
     factor_bytes: int = 0,
+    proj_dim: int = 0,
 ) -> dict:
     """Bytes the estimator holds at its peak.
 
@@ -579,6 +587,8 @@ def influence_memory(
         "hvp_block": hvp_batch * P * itemsize if estimator in ("exact", "last-layer") else 0,
         "cg_vectors": 4 * P * k * itemsize if estimator == "cg" else 0,
         "kronecker_factors": int(factor_bytes) if estimator in KRONECKER else 0,
+        # projected: R^T H R, R^T R and one factorisation (3 k^2), two column blocks of R and H R (2 x 64 P)
+        "projected_curvature": (3 * min(proj_dim, P) ** 2 + 2 * 64 * P) * itemsize if estimator == "projected" else 0,
         "transformed_test_gradients": P * k * itemsize,
         "gradient_chunk": rows * P * itemsize,
         "activations": rows * int(activation_bytes_per_sample),
@@ -607,7 +617,7 @@ def _plan(config: InfluenceConfig, view: _View, P: int, X_train, n_train: int, n
 
         factors = kfac_memory_bytes(linear_blocks(view.engine)[0])
     mem = influence_memory(est, P, n_train, n_test, config.per_test, config.chunk_size, hvp_batch, n_dampings, itemsize, act,
-                           factors)
+                           factors, config.proj_dim)
     fixed = mem["total"] - mem["gradient_chunk"] - mem["activations"]
     chunk = _budget_chunk(config, P, fixed, itemsize, act)
     if chunk == 0:
@@ -616,7 +626,7 @@ def _plan(config: InfluenceConfig, view: _View, P: int, X_train, n_train: int, n
             f"{config.memory_budget_mb:,.0f} MB; drop per-test influence, use fewer test points, or raise the budget"
         )
     return chunk, influence_memory(est, P, n_train, n_test, config.per_test, chunk, hvp_batch, n_dampings, itemsize, act,
-                                   factors)
+                                   factors, config.proj_dim)
 
 
 def tracin_weights(n_checkpoints: int, every: int, steps_run: int, lr: float) -> list[float]:
@@ -722,6 +732,49 @@ def _cholesky_solve(H: torch.Tensor, B: torch.Tensor, given: float | str):
     }
     lam_info = {"lambda_max": lam_max, "lambda_max_method": method, "solver": "cholesky"}
     return X, diag, lam_info, d
+
+
+def _projected_solve(hvp, B: torch.Tensor, given: list, config: InfluenceConfig, lam_info: dict):
+    """Galerkin projection of (H + lambda I) s = g onto span(R), R a random sign matrix
+    (P x k, :class:`attnaudit.projection.SignProjection`): H_R = R^T H R from k Hessian-vector
+    products, M = R^T R, then z = (H_R + lambda M)^-1 R^T g solved exactly (k x k) for every
+    test gradient, and a training gradient scores -(R^T g_train) . z. With k >= P (k is
+    capped at P) and R of full rank this is exact influence; the error falls as k grows.
+    Returns ([z per damping], diagnostics with the projection)."""
+    from .projection import SignProjection
+
+    eng = hvp.engine
+    P = hvp.size
+    k = min(int(config.proj_dim), P)  # more columns than parameters add nothing (R^T R would be singular)
+    proj = SignProjection(P, k, seed=config.seed, dtype=eng.dtype, device=eng.device)
+    HR = torch.empty(k, k, dtype=torch.float64, device=eng.device)
+    M = torch.empty(k, k, dtype=torch.float64, device=eng.device)
+    for j0, j1 in proj.blocks():
+        Rj = proj.columns(j0, j1)
+        HRj = hvp.matmat(Rj.T.contiguous()).T  # (P, b) = H R_j
+        HR[:, j0:j1] = proj.apply(HRj.T).T.to(torch.float64)
+        M[:, j0:j1] = proj.apply(Rj.T).T.to(torch.float64)
+    HR = 0.5 * (HR + HR.T)
+    M = 0.5 * (M + M.T)
+    Bp = proj.apply(B).to(torch.float64)  # (k_test, k)
+    # Ritz values of H on span(R): the generalised eigenvalues of (H_R, M)
+    L = torch.linalg.cholesky(M)
+    C = torch.linalg.solve_triangular(L, torch.linalg.solve_triangular(L, HR, upper=False).T, upper=False)
+    evals = torch.linalg.eigvalsh(0.5 * (C + C.T))
+    lam_max_proj = float(evals[-1])
+    out, dampings = [], []
+    for g in given:
+        d = _resolve_damping(g, lam_max_proj) if isinstance(g, str) else float(g)
+        A = HR + d * M
+        Z = torch.linalg.solve(A, Bp.T).T  # (k_test, k)
+        out.append(Z.to(B.dtype))
+        dampings.append(d)
+    lam_info.update({"lambda_max": lam_max_proj, "lambda_max_method": "Ritz value on span(R)",
+                     "solver": "projected"})
+    diag = {"proj_dim": int(config.proj_dim), "proj_dim_used": k, "projection": "random signs +-1/sqrt(k), seeded column blocks", "projection_seed": config.seed,
+            "hessian_vector_products": k, "projected_min_eigenvalue": float(evals[0]),
+            "_projection": proj, "_dampings": dampings}
+    return out, diag
 
 
 def influence_sweep(
@@ -837,7 +890,7 @@ def influence_sweep(
     elif kron:
         from .kfac import fit_factors, resolve_damping as kron_damping
 
-        factors = fit_factors(eng, U_tr, config.estimator, chunk=chunk)
+        factors = fit_factors(eng, U_tr, config.estimator, chunk=chunk, curvature=config.curvature, seed=config.seed)
         dampings = []
         lam_info = {"lambda_max": None, "lambda_max_method": None, "solver": config.estimator}
         excluded = factors.excluded
@@ -846,7 +899,8 @@ def influence_sweep(
             per_layer = {b.path: kron_damping(g, b.eigenvalues(factors.kind)) for b in factors.blocks}
             dampings.append(None if isinstance(g, str) else float(g))  # relative: per layer, in the diagnostics
             diags.append({
-                "curvature": f"{config.estimator} (Gauss-Newton of the linear layers, exact output-Hessian columns)",
+                "curvature": factors.diagnostics["curvature"],
+                "curvature_seed": factors.diagnostics["seed"],
                 "layers": [b.path for b in factors.blocks],
                 "excluded_parameters": excluded,
                 "damping_per_layer": per_layer,
@@ -854,6 +908,15 @@ def influence_sweep(
             })
             warns.append([f"{config.estimator} covers nn.Linear layers only; {len(excluded)} tracked parameter(s) left out "
                           f"of the influence: {', '.join(excluded[:6])}{' ...' if len(excluded) > 6 else ''}"] if excluded else [])
+    elif config.estimator == "projected":
+        lam_info = {}
+        S_proj, pdiag = _projected_solve(hvp, B, given, config, lam_info)
+        proj = pdiag.pop("_projection")
+        dampings = pdiag.pop("_dampings")
+        for j, g in enumerate(given):
+            solved.append(S_proj[j])
+            diags.append(dict(pdiag))
+            warns.append([])
     elif not exact_like:  # cg
         lam_info = {"lambda_max": None, "lambda_max_method": None}
         if any(isinstance(g, str) for g in given):
@@ -879,10 +942,11 @@ def influence_sweep(
             warns.append(w)
     solve_s = time.perf_counter() - t_solve
 
-    S = torch.cat(solved).T.contiguous()  # (P, k * n_dampings)
+    S = torch.cat(solved).T.contiguous()  # (P, k * n_dampings); projected: (proj_dim, ...)
     out = torch.empty(n_train, S.shape[1], dtype=S.dtype, device=S.device)
     for a, b in ranges(n_train, chunk):
-        out[a:b] = -(eng.per_sample_grads(U_tr[a:b], T_tr[a:b]) @ S)
+        g = eng.per_sample_grads(U_tr[a:b], T_tr[a:b])
+        out[a:b] = -((proj.apply(g) if config.estimator == "projected" else g) @ S)
     elapsed = time.perf_counter() - t0
 
     results = []

@@ -124,10 +124,16 @@ def _offsets(engine: Engine) -> list[tuple[int, int]]:
 def linear_blocks(engine: Engine) -> tuple[list[LinearBlock], list[str]]:
     """The ``nn.Linear`` modules whose parameters are all tracked by ``engine``, and the
     tracked parameter names no such module covers."""
-    tracked = set(engine.names)
+    return linear_modules(engine.module, engine.names)
+
+
+def linear_modules(module: nn.Module, names: Sequence[str]) -> tuple[list[LinearBlock], list[str]]:
+    """The ``nn.Linear`` submodules of ``module`` whose parameters are all in ``names``, and
+    the names no such submodule covers (in the order of ``names``)."""
+    tracked = set(names)
     blocks: list[LinearBlock] = []
     covered: set[str] = set()
-    for path, module in engine.module.named_modules():
+    for path, module in module.named_modules():
         if type(module) is not nn.Linear:
             continue
         w = f"{path}.weight" if path else "weight"
@@ -136,8 +142,24 @@ def linear_blocks(engine: Engine) -> tuple[list[LinearBlock], list[str]]:
             continue
         blocks.append(LinearBlock(path, w, bname, module.in_features, module.out_features))
         covered.update({w} | ({bname} if bname else set()))
-    excluded = [n for n in engine.names if n not in covered]
+    excluded = [n for n in names if n not in covered]
     return blocks, excluded
+
+
+def _sampled_column(loss, logits: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """(B, c, 1) one random column per row whose outer product has the output Hessian as its
+    mean: the loss gradient at a label drawn from the model (the true Fisher; kronfluence's
+    default). MSE: r ~ N(0, I); cross-entropy: p - onehot(y), y ~ softmax(f)."""
+    B, c = logits.shape
+    if isinstance(loss, MSELoss):
+        v = torch.randn(B, c, generator=gen, dtype=torch.float64)
+    elif isinstance(loss, CrossEntropyLoss):
+        p = torch.softmax(logits.detach().to(torch.float64), -1)
+        y = torch.multinomial(p.cpu(), 1, generator=gen).flatten()
+        v = p.cpu() - torch.nn.functional.one_hot(y, c).to(torch.float64)
+    else:
+        raise AuditError(f"K-FAC needs the output Hessian of the loss; {type(loss).__name__} has no closed form here")
+    return v.to(device=logits.device, dtype=logits.dtype)[:, :, None]
 
 
 def _output_hessian_root(loss, logits: torch.Tensor) -> torch.Tensor:
@@ -181,15 +203,29 @@ def _tokens(t: torch.Tensor, B: int) -> torch.Tensor:
     return t.reshape(B, -1, t.shape[-1])
 
 
+CURVATURES = ("auto", "ggn", "fisher")
+#: ``auto`` takes the exact Gauss-Newton columns up to this many outputs, sampled Fisher above
+EXACT_COLUMNS_UP_TO = 32
+
+
 def fit_factors(
-    engine: Engine, X: torch.Tensor, kind: str = "ekfac", *, chunk: int = 256,
+    engine: Engine, X: torch.Tensor, kind: str = "ekfac", *, chunk: int = 256, curvature: str = "auto", seed: int = 0,
 ) -> KroneckerFactors:
     """Fit the Kronecker factors (and, for EK-FAC, the corrected eigenvalues) of the linear
     layers tracked by ``engine`` on the rows ``X`` (the model is evaluated at the engine's
-    parameters, in eval mode; nothing is modified). Two passes over X for EK-FAC, one for K-FAC;
-    each batch costs one forward and c backward passes (c = number of outputs)."""
+    parameters, in eval mode; nothing is modified). Two passes over X for EK-FAC, one for K-FAC.
+
+    ``curvature``: ``ggn``, the Gauss-Newton matrix from the c exact columns of the output
+    Hessian's square root (c backward passes per batch, no sampling noise); ``fisher``, one
+    column per sample drawn from the model's predictive distribution (``seed``; one backward
+    pass; the same matrix in expectation, kronfluence's default); ``auto``: ggn up to
+    :data:`EXACT_COLUMNS_UP_TO` outputs, fisher above (language-model vocabularies)."""
     if kind not in KINDS:
         raise AuditError(f"unknown curvature {kind!r}; use one of {', '.join(KINDS)}")
+    if curvature not in CURVATURES:
+        raise AuditError(f"unknown K-FAC curvature {curvature!r}; use one of {', '.join(CURVATURES)}")
+    if curvature == "auto":
+        curvature = "ggn" if engine.n_classes <= EXACT_COLUMNS_UP_TO else "fisher"
     blocks, excluded = linear_blocks(engine)
     if not blocks:
         raise AuditError("K-FAC covers nn.Linear layers, and none of the tracked parameters belongs to one; "
@@ -200,13 +236,17 @@ def fit_factors(
         b.A = torch.zeros(b.width_in, b.width_in, dtype=torch.float64, device=engine.device)
         b.S = torch.zeros(b.d_out, b.d_out, dtype=torch.float64, device=engine.device)
     tokens_seen = {b.path: 0 for b in blocks}
+    gen = torch.Generator().manual_seed(int(seed))
 
     def passes(rows: torch.Tensor):
         """Per block: inputs a (B, T, w) with bias column, and per output column k the
         back-propagated s (B, T, d_out)."""
         B = rows.shape[0]
         logits, ins, outs = _capture(engine, blocks, rows)
-        L = _output_hessian_root(engine.loss, logits)
+        if curvature == "ggn":
+            L = _output_hessian_root(engine.loss, logits)
+        else:
+            L = _sampled_column(engine.loss, logits, gen)
         acts = {}
         for b in blocks:
             a = _tokens(ins[b.path].detach().to(torch.float64), B)
@@ -239,18 +279,26 @@ def fit_factors(
         b.lamA.clamp_(min=0.0)
         b.lamS.clamp_(min=0.0)
     if kind == "ekfac":
+        gen.manual_seed(int(seed) + 1)  # fresh draws for the second pass
         for b in blocks:
             b.corrected = torch.zeros(b.d_out, b.width_in, dtype=torch.float64, device=engine.device)
         with engine.context(), torch.enable_grad():
             for a0, b0 in ranges(n, chunk):
+                rotated_acts: dict[str, torch.Tensor] = {}
                 for acts, sgrads in passes(rows_all[a0:b0]):
                     for b in blocks:
-                        G = torch.einsum("bto,bti->boi", sgrads[b.path], acts[b.path])  # per-sample gradients
-                        b.corrected += (b.QS.T @ G @ b.QA).pow(2).sum(0)
+                        # Q_S^T G Q_A with G = sum_t s_t a_t^T, rotating the tokens first (B T d^2
+                        # flops instead of B d^3 for the per-sample matrices)
+                        if b.path not in rotated_acts:
+                            rotated_acts[b.path] = acts[b.path] @ b.QA
+                        G = torch.einsum("bto,bti->boi", sgrads[b.path] @ b.QS, rotated_acts[b.path])
+                        b.corrected += G.pow(2).sum(0)
         for b in blocks:
             b.corrected /= n
     covered = [nm for nm in engine.names if nm not in set(excluded)]
     return KroneckerFactors(kind, blocks, excluded, n, covered, {
+        "curvature": curvature,
+        "seed": int(seed) if curvature == "fisher" else None,
         "layers": [b.path for b in blocks],
         "factor_shapes": {b.path: [b.width_in, b.d_out] for b in blocks},
     })

@@ -140,6 +140,8 @@ class MalleabilityConfig:
     max_exact_params: int = 6000
     cg_tol: float = 1e-8
     cg_max_iter: int = 1000
+    proj_dim: int = 512  # --estimator projected
+    curvature: str = "auto"  # --estimator kfac / ekfac
     params: str | None = None
     finetune_steps: int = 100
     finetune_optimizer: str = "adam"
@@ -193,6 +195,12 @@ class MalleabilityConfig:
             raise AuditError("relative --damping (a multiple of lambda_max) does not apply to --estimator tracin (no Hessian)")
         if self.estimator not in ESTIMATORS:
             raise AuditError(f"unknown --estimator {self.estimator!r}; use one of {', '.join(ESTIMATORS)}")
+        if self.estimator in ("kfac", "ekfac") and not self.saved_models:
+            raise AuditError(
+                f"--estimator {self.estimator} uses the Kronecker factors of nn.Linear layers, and the built-in relu/attn "
+                "nets hold their two weight matrices as bare parameters; use it with --checkpoint (a ViT or your own "
+                "transformer), or use --estimator exact, last-layer or cg here"
+            )
         if self.estimator == "tracin" and len(self.damping) > 1:
             raise AuditError("--damping takes a single value with --estimator tracin (TracIn uses no Hessian)")
         if self.protocol not in PROTOCOLS:
@@ -325,6 +333,8 @@ class MalleabilityConfig:
             max_exact_params=self.max_exact_params,
             cg_tol=self.cg_tol,
             cg_max_iter=self.cg_max_iter,
+            proj_dim=self.proj_dim,
+            curvature=self.curvature,
         )
 
     def attack_config(self, method: str, eps: float, seed: int, value_range) -> AttackConfig:
@@ -411,10 +421,16 @@ def influence_memory_estimate(
             selector, inputs = icfg.tracked, None
         names = select_parameter_names(model, selector, probe, inputs)
         named = dict(model.named_parameters())
-        tracked[arch] = {"names": names, "count": int(sum(named[n].numel() for n in names))}
+        factor_bytes = 0
+        if config.estimator in ("kfac", "ekfac"):
+            from .kfac import kfac_memory_bytes, linear_modules
+
+            factor_bytes = kfac_memory_bytes(linear_modules(model, names)[0])
+        tracked[arch] = {"names": names, "count": int(sum(named[n].numel() for n in names)), "factor_bytes": factor_bytes}
     p = max(v["count"] for v in tracked.values())
     check_exact_budget(config.estimator, p, config.max_exact_params)
-    mem = influence_memory(config.estimator, p, n_train, n_test, False, icfg.chunk_size, n_dampings=len(config.damping))
+    mem = influence_memory(config.estimator, p, n_train, n_test, False, icfg.chunk_size, n_dampings=len(config.damping),
+                           factor_bytes=max(v["factor_bytes"] for v in tracked.values()))
     return {"tracked_parameters": p, "tracked_parameter_names": {k: v["names"] for k, v in tracked.items()}, "bytes": mem}
 
 
@@ -599,7 +615,9 @@ def _diag_row(seed, arch, role, res) -> dict:
     keys = ("min_eigenvalue", "max_eigenvalue", "damped_min_eigenvalue", "positive_definite", "n_negative_eigenvalues",
             "damped_condition_number", "iterations", "relative_residual_max", "converged", "negative_curvature",
             "checkpoints_used", "lambda_max", "lambda_max_method", "lambda_max_residual", "lambda_max_converged",
-            "damping_relative", "damping_abs")
+            "damping_relative", "damping_abs", "solver", "curvature", "curvature_seed", "layers", "excluded_parameters",
+            "damping_per_layer", "factor_bytes", "proj_dim", "proj_dim_used", "hessian_vector_products",
+            "projected_min_eigenvalue")
     row = {"seed": seed, "model": arch, "role": role, "estimator": res.estimator, "damping": res.damping,
            "path": res.path, "n_params": res.n_params, "memory_estimate_bytes": d.get("memory_estimate_bytes", {}).get("total"),
            "seconds": d.get("seconds")}

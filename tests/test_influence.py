@@ -366,7 +366,7 @@ def test_bad_config_rejected(kwargs):
 def test_generic_path_equals_fast_path_for_every_estimator(arch, loss):
     net, X, y, Xt, yt, tr = _small_net(arch)
     weights = tracin_weights(len(tr.checkpoints), 25, tr.steps_run, 1.0)
-    for est in ESTIMATORS:
+    for est in (e for e in ESTIMATORS if e not in ("kfac", "ekfac")):  # K-FAC needs nn.Linear layers: tests/test_kfac.py
         out = {}
         for fast in (True, False):
             cfg = InfluenceConfig(estimator=est, params="head", damping=0.05, per_test=True, cg_tol=1e-13, fast_path=fast)
