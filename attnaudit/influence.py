@@ -196,6 +196,7 @@ class InfluenceConfig:
     solver: str = "auto"
     curvature: str = "auto"  # kfac / ekfac: ggn (exact output-Hessian columns), fisher (sampled labels) or auto
     proj_dim: int = 512  # projected: dimension k of the random sign projection
+    cache_dir: str | None = None  # kfac / ekfac: folder keeping fitted factors, keyed by model and data fingerprint
     seed: int = 0  # kfac / ekfac with the sampled Fisher
 
     def __post_init__(self) -> None:
@@ -888,9 +889,10 @@ def influence_sweep(
             warns.append(w)
         del evecs
     elif kron:
-        from .kfac import fit_factors, resolve_damping as kron_damping
+        from .kfac import cached_factors, resolve_damping as kron_damping
 
-        factors = fit_factors(eng, U_tr, config.estimator, chunk=chunk, curvature=config.curvature, seed=config.seed)
+        factors = cached_factors(eng, U_tr, config.estimator, chunk=chunk, curvature=config.curvature, seed=config.seed,
+                                 cache_dir=config.cache_dir)
         dampings = []
         lam_info = {"lambda_max": None, "lambda_max_method": None, "solver": config.estimator}
         excluded = factors.excluded
@@ -901,6 +903,7 @@ def influence_sweep(
             diags.append({
                 "curvature": factors.diagnostics["curvature"],
                 "curvature_seed": factors.diagnostics["seed"],
+                "factor_cache": factors.diagnostics.get("cache"),
                 "layers": [b.path for b in factors.blocks],
                 "excluded_parameters": excluded,
                 "damping_per_layer": per_layer,

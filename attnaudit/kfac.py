@@ -274,8 +274,10 @@ def fit_factors(
     for b in blocks:
         b.A /= tokens_seen[b.path]
         b.S /= n
-        b.lamA, b.QA = torch.linalg.eigh(b.A)
-        b.lamS, b.QS = torch.linalg.eigh(b.S)
+        # contiguous: the same memory layout whether fitted here or read from a cache, so the
+        # products (and the scores) are bitwise the same either way
+        b.lamA, b.QA = (t.contiguous() for t in torch.linalg.eigh(b.A))
+        b.lamS, b.QS = (t.contiguous() for t in torch.linalg.eigh(b.S))
         b.lamA.clamp_(min=0.0)
         b.lamS.clamp_(min=0.0)
     if kind == "ekfac":
@@ -307,3 +309,100 @@ def fit_factors(
 def kfac_memory_bytes(blocks: Sequence[LinearBlock]) -> int:
     """Bytes the factors of ``blocks`` hold (float64): A, Q_A, S, Q_S and the EK-FAC eigenvalues."""
     return 8 * sum(2 * b.width_in**2 + 2 * b.d_out**2 + b.d_out * b.width_in for b in blocks)
+
+
+# ----------------------------------------------------------------------------- cache on disk
+CACHE_FORMAT = "attnaudit.kfac-factors/1"
+
+
+def factors_fingerprint(engine: Engine, rows: torch.Tensor, kind: str, curvature: str, seed: int) -> str:
+    """sha256 over what the factors depend on: the tracked parameters (names, shapes, dtype,
+    values), the model's class, the training rows, the estimator, curvature and seed."""
+    import hashlib
+
+    h = hashlib.sha256()
+    h.update(f"{CACHE_FORMAT}|{type(engine.module).__qualname__}|{kind}|{curvature}|{seed}|{engine.dtype}".encode())
+    for name, shape in zip(engine.names, engine.shapes):
+        h.update(f"{name}{tuple(shape)}".encode())
+    h.update(engine.theta.detach().cpu().contiguous().numpy().tobytes())
+    for name in sorted(engine.frozen):
+        t = engine.frozen[name]
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    h.update(str(engine.loss.name).encode())
+    h.update(rows.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def save_factors(factors: KroneckerFactors, path: str | Path, fingerprint: str) -> None:
+    """Write the factors to ``path`` (safetensors, atomically) with the fingerprint they belong to."""
+    import json
+
+    from safetensors.torch import save
+
+    from .atomic import write_bytes_atomic
+
+    tensors, layers = {}, []
+    for i, b in enumerate(factors.blocks):
+        for key in ("A", "S", "QA", "QS", "lamA", "lamS", "corrected"):
+            value = getattr(b, key)
+            if value is not None:
+                tensors[f"{i}.{key}"] = value.detach().cpu().contiguous()
+        layers.append({"path": b.path, "weight": b.weight, "bias": b.bias, "d_in": b.d_in, "d_out": b.d_out})
+    meta = {"format": CACHE_FORMAT, "fingerprint": fingerprint, "kind": factors.kind, "n_samples": factors.n_samples,
+            "excluded": factors.excluded, "names": factors.names, "layers": layers, "diagnostics": factors.diagnostics}
+    write_bytes_atomic(path, save(tensors, metadata={"attnaudit": json.dumps(meta)}))
+
+
+def load_factors(path: str | Path, fingerprint: str, device: torch.device | str = "cpu") -> KroneckerFactors:
+    """The factors in ``path``, refused (AuditError) unless they were fitted for ``fingerprint``
+    (the same model, parameters, training rows, estimator, curvature and seed)."""
+    import json
+
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = json.loads((f.metadata() or {}).get("attnaudit", "{}"))
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is refused the same way
+        raise AuditError(f"K-FAC cache {path} is not a factors file ({exc.__class__.__name__}); delete it or use "
+                         "another --cache folder") from None
+    if meta.get("format") != CACHE_FORMAT:
+        raise AuditError(f"K-FAC cache {path} has format {meta.get('format')!r}, not {CACHE_FORMAT}; delete it")
+    if meta.get("fingerprint") != fingerprint:
+        raise AuditError(f"K-FAC cache {path} was fitted for another model or data (fingerprint "
+                         f"{str(meta.get('fingerprint'))[:12]} vs {fingerprint[:12]}); it is not used: delete it or "
+                         "use another --cache folder")
+    blocks = []
+    for i, layer in enumerate(meta["layers"]):
+        b = LinearBlock(layer["path"], layer["weight"], layer["bias"], int(layer["d_in"]), int(layer["d_out"]))
+        for key in ("A", "S", "QA", "QS", "lamA", "lamS", "corrected"):
+            if f"{i}.{key}" in tensors:
+                setattr(b, key, tensors[f"{i}.{key}"].to(device))
+        blocks.append(b)
+    diagnostics = dict(meta.get("diagnostics", {}), cache="loaded")
+    return KroneckerFactors(meta["kind"], blocks, list(meta["excluded"]), int(meta["n_samples"]), list(meta["names"]),
+                            diagnostics)
+
+
+def cached_factors(engine: Engine, rows: torch.Tensor, kind: str, *, chunk: int, curvature: str, seed: int,
+                   cache_dir: str | Path | None) -> KroneckerFactors:
+    """:func:`fit_factors`, reading and writing ``cache_dir`` when given (one file per fingerprint)."""
+    if cache_dir is None:
+        return fit_factors(engine, rows, kind, chunk=chunk, curvature=curvature, seed=seed)
+    from pathlib import Path
+
+    resolved = curvature if curvature != "auto" else ("ggn" if engine.n_classes <= EXACT_COLUMNS_UP_TO else "fisher")
+    key = factors_fingerprint(engine, engine.rows(rows), kind, resolved, seed)
+    folder = Path(cache_dir)
+    if folder.exists() and not folder.is_dir():
+        raise AuditError(f"--cache {folder} is a file; give a folder (created if missing)")
+    path = folder / f"{kind}-{key[:24]}.safetensors"
+    if path.is_file():
+        return load_factors(path, key, engine.device)
+    factors = fit_factors(engine, rows, kind, chunk=chunk, curvature=resolved, seed=seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_factors(factors, path, key)
+    factors.diagnostics["cache"] = f"written {path.name}"
+    return factors

@@ -142,6 +142,7 @@ class MalleabilityConfig:
     cg_max_iter: int = 1000
     proj_dim: int = 512  # --estimator projected
     curvature: str = "auto"  # --estimator kfac / ekfac
+    cache_dir: str | None = None  # --cache: fitted K-FAC factors kept on disk
     params: str | None = None
     finetune_steps: int = 100
     finetune_optimizer: str = "adam"
@@ -335,6 +336,7 @@ class MalleabilityConfig:
             cg_max_iter=self.cg_max_iter,
             proj_dim=self.proj_dim,
             curvature=self.curvature,
+            cache_dir=self.cache_dir,
         )
 
     def attack_config(self, method: str, eps: float, seed: int, value_range) -> AttackConfig:

@@ -228,3 +228,32 @@ def test_projected_equals_exact_at_full_dimension_and_its_error_falls_with_k():
         assert res.diagnostics["proj_dim_used"] == min(k, P)
     assert errors[0] > errors[1] > errors[2] > 1e-3
     assert errors[3] < 1e-7 and errors[4] < 1e-7
+
+
+def test_factor_cache_round_trip_and_refusal_of_another_models_factors(tmp_path):
+    from attnaudit.kfac import factors_fingerprint, load_factors
+
+    X, y, Xt, yt = _digits(80, 10)
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(64, 8), nn.Tanh(), nn.Linear(8, 10)).to(F64)
+    cfg = dict(estimator="ekfac", damping=0.05, per_test=True, cache_dir=str(tmp_path / "cache"))
+    first = compute_influence(model, X, y, Xt, yt, InfluenceConfig(**cfg), loss="ce")
+    files = list((tmp_path / "cache").iterdir())
+    assert len(files) == 1 and first.diagnostics["factor_cache"].startswith("written")
+    again = compute_influence(model, X, y, Xt, yt, InfluenceConfig(**cfg), loss="ce")
+    assert again.diagnostics["factor_cache"] == "loaded"
+    torch.testing.assert_close(again.per_test, first.per_test, rtol=0, atol=0)  # identical after reloading
+    # another model (other weights) gets its own file, and the first file refuses it
+    other = nn.Sequential(nn.Linear(64, 8), nn.Tanh(), nn.Linear(8, 10)).to(F64)
+    compute_influence(other, X, y, Xt, yt, InfluenceConfig(**cfg), loss="ce")
+    assert len(list((tmp_path / "cache").iterdir())) == 2
+    eng = Engine(as_task(other, loss="ce", n_classes=10), dtype=F64)
+    with pytest.raises(AuditError, match="another model or data"):
+        load_factors(files[0], factors_fingerprint(eng, eng.rows(X), "ekfac", "ggn", 0))
+    # other training rows: another fingerprint too
+    eng_first = Engine(as_task(model, loss="ce", n_classes=10), dtype=F64)
+    assert factors_fingerprint(eng_first, eng_first.rows(X), "ekfac", "ggn", 0) != \
+        factors_fingerprint(eng_first, eng_first.rows(X[:-1]), "ekfac", "ggn", 0)
+    (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(AuditError, match="not a factors file"):
+        load_factors(tmp_path / "junk.safetensors", "x")

@@ -18,7 +18,7 @@ from ..cli_common import (
     progress,
     refuse_training_options_for_saved_model,
 )
-from ..cli_options import ANALYSIS, PROTOCOL, ExecutorOptions, DataOptions, ManualCommand, ModelOptions, OutputBundle, bundled
+from ..cli_options import ANALYSIS, EXECUTION, PROTOCOL, ExecutorOptions, DataOptions, ManualCommand, ModelOptions, OutputBundle, bundled
 from ..errors import AuditError
 
 
@@ -42,6 +42,7 @@ def register(app: typer.Typer) -> None:
         top_k: Annotated[Optional[str], typer.Option("--top-k", help="Flip rate among the top-k samples by clean |influence|; a list (10,30,100) reports each k (the first in the main columns).", rich_help_panel=ANALYSIS)] = None,
         estimator: Annotated[str, typer.Option("--estimator", help="exact, last-layer, cg, tracin, kfac, ekfac (Kronecker-factored, for transformers over all parameters) or projected (random sign projection, --proj-dim).", rich_help_panel=ANALYSIS)] = "last-layer",
         proj_dim: Annotated[int, typer.Option("--proj-dim", help="Dimension k of --estimator projected (capped at the tracked parameter count, where it equals exact).", rich_help_panel=ANALYSIS)] = 512,
+        cache: Annotated[Optional[str], typer.Option("--cache", metavar="PATH", help="Folder keeping the fitted K-FAC/EK-FAC factors, one file per model + training-data fingerprint, reused by later runs.", rich_help_panel=EXECUTION)] = None,
         curvature: Annotated[str, typer.Option("--curvature", help="Curvature of --estimator kfac/ekfac: ggn (exact Gauss-Newton columns), fisher (labels sampled from the model, kronfluence's choice) or auto (ggn up to 32 classes).", rich_help_panel=ANALYSIS)] = "auto",
         params: Annotated[Optional[str], typer.Option("--params", help="Parameters the influence is over: head (default with last-layer), all, a module name or glob patterns (e.g. 'blocks.1.*'); exact/cg default to all.", rich_help_panel=ANALYSIS)] = None,
         finetune_steps: Annotated[int, typer.Option("--finetune-steps", help="Optimizer steps of --protocol finetune.", rich_help_panel=PROTOCOL)] = 100,
@@ -148,6 +149,7 @@ def register(app: typer.Typer) -> None:
                 estimator=estimator,
                 proj_dim=proj_dim,
                 curvature=curvature,
+                cache_dir=cache,
                 norm=norm,
                 pgd_steps=preset_value(pgd_steps, p, "pgd_steps"),
                 step_size=step_size,
