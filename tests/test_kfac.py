@@ -257,3 +257,25 @@ def test_factor_cache_round_trip_and_refusal_of_another_models_factors(tmp_path)
     (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(AuditError, match="not a factors file"):
         load_factors(tmp_path / "junk.safetensors", "x")
+
+
+def test_audit_and_malleability_accept_the_new_estimators_and_record_which_ran(tmp_path):
+    import json
+
+    import yaml
+    from conftest import run_cli
+
+    mall = {"models": "relu", "attacks": "pgd", "eps": 0.1, "n-train": 40, "n-test": 20, "width": 8, "steps": 10,
+            "top-k": 10, "pgd-steps": 2, "seeds": 2, "controls": False, "estimator": "projected", "proj-dim": 16}
+    doc = {"version": 1, "name": "projected", "seed": 0, "data": {"dataset": "digits"},
+           "checks": [{"name": "flip", "analysis": "malleability", "options": mall, "metric": "flip_rate", "max": 1.0}]}
+    path = tmp_path / "audit.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    out = tmp_path / "a.json"
+    assert run_cli("--threads", "1", "audit", path, "-q", "--json", out) == 0
+    report = json.loads(out.read_text())["results"]["runs"][0]["report"]
+    assert report["results"]["config"]["estimator"] == "projected" and report["results"]["config"]["proj_dim"] == 16
+    rows = report["results"]["influence_diagnostics"]
+    assert rows and all(r["estimator"] == "projected" and r["proj_dim_used"] == 16 for r in rows)
+    # the built-in nets have no nn.Linear: K-FAC is refused before anything trains, with the reason
+    assert run_cli("--threads", "1", "malleability", "--models", "relu", "--estimator", "ekfac", "-q") == 2
