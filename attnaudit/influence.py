@@ -202,8 +202,8 @@ class InfluenceConfig:
     def __post_init__(self) -> None:
         if isinstance(self.proj_dim, bool) or int(self.proj_dim) != self.proj_dim or self.proj_dim < 1:
             raise AuditError(f"--proj-dim must be a positive integer, got {self.proj_dim!r}")
-        if self.curvature not in ("auto", "ggn", "fisher"):
-            raise AuditError(f"unknown K-FAC curvature {self.curvature!r}; use auto, ggn or fisher")
+        if self.curvature not in ("auto", "ggn", "fisher", "empirical"):
+            raise AuditError(f"unknown K-FAC curvature {self.curvature!r}; use auto, ggn, fisher or empirical")
         if self.solver not in SOLVERS:
             raise AuditError(f"unknown influence solver {self.solver!r}; use one of {', '.join(SOLVERS)}")
         if self.estimator not in ESTIMATORS:
@@ -892,7 +892,7 @@ def influence_sweep(
         from .kfac import cached_factors, resolve_damping as kron_damping
 
         factors = cached_factors(eng, U_tr, config.estimator, chunk=chunk, curvature=config.curvature, seed=config.seed,
-                                 cache_dir=config.cache_dir)
+                                 cache_dir=config.cache_dir, targets=T_tr)
         dampings = []
         lam_info = {"lambda_max": None, "lambda_max_method": None, "solver": config.estimator}
         excluded = factors.excluded

@@ -162,6 +162,19 @@ def _sampled_column(loss, logits: torch.Tensor, gen: torch.Generator) -> torch.T
     return v.to(device=logits.device, dtype=logits.dtype)[:, :, None]
 
 
+def _label_column(loss, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """(B, c, 1): the loss gradient at the true labels (the empirical Fisher): MSE f - t,
+    cross-entropy softmax(f) - t."""
+    f = logits.detach()
+    if isinstance(loss, MSELoss):
+        v = f - targets
+    elif isinstance(loss, CrossEntropyLoss):
+        v = torch.softmax(f, -1) - targets
+    else:
+        raise AuditError(f"K-FAC needs the loss gradient in closed form; {type(loss).__name__} has none here")
+    return v.to(logits.dtype)[:, :, None]
+
+
 def _output_hessian_root(loss, logits: torch.Tensor) -> torch.Tensor:
     """L (B, c, c) with L L^T = d^2 l / d f^2 for each row."""
     B, c = logits.shape
@@ -203,13 +216,14 @@ def _tokens(t: torch.Tensor, B: int) -> torch.Tensor:
     return t.reshape(B, -1, t.shape[-1])
 
 
-CURVATURES = ("auto", "ggn", "fisher")
+CURVATURES = ("auto", "ggn", "fisher", "empirical")
 #: ``auto`` takes the exact Gauss-Newton columns up to this many outputs, sampled Fisher above
 EXACT_COLUMNS_UP_TO = 32
 
 
 def fit_factors(
     engine: Engine, X: torch.Tensor, kind: str = "ekfac", *, chunk: int = 256, curvature: str = "auto", seed: int = 0,
+    targets: torch.Tensor | None = None,
 ) -> KroneckerFactors:
     """Fit the Kronecker factors (and, for EK-FAC, the corrected eigenvalues) of the linear
     layers tracked by ``engine`` on the rows ``X`` (the model is evaluated at the engine's
@@ -218,14 +232,19 @@ def fit_factors(
     ``curvature``: ``ggn``, the Gauss-Newton matrix from the c exact columns of the output
     Hessian's square root (c backward passes per batch, no sampling noise); ``fisher``, one
     column per sample drawn from the model's predictive distribution (``seed``; one backward
-    pass; the same matrix in expectation, kronfluence's default); ``auto``: ggn up to
-    :data:`EXACT_COLUMNS_UP_TO` outputs, fisher above (language-model vocabularies)."""
+    pass; the same matrix in expectation, kronfluence's default); ``empirical``, the loss
+    gradient at the true labels (``targets``, one-hot rows; the empirical Fisher, kronfluence's
+    ``use_empirical_fisher``); ``auto``: ggn up to :data:`EXACT_COLUMNS_UP_TO` outputs, fisher
+    above (language-model vocabularies)."""
     if kind not in KINDS:
         raise AuditError(f"unknown curvature {kind!r}; use one of {', '.join(KINDS)}")
     if curvature not in CURVATURES:
         raise AuditError(f"unknown K-FAC curvature {curvature!r}; use one of {', '.join(CURVATURES)}")
     if curvature == "auto":
         curvature = "ggn" if engine.n_classes <= EXACT_COLUMNS_UP_TO else "fisher"
+    if curvature == "empirical" and targets is None:
+        raise AuditError("the empirical Fisher needs the training labels (targets)")
+    targets_all = None if targets is None else engine._as_targets(targets)
     blocks, excluded = linear_blocks(engine)
     if not blocks:
         raise AuditError("K-FAC covers nn.Linear layers, and none of the tracked parameters belongs to one; "
@@ -238,13 +257,15 @@ def fit_factors(
     tokens_seen = {b.path: 0 for b in blocks}
     gen = torch.Generator().manual_seed(int(seed))
 
-    def passes(rows: torch.Tensor):
+    def passes(rows: torch.Tensor, tgt: torch.Tensor | None):
         """Per block: inputs a (B, T, w) with bias column, and per output column k the
         back-propagated s (B, T, d_out)."""
         B = rows.shape[0]
         logits, ins, outs = _capture(engine, blocks, rows)
         if curvature == "ggn":
             L = _output_hessian_root(engine.loss, logits)
+        elif curvature == "empirical":
+            L = _label_column(engine.loss, logits, tgt)
         else:
             L = _sampled_column(engine.loss, logits, gen)
         acts = {}
@@ -262,7 +283,7 @@ def fit_factors(
     with engine.context(), torch.enable_grad():
         for a0, b0 in ranges(n, chunk):
             first = True
-            for acts, sgrads in passes(rows_all[a0:b0]):
+            for acts, sgrads in passes(rows_all[a0:b0], None if targets_all is None else targets_all[a0:b0]):
                 for b in blocks:
                     if first:
                         a = acts[b.path]
@@ -287,7 +308,7 @@ def fit_factors(
         with engine.context(), torch.enable_grad():
             for a0, b0 in ranges(n, chunk):
                 rotated_acts: dict[str, torch.Tensor] = {}
-                for acts, sgrads in passes(rows_all[a0:b0]):
+                for acts, sgrads in passes(rows_all[a0:b0], None if targets_all is None else targets_all[a0:b0]):
                     for b in blocks:
                         # Q_S^T G Q_A with G = sum_t s_t a_t^T, rotating the tokens first (B T d^2
                         # flops instead of B d^3 for the per-sample matrices)
@@ -387,21 +408,25 @@ def load_factors(path: str | Path, fingerprint: str, device: torch.device | str 
 
 
 def cached_factors(engine: Engine, rows: torch.Tensor, kind: str, *, chunk: int, curvature: str, seed: int,
-                   cache_dir: str | Path | None) -> KroneckerFactors:
+                   cache_dir: str | Path | None, targets: torch.Tensor | None = None) -> KroneckerFactors:
     """:func:`fit_factors`, reading and writing ``cache_dir`` when given (one file per fingerprint)."""
     if cache_dir is None:
-        return fit_factors(engine, rows, kind, chunk=chunk, curvature=curvature, seed=seed)
+        return fit_factors(engine, rows, kind, chunk=chunk, curvature=curvature, seed=seed, targets=targets)
     from pathlib import Path
 
     resolved = curvature if curvature != "auto" else ("ggn" if engine.n_classes <= EXACT_COLUMNS_UP_TO else "fisher")
     key = factors_fingerprint(engine, engine.rows(rows), kind, resolved, seed)
+    if resolved == "empirical" and targets is not None:  # the labels enter the curvature
+        import hashlib
+
+        key = hashlib.sha256((key + targets.detach().cpu().contiguous().numpy().tobytes().hex()).encode()).hexdigest()
     folder = Path(cache_dir)
     if folder.exists() and not folder.is_dir():
         raise AuditError(f"--cache {folder} is a file; give a folder (created if missing)")
     path = folder / f"{kind}-{key[:24]}.safetensors"
     if path.is_file():
         return load_factors(path, key, engine.device)
-    factors = fit_factors(engine, rows, kind, chunk=chunk, curvature=resolved, seed=seed)
+    factors = fit_factors(engine, rows, kind, chunk=chunk, curvature=resolved, seed=seed, targets=targets)
     folder.mkdir(parents=True, exist_ok=True)
     save_factors(factors, path, key)
     factors.diagnostics["cache"] = f"written {path.name}"

@@ -100,20 +100,34 @@ def main() -> None:
     kmodel = prepare_model(model=load_model_source(ckpt).module.eval(), task=Classification())
     analyzer = Analyzer(analysis_name="bench", model=kmodel, task=Classification(), output_dir=str(tmp / "kron"),
                         disable_tqdm=True)
+
+    def peer(empirical: bool):
+        name = "emp" if empirical else "ekfac"
+        analyzer.fit_all_factors(factors_name=name, dataset=train_ds, per_device_batch_size=100,
+                                 factor_args=FactorArguments(strategy="ekfac", use_empirical_fisher=empirical),
+                                 overwrite_output_dir=True)
+        # damping_factor=None: 0.1 x the mean eigenvalue per module, attnaudit's "0.1x"
+        analyzer.compute_pairwise_scores(scores_name=name, factors_name=name, query_dataset=test_ds, train_dataset=train_ds,
+                                         per_device_query_batch_size=100, per_device_train_batch_size=100,
+                                         score_args=ScoreArguments(damping_factor=None), overwrite_output_dir=True)
+        return analyzer.load_pairwise_scores(name)["all_modules"].T.double()  # (n_train, n_test)
+
     t0 = time.perf_counter()
-    analyzer.fit_all_factors(factors_name="ekfac", dataset=train_ds, per_device_batch_size=100,
-                             factor_args=FactorArguments(strategy="ekfac"), overwrite_output_dir=True)
-    analyzer.compute_pairwise_scores(scores_name="s", factors_name="ekfac", query_dataset=test_ds, train_dataset=train_ds,
-                                     per_device_query_batch_size=100, per_device_train_batch_size=100,
-                                     score_args=ScoreArguments(), overwrite_output_dir=True)
+    theirs = peer(False)
     t_peer = time.perf_counter() - t0
-    theirs = analyzer.load_pairwise_scores("s")["all_modules"].T.double()  # (n_train, n_test)
     a, b = res.per_test.double().flatten().numpy(), (-theirs).flatten().numpy()
     g = res_ggn.per_test.double().flatten().numpy()
     report("ekfac_vs_kronfluence", t_ours, t_peer,
            f"Pearson {pearsonr(a, b)[0]:.3f}, Spearman {spearmanr(a, b)[0]:.3f} over 500 x 100 scores (both sampled "
            f"Fisher, independent draws); layers {len(res.diagnostics['layers'])}, excluded "
            f"{len(res.diagnostics['excluded_parameters'])} non-linear parameters")
+    # the deterministic comparison: the empirical Fisher (true labels) on both sides
+    emp_ours = ours("empirical").per_test.double()
+    emp_theirs = -peer(True)
+    scale = float((emp_ours * emp_theirs).sum() / (emp_theirs * emp_theirs).sum())
+    rel = float((emp_ours - scale * emp_theirs).norm() / emp_ours.norm())
+    print(f"  empirical Fisher on both sides: Pearson {pearsonr(emp_ours.flatten(), emp_theirs.flatten())[0]:.6f}, "
+          f"relative difference {rel:.1e} after a common scale ({scale:.4g}: the factors' normalisation)")
     print(f"  attnaudit with the exact Gauss-Newton columns (curvature=ggn): {t_ggn:.2f} s "
           f"(RATIO ekfac_ggn_vs_kronfluence={t_ggn / t_peer:.3f}); Pearson with kronfluence {pearsonr(g, b)[0]:.3f}, "
           f"with attnaudit's sampled Fisher {pearsonr(g, a)[0]:.3f}")
