@@ -32,6 +32,7 @@ a warning from the caller.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -412,8 +413,6 @@ def cached_factors(engine: Engine, rows: torch.Tensor, kind: str, *, chunk: int,
     """:func:`fit_factors`, reading and writing ``cache_dir`` when given (one file per fingerprint)."""
     if cache_dir is None:
         return fit_factors(engine, rows, kind, chunk=chunk, curvature=curvature, seed=seed, targets=targets)
-    from pathlib import Path
-
     resolved = curvature if curvature != "auto" else ("ggn" if engine.n_classes <= EXACT_COLUMNS_UP_TO else "fisher")
     key = factors_fingerprint(engine, engine.rows(rows), kind, resolved, seed)
     if resolved == "empirical" and targets is not None:  # the labels enter the curvature
