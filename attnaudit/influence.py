@@ -622,9 +622,18 @@ def _plan(config: InfluenceConfig, view: _View, P: int, X_train, n_train: int, n
     fixed = mem["total"] - mem["gradient_chunk"] - mem["activations"]
     chunk = _budget_chunk(config, P, fixed, itemsize, act)
     if chunk == 0:
+        alternatives = {
+            "kfac": "track fewer layers with --params, use --estimator projected with a small --proj-dim",
+            "ekfac": "track fewer layers with --params, use --estimator projected with a small --proj-dim",
+            "projected": "lower --proj-dim, or use --estimator ekfac",
+            "exact": "use --estimator ekfac, projected or cg",
+            "last-layer": "use --estimator cg",
+        }.get(est, "drop per-test influence, use fewer test points")
+        largest = max((k for k in mem if k not in ("total", "gradient_chunk", "activations")), key=lambda k: mem[k])
         raise AuditError(
-            f"{config.estimator} influence needs {fixed / 2**20:,.0f} MB before any chunk, above the memory budget of "
-            f"{config.memory_budget_mb:,.0f} MB; drop per-test influence, use fewer test points, or raise the budget"
+            f"{config.estimator} influence needs {fixed / 2**20:,.0f} MB before any chunk (most of it "
+            f"{largest.replace('_', ' ')}: {mem[largest] / 2**20:,.1f} MB), above the memory budget of "
+            f"{config.memory_budget_mb:,g} MB; {alternatives}, or raise the budget"
         )
     return chunk, influence_memory(est, P, n_train, n_test, config.per_test, chunk, hvp_batch, n_dampings, itemsize, act,
                                    factors, config.proj_dim)

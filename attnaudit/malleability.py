@@ -1186,7 +1186,8 @@ def _aggregate(config: MalleabilityConfig, runs: list[dict], controls: list[dict
                 else:
                     rows = [r for r in runs if r["model"] == model and r["attack"] == attack and r["eps"] == eps and r["damping"] == damping]
                 rows.sort(key=lambda r: config.seeds.index(r["seed"]))
-                entry = {"model": model, "attack": attack, "eps": eps, "damping": damping, "seeds": [r["seed"] for r in rows]}
+                entry = {"model": model, "attack": attack, "eps": eps, "damping": damping, "estimator": config.estimator,
+                         "seeds": [r["seed"] for r in rows]}
                 for metric in _METRICS:
                     entry[metric] = summarize([r.get(metric) for r in rows], nb, cf)
                 if attack != config.control:

@@ -324,3 +324,14 @@ def test_agrees_with_kronfluence_ekfac_on_the_empirical_fisher():
         theirs = -analyzer.load_pairwise_scores("s")["all_modules"].T.to(F64)
     rel = float((ours - theirs).norm() / theirs.norm())
     assert rel < 1e-7  # measured 1.0e-8 (kronfluence 1.0.1, float64 throughout)
+
+
+def test_a_budget_that_cannot_hold_the_factors_is_refused_with_the_alternatives():
+    X, y, Xt, yt = _digits(40, 5)
+    model = nn.Sequential(nn.Linear(64, 300), nn.Tanh(), nn.Linear(300, 10)).to(F64)
+    cfg = InfluenceConfig(estimator="ekfac", damping=0.1, memory_budget_mb=0.5)
+    with pytest.raises(AuditError, match=r"kronecker factors.*--params.*projected"):
+        compute_influence(model, X, y, Xt, yt, cfg, loss="ce")
+    with pytest.raises(AuditError, match=r"projected curvature.*--proj-dim"):
+        compute_influence(model, X, y, Xt, yt, InfluenceConfig(estimator="projected", proj_dim=4000, damping=0.1,
+                                                                memory_budget_mb=1), loss="ce")
