@@ -108,7 +108,8 @@ def plot_landscape(results: dict[str, LandscapeResult], path: str | Path, title:
     ax.set_xlabel("alpha (filter-normalized)" if kind == "random" else "alpha (top Hessian eigenvector, x ||theta||)")
     ax.set_ylabel("training loss")
     ax.set_title("1-D slice (dotted: basin threshold)")
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # no 1-D slice was computed: nothing to label
+        ax.legend(fontsize=8)
     # one colour scale for every contour, so the panels compare directly
     grids = {k: np.asarray(results[k].surface_2d.loss, dtype=float) for k in with_2d}
     if grids:
