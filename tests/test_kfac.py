@@ -152,6 +152,35 @@ def test_vit_tokens_are_covered_and_parameters_outside_linear_layers_are_named()
     assert p > 0.5, p
 
 
+def test_multihead_attention_projections_are_excluded_because_its_forward_never_calls_them():
+    """nn.MultiheadAttention uses in_proj_weight and out_proj.weight inside its functional
+    forward without calling out_proj, so forward hooks would never see them: they must be
+    named as excluded, not factored from empty statistics."""
+
+    class Tokens(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Linear(4, 8, dtype=F64)
+            self.mha = nn.MultiheadAttention(8, 2, batch_first=True, dtype=F64)
+            self.head = nn.Linear(8, 3, dtype=F64)
+
+        def forward(self, x):
+            h = self.embed(x.view(x.shape[0], 4, 4))
+            h, _ = self.mha(h, h, h, need_weights=False)
+            return self.head(h.mean(1))
+
+    gen = torch.Generator().manual_seed(1)
+    X = torch.randn(36, 16, generator=gen, dtype=F64)
+    y = torch.randint(0, 3, (36,), generator=gen)
+    model = Tokens().eval()
+    res = compute_influence(Task(model, 3, "ce"), X[:30], y[:30], X[30:], y[30:],
+                            InfluenceConfig(estimator="kfac", damping=0.1, per_test=True))
+    assert res.diagnostics["layers"] == ["embed", "head"]
+    assert set(res.diagnostics["excluded_parameters"]) == {
+        "mha.in_proj_weight", "mha.in_proj_bias", "mha.out_proj.weight", "mha.out_proj.bias"}
+    assert res.warnings and torch.isfinite(res.per_test).all()
+
+
 def test_no_linear_layer_is_refused_with_the_alternatives():
     class Bare(nn.Module):
         def __init__(self):
