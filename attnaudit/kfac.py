@@ -22,15 +22,22 @@ noise. Flattening G row-major, vec(s a^T) = s (x) a, so
   the approximation exact on the diagonal of the rotated GGN.
 
 Damping: absolute lambda, or relative ``"<m>x"`` = m times the mean eigenvalue of each
-layer's Lambda (K-FAC: Lambda_S Lambda_A^T; EK-FAC: Lambda*). Only ``nn.Linear`` modules
-whose weight (and bias) are all tracked are covered; every other tracked parameter
-(embeddings, norms, convolutions, attention in-projections held as bare parameters) is
-listed in ``excluded`` and left out of the influence (its block is treated as absent), with
-a warning from the caller.
+layer's Lambda (K-FAC: Lambda_S Lambda_A^T; EK-FAC: Lambda*). Covered: ``nn.Linear`` modules
+whose weight (and bias) are all tracked, and the two projections of a self-attention
+``nn.MultiheadAttention`` (its packed ``in_proj`` as one linear layer E -> 3E, and
+``out_proj``). That module applies them inside its functional forward without calling
+``out_proj``, so hooks cannot see them; while the factors are fitted, a temporary forward hook
+replaces the module's output by the same computation written with visible projections,
+checked against the module's own output (a mismatch is refused, never silently used). Every
+other tracked parameter (embeddings, norms, convolutions, ``nn.Linear`` subclasses, attention
+with ``add_bias_kv``/``add_zero_attn`` or separate k/v dimensions) is listed in ``excluded``
+and left out of the influence (its block is treated as absent), with a warning from the
+caller.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -61,6 +68,10 @@ class LinearBlock:
     lamA: torch.Tensor | None = None
     lamS: torch.Tensor | None = None
     corrected: torch.Tensor | None = None  # (d_out, d_in + bias): EK-FAC eigenvalues
+    #: where the layer's activations come from: an ``nn.Linear`` module (``"linear"``), or the
+    #: packed input / output projection of the ``nn.MultiheadAttention`` at ``module``
+    source: str = "linear"
+    module: str = ""
 
     @property
     def width_in(self) -> int:
@@ -134,17 +145,80 @@ def linear_modules(module: nn.Module, names: Sequence[str]) -> tuple[list[Linear
     tracked = set(names)
     blocks: list[LinearBlock] = []
     covered: set[str] = set()
-    for path, module in module.named_modules():
-        if type(module) is not nn.Linear:
-            continue
-        w = f"{path}.weight" if path else "weight"
-        bname = (f"{path}.bias" if path else "bias") if module.bias is not None else None
-        if w not in tracked or (bname is not None and bname not in tracked):
-            continue
-        blocks.append(LinearBlock(path, w, bname, module.in_features, module.out_features))
-        covered.update({w} | ({bname} if bname else set()))
+
+    def prefixed(path: str, name: str) -> str:
+        return f"{path}.{name}" if path else name
+
+    def add(block: LinearBlock) -> None:
+        if block.weight in tracked and (block.bias is None or block.bias in tracked):
+            blocks.append(block)
+            covered.update({block.weight} | ({block.bias} if block.bias else set()))
+
+    for path, sub in module.named_modules():
+        if type(sub) is nn.Linear:
+            add(LinearBlock(path, prefixed(path, "weight"), prefixed(path, "bias") if sub.bias is not None else None,
+                            sub.in_features, sub.out_features))
+        elif isinstance(sub, nn.MultiheadAttention) and _factorable_attention(sub):
+            E = sub.embed_dim
+            add(LinearBlock(prefixed(path, "in_proj"), prefixed(path, "in_proj_weight"),
+                            prefixed(path, "in_proj_bias") if sub.in_proj_bias is not None else None, E, 3 * E,
+                            source="mha-in", module=path))
+            add(LinearBlock(prefixed(path, "out_proj"), prefixed(path, "out_proj.weight"),
+                            prefixed(path, "out_proj.bias") if sub.out_proj.bias is not None else None, E, E,
+                            source="mha-out", module=path))
     excluded = [n for n in names if n not in covered]
     return blocks, excluded
+
+
+def _factorable_attention(mha: nn.MultiheadAttention) -> bool:
+    """Whether :func:`_attention_with_visible_projections` reproduces this module: packed
+    q/k/v weights of one dimension, no extra key/value biases, no zero-attention row."""
+    return bool(mha._qkv_same_embed_dim) and mha.bias_k is None and mha.bias_v is None and not mha.add_zero_attn
+
+
+def _attention_with_visible_projections(mha: nn.MultiheadAttention, args: tuple, kwargs: dict):
+    """The output of ``mha(*args, **kwargs)`` recomputed with its projections as separate
+    tensors: returns ``(outputs, (x, qkv, attended, out))`` where ``outputs`` is what the module
+    returns and x -> qkv (in_proj) and attended -> out (out_proj) are (B, T, .) views of the two
+    linear layers' inputs and outputs. Self-attention only (query, key and value the same
+    tensor), batched inputs, eval mode (no dropout)."""
+    import torch.nn.functional as F
+
+    names = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask", "average_attn_weights",
+             "is_causal")
+    defaults = (None, None, None, None, True, None, True, False)
+    bound = dict(zip(names, defaults))
+    bound.update(zip(names, args))
+    bound.update(kwargs)
+    q, k, v = bound["query"], bound["key"], bound["value"]
+    if not (q is k and k is v):
+        raise AuditError("K-FAC covers nn.MultiheadAttention as self-attention (query, key and value the same "
+                         "tensor); this model calls it with different ones: leave its parameters out with --params, "
+                         "or use --estimator cg")
+    if q.dim() != 3:
+        raise AuditError(f"K-FAC covers batched nn.MultiheadAttention inputs (3-D), got shape {tuple(q.shape)}; leave "
+                         "its parameters out with --params, or use --estimator cg")
+    x = q if mha.batch_first else q.transpose(0, 1)  # (B, T, E)
+    B, T, E = x.shape
+    H = mha.num_heads
+    qkv = F.linear(x, mha.in_proj_weight, mha.in_proj_bias)
+    heads = qkv.view(B, T, 3, H, E // H).permute(2, 0, 3, 1, 4)  # (3, B, H, T, hd)
+    scores = heads[0] @ heads[1].transpose(-2, -1) / math.sqrt(E // H)
+    mask = bound["attn_mask"]
+    if mask is not None:
+        mask = mask.view(B, H, T, T) if mask.dim() == 3 else mask
+        scores = scores.masked_fill(mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    pad = bound["key_padding_mask"]
+    if pad is not None:
+        pad = pad[:, None, None, :]
+        scores = scores.masked_fill(pad, float("-inf")) if pad.dtype == torch.bool else scores + pad
+    probs = torch.softmax(scores, -1)
+    attended = (probs @ heads[2]).transpose(1, 2).reshape(B, T, E)
+    out = F.linear(attended, mha.out_proj.weight, mha.out_proj.bias)
+    weights = None
+    if bound["need_weights"]:
+        weights = probs.mean(1) if bound["average_attn_weights"] else probs
+    return (out if mha.batch_first else out.transpose(0, 1), weights), (x, qkv, attended, out)
 
 
 def _sampled_column(loss, logits: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -201,8 +275,31 @@ def _capture(engine: Engine, blocks: list[LinearBlock], rows: torch.Tensor):
             outputs[path] = out
         return hook
 
+    def attention_hook_for(path: str, parts: dict[str, LinearBlock]):
+        def hook(module, args, kwargs, out):
+            replaced, (x, qkv, attended, projected) = _attention_with_visible_projections(module, args, kwargs)
+            mine, theirs = replaced[0], out[0]
+            tol = 1e-10 if theirs.dtype == torch.float64 else 1e-4
+            gap = float((mine - theirs).detach().abs().max()) if mine.shape == theirs.shape else math.inf
+            if not gap <= tol * (1.0 + float(theirs.detach().abs().max())):
+                raise AuditError(f"K-FAC could not reproduce the nn.MultiheadAttention at {path or 'the model root'!r} "
+                                 f"(largest difference {gap:.3g}); leave its parameters out with --params, or use "
+                                 "--estimator cg")
+            if "mha-in" in parts:
+                inputs[parts["mha-in"].path], outputs[parts["mha-in"].path] = x, qkv
+            if "mha-out" in parts:
+                inputs[parts["mha-out"].path], outputs[parts["mha-out"].path] = attended, projected
+            return replaced
+        return hook
+
+    attention: dict[str, dict[str, LinearBlock]] = {}
     for b in blocks:
-        hooks.append(modules[b.path].register_forward_hook(hook_for(b.path)))
+        if b.source == "linear":
+            hooks.append(modules[b.path].register_forward_hook(hook_for(b.path)))
+        else:
+            attention.setdefault(b.module, {})[b.source] = b
+    for path, parts in attention.items():
+        hooks.append(modules[path].register_forward_hook(attention_hook_for(path, parts), with_kwargs=True))
     try:
         theta = engine.theta.detach().requires_grad_(True)  # so every layer output is in the graph
         logits = engine.apply(theta, rows)
@@ -334,7 +431,7 @@ def kfac_memory_bytes(blocks: Sequence[LinearBlock]) -> int:
 
 
 # ----------------------------------------------------------------------------- cache on disk
-CACHE_FORMAT = "attnaudit.kfac-factors/1"
+CACHE_FORMAT = "attnaudit.kfac-factors/2"  # /2: attention projections covered
 
 
 def factors_fingerprint(engine: Engine, rows: torch.Tensor, kind: str, curvature: str, seed: int) -> str:
@@ -370,7 +467,8 @@ def save_factors(factors: KroneckerFactors, path: str | Path, fingerprint: str) 
             value = getattr(b, key)
             if value is not None:
                 tensors[f"{i}.{key}"] = value.detach().cpu().contiguous()
-        layers.append({"path": b.path, "weight": b.weight, "bias": b.bias, "d_in": b.d_in, "d_out": b.d_out})
+        layers.append({"path": b.path, "weight": b.weight, "bias": b.bias, "d_in": b.d_in, "d_out": b.d_out,
+                       "source": b.source, "module": b.module})
     meta = {"format": CACHE_FORMAT, "fingerprint": fingerprint, "kind": factors.kind, "n_samples": factors.n_samples,
             "excluded": factors.excluded, "names": factors.names, "layers": layers, "diagnostics": factors.diagnostics}
     write_bytes_atomic(path, save(tensors, metadata={"attnaudit": json.dumps(meta)}))
@@ -398,7 +496,8 @@ def load_factors(path: str | Path, fingerprint: str, device: torch.device | str 
                          "use another --cache folder")
     blocks = []
     for i, layer in enumerate(meta["layers"]):
-        b = LinearBlock(layer["path"], layer["weight"], layer["bias"], int(layer["d_in"]), int(layer["d_out"]))
+        b = LinearBlock(layer["path"], layer["weight"], layer["bias"], int(layer["d_in"]), int(layer["d_out"]),
+                        source=str(layer.get("source", "linear")), module=str(layer.get("module", "")))
         for key in ("A", "S", "QA", "QS", "lamA", "lamS", "corrected"):
             if f"{i}.{key}" in tensors:
                 setattr(b, key, tensors[f"{i}.{key}"].to(device))

@@ -152,33 +152,87 @@ def test_vit_tokens_are_covered_and_parameters_outside_linear_layers_are_named()
     assert p > 0.5, p
 
 
-def test_multihead_attention_projections_are_excluded_because_its_forward_never_calls_them():
-    """nn.MultiheadAttention uses in_proj_weight and out_proj.weight inside its functional
-    forward without calling out_proj, so forward hooks would never see them: they must be
-    named as excluded, not factored from empty statistics."""
+class _Tokens(nn.Module):
+    """4 tokens of width 8 through torch's nn.MultiheadAttention, mean-pooled to 3 logits."""
 
-    class Tokens(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embed = nn.Linear(4, 8, dtype=F64)
-            self.mha = nn.MultiheadAttention(8, 2, batch_first=True, dtype=F64)
-            self.head = nn.Linear(8, 3, dtype=F64)
+    def __init__(self, bias=True, batch_first=True, masked=False, **mha):
+        super().__init__()
+        self.batch_first, self.masked = batch_first, masked
+        self.embed = nn.Linear(4, 8, dtype=F64)
+        self.mha = nn.MultiheadAttention(8, 2, bias=bias, batch_first=batch_first, dtype=F64, **mha)
+        self.head = nn.Linear(8, 3, dtype=F64)
 
+    def forward(self, x):
+        h = torch.tanh(self.embed(x.reshape(x.shape[0], 4, 4)))
+        if not self.batch_first:
+            h = h.transpose(0, 1)
+        masks = {}
+        if self.masked:  # causal, and the last key padded in samples whose first feature is positive
+            masks["attn_mask"] = torch.triu(torch.ones(4, 4, dtype=torch.bool), 1)
+            pad = torch.zeros(x.shape[0], 4, dtype=torch.bool)
+            pad[:, 3] = x[:, 0] > 0
+            masks["key_padding_mask"] = pad
+        h, _ = self.mha(h, h, h, **masks)  # need_weights left at its default (True)
+        return self.head(h.mean(0 if not self.batch_first else 1))
+
+
+def _token_data(n=36):
+    gen = torch.Generator().manual_seed(1)
+    return torch.randn(n, 16, generator=gen, dtype=F64), torch.randint(0, 3, (n,), generator=gen)
+
+
+@pytest.mark.parametrize("batch_first,masked", [(True, False), (False, True)])
+def test_multihead_attention_projections_get_ekfac_eigenvalues_of_their_gauss_newton_blocks(batch_first, masked):
+    """nn.MultiheadAttention applies in_proj and out_proj inside its functional forward, where
+    hooks cannot see them; the factors must still be those of the explicit Gauss-Newton block:
+    EK-FAC's eigenvalues are exactly its diagonal in the Kronecker eigenbasis (any number of
+    tokens), with the bias as the last input column."""
+    X, y = _token_data(12)
+    torch.manual_seed(0)
+    model = _Tokens(batch_first=batch_first, masked=masked).eval()
+    eng = Engine(Task(model, 3, "ce"), dtype=F64)
+    f = fit_factors(eng, X, "ekfac")
+    assert [b.path for b in f.blocks] == ["embed", "mha.in_proj", "mha.out_proj", "head"] and not f.excluded
+    for b in f.blocks[1:3]:
+        G = _ggn_block(model, X, y, "ce", [b.weight, b.bias])
+        # the GGN's order is vec(W) then bias; the factors' is (d_out, d_in + 1) row-major
+        order = [o * b.d_in + i if i < b.d_in else b.d_out * b.d_in + o
+                 for o in range(b.d_out) for i in range(b.d_in + 1)]
+        G = G[order][:, order]
+        Q = torch.kron(b.QS, b.QA)
+        expected = torch.diagonal(Q.T @ G @ Q).reshape(b.d_out, b.d_in + 1)
+        torch.testing.assert_close(b.corrected, expected, rtol=1e-9, atol=1e-13)
+        assert float(b.corrected.abs().max()) > 1e-6  # the hooks saw the layer: not an empty block
+
+
+def test_multihead_attention_factors_track_exact_influence_and_unsupported_forms_are_excluded():
+    X, y = _token_data()
+    torch.manual_seed(0)
+    model = _Tokens().eval()
+    cfg = dict(damping=0.1, per_test=True)
+    task = Task(model, 3, "ce")
+    res = compute_influence(task, X[:30], y[:30], X[30:], y[30:], InfluenceConfig(estimator="ekfac", **cfg))
+    assert "mha.in_proj" in res.diagnostics["layers"] and not res.diagnostics["excluded_parameters"]
+    exact = compute_influence(task, X[:30], y[:30], X[30:], y[30:], InfluenceConfig(estimator="exact", **cfg))
+    assert pearsonr(res.per_test.flatten(), exact.per_test.flatten())[0] > 0.5
+    # extra key/value biases change the computation: listed as excluded, with a warning
+    model = _Tokens(add_bias_kv=True).eval()
+    res = compute_influence(Task(model, 3, "ce"), X[:30], y[:30], X[30:], y[30:],
+                            InfluenceConfig(estimator="kfac", **cfg))
+    assert res.diagnostics["layers"] == ["embed", "head"] and res.warnings
+    assert {"mha.in_proj_weight", "mha.out_proj.weight", "mha.bias_k"} <= set(res.diagnostics["excluded_parameters"])
+
+
+def test_multihead_attention_used_as_cross_attention_is_refused_with_the_fix():
+    class Cross(_Tokens):
         def forward(self, x):
-            h = self.embed(x.view(x.shape[0], 4, 4))
-            h, _ = self.mha(h, h, h, need_weights=False)
+            h = torch.tanh(self.embed(x.reshape(x.shape[0], 4, 4)))
+            h, _ = self.mha(h, h * 2, h * 2)
             return self.head(h.mean(1))
 
-    gen = torch.Generator().manual_seed(1)
-    X = torch.randn(36, 16, generator=gen, dtype=F64)
-    y = torch.randint(0, 3, (36,), generator=gen)
-    model = Tokens().eval()
-    res = compute_influence(Task(model, 3, "ce"), X[:30], y[:30], X[30:], y[30:],
-                            InfluenceConfig(estimator="kfac", damping=0.1, per_test=True))
-    assert res.diagnostics["layers"] == ["embed", "head"]
-    assert set(res.diagnostics["excluded_parameters"]) == {
-        "mha.in_proj_weight", "mha.in_proj_bias", "mha.out_proj.weight", "mha.out_proj.bias"}
-    assert res.warnings and torch.isfinite(res.per_test).all()
+    X, _ = _token_data(8)
+    with pytest.raises(AuditError, match="self-attention.*--params"):
+        fit_factors(Engine(Task(Cross().eval(), 3, "ce"), dtype=F64), X, "kfac")
 
 
 def test_no_linear_layer_is_refused_with_the_alternatives():
