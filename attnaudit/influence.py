@@ -918,7 +918,8 @@ def influence_sweep(
                 "damping_per_layer": per_layer,
                 "factor_bytes": factors.memory_bytes(),
             })
-            warns.append([f"{config.estimator} covers nn.Linear layers only; {len(excluded)} tracked parameter(s) left out "
+            warns.append([f"{config.estimator} covers linear layers only (nn.Linear, nn.Conv2d, self-attention "
+                          f"projections); {len(excluded)} tracked parameter(s) left out "
                           f"of the influence: {', '.join(excluded[:6])}{' ...' if len(excluded) > 6 else ''}"] if excluded else [])
     elif config.estimator == "projected":
         lam_info = {}

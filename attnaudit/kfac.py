@@ -28,9 +28,12 @@ whose weight (and bias) are all tracked, and the two projections of a self-atten
 ``out_proj``). That module applies them inside its functional forward without calling
 ``out_proj``, so hooks cannot see them; while the factors are fitted, a temporary forward hook
 replaces the module's output by the same computation written with visible projections,
-checked against the module's own output (a mismatch is refused, never silently used). Every
-other tracked parameter (embeddings, norms, convolutions, ``nn.Linear`` subclasses, attention
-with ``add_bias_kv``/``add_zero_attn`` or separate k/v dimensions) is listed in ``excluded``
+checked against the module's own output (a mismatch is refused, never silently used). An
+``nn.Conv2d`` (one group, zero padding) is a linear layer on its unfolded input patches, with
+the output positions as tokens (Grosse & Martens' KFC; a ViT's patch embedding is the case
+stride = kernel). Every other tracked parameter (embeddings, norms, other convolutions,
+``nn.Linear`` subclasses, attention with ``add_bias_kv``/``add_zero_attn`` or separate k/v
+dimensions) is listed in ``excluded``
 and left out of the influence (its block is treated as absent), with a warning from the
 caller.
 """
@@ -158,6 +161,10 @@ def linear_modules(module: nn.Module, names: Sequence[str]) -> tuple[list[Linear
         if type(sub) is nn.Linear:
             add(LinearBlock(path, prefixed(path, "weight"), prefixed(path, "bias") if sub.bias is not None else None,
                             sub.in_features, sub.out_features))
+        elif type(sub) is nn.Conv2d and sub.groups == 1 and sub.padding_mode == "zeros":
+            add(LinearBlock(path, prefixed(path, "weight"), prefixed(path, "bias") if sub.bias is not None else None,
+                            sub.in_channels * sub.kernel_size[0] * sub.kernel_size[1], sub.out_channels,
+                            source="conv2d"))
         elif isinstance(sub, nn.MultiheadAttention) and _factorable_attention(sub):
             E = sub.embed_dim
             add(LinearBlock(prefixed(path, "in_proj"), prefixed(path, "in_proj_weight"),
@@ -168,6 +175,27 @@ def linear_modules(module: nn.Module, names: Sequence[str]) -> tuple[list[Linear
                             source="mha-out", module=path))
     excluded = [n for n in names if n not in covered]
     return blocks, excluded
+
+
+def _conv_patches(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """(B, L, C kh kw): the input patch under each of the L output positions, in the order of
+    ``conv.weight.view(out_channels, -1)``, so the convolution is ``patches @ W^T + b``."""
+    import torch.nn.functional as F
+
+    if x.dim() != 4:
+        raise AuditError(f"K-FAC covers batched nn.Conv2d inputs (4-D), got shape {tuple(x.shape)}; leave the "
+                         "layer's parameters out with --params, or use --estimator cg")
+    padding = conv.padding
+    if isinstance(padding, str):  # "valid", or "same" (stride 1), which may pad one more on the right
+        if padding == "same":
+            pads = []
+            for k, d in zip(reversed(conv.kernel_size), reversed(conv.dilation)):
+                total = d * (k - 1)
+                pads += [total // 2, total - total // 2]
+            x = F.pad(x, pads)
+        padding = 0
+    patches = F.unfold(x, conv.kernel_size, dilation=conv.dilation, padding=padding, stride=conv.stride)
+    return patches.transpose(1, 2)
 
 
 def _factorable_attention(mha: nn.MultiheadAttention) -> bool:
@@ -269,9 +297,9 @@ def _capture(engine: Engine, blocks: list[LinearBlock], rows: torch.Tensor):
     outputs: dict[str, torch.Tensor] = {}
     hooks = []
 
-    def hook_for(path: str):
+    def hook_for(path: str, source: str):
         def hook(module, args, out):
-            inputs[path] = args[0]
+            inputs[path] = _conv_patches(module, args[0]) if source == "conv2d" else args[0]
             outputs[path] = out
         return hook
 
@@ -294,8 +322,8 @@ def _capture(engine: Engine, blocks: list[LinearBlock], rows: torch.Tensor):
 
     attention: dict[str, dict[str, LinearBlock]] = {}
     for b in blocks:
-        if b.source == "linear":
-            hooks.append(modules[b.path].register_forward_hook(hook_for(b.path)))
+        if b.source in ("linear", "conv2d"):
+            hooks.append(modules[b.path].register_forward_hook(hook_for(b.path, b.source)))
         else:
             attention.setdefault(b.module, {})[b.source] = b
     for path, parts in attention.items():
@@ -312,6 +340,14 @@ def _capture(engine: Engine, blocks: list[LinearBlock], rows: torch.Tensor):
 def _tokens(t: torch.Tensor, B: int) -> torch.Tensor:
     """(B, T, d) view of a layer's activations (T = 1 for flat rows)."""
     return t.reshape(B, -1, t.shape[-1])
+
+
+def _output_tokens(block: LinearBlock, t: torch.Tensor, B: int) -> torch.Tensor:
+    """(B, T, d_out) view of a layer's output (a convolution's channels come first, its
+    positions are the tokens)."""
+    if block.source == "conv2d":
+        return t.reshape(B, block.d_out, -1).transpose(1, 2)
+    return _tokens(t, B)
 
 
 CURVATURES = ("auto", "ggn", "fisher", "empirical")
@@ -345,8 +381,9 @@ def fit_factors(
     targets_all = None if targets is None else engine._as_targets(targets)
     blocks, excluded = linear_blocks(engine)
     if not blocks:
-        raise AuditError("K-FAC covers nn.Linear layers, and none of the tracked parameters belongs to one; "
-                         "use --estimator cg or exact, or track linear layers with --params")
+        raise AuditError("K-FAC covers nn.Linear, nn.Conv2d and nn.MultiheadAttention layers, and none of the "
+                         "tracked parameters belongs to one; use --estimator cg or exact, or track such layers with "
+                         "--params")
     rows_all = engine.rows(X)
     n = rows_all.shape[0]
     for b in blocks:
@@ -376,7 +413,7 @@ def fit_factors(
         for k in range(L.shape[2]):
             target = (logits * L[:, :, k].to(logits.dtype)).sum()
             grads = torch.autograd.grad(target, out_list, retain_graph=k + 1 < L.shape[2])
-            yield acts, {b.path: _tokens(g.detach().to(torch.float64), B) for b, g in zip(blocks, grads)}
+            yield acts, {b.path: _output_tokens(b, g.detach().to(torch.float64), B) for b, g in zip(blocks, grads)}
 
     with engine.context(), torch.enable_grad():
         for a0, b0 in ranges(n, chunk):

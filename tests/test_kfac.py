@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -235,6 +237,65 @@ def test_multihead_attention_used_as_cross_attention_is_refused_with_the_fix():
         fit_factors(Engine(Task(Cross().eval(), 3, "ce"), dtype=F64), X, "kfac")
 
 
+class _Convs(nn.Module):
+    """A patch embedding (stride = kernel) and an overlapping padded convolution on 1x8x8
+    images, then a linear head."""
+
+    def __init__(self, padding=1):
+        super().__init__()
+        self.patch = nn.Conv2d(1, 3, 4, stride=4, dtype=F64)
+        self.conv = nn.Conv2d(3, 2, 3, padding=padding, bias=False, dtype=F64)
+        self.head = nn.Linear(2 * 2 * 2, 3, dtype=F64)
+
+    def forward(self, x):
+        h = torch.tanh(self.patch(x.reshape(-1, 1, 8, 8)))
+        return self.head(torch.tanh(self.conv(h)).flatten(1))
+
+
+@pytest.mark.parametrize("padding", [1, "same"])
+def test_conv2d_factors_give_ekfac_eigenvalues_of_the_gauss_newton_block(padding):
+    """A convolution is a linear layer on its unfolded patches, its output positions the
+    tokens: EK-FAC's eigenvalues must be the diagonal of the explicit Gauss-Newton block in the
+    Kronecker eigenbasis, and the K-FAC factors those of the patches (A) and of the
+    per-position output gradients (S)."""
+    X, y = _token_data(10)
+    X = X.repeat(1, 4)  # 64 features = 1 x 8 x 8
+    torch.manual_seed(0)
+    model = _Convs(padding).eval()
+    f = fit_factors(Engine(Task(model, 3, "ce"), dtype=F64), X, "ekfac")
+    assert [b.path for b in f.blocks] == ["patch", "conv", "head"] and not f.excluded
+    for b in f.blocks[:2]:
+        names = [b.weight] + ([b.bias] if b.bias else [])
+        G = _ggn_block(model, X, y, "ce", names)
+        width = b.d_in + (1 if b.bias else 0)
+        order = [o * b.d_in + i if i < b.d_in else b.d_out * b.d_in + o
+                 for o in range(b.d_out) for i in range(width)]
+        G = G[order][:, order]
+        Q = torch.kron(b.QS, b.QA)
+        expected = torch.diagonal(Q.T @ G @ Q).reshape(b.d_out, width)
+        torch.testing.assert_close(b.corrected, expected, rtol=1e-9, atol=1e-13)
+    # the patch embedding's A from its 4x4 patches, cut out by hand
+    patches = X.reshape(10, 8, 8).unfold(1, 4, 4).unfold(2, 4, 4).reshape(10 * 4, 16)
+    patches = torch.cat([patches, torch.ones(40, 1, dtype=F64)], 1)
+    torch.testing.assert_close(f.blocks[0].A, patches.T @ patches / 40, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("options", [dict(padding="same"), dict(padding="valid", stride=2),
+                                     dict(padding=(1, 2), stride=(2, 1), dilation=2)])
+def test_conv_patches_times_the_weight_reproduce_the_convolution(options):
+    """The unfolded patches are the convolution's linear-layer inputs: patches @ W^T + b must
+    be torch's own conv output (an even kernel under "same" pads one more on the right)."""
+    from attnaudit.kfac import _conv_patches
+
+    conv = nn.Conv2d(2, 3, (2, 4), dtype=F64, **options)
+    x = torch.randn(2, 2, 7, 9, generator=torch.Generator().manual_seed(3), dtype=F64)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch: "same" with an even kernel copies the input
+        y = conv(x)
+        out = _conv_patches(conv, x) @ conv.weight.reshape(3, -1).T + conv.bias
+    torch.testing.assert_close(out.transpose(1, 2).reshape(y.shape), y, rtol=1e-13, atol=1e-13)
+
+
 def test_no_linear_layer_is_refused_with_the_alternatives():
     class Bare(nn.Module):
         def __init__(self):
@@ -364,11 +425,12 @@ def test_audit_and_malleability_accept_the_new_estimators_and_record_which_ran(t
     assert run_cli("--threads", "1", "malleability", "--models", "relu", "--estimator", "ekfac", "-q") == 2
 
 
-def test_agrees_with_kronfluence_ekfac_on_the_empirical_fisher():
+@pytest.mark.parametrize("layers", ["mlp", "conv"])
+def test_agrees_with_kronfluence_ekfac_on_the_empirical_fisher(layers):
     """Same model, data, damping (0.1 x each layer's mean eigenvalue) and curvature (the true
-    labels' gradients): the scores agree with kronfluence's EK-FAC to 1e-8 relative (its
-    sign convention is the opposite). Skipped where kronfluence is not installed (it comes
-    with the [bench] extra)."""
+    labels' gradients), for linear and convolutional layers: the scores agree with
+    kronfluence's EK-FAC to 1e-8 relative (its sign convention is the opposite). Skipped where
+    kronfluence is not installed (it comes with the [bench] extra)."""
     pytest.importorskip("kronfluence")
     from kronfluence.analyzer import Analyzer, prepare_model
     from kronfluence.arguments import FactorArguments, ScoreArguments
@@ -385,7 +447,11 @@ def test_agrees_with_kronfluence_ekfac_on_the_empirical_fisher():
 
     X, y, Xt, yt = _digits(120, 15)
     torch.manual_seed(5)
-    model = nn.Sequential(nn.Linear(64, 12), nn.Tanh(), nn.Linear(12, 10)).to(F64)
+    if layers == "mlp":
+        model = nn.Sequential(nn.Linear(64, 12), nn.Tanh(), nn.Linear(12, 10)).to(F64)
+    else:  # a strided, padded convolution: its output positions are tokens on both sides
+        model = nn.Sequential(nn.Unflatten(1, (1, 8, 8)), nn.Conv2d(1, 4, 3, stride=2, padding=1), nn.Tanh(),
+                              nn.Flatten(), nn.Linear(64, 10)).to(F64)
     train(model, X, y, TrainConfig(loss="ce", lr=0.5, steps=100))
     ours = compute_influence(model, X, y, Xt, yt, InfluenceConfig(estimator="ekfac", damping="0.1x", per_test=True,
                                                                   curvature="empirical"), loss="ce").per_test
@@ -406,7 +472,7 @@ def test_agrees_with_kronfluence_ekfac_on_the_empirical_fisher():
                                                                    precondition_dtype=F64))
         theirs = -analyzer.load_pairwise_scores("s")["all_modules"].T.to(F64)
     rel = float((ours - theirs).norm() / theirs.norm())
-    assert rel < 1e-7  # measured 1.0e-8 (kronfluence 1.0.1, float64 throughout)
+    assert rel < 1e-7  # measured 1.05e-8 (mlp), 2.1e-8 (conv); kronfluence 1.0.1, float64 throughout
 
 
 def test_a_budget_that_cannot_hold_the_factors_is_refused_with_the_alternatives():
