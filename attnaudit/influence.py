@@ -204,6 +204,12 @@ class InfluenceConfig:
             raise AuditError(f"--proj-dim must be a positive integer, got {self.proj_dim!r}")
         if self.curvature not in ("auto", "ggn", "fisher", "empirical"):
             raise AuditError(f"unknown K-FAC curvature {self.curvature!r}; use auto, ggn, fisher or empirical")
+        if self.estimator in ("exact", "last-layer") and self.curvature not in ("auto", "ggn"):
+            raise AuditError(f"--curvature {self.curvature} is for --estimator kfac/ekfac; --estimator {self.estimator} "
+                             "takes the Hessian (auto) or the exact Gauss-Newton matrix (ggn)")
+        if self.estimator not in ("exact", "last-layer", *KRONECKER) and self.curvature != "auto":
+            raise AuditError(f"--curvature applies to --estimator exact, last-layer, kfac and ekfac, not "
+                             f"{self.estimator} (which uses the Hessian); leave it at auto")
         if self.solver not in SOLVERS:
             raise AuditError(f"unknown influence solver {self.solver!r}; use one of {', '.join(SOLVERS)}")
         if self.estimator not in ESTIMATORS:
@@ -845,8 +851,13 @@ def influence_sweep(
     t_solve = time.perf_counter()
     hvp = eng.hvp_operator(U_tr, T_tr, chunk)
     solver = None
-    if exact_like:
+    if exact_like and config.curvature == "ggn":  # the exact Gauss-Newton matrix, what K-FAC approximates
+        from .kfac import dense_gauss_newton
+
+        H = dense_gauss_newton(eng, U_tr, budget_bytes=int(config.memory_budget_mb * 2**20) // 4)
+    elif exact_like:
         H = hvp.dense(block=config.hvp_batch)
+    if exact_like:
         solver = "cholesky" if config.solver == "cholesky" or (config.solver == "auto" and len(given) == 1) else "eigh"
     if solver == "cholesky":
         chol = _cholesky_solve(H, B, given[0])
@@ -978,6 +989,8 @@ def influence_sweep(
             "damping_relative": float(given[j][:-1]) if isinstance(given[j], str) else None,
             "damping_abs": d,
         }
+        if exact_like:
+            diag["curvature"] = "ggn" if config.curvature == "ggn" else "hessian"
         results.append(
             InfluenceResult(
                 estimator=config.estimator,

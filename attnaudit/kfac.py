@@ -290,6 +290,27 @@ def _output_hessian_root(loss, logits: torch.Tensor) -> torch.Tensor:
     raise AuditError(f"K-FAC needs the output Hessian of the loss; {type(loss).__name__} has no closed form here")
 
 
+def dense_gauss_newton(engine: Engine, X: torch.Tensor, budget_bytes: int = 256 * 2**20) -> torch.Tensor:
+    """The exact Gauss-Newton matrix of the mean loss over ``X``, the matrix K-FAC approximates:
+    G = (1/n) sum_i J_i^T H_i J_i (P x P, float64), J_i the per-sample Jacobian of the logits
+    over the engine's tracked parameters and H_i = L_i L_i^T the loss's output Hessian. Built
+    from (L_i^T J_i) in row chunks whose Jacobians fit ``budget_bytes``; n c P^2 flops."""
+    rows_all = engine.rows(X)
+    n, P, c = rows_all.shape[0], engine.n_params, engine.n_classes
+    G = torch.zeros(P, P, dtype=torch.float64, device=engine.device)
+    per_row = max(1, 3 * 8 * c * P)  # J, its float64 copy and L^T J
+    step = max(1, min(n, budget_bytes // per_row))
+    for a, b in ranges(n, step):
+        rows = rows_all[a:b]
+        J = engine.jacobian(rows).to(torch.float64)  # (B, c, P)
+        with torch.no_grad(), engine.context():
+            logits = engine.apply(engine.theta.detach(), rows)
+        L = _output_hessian_root(engine.loss, logits).to(device=J.device, dtype=torch.float64)  # (B, c, c)
+        M = torch.einsum("bck,bcp->bkp", L, J).reshape(-1, P)
+        G.addmm_(M.T, M)
+    return G.div_(max(n, 1))
+
+
 def _capture(engine: Engine, blocks: list[LinearBlock], rows: torch.Tensor):
     """Logits of ``rows`` and, per block, the layer's inputs and outputs (B, T, .)."""
     modules = dict(engine.module.named_modules())
