@@ -224,6 +224,24 @@ def test_data_that_does_not_fit_the_model(user_package):
         fit_to_data(load_factory("userpkg.models:build", path), few)
 
 
+def test_cli_ekfac_covers_a_user_modules_convolution(app, user_package, monkeypatch):
+    """--estimator ekfac --params all on a user's conv net: the nn.Conv2d is factored too
+    (nothing excluded, no warning), and the JSON records the estimator and its layers."""
+    path, _ = _weights(user_package)
+    monkeypatch.chdir(user_package)
+    args = ["malleability", "--factory", "userpkg.models:build", "--weights", str(path), "--loss", "ce",
+            "--attacks", "pgd", "--seeds", "2", "--n-train", "40", "--n-test", "20", "--top-k", "10",
+            "--pgd-steps", "2", "--no-controls", "--estimator", "ekfac", "--params", "all", "--json", "-"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    diag = report["results"]["influence_diagnostics"][0]
+    assert diag["layers"] == ["conv", "classifier"] and diag["excluded_parameters"] == []
+    assert diag["n_params"] == 2 * 9 + 2 + 32 * 10 + 10
+    assert all(row["estimator"] == "ekfac" for row in report["results"]["summary"])
+    assert not any("left out" in w for w in report["warnings"])
+
+
 def test_cli_audits_a_user_module(app, user_package, tmp_path, monkeypatch):
     path, _ = _weights(user_package)
     monkeypatch.chdir(user_package)
