@@ -322,6 +322,22 @@ def test_exact_gauss_newton_influence_matches_an_independent_solve():
     np.testing.assert_allclose(res.per_test.numpy(), expected, rtol=1e-8, atol=1e-12 * np.abs(expected).max())
 
 
+@pytest.mark.parametrize("loss", ["ce", "mse"])
+def test_gauss_newton_equals_the_hessian_for_the_head_where_logits_are_linear(loss):
+    """Logits are linear in the head's weights, so there the Gauss-Newton matrix is the
+    Hessian: the two exact paths (Jacobians vs Hessian-vector products, through the built-in
+    net's cached-feature fast path) must give the same influence."""
+    from attnaudit.models import ModelSpec, TwoLayerNet
+
+    X, y, Xt, yt = _digits(80, 10)
+    model = TwoLayerNet(ModelSpec("relu", 64, 16, 10))
+    cfg = dict(estimator="last-layer", damping=1e-3, per_test=True)
+    hess = compute_influence(model, X, y, Xt, yt, InfluenceConfig(**cfg), loss=loss)
+    ggn = compute_influence(model, X, y, Xt, yt, InfluenceConfig(curvature="ggn", **cfg), loss=loss)
+    assert hess.diagnostics["curvature"] == "hessian" and ggn.diagnostics["curvature"] == "ggn"
+    torch.testing.assert_close(ggn.per_test, hess.per_test, rtol=1e-8, atol=1e-10 * float(hess.per_test.abs().max()))
+
+
 def test_ekfac_tracks_the_gauss_newton_influence_it_approximates():
     """On a token model the Kronecker approximation is judged against exact Gauss-Newton
     influence (what it approximates); exact Hessian influence differs from both through the
