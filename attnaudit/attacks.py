@@ -41,6 +41,7 @@ on any device. Memory: a few copies of X plus one chunk's forward/backward graph
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import asdict, dataclass
 
 import torch
@@ -214,8 +215,10 @@ def _attack_chunk(engine: Engine, x, y, config: AttackConfig, noise: torch.Tenso
     alpha = config.resolved_step_size
     if method == "fgsm":
         g, clean_logits = _input_grad_and_logits(engine, x, y)
-        step = g.sign_() if norm == "linf" else _unit(g, norm)  # g is ours: signed in place
-        x_adv = torch.add(x, step, alpha=eps)
+        if norm == "linf" and g is not x:  # g is ours: x + eps sign(g) built in its buffer (no allocation;
+            x_adv = g.sign_().mul_(eps).add_(x)  # eps * (+-1) is exact, so the sum is x + eps sign(g) bit for bit)
+        else:
+            x_adv = torch.add(x, _unit(g, norm), alpha=eps)
         return (x_adv if config.clip_min is None else x_adv.clamp_(config.clip_min, config.clip_max)), clean_logits
     delta = torch.zeros_like(x)
     if method == "pgd" and config.random_start:
@@ -238,7 +241,9 @@ def attack_engine(model: Task | nn.Module, X: torch.Tensor, loss: str | Loss = "
 
     Attacks need no parameter derivatives, so the engine tracks only the smallest
     parameter (the others are shared, not copied). ``dtype``: computation dtype (default:
-    the module's own).
+    the module's own). Build it once and pass it to :func:`perturb` for many attacks on the
+    same model; rebuild it after changing the model's parameters (it holds a copy of one of
+    them).
     """
     task = as_task(model, loss=loss, probe=X)
     named = list(task.module.named_parameters())
@@ -248,30 +253,52 @@ def attack_engine(model: Task | nn.Module, X: torch.Tensor, loss: str | Loss = "
     return Engine(task, dtype=dtype, names=[smallest])
 
 
+_range_checked: tuple | None = None  # (weakref to the last tensor that passed, its version, range)
+
+
+def _check_value_range(X: torch.Tensor, lo_valid: float, hi_valid: float) -> None:
+    """Refuse data outside [lo_valid, hi_valid] (clipping to a range the data does not have
+    would change it before any attack). One pass over X; a tensor that passed for this range
+    is not read again while it is the same live object at the same version (in-place changes
+    bump the version), as when one data set is attacked at many radii."""
+    global _range_checked
+    key = (X._version, lo_valid, hi_valid)
+    last = _range_checked
+    if last is not None and last[0]() is X and last[1:] == key:
+        return
+    lo, hi = (float(v) for v in torch.aminmax(X))
+    slack = 1e-9 * max(1.0, abs(hi_valid - lo_valid))
+    if lo < lo_valid - slack or hi > hi_valid + slack:
+        raise AuditError(
+            f"data values [{lo:.3g}, {hi:.3g}] lie outside the valid range [{lo_valid}, {hi_valid}]; "
+            "give the range the data really has (preprocessed data has none: pass no range)"
+        )
+    _range_checked = (weakref.ref(X), *key)
+
+
 def perturb(
-    model: Task | nn.Module, X: torch.Tensor, y: torch.Tensor, config: AttackConfig, loss: str | Loss = "mse",
+    model: Task | nn.Module | Engine, X: torch.Tensor, y: torch.Tensor, config: AttackConfig, loss: str | Loss = "mse",
     *, dtype: torch.dtype | None = None, inputs: Inputs | None = None, evaluate: bool = True,
 ) -> AttackResult:
     """Perturb every row of X against ``model``, a Task or a module (left untouched, never
     put in training mode). A module is wrapped with ``loss`` and ``inputs`` (default flat
     rows); a Task uses its own. ``dtype``: the computation dtype (default: the module's);
-    X_adv keeps X's dtype. ``evaluate``: also measure the model's loss and accuracy before
+    X_adv keeps X's dtype. ``model`` may also be an engine from :func:`attack_engine`, built
+    once for many attacks on the same model (``loss``, ``dtype`` and ``inputs`` are then the
+    engine's own). ``evaluate``: also measure the model's loss and accuracy before
     and after (one forward pass over X_adv, and one over X unless the attack's own gradient
     pass gave its logits, as FGSM's does) and the perturbation norms; without it those
     fields are None and only X_adv is computed."""
     if X.ndim < 2 or X.shape[0] != y.shape[0]:
         raise AuditError("attack needs inputs (n, ...) and one label per row")
     if config.clip_min is not None:
-        lo, hi = float(X.min()), float(X.max())
-        slack = 1e-9 * max(1.0, abs(config.clip_max - config.clip_min))
-        if lo < config.clip_min - slack or hi > config.clip_max + slack:
-            raise AuditError(
-                f"data values [{lo:.3g}, {hi:.3g}] lie outside the valid range [{config.clip_min}, {config.clip_max}]; "
-                "give the range the data really has (preprocessed data has none: pass no range)"
-            )
-    if not isinstance(model, Task) and inputs is not None:
-        model = as_task(model, loss=loss, inputs=inputs, probe=X)
-    engine = attack_engine(model, X, loss, dtype)
+        _check_value_range(X, config.clip_min, config.clip_max)
+    if isinstance(model, Engine):
+        engine = model
+    else:
+        if not isinstance(model, Task) and inputs is not None:
+            model = as_task(model, loss=loss, inputs=inputs, probe=X)
+        engine = attack_engine(model, X, loss, dtype)
     if config.method in ADVERSARIAL and not engine.inputs.differentiable:
         raise AuditError("the model takes token ids, which have no input gradient; use --attacks sign, random or none")
     gen = torch.Generator().manual_seed(int(config.seed))

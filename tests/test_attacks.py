@@ -188,6 +188,32 @@ def test_data_outside_valid_range_rejected(trained):
         perturb(nets["relu"], X * 2, y, AttackConfig(method="fgsm", eps=0.1, clip_min=0.0, clip_max=1.0))
 
 
+def test_range_is_checked_again_after_the_data_changes_in_place_and_for_another_range(trained):
+    """A tensor that passed the range check is not re-read while unchanged; an in-place
+    change, another range, or another tensor with the same values is checked afresh."""
+    nets, X, y = trained
+    cfg = AttackConfig(method="fgsm", eps=0.1, clip_min=0.0, clip_max=1.0)
+    data = X.clone()
+    perturb(nets["relu"], data, y, cfg)  # passes, remembered
+    perturb(nets["relu"], data, y, cfg)
+    with pytest.raises(AuditError, match="valid range"):
+        perturb(nets["relu"], data, y, AttackConfig(method="fgsm", eps=0.1, clip_min=0.0, clip_max=0.5))
+    data.mul_(3.0)
+    with pytest.raises(AuditError, match="valid range"):
+        perturb(nets["relu"], data, y, cfg)
+
+
+def test_an_engine_built_once_attacks_like_the_module(trained):
+    from attnaudit.attacks import attack_engine
+
+    nets, X, y = trained
+    cfg = AttackConfig(method="pgd", eps=0.1, steps=3, clip_min=0.0, clip_max=1.0, seed=1)
+    engine = attack_engine(nets["attn"], X, "mse")
+    once = perturb(engine, X, y, cfg)
+    assert torch.equal(once.X_adv, perturb(nets["attn"], X, y, cfg).X_adv)
+    assert once.loss_after == perturb(engine, X, y, cfg).loss_after
+
+
 # ---------------------------------------------------------------- any module, through the core
 def test_task_and_bare_module_give_identical_attacks(trained):
     from attnaudit.core.task import Task

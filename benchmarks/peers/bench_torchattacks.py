@@ -6,7 +6,10 @@ attnaudit: ``attnaudit.attacks.perturb(model, X, y, AttackConfig("fgsm", eps=0.1
 loss="ce")``, which also reports the model's loss and accuracy before and after the attack
 (torchattacks returns the images only): the attack alone is timed with ``evaluate=False``,
 the same work as the peer's; with evaluation is printed as its own ratio. Peer:
-``torchattacks.FGSM(model, eps=0.1)(X, y)``.
+``torchattacks.FGSM(model, eps=0.1)(X, y)``. Each side's set-up is built once, outside the
+timed call, as a user attacking many times would: the peer's attack object, and attnaudit's
+``attack_engine(model, X, "ce")`` (which probes the logits' width and wraps the module). The
+call still validates the data range on every call (the peer does not).
 
 Agreement: the adversarial inputs of the two sides (max |difference|; identical signs of
 the gradient give exactly equal inputs).
@@ -24,7 +27,7 @@ import argparse
 import torch
 
 from _common import best_time, report, require, workload
-from attnaudit.attacks import AttackConfig, perturb
+from attnaudit.attacks import AttackConfig, attack_engine, perturb
 
 torchattacks = require("torchattacks", "torchattacks")
 
@@ -39,9 +42,13 @@ def run(name: str, n: int | None, width: int, repeats: int) -> None:
     assert 0.0 <= lo and hi <= 1.0, (lo, hi)
     config = AttackConfig("fgsm", eps=0.1, norm="linf", clip_min=0.0, clip_max=1.0, chunk_size=X.shape[0])
     attack = torchattacks.FGSM(model, eps=0.1)
-    t_ours, ours = best_time(lambda: perturb(model, X, y, config, loss="ce", evaluate=False), repeats)
+    engine = attack_engine(model, X, "ce")  # set-up, like the peer's attack object
+    t_ours, ours = best_time(lambda: perturb(engine, X, y, config, evaluate=False), repeats)
     t_peer, theirs = best_time(lambda: attack(X, y), repeats)
-    t_eval, evaluated = best_time(lambda: perturb(model, X, y, config, loss="ce"), repeats)
+    t_eval, evaluated = best_time(lambda: perturb(engine, X, y, config), repeats)
+    t_bare, _ = best_time(lambda: perturb(model, X, y, config, loss="ce", evaluate=False), repeats)
+    print(f"  attnaudit with the set-up inside the timed call (perturb(model, ...)): {t_bare:.4f} s "
+          f"(RATIO fgsm_with_setup_vs_torchattacks={t_bare / t_peer:.3f})")
     diff = float((ours.X_adv - theirs).abs().max())
     changed = float(((ours.X_adv - theirs).abs() > 0).double().mean())
     report("fgsm_vs_torchattacks", t_ours, t_peer,
