@@ -30,7 +30,8 @@ class EigenResult:
     """Top Hessian eigenvalues (descending) with Lanczos diagnostics.
 
     ``ritz_bounds``: |beta_m s_mi|, Lanczos' own residual bound; ``residuals``: the true
-    ||H u - lambda u|| recomputed with one more product per vector. Both are relative to
+    ||H u - lambda u||, with H u from the kept products H q_j (or one more product per
+    vector when they did not fit; see :func:`lanczos_top_eigen`). Both are relative to
     max |Ritz value| (the spectral scale), so 1e-6 means converged to six digits of it.
     """
 
@@ -78,10 +79,14 @@ def lanczos_top_eigen(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float64,
     progress: Progress = None,
+    keep_products_bytes: int = 256 * 2**20,
 ) -> EigenResult:
     """The k largest (algebraic) eigenvalues of the symmetric operator ``matvec``.
 
     Lanczos with full re-orthogonalisation (the basis is kept: memory max_steps x size).
+    The returned pairs' true residuals ||H u - theta u|| come from the products H q_j
+    themselves, kept (another max_steps x size) when that fits ``keep_products_bytes``:
+    H u = (H Q) s by linearity, no further product; otherwise one more product per pair.
     Stops when every wanted Ritz pair has |beta_m s_mi| <= tol * max|theta|, or after
     ``max_steps``. If the Krylov space becomes invariant before k values are found, it is
     restarted with a fresh random vector orthogonal to the basis (a zero off-diagonal).
@@ -104,6 +109,8 @@ def lanczos_top_eigen(
         return q / q.norm()
 
     Q = torch.zeros(m_max, size, device=device, dtype=dtype)
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    W = torch.zeros(m_max, size, device=device, dtype=dtype) if m_max * size * itemsize <= keep_products_bytes else None
     alphas: list[float] = []
     betas: list[float] = []  # betas[j] couples q_j and q_{j+1}
     q = fresh(Q[:0])
@@ -114,6 +121,8 @@ def lanczos_top_eigen(
     for j in range(m_max):
         Q[j] = q
         w = matvec(q)
+        if W is not None:
+            W[j] = w
         steps += 1
         if progress is not None:
             progress(1)
@@ -154,8 +163,9 @@ def lanczos_top_eigen(
     vals = evals[order]
     S = evecs[:, order].to(device=device, dtype=dtype)
     U = Q[:m].T @ S  # (size, kk) Ritz vectors
-    U = U / U.norm(dim=0, keepdim=True)
-    HU = _apply_block(matvec, U)
+    norms = U.norm(dim=0, keepdim=True)
+    U = U / norms
+    HU = _apply_block(matvec, U) if W is None else (W[:m].T @ S) / norms
     scale = max(float(evals.abs().max()), torch.finfo(dtype).tiny)
     res = (HU - U * vals.to(device=device, dtype=dtype)).norm(dim=0) / scale
     # fix each eigenvector's arbitrary sign: largest-magnitude entry positive
@@ -167,7 +177,7 @@ def lanczos_top_eigen(
         residuals=tuple(res.cpu().tolist()),
         ritz_bounds=tuple((bounds.flip(0)[:kk] / scale).tolist()),
         steps=steps,
-        hvp_calls=steps + kk,
+        hvp_calls=steps + (kk if W is None else 0),
         converged=converged,
         tol=tol,
         seed=int(seed),

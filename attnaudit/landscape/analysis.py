@@ -269,9 +269,14 @@ def analyze_landscape(
     # the Lanczos basis holds steps x n_params numbers: keep it within 4 x the memory budget
     # (a capped run reports converged=False rather than running out of memory)
     basis_cap = int(4 * budget / (engine.theta.element_size() * hvp.size))
+    steps = max(min(config.lanczos_steps, basis_cap), config.lanczos_k + 2)
+    # the products H q_j are kept too (the Ritz residuals then need no further product) only
+    # when basis and products together stay within that same 4 x budget
+    basis_bytes = steps * hvp.size * engine.theta.element_size()
     eig = lanczos_top_eigen(
-        hvp, hvp.size, config.lanczos_k, max_steps=max(min(config.lanczos_steps, basis_cap), config.lanczos_k + 2),
+        hvp, hvp.size, config.lanczos_k, max_steps=steps,
         tol=config.lanczos_tol, seed=seeds["lanczos_start"], device=engine.device, dtype=engine.dtype, progress=advance,
+        keep_products_bytes=max(0, int(4 * budget) - basis_bytes),
     )
     timings["lanczos"] = time.perf_counter() - t0
 
