@@ -16,6 +16,7 @@ Every script pins itself to one core and one thread on import of this module (se
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 import time
@@ -63,6 +64,15 @@ class Workload:
     @property
     def model_width(self) -> int:
         return int(next(p for p in self.model.parameters() if p.dim() == 2).shape[0])
+
+
+def workload_args(doc: str, repeats: int) -> argparse.Namespace:
+    """The command line every peer script shares: ``--workload digits|mnist|both`` and
+    ``--repeats`` (``doc``'s first line is the description)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--workload", choices=("digits", "mnist", "both"), default="both")
+    ap.add_argument("--repeats", type=int, default=repeats)
+    return ap.parse_args()
 
 
 def require(module: str, package: str):

@@ -21,12 +21,10 @@ Run: python benchmarks/peers/bench_dattri.py [--workload digits|mnist|both]
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from _common import SHARED, best_time, rel_err, report, require
+from _common import SHARED, best_time, rel_err, report, require, workload_args
 from attnaudit.data import DataSpec, load_dataset
 from attnaudit.influence import InfluenceConfig, compute_influence
 from attnaudit.models import ModelSpec, build_model
@@ -79,10 +77,7 @@ def run(name: str, X, y, Xt, yt, c: int, width: int, repeats: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workload", choices=("digits", "mnist", "both"), default="both")
-    ap.add_argument("--repeats", type=int, default=2)
-    args = ap.parse_args()
+    args = workload_args(__doc__, repeats=2)
     if args.workload in ("digits", "both"):
         tr = load_dataset(DataSpec(dataset="digits", split="train"))
         te = load_dataset(DataSpec(dataset="digits", split="test"))

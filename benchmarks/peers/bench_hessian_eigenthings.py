@@ -22,11 +22,9 @@ Run: python benchmarks/peers/bench_hessian_eigenthings.py [--workload digits|mni
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
-from _common import best_time, rel_err, report, require, workload
+from _common import best_time, rel_err, report, require, workload, workload_args
 from attnaudit.core import Engine, as_task, hutchinson_trace, lanczos_top_eigen
 
 he = require("hessian_eigenthings", "hessian-eigenthings")
@@ -81,10 +79,7 @@ def run(name: str, n: int | None, width: int, repeats: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workload", choices=("digits", "mnist", "both"), default="both")
-    ap.add_argument("--repeats", type=int, default=5)
-    args = ap.parse_args()
+    args = workload_args(__doc__, repeats=5)
     if args.workload in ("digits", "both"):
         run("digits", None, 32, args.repeats)
     if args.workload in ("mnist", "both"):

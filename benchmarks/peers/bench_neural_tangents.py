@@ -22,7 +22,6 @@ Run: python benchmarks/peers/bench_neural_tangents.py [--workload digits|mnist|b
 
 from __future__ import annotations
 
-import argparse
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
@@ -31,7 +30,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import numpy as np
 import torch
 
-from _common import SHARED, best_time, report, require
+from _common import SHARED, best_time, report, require, workload_args
 from attnaudit.data import DataSpec, load_dataset
 from attnaudit.ntk import analytic_ntk
 
@@ -95,10 +94,7 @@ def run(name: str, X: torch.Tensor, repeats: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workload", choices=("digits", "mnist", "both"), default="both")
-    ap.add_argument("--repeats", type=int, default=5)
-    args = ap.parse_args()
+    args = workload_args(__doc__, repeats=5)
     if args.workload in ("digits", "both"):
         run("digits", load_dataset(DataSpec(dataset="digits", split="train")).X, args.repeats)
     if args.workload in ("mnist", "both"):

@@ -22,11 +22,9 @@ Run: python benchmarks/peers/bench_torchattacks.py [--workload digits|mnist|both
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
-from _common import best_time, report, require, workload
+from _common import best_time, report, require, workload, workload_args
 from attnaudit.attacks import AttackConfig, attack_engine, perturb
 
 torchattacks = require("torchattacks", "torchattacks")
@@ -61,10 +59,7 @@ def run(name: str, n: int | None, width: int, repeats: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workload", choices=("digits", "mnist", "both"), default="both")
-    ap.add_argument("--repeats", type=int, default=7)
-    args = ap.parse_args()
+    args = workload_args(__doc__, repeats=7)
     if args.workload in ("digits", "both"):
         run("digits", None, 32, args.repeats)
     if args.workload in ("mnist", "both"):
