@@ -154,6 +154,19 @@ def test_vit_tokens_are_covered_and_parameters_outside_linear_layers_are_named()
     assert p > 0.5, p
 
 
+def _rotated_ggn_diagonal(model, X, y, block):
+    """diag(Q^T G Q) as (d_out, d_in [+ 1]) for the block's explicit Gauss-Newton matrix G
+    (cross-entropy) and Q = Q_S (x) Q_A: what EK-FAC's eigenvalues must equal. G is built over
+    vec(W) then the bias; the factors order (d_out, d_in + 1) row-major, bias last."""
+    G = _ggn_block(model, X, y, "ce", [block.weight] + ([block.bias] if block.bias else []))
+    width = block.d_in + (1 if block.bias else 0)
+    order = [o * block.d_in + i if i < block.d_in else block.d_out * block.d_in + o
+             for o in range(block.d_out) for i in range(width)]
+    G = G[order][:, order]
+    Q = torch.kron(block.QS, block.QA)
+    return torch.diagonal(Q.T @ G @ Q).reshape(block.d_out, width)
+
+
 class _Tokens(nn.Module):
     """4 tokens of width 8 through torch's nn.MultiheadAttention, mean-pooled to 3 logits."""
 
@@ -195,14 +208,7 @@ def test_multihead_attention_projections_get_ekfac_eigenvalues_of_their_gauss_ne
     f = fit_factors(eng, X, "ekfac")
     assert [b.path for b in f.blocks] == ["embed", "mha.in_proj", "mha.out_proj", "head"] and not f.excluded
     for b in f.blocks[1:3]:
-        G = _ggn_block(model, X, y, "ce", [b.weight, b.bias])
-        # the GGN's order is vec(W) then bias; the factors' is (d_out, d_in + 1) row-major
-        order = [o * b.d_in + i if i < b.d_in else b.d_out * b.d_in + o
-                 for o in range(b.d_out) for i in range(b.d_in + 1)]
-        G = G[order][:, order]
-        Q = torch.kron(b.QS, b.QA)
-        expected = torch.diagonal(Q.T @ G @ Q).reshape(b.d_out, b.d_in + 1)
-        torch.testing.assert_close(b.corrected, expected, rtol=1e-9, atol=1e-13)
+        torch.testing.assert_close(b.corrected, _rotated_ggn_diagonal(model, X, y, b), rtol=1e-9, atol=1e-13)
         assert float(b.corrected.abs().max()) > 1e-6  # the hooks saw the layer: not an empty block
 
 
@@ -264,15 +270,7 @@ def test_conv2d_factors_give_ekfac_eigenvalues_of_the_gauss_newton_block(padding
     f = fit_factors(Engine(Task(model, 3, "ce"), dtype=F64), X, "ekfac")
     assert [b.path for b in f.blocks] == ["patch", "conv", "head"] and not f.excluded
     for b in f.blocks[:2]:
-        names = [b.weight] + ([b.bias] if b.bias else [])
-        G = _ggn_block(model, X, y, "ce", names)
-        width = b.d_in + (1 if b.bias else 0)
-        order = [o * b.d_in + i if i < b.d_in else b.d_out * b.d_in + o
-                 for o in range(b.d_out) for i in range(width)]
-        G = G[order][:, order]
-        Q = torch.kron(b.QS, b.QA)
-        expected = torch.diagonal(Q.T @ G @ Q).reshape(b.d_out, width)
-        torch.testing.assert_close(b.corrected, expected, rtol=1e-9, atol=1e-13)
+        torch.testing.assert_close(b.corrected, _rotated_ggn_diagonal(model, X, y, b), rtol=1e-9, atol=1e-13)
     # the patch embedding's A from its 4x4 patches, cut out by hand
     patches = X.reshape(10, 8, 8).unfold(1, 4, 4).unfold(2, 4, 4).reshape(10 * 4, 16)
     patches = torch.cat([patches, torch.ones(40, 1, dtype=F64)], 1)
