@@ -318,14 +318,25 @@ def _capture(engine: Engine, blocks: list[LinearBlock], rows: torch.Tensor):
     outputs: dict[str, torch.Tensor] = {}
     hooks = []
 
+    def once(path: str) -> None:
+        # a layer applied twice in one forward (shared weights) has a sum of two Kronecker
+        # products as its block; keeping only the last call's activations would be wrong
+        if path in inputs:
+            raise AuditError(f"K-FAC: the layer {path or 'at the model root'!r} runs more than once per forward pass "
+                             "(shared weights), which its Kronecker factors cannot represent; leave its parameters "
+                             "out with --params, or use --estimator cg")
+
     def hook_for(path: str, source: str):
         def hook(module, args, out):
+            once(path)
             inputs[path] = _conv_patches(module, args[0]) if source == "conv2d" else args[0]
             outputs[path] = out
         return hook
 
     def attention_hook_for(path: str, parts: dict[str, LinearBlock]):
         def hook(module, args, kwargs, out):
+            for part in parts.values():
+                once(part.path)
             replaced, (x, qkv, attended, projected) = _attention_with_visible_projections(module, args, kwargs)
             mine, theirs = replaced[0], out[0]
             tol = 1e-10 if theirs.dtype == torch.float64 else 1e-4
@@ -489,7 +500,7 @@ def kfac_memory_bytes(blocks: Sequence[LinearBlock]) -> int:
 
 
 # ----------------------------------------------------------------------------- cache on disk
-CACHE_FORMAT = "attnaudit.kfac-factors/2"  # /2: attention projections covered
+CACHE_FORMAT = "attnaudit.kfac-factors/2"  # /2: convolutions and attention projections covered
 
 
 def factors_fingerprint(engine: Engine, rows: torch.Tensor, kind: str, curvature: str, seed: int) -> str:

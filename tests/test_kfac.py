@@ -363,6 +363,21 @@ def test_a_curvature_the_estimator_does_not_use_is_refused(estimator, curvature,
         InfluenceConfig(estimator=estimator, curvature=curvature)
 
 
+def test_a_layer_applied_twice_per_forward_is_refused_not_half_counted():
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mix = nn.Linear(6, 6, dtype=F64)
+            self.head = nn.Linear(6, 3, dtype=F64)
+
+        def forward(self, x):
+            return self.head(torch.tanh(self.mix(torch.tanh(self.mix(x)))))
+
+    X, _ = _token_data(8)
+    with pytest.raises(AuditError, match="'mix' runs more than once.*--params"):
+        fit_factors(Engine(Task(Twice().eval(), 3, "ce"), dtype=F64), X[:, :6], "kfac")
+
+
 def test_no_linear_layer_is_refused_with_the_alternatives():
     class Bare(nn.Module):
         def __init__(self):
