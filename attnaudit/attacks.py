@@ -333,8 +333,8 @@ def perturb(
         return AttackResult(X_adv=X_adv, config=config, **evaluated)
     with torch.no_grad():
         delta = X_adv - X
-        radius = _norm_rows(delta, config.norm)
         linf, l2 = _norm_rows(delta, "linf"), _norm_rows(delta, "l2")
+        radius = linf if config.norm == "linf" else l2  # the attack's own norm, one of the two
 
         def stat(v: torch.Tensor, how: str) -> float:
             return float(getattr(v, how)()) if v.numel() else 0.0
