@@ -54,6 +54,8 @@ def _root(
 
 for module in (kappa, ntk_distance, malleability, landscape, train, audit, claims, report):
     module.register(app)
+from .commands import alignment  # noqa: E402
+alignment.register(app)
 
 
 def _exit_quietly(code: int) -> None:

@@ -30,8 +30,12 @@ from .errors import AuditError
 KNOWN_SCHEMAS = (
     "attnaudit.kappa/1", "attnaudit.kappa-layers/1", "attnaudit.ntk-distance/1", "attnaudit.ntk-checkpoint/1",
     "attnaudit.ntk-transformers/1", "attnaudit.malleability/1", "attnaudit.landscape/1", "attnaudit.train/1",
-    "attnaudit.audit/1", "attnaudit.claims/1",
+    "attnaudit.audit/1", "attnaudit.claims/1", "attnaudit.claims/2", "attnaudit.alignment/1",
 )
+
+#: The fields of a claims row shown in the page's claims table, in order.
+CLAIM_FIELDS = ("claim", "null", "alternative", "null_value", "measured", "interval", "interval_method", "confidence",
+                "n_seeds", "per_seed", "verdict", "why", "warnings", "command")
 
 _STYLE = """
 body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,Helvetica,Arial,sans-serif;margin:2em auto;max-width:78em;
@@ -187,6 +191,10 @@ def _run_sections(page: RunPage, level: int = 2) -> str:
         f'<{h}>Warnings</{h}>', _list(r.get("warnings", []), "warnings", "No warnings."),
         "</section>",
     ]
+    claim_rows = (r.get("results") or {}).get("claims") if str(r.get("schema", "")).startswith("attnaudit.claims") else None
+    if claim_rows:
+        parts += [f'<section id="{esc(a)}-claims"><{h}>Claims: null, interval, verdict</{h}>', _claims_table(claim_rows),
+                  "</section>"]
     tables = rich_to_html(page.renderables)
     if tables:
         parts += [f'<section id="{esc(a)}-tables"><{h}>Tables</{h}>', tables, "</section>"]
@@ -215,6 +223,28 @@ def _run_sections(page: RunPage, level: int = 2) -> str:
     parts.append(f'<pre class="cmd">{esc(cmd)}</pre>' if cmd else '<p class="none">The command line was not recorded.</p>')
     parts.append("</section>")
     return "\n".join(parts)
+
+
+def _claim_cell(key: str, value: Any) -> str:
+    if key == "interval" and isinstance(value, list) and len(value) == 2:
+        lo, hi = value
+        return esc(f"[{'-inf' if lo is None else format(lo, '.4g')}, {'+inf' if hi is None else format(hi, '.4g')}]")
+    if key == "per_seed" and isinstance(value, list):
+        return _number(value)
+    if key == "warnings" and isinstance(value, list):
+        return "<br>".join(esc(w) for w in value) if value else '<span class="none">none</span>'
+    if key == "verdict":
+        cls = {"supported": "pass", "contradicted": "fail"}.get(str(value), "skipped")
+        return f'<span class="{cls}">{esc(value)}</span>'
+    return esc("" if value is None else value)
+
+
+def _claims_table(rows: Sequence[dict]) -> str:
+    """Every claim row with its null, interval (null ends shown as unbounded), method, seeds and warnings."""
+    head = "".join(f"<th>{esc(k)}</th>" for k in CLAIM_FIELDS)
+    body = "".join("<tr>" + "".join(f"<td>{_claim_cell(k, row.get(k))}</td>" for k in CLAIM_FIELDS) + "</tr>"
+                   for row in rows)
+    return f'<table class="checks"><tr>{head}</tr>{body}</table>'
 
 
 def _document(title: str, body: str) -> str:

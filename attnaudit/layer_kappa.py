@@ -18,8 +18,9 @@ layer l, with X the layer's token matrix (N tokens x D features):
   (3 for linearized identity attention). A sample whose predicted kappa(in)^3 reaches
   ``1 / (max(N, D) eps)`` is counted as *beyond float64 precision*: its output Gram could
   not show such a kappa even if the prediction held;
-* the implied width scale log10(kappa^6 N ln N) (:func:`attnaudit.spectral.width_estimate`,
-  constant omitted) with **N = the number of tokens** of the layer, from the median kappa.
+* the paper's width formula log10(kappa^6 N ln N) (:func:`attnaudit.spectral.width_estimate`,
+  constant omitted) evaluated on the token Gram with **N = the number of tokens** of the
+  layer, from the median kappa (no round-off interval: a median over samples).
 
 Over the batch every quantity is summarised by the median and the 10th/90th percentiles
 of log10 kappa. Infinite values are kept, not dropped: they sort above every finite value,
@@ -75,7 +76,7 @@ import torch
 from torch import nn
 
 from .errors import AuditError
-from .spectral import EPS64, ConditionReport, WidthEstimate, condition_report, width_estimate
+from .spectral import EPS64, ConditionReport, WidthEstimate, condition_report, reference_width, width_estimate, width_rows
 
 SCHEMA = "attnaudit.kappa-layers/1"
 GRAM_KINDS = ("tokens", "entk")
@@ -508,6 +509,7 @@ class LayerKappaResult:
             "samples": self.samples,
             "rows_drawn": self.rows,
             "width_n": "per layer: N = tokens of the layer; eNTK: n = samples",
+            "reference_width": reference_width(),
             "layers": [layer.to_dict(per_sample) for layer in self.layers],
             "entk": None if self.entk is None else self.entk.to_dict(),
             "timings_s": dict(self.timings),
@@ -831,11 +833,17 @@ def analyse_layers(model: Any, X: torch.Tensor, config: LayerKappaConfig = Layer
         def kappa_of(log_med: float) -> float:
             return math.inf if math.isinf(log_med) else (10.0**log_med if math.isfinite(log_med) else math.inf)
 
+        median_note = "not computed: median kappa over samples"
+        tok = "m ~ kappa^6 N ln N of the token Gram (the paper's formula, N = tokens; Omega constant omitted)"
         widths = [
-            width_estimate(kappa_of(med_in.median), N, "input token Gram, median kappa_d: kappa^6 N ln N (N = tokens)"),
-            width_estimate(kappa_of(med_in_r.median), N, "input token Gram, median kappa at numerical rank (N = tokens)"),
-            width_estimate(kappa_of(med_out.median), No, "output token Gram, median kappa_d (N = tokens)"),
-            width_estimate(kappa_of(med_out_r.median), No, "output token Gram, median kappa at numerical rank (N = tokens)"),
+            width_estimate(kappa_of(med_in.median), N, "input token Gram, median kappa_d: kappa^6 N ln N (N = tokens)",
+                           basis="kappa_d", formula=tok, interval_method=median_note),
+            width_estimate(kappa_of(med_in_r.median), N, "input token Gram, median kappa at numerical rank (N = tokens)",
+                           basis="numerical_rank", formula=tok, interval_method=median_note),
+            width_estimate(kappa_of(med_out.median), No, "output token Gram, median kappa_d (N = tokens)",
+                           basis="kappa_d", formula=tok, interval_method=median_note),
+            width_estimate(kappa_of(med_out_r.median), No, "output token Gram, median kappa at numerical rank (N = tokens)",
+                           basis="numerical_rank", formula=tok, interval_method=median_note),
         ]
         results.append(LayerKappa(
             name=layer.name, kind=layer.kind, class_name=layer.class_name, depth=len(results), tokens=N,
@@ -855,10 +863,11 @@ def analyse_layers(model: Any, X: torch.Tensor, config: LayerKappaConfig = Layer
         secs = time.perf_counter() - te
         entk = EntkResult(
             n=n, n_params=P, n_outputs=c, report=rep,
-            widths=[
-                width_estimate(rep.kappa_full, n, "eNTK Gram kappa_d: kappa^6 n ln n (n = samples)"),
-                width_estimate(rep.kappa_rank, n, "eNTK Gram at numerical rank (n = samples)"),
-            ],
+            widths=width_rows(
+                rep, "eNTK Gram kappa_d: kappa^6 n ln n (n = samples)", "eNTK Gram at numerical rank (n = samples)",
+                "m ~ kappa_d(K)^6 n ln n: the paper's formula evaluated on the eNTK Gram K (the paper's kappa is "
+                "the input Gram's); Omega constant omitted",
+                "m ~ kappa_r(K)^6 n ln n at the numerical rank r of K; Omega constant omitted", what="K"),
             seconds=secs, chunk=chunk, matrix=K,
         )
         timings["entk"] = secs

@@ -66,6 +66,7 @@ from torch import nn
 
 from .attacks import ADVERSARIAL, ATTACKS, NORMS, RANDOM_CONTROLS, AttackConfig, perturb
 from .errors import AuditError
+from .stats import mean_interval, proportion_interval, ratio_interval, t_quantile
 from .influence import (
     ESTIMATORS,
     SIGN_CONVENTION,
@@ -132,7 +133,6 @@ class MalleabilityConfig:
     controls: bool = True
     parametrization: str = "ntk"
     attn_scaling: str = "rms"
-    n_bootstrap: int = 2000
     confidence: float = 0.95
     loss_gap_factor: float = 1.5
     max_flip_rate: float | None = None
@@ -243,8 +243,6 @@ class MalleabilityConfig:
             raise AuditError(f"--max-flip-rate must be a share in [0, 1], got {self.max_flip_rate}")
         if not (0 < self.confidence < 1):
             raise AuditError(f"confidence level must be in (0, 1), got {self.confidence}")
-        if self.n_bootstrap < 100:
-            raise AuditError(f"bootstrap resamples must be >= 100, got {self.n_bootstrap}")
         if not self.loss_gap_factor > 1:
             raise AuditError(f"loss gap factor must be > 1, got {self.loss_gap_factor}")
         if self.tracin_checkpoints < 1:
@@ -491,46 +489,43 @@ def stability_by_k(clean, perturbed, top_ks) -> dict:
     return {**first, "by_top_k": by}
 
 
-def summarize(values, n_boot: int = 2000, confidence: float = 0.95, seed: int = 0) -> dict:
-    """Mean, sample std and percentile-bootstrap interval of per-seed values (None = undefined)."""
-    v = np.asarray([x for x in values if x is not None and np.isfinite(x)], dtype=np.float64)
-    if v.size == 0:
-        return {"mean": None, "std": None, "ci_low": None, "ci_high": None, "n": 0, "values": list(values)}
-    rng = np.random.default_rng(seed)
-    boots = v[rng.integers(0, v.size, size=(n_boot, v.size))].mean(1)
-    alpha = (1 - confidence) / 2
+def summarize(values, confidence: float = 0.95, trials: int | None = None) -> dict:
+    """Mean, sample std and interval of per-seed values (None = undefined).
+
+    ``trials``: the values are shares of that many items (a flip rate over the top-k, a
+    top-k overlap): Student's t over seeds with the binomial variance floor
+    (:func:`attnaudit.stats.proportion_interval`); otherwise the plain Student-t interval.
+    One seed gives no interval (both ends None)."""
+    v = [float(x) for x in values if x is not None and np.isfinite(x)]
+    iv = proportion_interval(v, trials, confidence) if trials else mean_interval(v, confidence)
+    if not v:
+        return {"mean": None, "std": None, "ci_low": None, "ci_high": None, "n": 0, "values": list(values),
+                "interval_method": iv.method}
     return {
-        "mean": float(v.mean()),
-        "std": float(v.std(ddof=1)) if v.size > 1 else None,
-        "ci_low": float(np.quantile(boots, alpha)),
-        "ci_high": float(np.quantile(boots, 1 - alpha)),
-        "n": int(v.size),
-        "values": [float(x) for x in v],
+        "mean": float(np.mean(v)),
+        "std": float(np.std(v, ddof=1)) if len(v) > 1 else None,
+        "ci_low": iv.low,
+        "ci_high": iv.high,
+        "n": len(v),
+        "values": v,
+        "interval_method": iv.method,
     }
 
 
-def ratio_summary(numerator, denominator, n_boot: int = 2000, confidence: float = 0.95, seed: int = 0) -> dict:
-    """Ratio of mean flip rates (paired by seed) with a bootstrap interval over seeds.
+def ratio_summary(numerator, denominator, confidence: float = 0.95, trials: tuple[int, int] | None = None) -> dict:
+    """Ratio of mean flip rates (paired by seed) with Fieller's interval over seeds.
 
-    Undefined (None) when the denominator's mean is 0; resamples with a zero denominator
-    are dropped from the interval and counted in ``undefined_resamples``.
-    """
+    ``ratio`` is None when the denominator's mean is 0. ``ci_high`` None means the interval
+    is unbounded above (the denominator is not clearly above 0): every seed is kept, none
+    dropped. ``trials``: top-k of numerator and denominator (binomial variance floors).
+    See :func:`attnaudit.stats.ratio_interval`."""
     a, b = np.asarray(numerator, dtype=np.float64), np.asarray(denominator, dtype=np.float64)
     ok = np.isfinite(a) & np.isfinite(b)
     a, b = a[ok], b[ok]
-    if a.size == 0:
-        return {"ratio": None, "ci_low": None, "ci_high": None, "undefined_resamples": n_boot, "n": 0}
-    ratio = float(a.mean() / b.mean()) if b.mean() > 0 else None
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, a.size, size=(n_boot, a.size))
-    num, den = a[idx].mean(1), b[idx].mean(1)
-    good = den > 0
-    alpha = (1 - confidence) / 2
-    lo = hi = None
-    if good.any():
-        r = num[good] / den[good]
-        lo, hi = float(np.quantile(r, alpha)), float(np.quantile(r, 1 - alpha))
-    return {"ratio": ratio, "ci_low": lo, "ci_high": hi, "undefined_resamples": int((~good).sum()), "n": int(a.size)}
+    iv = ratio_interval(a.tolist(), b.tolist(), confidence, trials=trials)
+    return {"ratio": iv.estimate, "ci_low": iv.low, "ci_high": iv.high, "unbounded_high": bool(a.size > 1 and iv.high is None),
+            "interval_method": iv.method, "n": int(a.size), "numerator_values": a.tolist(), "denominator_values": b.tolist(),
+            "note": iv.note}
 
 
 # --------------------------------------------------------------------------- result
@@ -835,10 +830,11 @@ def run_malleability(
     if failed:
         warnings.append(f"{len(failed)} of {len(tasks)} cells failed (listed in failed_cells); their seeds ({', '.join(map(str, sorted(bad_seeds)))}) "
                         "are left out of the summaries: " + "; ".join(f"{f['cell']}: {f['error']}" for f in failed[:3]))
+    _loss_gate(config, training, ratios)
     exceeded = []
     if config.max_flip_rate is not None:
         for row in summary:
-            if row["attack"] in ("none", config.control):
+            if row["attack"] not in ADVERSARIAL:  # the gate counts attacks; controls are context
                 continue
             m = row["flip_rate"]["mean"]
             if m is not None and m > config.max_flip_rate:
@@ -852,6 +848,27 @@ def run_malleability(
         failed_cells=failed, execution={**ex.to_dict(), "cells": len(tasks), "resumed": sum(o.resumed for o in outcomes)},
         model_status=status, splits=splits,
     )
+
+
+def _loss_gate(config: MalleabilityConfig, training: list[dict], ratios: list[dict]) -> None:
+    """Add ``loss_gate`` to every ratio row: the two models' mean clean training losses and
+    whether they are within ``config.loss_gap_factor`` of each other. A ratio of flip rates
+    at very different training losses compares two training outcomes, not two models, so
+    readers (``claims``, the verdicts) do not compare across a failed gate."""
+    clean = [r for r in training if r["role"] == "clean" and r.get("final_loss") is not None]
+    means = {m: float(np.mean([r["final_loss"] for r in clean if r["model"] == m]))
+             for m in {r["model"] for r in clean}}
+    for row in ratios:
+        a, b = means.get(row["numerator"]), means.get(row["denominator"])
+        if a is None or b is None:
+            row["loss_gate"] = {"numerator_loss": a, "denominator_loss": b, "loss_ratio": None,
+                                "factor": config.loss_gap_factor, "comparable": None}
+            continue
+        lo, hi = min(a, b), max(a, b)
+        ratio = hi / lo if lo > 0 else (1.0 if hi == 0 else math.inf)
+        row["loss_gate"] = {"numerator_loss": a, "denominator_loss": b,
+                            "loss_ratio": ratio if math.isfinite(ratio) else None,
+                            "factor": config.loss_gap_factor, "comparable": bool(ratio <= config.loss_gap_factor)}
 
 
 def _split_info(X_train: torch.Tensor, y_train: torch.Tensor, data: "HoldoutRecipe | None") -> dict:
@@ -1175,7 +1192,8 @@ def _cells(config: MalleabilityConfig) -> list[tuple[str, float | None]]:
 
 def _aggregate(config: MalleabilityConfig, runs: list[dict], controls: list[dict],
                status: list[dict] | None = None) -> tuple[list[dict], list[dict]]:
-    nb, cf = config.n_bootstrap, config.confidence
+    cf = config.confidence
+    shares = {"flip_rate": True, "top_k_overlap": True}
     untrained = {r["model"] for r in (status or []) if r["untrained"]}
     by_key: dict[tuple, dict] = {}
     for attack, eps in _cells(config):
@@ -1189,9 +1207,9 @@ def _aggregate(config: MalleabilityConfig, runs: list[dict], controls: list[dict
                 entry = {"model": model, "attack": attack, "eps": eps, "damping": damping, "estimator": config.estimator,
                          "seeds": [r["seed"] for r in rows]}
                 for metric in _METRICS:
-                    entry[metric] = summarize([r.get(metric) for r in rows], nb, cf)
+                    entry[metric] = summarize([r.get(metric) for r in rows], cf, config.top_k if shares.get(metric) else None)
                 if attack != config.control:
-                    entry["clean_model_accuracy_on_perturbed_train"] = summarize([r["clean_model_accuracy_on_perturbed_train"] for r in rows], nb, cf)
+                    entry["clean_model_accuracy_on_perturbed_train"] = summarize([r["clean_model_accuracy_on_perturbed_train"] for r in rows], cf)
                     entry["perturbation_norm_mean"] = float(np.mean([r["perturbation_norm_mean"] for r in rows])) if rows else None
                     for key in ("perturbation_linf_mean", "perturbation_l2_mean"):
                         vals = [r[key] for r in rows if r.get(key) is not None]
@@ -1204,8 +1222,8 @@ def _aggregate(config: MalleabilityConfig, runs: list[dict], controls: list[dict
                 entry["top_k"] = config.top_k
                 entry["by_top_k"] = [
                     {"top_k": k,
-                     "flip_rate": summarize([_at_k(r, k, "flip_rate") for r in rows], nb, cf),
-                     "top_k_overlap": summarize([_at_k(r, k, "top_k_overlap") for r in rows], nb, cf)}
+                     "flip_rate": summarize([_at_k(r, k, "flip_rate") for r in rows], cf, k),
+                     "top_k_overlap": summarize([_at_k(r, k, "top_k_overlap") for r in rows], cf, k)}
                     for k in config.top_ks
                 ]
                 entry["untrained"] = model in untrained
@@ -1228,7 +1246,7 @@ def _aggregate(config: MalleabilityConfig, runs: list[dict], controls: list[dict
                     "mean": get(other)["mean"],
                     "ci_high": get(other)["ci_high"],
                     # conservative reading: the intervals do not overlap
-                    "exceeded": bool(lo is not None and lo > get(other)["ci_high"]),
+                    "exceeded": bool(lo is not None and get(other)["ci_high"] is not None and lo > get(other)["ci_high"]),
                     "attack": key[1],
                 }
             return floors
@@ -1245,14 +1263,14 @@ def _aggregate(config: MalleabilityConfig, runs: list[dict], controls: list[dict
                 num_entry = by_key[(model, attack, eps, damping)]
                 common = [s for s in num_entry["seeds"] if s in den_entry["seeds"]]
 
-                def paired(get):
+                def paired(get, k):
                     num = [get(num_entry)["values"][num_entry["seeds"].index(s)] for s in common]
                     den = [get(den_entry)["values"][den_entry["seeds"].index(s)] for s in common]
-                    return ratio_summary(num, den, nb, cf)
+                    return {**ratio_summary(num, den, cf, trials=(k, k)), "seeds": common}
 
-                by_k = [{"top_k": k, **paired(lambda e, j=j: e["by_top_k"][j]["flip_rate"])} for j, k in enumerate(config.top_ks)]
+                by_k = [{"top_k": k, **paired(lambda e, j=j: e["by_top_k"][j]["flip_rate"], k)} for j, k in enumerate(config.top_ks)]
                 ratios.append({"numerator": model, "denominator": base, "attack": attack, "eps": eps, "damping": damping,
-                               **paired(lambda e: e["flip_rate"]), "top_k": config.top_k, "by_top_k": by_k,
+                               **paired(lambda e: e["flip_rate"], config.top_k), "top_k": config.top_k, "by_top_k": by_k,
                                "untrained": [m for m in (model, base) if m in untrained]})
     return list(by_key.values()), ratios
 
@@ -1316,7 +1334,11 @@ def _warnings(config: MalleabilityConfig, training: list[dict], infl_warnings: d
     if len(config.seeds) == 1:
         out.append("one seed: no spread and a degenerate interval; pass several --seeds for a confidence interval")
     elif len(config.seeds) < 5:
-        out.append(f"{len(config.seeds)} seeds: bootstrap intervals over so few seeds are rough")
+        out.append(f"{len(config.seeds)} seeds: Student-t / Fieller intervals over so few seeds are wide (t(0.975, "
+                   f"{len(config.seeds) - 1}) = {t_quantile(0.95, len(config.seeds) - 1):.2f}); fewer than 3 seeds never resolve a verdict"
+                   if len(config.seeds) < 3 else
+                   f"{len(config.seeds)} seeds: Student-t / Fieller intervals over so few seeds are wide (t(0.975, "
+                   f"{len(config.seeds) - 1}) = {t_quantile(0.95, len(config.seeds) - 1):.2f})")
     if config.protocol == "static" and "attn" in config.models and config.attn_context != "perturbed":
         out.append("--attn-context applies to --protocol retrain only; static keeps the clean model and its context")
     for w, count in infl_warnings.items():
@@ -1324,10 +1346,27 @@ def _warnings(config: MalleabilityConfig, training: list[dict], infl_warnings: d
     return out
 
 
+def _ratio_interval_text(r: dict) -> str:
+    """"[1.20, 4.00]", with +inf for an unbounded upper end and n/a where there is no interval."""
+    if r.get("ci_high") is None and r.get("unbounded_high"):
+        return f"[{r.get('ci_low') or 0.0:.2f}, +inf]"
+    if r.get("ci_low") is None or r.get("ci_high") is None:
+        return "n/a"
+    return f"[{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
+
+
+def _ratio_text(r: dict) -> str:
+    """"2.10 [1.20, 4.00]" (undefined when the denominator's mean is 0)."""
+    est = f"undefined ({r['denominator']} flip rate is 0)" if r.get("ratio") is None else f"{r['ratio']:.2f}"
+    return f"{est} {_ratio_interval_text(r)}"
+
+
 def _fmt_ci(s: dict, pct: bool = True) -> str:
     if s["mean"] is None:
         return "n/a"
     f = (lambda v: f"{100 * v:.1f}%") if pct else (lambda v: f"{v:.3g}")
+    if s["ci_low"] is None or s["ci_high"] is None:
+        return f"{f(s['mean'])} (no interval from {s['n']} seed)"
     return f"{f(s['mean'])} [{f(s['ci_low'])}, {f(s['ci_high'])}]"
 
 
@@ -1361,11 +1400,11 @@ def _verdicts(config, summary, ratios, sensitivity, exceeded, status=None) -> li
     for r in ratios:
         if r["attack"] not in ADVERSARIAL:
             continue
-        if r["ratio"] is None:
-            text = f"undefined ({r['denominator']} flip rate is 0)"
-        else:
-            ci = "n/a" if r["ci_low"] is None else f"[{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
-            text = f"{r['ratio']:.2f} {ci}"
+        text = _ratio_text(r)
+        gate = r.get("loss_gate") or {}
+        if gate.get("comparable") is False:
+            text += (f" -- not compared: mean training losses {gate['numerator_loss']:.3g} vs {gate['denominator_loss']:.3g} "
+                     f"differ by more than {gate['factor']:g}x (train both to one loss, --match-loss)")
         head = f"flip-rate ratio {r['numerator']}/{r['denominator']} ({r['attack']} eps={r['eps']:g} damping={damping_label(r['damping'])}): "
         bad = [m for m in (r["numerator"], r["denominator"]) if m in untrained]
         if bad:
@@ -1402,7 +1441,7 @@ def build_tables(result: MalleabilityResult) -> list:
     t = Table(title=(
         f"influence malleability: flip rate among the top-{cfg.top_k} of {result.n_train} samples by clean |influence| "
         + (f"(other k: {', '.join(map(str, cfg.top_ks[1:]))} in the JSON's by_top_k and the verdicts) " if len(cfg.top_ks) > 1 else "")
-        + f"({cfg.protocol}, {cfg.estimator}; mean [{int(100 * cfg.confidence)}% bootstrap CI] over {len(cfg.seeds)} seed(s))"
+        + f"({cfg.protocol}, {cfg.estimator}; mean [{int(100 * cfg.confidence)}% Student-t CI; ratios Fieller] over {len(cfg.seeds)} seed(s))"
     ))
     t.caption = (f"above floor: the flip-rate interval lies entirely above the {cfg.random_control or 'random'}-noise / "
                  f"{cfg.control} control's")
@@ -1438,14 +1477,16 @@ def build_tables(result: MalleabilityResult) -> list:
         )
     out = [t, s]
     if result.ratios:
-        r = Table(title="flip-rate ratio between models (paired over seeds)")
-        for col in ("ratio", "attack", "eps", "damping", "value", "interval"):
+        r = Table(title="flip-rate ratio between models (paired over seeds; Fieller interval, +inf = unbounded)")
+        for col in ("ratio", "attack", "eps", "damping", "value", "interval", "losses comparable"):
             r.add_column(col, justify="right")
         for row in result.ratios:
+            gate = (row.get("loss_gate") or {}).get("comparable")
             r.add_row(
                 f"{row['numerator']}/{row['denominator']}", row["attack"], "-" if row["eps"] is None else f"{row['eps']:g}",
                 damping_label(row["damping"]), "undefined" if row["ratio"] is None else f"{row['ratio']:.2f}",
-                "-" if row["ci_low"] is None else f"[{row['ci_low']:.2f}, {row['ci_high']:.2f}]",
+                _ratio_interval_text(row),
+                {True: "yes", False: "no", None: "-"}[gate],
             )
         out.append(r)
     tr = Table(title={
@@ -1531,7 +1572,7 @@ def plot_malleability(result: MalleabilityResult, path: str | Path, title: str =
     ax.set_xticks(np.arange(len(cells)))
     ax.set_xticklabels([a if a in (cfg.control, "none") else f"{a}\neps={e:g}" for a, e in cells], fontsize=8)
     ax.set_ylabel(f"flip rate (top-{cfg.top_k})")
-    ax.set_title(f"flip rate, mean and {int(100 * cfg.confidence)}% bootstrap CI over {len(cfg.seeds)} seed(s); random and {cfg.control} are floors", fontsize=9)
+    ax.set_title(f"flip rate, mean and {int(100 * cfg.confidence)}% Student-t CI over {len(cfg.seeds)} seed(s); random and {cfg.control} are floors", fontsize=9)
     ax.legend(fontsize=8)
     if sweep:
         for k, (name, values) in enumerate((("eps", cfg.eps), ("damping", cfg.damping))):

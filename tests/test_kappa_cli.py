@@ -46,6 +46,9 @@ def test_default_run_on_digits_offline_in_a_subprocess():
     assert "numerical rank" in proc.stdout
     # digits has always-blank pixels, so the honest answer is "rank deficient", not a noise kappa
     assert "rank deficient" in proc.stdout
+    # the paper's width formula, its reference, and no ReLU / kappa^18 rows
+    assert "linearized attention (paper)" in proc.stdout and "1e12" in proc.stdout
+    assert "2L-ReLU" not in proc.stdout and "^18" not in proc.stdout
 
 
 def test_json_to_stdout_is_the_only_stdout(tmp_path):
@@ -81,18 +84,35 @@ def test_real_mnist_sweep_json_has_finite_kappa_and_width():
     assert res["gram"]["numerical_rank"] == 128 and res["gram"]["rank_deficient"] is False
     assert res["gram"]["kappa_d"] == pytest.approx(kappas[0], rel=1e-8)
     assert res["gram"]["kappa_at_numerical_rank"] == pytest.approx(kappas[0], rel=1e-8)
-    # required width m = kappa^6 n ln n (about 1e25 here), and kappa^18 n ln n for MLP-Attn
+    # the paper's requirement for linearized attention, m = kappa_d(G)^6 n ln n (= kappa(G~)^2 n ln n),
+    # about 1e25 here; full rank, so the numerical-rank row equals it. No ReLU row, no kappa^18 row.
     n = 128
-    widths = {w["label"].split(":")[0]: w for w in res["width_estimates"]}
-    relu = widths["2L-ReLU"]
-    assert relu["log10_required_width"] == pytest.approx(math.log10(kappas[0] ** 6 * n * math.log(n)), abs=1e-7)
-    assert relu["orders_of_magnitude_beyond_reference"] == pytest.approx(math.log10(kappas[0] ** 6 * n * math.log(n) / 1e5), abs=1e-7)
-    attn = widths["MLP-Attn"]
-    assert attn["log10_required_width"] == pytest.approx(math.log10(kappas[0] ** 18 * n * math.log(n)), abs=1e-7)
+    rows = res["width_estimates"]
+    assert [w["basis"] for w in rows] == ["kappa_d", "numerical_rank"]
+    assert rows[0]["label"] == "linearized attention (paper): kappa_d(G)^6 n ln n"
+    assert not any("ReLU" in w["label"] or "MLP-Attn" in w["label"] for w in rows)
+    expected = math.log10(kappas[0] ** 6 * n * math.log(n))
+    assert res["reference_width"]["log10"] == 12
+    lam = _gram_spectrum(_mnist_subset(128, 0))
+    err = 784 * np.finfo(np.float64).eps * lam[0]  # round-off bound max(n, d) eps lambda_1
+    for w in rows:
+        assert w["rank"] == 128
+        assert w["log10_required_width"] == pytest.approx(expected, abs=1e-7)
+        assert w["orders_beyond_reference"] == pytest.approx(math.log10(kappas[0] ** 6 * n * math.log(n) / 1e12), abs=1e-7)
+        lo, hi = w["log10_interval"]
+        assert lo == pytest.approx(math.log10(((lam[0] - err) / (lam[-1] + err)) ** 6 * n * math.log(n)), abs=1e-6)
+        assert hi == pytest.approx(math.log10(((lam[0] + err) / (lam[-1] - err)) ** 6 * n * math.log(n)), abs=1e-6)
+        assert w["interval_method"] == "float64 round-off bound"
+    summ = res["sweep"]["summary"][0]["log10_width"]["kappa_d"]
+    assert summ["median"] == pytest.approx(float(np.median([math.log10(k**6 * n * math.log(n)) for k in kappas])), abs=1e-7)
     cells = res["sweep"]["cells"]
     assert [c["seed"] for c in cells] == [0, 1, 2]
     np.testing.assert_allclose([c["kappa_d"] for c in cells], kappas, rtol=1e-8)
-    assert res["amplification_check"]["verdict"] == "verified"
+    check = res["amplification_check"]
+    assert check["verdict"] == "verified"
+    # measured directly, against numpy's kappa^3 (independent of attnaudit.spectral), within its budget
+    assert check["measured_kappa"] == pytest.approx(kappas[0] ** 3, rel=check["error_budget"])
+    assert check["error_budget"] < 0.1
 
 
 @pytest.mark.skipif(not HAS_MNIST, reason="../shared/data/MNIST not present")

@@ -66,67 +66,55 @@ def test_stability_measures_by_hand():
     assert stability(np.ones(4), np.arange(4.0), 2)["spearman"] is None  # constant: no ranking
 
 
-def test_summaries_and_ratio():
+def test_summaries_are_student_t_intervals_over_seeds():
     vals = [0.1, 0.3, 0.2]
-    s = summarize(vals, 20000, 0.90)
+    s = summarize(vals, 0.90)
     assert s["mean"] == pytest.approx(0.2) and s["std"] == pytest.approx(0.1)
-    # all 27 equally likely resamples of 3 values, enumerated: the mean is 0.1 with probability 1/27,
-    # (0.1 + 0.1 + 0.2) / 3 with 3/27. The 5% quantile is that second atom, the 95% its mirror image;
-    # the 2.5% quantile lies in the first atom (1/27 > 2.5%)
-    assert s["ci_low"] == pytest.approx(0.4 / 3, rel=1e-12) and s["ci_high"] == pytest.approx(0.8 / 3, rel=1e-12)
-    s95 = summarize(vals, 20000, 0.95)
-    assert s95["ci_low"] == pytest.approx(0.1, rel=1e-12) and s95["ci_high"] == pytest.approx(0.3, rel=1e-12)
-    assert summarize(vals, 20000, 0.90) == s  # deterministic bootstrap
-    one = summarize([0.4], 1000, 0.95)
-    assert one["std"] is None and one["ci_low"] == one["ci_high"] == 0.4
-    # two paired seeds: resampled ratios 2 (both first), 4 (both second), 3 (mixed), probabilities 1/4, 1/4, 1/2
-    r = ratio_summary([0.2, 0.4], [0.1, 0.1], 1000, 0.95)
-    assert r["ratio"] == pytest.approx(3.0) and r["ci_low"] == pytest.approx(2.0) and r["ci_high"] == pytest.approx(4.0)
-    zero = ratio_summary([0.2, 0.4], [0.0, 0.0], 1000, 0.95)
-    assert zero["ratio"] is None and zero["undefined_resamples"] == 1000
+    # t(0.95, 2) = 2.919986: mean -+ t sd / sqrt(3), from scipy's own t-interval
+    lo, hi = stats.t.interval(0.90, 2, loc=0.2, scale=0.1 / np.sqrt(3))
+    assert s["ci_low"] == pytest.approx(lo, rel=1e-12) and s["ci_high"] == pytest.approx(hi, rel=1e-12)
+    assert s["interval_method"] == "student-t"
+    one = summarize([0.4], 0.95)
+    assert one["std"] is None and one["ci_low"] is None and one["ci_high"] is None  # one seed: no interval
+    # shares of K items: the per-seed variance is floored at Jeffreys' p (1 - p) / K, and the ends clipped to [0, 1]
+    zeros = summarize([0.0, 0.0, 0.0], 0.95, trials=30)
+    p = 0.5 / 91
+    assert zeros["ci_low"] == 0.0
+    assert zeros["ci_high"] == pytest.approx(stats.t.ppf(0.975, 2) * np.sqrt(p * (1 - p) / 30 / 3), rel=1e-12)
 
 
-@pytest.mark.parametrize("confidence", [0.95, 0.8])
-def test_bootstrap_interval_of_a_bernoulli_sample_is_the_binomial_quantile(confidence):
-    # resampled means of a 0/1 sample with k ones out of n are exactly Binomial(n, k/n) / n: the
-    # percentile interval is a pair of binomial quantiles (scipy), up to one lattice step (1/n) and
-    # the Monte Carlo error of 10,000 resamples (about 0.0006 here)
-    n, k = 500, 150
-    sample = np.r_[np.ones(k), np.zeros(n - k)]
-    s = summarize(sample, 10000, confidence)
-    alpha = (1 - confidence) / 2
-    lo, hi = stats.binom.ppf([alpha, 1 - alpha], n, k / n) / n
-    assert s["mean"] == pytest.approx(0.3) and s["n"] == n
-    assert s["ci_low"] == pytest.approx(lo, abs=1 / n + 0.002)
-    assert s["ci_high"] == pytest.approx(hi, abs=1 / n + 0.002)
-    # and close to the normal approximation p +- z sqrt(p (1 - p) / n)
-    half = stats.norm.ppf(1 - alpha) * np.sqrt(0.3 * 0.7 / n)
-    assert s["ci_low"] == pytest.approx(0.3 - half, abs=0.006) and s["ci_high"] == pytest.approx(0.3 + half, abs=0.006)
+def _fieller_by_test_inversion(num, den, confidence, grid):
+    """The Fieller set written as its definition: theta is inside when the paired t-test of
+    mean(num - theta den) = 0 does not reject at 1 - confidence (scipy's t-test)."""
+    num, den = np.asarray(num), np.asarray(den)
+    inside = [t for t in grid if stats.ttest_1samp(num - t * den, 0.0).pvalue > 1 - confidence]
+    return min(inside), max(inside)
 
 
-def test_ratio_interval_matches_an_independent_paired_bootstrap():
-    # numerator ~ 2 x denominator seed by seed: resampling seeds in pairs gives a narrow interval
-    # around 2; a bootstrap that broke the pairing would give roughly [1.35, 2.9]
+def test_ratio_interval_is_fiellers_set_of_ratios_the_t_test_does_not_reject():
     rng = np.random.default_rng(5)
-    den = rng.uniform(0.1, 0.5, 12)
-    num = 2 * den + rng.normal(0, 0.02, 12)
-    r = ratio_summary(num, den, 20000, 0.95)
-    assert r["ratio"] == pytest.approx(num.sum() / den.sum(), rel=1e-12) and r["n"] == 12
-    # percentile bootstrap written out here, with its own generator
-    idx = np.random.default_rng(12345).integers(0, 12, size=(40000, 12))
-    ref = np.percentile(num[idx].mean(1) / den[idx].mean(1), [2.5, 97.5])
-    assert r["ci_low"] == pytest.approx(ref[0], abs=0.002) and r["ci_high"] == pytest.approx(ref[1], abs=0.002)
-    assert ref[1] - ref[0] < 0.1  # the tolerance is small against the interval itself
-    # resamples with a zero mean denominator are dropped and counted: P(all 3 draws hit a zero) = (2/3)^3
-    some_zero = ratio_summary([0.2, 0.3, 0.4], [0.0, 0.0, 0.1], 20000, 0.95)
-    p = (2 / 3) ** 3
-    assert abs(some_zero["undefined_resamples"] - 20000 * p) < 4 * np.sqrt(20000 * p * (1 - p))
+    den = rng.uniform(0.1, 0.5, 5)
+    num = 2 * den + rng.normal(0, 0.05, 5)
+    r = ratio_summary(num, den, 0.95)
+    assert r["ratio"] == pytest.approx(num.sum() / den.sum(), rel=1e-12) and r["n"] == 5
+    grid = np.linspace(0.0, 6.0, 6001)
+    lo, hi = _fieller_by_test_inversion(num, den, 0.95, grid)
+    assert r["ci_low"] == pytest.approx(lo, abs=2e-3) and r["ci_high"] == pytest.approx(hi, abs=2e-3)
+    assert r["interval_method"] == "fieller" and not r["unbounded_high"]
+    # a denominator indistinguishable from 0: the t-test rejects no large ratio, so the set is unbounded above
+    # (reported as None, not as a finite number), and every seed is kept
+    z = ratio_summary([0.2, 0.3, 0.4], [0.0, 0.05, 0.0], 0.95)
+    assert z["ci_high"] is None and z["unbounded_high"] and z["n"] == 3
+    assert _fieller_by_test_inversion([0.2, 0.3, 0.4], [0.0, 0.05, 0.0], 0.95, np.linspace(0, 1e4, 101))[1] == 1e4
+    # all-zero denominators: the ratio is undefined, the interval still says what the data allow
+    zero = ratio_summary([0.2, 0.4, 0.3], [0.0, 0.0, 0.0], 0.95, trials=(30, 30))
+    assert zero["ratio"] is None and zero["ci_high"] is None and zero["ci_low"] > 1
 
 
 # ---------------------------------------------------------------- protocol on small data
 
 
-SMALL = dict(width=8, steps=25, lr=2.0, top_k=10, pgd_steps=3, n_bootstrap=200)
+SMALL = dict(width=8, steps=25, lr=2.0, top_k=10, pgd_steps=3)
 
 
 def test_attn_training_shortcut_equals_training_the_mlp_on_transformed_inputs(digits):
@@ -402,3 +390,20 @@ def test_cli_audits_a_saved_checkpoint_statically(app, tmp_path):
     save_model(build_model(ModelSpec("relu", 10, 4, 3)), wrong)
     mismatch = runner.invoke(app, ["malleability", "--model", str(wrong)])
     assert mismatch.exit_code == 2 and "features" in mismatch.output
+
+
+def test_the_flip_rate_gate_counts_attacks_not_controls_and_ratios_carry_the_loss_gate(digits):
+    X, y, Xt, yt = digits
+    cfg = MalleabilityConfig(attacks=("pgd", "sign"), seeds=(0, 1), max_flip_rate=0.0, **SMALL)
+    res = run_malleability(X, y, Xt, yt, 10, cfg, value_range=(0.0, 1.0))
+    # with a limit of 0 every cell with a flip fires, but only attacked cells may: sign noise and reinit are controls
+    sign_flips = [s for s in res.summary if s["attack"] == "sign" and (s["flip_rate"]["mean"] or 0) > 0]
+    assert sign_flips, "the test needs a control with flips to show the gate ignores it"
+    assert res.exceeded and {e["attack"] for e in res.exceeded} == {"pgd"}
+    clean = {m: np.mean([t["final_loss"] for t in res.training if t["role"] == "clean" and t["model"] == m])
+             for m in ("relu", "attn")}
+    for r in res.ratios:
+        gate = r["loss_gate"]
+        assert gate["numerator_loss"] == pytest.approx(clean["attn"]) and gate["denominator_loss"] == pytest.approx(clean["relu"])
+        assert gate["comparable"] == (max(clean.values()) / min(clean.values()) <= 1.5)
+        assert r["interval_method"].startswith("fieller") and len(r["numerator_values"]) == 2

@@ -44,7 +44,7 @@ def app():
 
 
 
-SMALL = dict(width=8, steps=25, lr=2.0, top_k=10, pgd_steps=2, n_bootstrap=200)
+SMALL = dict(width=8, steps=25, lr=2.0, top_k=10, pgd_steps=2)
 
 
 def _cli(app, *args) -> dict:

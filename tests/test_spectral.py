@@ -10,7 +10,7 @@ import scipy.linalg
 import torch
 
 from attnaudit.errors import AuditError
-from attnaudit.kappa import KappaConfig, analyse_kappa, summarise_sweep, sweep_cell
+from attnaudit.kappa import KappaConfig, analyse_kappa, summarise_sweep, sweep_cell, sweep_verdicts
 from attnaudit.spectral import (
     EPS64,
     attention_gram_eigenvalues,
@@ -152,19 +152,92 @@ def test_bad_rank_tolerance_and_zero_data_rejected():
 def test_width_estimate_in_logs():
     est = width_estimate(1e3, 1000, "x")
     assert est.log10_width == pytest.approx(18 + 3 + math.log10(math.log(1000)))
-    assert est.gap_orders == pytest.approx(est.log10_width - 5)
+    assert est.gap_orders == pytest.approx(est.log10_width - 12)  # reference width 1e12 (the paper's)
     huge = width_estimate(1e60, 10, "overflow-safe")  # kappa^6 = 1e360 overflows a float
     assert huge.log10_width == pytest.approx(360 + 1 + math.log10(math.log(10)))
     assert width_estimate(math.inf, 10, "inf").log10_width is None
 
 
+def _numpy_width(kappa: float, n: int) -> float:
+    """log10(kappa^6 n ln n) in plain numpy logs (independent of attnaudit.spectral)."""
+    return float(6 * np.log10(kappa) + np.log10(n) + np.log10(np.log(n)))
+
+
+WIDTH_KEYS = {"label", "formula", "basis", "rank", "log10_required_width", "log10_interval", "interval_method",
+              "orders_beyond_reference"}
+
+
+@pytest.mark.parametrize("n,d", [(60, 200), (300, 25)])
+def test_width_rows_are_the_papers_formula_with_round_off_interval(n, d):
+    k = min(n, d)
+    X = known_spectrum(n, d, np.logspace(0, -2.5, k), seed=3)  # kappa(G) = 1e5, full rank
+    payload = analyse_kappa(torch.from_numpy(X)).to_dict()
+    rows = payload["width_estimates"]
+    assert [r["basis"] for r in rows] == ["kappa_d", "numerical_rank"]
+    assert all(WIDTH_KEYS <= set(r) for r in rows)
+    assert "linearized attention (paper)" in rows[0]["label"] and "kappa_d(G)^6 n ln n" in rows[0]["label"]
+    assert not any("ReLU" in r["label"] or "^18" in r["label"] + r["formula"] for r in rows)
+    assert payload["reference_width"]["log10"] == 12 and "12-17 orders" in payload["reference_width"]["source"]
+    # independent: numpy spectrum of X X^T, kappa_d = lambda_1 / lambda_k; m = kappa^6 n ln n
+    lam = np.sort(np.linalg.eigvalsh(X @ X.T))[::-1]
+    kappa = lam[0] / lam[k - 1]
+    for row in rows:
+        assert row["rank"] == k
+        assert row["log10_required_width"] == pytest.approx(_numpy_width(kappa, n), abs=1e-8)
+        assert row["orders_beyond_reference"] == pytest.approx(_numpy_width(kappa, n) - 12, abs=1e-8)
+        assert row["interval_method"] == "float64 round-off bound"
+        # eigenvalues move by at most max(n, d) eps lambda_1: lambda_1 -+ err over lambda_k +- err
+        err = max(n, d) * np.finfo(np.float64).eps * lam[0]
+        lo, hi = row["log10_interval"]
+        assert lo == pytest.approx(_numpy_width((lam[0] - err) / (lam[k - 1] + err), n), abs=1e-8)
+        assert hi == pytest.approx(_numpy_width((lam[0] + err) / (lam[k - 1] - err), n), abs=1e-8)
+        assert lo < row["log10_required_width"] < hi
+
+
+def test_rank_deficient_width_rows_say_unbounded_and_state_the_caveat():
+    rng = np.random.default_rng(4)
+    X = rng.uniform(size=(120, 30))
+    X[:, [0, 7]] = 0.0
+    result = analyse_kappa(torch.from_numpy(X))
+    d_row, r_row = (w.to_dict() for w in result.widths)
+    assert d_row["log10_required_width"] is None and d_row["orders_beyond_reference"] is None
+    assert d_row["kappa_is_infinite"] is True and d_row["rank"] == 30
+    lo, hi = d_row["log10_interval"]
+    assert hi is None and lo is not None  # the r-th eigenvalue is within round-off of 0: no upper end
+    lam = np.sort(np.linalg.eigvalsh(X.T @ X))[::-1]
+    assert r_row["rank"] == 28
+    assert r_row["log10_required_width"] == pytest.approx(_numpy_width(lam[0] / lam[27], 120), abs=1e-7)
+    assert "rank deficient" in r_row["caveat"] and "understates" in r_row["caveat"]
+    # lambda_30 is round-off (|lambda_30| <= err), so the lower end is at least (lambda_1 - err) / (2 err)
+    err = 120 * np.finfo(np.float64).eps * lam[0]
+    assert lo >= _numpy_width((lam[0] - err) / (2 * err), 120) - 1e-9
+    assert lo > r_row["log10_interval"][0]  # unbounded kappa_d: far above the rank-r requirement
+
+
+def test_main_table_states_the_papers_formula_and_reference():
+    from rich.console import Console
+
+    from attnaudit.kappa import build_tables
+
+    X = known_spectrum(40, 90, np.logspace(0, -1, 40), seed=5)
+    console = Console(record=True, width=250, file=open("/dev/null", "w"))
+    for t in build_tables(analyse_kappa(torch.from_numpy(X)), None, "synthetic"):
+        console.print(t)
+    text = console.export_text()
+    assert "linearized attention (paper): kappa_d(G)^6 n ln n" in text
+    assert "reference 1e12" in text and "orders beyond 1e12" in text and "round-off interval" in text
+    assert "2L-ReLU" not in text and "MLP-Attn" not in text and "^18" not in text
+
+
 def test_sweep_summary_statistics():
     rng = np.random.default_rng(7)
-    cells = []
+    cells, numpy_kappa = [], {20: [], 40: []}
     for n in (20, 40):
         for seed in range(3):
             X = rng.standard_normal((n, 10))
             cells.append(sweep_cell(torch.from_numpy(X), seed, KappaConfig()))
+            lam = np.linalg.eigvalsh(X.T @ X)
+            numpy_kappa[n].append(lam[-1] / lam[0])
     summary = summarise_sweep(cells)
     assert [s.n for s in summary] == [20, 40]
     k20 = np.array([c.kappa_d for c in cells if c.n == 20])
@@ -172,6 +245,15 @@ def test_sweep_summary_statistics():
     assert summary[0].kappa_d_std == pytest.approx(k20.std(ddof=1))
     # more rows per column: a Gaussian matrix becomes better conditioned
     assert summary[1].kappa_d_mean < summary[0].kappa_d_mean
+    # the width per seed is the paper's kappa^6 n ln n, from numpy's kappa (full rank: both bases agree)
+    assert set(summary[0].log10_width) == {"kappa_d", "numerical_rank"}
+    for s, n in zip(summary, (20, 40)):
+        vals = [_numpy_width(kappa, n) for kappa in numpy_kappa[n]]
+        for key in ("kappa_d", "numerical_rank"):
+            assert s.log10_width[key]["median"] == pytest.approx(float(np.median(vals)), rel=1e-10)
+            assert s.log10_width[key]["orders_beyond_reference_median"] == pytest.approx(float(np.median(vals)) - 12)
+    assert all("n=20" in v or "n=40" in v for v in sweep_verdicts(summary))
+    assert all("2L-ReLU" not in v and "MLP-Attn" not in v for v in sweep_verdicts(summary))
 
 
 def test_float32_input_is_promoted_to_float64():

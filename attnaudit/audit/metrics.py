@@ -111,15 +111,16 @@ def _log10_kappa(gram_key: tuple) -> Callable:
 
 
 def _kappa_width_rows(results: dict):
+    # every row is the paper's linearized-attention requirement (model "attn"), at kappa_d or at
+    # the numerical rank (``basis``); there is no ReLU row
     for row in results.get("width_estimates") or []:
-        label = str(row.get("label", ""))
-        model = "relu" if label.startswith("2L-ReLU") else "attn" if label.startswith("MLP-Attn") else label
-        yield {"model": model, "at_numerical_rank": "numerical rank" in label}, row
+        basis = row.get("basis")
+        yield {"model": "attn", "basis": basis, "at_numerical_rank": basis == "numerical_rank"}, row
 
 
 def _required_width(row: dict, stat: str):
     value = row.get("log10_required_width")
-    return math.inf if value is None and row.get("kappa") is None else value
+    return math.inf if value is None and row.get("kappa_is_infinite") else value
 
 
 def _layer_rows(results: dict):
@@ -182,8 +183,9 @@ def _build() -> dict[str, dict[str, Metric]]:
                "log10 kappa of X X^T at its numerical rank"))
     add(Metric("log10_kappa_attention", KAPPA, (), M, one, _log10_kappa(("attention_gram_from_identity",)),
                "log10 kappa_d of the linearized attention Gram G^3 (+inf when rank deficient)"))
-    add(Metric("log10_required_width", KAPPA, ("model", "at_numerical_rank"), M, _kappa_width_rows, _required_width,
-               "log10 of the width scale kappa^6 n ln n (relu) or kappa^18 n ln n (attn); +inf when kappa_d is infinite"))
+    add(Metric("log10_required_width", KAPPA, ("model", "basis", "at_numerical_rank"), M, _kappa_width_rows, _required_width,
+               "log10 of the paper's linearized-attention width requirement kappa^6 n ln n (model attn; basis kappa_d "
+               "or numerical_rank); +inf when kappa_d is infinite"))
 
     for name, path, what in (
         ("layer_log10_kappa_in", ("input_gram", "log10_kappa"), "log10 kappa of the layer input's token Gram"),

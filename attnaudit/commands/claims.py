@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import time
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
+from ..errors import AuditError
 from ..cli_common import DeviceOpt, SeedOpt, cli_errors, emit, progress
 from ..cli_options import PROTOCOL, DataOptions, ExecutorOptions, ManualCommand, OutputBundle, bundled
 
@@ -15,7 +17,9 @@ HELP = (
     "Test the paper's claims on one data set: runs kappa, ntk-distance, malleability and landscape with documented "
     "protocols (the commands' quick or paper presets) and prints one verdict per claim (supported / contradicted / "
     "not resolved / not testable here, with why), plus the malleability comparison under protocol variants. "
-    "--quick: digits, a few minutes; --full: MNIST-size presets (under an hour on 2 cores with --jobs 2)."
+    "Every row states its null hypothesis, the interval it is read from (Student t or Fieller over --seeds seeds) and "
+    "the warnings of its run. --quick: digits, a few minutes; --full: MNIST-size presets (under an hour on 2 cores with "
+    "--jobs 2)."
 )
 
 
@@ -44,6 +48,9 @@ def register(app: typer.Typer) -> None:
         quick: Annotated[bool, typer.Option("--quick/--full", help="--quick (default): the commands' quick presets on digits; --full: their paper presets (MNIST-size).", rich_help_panel=PROTOCOL)] = True,
         seed: SeedOpt = 0,
         device: DeviceOpt = "auto",
+        n_seeds: Annotated[int, typer.Option("--seeds", help="Seeds of every stochastic run (seed, seed+1, ...); intervals are Student t / Fieller over them, and fewer than 3 never give supported or contradicted.", rich_help_panel=PROTOCOL)] = 5,
+        match_loss: Annotated[Optional[float], typer.Option("--match-loss", help="Train malleability's and landscape's models to this common training loss (full-batch GD stops there); the protocol-variant table then also shows the other choice.", rich_help_panel=PROTOCOL)] = None,
+        slope_margin: Annotated[float, typer.Option("--slope-margin", help="Log-log slopes above -margin count as 'no fall with width' in the MLP-Attn claim (tested against the margin, never against 0).", rich_help_panel=PROTOCOL)] = 0.1,
     ) -> None:
         from ..audit.commands import shell_line
         from ..claims import SCHEMA, plan, score
@@ -61,7 +68,9 @@ def register(app: typer.Typer) -> None:
             data_args = _data_args(source, mode)
             if device != "auto":
                 data_args += ["--device", device]
-            runs, variants = plan(mode, data_args, seed)
+            if not (math.isfinite(slope_margin) and slope_margin >= 0):
+                raise AuditError(f"--slope-margin must be a non-negative number, got {slope_margin}")
+            runs, variants = plan(mode, data_args, seed, n_seeds=n_seeds, match_loss=match_loss)
             commands = {r.id: shell_line(r.command, list(r.args)) for r in runs}
             if not opts.quiet:
                 opts.console.print(f"claims ({mode}): {len(runs)} runs on {' '.join(data_args)}, executor "
@@ -84,13 +93,20 @@ def register(app: typer.Typer) -> None:
                     reports[r.id] = None
                 run_info.append({"id": r.id, "purpose": r.purpose, "command": commands[r.id], "seconds": o.seconds,
                                  "error": errors.get(r.id), "report": reports[r.id]})
-            result = score(mode, reports, errors, commands, variants)
+            result = score(mode, reports, errors, commands, variants, slope_margin=slope_margin)
             result.runs = run_info
+            result.protocol = {"n_seeds": n_seeds, "seeds": list(range(seed, seed + n_seeds)), "match_loss": match_loss,
+                               "slope_margin": slope_margin, "confidence": 0.95}
             result.warnings = [f"{rid}: {err}" for rid, err in errors.items()]
+            for rid, rep in reports.items():  # every sub-run's warnings reach the scorecard, named by run
+                for w in (rep or {}).get("warnings") or []:
+                    result.warnings.append(f"{rid}: {w}")
             report = build_report(
                 SCHEMA,
-                inputs={"mode": mode, "data": data_args, "seed": seed, "execution": executor.to_dict()},
-                seeds={"base_seed": seed, "runs": {r.id: seed for r in runs}},
+                inputs={"mode": mode, "data": data_args, "seed": seed, "n_seeds": n_seeds, "match_loss": match_loss,
+                        "slope_margin": slope_margin, "execution": executor.to_dict()},
+                seeds={"base_seed": seed, "n_seeds": n_seeds, "runs": {r.id: list(range(seed, seed + n_seeds))
+                                                                       if "--seeds" in r.args else [seed] for r in runs}},
                 device=None,
                 dtype="as each run records",
                 timings={"total": time.perf_counter() - t0, **{f"run:{x['id']}": x["seconds"] for x in run_info}},
@@ -109,26 +125,34 @@ def _tables(result) -> list:
 
     style = {"supported": "green", "contradicted": "bold red", "not resolved": "yellow", "not testable here": "dim"}
     claims = Table(title=f"The paper's claims, tested ({result.mode})", title_justify="left", show_lines=True)
-    for col in ("claim", "paper", "measured", "verdict", "why"):
+    for col in ("claim", "H0 (null) / null value", "measured [95 % interval]", "seeds", "verdict", "why"):
         claims.add_column(col, overflow="fold")
     for c in result.claims:
-        claims.add_row(c.claim, c.paper, c.measured, Text(c.verdict, style=style[c.verdict]), c.why)
-    variants = Table(title="Malleability under protocol variants (attn / relu flip-rate ratio)", title_justify="left")
-    for col in ("variant", "flip relu", "flip attn", "ratio [interval]", "beats noise (relu / attn)", "reading"):
+        null = c.null + ("" if c.null_value is None else f" (boundary {c.null_value:g})")
+        why = c.why + (f"\nwarnings: {len(c.warnings)} (see JSON)" if c.warnings else "")
+        claims.add_row(c.claim, null, f"{c.measured}\n({c.interval_method})", str(c.n_seeds),
+                       Text(c.verdict, style=style[c.verdict]), why)
+    variants = Table(title="Malleability under protocol variants (attn / relu flip-rate ratio, Fieller interval)",
+                     title_justify="left")
+    for col in ("variant", "flip relu", "flip attn", "ratio [interval]", "beats noise (relu / attn)", "losses comparable",
+                "reading"):
         variants.add_column(col)
 
     def pct(x):
         return "n/a" if x is None else f"{100 * x:.1f} %"
 
+    def end(x, unbounded):
+        return unbounded if x is None else f"{x:.2f}"
+
     for v in result.variants:
         if v.error:
-            variants.add_row(v.variant, "", "", "", "", Text(f"failed: {v.error}", style="red"))
+            variants.add_row(v.variant, "", "", "", "", "", Text(f"failed: {v.error}", style="red"))
             continue
         iv = v.interval or [None, None]
-        ratio = "n/a" if v.ratio is None else f"{v.ratio:.2f} [{'n/a' if iv[0] is None else f'{iv[0]:.2f}'}, " \
-                                              f"{'n/a' if iv[1] is None else f'{iv[1]:.2f}'}]"
+        ratio = ("undefined" if v.ratio is None else f"{v.ratio:.2f}") + f" [{end(iv[0], '-')}, {end(iv[1], '+inf')}]"
         beats = " / ".join({True: "yes", False: "no", None: "-"}[v.above_floor.get(m)] for m in ("relu", "attn"))
-        variants.add_row(v.variant, pct(v.flip_relu), pct(v.flip_attn), ratio, beats, v.reading)
+        variants.add_row(v.variant, pct(v.flip_relu), pct(v.flip_attn), ratio, beats,
+                         {True: "yes", False: "no", None: "-"}[v.losses_comparable], v.reading)
     lines = [claims, variants]
     lines += [Text(line) for line in result.verdicts()[:1]]
     lines += [Text("commands that reproduce each row:")] + [Text(f"  {r['id']}: {r['command']}") for r in result.runs]
@@ -138,15 +162,22 @@ def _tables(result) -> list:
 def _plot(result, path) -> None:
     import matplotlib.pyplot as plt
 
-    rows = [v for v in result.variants if v.ratio is not None and v.interval and None not in v.interval]
+    rows = [v for v in result.variants if v.ratio is not None and v.interval and v.interval[0] is not None]
     fig, ax = plt.subplots(figsize=(7, 1.2 + 0.5 * max(1, len(rows))))
+    finite_highs = [v.interval[1] for v in rows if v.interval[1] is not None]
+    right = max([2 * max(finite_highs, default=1.0), 10.0] + [2 * v.ratio for v in rows])
     for i, v in enumerate(rows):
-        ax.errorbar([v.ratio], [i], xerr=[[v.ratio - v.interval[0]], [v.interval[1] - v.ratio]], fmt="o", capsize=4,
-                    color="tab:blue")
+        hi = v.interval[1] if v.interval[1] is not None else right
+        ax.plot([v.interval[0], hi], [i, i], color="tab:blue", linewidth=2)
+        ax.plot([v.ratio], [i], "o", color="tab:blue")
+        if v.interval[1] is None:
+            ax.annotate("unbounded", (right, i), xytext=(-4, 4), textcoords="offset points", ha="right", fontsize=7)
     ax.axvline(1.0, color="black", linewidth=1)
     ax.axvspan(2, 9, color="tab:red", alpha=0.1, label="paper: 2-9x")
+    ax.set_xscale("symlog", linthresh=1.0)
+    ax.set_xlim(0, right)
     ax.set_yticks(range(len(rows)), [v.variant for v in rows])
-    ax.set_xlabel("flip-rate ratio attn / relu (bootstrap interval)")
+    ax.set_xlabel("flip-rate ratio attn / relu (95 % Fieller interval over seeds)")
     ax.set_title(f"Malleability ratio across protocol choices ({result.mode})")
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
