@@ -277,8 +277,14 @@ def _chance(acc: float | None, c: int | None, n: int | None) -> bool:
 
 
 def _n_classes(results: dict) -> int:
-    counts = (results.get("dataset") or {}).get("class_counts") or {}
-    return len(counts) or int(results.get("n_classes") or 10)
+    ds = results.get("dataset") or {}
+    counts = ds.get("class_counts") or {}
+    classes = ds.get("classes")
+    if counts:
+        return len(counts)
+    if isinstance(classes, (list, tuple)) and classes:
+        return len(classes)
+    return int(results.get("n_classes") or ds.get("n_classes") or 10)
 
 
 def _row(claim: str, paper: str, null: str, alternative: str, null_value: float | None, measured: str,
@@ -520,8 +526,17 @@ def claim_malleability(report: dict, command: str) -> ClaimRow:
     if iv is None:
         return _row(name, paper, null, alt, 1.0, measured, None, NOT_RESOLVED, "no per-seed flip rates to build an "
                     "interval from", "malleability", command, warns)
+    if iv.estimate is None and iv.low is not None:
+        # the denominator's mean is 0: no point estimate, but the interval still carries the verdict
+        iv = Interval(math.inf, iv.low, iv.high, iv.method, iv.confidence, iv.n, iv.note)
     verdict, reason = decide(iv, 1.0, "above", iv.n)
-    if verdict == SUPPORTED and above["attn"] is False:
+    if iv.estimate == math.inf:
+        iv = Interval(None, iv.low, iv.high, iv.method, iv.confidence, iv.n, iv.note)
+    if verdict == SUPPORTED and above["attn"] is None:
+        verdict, reason = NOT_RESOLVED, reason + ", but the run has no noise control for attn's attack to beat"
+    elif verdict == CONTRADICTED and above["relu"] is None:
+        verdict, reason = NOT_RESOLVED, reason + ", but the run has no noise control for relu's attack to beat"
+    elif verdict == SUPPORTED and above["attn"] is False:
         verdict, reason = NOT_RESOLVED, reason + ", but attn's attacked flip rate is not beyond its random-noise control"
     elif verdict == CONTRADICTED and above["relu"] is False:
         verdict, reason = NOT_RESOLVED, reason + ", but relu's attacked flip rate is not beyond its random-noise control"
@@ -678,9 +693,11 @@ def variant_row(name: str, report: dict | None, command: str, error: str | None)
     elif iv.n < MIN_SEEDS:
         reading = f"fewer than {MIN_SEEDS} seeds"
     elif iv.side(1.0) == "above":
-        reading = "attn more malleable" if above["attn"] is not False else "within the noise control"
+        reading = {True: "attn more malleable", False: "within the noise control",
+                   None: "attn more sensitive (no noise control)"}[above["attn"]]
     elif iv.side(1.0) == "below":
-        reading = "relu more malleable" if above["relu"] is not False else "within the noise control"
+        reading = {True: "relu more malleable", False: "within the noise control",
+                   None: "relu more sensitive (no noise control)"}[above["relu"]]
     else:
         reading = "not resolved"
     return VariantRow(name, "", fr["relu"], fr["attn"], None if iv is None else iv.estimate,

@@ -335,9 +335,6 @@ def test_a_zero_relu_denominator_is_unbounded_never_zero(top_k, attn):
     json.dumps(result.to_dict(), allow_nan=False)  # no infinities in the JSON
 
 
-@pytest.mark.xfail(strict=True, reason="claim_malleability returns 'not resolved: no estimate' whenever the ratio of "
-                   "means is undefined (relu's mean flip rate 0), even when Fieller's interval [13.3, +inf) lies "
-                   "entirely above 1 and attn beats its floor; variant_row reads the same data 'attn more malleable'")
 def test_zero_denominator_verdict_follows_the_interval():
     rep = _mall_report([0.50, 0.52, 0.48], [0.0, 0.0, 0.0], top_k=30)
     row = C.claim_malleability(rep, "cmd")
@@ -352,22 +349,13 @@ def test_malleability_run_warnings_reach_the_row():
         assert RUN_WARNING in row.warnings
 
 
-@pytest.mark.xfail(strict=True, reason="claim_malleability only demotes 'supported' when the floor reading is "
-                   "False; a report with no noise control at all (no floors) still reads 'supported', though "
-                   "the alternative requires attn's attack to beat its noise control")
 def test_supported_needs_a_noise_control_to_beat():
     row = C.claim_malleability(_mall_report(ATTN_FLIPS, RELU_FLIPS, floor=None), "cmd")
     assert row.verdict != "supported"
 
 
-CLASS_SUBSET_BUG = pytest.mark.xfail(
-    strict=True, reason="claims._n_classes ignores results.dataset.classes: real malleability and landscape reports "
-    "carry neither dataset.class_counts (data/selection.py sets it only under --preprocess ntk-scale) nor "
-    "results.n_classes, so c falls back to 10 and a binary (--classes 0,1) model at chance counts as trained "
-    "(threshold 0.1775 instead of 0.629 at n = 60; 0.15 instead of 0.55 at n = 500)")
 
 
-@CLASS_SUBSET_BUG
 def test_chance_rule_reads_the_class_count_of_a_class_subset_malleability():
     rep = _mall_report(ATTN_FLIPS, RELU_FLIPS, n_train=60, acc={("attn", 2, "clean"): 0.55})
     rep["results"]["dataset"] = {"name": "digits", "classes": [0, 1]}  # as a real --classes 0,1 report
@@ -450,7 +438,6 @@ def test_landscape_leaves_out_seeds_with_unmatched_losses_or_at_chance():
         assert not any("seed 4" in w or "seed 0" in w for w in row.warnings)
 
 
-@CLASS_SUBSET_BUG
 def test_chance_rule_reads_the_class_count_of_a_class_subset_landscape():
     rep = _land_report(acc={("attn", 2): 0.52})
     rep["results"]["dataset"] = {"name": "digits", "classes": [0, 1]}  # as a real --classes 0,1 report
