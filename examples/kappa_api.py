@@ -22,4 +22,4 @@ for preprocess in ("raw", "center"):
     print(f"digits ({preprocess}): rank {r.base.numerical_rank}/{r.base.k}, kappa_d = {kd}, "
           f"kappa at numerical rank = {r.base.kappa_rank:.4g}")
     for w in r.widths[1::2]:
-        print(f"   {w.label}: log10 m = {w.log10_width:.1f} ({w.gap_orders:.1f} orders beyond 1e5)")
+        print(f"   {w.label}: log10 m = {w.log10_width:.1f} ({w.gap_orders:.1f} orders beyond 1e12)")

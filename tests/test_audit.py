@@ -255,8 +255,8 @@ def test_passing_audit_exits_0_and_a_lowered_threshold_flips_it(tmp_path, capsys
         kappa_check("at-rank", max=100.0),
         {"name": "at-rank-by-path", "analysis": "kappa", "options": {"n": KAPPA_N},
          "metric": {"path": "results.gram.log10_kappa_at_numerical_rank"}, "max": 100.0},
-        {"name": "relu-width", "analysis": "kappa", "options": {"n": KAPPA_N}, "metric": "log10_required_width",
-         "select": {"model": "relu", "at_numerical_rank": True}, "max": 1000.0},
+        {"name": "paper-width", "analysis": "kappa", "options": {"n": KAPPA_N}, "metric": "log10_required_width",
+         "select": {"basis": "numerical_rank"}, "max": 1000.0},
     ))
     out = tmp_path / "r.json"
     assert cli("audit", path, "--json", out) == 0
@@ -267,8 +267,8 @@ def test_passing_audit_exits_0_and_a_lowered_threshold_flips_it(tmp_path, capsys
     assert values["at-rank"] == values["at-rank-by-path"]  # a {path:} metric reads the same field
     assert values["at-rank"] == pytest.approx(numpy_log10_kappa_at_rank(KAPPA_N, 0), abs=1e-8)
     assert len(report["results"]["runs"]) == 1  # the three checks share one kappa run
-    # relu width scale kappa_r^6 n ln n at the numerical rank: 6 log10 kappa + log10(n ln n)
-    assert values["relu-width"] == pytest.approx(6 * values["at-rank"] + np.log10(KAPPA_N * np.log(KAPPA_N)), abs=1e-9)
+    # the paper's width kappa_r^6 n ln n at the numerical rank: 6 log10 kappa + log10(n ln n)
+    assert values["paper-width"] == pytest.approx(6 * values["at-rank"] + np.log10(KAPPA_N * np.log(KAPPA_N)), abs=1e-9)
 
     # the same file with the threshold just below the measured value fails
     lowered = audit_doc(kappa_check("at-rank", max=values["at-rank"] - 0.01))
@@ -325,7 +325,8 @@ def test_select_matching_no_row_is_an_error_naming_the_available_values(tmp_path
     assert cli("audit", path, "--json", out, "--junit", xml, "-q") == 2
     checks = by_name(json.loads(out.read_text()))  # the reports are still written
     assert checks["width-of-nothing"]["status"] == "error"
-    assert "relu" in checks["width-of-nothing"]["message"] and "attn" in checks["width-of-nothing"]["message"]
+    msg = checks["width-of-nothing"]["message"]
+    assert "transformer" in msg and "attn" in msg and "numerical_rank" in msg
     assert checks["fine"]["status"] == "pass"  # the other checks still run
     _, suite, cases = junit_cases(xml)
     assert suite.get("errors") == "1" and cases["width-of-nothing"].find("error") is not None

@@ -74,10 +74,10 @@ def test_kappa_sweep_reports_log10_width_per_n_with_median_and_spread(app):
     for summ in sweep["summary"]:
         cells = [c for c in sweep["cells"] if c["n"] == summ["n"]]
         assert len(cells) == 3
-        # independent recomputation: log10 m = 6 log10 kappa_r + log10 n + log10 ln n (x3 for attention)
+        # independent recomputation of the paper's m = kappa^6 n ln n on the numerical-rank kappa
         n = summ["n"]
-        for key, power in (("relu_rank", 1), ("attn_rank", 3)):
-            vals = [6 * power * math.log10(c["kappa_at_numerical_rank"]) + math.log10(n) + math.log10(math.log(n))
+        for key in ("numerical_rank",):
+            vals = [6 * math.log10(c["kappa_at_numerical_rank"]) + math.log10(n) + math.log10(math.log(n))
                     for c in cells]
             w = summ["log10_width"][key]
             assert w["median"] == pytest.approx(float(np.median(vals)), rel=1e-12)
