@@ -172,7 +172,7 @@ def _has_choice(command: str, option: str, value: str) -> bool:
 
 
 def plan(mode: str, data_args: list[str], seed: int, n_seeds: int = DEFAULT_SEEDS,
-         match_loss: float | None = None) -> tuple[list[RunSpec], list[tuple[str, str]]]:
+         match_loss: float | str | None = None) -> tuple[list[RunSpec], list[tuple[str, str]]]:
     """The scorecard's runs, and (variant name, run id) of the protocol variants.
 
     ``n_seeds``: seeds of every stochastic run (ntk-distance, malleability, landscape,
@@ -182,12 +182,17 @@ def plan(mode: str, data_args: list[str], seed: int, n_seeds: int = DEFAULT_SEED
         raise AuditError(f"unknown scorecard mode {mode!r}; use --quick or --full")
     if n_seeds < 1:
         raise AuditError(f"--seeds must be >= 1, got {n_seeds}")
-    if match_loss is not None and not (math.isfinite(match_loss) and match_loss > 0):
+    if isinstance(match_loss, str):
+        if match_loss.strip().lower() not in ("auto", "none"):
+            raise AuditError(f"--match-loss: {match_loss!r} is not a training loss; give a number, auto or none")
+        match_loss = match_loss.strip().lower()
+    elif match_loss is not None and not (math.isfinite(match_loss) and match_loss > 0):
         raise AuditError(f"--match-loss must be a positive training loss, got {match_loss}")
     preset = "quick" if mode == "quick" else "paper"
     common = [*data_args, "--seed", str(seed)]
     seeds = ("--seeds", str(n_seeds))
-    matched = ("--match-loss", f"{match_loss:g}") if match_loss is not None else ()
+    ml_text = None if match_loss is None else match_loss if isinstance(match_loss, str) else f"{match_loss:g}"
+    matched = ("--match-loss", ml_text) if ml_text is not None else ()
     runs = [
         RunSpec("kappa", "kappa", (*common,), "amplification kappa(G~) = kappa(G)^3 and the paper's width requirement"),
         RunSpec("ntk", "ntk-distance", ("--preset", preset, *common, *seeds), "distance to the NTK predictor vs width"),
@@ -200,7 +205,11 @@ def plan(mode: str, data_args: list[str], seed: int, n_seeds: int = DEFAULT_SEED
         runs.append(RunSpec("alignment", "alignment", ("--preset", preset, *common, *seeds)
                             if _has_option("alignment", "preset") else (*common, *seeds),
                             "approximation error on principal-direction targets (the dual implication)"))
-    variants = [("preset protocol" + (f", matched loss {match_loss:g}" if match_loss is not None else ""), "malleability")]
+    from .malleability import PRESETS as MALL_PRESETS
+
+    main_match = ml_text if ml_text is not None else (MALL_PRESETS.get(preset, {}).get("match_loss") or "none")
+    variants = [("preset protocol, " + ("fixed steps" if main_match == "none" else f"matched training loss ({main_match})"),
+                 "malleability")]
     extra: list[tuple[str, tuple[str, ...]]] = [
         ("eps 0.1", ("--eps", "0.1")),
         ("damping x100 (0.1)", ("--damping", "0.1")),
@@ -240,25 +249,16 @@ def _has_option(command: str, option: str) -> bool:
     return option.replace("-", "_") in option_params(command)
 
 
-def _loss_matching_variant(preset: str, match_loss: float | None) -> tuple[str, tuple[str, ...]] | None:
-    """The variant row that flips the loss-matching choice of the main run."""
+def _loss_matching_variant(preset: str, match_loss: float | str | None) -> tuple[str, tuple[str, ...]] | None:
+    """The variant row that flips the loss-matching choice of the main run: fixed steps when the
+    main run matches losses (``--match-loss`` given, or the preset's own ``auto``), else matched
+    loss by the ``auto`` rule (every model trained to the largest loss any reaches in the budget)."""
     from .malleability import PRESETS
 
-    preset_target = PRESETS.get(preset, {}).get("match_loss")
-    if match_loss is not None or preset_target is not None:
-        # the main run matches losses: show fixed-step training too
-        return ("fixed steps, no loss matching", ("--match-loss", "none")) if _accepts_none("malleability") else None
-    return ("matched training loss 0.2 (GD stops there)", ("--match-loss", "0.2", "--steps", "2000"))
-
-
-def _accepts_none(command: str) -> bool:
-    """Whether ``--match-loss none`` turns loss matching off in this build."""
-    from .malleability import parse_per_model
-
-    try:
-        return parse_per_model("none", "--match-loss") is None
-    except AuditError:
-        return False
+    matches = PRESETS.get(preset, {}).get("match_loss") is not None if match_loss is None else match_loss != "none"
+    if matches:
+        return ("fixed steps, no loss matching", ("--match-loss", "none"))
+    return ("matched training loss (auto: the largest any model reaches in the budget)", ("--match-loss", "auto"))
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -96,14 +96,23 @@ REINIT_SEED_OFFSET = 1_000_003  # the reinit control's initialisation seed is se
 # (under --protocol finetune: the reorder control's data-order seed is seed + this)
 
 # Presets: sizes chosen for run time on 2 CPU cores, never for what the result looks like.
+#: ``--match-loss auto``: every model is trained to L*, the largest clean training loss any
+#: model reaches within the step budget over the seeds, so they are compared at equal loss.
+AUTO_MATCH = "auto"
+
 PRESETS: dict[str, dict] = {
     "quick": dict(
         dataset="digits", split="train", n_train=300, n_test=100, width=64, steps=300, lr=4.0,
         seeds=(0, 1, 2), eps=(0.3,), damping=(1e-3,), top_k=30, pgd_steps=10,
+        # a comparison the loss gate accepts: with fixed steps MLP-Attn ends at 2-5x 2L-ReLU's loss
+        match_loss=AUTO_MATCH,
     ),
     "paper": dict(
         dataset="mnist", split="train", n_train=2000, n_test=500, width=64, steps=400, lr=4.0,
         seeds=(0, 1, 2, 3, 4), eps=(0.3,), damping=(1e-3,), top_k=200, pgd_steps=10,
+        # the paper's protocol: full-batch GD for a fixed time; the loss gate says when that
+        # leaves the models incomparable (claims shows the matched-loss variant beside it)
+        match_loss=None,
     ),
 }
 
@@ -128,7 +137,7 @@ class MalleabilityConfig:
     steps: int = 300
     lr: float | dict = 4.0  # a number, or {model: lr}
     loss: str = "mse"
-    match_loss: float | dict | None = None  # a number, or {model: loss}
+    match_loss: float | dict | str | None = None  # a number, {model: loss}, or "auto" (resolved before training)
     attn_context: str = "perturbed"
     controls: bool = True
     parametrization: str = "ntk"
@@ -137,6 +146,9 @@ class MalleabilityConfig:
     loss_gap_factor: float = 1.5
     max_flip_rate: float | None = None
     tracin_checkpoints: int = 10
+    #: set by :func:`run_malleability` when ``match_loss`` was ``auto``: the rule, the budget
+    #: runs' clean training losses and the target L* every model was then trained to
+    match_loss_resolution: dict | None = None
     max_exact_params: int = 6000
     cg_tol: float = 1e-8
     cg_max_iter: int = 1000
@@ -219,7 +231,8 @@ class MalleabilityConfig:
         if self.width < 1:
             raise AuditError(f"--width must be >= 1, got {self.width}")
         object.__setattr__(self, "lr", self._per_model("lr", "--lr", self.lr, allow_none=False))
-        object.__setattr__(self, "match_loss", self._per_model("match_loss", "--match-loss", self.match_loss, allow_none=True))
+        if self.match_loss != AUTO_MATCH:
+            object.__setattr__(self, "match_loss", self._per_model("match_loss", "--match-loss", self.match_loss, allow_none=True))
         for arch in self.models:
             v = self.match_loss_for(arch)
             if v is not None and not (math.isfinite(v) and v > 0):
@@ -286,7 +299,10 @@ class MalleabilityConfig:
         return float(self.lr[arch]) if isinstance(self.lr, dict) else float(self.lr)
 
     def match_loss_for(self, arch: str) -> float | None:
-        """The --match-loss target of model ``arch`` (None: train the whole budget)."""
+        """The --match-loss target of model ``arch`` (None: train the whole budget; so is an
+        unresolved ``auto``, whose budget runs are what :func:`resolve_auto_match_loss` measures)."""
+        if self.match_loss == AUTO_MATCH:
+            return None
         if isinstance(self.match_loss, dict):
             return self.match_loss.get(arch)
         return self.match_loss
@@ -353,10 +369,21 @@ class MalleabilityConfig:
         return out
 
 
-def parse_per_model(text, option: str) -> float | dict:
-    """``"0.1"`` -> 0.1 (every model); ``"relu=10,attn=8"`` -> {"relu": 10.0, "attn": 8.0}. One-line AuditError otherwise."""
+def parse_match_loss(text) -> float | dict | str | None:
+    """``--match-loss``: a number, model=value pairs, ``auto`` (every model trained to the
+    largest loss any of them reaches in the step budget) or ``none`` (fixed steps)."""
+    if isinstance(text, str) and text.strip().lower() in (AUTO_MATCH, "none"):
+        return AUTO_MATCH if text.strip().lower() == AUTO_MATCH else None
+    return parse_per_model(text, "--match-loss")
+
+
+def parse_per_model(text, option: str) -> float | dict | None:
+    """``"0.1"`` -> 0.1 (every model); ``"relu=10,attn=8"`` -> {"relu": 10.0, "attn": 8.0};
+    ``"none"`` -> None (the option's off value). One-line AuditError otherwise."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         return float(text)
+    if isinstance(text, str) and text.strip().lower() == "none":
+        return None
     items = [t.strip() for t in str(text).split(",") if t.strip()]
     if not items:
         raise AuditError(f"{option} is empty; give a number or model=value pairs such as {option} relu=10,attn=8")
@@ -769,13 +796,12 @@ def run_malleability(
                          "(the CLI does), or run with the local executor")
     advance = progress or (lambda k=1: None)
     memory_key = data.key if data is not None else f"memory:{id(X_train)}"
+    if config.match_loss == AUTO_MATCH and fixed_models:
+        config = replace(config, match_loss=None)  # a saved model is not trained to a loss
     state = _MalleabilityState(X_train, y_train, X_test, y_test, n_classes, config, value_range, fixed_models, rebuild,
                                split=_split_info(X_train, y_train, data))
-    cached(f"malleability:{memory_key}", lambda: state)
-    per_cell = progress_total(config) // (len(config.seeds) * len(config.models))
     base = {"data": None if data is None else data.to_dict(), "memory_key": memory_key, "n_classes": n_classes,
-            "value_range": None if value_range is None else list(value_range), "device": str(X_train.device),
-            "config": config}
+            "value_range": None if value_range is None else list(value_range), "device": str(X_train.device)}
 
     def seed_data(seed: int) -> dict:
         """The cell's data: the caller's rows, or (--resample-data) the recipe's split drawn with ``seed``."""
@@ -784,10 +810,18 @@ def run_malleability(
         rec = replace(data, seed=int(seed))
         return {"data": rec.to_dict(), "memory_key": rec.key}
 
-    tasks = [CellTask("attnaudit.malleability:malleability_cell", {**base, **seed_data(seed), "seed": seed, "arch": arch},
-                      f"{arch} seed {seed}") for seed in config.seeds for arch in config.models]
+    def cells(fn: str, cfg: MalleabilityConfig) -> list:
+        return [CellTask(f"attnaudit.malleability:{fn}", {**base, "config": cfg, **seed_data(seed), "seed": seed,
+                                                           "arch": arch}, f"{arch} seed {seed}")
+                for seed in cfg.seeds for arch in cfg.models]
+
     try:
-        outcomes = run_cells(tasks, ex, on_done=lambda o: advance(per_cell))
+        cached(f"malleability:{memory_key}", lambda: state)
+        if config.match_loss == AUTO_MATCH:
+            config = _resolve_auto_match(config, run_cells(cells("budget_loss_cell", config), ex))
+            state = replace(state, config=config)
+        per_cell = progress_total(config) // (len(config.seeds) * len(config.models))
+        outcomes = run_cells(cells("malleability_cell", config), ex, on_done=lambda o: advance(per_cell))
     finally:
         clear_cache()
     failed = [o.failure() for o in outcomes if not o.ok]
@@ -828,7 +862,7 @@ def run_malleability(
                 splits.append(row)
     splits.sort(key=lambda r: config.seeds.index(r["seed"]))
     if failed:
-        warnings.append(f"{len(failed)} of {len(tasks)} cells failed (listed in failed_cells); their seeds ({', '.join(map(str, sorted(bad_seeds)))}) "
+        warnings.append(f"{len(failed)} of {len(outcomes)} cells failed (listed in failed_cells); their seeds ({', '.join(map(str, sorted(bad_seeds)))}) "
                         "are left out of the summaries: " + "; ".join(f"{f['cell']}: {f['error']}" for f in failed[:3]))
     _loss_gate(config, training, ratios)
     exceeded = []
@@ -845,9 +879,29 @@ def run_malleability(
         config=config, runs=runs, controls=controls, training=training, attacks=attack_rows, summary=summary,
         ratios=ratios, sensitivity=sensitivity, influence_diagnostics=diags, exceeded=exceeded, warnings=warnings,
         verdicts=verdicts, timings=timings, n_train=n_train, n_test=n_test, influence_memory=memory, examples=examples,
-        failed_cells=failed, execution={**ex.to_dict(), "cells": len(tasks), "resumed": sum(o.resumed for o in outcomes)},
+        failed_cells=failed, execution={**ex.to_dict(), "cells": len(outcomes), "resumed": sum(o.resumed for o in outcomes)},
         model_status=status, splits=splits,
     )
+
+
+def _resolve_auto_match(config: MalleabilityConfig, outcomes: list) -> MalleabilityConfig:
+    """``--match-loss auto`` made concrete: L* = the largest clean training loss any model
+    reaches within the step budget (over every seed); every model is then trained until its
+    loss is <= L*, so the slowest stops where its budget ends and the others where they first
+    reach the same loss. The budget runs are recorded in ``match_loss_resolution``."""
+    failed = [o for o in outcomes if not o.ok]
+    if failed:
+        raise AuditError(f"--match-loss auto: the step-budget run of {failed[0].task.label} failed: {failed[0].error}")
+    runs = [o.result for o in outcomes]
+    target = max(r["final_loss"] for r in runs)
+    if not (math.isfinite(target) and target > 0):
+        raise AuditError(f"--match-loss auto: the step-budget runs ended at training loss {target}; give --match-loss a "
+                         "number or none")
+    slowest = max(runs, key=lambda r: r["final_loss"])
+    resolution = {"rule": "auto: the largest clean training loss any model reaches within the step budget",
+                  "target": target, "set_by": f"{slowest['model']} seed {slowest['seed']}", "budget_steps": config.steps,
+                  "budget_runs": runs}
+    return replace(config, match_loss=target, match_loss_resolution=resolution)
 
 
 def _loss_gate(config: MalleabilityConfig, training: list[dict], ratios: list[dict]) -> None:
@@ -935,6 +989,13 @@ class _MalleabilityState:
 def malleability_cell(payload: dict) -> dict:
     """One seed x model cell (a pure function of ``payload``): its trainings, attacks, influence
     and stability rows, unaggregated."""
+    state = _cell_state(payload)
+    return _cell_raw(state, int(payload["seed"]), payload["arch"])
+
+
+def _cell_state(payload: dict) -> "_MalleabilityState":
+    """The cell's data and settings: cached per data key (a worker reuses its loaded rows), with
+    the payload's own config (a budget run and the matched run share the rows, not the config)."""
     from .data import HoldoutRecipe
     from .sweep import cached
 
@@ -948,7 +1009,36 @@ def malleability_cell(payload: dict) -> dict:
                                   split=_split_info(train_ds.X, train_ds.y, recipe))
 
     state = cached(f"malleability:{payload['memory_key']}", build)
-    return _cell_raw(state, int(payload["seed"]), payload["arch"])
+    if state.config != payload["config"]:
+        state = replace(state, config=payload["config"])
+    return state
+
+
+def _train_builtin(config: MalleabilityConfig, spec: ModelSpec, X_ctx: torch.Tensor, X: torch.Tensor,
+                   y: torch.Tensor, order_seed: int, what: str) -> tuple[nn.Module, TrainResult]:
+    """A built-in model of ``spec`` (attention context ``X_ctx``) trained on (X, y) with the
+    config's optimizer, learning rate and loss target; divergence is a one-line error."""
+    model = build_model(spec, X_ctx, dtype=torch.float64, device=X.device)
+    if config.optimizer == "gd":
+        tr = train(model, X, y, config.train_config(spec.arch))
+    else:
+        tr = _train_recipe(model, X, y, config.recipe(spec.arch, order_seed), config.match_loss_for(spec.arch))
+    if tr.diverged:
+        raise AuditError(f"training diverged for {spec.arch} ({what}) at --lr {config.lr_for(spec.arch):g}; lower --lr")
+    return model, tr
+
+
+def budget_loss_cell(payload: dict) -> dict:
+    """The clean training loss of one seed x model trained for the whole step budget (the
+    measurement ``--match-loss auto`` resolves its target from)."""
+    state = _cell_state(payload)
+    config = state.config
+    spec = ModelSpec(payload["arch"], int(state.X_train.shape[1]), config.width, state.n_classes, config.parametrization,
+                     attn_scaling=config.attn_scaling, seed=int(payload["seed"]))
+    _, tr = _train_builtin(config, spec, state.X_train, state.X_train, state.y_train, int(payload["seed"]),
+                           f"budget run, seed {payload['seed']}")
+    return {"seed": int(payload["seed"]), "model": payload["arch"], "final_loss": float(tr.final_loss),
+            "steps_run": int(tr.steps_run)}
 
 
 def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
@@ -974,18 +1064,10 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
     def fit(spec: ModelSpec, X_ctx, X, role: str, seed: int, order_seed: int | None = None):
         nonlocal t_train
         t0 = time.perf_counter()
-        model = build_model(spec, X_ctx, dtype=torch.float64, device=X.device)
-        lr = config.lr_for(spec.arch)
-        if config.optimizer == "gd":
-            tr = train(model, X, y_train, config.train_config(spec.arch))
-        else:
-            order_seed = seed if order_seed is None else order_seed
-            tr = _train_recipe(model, X, y_train, config.recipe(spec.arch, order_seed), config.match_loss_for(spec.arch))
+        order_seed = seed if order_seed is None else order_seed
+        model, tr = _train_builtin(config, spec, X_ctx, X, y_train, order_seed, f"{role}, seed {seed}")
         t_train += time.perf_counter() - t0
-        if tr.diverged:
-            raise AuditError(
-                f"training diverged for {spec.arch} ({role}, seed {seed}) at --lr {lr:g}; lower --lr"
-            )
+        lr = config.lr_for(spec.arch)
         with torch.no_grad():
             row = {
                 "seed": seed, "model": spec.arch, "role": role, "final_loss": tr.final_loss, "steps_run": tr.steps_run,

@@ -688,7 +688,10 @@ def test_quick_scorecard_on_digits_end_to_end(tmp_path, monkeypatch):
         assert set(relu_row["per_seed"]) <= set(ntk_rep["models"]["relu"]["slope_per_seed"])
         assert relu_row["interval"] == pytest.approx(list(t_interval(relu_row["per_seed"])))
     variants = res["protocol_variants"]
-    assert variants[0]["variant"] == "preset protocol" and len(variants) >= 3
+    # the quick preset matches training losses, and the last variant shows the other choice
+    assert variants[0]["variant"] == "preset protocol, matched training loss (auto)" and len(variants) >= 3
+    assert variants[-1]["variant"] == "fixed steps, no loss matching" and "--match-loss none" in variants[-1]["command"]
+    assert variants[0]["losses_comparable"] is not False
     assert all(v["error"] is None for v in variants)
     assert png.stat().st_size > 0
     # every run's command line names --seeds 3 where the command takes seeds

@@ -600,8 +600,14 @@ def test_cli_end_to_end_json_png_and_surface_origin(app, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     models = payload["results"]["models"]
     assert list(models) == ["relu", "attn"]
+    # the quick preset matches training losses (auto): the slower model runs the whole budget
+    # of 40 steps, the other stops once its loss first reaches the slower one's
+    res = payload["inputs"]["match_loss_resolution"]
+    assert payload["inputs"]["match_loss"] == "auto" and res["budget_steps"] == 40
+    assert max(rec["training"]["steps_run"] for rec in models.values()) == 40
     for rec in models.values():
-        assert rec["training"]["steps_run"] == 40 and len(rec["top_eigenvalues"]["eigenvalues"]) == 2
+        assert rec["training"]["steps_run"] <= 40 and len(rec["top_eigenvalues"]["eigenvalues"]) == 2
+        assert rec["training"]["reached_match_loss"] is True and rec["training"]["final_loss"] <= res["target"]
         assert rec["surface_1d"]["loss"][2] == pytest.approx(rec["loss"], rel=1e-12)
         assert rec["surface_2d"]["loss"][2][2] == pytest.approx(rec["loss"], rel=1e-12)
         assert rec["directions"]["seeds"] == [3, 4]
@@ -684,6 +690,28 @@ def test_cli_paper_preset_path_on_real_mnist(app):
     assert all(math.isfinite(v) for v in rec["top_eigenvalues"]["eigenvalues"])
 
 
+def test_cli_match_loss_auto_target_is_the_slowest_fixed_step_loss(app):
+    """--match-loss auto's L* equals the larger final loss of an independent fixed-step run
+    (--match-loss none, same budget and seeds); each model then stops at or below it."""
+    args = ["landscape", *TINY, "--points", "0", "--grid", "0", "--seeds", "2", "--json", "-"]
+    fixed = runner.invoke(app, args + ["--match-loss", "none"])
+    assert fixed.exit_code == 0, fixed.output
+    fx = json.loads(fixed.stdout)
+    assert fx["inputs"]["match_loss"] is None and fx["inputs"]["match_loss_resolution"] is None
+    budget = [v["loss"] for m in fx["results"]["models"].values() for v in m["seeds"]["values"]]
+    assert len(budget) == 4
+    auto = runner.invoke(app, args + ["--match-loss", "auto"])
+    assert auto.exit_code == 0, auto.output
+    au = json.loads(auto.stdout)
+    res = au["inputs"]["match_loss_resolution"]
+    assert res["target"] == pytest.approx(max(budget), rel=1e-9)
+    assert sorted(r["final_loss"] for r in res["budget_runs"]) == pytest.approx(sorted(budget), rel=1e-9)
+    for m in au["results"]["models"].values():
+        assert all(v["loss"] <= res["target"] * (1 + 1e-9) for v in m["seeds"]["values"])
+    bad = runner.invoke(app, ["landscape", *TINY, "--match-loss", "soon"])
+    assert bad.exit_code == 2 and "auto or none" in bad.output
+
+
 def test_compare_landscapes_gates_verdicts_on_comparable_loss():
     import dataclasses
 
@@ -694,10 +722,24 @@ def test_compare_landscapes_gates_verdicts_on_comparable_loss():
     base = L.analyze_landscape(model, X, y, cfg)
     sharp = dataclasses.replace(base, eigen=dataclasses.replace(base.eigen, eigenvalues=(2.0, 1.0)))
     flat = dataclasses.replace(base, eigen=dataclasses.replace(base.eigen, eigenvalues=(1.0, 0.5)))
+    def seeds(top):  # three seeds whose lambda_max spread is +-5 % around ``top``
+        return [dataclasses.replace(base, eigen=dataclasses.replace(base.eigen, eigenvalues=(top * f, 0.1)))
+                for f in (0.95, 1.0, 1.05)]
+
+    # one seed: a clear difference is still "not resolved" (the spread over seeds is not measured)
     verdicts, warnings = compare_landscapes({"relu": sharp, "attn": flat}, {})
-    assert not any("differ" in w for w in warnings) and "consistent with the paper" in verdicts[0] and "attn/relu 0.5" in verdicts[0]
-    verdicts, _ = compare_landscapes({"relu": flat, "attn": sharp}, {})
+    assert not any("differ" in w for w in warnings) and "not resolved" in verdicts[0] and "attn/relu 0.5" in verdicts[0]
+    assert "consistent" not in verdicts[0] and "contradicts" not in verdicts[0]
+    # three seeds: the Student-t tolerance t(0.975, 2) SE of the difference decides
+    verdicts, warnings = compare_landscapes({"relu": sharp, "attn": flat}, {},
+                                            seed_results={"relu": seeds(2.0), "attn": seeds(1.0)})
+    assert "consistent with the paper" in verdicts[0] and "t(0.975, 2) = 4.30" in verdicts[0]
+    verdicts, _ = compare_landscapes({"relu": flat, "attn": sharp}, {}, seed_results={"relu": seeds(1.0), "attn": seeds(2.0)})
     assert "contradicts" in verdicts[0]
+    # the same means with a spread that t(0.975, 2) = 4.30 SE cannot separate: not resolved
+    wide = [dataclasses.replace(base, eigen=dataclasses.replace(base.eigen, eigenvalues=(v, 0.1))) for v in (1.0, 2.0, 3.0)]
+    verdicts, _ = compare_landscapes({"relu": flat, "attn": sharp}, {}, seed_results={"relu": seeds(1.0), "attn": wide})
+    assert "not resolved" in verdicts[0]
     far = dataclasses.replace(flat, loss=base.loss * 10)
     verdicts, warnings = compare_landscapes({"relu": sharp, "attn": far}, {})
     assert verdicts == [verdicts[0]] and "not compared" in verdicts[0] and "--match-loss" in warnings[0]

@@ -20,6 +20,7 @@ from attnaudit.malleability import (
     MalleabilityConfig,
     build_tables,
     flip_rate,
+    parse_match_loss,
     plot_malleability,
     progress_total,
     ratio_summary,
@@ -192,6 +193,28 @@ def test_match_loss_stops_training_and_reports(digits):
     unreachable = MalleabilityConfig(models=("relu",), attacks=("random",), seeds=(0,), controls=False, match_loss=1e-6, **SMALL)
     res2 = run_malleability(X, y, Xt, yt, 10, unreachable, value_range=(0.0, 1.0))
     assert any("did not reach --match-loss" in w for w in res2.warnings)
+
+
+def test_match_loss_auto_trains_every_model_to_the_slowest_budget_loss(digits):
+    """``match_loss="auto"``: L* must equal the largest clean loss of an independent
+    fixed-step run (same seeds and budget), and every clean model then stops at or below it."""
+    X, y, Xt, yt = digits
+    kw = dict(models=("relu", "attn"), attacks=("random",), seeds=(0, 1), controls=False, **{**SMALL, "steps": 40})
+    fixed = run_malleability(X, y, Xt, yt, 10, MalleabilityConfig(**kw), value_range=(0.0, 1.0))
+    budget = {(t["model"], t["seed"]): t["final_loss"] for t in fixed.training if t["role"] == "clean"}
+    assert all(t["steps_run"] == 40 for t in fixed.training)
+    res = run_malleability(X, y, Xt, yt, 10, MalleabilityConfig(**kw, match_loss="auto"), value_range=(0.0, 1.0))
+    target = max(budget.values())
+    assert res.config.match_loss == pytest.approx(target, rel=1e-12)
+    resolution = res.config.match_loss_resolution
+    assert resolution["target"] == pytest.approx(target, rel=1e-12) and len(resolution["budget_runs"]) == 4
+    slowest = max(budget, key=budget.get)
+    assert resolution["set_by"] == f"{slowest[0]} seed {slowest[1]}"
+    clean = [t for t in res.training if t["role"] == "clean"]
+    assert all(t["reached_match_loss"] and t["final_loss"] <= target for t in clean)
+    assert any(t["steps_run"] < 40 for t in clean)  # the faster model stopped early
+    assert res.to_dict()["config"]["match_loss_resolution"]["target"] == pytest.approx(target)
+    assert parse_match_loss("auto") == "auto" and parse_match_loss("none") is None and parse_match_loss("0.5") == 0.5
 
 
 def test_tables_and_figure(digits, tmp_path):

@@ -38,6 +38,16 @@ def _data_args(source: DataOptions, mode: str) -> list[str]:
     return args
 
 
+def _match_loss_value(text: str | None) -> float | str | None:
+    """--match-loss as given: a number, or the words auto / none (checked by the plan)."""
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 def register(app: typer.Typer) -> None:
     @app.command("claims", help=HELP, cls=ManualCommand, epilog="Example: attnaudit claims --quick --json claims.json")
     @bundled(source=DataOptions.defaults(dataset=None, split=None), out=OutputBundle, execution=ExecutorOptions)
@@ -49,7 +59,7 @@ def register(app: typer.Typer) -> None:
         seed: SeedOpt = 0,
         device: DeviceOpt = "auto",
         n_seeds: Annotated[int, typer.Option("--seeds", help="Seeds of every stochastic run (seed, seed+1, ...); intervals are Student t / Fieller over them, and fewer than 3 never give supported or contradicted.", rich_help_panel=PROTOCOL)] = 5,
-        match_loss: Annotated[Optional[float], typer.Option("--match-loss", help="Train malleability's and landscape's models to this common training loss (full-batch GD stops there); the protocol-variant table then also shows the other choice.", rich_help_panel=PROTOCOL)] = None,
+        match_loss: Annotated[Optional[str], typer.Option("--match-loss", help="Train malleability's and landscape's models to this common training loss (full-batch GD stops there); auto: to the largest loss any model reaches in the step budget; none: fixed steps. Default: the presets' own choice (quick: auto; paper: fixed steps, the paper's protocol). The protocol-variant table also shows the other choice.", rich_help_panel=PROTOCOL)] = None,
         slope_margin: Annotated[float, typer.Option("--slope-margin", help="Log-log slopes above -margin count as 'no fall with width' in the MLP-Attn claim (tested against the margin, never against 0).", rich_help_panel=PROTOCOL)] = 0.1,
     ) -> None:
         from ..audit.commands import shell_line
@@ -70,7 +80,7 @@ def register(app: typer.Typer) -> None:
                 data_args += ["--device", device]
             if not (math.isfinite(slope_margin) and slope_margin >= 0):
                 raise AuditError(f"--slope-margin must be a non-negative number, got {slope_margin}")
-            runs, variants = plan(mode, data_args, seed, n_seeds=n_seeds, match_loss=match_loss)
+            runs, variants = plan(mode, data_args, seed, n_seeds=n_seeds, match_loss=_match_loss_value(match_loss))
             commands = {r.id: shell_line(r.command, list(r.args)) for r in runs}
             if not opts.quiet:
                 opts.console.print(f"claims ({mode}): {len(runs)} runs on {' '.join(data_args)}, executor "

@@ -8,12 +8,15 @@ stated as supported or not per measure only when
   landscape is no evidence, so no claim is made about it);
 * their training losses are comparable: within 10 % of each other (``LOSS_MISMATCH_RATIO``
   = 1.1, the larger over the smaller; train to a common loss with ``--match-loss``);
-* the difference is larger than its tolerance, 2 standard errors of the difference: over
-  seeds (``--seeds`` k >= 2) the standard error of each model's mean over the k seeds
-  (sd / sqrt(k), at least the estimator's own error / sqrt(k)); with one seed the
-  estimator's own error only (Lanczos residual for lambda_max, Hutchinson standard error for
-  the trace, the spread over half-lines for the basin width). Inside the tolerance the
-  verdict reads "not resolved".
+* the difference is larger than its tolerance: over seeds (``--seeds`` k >= 2) Student's
+  t(0.975, k - 1) standard errors of the difference, each model's standard error being that
+  of its mean over the k seeds (sd / sqrt(k), at least the estimator's own error /
+  sqrt(k)); with one seed 2 of the estimator's own errors (Lanczos residual for lambda_max,
+  Hutchinson standard error for the trace, the spread over half-lines for the basin width).
+  Inside the tolerance the verdict reads "not resolved";
+* at least 3 seeds (``attnaudit.stats.MIN_SEEDS``) stand behind it: a difference beyond the
+  tolerance over fewer seeds reads "not resolved" too, since the spread over initialisations
+  is then barely or not at all measured.
 
 Every diagnostic that limits a number (Lanczos not converged, censored basin half-lines,
 negative curvature, the GD stability bound) becomes a warning.
@@ -24,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from ..stats import CONFIDENCE, MIN_SEEDS, t_quantile
 from .analysis import LandscapeResult
 
 #: Training losses whose ratio (larger / smaller) exceeds this are not comparable for sharpness (10 %).
@@ -114,15 +118,19 @@ def measure_stats(runs: Sequence[LandscapeResult]) -> dict[str, tuple[float, flo
 def _compare(name: str, r_stat: tuple[float, float], a_stat: tuple[float, float], k: int, sharper_if_larger: bool,
              what: str, fmt: str = "{:.4g}", extra: str = "") -> str:
     (mr, se_r), (ma, se_a) = r_stat, a_stat
-    tol = RESOLVE_SE * math.hypot(se_r, se_a)
+    factor = t_quantile(CONFIDENCE, k - 1) if k > 1 else RESOLVE_SE
+    tol = factor * math.hypot(se_r, se_a)
     diff = mr - ma
     where = "mean over %d seeds" % k if k > 1 else "1 seed"
-    basis = ("2 SE of the difference, SE = sd over seeds / sqrt(k)" if k > 1
+    basis = (f"t(0.975, {k - 1}) = {factor:.2f} SE of the difference, SE = sd over seeds / sqrt(k)" if k > 1
              else "2 SE of the difference from the estimator's own error; one seed: the spread over initialisations is not measured, use --seeds")
     head = (f"{name} ({where}{extra}): relu {fmt.format(mr)} +- {se_r:.2g}, attn {fmt.format(ma)} +- {se_a:.2g}; "
             f"difference {diff:+.4g}, tolerance {tol:.2g} ({basis}); ")
     if abs(diff) <= tol:
         return head + "difference within the tolerance: not resolved"
+    if k < MIN_SEEDS:
+        return head + (f"beyond the tolerance, but {k} seed{'s' if k > 1 else ''} cannot carry a verdict (at least "
+                       f"{MIN_SEEDS}; pass --seeds {MIN_SEEDS}): not resolved")
     holds = (diff > 0) if sharper_if_larger else (diff < 0)
     return head + _support(holds, what)
 

@@ -106,6 +106,9 @@ class LandscapeRun:
     seeds: tuple[int, ...] = ()
     status: dict[str, dict] = field(default_factory=dict)
     optimizer: dict | None = None
+    #: ``match_loss_auto``: the rule, each model's and seed's loss after the step budget, and
+    #: the common target L* every model was then trained to (None otherwise)
+    match_loss_resolution: dict | None = None
 
     @property
     def labels(self) -> list[str]:
@@ -158,6 +161,7 @@ def run_landscape(
     seeds: Sequence[int] | None = None,
     recipe=None,
     loss_ratio: float | None = None,
+    match_loss_auto: bool = False,
 ) -> LandscapeRun:
     """Train the reference models ``models`` (default relu, attn) on ``data``, or take the
     ``saved`` ones (label -> module or Task), analyse each with ``config`` and compare them.
@@ -175,6 +179,10 @@ def run_landscape(
     :class:`attnaudit.fit.Recipe` (``sgd``/``adam`` with a batch size) trains the built-in
     models with :func:`attnaudit.fit.fit` instead of full-batch GD (``train_config`` then only
     names the loss); its ``seed`` (data order) is replaced by each model seed.
+
+    ``match_loss_auto`` (full-batch GD): every model and seed is first trained for the whole
+    step budget; the largest final loss L* becomes ``train_config.loss_tol``, so every model
+    is then trained until its loss first reaches L* (the slowest one runs its whole budget).
     """
     from .. import training as gd  # looked up at call time (tests replace gd.train)
 
@@ -220,6 +228,25 @@ def run_landscape(
     for net in nets.values():  # a selector that matches nothing fails now, before training or analysis
         parameter_names(landscape_task(net, X, config.loss, config.params), X)
 
+    resolution = None
+    if match_loss_auto:
+        if train_config is None or recipe is not None:
+            raise AuditError("--match-loss auto trains the built-in models with full-batch GD; drop it for saved models "
+                             "or --optimizer sgd/adam")
+        budget = dataclasses.replace(train_config, loss_tol=None)
+        runs = []
+        for label in nets:
+            for s in seed_list:
+                tr = gd.train(build_reference_model(label, X, data.n_classes, width=width, seed=s), X, y, budget)
+                if tr.diverged:
+                    raise AuditError(f"training {label} diverged (loss {tr.final_loss}); lower the learning rate")
+                runs.append({"model": label, "seed": s, "final_loss": float(tr.final_loss), "steps_run": tr.steps_run})
+        slowest = max(runs, key=lambda r: r["final_loss"])
+        train_config = dataclasses.replace(train_config, loss_tol=slowest["final_loss"])
+        resolution = {"rule": "auto: the largest training loss any model reaches within the step budget",
+                      "target": slowest["final_loss"], "set_by": f"{slowest['model']} seed {slowest['seed']}",
+                      "budget_steps": budget.steps, "budget_runs": runs}
+
     results: dict[str, LandscapeResult] = {}
     seed_results: dict[str, list[LandscapeResult]] = {label: [] for label in nets}
     seed_training: dict[str, list[dict]] = {label: [] for label in nets}
@@ -258,6 +285,7 @@ def run_landscape(
         results=results, training=training, verdicts=tuple(verdicts), warnings=tuple(provenance + list(warnings)),
         lr=lr, timings=timings, seed_results=seed_results if not saved else {},
         seed_training=seed_training if len(seed_list) > 1 else {}, seeds=seed_list, status=status,
+        match_loss_resolution=resolution,
         optimizer=None if train_config is None else (
             recipe.to_dict() if recipe is not None else {"optimizer": "gd", "lr": train_config.lr, "batch_size": None,
                                                          "steps": train_config.steps, "loss": train_config.loss}),
