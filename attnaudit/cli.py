@@ -21,7 +21,12 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+#: Options of the whole program that may also be written after the command name
+#: (``attnaudit kappa --threads 1``); they are moved in front of it before parsing.
+GLOBAL_VALUE_OPTIONS = ("--threads",)
 
 
 def _version(value: bool) -> None:
@@ -67,6 +72,33 @@ def _exit_quietly(code: int) -> None:
     sys.exit(code)
 
 
+def _hoist_global_options(args: list[str]) -> list[str]:
+    """Move global options written after the command name in front of it, so
+    ``attnaudit kappa --threads 1`` means ``attnaudit --threads 1 kappa``. Arguments after
+    ``--`` are left alone; a global option without its value stays where it is (the parser
+    then reports it)."""
+    command_at = next((i for i, a in enumerate(args) if not a.startswith("-") and (i == 0 or args[i - 1] not in GLOBAL_VALUE_OPTIONS)), None)
+    if command_at is None:
+        return args
+    head, rest, moved = args[:command_at + 1], [], []
+    tail = args[command_at + 1:]
+    i = 0
+    while i < len(tail):
+        a = tail[i]
+        if a == "--":
+            rest.extend(tail[i:])
+            break
+        name = a.split("=", 1)[0]
+        if name in GLOBAL_VALUE_OPTIONS and ("=" in a or i + 1 < len(tail)):
+            take = 1 if "=" in a else 2
+            moved.extend(tail[i:i + take])
+            i += take
+            continue
+        rest.append(a)
+        i += 1
+    return head[:command_at] + moved + head[command_at:] + rest
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point (``attnaudit`` and ``python -m attnaudit``).
 
@@ -75,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     """
     from .invocation import command_line
 
-    args = list(sys.argv[1:] if argv is None else argv)
+    args = _hoist_global_options(list(sys.argv[1:] if argv is None else argv))
     try:
         with command_line(args):
             result = app(args=args, prog_name="attnaudit", standalone_mode=False)

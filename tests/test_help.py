@@ -112,3 +112,32 @@ def test_help_texts_are_not_eaten_as_markup(capsys, monkeypatch):
     assert "attnaudit[hf]" in out
     out = _help(capsys, monkeypatch, "ntk-distance")
     assert "attnaudit[ray]" in out
+
+
+def _run_cli(*args: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "attnaudit", *args], capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+
+
+def test_dash_h_is_help_for_the_program_and_every_command():
+    root = _run_cli("-h")
+    assert root.returncode == 0 and "Usage: attnaudit" in root.stdout and "kappa" in root.stdout
+    for name in ("kappa", "audit"):
+        sub = _run_cli(name, "-h")
+        assert sub.returncode == 0, sub.stderr
+        assert f"Usage: attnaudit {name}" in sub.stdout
+
+
+def test_threads_works_after_the_command_name_too():
+    import json
+
+    before = _run_cli("--threads", "1", "kappa", "--n", "40", "--json", "-", "-q")
+    after = _run_cli("kappa", "--n", "40", "--threads", "1", "--json", "-", "-q")
+    assert before.returncode == 0 and after.returncode == 0, after.stderr
+    rules = [json.loads(r.stdout)["environment"]["threads_rule"] for r in (before, after)]
+    assert rules == ["explicit request: --threads 1"] * 2
+    bad = _run_cli("kappa", "--threads", "-3")
+    assert bad.returncode == 2 and "--threads must be >= 0" in bad.stderr
