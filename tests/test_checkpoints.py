@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from attnaudit.checkpoints import fit_to_data, load_checkpoint, load_factory
 from attnaudit.data import DataSpec, load_dataset
 from attnaudit.errors import AuditError
-from attnaudit.weights import match_state_dict, read_weights
+from attnaudit.weights import load_into, match_state_dict, read_weights
 
 runner = CliRunner()
 
@@ -207,9 +207,99 @@ def test_checkpoint_path_errors(tmp_path):
         load_checkpoint(tmp_path / "model.onnx")
 
 
-def test_match_state_dict_is_silent_on_a_fit():
-    net = torch.nn.Linear(3, 2)
-    match_state_dict(net, net.state_dict(), where="x")
+def _net(seed: int) -> torch.nn.Module:
+    """Parameters and buffers, float and integer (BatchNorm's num_batches_tracked is int64)."""
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
+    net.train()(torch.randn(8, 3))  # moves the running statistics and the batch counter off their init
+    return net.eval()
+
+
+def _snapshot(net: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in net.state_dict().items()}
+
+
+def test_match_state_dict_accepts_an_exact_fit_and_loads_nothing():
+    """On a fit it returns None and changes neither the module nor the tensors; load_into,
+    which checks with it, then leaves the module exactly as torch's own strict
+    load_state_dict leaves a second copy."""
+    import copy
+
+    net, other = _net(0), _net(1)
+    state = _snapshot(other)
+    before, given = _snapshot(net), _snapshot(other)
+    assert any(not torch.equal(before[k], state[k]) for k in state)  # the two nets really differ
+    assert match_state_dict(net, state, where="w.safetensors") is None
+    for name, tensor in net.state_dict().items():  # a check, not a load
+        assert torch.equal(tensor, before[name]), name
+    for name, tensor in state.items():
+        assert torch.equal(tensor, given[name]), name
+    # a floating tensor of another precision fits (torch casts it on load); so does the module's own state
+    match_state_dict(net, {k: v.half() if v.is_floating_point() else v for k, v in state.items()}, where="w")
+    match_state_dict(net, net.state_dict(), where="w")
+
+    twin = copy.deepcopy(net)
+    twin.load_state_dict(state, strict=True)
+    assert load_into(net, state, where="w.safetensors") is net
+    assert net.state_dict().keys() == twin.state_dict().keys() == state.keys()
+    for name, tensor in net.state_dict().items():
+        assert torch.equal(tensor, twin.state_dict()[name]) and torch.equal(tensor, state[name]), name
+        assert tensor.dtype == twin.state_dict()[name].dtype, name
+
+
+@pytest.mark.parametrize(
+    ("change", "needles"),
+    [
+        ("missing", ["1 missing key(s) (1.running_mean)"]),
+        ("extra", ["1 unexpected key(s) (3.weight)"]),
+        ("missing_and_extra", ["1 missing key(s) (2.bias)", "1 unexpected key(s) (2.bias_typo)"]),
+        ("many_missing", ["7 missing key(s) (0.weight, 0.bias, 1.weight, 1.bias and 3 more)"]),
+        ("shape", ["tensor 2.weight has shape (2, 5) in the file but the model expects (2, 4)"]),
+        ("dtype", ["tensor 0.weight has dtype int64 but the model holds float32"]),
+        ("int_as_float", ["tensor 1.num_batches_tracked has dtype float32 but the model holds int64"]),
+        ("nan", ["tensor 1.running_var holds non-finite values"]),
+        ("inf", ["tensor 0.bias holds non-finite values"]),
+    ],
+)
+def test_match_state_dict_names_the_key_and_the_label_and_loads_nothing(change, needles):
+    """Each misfit raises one AuditError line that starts with the ``where`` label and names the
+    tensor; load_into then leaves the module untouched (torch's strict load would already have
+    copied the tensors that did fit)."""
+    net = _net(0)
+    state = _snapshot(_net(1))
+    if change == "missing":
+        del state["1.running_mean"]
+    elif change == "extra":
+        state["3.weight"] = torch.zeros(2)
+    elif change == "missing_and_extra":
+        state["2.bias_typo"] = state.pop("2.bias")
+    elif change == "many_missing":
+        state = {k: v for k, v in state.items() if k.startswith("2.")}
+    elif change == "shape":
+        state["2.weight"] = torch.zeros(2, 5)
+    elif change == "dtype":
+        state["0.weight"] = torch.zeros(4, 3, dtype=torch.int64)
+    elif change == "int_as_float":
+        state["1.num_batches_tracked"] = state["1.num_batches_tracked"].float()
+    elif change == "nan":
+        state["1.running_var"][2] = float("nan")
+    elif change == "inf":
+        state["0.bias"][0] = -float("inf")
+    before = _snapshot(net)
+    fix = "re-export the weights from the same model class"
+    with pytest.raises(AuditError) as err:
+        match_state_dict(net, state, where="weights w.safetensors", fix=fix)
+    message = str(err.value)
+    assert message.startswith("weights w.safetensors: ") and "\n" not in message
+    for needle in needles:
+        assert needle in message, message
+    if change not in ("nan", "inf"):  # a damaged file has no fix but re-saving it
+        assert message.endswith("; " + fix), message
+    with pytest.raises(AuditError) as again:
+        load_into(net, state, where="weights w.safetensors", fix=fix)
+    assert str(again.value) == message
+    for name, tensor in net.state_dict().items():
+        assert torch.equal(tensor, before[name]), name
 
 
 def test_data_that_does_not_fit_the_model(user_package):

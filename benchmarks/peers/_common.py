@@ -10,6 +10,11 @@ Workloads (float64 throughout; the peers run on exactly the tensors attnaudit se
 Timing: each side is run once to warm up (imports, allocator, jit), then ``repeats``
 times; the best time is kept. ``RATIO <name>=<attnaudit time / peer time>``: below 1 means
 attnaudit is faster. A peer that is not installed is skipped with a message (exit 0).
+
+Agreement: each script states its tolerances in its docstring and checks every agreement
+measure with :func:`check`, which prints ``AGREEMENT <name>=<value> tol=<tol> ok=<true|false>``
+(``ok`` when value <= tol; a NaN fails); :func:`finish`, called after the last RATIO line,
+exits 1 when any check failed and 0 otherwise (also when a workload was skipped).
 Every script pins itself to one core and one thread on import of this module (see
 :func:`_one_core`), so both sides run single-threaded: ``python benchmarks/peers/<file>.py``.
 """
@@ -131,3 +136,28 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 def report(name: str, ours: float, peer: float, agreement: str) -> None:
     print(f"  attnaudit {ours:.4f} s   peer {peer:.4f} s   agreement: {agreement}")
     print(f"RATIO {name}={ours / peer:.3f}")
+
+
+_CHECKS: list[tuple[str, float, float, bool]] = []
+
+
+def check(name: str, value: float, tol: float) -> bool:
+    """Compare one agreement measure (smaller is better) with its tolerance: print
+    ``AGREEMENT <name>=<value> tol=<tol> ok=<true|false>`` and remember the outcome for
+    :func:`finish`. ``ok`` is ``value <= tol``; a NaN value fails."""
+    value = float(value)
+    ok = value <= tol  # False for NaN
+    print(f"AGREEMENT {name}={value:.3g} tol={tol:g} ok={'true' if ok else 'false'}")
+    _CHECKS.append((name, value, tol, ok))
+    return ok
+
+
+def finish() -> None:
+    """End the script: exit 1 (naming the failed checks) when any :func:`check` failed, else 0.
+    Call it after the last RATIO line, so every timing is printed even when a check fails."""
+    failed = [name for name, _, _, ok in _CHECKS if not ok]
+    if failed:
+        print(f"FAIL {len(failed)} of {len(_CHECKS)} agreement checks beyond tolerance: {', '.join(failed)}")
+        sys.exit(1)
+    print(f"OK {len(_CHECKS)} agreement checks within tolerance")
+    sys.exit(0)

@@ -14,6 +14,17 @@ Agreement: the two kernels against each other, and both against a 200-bit mpmath
 reference on 400 pairs (the 200 most nearly collinear ones, where cancellation bites, and
 200 at random).
 
+Tolerances (the script exits 1 after its RATIO lines when one is exceeded; each check prints
+``AGREEMENT <workload>/<measure>=<value> tol=<tol> ok=<true|false>``):
+
+* ``ntk_attnaudit_vs_reference`` <= 1e-13: attnaudit's max relative error against the 200-bit
+  reference on the 400 pairs (measured 5.4e-16 digits, 1.2e-15 / 1.1e-15 MNIST; the unit
+  tests hold it to 4e-15);
+* ``ntk_rel_diff`` <= 1e-7: max |attnaudit - neural-tangents| / max |neural-tangents| over
+  the whole kernel (measured 5.5e-16 digits; 7.3e-9 / 6.9e-9 on MNIST, where neural-tangents'
+  arccos of a dot product near 1 loses half the digits at near-duplicate images, an error of
+  order sqrt(machine epsilon) = 1.5e-8 at most).
+
 Workloads: digits (1,437 x 64) and the MNIST test split (n = 2,000 and 10,000, d = 784;
 skipped when ../shared/data is absent). Prints ``RATIO analytic_ntk_vs_neural_tangents=<x>``
 per workload.
@@ -30,7 +41,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import numpy as np
 import torch
 
-from _common import SHARED, best_time, report, require, workload_args
+from _common import SHARED, best_time, check, finish, report, require, workload_args
 from attnaudit.data import DataSpec, load_dataset
 from attnaudit.ntk import analytic_ntk
 
@@ -38,6 +49,8 @@ jax = require("jax", "jax")
 jax.config.update("jax_enable_x64", True)
 nt = require("neural_tangents", "neural-tangents")
 mpmath = require("mpmath", "mpmath")
+
+TOL_REFERENCE, TOL_MUTUAL = 1e-13, 1e-7  # see the docstring
 
 
 def reference(X: np.ndarray, pairs: np.ndarray) -> np.ndarray:
@@ -91,6 +104,8 @@ def run(name: str, X: torch.Tensor, repeats: int) -> None:
     report("analytic_ntk_vs_neural_tangents", t_ours, t_peer,
            f"max rel diff between them {mutual:.1e}; vs 200-bit reference on {len(pairs)} pairs: "
            f"attnaudit {e_ours:.1e}, neural-tangents {e_peer:.1e}")
+    check(f"{name}/ntk_attnaudit_vs_reference", e_ours, TOL_REFERENCE)
+    check(f"{name}/ntk_rel_diff", mutual, TOL_MUTUAL)
 
 
 def main() -> None:
@@ -108,3 +123,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    finish()

@@ -14,6 +14,13 @@ call still validates the data range on every call (the peer does not).
 Agreement: the adversarial inputs of the two sides (max |difference|; identical signs of
 the gradient give exactly equal inputs).
 
+Tolerance: ``fgsm_fraction_differing`` <= 1e-4, the fraction of adversarial input entries
+that differ by more than 1e-12 (measured 0 on both workloads: identical inputs; a gradient
+entry within round-off of 0 could take the other sign on one side, so a few entries in
+10,000 are allowed, while a wrong eps, sign, clip or loss changes most of them). The script
+prints ``AGREEMENT <workload>/fgsm_fraction_differing=<value> tol=0.0001 ok=<true|false>``
+and exits 1 after its RATIO lines when it is exceeded.
+
 Workloads: digits (1,437 x 64, width 32) and MNIST (n = 10,000 x 784, width 256; skipped
 when ../shared/data is absent). Prints ``RATIO fgsm_vs_torchattacks=<x>`` and ``RATIO fgsm_evaluated_vs_torchattacks=<x>``
 per workload.
@@ -24,10 +31,12 @@ from __future__ import annotations
 
 import torch
 
-from _common import best_time, report, require, workload, workload_args
+from _common import best_time, check, finish, report, require, workload, workload_args
 from attnaudit.attacks import AttackConfig, attack_engine, perturb
 
 torchattacks = require("torchattacks", "torchattacks")
+
+TOL = 1e-4  # see the docstring
 
 
 def run(name: str, n: int | None, width: int, repeats: int) -> None:
@@ -56,6 +65,7 @@ def run(name: str, n: int | None, width: int, repeats: int) -> None:
     print(f"  with evaluation: {t_eval:.4f} s (loss {evaluated.loss_before:.4f} -> {evaluated.loss_after:.4f}, "
           f"accuracy {evaluated.accuracy_before:.3f} -> {evaluated.accuracy_after:.3f})")
     print(f"RATIO fgsm_evaluated_vs_torchattacks={t_eval / t_peer:.3f}")
+    check(f"{name}/fgsm_fraction_differing", float(((ours.X_adv - theirs).abs() > 1e-12).double().mean()), TOL)
 
 
 def main() -> None:
@@ -68,3 +78,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    finish()
