@@ -717,3 +717,18 @@ def test_quick_scorecard_on_digits_end_to_end(tmp_path, monkeypatch):
             assert width["value"] == est["log10_required_width"]
         else:
             assert rerun["models"]["relu"]["slope_per_seed"] == ntk_rep["models"]["relu"]["slope_per_seed"]
+
+
+def test_preset_names_the_scorecard_like_every_other_command(capsys):
+    from attnaudit.cli import main
+    from attnaudit.commands.claims import _mode
+    from attnaudit.errors import AuditError
+
+    assert _mode(None, None) == "quick" and _mode("quick", None) == "quick" and _mode("paper", None) == "full"
+    assert _mode(None, False) == "full" and _mode("paper", False) == "full"  # the older --full agrees
+    for bad in (("paper", True), ("quick", False), ("fast", None)):
+        with pytest.raises(AuditError):
+            _mode(*bad)
+    with pytest.raises(SystemExit) as exc:
+        main(["claims", "--preset", "paper", "--quick", "-q"])
+    assert exc.value.code == 2 and "disagree" in capsys.readouterr().err

@@ -18,8 +18,8 @@ HELP = (
     "protocols (the commands' quick or paper presets) and prints one verdict per claim (supported / contradicted / "
     "not resolved / not testable here, with why), plus the malleability comparison under protocol variants. "
     "Every row states its null hypothesis, the interval it is read from (Student t or Fieller over --seeds seeds) and "
-    "the warnings of its run. --quick: digits, a few minutes; --full: MNIST-size presets (under an hour on 2 cores with "
-    "--jobs 2)."
+    "the warnings of its run. --preset quick: digits, a few minutes; --preset paper: MNIST-size presets (an hour or more "
+    "on 2 cores with --jobs 2)."
 )
 
 
@@ -38,6 +38,18 @@ def _data_args(source: DataOptions, mode: str) -> list[str]:
     return args
 
 
+def _mode(preset: str | None, quick: bool | None) -> str:
+    """The scorecard mode from --preset (quick | paper) or the older --quick/--full."""
+    if preset is not None:
+        key = preset.strip().lower()
+        if key not in ("quick", "paper"):
+            raise AuditError(f"unknown --preset {preset!r}; use quick or paper")
+        if quick is not None and quick != (key == "quick"):
+            raise AuditError(f"--preset {key} and --{'quick' if quick else 'full'} disagree; give --preset alone")
+        return "quick" if key == "quick" else "full"
+    return "quick" if quick is None or quick else "full"
+
+
 def _match_loss_value(text: str | None) -> float | str | None:
     """--match-loss as given: a number, or the words auto / none (checked by the plan)."""
     if text is None:
@@ -49,13 +61,14 @@ def _match_loss_value(text: str | None) -> float | str | None:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("claims", help=HELP, cls=ManualCommand, epilog="Example: attnaudit claims --quick --json claims.json")
+    @app.command("claims", help=HELP, cls=ManualCommand, epilog="Example: attnaudit claims --preset quick --json claims.json")
     @bundled(source=DataOptions.defaults(dataset=None, split=None), out=OutputBundle, execution=ExecutorOptions)
     def claims_command(
         source: DataOptions,
         out: OutputBundle,
         execution: ExecutorOptions,
-        quick: Annotated[bool, typer.Option("--quick/--full", help="--quick (default): the commands' quick presets on digits; --full: their paper presets (MNIST-size).", rich_help_panel=PROTOCOL)] = True,
+        preset: Annotated[Optional[str], typer.Option("--preset", help="quick (default): the commands' quick presets on digits; paper: their paper presets (MNIST-size), as in every other command.", rich_help_panel=PROTOCOL)] = None,
+        quick: Annotated[Optional[bool], typer.Option("--quick/--full", help="Older spelling of --preset quick / --preset paper (kept for one release).", rich_help_panel=PROTOCOL)] = None,
         seed: SeedOpt = 0,
         device: DeviceOpt = "auto",
         n_seeds: Annotated[int, typer.Option("--seeds", help="Seeds of every stochastic run (seed, seed+1, ...); intervals are Student t / Fieller over them, and fewer than 3 never give supported or contradicted.", rich_help_panel=PROTOCOL)] = 5,
@@ -69,7 +82,7 @@ def register(app: typer.Typer) -> None:
         from ..sweep import CellTask, run_cells
 
         with cli_errors(out.debug):
-            mode = "quick" if quick else "full"
+            mode = _mode(preset, quick)
             opts = out.options()
             check_seed(seed, "--seed")
             executor = execution.config()
