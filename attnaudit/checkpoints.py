@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from .core.task import Inputs, Loss, Task
-from .errors import AuditError
+from .errors import AuditError, clip_text as _clip
 
 
 @dataclass
@@ -326,9 +326,6 @@ def load_model_source(
     return load_checkpoint(checkpoint, trust_pickle=trust_pickle)
 
 
-def _clip(text: object, limit: int = 160) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 def unique_labels(labels: list[str]) -> list[str]:

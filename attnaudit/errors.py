@@ -12,3 +12,22 @@ class AuditError(Exception):
     """A problem with the user's input; the message names the problem and the fix."""
 
     exit_code = 2
+
+
+def clip_text(text: object, limit: int = 160) -> str:
+    """``str(text)`` on one line (runs of white space become one space), cut to at most
+    ``limit`` characters with an ellipsis marking the cut: for echoing user input in a
+    one-line error message. Never raises (an int too large to print becomes a placeholder)."""
+    try:
+        text = str(text)
+    except ValueError:  # an int of more than 4300 digits cannot be printed
+        text = f"<{type(text).__name__} too large to print>"
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: max(limit - 1, 0)] + "\u2026"
+
+
+def name_list(items, limit: int = 4) -> str:
+    """The first ``limit`` names joined by commas, then "and N more"."""
+    items = [str(x) for x in items]
+    shown = ", ".join(items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")

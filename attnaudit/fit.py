@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from .core.task import Inputs, as_loss, eval_mode, to_logits
-from .errors import AuditError
+from .errors import AuditError, clip_text as _clip
 
 OPTIMIZERS = ("gd", "sgd", "adam")
 LOSSES = ("mse", "ce")
@@ -61,8 +61,6 @@ def _show(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 def _is_int(value: object) -> bool:

@@ -70,7 +70,7 @@ from torch import nn
 from .checkpoints import LoadedModel
 from .core.engine import math_attention
 from .core.task import Inputs
-from .errors import AuditError
+from .errors import AuditError, clip_text as _clip, name_list as _names
 from .weights import load_into, read_weights
 
 INSTALL_HINT = 'loading a Hugging Face checkpoint needs transformers: pip install "attnaudit[hf]"'
@@ -92,15 +92,8 @@ _OTHER_FRAMEWORKS = ("tf_model.h5", "flax_model.msgpack", "model.ckpt.index")
 # --------------------------------------------------------------------------- helpers
 
 
-def _clip(text: object, limit: int = 160) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
-def _names(items: Sequence[str], limit: int = 4) -> str:
-    items = list(items)
-    shown = ", ".join(items[:limit])
-    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
 def _read_json_object(path: Path, what: str, limit: int) -> dict[str, Any]:

@@ -52,7 +52,7 @@ from torch import nn
 
 from .atomic import StagedFiles
 from .core.task import Inputs
-from .errors import AuditError
+from .errors import AuditError, clip_text
 from .vit import VIT_ARCHITECTURES, ViT, ViTSpec
 
 ARCHITECTURES = ("relu", "attn")  # the 2-layer reference nets (ModelSpec)
@@ -70,11 +70,7 @@ _TORCH_SEED_RANGE = (-(2**63), 2**64 - 1)
 
 
 def _clip(text: object, limit: int = 60) -> str:
-    try:
-        text = str(text)
-    except ValueError:  # an int of more than 4300 digits cannot be printed
-        text = f"<{type(text).__name__} too large to print>"
-    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+    return clip_text(text, limit)
 
 
 def _show(value: object, limit: int = 60) -> str:

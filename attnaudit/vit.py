@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .core.task import Inputs
-from .errors import AuditError
+from .errors import AuditError, clip_text
 
 VIT_ARCHITECTURES = ("vit", "vit-linear")
 INIT_STD = 0.02
@@ -62,11 +62,7 @@ _MAX_SIZE = 1 << 20
 
 
 def _clip(text: object, limit: int = 60) -> str:
-    try:
-        text = str(text)
-    except ValueError:  # an int of more than 4300 digits cannot be printed
-        text = f"<{type(text).__name__} too large to print>"
-    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+    return clip_text(text, limit)
 
 
 def _show(value: object, limit: int = 60) -> str:

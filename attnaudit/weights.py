@@ -20,22 +20,15 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from .errors import AuditError
+from .errors import AuditError, clip_text as _clip, name_list as _names
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle")
 SAFE_SUFFIXES = (".safetensors",)
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def _clip(text: object, limit: int = 160) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
-def _names(items, limit: int = 4) -> str:
-    items = list(items)
-    shown = ", ".join(items[:limit])
-    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
 def pickle_refusal(path: Path, what: str = "weights") -> AuditError:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import AuditError
+from ..errors import AuditError, clip_text
 
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "synthetic")
 PREPROCESS = ("raw", "center", "standardize", "unit-norm", "ntk-scale")
@@ -28,13 +28,8 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _clip(text: Any, limit: int = 80) -> str:
-    """``str(text)`` cut to at most ``limit`` characters (an ellipsis marks the cut), for echoing user input."""
-    try:
-        text = str(text)
-    except ValueError:  # an int of more than 4300 digits cannot be printed
-        text = f"<{type(text).__name__} too large to print>"
-    return text if len(text) <= limit else text[: max(limit - 1, 0)] + "\u2026"
+def _clip(text: object, limit: int = 80) -> str:
+    return clip_text(text, limit)
 
 
 def _show(value: Any, limit: int = 80) -> str:
