@@ -45,11 +45,11 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .core.task import Inputs, as_loss, eval_mode, to_logits
+from .core.task import LOSSES as LOSS_TABLE, Inputs, as_loss, eval_mode, to_logits
 from .errors import AuditError, clip_text as _clip
 
 OPTIMIZERS = ("gd", "sgd", "adam")
-LOSSES = ("mse", "ce")
+LOSSES = tuple(LOSS_TABLE)  # the core's one loss table: mse, ce
 _EVAL_CHUNK = 2048
 
 

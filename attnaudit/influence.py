@@ -89,7 +89,7 @@ from torch import nn
 
 from .core.cg import batched_cg
 from .core.engine import Engine, math_attention, ranges
-from .core.task import Inputs, Task, as_task, eval_mode, select_parameter_names, to_logits
+from .core.task import LOSSES as LOSS_TABLE, Inputs, Task, as_task, eval_mode, select_parameter_names, to_logits
 from .errors import AuditError
 
 __all__ = [
@@ -101,7 +101,7 @@ __all__ = [
 ESTIMATORS = ("exact", "last-layer", "cg", "tracin", "kfac", "ekfac", "projected")
 KRONECKER = ("kfac", "ekfac")  # Kronecker-factored curvature of the linear layers (attnaudit.kfac)
 SOLVERS = ("auto", "cholesky", "eigh")  # how exact / last-layer solve (see InfluenceConfig)
-LOSSES = ("mse", "ce")
+LOSSES = tuple(LOSS_TABLE)  # the core's one loss table: mse, ce
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 SIGN_CONVENTION = (
     "influence = d(test loss)/d(weight of the training sample) = -g_test^T (H + damping I)^-1 g_train; "
