@@ -732,3 +732,16 @@ def test_preset_names_the_scorecard_like_every_other_command(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["claims", "--preset", "paper", "--quick", "-q"])
     assert exc.value.code == 2 and "disagree" in capsys.readouterr().err
+
+
+def test_over_dispersed_seeds_carry_a_warning_computed_from_the_per_seed_rates():
+    from attnaudit.claims import _dispersion_warnings
+
+    # binomial-like seeds (K = 30, rates 0.30-0.37: sd 0.035 < binomial 0.085): no warning
+    assert _dispersion_warnings([{"attn": 0.30, "relu": 0.20}, {"attn": 0.33, "relu": 0.23},
+                                 {"attn": 0.37, "relu": 0.17}], 30) == []
+    # zero-inflated relu (0, 0, 0.4): s^2 = 0.0533, m (1 - m) = 0.1156, binomial part 0.1156 / 200
+    # -> rho = (0.0533 - 0.000578) / 0.1156 = 0.456
+    w = _dispersion_warnings([{"attn": 0.1, "relu": 0.0}, {"attn": 0.12, "relu": 0.0}, {"attn": 0.11, "relu": 0.4}], 200)
+    assert len(w) == 1 and w[0].startswith("relu's") and "rho ~ 0.46" in w[0]
+    assert _dispersion_warnings([], 30) == [] and _dispersion_warnings([{"attn": 0.1, "relu": 0.2}], 30) == []
