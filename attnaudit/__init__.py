@@ -34,7 +34,7 @@ _PUBLIC = {
     "ModelSpec": "models", "build_model": "models", "save_model": "models", "load_model": "models",
     "build_builtin": "models", "ViT": "vit", "ViTSpec": "vit", "Recipe": "fit", "fit": "fit",
     # trained models from files: attnaudit checkpoints, Hugging Face folders, user factories
-    "LoadedModel": "checkpoints", "load_checkpoint": "checkpoints", "load_factory": "checkpoints",
+    "LoadedModel": "loaded_model", "load_checkpoint": "checkpoints", "load_factory": "checkpoints",
     "fit_to_data": "checkpoints",
     # analyses: config -> run -> result
     "KappaConfig": "kappa", "analyse_kappa": "kappa",

@@ -67,7 +67,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from .checkpoints import LoadedModel
+from .loaded_model import LoadedModel
 from .core.engine import math_attention
 from .core.task import Inputs
 from .errors import AuditError, clip_text as _clip, name_list as _names

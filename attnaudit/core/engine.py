@@ -31,6 +31,7 @@ import torch
 from torch.func import functional_call, grad, jacrev, jvp, vjp, vmap
 
 from ..errors import AuditError
+from .attention import math_attention
 from .task import Task, eval_mode, to_logits
 
 KERNEL_FORMS = ("full", "trace")
@@ -41,31 +42,6 @@ JACOBIAN_ROWS = 16
 JACOBIAN_TRANSIENT = 3
 # strip height of the symmetric eNTK's upper triangle (Engine.entk; 4x for the trace form)
 ENTK_STRIP_ROWS = 16
-
-
-@contextlib.contextmanager
-def math_attention() -> Iterator[None]:
-    """Force the math kernel of scaled dot-product attention (differentiable twice), and
-    switch off ``nn.MultiheadAttention``'s fused inference fast path, which has no vmap
-    batching rule (torch falls back to a slow per-sample loop) and no double derivative.
-    Both are restored on exit."""
-    mha = getattr(torch.backends, "mha", None)
-    fastpath = mha.get_fastpath_enabled() if mha is not None else None
-    try:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-    except ImportError:  # torch < 2.3: the fused kernels are chosen per call; nothing to force
-        sdpa_kernel = None
-    try:
-        if mha is not None:
-            mha.set_fastpath_enabled(False)
-        if sdpa_kernel is None:
-            yield
-        else:
-            with sdpa_kernel(SDPBackend.MATH):
-                yield
-    finally:
-        if mha is not None:
-            mha.set_fastpath_enabled(fastpath)
 
 
 def ranges(n: int, size: int) -> Iterable[tuple[int, int]]:

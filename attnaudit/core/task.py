@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from ..errors import AuditError
+from .attention import math_attention
 
 # --------------------------------------------------------------------------- losses
 
@@ -160,8 +161,6 @@ def probe_rows(module: nn.Module, X: torch.Tensor) -> torch.Tensor:
 
 
 def _math_attention():
-    from .engine import math_attention  # engine imports this module
-
     return math_attention()
 
 
