@@ -937,7 +937,7 @@ def influence_sweep(
         S_proj, pdiag = _projected_solve(hvp, B, given, config, lam_info)
         proj = pdiag.pop("_projection")
         dampings = pdiag.pop("_dampings")
-        for j, g in enumerate(given):
+        for j in range(len(given)):
             solved.append(S_proj[j])
             diags.append(dict(pdiag))
             warns.append([])

@@ -681,7 +681,10 @@ def linearized_prediction(
     dist = _rms_rows(f_te - lin_te)
     ref = _rms_rows(lin_te)
     dynamics, exact_kgd = _dynamics(recipe, chosen)
-    acc = (lambda F, yy: float((F.argmax(1) == yy.to(F.device)).double().mean()))
+
+    def acc(F: torch.Tensor, yy: torch.Tensor) -> float:
+        return float((F.argmax(1) == yy.to(F.device)).double().mean())
+
     return LinearizedResult(
         method=chosen,
         applicable=True,

@@ -149,7 +149,7 @@ def measure(method: str, n: int, form: str, repeats: int, memory_bytes: int, sin
         except queue_module.Empty:
             if not proc.is_alive():
                 raise SystemExit(f"the {method} worker ended without a result (exit code {proc.exitcode}; "
-                                 "killed for memory?)")
+                                 "killed for memory?)") from None
     proc.join()
     return out
 

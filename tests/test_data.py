@@ -26,8 +26,6 @@ from attnaudit.data import (
     PREPROCESS,
     DataSpec,
     Dataset,
-    _clip,
-    _short_list,
     apply_preprocess,
     check_seed,
     default_data_dir,
@@ -35,6 +33,7 @@ from attnaudit.data import (
     load_dataset,
     parse_classes,
 )
+from attnaudit.data.spec import _clip, _short_list
 from attnaudit.errors import AuditError
 
 REAL_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"

@@ -127,7 +127,7 @@ def to_logits(output: Any) -> torch.Tensor:
     of a dict, or ``.logits`` of an output object (Hugging Face); (B,) becomes (B, 1)."""
     if isinstance(output, torch.Tensor):
         logits = output
-    elif hasattr(output, "logits") and isinstance(getattr(output, "logits"), torch.Tensor):
+    elif hasattr(output, "logits") and isinstance(output.logits, torch.Tensor):
         logits = output.logits
     elif isinstance(output, dict) and isinstance(output.get("logits"), torch.Tensor):
         logits = output["logits"]

@@ -40,34 +40,23 @@ stratification, holdout split, assembly), :mod:`.preprocess`, and :mod:`.loader`
 (:func:`load_dataset`). Every name is re-exported here.
 """
 
-# Private helpers are re-exported too: code and tests that imported them from the former
-# single module attnaudit/data.py keep working.
 from .builtin import (
     SYNTHETIC_CLASSES,
-    _load_cifar10,
-    _load_digits,
-    _load_idx_dataset,
-    _load_synthetic,
     default_data_dir,
     synthetic_matrix,
 )
 from .loader import load_dataset
 from .recipe import HoldoutRecipe
-from .preprocess import _preprocess_inplace, apply_preprocess, ntk_scale_factor
+from .preprocess import apply_preprocess, ntk_scale_factor
 from .readers import (
     CSV_LABEL_COLUMNS,
     IMAGE_SUFFIXES,
     USER_SUFFIXES,
     X_NAMES,
     Y_NAMES,
-    _check_features,
-    _check_labels,
-    _load_user,
-    _read_cifar_batch,
-    _RestrictedUnpickler,
     read_idx,
 )
-from .selection import _choose, _finish, _select_rows, _stratified_counts, holdout_split, subset
+from .selection import holdout_split, subset
 from .spec import (
     DATASETS,
     MAX_CLASSES,
@@ -76,11 +65,6 @@ from .spec import (
     SPLITS,
     Dataset,
     DataSpec,
-    _clip,
-    _is_int,
-    _short_list,
-    _show,
-    _Source,
     check_seed,
     data_fingerprint,
     image_shape,
