@@ -326,6 +326,9 @@ def _plain_metavar(param: Any) -> None:
     if isinstance(param, TyperArgument):
         label = (param.metavar or "PATH") + ("..." if param.nargs != 1 else "")
         param.display_type_rich = lambda ctx, _label=label: _label  # per instance: typer has no hook
+        # the usage line as click writes it (AUDIT.yaml, [RUN.json]...), not typer's {AUDIT.yaml}
+        usage = label if param.required else f"[{label}]"
+        param._usage_display_name = lambda _usage=usage: _usage
         return
     if not isinstance(param, TyperOption) or param.metavar is not None:
         return

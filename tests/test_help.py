@@ -141,3 +141,10 @@ def test_threads_works_after_the_command_name_too():
     assert rules == ["explicit request: --threads 1"] * 2
     bad = _run_cli("kappa", "--threads", "-3")
     assert bad.returncode == 2 and "--threads must be >= 0" in bad.stderr
+
+
+def test_usage_lines_write_positional_arguments_plainly():
+    for name, usage in (("audit", "Usage: attnaudit audit [OPTIONS] AUDIT.yaml"),
+                        ("report", "Usage: attnaudit report [OPTIONS] RUN.json...")):
+        out = _run_cli(name, "-h").stdout
+        assert usage in out and "{" not in out.split("\n\n")[0], out[:300]
