@@ -1142,7 +1142,9 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
             out = _logits(model, X)
             row = {
                 "seed": seed, "model": arch, "role": role, "source": "recorded recipe re-run",
-                "final_loss": loss_value(out, y_train, config.loss).item(), "steps_run": res.steps_run,
+                # the loss the recorded recipe trains with (the audit's --loss may differ)
+                "final_loss": loss_value(out, y_train, rb.recipe.loss).item(), "loss": rb.recipe.loss,
+                "steps_run": res.steps_run,
                 "init_seed": init_seed, "data_order_seed": order_seed, "reached_match_loss": None,
                 "train_accuracy": accuracy(out, y_train), "test_accuracy": accuracy(_logits(model, X_test), y_test),
             }

@@ -494,6 +494,14 @@ def test_malleability_retrain_reruns_the_recorded_recipe(app, vit_checkpoint, tm
     rows = [r for r in results["training"] if r["role"] == "clean"]
     assert [r["init_seed"] for r in rows] == [1, 2] and all(r["steps_run"] == 60 for r in rows)  # recorded recipe: 60 steps
     assert all(r["source"] == "recorded recipe re-run" for r in results["training"])
+    # the reported loss is the one the recipe trains (cross-entropy), also when the audit's --loss is mse
+    mse = runner.invoke(app, ["malleability", "--checkpoint", str(path), "--protocol", "retrain", "--attacks", "none",
+                              *TINY_AUDIT, "--loss", "mse", "--no-controls", "--json", "-"])
+    assert mse.exit_code == 0, mse.output
+    rows_mse = [r for r in json.loads(mse.stdout)["results"]["training"] if r["role"] == "clean"]
+    assert all(r["loss"] == "ce" for r in rows_mse)
+    # same seeds and recipe: the same retrained models, so the same (cross-entropy) losses as the default run
+    assert [r["final_loss"] for r in rows_mse] == pytest.approx([r["final_loss"] for r in rows], rel=1e-6)
     # a checkpoint without a recipe cannot be retrained
     from attnaudit.models import ModelSpec, build_model, save_model
 
