@@ -300,7 +300,7 @@ class MalleabilityConfig:
 
     def match_loss_for(self, arch: str) -> float | None:
         """The --match-loss target of model ``arch`` (None: train the whole budget; so is an
-        unresolved ``auto``, whose budget runs are what :func:`resolve_auto_match_loss` measures)."""
+        unresolved ``auto``, whose budget runs are what :func:`_resolve_auto_match` reads)."""
         if self.match_loss == AUTO_MATCH:
             return None
         if isinstance(self.match_loss, dict):
@@ -819,7 +819,6 @@ def run_malleability(
         cached(f"malleability:{memory_key}", lambda: state)
         if config.match_loss == AUTO_MATCH:
             config = _resolve_auto_match(config, run_cells(cells("budget_loss_cell", config), ex))
-            state = replace(state, config=config)
         per_cell = progress_total(config) // (len(config.seeds) * len(config.models))
         outcomes = run_cells(cells("malleability_cell", config), ex, on_done=lambda o: advance(per_cell))
     finally:
