@@ -67,7 +67,9 @@ RULES = {
                   "top-k; unbounded above, reported as null, when the denominator is not clearly above 0); kappa rows: "
                   "deterministic computations with their float64 round-off bound"),
     "chance": "a model whose training accuracy is below 1/c + max(0.05, 2 sqrt((1/c)(1 - 1/c)/n)) learned nothing; "
-              "claims are read only from cells (model, width, seed) above it, each judged on its own accuracy",
+              "claims are read only from cells (model, width, seed) above it, each judged on its own accuracy; a width "
+              "at which any seed is at chance is left out for every seed and the slopes are refitted over the other "
+              "widths (at least 3), so every seed is kept",
     "comparable": ("malleability ratios need the models' mean training losses within the run's loss-gap factor; "
                    "landscape comparisons within 10 %, seed by seed"),
     "no_effect": f"a claim of 'no fall' is tested against the margin -{SLOPE_MARGIN} (log-log slope), not against 0",
@@ -366,66 +368,110 @@ def _width_row(r: dict, command: str, warns: list, deficient: bool) -> ClaimRow:
 
 
 # ----------------------------------------------------------------------------- ntk-distance
-def _slopes(r: dict, arch: str) -> tuple[list, list, list]:
-    """(seeds, per-seed slopes, cells at chance) of one model: a seed's slope is kept only when
-    every width cell of that seed trained above chance (each cell judged on its own accuracy)."""
-    m = (r.get("models") or {}).get(arch) or {}
+#: Fewest widths a per-seed log-log slope is fitted over once widths at chance are left out.
+MIN_SLOPE_WIDTHS = 3
+
+
+def _loglog_slope(widths: list, values: list) -> float:
+    """Least-squares slope of log(value) on log(width) (ntk-distance's per-seed slope)."""
+    xs = [math.log(w) for w in widths]
+    ys = [math.log(v) for v in values]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
+
+def _slopes(r: dict, arch: str, drop: frozenset = frozenset()) -> tuple[list, list, list, list]:
+    """(seeds, per-seed slopes, cells at chance, widths used) of one model.
+
+    Every cell (model, width, seed) is judged on its own training accuracy. A width at which
+    any seed trained to chance is left out *for every seed*, so all slopes span the same widths
+    and every seed is kept; the slopes are refitted over the remaining widths (at least
+    :data:`MIN_SLOPE_WIDTHS`, else no slope). With no cell at chance they are the run's own.
+    ``drop``: widths to leave out as well (a paired comparison uses the widths both models keep)."""
     seeds = list((r.get("config") or {}).get("seeds") or [])
-    slopes = list(m.get("slope_per_seed") or [])
     c, n = r.get("n_classes"), r.get("n_train")
     cells = [x for x in r.get("cells") or [] if x.get("model") == arch]
     at_chance = [x for x in cells if _chance(x.get("net_train_acc"), c, n)]
-    bad = {x.get("seed") for x in at_chance}
-    if len(seeds) != len(slopes):
-        seeds = list(range(len(slopes)))
-    keep = [(s, v) for s, v in zip(seeds, slopes) if s not in bad and v is not None and math.isfinite(v)]
-    return [s for s, _ in keep], [v for _, v in keep], at_chance
+    dropped = {x.get("width") for x in at_chance} | set(drop)
+    widths = sorted({x.get("width") for x in cells} - dropped)
+    if not dropped:
+        slopes = list(((r.get("models") or {}).get(arch) or {}).get("slope_per_seed") or [])
+        if len(seeds) == len(slopes):
+            keep = [(s, v) for s, v in zip(seeds, slopes) if v is not None and math.isfinite(v)]
+            return [s for s, _ in keep], [v for _, v in keep], [], widths
+    if len(widths) < MIN_SLOPE_WIDTHS:
+        return [], [], at_chance, widths
+    out_seeds, out = [], []
+    for s in seeds:
+        mine = {x.get("width"): x.get("distance_rms") for x in cells if x.get("seed") == s}
+        vals = [mine.get(w) for w in widths]
+        if all(v is not None and math.isfinite(v) and v > 0 for v in vals):
+            out_seeds.append(s)
+            out.append(_loglog_slope(widths, vals))
+    return out_seeds, out, at_chance, widths
 
 
-def _chance_text(arch: str, cells: list) -> str:
-    return (f"{len(cells)} {arch} cell(s) trained to chance accuracy and their seeds are left out: "
+def _over(chance_cells: list, widths: list) -> str:
+    """", widths a, b, c" when widths were left out (the slopes span only these), else ""."""
+    return f", widths {', '.join(map(str, widths))}" if chance_cells else ""
+
+
+def _chance_text(arch: str, cells: list, widths: list) -> str:
+    dropped = sorted({x.get("width") for x in cells})
+    return (f"{len(cells)} {arch} cell(s) trained to chance accuracy: "
             + ", ".join(f"width {x.get('width')} seed {x.get('seed')} ({100 * (x.get('net_train_acc') or 0):.0f} %)"
-                        for x in cells[:6]))
+                        for x in cells[:6])
+            + f"; width(s) {', '.join(map(str, dropped))} left out for every seed"
+            + (f", slopes refitted over widths {', '.join(map(str, widths))}" if len(widths) >= MIN_SLOPE_WIDTHS
+               else f", too few widths left (fewer than {MIN_SLOPE_WIDTHS}) for a slope"))
 
 
 def claim_ntk(report: dict, command: str, slope_margin: float = SLOPE_MARGIN) -> list[ClaimRow]:
     r = report["results"]
     warns = _run_warnings(report)
     rows = []
-    rs, rv, rchance = _slopes(r, "relu")
-    as_, av, achance = _slopes(r, "attn")
+    rs, rv, rchance, rwidths = _slopes(r, "relu")
+    as_, av, achance, awidths = _slopes(r, "attn")
     n_total = len((r.get("config") or {}).get("seeds") or [])
     # 1. 2L-ReLU approaches its predictor
-    w1 = warns + ([_chance_text("relu", rchance)] if rchance else [])
+    w1 = warns + ([_chance_text("relu", rchance, rwidths)] if rchance else [])
     iv = mean_interval(rv)
     name = "2L-ReLU approaches its NTK predictor as width grows"
     null, alt = "log-log slope of the distance vs width >= 0 (no approach)", "slope < 0 (the distance falls with width)"
     if not rv:
         rows.append(_row(name, "distance falls monotonically with width", null, alt, 0.0, "n/a", None, NOT_TESTABLE,
-                         "no seed of 2L-ReLU trained above chance in every width" if rchance else
+                         f"fewer than {MIN_SLOPE_WIDTHS} widths where every seed of 2L-ReLU trained above chance"
+                         if rchance else
                          "no finished cells for 2L-ReLU", "ntk", command, w1))
     else:
         verdict, reason = decide(iv, 0.0, "below", iv.n)
         rows.append(_row(name, "distance falls monotonically with width", null, alt, 0.0,
-                         f"slope {iv.text()} over {iv.n} of {n_total} seeds (kernel regime about -0.5)", iv, verdict,
+                         f"slope {iv.text()} over {iv.n} of {n_total} seeds{_over(rchance, rwidths)} (kernel regime about "
+                         "-0.5)", iv, verdict,
                          reason, "ntk", command, w1, per_seed=rv))
     # 2. MLP-Attn does not approach (tested against a margin, never against 0)
-    w2 = warns + ([_chance_text("attn", achance)] if achance else [])
+    w2 = warns + ([_chance_text("attn", achance, awidths)] if achance else [])
     iva = mean_interval(av)
     name = "MLP-Attn does not approach its NTK predictor as width grows (non-convergent NTK dynamics)"
     null = f"slope <= -{slope_margin:g} (it approaches at a non-negligible rate)"
     alt = f"slope > -{slope_margin:g} (flat or rising: no approach)"
     if not av:
         rows.append(_row(name, "non-monotone on MNIST, rising on CIFAR-10", null, alt, -slope_margin, "n/a", None,
-                         NOT_TESTABLE, "no seed of MLP-Attn trained above chance in every width (a flat distance of a "
-                         "model that learned nothing is no evidence)" if achance else "no finished cells for MLP-Attn",
+                         NOT_TESTABLE, f"fewer than {MIN_SLOPE_WIDTHS} widths where every seed of MLP-Attn trained above "
+                         "chance (a flat distance of a model that learned nothing is no evidence)" if achance
+                         else "no finished cells for MLP-Attn",
                          "ntk", command, w2))
     else:
         verdict, reason = decide(iva, -slope_margin, "above", iva.n)
         rows.append(_row(name, "non-monotone on MNIST, rising on CIFAR-10", null, alt, -slope_margin,
-                         f"slope {iva.text()} over {iva.n} of {n_total} seeds", iva, verdict, reason, "ntk", command, w2,
+                         f"slope {iva.text()} over {iva.n} of {n_total} seeds{_over(achance, awidths)}", iva, verdict,
+                         reason, "ntk", command, w2,
                          per_seed=av))
-    # 3. attention approaches more slowly than ReLU (paired by seed)
+    # 3. attention approaches more slowly than ReLU (paired by seed, over the widths both keep)
+    both_drop = frozenset({x.get("width") for x in rchance + achance})
+    if both_drop:
+        rs, rv, _, _ = _slopes(r, "relu", both_drop)
+        as_, av, _, _ = _slopes(r, "attn", both_drop)
     common = sorted(set(rs) & set(as_))
     da = [av[as_.index(s)] for s in common]
     dr = [rv[rs.index(s)] for s in common]
@@ -434,12 +480,15 @@ def claim_ntk(report: dict, command: str, slope_margin: float = SLOPE_MARGIN) ->
     null, alt = "slope(attn) - slope(relu) <= 0", "slope(attn) - slope(relu) > 0"
     if not common:
         rows.append(_row(name, "attention stays farther from its kernel regime", null, alt, 0.0, "n/a", None,
-                         NOT_TESTABLE, "no seed where both models trained above chance in every width", "ntk", command,
+                         NOT_TESTABLE, f"fewer than {MIN_SLOPE_WIDTHS} widths where both models trained above chance in "
+                         "every seed", "ntk", command,
                          w1 + [w for w in w2 if w not in w1]))
     else:
         verdict, reason = decide(ivd, 0.0, "above", ivd.n)
         rows.append(_row(name, "attention stays farther from its kernel regime", null, alt, 0.0,
-                         f"slope difference {ivd.text()} over {ivd.n} paired seeds", ivd, verdict, reason, "ntk", command,
+                         f"slope difference {ivd.text()} over {ivd.n} paired seeds"
+                         + (f", widths {', '.join(map(str, sorted({x.get('width') for x in r.get('cells') or []} - both_drop)))}"
+                            if both_drop else ""), ivd, verdict, reason, "ntk", command,
                          w1 + [w for w in w2 if w not in w1], per_seed=[a - b for a, b in zip(da, dr)]))
     return rows
 

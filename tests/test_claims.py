@@ -123,41 +123,67 @@ def test_slope_margin_reaches_the_mlp_attn_row():
     assert res.claims[1].verdict == "supported"
 
 
-def test_a_seed_at_chance_in_one_cell_is_left_out_and_named():
+def test_a_width_at_chance_in_one_seed_is_left_out_for_every_seed_and_named():
+    """Every seed is kept: a width where any seed trained to chance is dropped for all seeds, and
+    each seed's slope is refitted over the remaining widths (checked against numpy's polyfit)."""
     seeds = [5, 6, 7, 8, 9]  # not 0-based: seeds are matched by id, not position
+    widths = (16, 64, 256, 1024)
     thr = chance_threshold(10, 200)
-    # seed 7 of relu is at chance in its narrowest cell only; its other cells are at 99 %
-    acc = {("relu", 16, 7): thr - 0.005, ("relu", 64, 7): 0.99, ("relu", 256, 7): 0.99,
-           # just above the threshold: kept
-           ("attn", 16, 8): thr + 0.005}
-    rep = _ntk_report(RELU_FALLS, ATTN_FLAT, seeds=seeds, acc=acc)
+    rng = np.random.default_rng(3)
+    dist = {(m, w, s): float(np.exp(rng.normal(scale=0.5)) * w ** (-0.4 if m == "relu" else 0.02))
+            for m in ("relu", "attn") for w in widths for s in seeds}
+    # seed 7 of relu is at chance in its narrowest cell only; attn's seed 8 is just above the threshold
+    acc = {("relu", 16, 7): thr - 0.005, ("attn", 16, 8): thr + 0.005}
+    rep = _ntk_report(RELU_FALLS, ATTN_FLAT, seeds=seeds, acc=acc, widths=widths)
+    for cell in rep["results"]["cells"]:
+        cell["distance_rms"] = dist[(cell["model"], cell["width"], cell["seed"])]
     relu, attn, diff = C.claim_ntk(rep, "cmd")
-    kept = [v for s, v in zip(seeds, RELU_FALLS) if s != 7]
-    assert relu.per_seed == pytest.approx(kept) and relu.n_seeds == 4
+
+    def fit(model, ws):
+        return [float(np.polyfit(np.log(ws), np.log([dist[(model, w, s)] for w in ws]), 1)[0]) for s in seeds]
+
+    kept = fit("relu", [64, 256, 1024])
+    assert relu.per_seed == pytest.approx(kept, rel=1e-10) and relu.n_seeds == 5
     assert_interval(relu, t_interval(kept))
-    assert any("chance" in w and "seed 7" in w and "width 16" in w for w in relu.warnings)
-    # attention is untouched: all 5 seeds, no chance warning
-    assert attn.n_seeds == 5 and not any("chance" in w for w in attn.warnings)
-    # the paired row uses the seeds where both are kept, attn minus relu
-    d = [a - r for s, a, r in zip(seeds, ATTN_FLAT, RELU_FALLS) if s != 7]
-    assert diff.per_seed == pytest.approx(d) and diff.n_seeds == 4
+    assert "widths 64, 256, 1024" in relu.measured
+    assert any("chance" in w and "seed 7" in w and "width(s) 16 left out for every seed" in w for w in relu.warnings)
+    # attention has no cell at chance: the run's own slopes, all 5 seeds, no chance warning
+    assert attn.per_seed == pytest.approx(ATTN_FLAT) and attn.n_seeds == 5
+    assert not any("chance" in w for w in attn.warnings)
+    # the paired row compares both models over the widths both keep
+    d = [a - r for a, r in zip(fit("attn", [64, 256, 1024]), kept)]
+    assert diff.per_seed == pytest.approx(d, rel=1e-10) and diff.n_seeds == 5
     assert_interval(diff, t_interval(d))
     assert any("seed 7" in w for w in diff.warnings)
+
+
+def test_fewer_than_three_widths_above_chance_leave_no_slope():
+    thr = chance_threshold(10, 200)
+    acc = {("attn", 16, 1): thr - 0.01}  # of 3 widths only 64 and 256 remain
+    relu, attn, diff = C.claim_ntk(_ntk_report(RELU_FALLS, ATTN_FLAT, acc=acc), "cmd")
+    assert relu.verdict == "supported" and relu.n_seeds == 5
+    assert attn.verdict == "not testable here" and "fewer than 3 widths" in attn.why
+    assert diff.verdict == "not testable here"
 
 
 def test_the_chance_rule_uses_n_and_c_of_the_run():
     # n = 60, c = 10: threshold 0.1 + 2 sqrt(0.09 / 60) = 0.1775 (the 2-sd term beats 0.05)
     thr = chance_threshold(10, 60)
     assert thr == pytest.approx(0.1 + 2 * math.sqrt(0.09 / 60))
+    widths = (16, 64, 256, 1024)
     for acc, dropped in ((thr - 0.002, True), (thr + 0.002, False)):
-        rep = _ntk_report(RELU_FALLS[:4], ATTN_FLAT[:4], n_train=60, acc={("attn", 64, 2): acc})
+        rep = _ntk_report(RELU_FALLS[:4], ATTN_FLAT[:4], n_train=60, acc={("attn", 64, 2): acc}, widths=widths)
         attn = C.claim_ntk(rep, "cmd")[1]
-        assert attn.n_seeds == (3 if dropped else 4)
+        assert attn.n_seeds == 4 and any("chance" in w for w in attn.warnings) == dropped
+        # dropped: refitted over 16, 256, 1024 from the cells' (constant) distances, slope 0; else the run's
+        assert attn.per_seed == pytest.approx([0.0] * 4 if dropped else ATTN_FLAT[:4], abs=1e-12)
     # c = 2, n = 1000: threshold 0.55 (the 0.05 floor beats 2 sqrt(0.25 / 1000) = 0.032)
     thr = chance_threshold(2, 1000)
     assert thr == pytest.approx(0.55)
-    rep = _ntk_report(RELU_FALLS, ATTN_FLAT, n_train=1000, n_classes=2, acc={("relu", 256, 0): 0.54})
-    assert C.claim_ntk(rep, "cmd")[0].n_seeds == 4
+    rep = _ntk_report(RELU_FALLS, ATTN_FLAT, n_train=1000, n_classes=2, acc={("relu", 256, 0): 0.54}, widths=widths)
+    relu = C.claim_ntk(rep, "cmd")[0]
+    assert relu.n_seeds == 5 and relu.per_seed == pytest.approx([0.0] * 5, abs=1e-12)
+    assert any("width(s) 256 left out" in w for w in relu.warnings)
 
 
 def test_every_seed_at_chance_is_not_testable():
