@@ -265,3 +265,17 @@ def test_landscape_optimizer_adam_with_batches_is_recorded(app):
     assert payload["results"]["optimizer"]["optimizer"] == "adam" and payload["results"]["gd_stability_bound"] is None
     bad = runner.invoke(app, ["landscape", "--quiet", "--steps", "1", "--batch-size", "8"])
     assert bad.exit_code == 2 and "--batch-size" in bad.output
+
+
+def test_ntk_slope_interval_is_student_t_and_two_seeds_claim_no_trend():
+    from scipy import stats as st
+
+    from attnaudit.ntk_distance import _trend, slope_interval
+
+    slopes = [-0.42, -0.47, -0.51]
+    mean, lo, hi, k = slope_interval(slopes)
+    half = st.t.ppf(0.975, 2) * np.std(slopes, ddof=1) / np.sqrt(3)  # independent: scipy's t quantile
+    assert k == 3 and (lo, hi) == pytest.approx((np.mean(slopes) - half, np.mean(slopes) + half), rel=1e-12)
+    assert _trend(slopes) == "falls"
+    # two seeds: however clear, no trend word beyond "no clear trend" (a verdict needs 3 seeds)
+    assert _trend([-0.5, -0.5001]) == "no-clear-trend"

@@ -56,7 +56,7 @@ def test_config_validation():
 def test_relu_approaches_ntk_predictor_with_width():
     """The kernel regime: distance to the NTK predictor falls with width, slope clearly negative."""
     Xtr, ytr, Xte, yte, c = _synthetic()
-    cfg = NTKDistanceConfig(models=("relu",), widths=(32, 128, 512, 2048), seeds=(0, 1), steps=60)
+    cfg = NTKDistanceConfig(models=("relu",), widths=(32, 128, 512, 2048), seeds=(0, 1, 2), steps=60)
     res = run_ntk_distance(Xtr, ytr, Xte, yte, c, cfg)
     summary = res.models["relu"]
     assert summary.slope_mean < -0.3, summary
