@@ -31,3 +31,22 @@ def name_list(items, limit: int = 4) -> str:
     items = [str(x) for x in items]
     shown = ", ".join(items[:limit])
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def show_value(value: object, limit: int = 60) -> str:
+    """``repr(value)`` clipped like :func:`clip_text` (and safe for ints too large to print)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        text = f"<{type(value).__name__} too large to print>"
+    return clip_text(text, limit)
+
+
+def key_mismatch(missing: list, unexpected: list) -> str:
+    """"N missing key(s) (a, b ...); M unexpected key(s) (...)" for a state dict that does not fit."""
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} missing key(s) ({name_list(missing)})")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected key(s) ({name_list(unexpected)})")
+    return "; ".join(parts)

@@ -70,7 +70,7 @@ from torch import nn
 from .loaded_model import LoadedModel
 from .core.engine import math_attention
 from .core.task import Inputs
-from .errors import AuditError, clip_text as _clip, name_list as _names
+from .errors import AuditError, clip_text as _clip, key_mismatch, name_list as _names
 from .weights import load_into, read_weights
 
 INSTALL_HINT = 'loading a Hugging Face checkpoint needs transformers: pip install "attnaudit[hf]"'
@@ -530,12 +530,8 @@ def _match_weights(
             "classifier; fine-tune it and save the classifier with save_pretrained"
         )
     if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} missing key(s) ({_names([saved_as.get(k, k) for k in missing])})")
-        if unexpected:
-            parts.append(f"{len(unexpected)} unexpected key(s) ({_names(unexpected)})")
-        raise AuditError(f"{where}: the weights do not fit the model: {'; '.join(parts)}; {fix}")
+        raise AuditError(f"{where}: the weights do not fit the model: "
+                         f"{key_mismatch([saved_as.get(k, k) for k in missing], unexpected)}; {fix}")
     for key, ref in state.items():
         got = native.get(key)
         if got is not None and tuple(got.shape) != tuple(ref.shape):

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import json
 import math
-import numbers
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Literal
@@ -52,8 +51,8 @@ from torch import nn
 
 from .atomic import StagedFiles
 from .core.task import Inputs
-from .errors import AuditError, clip_text
-from .vit import VIT_ARCHITECTURES, ViT, ViTSpec
+from .errors import AuditError
+from .vit import VIT_ARCHITECTURES, ViT, ViTSpec, _clip, _is_int, _show  # one set of message helpers
 
 ARCHITECTURES = ("relu", "attn")  # the 2-layer reference nets (ModelSpec)
 BUILTIN_ARCHITECTURES = ARCHITECTURES + VIT_ARCHITECTURES
@@ -69,19 +68,6 @@ _WEIGHT_DTYPES = (torch.float32, torch.float64)
 _TORCH_SEED_RANGE = (-(2**63), 2**64 - 1)
 
 
-def _clip(text: object, limit: int = 60) -> str:
-    return clip_text(text, limit)
-
-
-def _show(value: object, limit: int = 60) -> str:
-    try:
-        return _clip(repr(value), limit)
-    except ValueError:
-        return f"<{type(value).__name__} too large to print>"
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)

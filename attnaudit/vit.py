@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .core.task import Inputs
-from .errors import AuditError, clip_text
+from .errors import AuditError, clip_text, show_value
 
 VIT_ARCHITECTURES = ("vit", "vit-linear")
 INIT_STD = 0.02
@@ -66,10 +66,7 @@ def _clip(text: object, limit: int = 60) -> str:
 
 
 def _show(value: object, limit: int = 60) -> str:
-    try:
-        return _clip(repr(value), limit)
-    except ValueError:
-        return f"<{type(value).__name__} too large to print>"
+    return show_value(value, limit)
 
 
 def _is_int(value: object) -> bool:

@@ -20,7 +20,7 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from .errors import AuditError, clip_text as _clip, name_list as _names
+from .errors import AuditError, clip_text as _clip, key_mismatch, name_list as _names
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle")
 SAFE_SUFFIXES = (".safetensors",)
@@ -110,12 +110,7 @@ def match_state_dict(
     missing = [k for k in expected if k not in tensors]
     unexpected = [k for k in tensors if k not in expected]
     if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} missing key(s) ({_names(missing)})")
-        if unexpected:
-            parts.append(f"{len(unexpected)} unexpected key(s) ({_names(unexpected)})")
-        raise AuditError(f"{where}: the weights do not fit the model: {'; '.join(parts)}; {fix}")
+        raise AuditError(f"{where}: the weights do not fit the model: {key_mismatch(missing, unexpected)}; {fix}")
     for name, ref in expected.items():
         got = tensors[name]
         if tuple(got.shape) != tuple(ref.shape):

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import AuditError, clip_text
+from ..errors import AuditError, clip_text, show_value
 
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "synthetic")
 PREPROCESS = ("raw", "center", "standardize", "unit-norm", "ntk-scale")
@@ -34,11 +34,7 @@ def _clip(text: object, limit: int = 80) -> str:
 
 def _show(value: Any, limit: int = 80) -> str:
     """``repr(value)`` clipped like :func:`_clip` (and safe for huge ints)."""
-    try:
-        text = repr(value)
-    except ValueError:
-        text = f"<{type(value).__name__} too large to print>"
-    return _clip(text, limit)
+    return show_value(value, limit)
 
 
 def _short_list(values: Any, limit: int = 10, sep: str = ", ") -> str:
