@@ -260,7 +260,7 @@ def _loss_matching_variant(preset: str, match_loss: float | str | None) -> tuple
     matches = PRESETS.get(preset, {}).get("match_loss") is not None if match_loss is None else match_loss != "none"
     if matches:
         return ("fixed steps, no loss matching", ("--match-loss", "none"))
-    return ("matched training loss (auto: the largest any model reaches in the budget)", ("--match-loss", "auto"))
+    return ("matched training loss (auto)", ("--match-loss", "auto"))
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -186,7 +186,9 @@ def _plot(result, path) -> None:
     import matplotlib.pyplot as plt
 
     rows = [v for v in result.variants if v.ratio is not None and v.interval and v.interval[0] is not None]
-    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.5 * max(1, len(rows))))
+    import textwrap
+
+    fig, ax = plt.subplots(figsize=(9, 1.6 + 0.55 * max(1, len(rows))))
     finite_highs = [v.interval[1] for v in rows if v.interval[1] is not None]
     right = max([2 * max(finite_highs, default=1.0), 10.0] + [2 * v.ratio for v in rows])
     for i, v in enumerate(rows):
@@ -199,10 +201,10 @@ def _plot(result, path) -> None:
     ax.axvspan(2, 9, color="tab:red", alpha=0.1, label="paper: 2-9x")
     ax.set_xscale("symlog", linthresh=1.0)
     ax.set_xlim(0, right)
-    ax.set_yticks(range(len(rows)), [v.variant for v in rows])
+    ax.set_yticks(range(len(rows)), [textwrap.fill(v.variant, 30) for v in rows], fontsize=8)
     ax.set_xlabel("flip-rate ratio attn / relu (95 % Fieller interval over seeds)")
-    ax.set_title(f"Malleability ratio across protocol choices ({result.mode})")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title(f"Malleability ratio across protocol choices ({result.mode})", fontsize=10)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
