@@ -50,6 +50,8 @@ from .errors import AuditError, clip_text as _clip
 
 OPTIMIZERS = ("gd", "sgd", "adam")
 LOSSES = tuple(LOSS_TABLE)  # the core's one loss table: mse, ce
+#: The default learning rate of ``adam`` where a command's preset gives a GD rate.
+DEFAULT_ADAM_LR = 1e-3
 _EVAL_CHUNK = 2048
 
 

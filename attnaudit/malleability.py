@@ -80,6 +80,7 @@ from .influence import (
 )
 from .core.task import Task
 from .models import ARCHITECTURES, ModelSpec, TwoLayerNet, build_model
+from .fit import DEFAULT_ADAM_LR  # noqa: F401 - the CLI reads it here with the presets
 from .training import LOSSES, TrainConfig, TrainResult, accuracy, loss_value, train
 
 if TYPE_CHECKING:
@@ -90,7 +91,6 @@ SCHEMA = "attnaudit.malleability/1"
 PROTOCOLS = ("retrain", "static", "finetune")
 FINETUNE_OPTIMIZERS = ("gd", "sgd", "adam")
 OPTIMIZERS = ("gd", "sgd", "adam")
-DEFAULT_ADAM_LR = 1e-3  # the default --lr of --optimizer adam (the preset lr is a GD rate)
 ATTN_CONTEXTS = ("perturbed", "clean")
 REINIT_SEED_OFFSET = 1_000_003  # the reinit control's initialisation seed is seed + this
 # (under --protocol finetune: the reorder control's data-order seed is seed + this)

@@ -23,21 +23,6 @@ from ..cli_common import (
 from ..cli_options import ANALYSIS, PROTOCOL, DataOptions, ManualCommand, ModelOptions, OutputBundle, bundled
 from ..errors import AuditError
 
-# Training and analysis sizes per preset; explicit options override every entry.
-PRESETS: dict[str, dict] = {
-    # digits, both models trained and analysed in well under 2 minutes on 2 CPU cores
-    # compared at matched training loss (auto: the larger of the models' losses after the budget),
-    # since with fixed steps MLP-Attn ends at ~5x 2L-ReLU's loss and the comparison gate refuses
-    "quick": dict(dataset="digits", split="train", n_train=500, width=256, steps=1000, lr=4.0, match_loss="auto",
-                  seeds=3),
-    # real MNIST, training split like every paper preset (pass --split test where only the
-    # test split exists, as in ../shared/data); about 5 minutes on 2 CPU cores
-    # the paper's protocol: GD for a fixed time (its losses may not be comparable: the gate says so)
-    "paper": dict(dataset="mnist", split="train", n_train=2000, width=256, steps=1000, lr=4.0, match_loss=None,
-                  seeds=1),
-}
-ARCHS = ("relu", "attn")
-DEFAULT_ADAM_LR = 1e-3  # the default --lr of --optimizer adam (the preset lr is a GD rate)
 
 
 def _on_device(task, device):
@@ -104,6 +89,7 @@ def register(app: typer.Typer) -> None:
         from ..data import check_seed, load_dataset
         from ..device import resolve_device
         from ..landscape import LandscapeConfig, ParameterSelectionError, run_landscape, run_work_units
+        from ..landscape.run import ARCHS, DEFAULT_ADAM_LR, PRESETS  # the protocol lives in the library
         from ..landscape.report import PNG_NAME, SCHEMA, build_tables, plot_landscape
         from ..landscape.setup import check_selector
         from ..report import build_report
