@@ -303,8 +303,9 @@ def exit_if_cells_failed(failed: list[dict]) -> None:
 
 
 @contextlib.contextmanager
-def progress(opts: OutputOptions, description: str, total: int) -> Iterator[Callable[[int], None]]:
-    """A rich progress bar on a terminal; a no-op when quiet, piped, or writing JSON to stdout."""
+def progress(opts: OutputOptions, description: str, total: int, unit: str = "") -> Iterator[Callable[[int], None]]:
+    """A rich progress bar on a terminal; a no-op when quiet, piped, or writing JSON to stdout.
+    ``unit`` names what is counted (shown after the count), e.g. "cells"."""
     interactive = opts.console.is_terminal and not opts.quiet and os.environ.get("CI") is None
     if not interactive:
         yield lambda k=1: None
@@ -314,7 +315,7 @@ def progress(opts: OutputOptions, description: str, total: int) -> Iterator[Call
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.completed}/{task.total}" + (f" {unit}" if unit else "")),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
         console=opts.console,

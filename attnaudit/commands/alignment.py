@@ -81,7 +81,7 @@ def register(app: typer.Typer) -> None:
                     + (f"nets width {config.width}, <= {config.steps} GD steps to relative MSE {config.match_loss:g}, "
                        if config.nets else "kernels only, ")
                     + f"{n_seeds} seed(s)", highlight=False)
-            with progress(opts, "alignment", len(config.seeds)) as advance:
+            with progress(opts, "alignment", len(config.seeds), "seeds") as advance:
                 result = run_alignment(ds, config, device=dev, progress=advance)
             timings = {"load": load_s, **result.timings, "total": time.perf_counter() - t0}
             report = build_report(

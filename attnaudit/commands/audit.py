@@ -51,7 +51,7 @@ def register(app: typer.Typer) -> None:
             if not opts.quiet:
                 opts.console.print(f"audit {plan.name}: {len(plan.checks)} checks from {file}; validating each "
                                    "(a dry run of its command) before anything runs", highlight=False)
-            with progress(opts, "audit", len(plan.checks)) as advance:
+            with progress(opts, "audit", len(plan.checks), "checks") as advance:
                 def done(check) -> None:
                     advance(1)
                     if not opts.quiet and not opts.console.is_terminal:

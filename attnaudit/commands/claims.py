@@ -105,7 +105,7 @@ def register(app: typer.Typer) -> None:
             t0 = time.perf_counter()
             tasks = [CellTask("attnaudit.audit.commands:run_cell", {"analysis": r.command, "args": list(r.args)}, r.id)
                      for r in runs]
-            with progress(opts, "claims", len(tasks)) as advance:
+            with progress(opts, "claims", len(tasks), "runs") as advance:
                 outcomes = run_cells(tasks, executor, on_done=lambda o: advance(1))
             reports, errors, run_info = {}, {}, []
             for r, o in zip(runs, outcomes):

@@ -67,7 +67,7 @@ def register(app: typer.Typer) -> None:
             detail_n = max(ns, key=lambda v: -1 if v is None else v)
             detail_ds = None
             load_s = 0.0
-            with progress(opts, "kappa", len(ns) * len(seed_list)) as advance:
+            with progress(opts, "kappa", len(ns) * len(seed_list), "subsets") as advance:
                 for n_i in ns:
                     for s in seed_list:
                         tl = time.perf_counter()
@@ -151,7 +151,7 @@ def _layers_command(data: DataOptions, out: OutputBundle, saved: ModelOptions, *
     timings["load"] = time.perf_counter() - t0
     t1 = time.perf_counter()
     results = []
-    with progress(opts, "kappa", len(fitted)) as advance:
+    with progress(opts, "kappa", len(fitted), "models") as advance:
         for label, lm in fitted.items():
             results.append(analyse_layers(lm, ds.X, config, label=label))
             advance(1)

@@ -203,7 +203,7 @@ def register(app: typer.Typer) -> None:
                     opts.console.print(f"landscape: {ds.name} ({split_name}), n={ds.n}, {what}", highlight=False)
                 steps_per_model = 0 if model else (recipe.total_steps(ds.n) if recipe is not None else train_cfg.steps)
                 total = run_work_units(config, len(labels) * n_seeds, steps_per_model)
-                with progress(opts, "landscape", total) as advance:
+                with progress(opts, "landscape", total, "GD steps and Hessian/loss evaluations") as advance:
                     run = run_landscape(
                         dataclasses.replace(ds, X=ds.X.to(dev), y=ds.y.to(dev)), config,
                         models=None if model else arch_list, width=m, train_config=None if model else train_cfg,

@@ -219,7 +219,7 @@ def register(app: typer.Typer) -> None:
                     highlight=False,
                 )
             t1 = time.perf_counter()
-            with progress(opts, "malleability", progress_total(config)) as advance:
+            with progress(opts, "malleability", progress_total(config), "trainings with influence") as advance:
                 result = run_malleability(
                     train_ds.X.to(dev), train_ds.y.to(dev), test_ds.X.to(dev), test_ds.y.to(dev), n_classes, config,
                     value_range=ds.value_range, progress=advance, fixed_models=fixed, rebuild=rebuild,

@@ -211,7 +211,7 @@ def register(app: typer.Typer) -> None:
 
             total = len(model_list) * len(width_list) * len(seed_list)
             t1 = time.perf_counter()
-            with progress(opts, "ntk-distance", total) as advance:
+            with progress(opts, "ntk-distance", total, "cells") as advance:
                 result = run_ntk_distance(
                     train_ds.X.to(dev), train_ds.y.to(dev), test_ds.X.to(dev), test_ds.y.to(dev), ds.n_classes, config,
                     progress=lambda: advance(1), on_model=on_model if save_dir is not None else None,
@@ -329,7 +329,7 @@ def _checkpoint_command(source: DataOptions, out: OutputBundle, saved: ModelOpti
     results = []
     sources = {}
     t1 = time.perf_counter()
-    with progress(opts, "ntk-distance", len(fitted)) as advance:
+    with progress(opts, "ntk-distance", len(fitted), "models") as advance:
         for label, lm in fitted.items():
             task_trained = Task(lm.module, lm.n_classes, inputs=lm.inputs)
             if reference is not None:
@@ -462,7 +462,7 @@ def _transformer_command(source: DataOptions, out: OutputBundle, *, arch, widths
         )
     t1 = time.perf_counter()
     total = len(archs) * len(width_list) * n_seeds
-    with progress(opts, "ntk-distance", total) as advance:
+    with progress(opts, "ntk-distance", total, "cells") as advance:
         result = run_transformer_sweep(
             train_ds.X.to(dev), train_ds.y.to(dev), test_ds.X.to(dev), test_ds.y.to(dev), ds.n_classes,
             ds.feature_shape, config, device=dev, progress=lambda: advance(1), executor=executor, data=data_recipe,
