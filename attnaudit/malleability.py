@@ -80,7 +80,6 @@ from .influence import (
 )
 from .core.task import Task
 from .models import ARCHITECTURES, ModelSpec, TwoLayerNet, build_model
-from .fit import DEFAULT_ADAM_LR  # noqa: F401 - the CLI reads it here with the presets
 from .training import LOSSES, TrainConfig, TrainResult, accuracy, loss_value, train
 
 if TYPE_CHECKING:

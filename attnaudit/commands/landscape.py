@@ -89,7 +89,8 @@ def register(app: typer.Typer) -> None:
         from ..data import check_seed, load_dataset
         from ..device import resolve_device
         from ..landscape import LandscapeConfig, ParameterSelectionError, run_landscape, run_work_units
-        from ..landscape.run import ARCHS, DEFAULT_ADAM_LR, PRESETS  # the protocol lives in the library
+        from ..fit import DEFAULT_ADAM_LR
+        from ..landscape.run import ARCHS, PRESETS  # the protocol lives in the library
         from ..landscape.report import PNG_NAME, SCHEMA, build_tables, plot_landscape
         from ..landscape.setup import check_selector
         from ..report import build_report

@@ -70,11 +70,11 @@ def register(app: typer.Typer) -> None:
         """Influence malleability: do influence scores flip sign when the training data is perturbed?"""
         from ..data import HoldoutRecipe, check_seed, data_fingerprint, load_dataset
         from ..device import resolve_device
+        from ..fit import DEFAULT_ADAM_LR
         from ..malleability import (
             PRESETS,
             SCHEMA,
             influence_memory_estimate,
-            DEFAULT_ADAM_LR,
             MalleabilityConfig,
             build_tables,
             parse_match_loss,

@@ -17,7 +17,6 @@ from torch import nn
 
 from ..core.task import Task
 from ..errors import AuditError
-from ..fit import DEFAULT_ADAM_LR  # noqa: F401 - the CLI reads it here with the presets
 from .analysis import LandscapeConfig, LandscapeResult, analyze_landscape
 from .compare import compare_landscapes
 from .setup import landscape_task, parameter_names
