@@ -9,7 +9,7 @@ page. Every string that came from the user or the data (data-set names, paths, o
 HTML-escaped, so a name like ``<script>`` shows as text.
 
 The same renderer serves ``--html`` on every command (:func:`render_run`, called by
-:func:`attnaudit.cli_common.emit`), the audit (:func:`render_audit`: one row per check with
+:func:`attnaudit.cli.common.emit`), the audit (:func:`render_audit`: one row per check with
 pass / fail, value and threshold, each linking to its section) and ``attnaudit report``
 (:func:`render_reports`: existing JSON reports, nothing recomputed).
 """

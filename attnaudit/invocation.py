@@ -4,7 +4,7 @@
 validation, same library calls, so the same numbers as the shell). Two switches change only
 what happens at the edges of a command:
 
-* :func:`capturing`: :func:`attnaudit.cli_common.emit` hands the report to the audit instead
+* :func:`capturing`: :func:`attnaudit.cli.common.emit` hands the report to the audit instead
   of printing tables and writing files, and errors propagate as exceptions instead of
   becoming an ``error:`` line and an exit code.
 * :func:`dry_run`: the command stops with :class:`DryRunStop` once its data are loaded, i.e.

@@ -343,7 +343,7 @@ def test_malleability_straddling_one_and_two_seeds_are_not_resolved():
 def test_a_zero_relu_denominator_is_unbounded_never_zero(top_k, attn):
     from rich.console import Console
 
-    from attnaudit.commands.claims import _tables
+    from attnaudit.cli.claims import _tables
 
     rep = _mall_report(attn, [0.0, 0.0, 0.0], top_k=top_k)
     row = C.claim_malleability(rep, "cmd")
@@ -747,7 +747,7 @@ def test_quick_scorecard_on_digits_end_to_end(tmp_path, monkeypatch):
 
 def test_preset_names_the_scorecard_like_every_other_command(capsys):
     from attnaudit.cli import main
-    from attnaudit.commands.claims import _mode
+    from attnaudit.cli.claims import _mode
     from attnaudit.errors import AuditError
 
     assert _mode(None, None) == "quick" and _mode("quick", None) == "quick" and _mode("paper", None) == "full"

@@ -11,7 +11,7 @@ import typer
 from typer.core import TyperOption
 
 from attnaudit.cli import app, main
-from attnaudit.cli_options import PANELS
+from attnaudit.cli.options import PANELS
 
 REPO = Path(__file__).resolve().parents[1]
 COMMANDS = ["kappa", "ntk-distance", "malleability", "landscape", "train", "audit", "claims", "report"]

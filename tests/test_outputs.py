@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from attnaudit.atomic import StagedFiles, write_text_atomic
-from attnaudit.cli_common import OutputOptions, emit
+from attnaudit.cli.common import OutputOptions, emit
 from attnaudit.errors import AuditError
 
 

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
-from ..cli_common import (
+from .common import (
     DeviceOpt,
     exit_if_cells_failed,
     cli_errors,
@@ -18,7 +18,7 @@ from ..cli_common import (
     progress,
     refuse_training_options_for_saved_model,
 )
-from ..cli_options import ANALYSIS, EXECUTION, PROTOCOL, ExecutorOptions, DataOptions, ManualCommand, ModelOptions, OutputBundle, bundled
+from .options import ANALYSIS, EXECUTION, PROTOCOL, ExecutorOptions, DataOptions, ManualCommand, ModelOptions, OutputBundle, bundled
 from ..errors import AuditError
 
 

@@ -9,8 +9,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..cli_common import cli_errors, emit, progress
-from ..cli_options import ExecutorOptions, ManualCommand, bundled
+from .common import cli_errors, emit, progress
+from .options import ExecutorOptions, ManualCommand, bundled
 
 HELP = (
     "Run the checks of an audit file (YAML: the model, the data, and checks that each name an analysis, its CLI "
@@ -38,7 +38,7 @@ def register(app: typer.Typer) -> None:
         debug: Annotated[bool, typer.Option("--debug", help="Show the full traceback on errors.", rich_help_panel="Output")] = False,
     ) -> None:
         from ..audit import SCHEMA, baseline_payload, junit_xml, load_audit_file, run_audit
-        from ..cli_common import OutputOptions
+        from .common import OutputOptions
         from ..report import build_report, dumps
 
         with cli_errors(debug):

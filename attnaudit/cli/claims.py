@@ -9,8 +9,8 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import AuditError
-from ..cli_common import DeviceOpt, SeedOpt, cli_errors, emit, progress
-from ..cli_options import PROTOCOL, DataOptions, ExecutorOptions, ManualCommand, OutputBundle, bundled
+from .common import DeviceOpt, SeedOpt, cli_errors, emit, progress
+from .options import PROTOCOL, DataOptions, ExecutorOptions, ManualCommand, OutputBundle, bundled
 
 PNG_NAME = "claims.png"
 HELP = (

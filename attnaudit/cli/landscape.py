@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
-from ..cli_common import (
+from .common import (
     DeviceOpt,
     SeedOpt,
     cli_errors,
@@ -20,7 +20,7 @@ from ..cli_common import (
     progress,
     refuse_training_options_for_saved_model,
 )
-from ..cli_options import ANALYSIS, PROTOCOL, DataOptions, ManualCommand, ModelOptions, OutputBundle, bundled
+from .options import ANALYSIS, PROTOCOL, DataOptions, ManualCommand, ModelOptions, OutputBundle, bundled
 from ..errors import AuditError
 
 

@@ -9,8 +9,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..cli_common import DeviceOpt, SeedOpt, cli_errors, emit, parse_list, progress
-from ..cli_options import ANALYSIS, PROTOCOL, DataOptions, ManualCommand, ModelOptions, OutputBundle, bundled
+from .common import DeviceOpt, SeedOpt, cli_errors, emit, parse_list, progress
+from .options import ANALYSIS, PROTOCOL, DataOptions, ManualCommand, ModelOptions, OutputBundle, bundled
 from ..errors import AuditError
 
 

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..cli_common import (
+from .common import (
     exit_if_cells_failed,
     DeviceOpt,
     SeedOpt,
@@ -19,7 +19,7 @@ from ..cli_common import (
     parse_list,
     progress,
 )
-from ..cli_options import (
+from .options import (
     ANALYSIS,
     MODEL,
     OUTPUT,

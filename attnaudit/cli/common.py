@@ -18,13 +18,13 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from .errors import AuditError
-from .atomic import StagedFiles
-from .invocation import captured_reports
-from .report import check_target, dumps, folder_problem
+from ..errors import AuditError
+from ..atomic import StagedFiles
+from ..invocation import captured_reports
+from ..report import check_target, dumps, folder_problem
 
 # ---- option types every command spells the same way (data and output options are bundles:
-# see cli_options.py)
+# see cli/options.py)
 SeedOpt = Annotated[int, typer.Option("--seed", help="Base random seed (recorded in the report).", rich_help_panel="Protocol")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:<i>.", rich_help_panel="Execution")]
 
@@ -273,7 +273,7 @@ def emit(
             written.append(f"figure written to {png}")
         html_targets = opts.html_targets()
         if html_targets:
-            from .html_report import RunPage, png_bytes, render_run
+            from ..html_report import RunPage, png_bytes, render_run
 
             figures = [(png_name, png_bytes(plot, png_name))] if plot is not None else []
             page = render_run(RunPage(report, list(renderables), figures))

@@ -13,8 +13,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..cli_common import DeviceOpt, SeedOpt, cli_errors, emit, parse_list, preset_value, progress
-from ..cli_options import ANALYSIS, PROTOCOL, DataOptions, ManualCommand, OutputBundle, bundled
+from .common import DeviceOpt, SeedOpt, cli_errors, emit, parse_list, preset_value, progress
+from .options import ANALYSIS, PROTOCOL, DataOptions, ManualCommand, OutputBundle, bundled
 from ..errors import AuditError
 
 

@@ -15,8 +15,8 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
-from ..cli_common import DeviceOpt, cli_errors, emit, progress
-from ..cli_options import MODEL, OUTPUT, PROTOCOL, DataOptions, ManualCommand, OutputBundle, bundled
+from .common import DeviceOpt, cli_errors, emit, progress
+from .options import MODEL, OUTPUT, PROTOCOL, DataOptions, ManualCommand, OutputBundle, bundled
 from ..errors import AuditError
 
 SCHEMA = "attnaudit.train/1"

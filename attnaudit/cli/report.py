@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from ..cli_common import cli_errors
-from ..cli_options import ManualCommand
+from .common import cli_errors
+from .options import ManualCommand
 from ..errors import AuditError
 
 HELP = (
