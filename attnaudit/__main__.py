@@ -1,5 +1,5 @@
 """`python -m attnaudit` runs the CLI."""
 
-from .cli import main
+from attnaudit.cli import main
 
 main()

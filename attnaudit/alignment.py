@@ -75,7 +75,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .errors import AuditError
+from attnaudit.errors import AuditError
 
 SCHEMA = "attnaudit.alignment/1"
 PNG_NAME = "alignment.png"
@@ -147,8 +147,8 @@ class AlignmentConfig:
     confidence: float = 0.95
 
     def __post_init__(self) -> None:
-        from .data import check_seed
-        from .models import ATTN_SCALINGS
+        from attnaudit.data import check_seed
+        from attnaudit.models import ATTN_SCALINGS
 
         for name, option, low in (("k", "--k", 1), ("n_train", "--n-train", 2), ("n_test", "--n-test", 1),
                                   ("width", "--width", 1), ("steps", "--steps", 0)):
@@ -336,7 +336,7 @@ def design_targets(
 def attention_inputs(X_train: torch.Tensor, X_test: torch.Tensor, scaling: str = "rms") -> tuple[torch.Tensor, torch.Tensor]:
     """(f_att(X_train), f_att(X_test)) with the training set as context: rows x -> C x, C = s X^T X
     (:func:`attnaudit.models.attention_context`, as MLP-Attn's ``features_in``)."""
-    from .models import attention_context
+    from attnaudit.models import attention_context
 
     X = X_train.to(F64)
     C = attention_context(X, scaling).to(X.device, F64)
@@ -404,7 +404,7 @@ def relative_error(F: torch.Tensor, Y: torch.Tensor) -> float:
 
 def kernel_alignment(K: torch.Tensor, Y: torch.Tensor) -> float:
     """Centred kernel alignment CKA(K, Y Y^T) (:func:`attnaudit.kernel_regime.centered_kernel_alignment`)."""
-    from .kernel_regime import centered_kernel_alignment
+    from attnaudit.kernel_regime import centered_kernel_alignment
 
     return centered_kernel_alignment(K, Y)
 
@@ -450,8 +450,8 @@ def train_matched(arch: str, X_train: torch.Tensor, X_test: torch.Tensor, target
                   lr: float, steps: int, loss_tol: float, attn_scaling: str = "rms") -> NetFit:
     """Build the reference net ``arch`` (NTK parametrization, antisymmetric init, ``seed``) and train it
     by full-batch GD on MSE until its training loss is <= ``loss_tol`` or ``steps`` ran."""
-    from .models import ModelSpec, build_model
-    from .training import TrainConfig, train
+    from attnaudit.models import ModelSpec, build_model
+    from attnaudit.training import TrainConfig, train
 
     t0 = time.perf_counter()
     X = X_train.to(F64)
@@ -605,7 +605,7 @@ def run_alignment(ds, config: AlignmentConfig, *, device: torch.device | str | N
     """The protocol of the module docstring on the rows of ``ds`` (an :class:`attnaudit.data.Dataset`).
 
     ``progress(1)`` after each (seed, target). Every number is float64."""
-    from .data import holdout_split
+    from attnaudit.data import holdout_split
 
     if config.n_train + config.n_test > ds.n:
         raise AuditError(f"--n-train {config.n_train} + --n-test {config.n_test} = {config.n_train + config.n_test} rows, "
@@ -642,7 +642,7 @@ def run_alignment(ds, config: AlignmentConfig, *, device: torch.device | str | N
         timings["targets"] += time.perf_counter() - t0
         for arch in MODELS:
             t1 = time.perf_counter()
-            from .ntk import analytic_ntk
+            from attnaudit.ntk import analytic_ntk
 
             Z, Zt = model_inputs(arch, X, Xt, config.attn_scaling)
             K = analytic_ntk(Z)
@@ -709,7 +709,7 @@ def _sub(a, b):
 def _summary_row(quantity: str, target: str, a: list, b: list, seeds: tuple, meaning: str,
                  confidence: float) -> SummaryRow:
     """The paired interval of mean(a_i - b_i) over the seeds where both exist, and its verdict (null 0, above)."""
-    from .stats import decide, difference_interval
+    from attnaudit.stats import decide, difference_interval
 
     per_seed = [_sub(x, y) for x, y in zip(a, b)]
     iv = difference_interval(a, b, confidence)
@@ -756,7 +756,7 @@ _MEANING = {
 def summarise(rows: list[SeedRow], config: AlignmentConfig, kinds: tuple[str, ...]) -> tuple[list, list, list]:
     """(summary, contrast, levels) rows from the per-seed rows; every interval via
     :func:`attnaudit.stats.difference_interval` (paired over seeds) or :func:`~attnaudit.stats.mean_interval`."""
-    from .stats import mean_interval
+    from attnaudit.stats import mean_interval
 
     seeds = config.seeds
     quantities = ["kernel_error_advantage_attn", "kernel_log_error_ratio_attn", "cka_advantage_attn"]

@@ -47,10 +47,10 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from .core.engine import Engine
-from .core.task import Inputs, Loss, Task, as_task
-from .errors import AuditError
-from .training import accuracy
+from attnaudit.core.engine import Engine
+from attnaudit.core.task import Inputs, Loss, Task, as_task
+from attnaudit.errors import AuditError
+from attnaudit.training import accuracy
 
 ATTACKS = ("fgsm", "pgd", "mim", "sign", "random", "none")
 ADVERSARIAL = ("fgsm", "pgd", "mim")

@@ -28,9 +28,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .core.task import Inputs
-from .errors import AuditError, clip_text as _clip
-from .loaded_model import LoadedModel
+from attnaudit.core.task import Inputs
+from attnaudit.errors import AuditError, clip_text as _clip
+from attnaudit.loaded_model import LoadedModel
 
 
 # --------------------------------------------------------------------------- sources
@@ -58,7 +58,7 @@ def load_checkpoint(path: str | Path, *, trust_pickle: bool = False) -> LoadedMo
       ``trust_pickle``; a bare state_dict says nothing of the architecture, so it is
       loaded through ``--factory`` (see :func:`load_factory`).
     """
-    from .weights import PICKLE_SUFFIXES, pickle_refusal
+    from attnaudit.weights import PICKLE_SUFFIXES, pickle_refusal
 
     path = Path(path)
     if not path.exists():
@@ -69,7 +69,7 @@ def load_checkpoint(path: str | Path, *, trust_pickle: bool = False) -> LoadedMo
                 f"--checkpoint {path} is a folder without config.json: a Hugging Face model folder holds config.json "
                 "and model.safetensors (save_pretrained writes both); for an attnaudit checkpoint give the .safetensors file"
             )
-        from .hf import load_hf_directory
+        from attnaudit.hf import load_hf_directory
 
         return load_hf_directory(path, trust_pickle=trust_pickle)
     suffix = path.suffix.lower()
@@ -92,7 +92,7 @@ def load_checkpoint(path: str | Path, *, trust_pickle: bool = False) -> LoadedMo
             "architecture is unknown; for your own model use --factory package.module:function --weights "
             f"{path.name}; for a Hugging Face model give its folder"
         )
-    from .models import load_model
+    from attnaudit.models import load_model
 
     module = load_model(path)
     module.eval()
@@ -159,7 +159,7 @@ def load_factory(
     defines one, else images for image data and flat rows otherwise; settled by
     :func:`fit_to_data`).
     """
-    from .weights import load_into, read_weights
+    from attnaudit.weights import load_into, read_weights
 
     if inputs not in INPUT_KINDS:
         raise AuditError(f"unknown --inputs {inputs!r}; use one of {', '.join(INPUT_KINDS)}")
@@ -205,15 +205,15 @@ def fit_to_data(loaded: LoadedModel, dataset) -> LoadedModel:
     the model (no gradients, eval mode, nothing changed) to check that it accepts the data
     and that its logits cover every label.
     """
-    from .core.task import eval_mode, probe_rows, to_logits
+    from attnaudit.core.task import eval_mode, probe_rows, to_logits
 
-    from .data import image_shape
+    from attnaudit.data import image_shape
 
     shape = tuple(int(s) for s in dataset.feature_shape)
     images = image_shape(shape)
     d = int(dataset.X.shape[1])
     if loaded.source.get("kind") == "huggingface":
-        from .hf import adapt_to_data
+        from attnaudit.hf import adapt_to_data
 
         if images is None:
             raise AuditError(
@@ -310,7 +310,7 @@ def recorded_split(dataset, models: dict[str, LoadedModel]):
     ``dataset`` reproduces that fingerprint exactly -- the proof that these are the rows the
     model was trained on.
     """
-    from .data import data_fingerprint, holdout_split
+    from attnaudit.data import data_fingerprint, holdout_split
 
     keys = set()
     for loaded in models.values():
@@ -343,7 +343,7 @@ def audit_split(dataset, models: dict[str, LoadedModel], n_train: int, n_test: i
     trained on and evaluated on data it never saw. Otherwise a fresh seeded holdout split of
     ``dataset`` (as for built-in models); the caller warns if the recorded fingerprint differs.
     """
-    from .data import holdout_split, subset
+    from attnaudit.data import holdout_split, subset
 
     rebuilt = recorded_split(dataset, models)
     if rebuilt is not None:
@@ -378,8 +378,8 @@ class Rebuild:
     def build(self, seed: int, X_context: torch.Tensor) -> nn.Module:
         """A fresh float64 model of this architecture initialised from ``seed`` (MLP-Attn's
         context from ``X_context``)."""
-        from .models import ModelSpec, build_model
-        from .vit import ViT, ViTSpec
+        from attnaudit.models import ModelSpec, build_model
+        from attnaudit.vit import ViT, ViTSpec
 
         if isinstance(self.spec, ModelSpec):
             return build_model(dataclasses.replace(self.spec, seed=seed), X_context, dtype=torch.float64,
@@ -391,9 +391,9 @@ class Rebuild:
 
 def rebuild_of(loaded: LoadedModel) -> Rebuild | None:
     """The :class:`Rebuild` of an attnaudit checkpoint whose side-car records its recipe, else None."""
-    from .fit import Recipe
-    from .models import ModelSpec
-    from .vit import ViTSpec
+    from attnaudit.fit import Recipe
+    from attnaudit.models import ModelSpec
+    from attnaudit.vit import ViTSpec
 
     spec = (loaded.source or {}).get("spec")
     module_spec = getattr(loaded.module, "spec", None)

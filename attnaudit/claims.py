@@ -30,8 +30,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .errors import AuditError
-from .stats import (
+from attnaudit.errors import AuditError
+from attnaudit.stats import (
     CONFIDENCE,
     CONTRADICTED,
     MIN_SEEDS,
@@ -162,12 +162,12 @@ class ClaimsResult:
 # ----------------------------------------------------------------------------- the plan
 def _has_choice(command: str, option: str, value: str) -> bool:
     """Whether this build's command accepts ``--option value`` (variants added by newer options)."""
-    from .audit.commands import option_params
+    from attnaudit.audit.commands import option_params
 
     if option.replace("-", "_") not in option_params(command):
         return False
     if option == "preprocess":
-        from .data import PREPROCESS
+        from attnaudit.data import PREPROCESS
 
         return value in PREPROCESS
     return True
@@ -207,7 +207,7 @@ def plan(mode: str, data_args: list[str], seed: int, n_seeds: int = DEFAULT_SEED
         runs.append(RunSpec("alignment", "alignment", ("--preset", preset, *common, *seeds)
                             if _has_option("alignment", "preset") else (*common, *seeds),
                             "approximation error on principal-direction targets (the dual implication)"))
-    from .malleability import PRESETS as MALL_PRESETS
+    from attnaudit.malleability import PRESETS as MALL_PRESETS
 
     main_match = ml_text if ml_text is not None else (MALL_PRESETS.get(preset, {}).get("match_loss") or "none")
     variants = [("preset protocol, " + ("fixed steps" if main_match == "none" else f"matched training loss ({main_match})"),
@@ -236,7 +236,7 @@ def plan(mode: str, data_args: list[str], seed: int, n_seeds: int = DEFAULT_SEED
 
 
 def _has_command(name: str) -> bool:
-    from .audit.commands import cli_command
+    from attnaudit.audit.commands import cli_command
 
     try:
         cli_command(name)
@@ -246,7 +246,7 @@ def _has_command(name: str) -> bool:
 
 
 def _has_option(command: str, option: str) -> bool:
-    from .audit.commands import option_params
+    from attnaudit.audit.commands import option_params
 
     return option.replace("-", "_") in option_params(command)
 
@@ -255,7 +255,7 @@ def _loss_matching_variant(preset: str, match_loss: float | str | None) -> tuple
     """The variant row that flips the loss-matching choice of the main run: fixed steps when the
     main run matches losses (``--match-loss`` given, or the preset's own ``auto``), else matched
     loss by the ``auto`` rule (every model trained to the largest loss any reaches in the budget)."""
-    from .malleability import PRESETS
+    from attnaudit.malleability import PRESETS
 
     matches = PRESETS.get(preset, {}).get("match_loss") is not None if match_loss is None else match_loss != "none"
     if matches:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .errors import AuditError
+from attnaudit.errors import AuditError
 
 
 def resolve_device(spec: str = "auto") -> torch.device:

@@ -45,8 +45,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .core.task import LOSSES as LOSS_TABLE, Inputs, as_loss, eval_mode, to_logits
-from .errors import AuditError, clip_text as _clip
+from attnaudit.core.task import LOSSES as LOSS_TABLE, Inputs, as_loss, eval_mode, to_logits
+from attnaudit.errors import AuditError, clip_text as _clip
 
 OPTIMIZERS = ("gd", "sgd", "adam")
 LOSSES = tuple(LOSS_TABLE)  # the core's one loss table: mse, ce
@@ -95,7 +95,7 @@ class Recipe:
     weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
-        from .data import check_seed
+        from attnaudit.data import check_seed
 
         if not isinstance(self.optimizer, str) or self.optimizer not in OPTIMIZERS:
             raise AuditError(f"unknown --optimizer {_show(self.optimizer)}; use one of {', '.join(OPTIMIZERS)}")
@@ -244,7 +244,7 @@ def _attention_features_apply(model: nn.Module, inputs: Inputs) -> bool:
     keeps TwoLayerNet's forward computation, fed flat rows positionally."""
     if getattr(model, "context", None) is None:
         return False
-    from .models import two_layer_fast_path_blocker
+    from attnaudit.models import two_layer_fast_path_blocker
 
     return two_layer_fast_path_blocker(model, inputs) is None
 

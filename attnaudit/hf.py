@@ -67,11 +67,11 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from .loaded_model import LoadedModel
-from .core.engine import math_attention
-from .core.task import Inputs
-from .errors import AuditError, clip_text as _clip, key_mismatch, name_list as _names
-from .weights import load_into, read_weights
+from attnaudit.loaded_model import LoadedModel
+from attnaudit.core.engine import math_attention
+from attnaudit.core.task import Inputs
+from attnaudit.errors import AuditError, clip_text as _clip, key_mismatch, name_list as _names
+from attnaudit.weights import load_into, read_weights
 
 INSTALL_HINT = 'loading a Hugging Face checkpoint needs transformers: pip install "attnaudit[hf]"'
 SUPPORTED_SUFFIXES = ("ForImageClassification", "ForSequenceClassification")

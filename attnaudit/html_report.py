@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from .errors import AuditError
+from attnaudit.errors import AuditError
 
 #: The report schemas a page can be rendered from (``attnaudit report`` refuses others).
 KNOWN_SCHEMAS = (

@@ -87,10 +87,10 @@ from typing import Callable, NamedTuple, Sequence
 import torch
 from torch import nn
 
-from .core.cg import batched_cg
-from .core.engine import Engine, math_attention, ranges
-from .core.task import LOSSES as LOSS_TABLE, Inputs, Task, as_task, eval_mode, select_parameter_names, to_logits
-from .errors import AuditError
+from attnaudit.core.cg import batched_cg
+from attnaudit.core.engine import Engine, math_attention, ranges
+from attnaudit.core.task import LOSSES as LOSS_TABLE, Inputs, Task, as_task, eval_mode, select_parameter_names, to_logits
+from attnaudit.errors import AuditError
 
 __all__ = [
     "parse_damping", "damping_label", "count_negative_eigenvalues", "SOLVERS", "ESTIMATORS", "SIGN_CONVENTION", "PATH_FAST_LINEAR_HEAD", "PATH_FAST_TWOLAYER_HEAD", "PATH_GENERIC", "FastPath", "InfluenceConfig",
@@ -385,7 +385,7 @@ def twolayer_head_fast_path(
     engine path (tested). ``state``: parameter values to use instead of the module's
     (TracIn checkpoints); they are loaded into a copy, never into the module.
     """
-    from .models import TwoLayerNet
+    from attnaudit.models import TwoLayerNet
 
     module = task.module
     if type(module) is not TwoLayerNet or list(names) != ["a"] or task.inputs != Inputs():
@@ -620,7 +620,7 @@ def _plan(config: InfluenceConfig, view: _View, P: int, X_train, n_train: int, n
     est, hvp_batch = config.estimator, config.hvp_batch
     factors = 0
     if est in KRONECKER:
-        from .kfac import kfac_memory_bytes, linear_blocks
+        from attnaudit.kfac import kfac_memory_bytes, linear_blocks
 
         factors = kfac_memory_bytes(linear_blocks(view.engine)[0])
     mem = influence_memory(est, P, n_train, n_test, config.per_test, config.chunk_size, hvp_batch, n_dampings, itemsize, act,
@@ -687,7 +687,7 @@ def _extreme_eigenvalues(H: torch.Tensor) -> tuple[float, float, str]:
     """(lambda_min, lambda_max, method) of a dense symmetric H: Lanczos at both ends (matrix
     products with H, Ritz residual <= 1e-12 lambda_scale), eigvalsh when either end has not
     converged in min(P, 300) steps -- exact to round-off either way."""
-    from .core.linalg import lanczos_top_eigen
+    from attnaudit.core.linalg import lanczos_top_eigen
 
     P = H.shape[0]
     steps = min(P, 300)
@@ -757,7 +757,7 @@ def _projected_solve(hvp, B: torch.Tensor, given: list, config: InfluenceConfig,
     test gradient, and a training gradient scores -(R^T g_train) . z. With k >= P (k is
     capped at P) and R of full rank this is exact influence; the error falls as k grows.
     Returns ([z per damping], diagnostics with the projection)."""
-    from .projection import SignProjection
+    from attnaudit.projection import SignProjection
 
     eng = hvp.engine
     P = hvp.size
@@ -852,7 +852,7 @@ def influence_sweep(
     hvp = eng.hvp_operator(U_tr, T_tr, chunk)
     solver = None
     if exact_like and config.curvature == "ggn":  # the exact Gauss-Newton matrix, what K-FAC approximates
-        from .kfac import dense_gauss_newton
+        from attnaudit.kfac import dense_gauss_newton
 
         H = dense_gauss_newton(eng, U_tr, budget_bytes=int(config.memory_budget_mb * 2**20) // 4)
     elif exact_like:
@@ -909,7 +909,7 @@ def influence_sweep(
             warns.append(w)
         del evecs
     elif kron:
-        from .kfac import cached_factors, resolve_damping as kron_damping
+        from attnaudit.kfac import cached_factors, resolve_damping as kron_damping
 
         factors = cached_factors(eng, U_tr, config.estimator, chunk=chunk, curvature=config.curvature, seed=config.seed,
                                  cache_dir=config.cache_dir, targets=T_tr)
@@ -944,7 +944,7 @@ def influence_sweep(
     elif not exact_like:  # cg
         lam_info = {"lambda_max": None, "lambda_max_method": None}
         if any(isinstance(g, str) for g in given):
-            from .core.linalg import lanczos_top_eigen
+            from attnaudit.core.linalg import lanczos_top_eigen
 
             eig = lanczos_top_eigen(lambda v: hvp.matmat(v[None])[0], P, 1, max_steps=min(P, 200), tol=1e-6,
                                     device=eng.theta.device, dtype=eng.theta.dtype)

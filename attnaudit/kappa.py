@@ -22,8 +22,8 @@ from typing import Iterable
 import numpy as np
 import torch
 
-from .errors import AuditError
-from .spectral import (
+from attnaudit.errors import AuditError
+from attnaudit.spectral import (
     PAPER_LABEL,
     PAPER_RANK_LABEL,
     REFERENCE_WIDTH_LOG10,

@@ -79,15 +79,15 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from .core.engine import Engine, ranges
-from .core.task import Inputs, Task
-from .errors import AuditError
-from .ntk import LinearizedGDConfig, kernel_gd_predict
-from .ntk_distance import KERNEL_RATE, _clean, _loglog_slope, _rms_rows, _stats, _trend
+from attnaudit.core.engine import Engine, ranges
+from attnaudit.core.task import Inputs, Task
+from attnaudit.errors import AuditError
+from attnaudit.ntk import LinearizedGDConfig, kernel_gd_predict
+from attnaudit.ntk_distance import KERNEL_RATE, _clean, _loglog_slope, _rms_rows, _stats, _trend
 
 if TYPE_CHECKING:
-    from .data import HoldoutRecipe
-    from .sweep import ExecutorConfig
+    from attnaudit.data import HoldoutRecipe
+    from attnaudit.sweep import ExecutorConfig
 
 SCHEMA_CHECKPOINT = "attnaudit.ntk-checkpoint/1"
 SCHEMA_TRANSFORMERS = "attnaudit.ntk-transformers/1"
@@ -201,7 +201,7 @@ def _upper_blocks(engines: Sequence[Engine], X: torch.Tensor, memory_bytes: int,
     tensor per engine for each; the first k columns of a diagonal strip are the square on the
     diagonal (counted once in Frobenius sums), the rest lie above it (counted twice).
     """
-    from .core.engine import JACOBIAN_ROWS, JACOBIAN_TRANSIENT
+    from attnaudit.core.engine import JACOBIAN_ROWS, JACOBIAN_TRANSIENT
 
     n = X.shape[0]
     P = engines[0].n_params
@@ -343,7 +343,7 @@ class KernelMovement:
 
 
 def _as_task(model, X: torch.Tensor) -> Task:
-    from .core.task import as_task
+    from attnaudit.core.task import as_task
 
     if isinstance(model, Task):
         return model
@@ -626,7 +626,7 @@ def linearized_prediction(
     actually ran (default: the recipe's). ``train_dtype``: the linearized model's training
     dtype for ``train`` (default float64). Network outputs and kernels are float64.
     """
-    from .fit import Recipe, fit
+    from attnaudit.fit import Recipe, fit
 
     if method not in LINEARIZED_METHODS:
         raise AuditError(f"unknown --linearized {method!r}; use one of {', '.join(LINEARIZED_METHODS)}")
@@ -668,7 +668,7 @@ def linearized_prediction(
             lin_tr = torch.cat([lin(eng0.rows(X_train[a:b])) for a, b in ranges(n, 1024)]).to(F64)
             lin_te = torch.cat([lin(eng0.rows(X_test[a:b])) for a, b in ranges(X_test.shape[0], 1024)]).to(F64)
         predictor = {"steps_run": result.steps_run, "diverged": result.diverged, "dtype": str(eng0.dtype).replace("torch.", "")}
-    from .core.task import as_loss
+    from attnaudit.core.task import as_loss
 
     loss = as_loss(recipe.loss)
     f0_train = Engine(task_init, dtype=F64, device=device).logits(X_train)
@@ -869,9 +869,9 @@ def initial_model(loaded) -> tuple[nn.Module, dict] | None:
     keeps the checkpoint's attention context (a fixed buffer, not trained). None for other
     sources (Hugging Face, ``--factory``): give the reference checkpoint.
     """
-    from .checkpoints import rebuild_of
-    from .models import ModelSpec, TwoLayerNet
-    from .vit import ViT, ViTSpec
+    from attnaudit.checkpoints import rebuild_of
+    from attnaudit.models import ModelSpec, TwoLayerNet
+    from attnaudit.vit import ViT, ViTSpec
 
     if (loaded.source or {}).get("kind") != "attnaudit":
         return None
@@ -906,7 +906,7 @@ def initial_model(loaded) -> tuple[nn.Module, dict] | None:
 
 def default_transformer_recipe():
     """The ViT defaults of ``attnaudit train``: Adam, lr 1e-3, batch 64, 5 epochs, cross-entropy."""
-    from .fit import Recipe
+    from attnaudit.fit import Recipe
 
     return Recipe(optimizer="adam", lr=1e-3, batch_size=64, epochs=5, loss="ce")
 
@@ -933,8 +933,8 @@ class TransformerSweepConfig:
     memory_bytes: int = DEFAULT_MEMORY_BYTES
 
     def __post_init__(self) -> None:
-        from .fit import Recipe
-        from .vit import VIT_ARCHITECTURES
+        from attnaudit.fit import Recipe
+        from attnaudit.vit import VIT_ARCHITECTURES
 
         if not self.archs:
             raise AuditError("no architectures given; use --arch vit,vit-linear")
@@ -1137,7 +1137,7 @@ def _arch_summary(arch: str, cells: list[TransformerCell], widths: Sequence[int]
     # one seed gives no interval: no kernel-regime claim from it
     approaches = k > 1 and all(t.trend == "falls" for t in trends)
 
-    from .ntk_distance import slope_interval
+    from attnaudit.ntk_distance import slope_interval
 
     def spread(t: WidthTrend) -> str:
         if k <= 1:
@@ -1196,9 +1196,9 @@ def run_transformer_sweep(
     (:func:`transformer_cell`) run by ``executor`` (:mod:`attnaudit.sweep`); executors other
     than the in-process one need ``data``, the recipe the tensors came from.
     """
-    from .models import image_shape_of
-    from .sweep import CellTask, ExecutorConfig, cached, clear_cache, run_cells
-    from .vit import default_patch
+    from attnaudit.models import image_shape_of
+    from attnaudit.sweep import CellTask, ExecutorConfig, cached, clear_cache, run_cells
+    from attnaudit.vit import default_patch
 
     t_start = time.perf_counter()
     if X_train.ndim != 2 or X_test.ndim != 2 or X_train.shape[1] != X_test.shape[1]:
@@ -1261,11 +1261,11 @@ def transformer_cell(payload: dict) -> dict:
     """One arch x width x seed cell of the transformer sweep (a pure function of ``payload``):
     build the ViT from the seed, train it with the recipe, measure its kernel movement and its
     distance to the linearized model. Returns {"cell": TransformerCell fields, "warnings": [...]}."""
-    from .data import HoldoutRecipe
-    from .fit import fit
-    from .models import build_builtin
-    from .sweep import cached
-    from .vit import n_parameters
+    from attnaudit.data import HoldoutRecipe
+    from attnaudit.fit import fit
+    from attnaudit.models import build_builtin
+    from attnaudit.sweep import cached
+    from attnaudit.vit import n_parameters
 
     def rows():
         train_ds, test_ds = HoldoutRecipe(**payload["data"]).load()

@@ -48,9 +48,9 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .core.engine import Engine, ranges
-from .core.task import CrossEntropyLoss, MSELoss
-from .errors import AuditError
+from attnaudit.core.engine import Engine, ranges
+from attnaudit.core.task import CrossEntropyLoss, MSELoss
+from attnaudit.errors import AuditError
 
 KINDS = ("kfac", "ekfac")
 
@@ -528,7 +528,7 @@ def save_factors(factors: KroneckerFactors, path: str | Path, fingerprint: str) 
 
     from safetensors.torch import save
 
-    from .atomic import write_bytes_atomic
+    from attnaudit.atomic import write_bytes_atomic
 
     tensors, layers = {}, []
     for i, b in enumerate(factors.blocks):

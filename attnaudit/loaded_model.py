@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import nn
 
-from .core.task import Inputs, Loss, Task
+from attnaudit.core.task import Inputs, Loss, Task
 
 
 @dataclass

@@ -42,9 +42,9 @@ from typing import Iterator, Sequence
 import torch
 from torch import nn
 
-from .core.engine import Engine
-from .core.task import Inputs, Task, as_task, select_parameter_names
-from .errors import AuditError
+from attnaudit.core.engine import Engine
+from attnaudit.core.task import Inputs, Task, as_task, select_parameter_names
+from attnaudit.errors import AuditError
 
 KERNEL_FORMS = ("full", "trace")
 PREDICTOR_MODES = ("discrete", "continuous")
@@ -505,7 +505,7 @@ def closed_form_entk_unavailable(engine: Engine) -> str | None:
     * the engine computes in the module's own dtype (the closed form runs the attention
       transform with the module's tensors).
     """
-    from .models import two_layer_fast_path_blocker
+    from attnaudit.models import two_layer_fast_path_blocker
 
     module = engine.module
     blocker = two_layer_fast_path_blocker(module, engine.inputs)

@@ -38,11 +38,11 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
-from .errors import AuditError
-from .stats import MIN_SEEDS, mean_interval
-from .device import refuse_if_too_big
-from .models import ARCHITECTURES, ATTN_SCALINGS, INITS, PARAMETRIZATIONS, ModelSpec, TwoLayerNet, attention_context
-from .ntk import (
+from attnaudit.errors import AuditError
+from attnaudit.stats import MIN_SEEDS, mean_interval
+from attnaudit.device import refuse_if_too_big
+from attnaudit.models import ARCHITECTURES, ATTN_SCALINGS, INITS, PARAMETRIZATIONS, ModelSpec, TwoLayerNet, attention_context
+from attnaudit.ntk import (
     PREDICTOR_MODES,
     LinearizedGDConfig,
     TwoLayerState,
@@ -50,11 +50,11 @@ from .ntk import (
     entk_two_layer_blocks,
     kernel_gd_predict,
 )
-from .training import LOSSES, require_nonzero_inputs, TrainConfig, accuracy, loss_value, one_hot_targets, train
+from attnaudit.training import LOSSES, require_nonzero_inputs, TrainConfig, accuracy, loss_value, one_hot_targets, train
 
 if TYPE_CHECKING:
-    from .data import HoldoutRecipe
-    from .sweep import ExecutorConfig
+    from attnaudit.data import HoldoutRecipe
+    from attnaudit.sweep import ExecutorConfig
 
 SCHEMA = "attnaudit.ntk-distance/1"
 MODEL_LABELS = {"relu": "2L-ReLU", "attn": "MLP-Attn"}
@@ -563,7 +563,7 @@ def run_ntk_distance(
     configuration, not tensors. Cells that fail are listed in ``result.failed_cells``; the
     summaries use the cells that finished.
     """
-    from .sweep import CellTask, ExecutorConfig, cached, clear_cache, run_cells
+    from attnaudit.sweep import CellTask, ExecutorConfig, cached, clear_cache, run_cells
 
     t_start = time.perf_counter()
     ex = executor or ExecutorConfig()
@@ -741,8 +741,8 @@ class _Sweep:
 
 def _sweep_for(payload: dict) -> _Sweep:
     """This process's :class:`_Sweep` for a cell: the driver's own, or rebuilt from the data recipe."""
-    from .data import HoldoutRecipe
-    from .sweep import cached
+    from attnaudit.data import HoldoutRecipe
+    from attnaudit.sweep import cached
 
     def build() -> _Sweep:
         recipe = HoldoutRecipe(**payload["data"])
@@ -756,7 +756,7 @@ def _sweep_for(payload: dict) -> _Sweep:
 
 def ntk_cell(payload: dict) -> dict:
     """One model x width x seed cell of the sweep (a pure function of ``payload``): the Cell as a dict."""
-    from .sweep import cached
+    from attnaudit.sweep import cached
 
     raw = dict(payload["config"])
     for key in ("models", "widths", "seeds"):

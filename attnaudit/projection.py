@@ -14,7 +14,7 @@ from typing import Iterator
 
 import torch
 
-from .errors import AuditError
+from attnaudit.errors import AuditError
 
 
 class SignProjection:

@@ -25,9 +25,9 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
-from . import __version__
-from .atomic import temp_path_for, write_text_atomic
-from .errors import AuditError
+from attnaudit import __version__
+from attnaudit.atomic import temp_path_for, write_text_atomic
+from attnaudit.errors import AuditError
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -66,7 +66,7 @@ def environment_info(device: torch.device | str | None = None, dtype: str | None
     that count, see attnaudit/threads.py), for reproducibility."""
     import scipy
 
-    from .threads import threads_rule
+    from attnaudit.threads import threads_rule
 
     info: dict[str, Any] = {
         "python": sys.version.split()[0],
@@ -103,7 +103,7 @@ def build_report(
     verdicts: Iterable[str] = (),
 ) -> dict:
     """The versioned JSON envelope (see module docstring), already JSON-safe."""
-    from .invocation import current_command
+    from attnaudit.invocation import current_command
 
     payload = {
         "schema": schema,

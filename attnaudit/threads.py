@@ -34,7 +34,7 @@ import os
 import threading
 from dataclasses import dataclass
 
-from .errors import AuditError
+from attnaudit.errors import AuditError
 
 ENV_VAR = "ATTNAUDIT_THREADS"
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .core.task import LOSSES as LOSS_TABLE, Loss, as_loss
-from .errors import AuditError
+from attnaudit.core.task import LOSSES as LOSS_TABLE, Loss, as_loss
+from attnaudit.errors import AuditError
 
 LOSSES = tuple(LOSS_TABLE)  # the core's one loss table: mse, ce
 

@@ -48,8 +48,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .core.task import Inputs
-from .errors import AuditError, clip_text, show_value
+from attnaudit.core.task import Inputs
+from attnaudit.errors import AuditError, clip_text, show_value
 
 VIT_ARCHITECTURES = ("vit", "vit-linear")
 INIT_STD = 0.02

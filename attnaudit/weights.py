@@ -20,7 +20,7 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from .errors import AuditError, clip_text as _clip, key_mismatch, name_list as _names
+from attnaudit.errors import AuditError, clip_text as _clip, key_mismatch, name_list as _names
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle")
 SAFE_SUFFIXES = (".safetensors",)

@@ -12,7 +12,7 @@ import difflib
 import shlex
 from typing import Any
 
-from ..errors import AuditError
+from attnaudit.errors import AuditError
 
 ANALYSES = ("kappa", "ntk-distance", "malleability", "landscape")
 DATA_OPTIONS = ("dataset", "data", "data_dir", "split", "classes", "preprocess", "download")
@@ -37,7 +37,7 @@ def cli_command(name: str):
     """The click command of ``attnaudit <name>`` (the same object the shell runs)."""
     import typer
 
-    from ..cli import app
+    from attnaudit.cli import app
 
     group = typer.main.get_command(app)
     return group.commands[name]
@@ -101,7 +101,7 @@ def invoke(command: str, args: list[str]) -> dict:
     (a dry run ended after validation), anything else (an internal error). click's own parse
     errors become AuditError with click's message.
     """
-    from ..invocation import capturing
+    from attnaudit.invocation import capturing
 
     cmd = cli_command(command)
     with capturing() as reports:

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import AuditError
-from . import metrics as M
-from .commands import ANALYSES, DATA_OPTIONS, MODEL_OPTIONS, REFUSED, hint, normalise, option_params
+from attnaudit.errors import AuditError
+from attnaudit.audit import metrics as M
+from attnaudit.audit.commands import ANALYSES, DATA_OPTIONS, MODEL_OPTIONS, REFUSED, hint, normalise, option_params
 
 FILE_SCHEMA = "attnaudit.audit-file/1"
 VERSION = 1

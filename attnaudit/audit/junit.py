@@ -13,7 +13,7 @@ import datetime as _dt
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from .runner import AuditResult
+from attnaudit.audit.runner import AuditResult
 
 
 def junit_xml(result: AuditResult) -> str:
@@ -58,6 +58,6 @@ def junit_xml(result: AuditResult) -> str:
 
 def write_junit(result: AuditResult, path: str | Path) -> None:
     """Write the JUnit XML atomically (an existing file is replaced: vet it with check_target first)."""
-    from ..atomic import write_text_atomic
+    from attnaudit.atomic import write_text_atomic
 
     write_text_atomic(path, junit_xml(result))

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from ..errors import AuditError
+from attnaudit.errors import AuditError
 
 Z95 = 1.959963984540054  # two-sided 95 % normal quantile, for estimate +- z * stderr
 

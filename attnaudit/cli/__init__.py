@@ -8,11 +8,11 @@ import sys
 
 import typer
 
-from .. import __version__
-from .common import INTERRUPTED, error_line
-from . import audit, claims, kappa, landscape, malleability, ntk_distance, report, train
+from attnaudit import __version__
+from attnaudit.cli.common import INTERRUPTED, error_line
+from attnaudit.cli import audit, claims, kappa, landscape, malleability, ntk_distance, report, train
 
-from .options import ManualGroup  # noqa: E402 - the command modules above import it too
+from attnaudit.cli.options import ManualGroup  # noqa: E402 - the command modules above import it too
 
 app = typer.Typer(
     name="attnaudit",
@@ -47,8 +47,8 @@ def _root(
     if threads < 0:
         error_line("error", "--threads must be >= 0 (0 = auto: the idle cores)")
         raise typer.Exit(2)
-    from ..errors import AuditError
-    from ..threads import apply_threads, choose_threads
+    from attnaudit.errors import AuditError
+    from attnaudit.threads import apply_threads, choose_threads
 
     try:
         apply_threads(choose_threads(threads or None))
@@ -59,7 +59,7 @@ def _root(
 
 for module in (kappa, ntk_distance, malleability, landscape, train, audit, claims, report):
     module.register(app)
-from . import alignment  # noqa: E402
+from attnaudit.cli import alignment  # noqa: E402
 alignment.register(app)
 
 
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     Runs the Typer app without click's standalone handling so that usage errors become
     one ``error:`` line (exit 2) like every other bad input, and Ctrl-C anywhere exits 130.
     """
-    from ..invocation import command_line
+    from attnaudit.invocation import command_line
 
     args = _hoist_global_options(list(sys.argv[1:] if argv is None else argv))
     try:

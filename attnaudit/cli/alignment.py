@@ -13,9 +13,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import DeviceOpt, SeedOpt, cli_errors, emit, parse_list, preset_value, progress
-from .options import ANALYSIS, PROTOCOL, DataOptions, ManualCommand, OutputBundle, bundled
-from ..errors import AuditError
+from attnaudit.cli.common import DeviceOpt, SeedOpt, cli_errors, emit, parse_list, preset_value, progress
+from attnaudit.cli.options import ANALYSIS, PROTOCOL, DataOptions, ManualCommand, OutputBundle, bundled
+from attnaudit.errors import AuditError
 
 
 def register(app: typer.Typer) -> None:
@@ -45,10 +45,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Does the attention kernel lower the approximation error on targets aligned with the data's
         principal modes? Kernel ridge and trained-net errors, and CKA, of 2L-ReLU and MLP-Attn."""
-        from ..alignment import PNG_NAME, PRESETS, SCHEMA, TARGETS, AlignmentConfig, build_tables, plot_alignment, run_alignment
-        from ..data import check_seed, load_dataset
-        from ..device import resolve_device
-        from ..report import build_report
+        from attnaudit.alignment import PNG_NAME, PRESETS, SCHEMA, TARGETS, AlignmentConfig, build_tables, plot_alignment, run_alignment
+        from attnaudit.data import check_seed, load_dataset
+        from attnaudit.device import resolve_device
+        from attnaudit.report import build_report
 
         with cli_errors(out.debug):
             opts = out.options()

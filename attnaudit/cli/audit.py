@@ -9,8 +9,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import cli_errors, emit, progress
-from .options import ExecutorOptions, ManualCommand, bundled
+from attnaudit.cli.common import cli_errors, emit, progress
+from attnaudit.cli.options import ExecutorOptions, ManualCommand, bundled
 
 HELP = (
     "Run the checks of an audit file (YAML: the model, the data, and checks that each name an analysis, its CLI "
@@ -37,9 +37,9 @@ def register(app: typer.Typer) -> None:
         overwrite: Annotated[bool, typer.Option("--overwrite", help="Allow replacing existing output files.", rich_help_panel="Output")] = False,
         debug: Annotated[bool, typer.Option("--debug", help="Show the full traceback on errors.", rich_help_panel="Output")] = False,
     ) -> None:
-        from ..audit import SCHEMA, baseline_payload, junit_xml, load_audit_file, run_audit
-        from .common import OutputOptions
-        from ..report import build_report, dumps
+        from attnaudit.audit import SCHEMA, baseline_payload, junit_xml, load_audit_file, run_audit
+        from attnaudit.cli.common import OutputOptions
+        from attnaudit.report import build_report, dumps
 
         with cli_errors(debug):
             opts = OutputOptions(json=json, quiet=quiet, overwrite=overwrite, html=html)
@@ -73,7 +73,7 @@ def register(app: typer.Typer) -> None:
                 verdicts=result.verdicts(),
             )
             emit(opts, report, _tables(result))
-            from ..atomic import write_text_atomic
+            from attnaudit.atomic import write_text_atomic
 
             if junit:
                 write_text_atomic(junit, junit_xml(result))

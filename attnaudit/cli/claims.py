@@ -8,9 +8,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..errors import AuditError
-from .common import DeviceOpt, SeedOpt, cli_errors, emit, progress
-from .options import PROTOCOL, DataOptions, ExecutorOptions, ManualCommand, OutputBundle, bundled
+from attnaudit.errors import AuditError
+from attnaudit.cli.common import DeviceOpt, SeedOpt, cli_errors, emit, progress
+from attnaudit.cli.options import PROTOCOL, DataOptions, ExecutorOptions, ManualCommand, OutputBundle, bundled
 
 PNG_NAME = "claims.png"
 HELP = (
@@ -75,11 +75,11 @@ def register(app: typer.Typer) -> None:
         match_loss: Annotated[Optional[str], typer.Option("--match-loss", help="Train malleability's and landscape's models to this common training loss (full-batch GD stops there); auto: to the largest loss any model reaches in the step budget; none: fixed steps. Default: the presets' own choice (quick: auto; paper: fixed steps, the paper's protocol). The protocol-variant table also shows the other choice.", rich_help_panel=PROTOCOL)] = None,
         slope_margin: Annotated[float, typer.Option("--slope-margin", help="Log-log slopes above -margin count as 'no fall with width' in the MLP-Attn claim (tested against the margin, never against 0).", rich_help_panel=PROTOCOL)] = 0.1,
     ) -> None:
-        from ..audit.commands import shell_line
-        from ..claims import SCHEMA, plan, score
-        from ..data import check_seed
-        from ..report import build_report
-        from ..sweep import CellTask, run_cells
+        from attnaudit.audit.commands import shell_line
+        from attnaudit.claims import SCHEMA, plan, score
+        from attnaudit.data import check_seed
+        from attnaudit.report import build_report
+        from attnaudit.sweep import CellTask, run_cells
 
         with cli_errors(out.debug):
             mode = _mode(preset, quick)
@@ -98,7 +98,7 @@ def register(app: typer.Typer) -> None:
             if not opts.quiet:
                 opts.console.print(f"claims ({mode}): {len(runs)} runs on {' '.join(data_args)}, executor "
                                    f"{executor.name}", highlight=False)
-            from ..audit.runner import _dry
+            from attnaudit.audit.runner import _dry
 
             for r in runs:  # every command line checked (options and data) before anything trains
                 _dry(r.command, list(r.args), f"{r.id} ({r.purpose})")

@@ -9,9 +9,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import DeviceOpt, SeedOpt, cli_errors, emit, parse_list, progress
-from .options import ANALYSIS, PROTOCOL, DataOptions, ManualCommand, ModelOptions, OutputBundle, bundled
-from ..errors import AuditError
+from attnaudit.cli.common import DeviceOpt, SeedOpt, cli_errors, emit, parse_list, progress
+from attnaudit.cli.options import ANALYSIS, PROTOCOL, DataOptions, ManualCommand, ModelOptions, OutputBundle, bundled
+from attnaudit.errors import AuditError
 
 
 def register(app: typer.Typer) -> None:
@@ -34,10 +34,10 @@ def register(app: typer.Typer) -> None:
         """Gram spectrum, condition numbers, linearized-attention amplification (direct check with a
         calibrated round-off budget) and the paper's width requirement kappa^6 n ln n against 1e12;
         with --checkpoint, the same per attention layer of a trained transformer."""
-        from ..device import resolve_device
-        from ..data import check_seed, load_dataset
-        from ..kappa import SCHEMA, KappaConfig, analyse_kappa, build_tables, plot_kappa, summarise_sweep, sweep_cell, sweep_verdicts
-        from ..report import build_report
+        from attnaudit.device import resolve_device
+        from attnaudit.data import check_seed, load_dataset
+        from attnaudit.kappa import SCHEMA, KappaConfig, analyse_kappa, build_tables, plot_kappa, summarise_sweep, sweep_cell, sweep_verdicts
+        from attnaudit.report import build_report
 
         with cli_errors(out.debug):
             if saved.given:
@@ -116,11 +116,11 @@ def _layers_command(data: DataOptions, out: OutputBundle, saved: ModelOptions, *
                     stratify: bool, rank_tol: Optional[float], layers: Optional[str], gram: Optional[str],
                     seed: int, device: str) -> None:
     """``kappa --checkpoint``: per-layer conditioning of saved models on a batch of the data."""
-    from ..checkpoints import fit_to_data
-    from ..data import check_seed, load_dataset
-    from ..device import resolve_device
-    from ..layer_kappa import PNG_NAME, SCHEMA, LayerKappaConfig, analyse_layers, build_tables, find_attention_layers, plot_layer_kappa
-    from ..report import build_report
+    from attnaudit.checkpoints import fit_to_data
+    from attnaudit.data import check_seed, load_dataset
+    from attnaudit.device import resolve_device
+    from attnaudit.layer_kappa import PNG_NAME, SCHEMA, LayerKappaConfig, analyse_layers, build_tables, find_attention_layers, plot_layer_kappa
+    from attnaudit.report import build_report
 
     opts = out.options()
     if seeds != 1:

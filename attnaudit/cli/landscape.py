@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
-from .common import (
+from attnaudit.cli.common import (
     DeviceOpt,
     SeedOpt,
     cli_errors,
@@ -20,8 +20,8 @@ from .common import (
     progress,
     refuse_training_options_for_saved_model,
 )
-from .options import ANALYSIS, PROTOCOL, DataOptions, ManualCommand, ModelOptions, OutputBundle, bundled
-from ..errors import AuditError
+from attnaudit.cli.options import ANALYSIS, PROTOCOL, DataOptions, ManualCommand, ModelOptions, OutputBundle, bundled
+from attnaudit.errors import AuditError
 
 
 
@@ -86,15 +86,15 @@ def register(app: typer.Typer) -> None:
         device: DeviceOpt = "auto",
     ) -> None:
         """Loss landscape: top Hessian eigenvalues, trace, basin width and 1-D/2-D loss surfaces."""
-        from ..data import check_seed, load_dataset
-        from ..device import resolve_device
-        from ..landscape import LandscapeConfig, ParameterSelectionError, run_landscape, run_work_units
-        from ..fit import DEFAULT_ADAM_LR
-        from ..landscape.run import ARCHS, PRESETS  # the protocol lives in the library
-        from ..landscape.report import PNG_NAME, SCHEMA, build_tables, plot_landscape
-        from ..landscape.setup import check_selector
-        from ..report import build_report
-        from ..training import TrainConfig
+        from attnaudit.data import check_seed, load_dataset
+        from attnaudit.device import resolve_device
+        from attnaudit.landscape import LandscapeConfig, ParameterSelectionError, run_landscape, run_work_units
+        from attnaudit.fit import DEFAULT_ADAM_LR
+        from attnaudit.landscape.run import ARCHS, PRESETS  # the protocol lives in the library
+        from attnaudit.landscape.report import PNG_NAME, SCHEMA, build_tables, plot_landscape
+        from attnaudit.landscape.setup import check_selector
+        from attnaudit.report import build_report
+        from attnaudit.training import TrainConfig
 
         with cli_errors(out.debug):
             opts = out.options()
@@ -147,7 +147,7 @@ def register(app: typer.Typer) -> None:
                                     loss_tol=None if match_auto else match_target, record_every=10)
             recipe = None
             if opt_name != "gd" and not model:
-                from ..fit import Recipe
+                from attnaudit.fit import Recipe
 
                 recipe = Recipe(optimizer=opt_name, lr=lr_value, batch_size=batch_size, steps=train_cfg.steps,
                                 loss=loss_name, seed=seed)
@@ -175,8 +175,8 @@ def register(app: typer.Typer) -> None:
                 t0 = time.perf_counter()
                 ds = None
                 if saved_models:
-                    from ..checkpoints import fit_to_data, recorded_split
-                    from ..data import subset
+                    from attnaudit.checkpoints import fit_to_data, recorded_split
+                    from attnaudit.data import subset
 
                     full = load_dataset(dataclasses.replace(spec, n=None, stratify=False))
                     rebuilt = recorded_split(full, saved_models)

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
-from .common import (
+from attnaudit.cli.common import (
     DeviceOpt,
     exit_if_cells_failed,
     cli_errors,
@@ -18,8 +18,8 @@ from .common import (
     progress,
     refuse_training_options_for_saved_model,
 )
-from .options import ANALYSIS, EXECUTION, PROTOCOL, ExecutorOptions, DataOptions, ManualCommand, ModelOptions, OutputBundle, bundled
-from ..errors import AuditError
+from attnaudit.cli.options import ANALYSIS, EXECUTION, PROTOCOL, ExecutorOptions, DataOptions, ManualCommand, ModelOptions, OutputBundle, bundled
+from attnaudit.errors import AuditError
 
 
 def register(app: typer.Typer) -> None:
@@ -68,10 +68,10 @@ def register(app: typer.Typer) -> None:
         device: DeviceOpt = "auto",
     ) -> None:
         """Influence malleability: do influence scores flip sign when the training data is perturbed?"""
-        from ..data import HoldoutRecipe, check_seed, data_fingerprint, load_dataset
-        from ..device import resolve_device
-        from ..fit import DEFAULT_ADAM_LR
-        from ..malleability import (
+        from attnaudit.data import HoldoutRecipe, check_seed, data_fingerprint, load_dataset
+        from attnaudit.device import resolve_device
+        from attnaudit.fit import DEFAULT_ADAM_LR
+        from attnaudit.malleability import (
             PRESETS,
             SCHEMA,
             influence_memory_estimate,
@@ -83,7 +83,7 @@ def register(app: typer.Typer) -> None:
             progress_total,
             run_malleability,
         )
-        from ..report import build_report
+        from attnaudit.report import build_report
 
         with cli_errors(out.debug):
             opts = out.options()
@@ -114,7 +114,7 @@ def register(app: typer.Typer) -> None:
             controls = controls if controls is not None else (not loaded or protocol != "static")
             rebuild = {}
             if loaded and protocol == "retrain":
-                from ..checkpoints import rebuild_of
+                from attnaudit.checkpoints import rebuild_of
 
                 rebuild = {label: rb for label, rb in ((label, rebuild_of(lm)) for label, lm in loaded.items()) if rb}
                 missing = [label for label in loaded if label not in rebuild]
@@ -133,7 +133,7 @@ def register(app: typer.Typer) -> None:
             ft_lr = finetune_lr if finetune_lr is not None else (float(first["lr"]) if isinstance(first.get("lr"), (int, float)) else 1e-4)
             ft_batch = finetune_batch_size if finetune_batch_size is not None else (
                 int(first["batch_size"]) if isinstance(first.get("batch_size"), int) else 64)
-            from ..influence import parse_damping
+            from attnaudit.influence import parse_damping
 
             opt = optimizer if optimizer is not None else "gd"
             lr_value = parse_per_model(lr, "--lr") if lr is not None else (DEFAULT_ADAM_LR if opt == "adam" else p["lr"])
@@ -197,7 +197,7 @@ def register(app: typer.Typer) -> None:
             fixed = None
             rows_note = None
             if loaded:
-                from ..checkpoints import audit_split, fit_to_data
+                from attnaudit.checkpoints import audit_split, fit_to_data
 
                 loaded = {label: fit_to_data(lm, ds) for label, lm in loaded.items()}
                 fixed = {label: lm.task(loss=config.loss, params="all") for label, lm in loaded.items()}
@@ -226,7 +226,7 @@ def register(app: typer.Typer) -> None:
                     executor=executor, data=recipe,
                 )
             if fixed and rows_note["rows"] != "checkpoint split":
-                from ..models import training_data_mismatch
+                from attnaudit.models import training_data_mismatch
 
                 fingerprint = data_fingerprint(train_ds.X, train_ds.y)
                 result.warnings[:0] = [w for w in (training_data_mismatch(lm, label, fingerprint) for label, lm in loaded.items()) if w]
@@ -274,7 +274,7 @@ def register(app: typer.Typer) -> None:
             emit(opts, report, renderables, plot=lambda path: plot_malleability(result, path, title), png_name="malleability.png")
             exit_if_cells_failed(result.failed_cells)
             if result.exceeded:
-                from ..influence import damping_label
+                from attnaudit.influence import damping_label
 
                 worst = max(result.exceeded, key=lambda e: e["flip_rate"])
                 names = "; ".join(

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import (
+from attnaudit.cli.common import (
     exit_if_cells_failed,
     DeviceOpt,
     SeedOpt,
@@ -19,7 +19,7 @@ from .common import (
     parse_list,
     progress,
 )
-from .options import (
+from attnaudit.cli.options import (
     ANALYSIS,
     MODEL,
     OUTPUT,
@@ -31,7 +31,7 @@ from .options import (
     OutputBundle,
     bundled,
 )
-from ..errors import AuditError
+from attnaudit.errors import AuditError
 
 PNG_NAME = "ntk_distance.png"
 PNG_CHECKPOINT = "ntk_checkpoint.png"
@@ -84,11 +84,11 @@ def register(app: typer.Typer) -> None:
         """Distance of finite 2L-ReLU / MLP-Attn networks from their NTK predictor across widths; with
         --checkpoint, how far training moved a trained model from the kernel regime; with --arch
         vit,vit-linear, the same across widths of the built-in transformers."""
-        from ..data import HoldoutRecipe, data_fingerprint
-        from ..device import resolve_device, resolve_dtype
-        from ..models import save_model
-        from ..ntk_distance import PRESETS, SCHEMA, NTKDistanceConfig, build_tables, plot_ntk_distance, run_ntk_distance
-        from ..report import build_report, check_target
+        from attnaudit.data import HoldoutRecipe, data_fingerprint
+        from attnaudit.device import resolve_device, resolve_dtype
+        from attnaudit.models import save_model
+        from attnaudit.ntk_distance import PRESETS, SCHEMA, NTKDistanceConfig, build_tables, plot_ntk_distance, run_ntk_distance
+        from attnaudit.report import build_report, check_target
 
         with cli_errors(out.debug):
             executor = execution.config()
@@ -249,7 +249,7 @@ def register(app: typer.Typer) -> None:
 
 def _sweep_sizes(defaults: dict, widths, seeds, n_train, n_test, seed: int) -> tuple[tuple[int, ...], int, int, int]:
     """(widths, number of seeds, training rows, held-out rows) of a width sweep, defaults filled in and checked."""
-    from ..data import check_seed
+    from attnaudit.data import check_seed
 
     width_list = tuple(parse_list(widths, int, "--widths")) if widths is not None else tuple(defaults["widths"])
     n_seeds = defaults["n_seeds"] if seeds is None else seeds
@@ -277,13 +277,13 @@ def _checkpoint_command(source: DataOptions, out: OutputBundle, saved: ModelOpti
     """``ntk-distance --checkpoint``: kernel movement of trained models against their initialization."""
     import torch
 
-    from ..checkpoints import fit_to_data, load_model_source, rebuild_of, recorded_split
-    from ..core.task import Task
-    from ..data import check_seed, holdout_split, load_dataset, subset
-    from ..device import resolve_device
-    from ..kernel_regime import (SCHEMA_CHECKPOINT, CheckpointKernelConfig, analyse_checkpoint,
+    from attnaudit.checkpoints import fit_to_data, load_model_source, rebuild_of, recorded_split
+    from attnaudit.core.task import Task
+    from attnaudit.data import check_seed, holdout_split, load_dataset, subset
+    from attnaudit.device import resolve_device
+    from attnaudit.kernel_regime import (SCHEMA_CHECKPOINT, CheckpointKernelConfig, analyse_checkpoint,
                                  build_checkpoint_tables, initial_model, plot_checkpoints)
-    from ..report import build_report
+    from attnaudit.report import build_report
 
     _refuse("set how the sweeps train new networks and do not apply to --checkpoint (a trained model, compared with "
             "its initialization)", **refused)
@@ -405,14 +405,14 @@ def _transformer_command(source: DataOptions, out: OutputBundle, *, arch, widths
                          lr, optimizer, batch_size, loss, kernel_points, linearized, dtype, seed: int, device: str,
                          executor, refused: dict) -> None:
     """``ntk-distance --arch vit,vit-linear``: the kernel regime of the built-in transformers across widths."""
-    from ..data import HoldoutRecipe
-    from ..device import resolve_device
-    from ..fit import Recipe
-    from ..kernel_regime import (SCHEMA_TRANSFORMERS, TransformerSweepConfig, build_sweep_tables, plot_sweep,
+    from attnaudit.data import HoldoutRecipe
+    from attnaudit.device import resolve_device
+    from attnaudit.fit import Recipe
+    from attnaudit.kernel_regime import (SCHEMA_TRANSFORMERS, TransformerSweepConfig, build_sweep_tables, plot_sweep,
                                  run_transformer_sweep)
-    from ..models import image_shape_of
-    from ..report import build_report
-    from .train import MINI_BATCH, VIT_DEFAULTS
+    from attnaudit.models import image_shape_of
+    from attnaudit.report import build_report
+    from attnaudit.cli.train import MINI_BATCH, VIT_DEFAULTS
 
     _refuse("belong to the 2-layer sweep (--models relu,attn), not to the transformer sweep (--arch)", **refused)
     opts = out.options()

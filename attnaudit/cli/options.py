@@ -77,7 +77,7 @@ class DataOptions:
     def spec(self, seed: int, *, n: int | None = None, stratify: bool = False,
              dataset: str | None = None, split: str | None = None):
         """A validated :class:`attnaudit.data.DataSpec`; ``dataset``/``split`` fill options left unset."""
-        from ..data import DataSpec, parse_classes
+        from attnaudit.data import DataSpec, parse_classes
 
         return DataSpec(
             dataset=self.dataset or dataset or "digits",
@@ -121,7 +121,7 @@ class OutputBundle:
 
     def options(self):
         """The :class:`attnaudit.cli.common.OutputOptions` these flags describe."""
-        from .common import OutputOptions
+        from attnaudit.cli.common import OutputOptions
 
         return OutputOptions(json=self.json, png=self.png, out_dir=self.out_dir, quiet=self.quiet, overwrite=self.overwrite,
                              html=self.html)
@@ -167,7 +167,7 @@ class ModelOptions:
 
     def load(self) -> dict:
         """label -> :class:`attnaudit.checkpoints.LoadedModel`, every file checked (before any data are read)."""
-        from ..checkpoints import load_model_source, unique_labels
+        from attnaudit.checkpoints import load_model_source, unique_labels
 
         if self.factory is not None or self.weights is not None:
             if self.checkpoint:
@@ -201,14 +201,14 @@ class ExecutorOptions:
 
     def config(self):
         """The :class:`attnaudit.sweep.ExecutorConfig` these flags describe (validated)."""
-        from ..sweep import ExecutorConfig
+        from attnaudit.sweep import ExecutorConfig
 
         return ExecutorConfig(kind=self.executor, jobs=self.jobs, ray_address=self.ray_address,
                               gpus_per_cell=self.gpus_per_cell, resume_dir=self.resume)
 
 
 def _error(message: str):
-    from ..errors import AuditError
+    from attnaudit.errors import AuditError
 
     return AuditError(message)
 

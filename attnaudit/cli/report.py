@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
-from .common import cli_errors
-from .options import ManualCommand
-from ..errors import AuditError
+from attnaudit.cli.common import cli_errors
+from attnaudit.cli.options import ManualCommand
+from attnaudit.errors import AuditError
 
 HELP = (
     "Render one or several JSON reports written by --json (a sweep's runs, two checkpoints, an audit) into one "
@@ -26,9 +26,9 @@ MAX_REPORT_BYTES = 512 * 2**20  # a JSON report is a few MB at most; refuse absu
 
 def load_reports(paths: list[str]) -> list[tuple[str, dict]]:
     """(file name, report) for every path, each a JSON report of a known schema."""
-    from ..html_report import check_schema
+    from attnaudit.html_report import check_schema
 
-    from ..report import read_json_file
+    from attnaudit.report import read_json_file
 
     out = []
     for raw in paths:
@@ -46,9 +46,9 @@ def register(app: typer.Typer) -> None:
         quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on success.", rich_help_panel="Output")] = False,
         debug: Annotated[bool, typer.Option("--debug", help="Show the full traceback on errors.", rich_help_panel="Output")] = False,
     ) -> None:
-        from ..atomic import write_text_atomic
-        from ..html_report import render_reports
-        from ..report import check_target
+        from attnaudit.atomic import write_text_atomic
+        from attnaudit.html_report import render_reports
+        from attnaudit.report import check_target
 
         with cli_errors(debug):
             if not html.lower().endswith((".html", ".htm")):

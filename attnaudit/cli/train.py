@@ -15,9 +15,9 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
-from .common import DeviceOpt, cli_errors, emit, progress
-from .options import MODEL, OUTPUT, PROTOCOL, DataOptions, ManualCommand, OutputBundle, bundled
-from ..errors import AuditError
+from attnaudit.cli.common import DeviceOpt, cli_errors, emit, progress
+from attnaudit.cli.options import MODEL, OUTPUT, PROTOCOL, DataOptions, ManualCommand, OutputBundle, bundled
+from attnaudit.errors import AuditError
 
 SCHEMA = "attnaudit.train/1"
 PNG_NAME = "train.png"
@@ -74,13 +74,13 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         import torch
 
-        from .. import __version__
-        from ..data import check_seed, data_fingerprint, holdout_split, load_dataset
-        from ..device import resolve_device
-        from ..fit import Recipe, build_tables, fit, plot_fit
-        from ..models import BUILTIN_ARCHITECTURES, build_builtin, image_shape_of, save_model
-        from ..report import build_report
-        from ..vit import default_patch, n_parameters
+        from attnaudit import __version__
+        from attnaudit.data import check_seed, data_fingerprint, holdout_split, load_dataset
+        from attnaudit.device import resolve_device
+        from attnaudit.fit import Recipe, build_tables, fit, plot_fit
+        from attnaudit.models import BUILTIN_ARCHITECTURES, build_builtin, image_shape_of, save_model
+        from attnaudit.report import build_report
+        from attnaudit.vit import default_patch, n_parameters
 
         with cli_errors(out.debug):
             opts = out.options()
@@ -252,6 +252,6 @@ def register(app: typer.Typer) -> None:
 
 
 def _jsonable(value):
-    from ..report import to_jsonable
+    from attnaudit.report import to_jsonable
 
     return to_jsonable(value)

@@ -1,10 +1,10 @@
 """Model-agnostic core: the audit :class:`Task`, the functional :class:`Engine` built from it,
 and the linear algebra every analysis shares (Lanczos, Hutchinson, conjugate gradients)."""
 
-from .cg import batched_cg
-from .engine import Engine, HessianVectorProduct, math_attention
-from .linalg import EigenResult, TraceResult, hutchinson_trace, lanczos_top_eigen
-from .task import (
+from attnaudit.core.cg import batched_cg
+from attnaudit.core.engine import Engine, HessianVectorProduct, math_attention
+from attnaudit.core.linalg import EigenResult, TraceResult, hutchinson_trace, lanczos_top_eigen
+from attnaudit.core.task import (
     CrossEntropyLoss,
     Inputs,
     Loss,

@@ -30,9 +30,9 @@ from typing import Callable, Iterable, Iterator, Sequence
 import torch
 from torch.func import functional_call, grad, jacrev, jvp, vjp, vmap
 
-from ..errors import AuditError
-from .attention import math_attention
-from .task import Task, eval_mode, to_logits
+from attnaudit.errors import AuditError
+from attnaudit.core.attention import math_attention
+from attnaudit.core.task import Task, eval_mode, to_logits
 
 KERNEL_FORMS = ("full", "trace")
 _DEFAULT_MEMORY_BYTES = 1 << 30

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import AuditError
+from attnaudit.errors import AuditError
 
 Progress = Callable[[int], None] | None
 

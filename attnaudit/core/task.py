@@ -21,8 +21,8 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from ..errors import AuditError
-from .attention import math_attention
+from attnaudit.errors import AuditError
+from attnaudit.core.attention import math_attention
 
 # --------------------------------------------------------------------------- losses
 

@@ -40,15 +40,15 @@ stratification, holdout split, assembly), :mod:`.preprocess`, and :mod:`.loader`
 (:func:`load_dataset`). Every name is re-exported here.
 """
 
-from .builtin import (
+from attnaudit.data.builtin import (
     SYNTHETIC_CLASSES,
     default_data_dir,
     synthetic_matrix,
 )
-from .loader import load_dataset
-from .recipe import HoldoutRecipe
-from .preprocess import apply_preprocess, ntk_scale_factor
-from .readers import (
+from attnaudit.data.loader import load_dataset
+from attnaudit.data.recipe import HoldoutRecipe
+from attnaudit.data.preprocess import apply_preprocess, ntk_scale_factor
+from attnaudit.data.readers import (
     CSV_LABEL_COLUMNS,
     IMAGE_SUFFIXES,
     USER_SUFFIXES,
@@ -56,8 +56,8 @@ from .readers import (
     Y_NAMES,
     read_idx,
 )
-from .selection import holdout_split, subset
-from .spec import (
+from attnaudit.data.selection import holdout_split, subset
+from attnaudit.data.spec import (
     DATASETS,
     MAX_CLASSES,
     MAX_SEED,

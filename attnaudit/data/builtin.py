@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import AuditError
-from .readers import _check_labels, _read_cifar_batch, read_idx
-from .selection import _finish
-from .spec import SPLITS, Dataset, DataSpec, _one_line, _Source
+from attnaudit.errors import AuditError
+from attnaudit.data.readers import _check_labels, _read_cifar_batch, read_idx
+from attnaudit.data.selection import _finish
+from attnaudit.data.spec import SPLITS, Dataset, DataSpec, _one_line, _Source
 
 SYNTHETIC_CLASSES = 4
 _DIGITS_TRAIN_FRACTION = 0.8

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..invocation import stop_if_dry_run
-from .builtin import _IDX_FOLDERS, _load_cifar10, _load_digits, _load_idx_dataset, _load_synthetic, default_data_dir
-from .readers import _load_user
-from .selection import _finish
-from .spec import Dataset, DataSpec
+from attnaudit.invocation import stop_if_dry_run
+from attnaudit.data.builtin import _IDX_FOLDERS, _load_cifar10, _load_digits, _load_idx_dataset, _load_synthetic, default_data_dir
+from attnaudit.data.readers import _load_user
+from attnaudit.data.selection import _finish
+from attnaudit.data.spec import Dataset, DataSpec
 
 
 def load_dataset(spec: DataSpec) -> Dataset:

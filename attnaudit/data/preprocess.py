@@ -14,8 +14,8 @@ import math
 
 import torch
 
-from ..errors import AuditError
-from .spec import PREPROCESS
+from attnaudit.errors import AuditError
+from attnaudit.data.spec import PREPROCESS
 
 
 def ntk_scale_factor(X: torch.Tensor) -> float:

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import AuditError
-from .spec import MAX_CLASSES, _clip, _is_int, _one_line, _short_list, _show, _Source
+from attnaudit.errors import AuditError
+from attnaudit.data.spec import MAX_CLASSES, _clip, _is_int, _one_line, _short_list, _show, _Source
 
 USER_SUFFIXES = (".npz", ".npy", ".safetensors", ".pt", ".pth", ".csv")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".pgm", ".ppm")

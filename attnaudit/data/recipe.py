@@ -11,7 +11,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 
-from .spec import DataSpec
+from attnaudit.data.spec import DataSpec
 
 
 @dataclass(frozen=True)
@@ -38,9 +38,9 @@ class HoldoutRecipe:
 
     def load(self):
         """(train, held_out) :class:`~attnaudit.data.Dataset` pair, cached per process."""
-        from ..sweep import cached
-        from .loader import load_dataset
-        from .selection import holdout_split
+        from attnaudit.sweep import cached
+        from attnaudit.data.loader import load_dataset
+        from attnaudit.data.selection import holdout_split
 
         def build():
             spec = DataSpec(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in self.spec.items()})

@@ -8,9 +8,9 @@ import hashlib
 import numpy as np
 import torch
 
-from ..errors import AuditError
-from .preprocess import _preprocess_inplace, ntk_scale_factor
-from .spec import Dataset, DataSpec, _is_int, _short_list, _show, _Source, check_seed
+from attnaudit.errors import AuditError
+from attnaudit.data.preprocess import _preprocess_inplace, ntk_scale_factor
+from attnaudit.data.spec import Dataset, DataSpec, _is_int, _short_list, _show, _Source, check_seed
 
 
 def _checksum(indices: np.ndarray) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import AuditError, clip_text, show_value
+from attnaudit.errors import AuditError, clip_text, show_value
 
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "synthetic")
 PREPROCESS = ("raw", "center", "standardize", "unit-norm", "ntk-scale")

@@ -16,10 +16,10 @@ Lanczos and Hutchinson live in :mod:`attnaudit.core.linalg` (re-exported here); 
 Hessian-vector products are the engine's (:meth:`attnaudit.core.engine.Engine.hvp_operator`).
 """
 
-from ..core.linalg import EigenResult, TraceResult, hutchinson_trace, lanczos_top_eigen
-from .analysis import LandscapeConfig, LandscapeResult, analyze_landscape
-from .basin import BasinResult, basin_width
-from .compare import (
+from attnaudit.core.linalg import EigenResult, TraceResult, hutchinson_trace, lanczos_top_eigen
+from attnaudit.landscape.analysis import LandscapeConfig, LandscapeResult, analyze_landscape
+from attnaudit.landscape.basin import BasinResult, basin_width
+from attnaudit.landscape.compare import (
     EOS_SHARE,
     LOSS_MISMATCH_RATIO,
     RESOLVE_SE,
@@ -28,8 +28,8 @@ from .compare import (
     untrained_status,
     untrained_threshold,
 )
-from .directions import DIRECTION_KINDS, Params, eigenvector_direction, filter_normalize, params_norm, random_direction
-from .evaluate import (
+from attnaudit.landscape.directions import DIRECTION_KINDS, Params, eigenvector_direction, filter_normalize, params_norm, random_direction
+from attnaudit.landscape.evaluate import (
     BACKENDS,
     FAST_PATH,
     GENERIC_PATH,
@@ -40,9 +40,9 @@ from .evaluate import (
     loss_and_accuracy,
     state_dict_loop,
 )
-from .run import ARCHS, LandscapeRun, build_reference_model, run_landscape, run_work_units, train_reference_model
-from .setup import ParameterSelectionError, landscape_engine, landscape_task
-from .surfaces import Surface1D, Surface2D, loss_surface_1d, loss_surface_2d, symmetric_grid
+from attnaudit.landscape.run import ARCHS, LandscapeRun, build_reference_model, run_landscape, run_work_units, train_reference_model
+from attnaudit.landscape.setup import ParameterSelectionError, landscape_engine, landscape_task
+from attnaudit.landscape.surfaces import Surface1D, Surface2D, loss_surface_1d, loss_surface_2d, symmetric_grid
 
 __all__ = [
     "ARCHS", "BACKENDS", "BasinResult", "DIRECTION_KINDS", "EOS_SHARE", "EigenResult", "FAST_PATH", "GENERIC_PATH",

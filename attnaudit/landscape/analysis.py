@@ -27,14 +27,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..core.linalg import EigenResult, TraceResult, hutchinson_trace, lanczos_top_eigen
-from ..core.task import LOSSES, Task
-from ..errors import AuditError
-from .basin import BasinResult, basin_width
-from .directions import DIRECTION_KINDS, eigenvector_direction, params_norm, random_direction
-from .evaluate import BACKENDS, SurfaceEvaluator, loss_and_accuracy
-from .setup import DTYPES, check_labels, landscape_engine, landscape_task
-from .surfaces import Surface1D, Surface2D, loss_surface_1d, loss_surface_2d
+from attnaudit.core.linalg import EigenResult, TraceResult, hutchinson_trace, lanczos_top_eigen
+from attnaudit.core.task import LOSSES, Task
+from attnaudit.errors import AuditError
+from attnaudit.landscape.basin import BasinResult, basin_width
+from attnaudit.landscape.directions import DIRECTION_KINDS, eigenvector_direction, params_norm, random_direction
+from attnaudit.landscape.evaluate import BACKENDS, SurfaceEvaluator, loss_and_accuracy
+from attnaudit.landscape.setup import DTYPES, check_labels, landscape_engine, landscape_task
+from attnaudit.landscape.surfaces import Surface1D, Surface2D, loss_surface_1d, loss_surface_2d
 
 Progress = Callable[[int], None] | None
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import AuditError
-from .evaluate import Direction, Progress, SurfaceEvaluator
+from attnaudit.errors import AuditError
+from attnaudit.landscape.evaluate import Direction, Progress, SurfaceEvaluator
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from ..stats import CONFIDENCE, MIN_SEEDS, t_quantile
-from .analysis import LandscapeResult
+from attnaudit.stats import CONFIDENCE, MIN_SEEDS, t_quantile
+from attnaudit.landscape.analysis import LandscapeResult
 
 #: Training losses whose ratio (larger / smaller) exceeds this are not comparable for sharpness (10 %).
 LOSS_MISMATCH_RATIO = 1.1

@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from ..errors import AuditError
+from attnaudit.errors import AuditError
 
 Params = dict[str, torch.Tensor]
 DIRECTION_KINDS = ("random", "hessian")

@@ -26,12 +26,12 @@ import torch
 from torch import nn
 from torch.func import vmap
 
-from ..core.engine import Engine, ranges
-from ..core.task import Task
-from ..errors import AuditError
-from . import structured
-from .directions import Params
-from .setup import check_labels, landscape_engine, landscape_task
+from attnaudit.core.engine import Engine, ranges
+from attnaudit.core.task import Task
+from attnaudit.errors import AuditError
+from attnaudit.landscape import structured
+from attnaudit.landscape.directions import Params
+from attnaudit.landscape.setup import check_labels, landscape_engine, landscape_task
 
 Progress = Callable[[int], None] | None
 BACKENDS = ("auto", "structured", "vmap", "loop")
@@ -261,7 +261,7 @@ def state_dict_loop(
 
     Used by the tests and the benchmark as the independent baseline for :class:`SurfaceEvaluator`.
     """
-    from ..training import loss_value
+    from attnaudit.training import loss_value
 
     work = copy.deepcopy(model).eval()
     base = {k: v.detach().clone() for k, v in model.state_dict().items()}

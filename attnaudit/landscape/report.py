@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from .analysis import LandscapeResult
+from attnaudit.landscape.analysis import LandscapeResult
 
 SCHEMA = "attnaudit.landscape/1"
 PNG_NAME = "landscape.png"
@@ -61,7 +61,7 @@ def build_tables(results: dict[str, LandscapeResult], training: dict[str, dict],
         t.add_row("at chance (untrained)?", *[flag(k) for k in labels])
     tables = [t]
     if run is not None and len(run.seeds) > 1 and run.seed_results:
-        from .run import seed_record, seed_summary
+        from attnaudit.landscape.run import seed_record, seed_summary
 
         st = Table(title=f"over {len(run.seeds)} seeds ({', '.join(str(s) for s in run.seeds)}): mean +- sd")
         st.add_column("quantity")

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..core.task import Task
-from ..errors import AuditError
-from .analysis import LandscapeConfig, LandscapeResult, analyze_landscape
-from .compare import compare_landscapes
-from .setup import landscape_task, parameter_names
+from attnaudit.core.task import Task
+from attnaudit.errors import AuditError
+from attnaudit.landscape.analysis import LandscapeConfig, LandscapeResult, analyze_landscape
+from attnaudit.landscape.compare import compare_landscapes
+from attnaudit.landscape.setup import landscape_task, parameter_names
 
 Progress = Callable[[int], None] | None
 ARCHS = ("relu", "attn")
@@ -41,7 +41,7 @@ PRESETS: dict[str, dict] = {
 
 def build_reference_model(arch: str, X: torch.Tensor, n_classes: int, *, width: int, seed: int) -> nn.Module:
     """2L-ReLU / MLP-Attn of ``width`` initialised from ``seed`` (MLP-Attn's context from X), in X's dtype and device."""
-    from ..models import ModelSpec, build_model
+    from attnaudit.models import ModelSpec, build_model
 
     spec = ModelSpec(arch, int(X.shape[1]), int(width), int(n_classes), seed=int(seed))
     return build_model(spec, X, dtype=X.dtype, device=X.device)
@@ -55,7 +55,7 @@ def train_reference_model(
     Uses the same training path as every command (:func:`attnaudit.training.train`).
     Returns (model, TrainResult).
     """
-    from ..training import train
+    from attnaudit.training import train
 
     model = build_reference_model(arch, X, n_classes, width=width, seed=seed)
     return model, train(model, X, y.long(), train_config)
@@ -198,7 +198,7 @@ def run_landscape(
     step budget; the largest final loss L* becomes ``train_config.loss_tol``, so every model
     is then trained until its loss first reaches L* (the slowest one runs its whole budget).
     """
-    from .. import training as gd  # looked up at call time (tests replace gd.train)
+    from attnaudit import training as gd  # looked up at call time (tests replace gd.train)
 
     X, y = data.X, data.y
     if y is None:
@@ -292,7 +292,7 @@ def run_landscape(
         seed_results=seed_results, n_classes=n_present,
         **({} if loss_ratio is None else {"loss_ratio": loss_ratio}),
     )
-    from .compare import untrained_status
+    from attnaudit.landscape.compare import untrained_status
 
     status = untrained_status({k: [r.accuracy for r in v] for k, v in seed_results.items()}, n_present, int(X.shape[0]))
     return LandscapeRun(
@@ -316,7 +316,7 @@ def _train_one(label: str, net: nn.Module, X: torch.Tensor, y: torch.Tensor, tra
             "steps_run": tr.steps_run, "final_loss": tr.final_loss, "reached_match_loss": tr.reached_tol,
             "loss_curve_every_10": tr.loss_curve, "model_seed": seed, "optimizer": "gd", "_units": train_config.steps,
         }
-    from ..fit import fit
+    from attnaudit.fit import fit
 
     rec = dataclasses.replace(recipe, seed=int(seed))
     res = fit(net, X, y, rec)
@@ -333,8 +333,8 @@ def _train_one(label: str, net: nn.Module, X: torch.Tensor, y: torch.Tensor, tra
 
 def _provenance(nets: Mapping[str, nn.Module | Task], X: torch.Tensor, y: torch.Tensor) -> list[str]:
     """Warnings for saved models whose recorded training data differ from ``(X, y)``."""
-    from ..data import data_fingerprint
-    from ..models import training_data_mismatch
+    from attnaudit.data import data_fingerprint
+    from attnaudit.models import training_data_mismatch
 
     fingerprint = None
     out = []

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ..core.engine import Engine
-from ..core.task import Task, as_loss, as_task
-from ..errors import AuditError
+from attnaudit.core.engine import Engine
+from attnaudit.core.task import Task, as_loss, as_task
+from attnaudit.errors import AuditError
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
@@ -80,7 +80,7 @@ def check_labels(engine: Engine, y: torch.Tensor) -> None:
 
 def check_selector(module: nn.Module, params: Sequence[str] | str | None) -> list[str]:
     """Resolve a selector on a module without data (``head`` from its structure); fails if nothing matches."""
-    from ..core.task import select_parameter_names
+    from attnaudit.core.task import select_parameter_names
 
     try:
         return select_parameter_names(module, "all" if params is None else params)

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import torch
 
-from ..core.engine import Engine
+from attnaudit.core.engine import Engine
 
 FAST_PATH = "fast: TwoLayerNet structured evaluation"
 
 
 def unavailable(engine: Engine) -> str | None:
     """None when the structured evaluation applies to ``engine``'s task, else the reason it does not."""
-    from ..models import two_layer_fast_path_blocker
+    from attnaudit.models import two_layer_fast_path_blocker
 
     blocker = two_layer_fast_path_blocker(engine.module, engine.inputs)
     if blocker:

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import AuditError
-from .evaluate import Direction, Progress, SurfaceEvaluator
+from attnaudit.errors import AuditError
+from attnaudit.landscape.evaluate import Direction, Progress, SurfaceEvaluator
 
 
 def symmetric_grid(points: int, span: float) -> torch.Tensor:
