@@ -16,6 +16,9 @@ Names are imported on first use, so ``import attnaudit`` (and the CLI's start-up
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
+import sys
 import warnings as _warnings
 
 __version__ = "0.1.0"
@@ -31,29 +34,69 @@ _PUBLIC = {
     # data
     "DataSpec": "data", "Dataset": "data", "load_dataset": "data", "holdout_split": "data",
     # reference models
-    "ModelSpec": "models", "build_model": "models", "save_model": "models", "load_model": "models",
-    "build_builtin": "models", "ViT": "vit", "ViTSpec": "vit", "Recipe": "fit", "fit": "fit",
+    "ModelSpec": "models.builtin", "build_model": "models.builtin", "save_model": "models.builtin", "load_model": "models.builtin",
+    "build_builtin": "models.builtin", "ViT": "models.vit", "ViTSpec": "models.vit", "Recipe": "core.fit", "fit": "core.fit",
     # trained models from files: attnaudit checkpoints, Hugging Face folders, user factories
-    "LoadedModel": "loaded_model", "load_checkpoint": "checkpoints", "load_factory": "checkpoints",
-    "fit_to_data": "checkpoints",
+    "LoadedModel": "models.loaded", "load_checkpoint": "models.checkpoints", "load_factory": "models.checkpoints",
+    "fit_to_data": "models.checkpoints",
     # analyses: config -> run -> result
-    "KappaConfig": "kappa", "analyse_kappa": "kappa",
-    "LayerKappaConfig": "layer_kappa", "analyse_layers": "layer_kappa", "find_attention_layers": "layer_kappa",
-    "kernel_movement": "kernel_regime", "centered_kernel_alignment": "kernel_regime",
-    "LinearizedModel": "kernel_regime", "linearized_prediction": "kernel_regime",
-    "CheckpointKernelConfig": "kernel_regime", "analyse_checkpoint": "kernel_regime",
-    "TransformerSweepConfig": "kernel_regime", "run_transformer_sweep": "kernel_regime",
-    "NTKDistanceConfig": "ntk_distance", "run_ntk_distance": "ntk_distance",
-    "empirical_ntk": "ntk", "analytic_ntk": "ntk",
-    "InfluenceConfig": "influence", "compute_influence": "influence", "influence_sweep": "influence",
-    "AttackConfig": "attacks", "perturb": "attacks",
-    "MalleabilityConfig": "malleability", "run_malleability": "malleability",
-    "LandscapeConfig": "landscape", "analyze_landscape": "landscape", "run_landscape": "landscape",
+    "KappaConfig": "analyses.kappa.dataset", "analyse_kappa": "analyses.kappa.dataset",
+    "LayerKappaConfig": "analyses.kappa.layers", "analyse_layers": "analyses.kappa.layers", "find_attention_layers": "analyses.kappa.layers",
+    "kernel_movement": "analyses.ntk_distance.movement", "centered_kernel_alignment": "core.linalg",
+    "LinearizedModel": "analyses.ntk_distance.movement", "linearized_prediction": "analyses.ntk_distance.movement",
+    "CheckpointKernelConfig": "analyses.ntk_distance.movement", "analyse_checkpoint": "analyses.ntk_distance.movement",
+    "TransformerSweepConfig": "analyses.ntk_distance.movement", "run_transformer_sweep": "analyses.ntk_distance.movement",
+    "NTKDistanceConfig": "analyses.ntk_distance.widths", "run_ntk_distance": "analyses.ntk_distance.widths",
+    "empirical_ntk": "core.ntk", "analytic_ntk": "core.ntk",
+    "InfluenceConfig": "analyses.influence.influence", "compute_influence": "analyses.influence.influence", "influence_sweep": "analyses.influence.influence",
+    "AttackConfig": "analyses.malleability.attacks", "perturb": "analyses.malleability.attacks",
+    "MalleabilityConfig": "analyses.malleability.malleability", "run_malleability": "analyses.malleability.malleability",
+    "LandscapeConfig": "analyses.landscape", "analyze_landscape": "analyses.landscape", "run_landscape": "analyses.landscape",
     # CI audit files (attnaudit audit)
     "load_audit_file": "audit", "run_audit": "audit", "write_junit": "audit",
     # errors
     "AuditError": "errors",
 }
+
+# Modules that moved in 0.2 (issue 26): the old dotted path still imports, with a
+# DeprecationWarning, for one release. ``attnaudit.fit`` is deliberately absent: the name is
+# the public training function, and a module alias would shadow it (import binds submodules).
+_MOVED_MODULES = {
+    "stats": "core.stats", "ntk": "core.ntk", "spectral": "core.spectral", "training": "core.training",
+    "atomic": "runtime.atomic", "device": "runtime.device", "threads": "runtime.threads", "sweep": "runtime.sweep",
+    "report": "report.envelope", "html_report": "report.html",
+    "vit": "models.vit", "checkpoints": "models.checkpoints", "hf": "models.hf", "loaded_model": "models.loaded",
+    "weights": "models.weights",
+    "kappa": "analyses.kappa.dataset", "layer_kappa": "analyses.kappa.layers",
+    "ntk_distance": "analyses.ntk_distance.widths", "kernel_regime": "analyses.ntk_distance.movement",
+    "alignment": "analyses.alignment.alignment", "malleability": "analyses.malleability.malleability",
+    "attacks": "analyses.malleability.attacks", "influence": "analyses.influence.influence",
+    "kfac": "analyses.influence.kfac", "projection": "analyses.influence.projection",
+    "landscape": "analyses.landscape", "landscape_report": "analyses.landscape.report",
+}
+
+
+class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Resolves ``attnaudit.<old>`` to the module's new home (see ``_MOVED_MODULES``)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        prefix, _, old = fullname.partition(".")
+        if prefix != __name__ or old not in _MOVED_MODULES:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec):
+        new = f"{__name__}.{_MOVED_MODULES[spec.name.partition('.')[2]]}"
+        _warnings.warn(f"{spec.name} moved to {new}; the old name goes in the next release",
+                       DeprecationWarning, stacklevel=2)
+        return importlib.import_module(new)
+
+    def exec_module(self, module):
+        pass
+
+
+if not any(isinstance(f, _MovedModuleFinder) for f in sys.meta_path):
+    sys.meta_path.append(_MovedModuleFinder())
 
 __all__ = sorted(_PUBLIC) + ["__version__"]
 

@@ -7,6 +7,11 @@ option, a missing file, unusable data. The message should name the problem and t
 
 from __future__ import annotations
 
+import numbers
+from typing import Any
+
+MAX_SEED = 2**32 - 1  # numpy/torch seeds beyond this are refused rather than silently folded
+
 
 class AuditError(Exception):
     """A problem with the user's input; the message names the problem and the fix."""
@@ -50,3 +55,21 @@ def key_mismatch(missing: list, unexpected: list) -> str:
     if unexpected:
         parts.append(f"{len(unexpected)} unexpected key(s) ({name_list(unexpected)})")
     return "; ".join(parts)
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_seed(value: Any, option: str = "--seed", count: int = 1) -> None:
+    """Refuse a seed unless ``value``, ``value + 1``, ..., ``value + count - 1`` all lie in 0..MAX_SEED.
+
+    ``count`` is how many consecutive seeds will be used (e.g. ``--seeds``). Raises
+    :class:`AuditError` naming ``option`` and the allowed range.
+    """
+    count = int(count) if _is_integer(count) and count > 1 else 1
+    top = MAX_SEED - count + 1
+    if top < 0:
+        raise AuditError(f"{count} consecutive seeds do not fit in 0..{MAX_SEED}; use fewer seeds")
+    if not _is_integer(value) or not 0 <= value <= top:
+        raise AuditError(f"{option} must be an integer in 0..{top}, got {clip_text(value, 80)}")

@@ -1,8 +1,8 @@
-"""Benchmark: coverage of attnaudit.stats' few-seed intervals, measured by simulation.
+"""Benchmark: coverage of attnaudit.core.stats' few-seed intervals, measured by simulation.
 
-Every interval in :mod:`attnaudit.stats` claims 95 % coverage from k = 3 or 5 seeds. This
+Every interval in :mod:`attnaudit.core.stats` claims 95 % coverage from k = 3 or 5 seeds. This
 script draws many synthetic experiments from a known truth, builds each interval with the
-real function of ``attnaudit.stats`` (a plain Python loop: one call costs about 50-70 us,
+real function of ``attnaudit.core.stats`` (a plain Python loop: one call costs about 50-70 us,
 dominated by scipy's t quantile, so no re-implementation is needed and the real code is the
 one measured) and counts how often it contains the truth.
 
@@ -58,7 +58,7 @@ Reference procedures (wrong on purpose, to show the simulation can fail a proced
 sd(a - r b) / (sqrt(k) mean(b))); ``bootstrap_percentile`` is the percentile bootstrap over
 seeds (paired for the ratio), computed exactly over all k^k equally likely resamples (the
 limit of an infinite number of bootstrap draws; resamples with a zero mean denominator are
-dropped, as attnaudit.malleability's bootstrap does, and where all are, the case counts as
+dropped, as attnaudit.analyses.malleability.malleability's bootstrap does, and where all are, the case counts as
 covered).
 
 Output: one table per family (coverage, its Monte Carlo standard error is
@@ -81,7 +81,7 @@ import time
 import numpy as np
 from scipy import special, stats as st
 
-from attnaudit import stats
+from attnaudit.core import stats
 
 # ------------------------------------------------------------------ data-generating processes
 

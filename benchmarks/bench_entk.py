@@ -2,11 +2,11 @@
 
 1. ``RATIO entk_closed_vs_jacobian``: the full (n, n, c, c) empirical NTK of a 2-layer
    ReLU net at n = 512, d = 784, m = 4096, c = 10, by
-   * the closed form (``attnaudit.ntk.entk_two_layer``: matrix products only), and
-   * the Jacobian contraction of PyTorch's NTK tutorial (``attnaudit.ntk.entk_jacobian``,
+   * the closed form (``attnaudit.core.ntk.entk_two_layer``: matrix products only), and
+   * the Jacobian contraction of PyTorch's NTK tutorial (``attnaudit.core.ntk.entk_jacobian``,
      the generic engine path ``Engine.entk``: ``vmap(jacrev)`` per-sample Jacobians,
      ``einsum('iap,jbp->ijab')`` over parameters).
-   ``attnaudit.ntk.empirical_ntk`` picks the closed form for this model (its declared fast
+   ``attnaudit.core.ntk.empirical_ntk`` picks the closed form for this model (its declared fast
    path); the line printed first says which path it chose.
    Both run in float32: one sample's Jacobian is c * P = 10 * 3.25e6 numbers, 260 MB in
    float64, so the 512 Jacobians (133 GB in float64, 66 GB in float32) cannot be held at
@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
-from attnaudit.models import ModelSpec, build_model
-from attnaudit.ntk import empirical_ntk, entk_jacobian, entk_two_layer
+from attnaudit.models.builtin import ModelSpec, build_model
+from attnaudit.core.ntk import empirical_ntk, entk_jacobian, entk_two_layer
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -92,7 +92,7 @@ def bench_entk(jac_rows: int, memory_mb: int) -> None:
 
 def bench_paper_preset() -> None:
     from attnaudit.data import DataSpec, holdout_split, load_dataset
-    from attnaudit.ntk_distance import PRESETS, NTKDistanceConfig, run_ntk_distance
+    from attnaudit.analyses.ntk_distance.widths import PRESETS, NTKDistanceConfig, run_ntk_distance
 
     preset = PRESETS["paper"]
     t0 = time.perf_counter()

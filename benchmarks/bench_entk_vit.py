@@ -1,6 +1,6 @@
 """Benchmark: the eNTK Gram of the MNIST-sized ViT through the engine vs materialized Jacobians.
 
-Model: ``attnaudit.vit.ViT`` ``vit``, image (1, 28, 28), patch 7 (16 tokens), dim 64, depth 2,
+Model: ``attnaudit.models.vit.ViT`` ``vit``, image (1, 28, 28), patch 7 (16 tokens), dim 64, depth 2,
 4 heads, MLP ratio 2, 10 classes: 71,946 parameters, float64 (the dtype every kernel
 analysis of attnaudit computes in). Data: 256 images of the real MNIST test split
 (../shared/data; uniform noise of the same shape when it is absent, said on stderr).
@@ -71,7 +71,7 @@ def _data(n: int):
 def _model():
     import torch
 
-    from attnaudit.vit import ViT, ViTSpec
+    from attnaudit.models.vit import ViT, ViTSpec
 
     spec = ViTSpec("vit", (1, 28, 28), 10, depth=2, dim=64, heads=4, patch=7, mlp_ratio=2, seed=0)
     return ViT(spec, dtype=torch.float64)

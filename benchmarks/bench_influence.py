@@ -27,9 +27,9 @@ import numpy as np
 import torch
 
 from attnaudit.data import DataSpec, holdout_split, load_dataset
-from attnaudit.influence import InfluenceConfig, compute_influence
-from attnaudit.models import ModelSpec, build_model
-from attnaudit.training import TrainConfig, per_sample_loss, train
+from attnaudit.analyses.influence.influence import InfluenceConfig, compute_influence
+from attnaudit.models.builtin import ModelSpec, build_model
+from attnaudit.core.training import TrainConfig, per_sample_loss, train
 
 
 def dense_influence(model, names, X, y, Xt, yt, damping, loss):

@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnaudit.kappa import KappaConfig, analyse_kappa
-from attnaudit.spectral import condition_report, gram_eigenvalues
+from attnaudit.analyses.kappa.dataset import KappaConfig, analyse_kappa
+from attnaudit.core.spectral import condition_report, gram_eigenvalues
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

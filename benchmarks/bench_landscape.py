@@ -29,10 +29,10 @@ from pathlib import Path
 
 import torch
 
-from attnaudit import landscape as L
+from attnaudit.analyses import landscape as L
 from attnaudit.data import DataSpec, load_dataset
-from attnaudit.models import ModelSpec, build_model
-from attnaudit.training import TrainConfig, train
+from attnaudit.models.builtin import ModelSpec, build_model
+from attnaudit.core.training import TrainConfig, train
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"

@@ -25,8 +25,8 @@ def main() -> None:
     import torch
 
     from attnaudit.data import DataSpec, HoldoutRecipe
-    from attnaudit.ntk_distance import NTKDistanceConfig, run_ntk_distance
-    from attnaudit.sweep import ExecutorConfig
+    from attnaudit.analyses.ntk_distance.widths import NTKDistanceConfig, run_ntk_distance
+    from attnaudit.runtime.sweep import ExecutorConfig
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--widths", default="256,1024,2048")

@@ -1,4 +1,4 @@
-"""Benchmark: ``attnaudit.fit.fit`` (the code path of ``attnaudit train``) against a plain
+"""Benchmark: ``attnaudit.core.fit.fit`` (the code path of ``attnaudit train``) against a plain
 PyTorch training loop, on the built-in MNIST ViT recipe.
 
 Both sides train the same model (``ViT(ViTSpec('vit', (1, 28, 28), 10))``: patch 7, 16
@@ -37,8 +37,8 @@ import torch
 import torch.nn.functional as F
 
 from attnaudit.data import DataSpec, load_dataset, subset
-from attnaudit.fit import Recipe, fit
-from attnaudit.vit import ViT, ViTSpec, default_patch
+from attnaudit.core.fit import Recipe, fit
+from attnaudit.models.vit import ViT, ViTSpec, default_patch
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 

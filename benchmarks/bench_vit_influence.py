@@ -2,7 +2,7 @@
 
 Data: ``--n-train`` training and ``--n-test`` held-out MNIST test images from
 ``../shared/data`` (random images in [0, 1] with random labels when it is absent).
-Model: ``attnaudit.vit.ViT`` (softmax attention), float64, cross-entropy loss, damping
+Model: ``attnaudit.models.vit.ViT`` (softmax attention), float64, cross-entropy loss, damping
 ``--damping``. Influence = -g_test^T (H + lambda I)^-1 g_i (attnaudit's sign convention).
 
 1. ``RATIO vit_influence_cg_vs_dense`` -- every parameter tracked, on a ViT small enough
@@ -39,8 +39,8 @@ import torch
 from attnaudit.core.engine import Engine, math_attention
 from attnaudit.core.linalg import lanczos_top_eigen
 from attnaudit.core.task import Task
-from attnaudit.influence import InfluenceConfig, compute_influence
-from attnaudit.vit import ViT, ViTSpec
+from attnaudit.analyses.influence.influence import InfluenceConfig, compute_influence
+from attnaudit.models.vit import ViT, ViTSpec
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

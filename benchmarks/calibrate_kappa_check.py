@@ -1,8 +1,8 @@
 """Calibration of the round-off budget of `kappa`'s direct amplification check.
 
-The check (:func:`attnaudit.spectral.amplification_check`) measures kappa(G~) from the
+The check (:func:`attnaudit.core.spectral.amplification_check`) measures kappa(G~) from the
 float64 spectrum of f_att(X) f_att(X)^T, formed from matrix products exactly as `kappa`
-does it (:func:`attnaudit.spectral.attention_gram_eigenvalues`), and compares it with
+does it (:func:`attnaudit.core.spectral.attention_gram_eigenvalues`), and compares it with
 kappa(G)^3 at the numerical rank r of G. How far the float64 measurement can drift is
 calibrated here against a **higher-precision reference**:
 
@@ -33,8 +33,8 @@ Run: ``OMP_NUM_THREADS=1 python benchmarks/calibrate_kappa_check.py`` (about two
 two cores; ``--quick`` for a smaller set). The last line is
 ``RATIO kappa_check_budget_margin=<worst observed error / budget>`` over every case whose
 measurement is finite; it must be < 1 (by construction about 1 / MARGIN on this set).
-The formula the library uses (:data:`attnaudit.spectral.CHECK_BUDGET_C`,
-:func:`attnaudit.spectral.check_budget_scale`) is what this script prints.
+The formula the library uses (:data:`attnaudit.core.spectral.CHECK_BUDGET_C`,
+:func:`attnaudit.core.spectral.check_budget_scale`) is what this script prints.
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def measure(name: str, X: np.ndarray) -> Case:
     """The check's float64 measurement of kappa(G~) (attnaudit's own code path) against mpmath."""
     import mpmath
 
-    from attnaudit.spectral import attention_gram_eigenvalues, condition_report, gram_eigenvalues, gram_matrix
+    from attnaudit.core.spectral import attention_gram_eigenvalues, condition_report, gram_eigenvalues, gram_matrix
 
     n, d = X.shape
     Xt = torch.from_numpy(np.ascontiguousarray(X, dtype=np.float64))
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a smaller case set")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    from attnaudit.spectral import CHECK_BUDGET_C, CHECK_BUDGET_SCALE, check_budget, check_budget_scale
+    from attnaudit.core.spectral import CHECK_BUDGET_C, CHECK_BUDGET_SCALE, check_budget, check_budget_scale
 
     t0 = time.perf_counter()
     cases = []

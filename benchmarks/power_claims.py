@@ -2,8 +2,8 @@
 
 The claim "attention is more malleable" is supported only when the 95 % Fieller interval of
 the ratio mean(attn flip rate) / mean(relu flip rate), paired by seed, lies entirely above 1
-and rests on at least 3 seeds (``attnaudit.stats.ratio_interval`` with binomial floors
-``trials=(K, K)``, then ``attnaudit.stats.decide(iv, 1, "above", k)``). This script measures
+and rests on at least 3 seeds (``attnaudit.core.stats.ratio_interval`` with binomial floors
+``trials=(K, K)``, then ``attnaudit.core.stats.decide(iv, 1, "above", k)``). This script measures
 how often that happens when the true ratio is 2 (the paper claims 2-9x), for relu mean rates
 0.05, 0.1, 0.2, 0.3 (attn = 2x), K = 30 (quick preset) and 200 (paper preset) audited
 examples, and k = 3, 5, 10 seeds. For context it also gives the power at 3x and 9x (where
@@ -42,7 +42,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_coverage import seed_rates  # noqa: E402  (the shared data-generating process)
 
-from attnaudit import stats  # noqa: E402
+from attnaudit.core import stats  # noqa: E402
 
 RELU_RATES = (0.05, 0.1, 0.2, 0.3)
 KS = (30, 200)

@@ -7,7 +7,7 @@ Part 2: the whole protocol (kernels only, 3 seeds) with its paired intervals and
 Run: python examples/alignment_api.py   (digits, embedded; about 10 s on one core)
 """
 
-from attnaudit.alignment import (
+from attnaudit.analyses.alignment.alignment import (
     AlignmentConfig,
     RidgeSolver,
     design_targets,
@@ -17,7 +17,7 @@ from attnaudit.alignment import (
     run_alignment,
 )
 from attnaudit.data import DataSpec, holdout_split, load_dataset
-from attnaudit.ntk import analytic_ntk
+from attnaudit.core.ntk import analytic_ntk
 
 digits = load_dataset(DataSpec(dataset="digits", split="train", preprocess="center"))
 

@@ -6,7 +6,7 @@ files and no network.
 """
 
 from attnaudit.data import DataSpec, load_dataset
-from attnaudit.kappa import KappaConfig, analyse_kappa
+from attnaudit.analyses.kappa.dataset import KappaConfig, analyse_kappa
 
 # A synthetic matrix with singular-value ratio 100: kappa(G) = 1e4 exactly, kappa(G~) = 1e12.
 synthetic = load_dataset(DataSpec(dataset="synthetic", synthetic_kappa=100.0, synthetic_d=32, n=256))

@@ -28,7 +28,7 @@ from torchvision.models import VisionTransformer
 
 from attnaudit.core.task import Inputs, Task
 from attnaudit.data import DataSpec, load_dataset
-from attnaudit.influence import InfluenceConfig, compute_influence
+from attnaudit.analyses.influence.influence import InfluenceConfig, compute_influence
 
 
 def build(side: int, patch: int, classes: int) -> VisionTransformer:

@@ -12,8 +12,8 @@ from torch import nn
 
 from attnaudit.core.task import Inputs, Task
 from attnaudit.data import DataSpec, load_dataset
-from attnaudit.landscape import LandscapeConfig, analyze_landscape, train_reference_model
-from attnaudit.training import TrainConfig
+from attnaudit.analyses.landscape import LandscapeConfig, analyze_landscape, train_reference_model
+from attnaudit.core.training import TrainConfig
 
 digits = load_dataset(DataSpec(dataset="digits", n=300, seed=0))
 for arch in ("relu", "attn"):

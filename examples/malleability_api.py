@@ -5,7 +5,7 @@ Sign convention: influence < 0 means helpful (up-weighting the sample lowers the
 """
 
 from attnaudit.data import DataSpec, holdout_split, load_dataset
-from attnaudit.malleability import MalleabilityConfig, run_malleability
+from attnaudit.analyses.malleability.malleability import MalleabilityConfig, run_malleability
 
 digits = load_dataset(DataSpec(dataset="digits"))
 train, test = holdout_split(digits, n_train=200, n_test=80, seed=0)

@@ -1,7 +1,7 @@
 """`attnaudit alignment`: each piece against an independent ground truth, then the CLI end to end.
 
 Ground truths: scikit-learn's KernelRidge (precomputed kernel) for the ridge predictor; the
-Monte-Carlo empirical NTK of a very wide random MLP-Attn (closed form of attnaudit.ntk, a
+Monte-Carlo empirical NTK of a very wide random MLP-Attn (closed form of attnaudit.core.ntk, a
 different code path than the analytic arc-cosine kernel) for the kernel used; a direct numpy
 H K H formula and hand-computed values for CKA; numpy's SVD / matrix_rank for the targets;
 a direct Student-t interval (scipy) for the summaries.
@@ -17,7 +17,7 @@ import pytest
 import torch
 from scipy import stats as st
 
-from attnaudit import alignment as al
+from attnaudit.analyses.alignment import alignment as al
 from attnaudit.errors import AuditError
 
 F64 = torch.float64
@@ -41,7 +41,7 @@ def rows():
 def test_kernel_ridge_matches_sklearn_on_the_attention_ntk(rows):
     from sklearn.kernel_ridge import KernelRidge
 
-    from attnaudit.ntk import analytic_ntk
+    from attnaudit.core.ntk import analytic_ntk
 
     X, y, Xt, yt = rows
     Z, Zt = al.attention_inputs(X, Xt)
@@ -93,7 +93,7 @@ def test_kernel_ridge_on_an_indefinite_kernel_clips_negative_eigenvalues():
 def test_attention_inputs_are_the_models_map_and_the_rms_rule(rows):
     """f_att(x) = s (X^T X) x with the training context, s making the RMS row norm of f_att(X) that of X
     (computed here with numpy), and the same map as MLP-Attn's features_in on test points."""
-    from attnaudit.models import ModelSpec, build_model
+    from attnaudit.models.builtin import ModelSpec, build_model
 
     X, _, Xt, _ = rows
     Z, Zt = al.attention_inputs(X, Xt)
@@ -110,8 +110,8 @@ def test_attention_inputs_are_the_models_map_and_the_rms_rule(rows):
 def test_the_attention_kernel_is_the_wide_net_limit(rows):
     """The analytic NTK on f_att inputs against the closed-form empirical NTK of a very wide random
     MLP-Attn fed the raw rows (its own features_in): the Monte-Carlo error at m = 40,000 is ~1 %."""
-    from attnaudit.models import ModelSpec, build_model
-    from attnaudit.ntk import analytic_ntk, entk_two_layer
+    from attnaudit.models.builtin import ModelSpec, build_model
+    from attnaudit.core.ntk import analytic_ntk, entk_two_layer
 
     X, _, Xt, _ = rows
     X, Xt = X[:40], Xt[:20]
@@ -191,8 +191,8 @@ def test_targets_live_in_their_directions_and_are_normalised(rows):
 
 
 def test_training_uses_the_projects_trainer_and_loss(rows):
-    from attnaudit.models import ModelSpec, build_model
-    from attnaudit.training import loss_value
+    from attnaudit.models.builtin import ModelSpec, build_model
+    from attnaudit.core.training import loss_value
 
     X, y, Xt, yt = rows
     tg = al.design_targets(X, Xt, ("principal",), 5, seed=0)["principal"]

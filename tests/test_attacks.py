@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from attnaudit.attacks import AttackConfig, perturb
+from attnaudit.analyses.malleability.attacks import AttackConfig, perturb
 from attnaudit.errors import AuditError
-from attnaudit.models import ModelSpec, build_model
-from attnaudit.training import TrainConfig, per_sample_loss, train
+from attnaudit.models.builtin import ModelSpec, build_model
+from attnaudit.core.training import TrainConfig, per_sample_loss, train
 
 F64 = torch.float64  # every tensor built here is float64 explicitly: no global default dtype
 
@@ -204,7 +204,7 @@ def test_range_is_checked_again_after_the_data_changes_in_place_and_for_another_
 
 
 def test_an_engine_built_once_attacks_like_the_module(trained):
-    from attnaudit.attacks import attack_engine
+    from attnaudit.analyses.malleability.attacks import attack_engine
 
     nets, X, y = trained
     cfg = AttackConfig(method="pgd", eps=0.1, steps=3, clip_min=0.0, clip_max=1.0, seed=1)

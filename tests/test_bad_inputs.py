@@ -51,10 +51,10 @@ def cli():
 
     from attnaudit.cli import app
     import attnaudit.data  # noqa: F401
-    import attnaudit.kappa  # noqa: F401
-    import attnaudit.landscape  # noqa: F401
-    import attnaudit.malleability  # noqa: F401
-    import attnaudit.ntk_distance  # noqa: F401
+    import attnaudit.analyses.kappa.dataset  # noqa: F401
+    import attnaudit.analyses.landscape  # noqa: F401
+    import attnaudit.analyses.malleability.malleability  # noqa: F401
+    import attnaudit.analyses.ntk_distance.widths  # noqa: F401
     import sklearn.datasets
 
     sklearn.datasets.load_digits()
@@ -126,7 +126,7 @@ def _png(path: Path, size: tuple[int, int]) -> Path:
 
 def _checkpoint(tmp: Path, name: str = "model.safetensors") -> Path:
     """A valid relu checkpoint for digits (d 64, 10 outputs, width 8) + its JSON side-car."""
-    from attnaudit.models import ModelSpec, build_model, save_model
+    from attnaudit.models.builtin import ModelSpec, build_model, save_model
 
     net = build_model(ModelSpec("relu", d_in=64, width=8, n_out=10, seed=0))
     return save_model(net, tmp / name)

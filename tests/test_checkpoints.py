@@ -13,10 +13,10 @@ import torch
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
-from attnaudit.checkpoints import fit_to_data, load_checkpoint, load_factory
+from attnaudit.models.checkpoints import fit_to_data, load_checkpoint, load_factory
 from attnaudit.data import DataSpec, load_dataset
 from attnaudit.errors import AuditError
-from attnaudit.weights import load_into, match_state_dict, read_weights
+from attnaudit.models.weights import load_into, match_state_dict, read_weights
 
 runner = CliRunner()
 
@@ -365,9 +365,9 @@ def vit_checkpoint(tmp_path_factory):
     """A tiny ViT trained briefly on digits (train split), saved with the side-car `train` writes:
     its recipe, its held-out split and the training-data fingerprint."""
     from attnaudit.data import data_fingerprint, holdout_split
-    from attnaudit.fit import Recipe, fit
-    from attnaudit.models import save_model
-    from attnaudit.vit import ViT, ViTSpec
+    from attnaudit.core.fit import Recipe, fit
+    from attnaudit.models.builtin import save_model
+    from attnaudit.models.vit import ViT, ViTSpec
 
     ds = load_dataset(DataSpec(dataset="digits", split="train"))
     train_ds, test_ds = holdout_split(ds, 400, 100, seed=5, stratify=True)
@@ -503,7 +503,7 @@ def test_malleability_retrain_reruns_the_recorded_recipe(app, vit_checkpoint, tm
     # same seeds and recipe: the same retrained models, so the same (cross-entropy) losses as the default run
     assert [r["final_loss"] for r in rows_mse] == pytest.approx([r["final_loss"] for r in rows], rel=1e-6)
     # a checkpoint without a recipe cannot be retrained
-    from attnaudit.models import ModelSpec, build_model, save_model
+    from attnaudit.models.builtin import ModelSpec, build_model, save_model
 
     bare = tmp_path / "bare.safetensors"
     save_model(build_model(ModelSpec("relu", 64, 8, 10)), bare)
@@ -512,7 +512,7 @@ def test_malleability_retrain_reruns_the_recorded_recipe(app, vit_checkpoint, tm
 
 
 def test_checkpoint_with_fewer_outputs_than_labels_exits_2(app, tmp_path):
-    from attnaudit.models import ModelSpec, build_model, save_model
+    from attnaudit.models.builtin import ModelSpec, build_model, save_model
 
     path = tmp_path / "three.safetensors"
     save_model(build_model(ModelSpec("relu", 64, 8, 3)), path)

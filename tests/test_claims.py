@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from attnaudit import claims as C
+from attnaudit.claims import scorecard as C
 from attnaudit.errors import AuditError
 
 CONF = 0.95
@@ -761,7 +761,7 @@ def test_preset_names_the_scorecard_like_every_other_command(capsys):
 
 
 def test_over_dispersed_seeds_carry_a_warning_computed_from_the_per_seed_rates():
-    from attnaudit.claims import _dispersion_warnings
+    from attnaudit.claims.scorecard import _dispersion_warnings
 
     # binomial-like seeds (K = 30, rates 0.30-0.37: sd 0.035 < binomial 0.085): no warning
     assert _dispersion_warnings([{"attn": 0.30, "relu": 0.20}, {"attn": 0.33, "relu": 0.23},

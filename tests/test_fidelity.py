@@ -30,7 +30,7 @@ def app():
 
 
 def test_ntk_scale_makes_mean_sq_norm_d_and_leaves_kappa_unchanged():
-    from attnaudit.kappa import analyse_kappa
+    from attnaudit.analyses.kappa.dataset import analyse_kappa
 
     raw = load_dataset(DataSpec(dataset="digits", n=300, seed=0, preprocess="raw"))
     scaled = load_dataset(DataSpec(dataset="digits", n=300, seed=0, preprocess="ntk-scale"))
@@ -51,7 +51,7 @@ def test_ntk_scale_makes_mean_sq_norm_d_and_leaves_kappa_unchanged():
 
 
 def _kcfg():
-    from attnaudit.kappa import KappaConfig
+    from attnaudit.analyses.kappa.dataset import KappaConfig
 
     return KappaConfig()
 
@@ -91,7 +91,7 @@ def test_kappa_sweep_reports_log10_width_per_n_with_median_and_spread(app):
 
 
 def test_ntk_trend_no_clear_trend_when_slope_interval_includes_zero():
-    from attnaudit.ntk_distance import _trend, _verdict, slope_interval
+    from attnaudit.analyses.ntk_distance.widths import _trend, _verdict, slope_interval
 
     rng = np.random.default_rng(0)
     flat = list(rng.normal(0.0, 0.05, size=4))  # slope 0 +- noise
@@ -113,7 +113,7 @@ def test_ntk_trend_no_clear_trend_when_slope_interval_includes_zero():
 
 
 def test_ntk_non_monotone_only_beyond_the_seed_spread():
-    from attnaudit.ntk_distance import _trend, increases_beyond_spread
+    from attnaudit.analyses.ntk_distance.widths import _trend, increases_beyond_spread
 
     slopes = [-0.5, -0.45, -0.55]
     widths, sds = (16, 64, 256), (0.1, 0.1, 0.1)
@@ -125,7 +125,7 @@ def test_ntk_non_monotone_only_beyond_the_seed_spread():
 
 
 def test_transformer_sweep_verdict_reads_no_clear_trend_on_noise():
-    from attnaudit.kernel_regime import TransformerCell, _arch_summary
+    from attnaudit.analyses.ntk_distance.movement import TransformerCell, _arch_summary
 
     rng = np.random.default_rng(1)
     cells = []
@@ -144,15 +144,15 @@ def test_transformer_sweep_verdict_reads_no_clear_trend_on_noise():
 
 
 def _landscape_cfg():
-    from attnaudit.landscape import LandscapeConfig
+    from attnaudit.analyses.landscape import LandscapeConfig
 
     return LandscapeConfig(points=0, grid=0, top_k=1, hutchinson_samples=4, basin_directions=1, basin_points=6,
                            lanczos_steps=20)
 
 
 def test_untrained_rule_fires_at_zero_steps_and_not_after_training():
-    from attnaudit.landscape import run_landscape
-    from attnaudit.training import TrainConfig
+    from attnaudit.analyses.landscape import run_landscape
+    from attnaudit.core.training import TrainConfig
 
     ds = load_dataset(DataSpec(dataset="digits", n=150, seed=0, stratify=True))
     idle = run_landscape(ds, _landscape_cfg(), width=16, train_config=TrainConfig(lr=4.0, steps=0))
@@ -168,7 +168,7 @@ def test_untrained_rule_fires_at_zero_steps_and_not_after_training():
 
 def test_ntk_distance_untrained_at_every_width_makes_no_trend_claim():
     from attnaudit.data import holdout_split
-    from attnaudit.ntk_distance import NTKDistanceConfig, run_ntk_distance
+    from attnaudit.analyses.ntk_distance.widths import NTKDistanceConfig, run_ntk_distance
 
     full = load_dataset(DataSpec(dataset="digits"))
     tr, te = holdout_split(full, 100, 60, seed=0)
@@ -187,9 +187,9 @@ def test_ntk_distance_untrained_at_every_width_makes_no_trend_claim():
 
 
 def _result_pair():
-    from attnaudit.landscape import analyze_landscape
-    from attnaudit.models import ModelSpec, build_model
-    from attnaudit.training import TrainConfig, train
+    from attnaudit.analyses.landscape import analyze_landscape
+    from attnaudit.models.builtin import ModelSpec, build_model
+    from attnaudit.core.training import TrainConfig, train
 
     g = torch.Generator().manual_seed(0)
     X = torch.randn(40, 5, generator=g, dtype=torch.float64)
@@ -209,7 +209,7 @@ def _with(base, lam, trace=None, loss=None):
 
 
 def test_landscape_comparison_not_resolved_inside_the_seed_tolerance_and_gated_at_10_percent():
-    from attnaudit.landscape import compare_landscapes
+    from attnaudit.analyses.landscape import compare_landscapes
 
     base = _result_pair()
     relu = [_with(base, 2.0), _with(base, 1.0), _with(base, 3.0)]
@@ -270,7 +270,7 @@ def test_landscape_optimizer_adam_with_batches_is_recorded(app):
 def test_ntk_slope_interval_is_student_t_and_two_seeds_claim_no_trend():
     from scipy import stats as st
 
-    from attnaudit.ntk_distance import _trend, slope_interval
+    from attnaudit.analyses.ntk_distance.widths import _trend, slope_interval
 
     slopes = [-0.42, -0.47, -0.51]
     mean, lo, hi, k = slope_interval(slopes)

@@ -1,4 +1,4 @@
-"""Hugging Face model folders (attnaudit.hf): loading offline, checks, preprocessing, the engine."""
+"""Hugging Face model folders (attnaudit.models.hf): loading offline, checks, preprocessing, the engine."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 
 from attnaudit.core.engine import Engine  # noqa: E402
 from attnaudit.errors import AuditError  # noqa: E402
-from attnaudit.hf import HFImageClassifier, adapt_to_data, load_hf_directory  # noqa: E402
+from attnaudit.models.hf import HFImageClassifier, adapt_to_data, load_hf_directory  # noqa: E402
 
 MEAN = [0.4, 0.5, 0.6]
 STD = [0.2, 0.25, 0.3]
@@ -377,7 +377,7 @@ def test_sequence_classifier(tmp_path, name):
 
 def test_tied_weights_written_once_are_filled(tmp_path):
     """save_pretrained writes one tensor per tied group; the check fills the twin, refuses disagreeing twins."""
-    from attnaudit.hf import _match_weights
+    from attnaudit.models.hf import _match_weights
 
     config = transformers.BertConfig(
         vocab_size=30, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
@@ -410,7 +410,7 @@ def test_base_model_without_head_is_refused(tmp_path):
 
 def test_weights_are_checked_on_a_meta_skeleton_before_the_model_is_built(vit1, tmp_path, monkeypatch):
     """A config inflated far beyond its weights fails on the meta device: the real model is never allocated."""
-    import attnaudit.hf as hf
+    import attnaudit.models.hf as hf
 
     folder = _copy(vit1[0], tmp_path)
     _edit_config(folder, lambda c: {**c, "hidden_size": 4096, "intermediate_size": 16384, "num_hidden_layers": 48})

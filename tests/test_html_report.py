@@ -19,7 +19,7 @@ import pytest
 from conftest import run_cli
 import yaml
 
-from attnaudit.html_report import flatten, summary_of
+from attnaudit.report.html import flatten, summary_of
 
 TINY = {
     "kappa": ["--n", "200"],

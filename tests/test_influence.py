@@ -16,7 +16,7 @@ from torch import nn
 from attnaudit.core.engine import Engine
 from attnaudit.core.task import Inputs, Task
 from attnaudit.errors import AuditError
-from attnaudit.influence import (
+from attnaudit.analyses.influence.influence import (
     ESTIMATORS,
     PATH_FAST_TWOLAYER_HEAD,
     PATH_GENERIC,
@@ -28,8 +28,8 @@ from attnaudit.influence import (
     resolve_tracked,
     tracin_weights,
 )
-from attnaudit.models import ModelSpec, build_model
-from attnaudit.training import TrainConfig, train
+from attnaudit.models.builtin import ModelSpec, build_model
+from attnaudit.core.training import TrainConfig, train
 
 F64 = torch.float64  # every tensor built here is float64 explicitly: no global default dtype
 
@@ -266,7 +266,7 @@ def test_tracin_matches_autograd_loop():
     res = compute_influence(net, X, y, Xt, yt, InfluenceConfig(estimator="tracin", per_test=True), checkpoints=tr.checkpoints, checkpoint_weights=weights)
     import copy
 
-    from attnaudit.training import per_sample_loss
+    from attnaudit.core.training import per_sample_loss
 
     work = copy.deepcopy(net)
     expected = torch.zeros(len(X), len(Xt), dtype=F64)
@@ -586,7 +586,7 @@ def _tiny_data(n=24, seed=0):
 
 @pytest.mark.parametrize("estimator", ["exact", "cg"])
 def test_linear_head_fast_path_matches_generic(estimator):
-    from attnaudit.influence import PATH_FAST_LINEAR_HEAD, PATH_GENERIC, InfluenceConfig, compute_influence
+    from attnaudit.analyses.influence.influence import PATH_FAST_LINEAR_HEAD, PATH_GENERIC, InfluenceConfig, compute_influence
 
     net = _TinyAttentionNet()
     X, y = _tiny_data()
@@ -606,7 +606,7 @@ def test_linear_head_fast_path_matches_generic(estimator):
 
 @pytest.mark.parametrize("variant", ["softmax after the head", "tied weights", "not only the head"])
 def test_linear_head_fast_path_declines(variant):
-    from attnaudit.influence import PATH_GENERIC, InfluenceConfig, compute_influence
+    from attnaudit.analyses.influence.influence import PATH_GENERIC, InfluenceConfig, compute_influence
 
     X, y = _tiny_data()
     Xt, yt = _tiny_data(6, seed=2)
@@ -618,7 +618,7 @@ def test_linear_head_fast_path_declines(variant):
 
 # ---------------------------------------------------------------- solvers: Cholesky vs eigendecomposition
 def test_negative_eigenvalue_count_by_inertia_matches_numpy():
-    from attnaudit.influence import count_negative_eigenvalues
+    from attnaudit.analyses.influence.influence import count_negative_eigenvalues
 
     gen = np.random.default_rng(7)
     for P, n_neg in ((1, 1), (5, 0), (40, 13), (120, 60), (200, 199)):

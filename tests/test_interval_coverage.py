@@ -1,4 +1,4 @@
-"""Coverage of attnaudit.stats' few-seed intervals, by simulation (a fast, loose version of
+"""Coverage of attnaudit.core.stats' few-seed intervals, by simulation (a fast, loose version of
 benchmarks/bench_coverage.py, which runs the same processes with 2,000 replications).
 
 Data-generating processes (each from a seeded numpy generator, so the test is deterministic):
@@ -40,7 +40,7 @@ import numpy as np
 import pytest
 from scipy import special, stats as st
 
-from attnaudit import stats
+from attnaudit.core import stats
 
 REPS = 400
 LOW, HIGH = 0.90, 0.99

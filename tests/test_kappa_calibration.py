@@ -21,8 +21,8 @@ import torch
 
 pytest.importorskip("mpmath")
 
-from attnaudit.kappa import analyse_kappa  # noqa: E402
-from attnaudit.spectral import (  # noqa: E402
+from attnaudit.analyses.kappa.dataset import analyse_kappa  # noqa: E402
+from attnaudit.core.spectral import (  # noqa: E402
     EPS64,
     amplification_resolvable,
     attention_gram_eigenvalues,

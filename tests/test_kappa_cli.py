@@ -29,7 +29,7 @@ def _mnist_subset(n: int, seed: int) -> np.ndarray:
 
 
 def _gram_spectrum(X: np.ndarray) -> np.ndarray:
-    """Eigenvalues of G = X X^T by numpy, largest first (independent of attnaudit.spectral)."""
+    """Eigenvalues of G = X X^T by numpy, largest first (independent of attnaudit.core.spectral)."""
     return np.linalg.eigvalsh(X @ X.T)[::-1]
 
 
@@ -110,7 +110,7 @@ def test_real_mnist_sweep_json_has_finite_kappa_and_width():
     np.testing.assert_allclose([c["kappa_d"] for c in cells], kappas, rtol=1e-8)
     check = res["amplification_check"]
     assert check["verdict"] == "verified"
-    # measured directly, against numpy's kappa^3 (independent of attnaudit.spectral), within its budget
+    # measured directly, against numpy's kappa^3 (independent of attnaudit.core.spectral), within its budget
     assert check["measured_kappa"] == pytest.approx(kappas[0] ** 3, rel=check["error_budget"])
     assert check["error_budget"] < 0.1
 

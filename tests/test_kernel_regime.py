@@ -17,8 +17,8 @@ from attnaudit.core.engine import Engine
 from attnaudit.core.task import Task
 from attnaudit.data import DataSpec, load_dataset
 from attnaudit.errors import AuditError
-from attnaudit.fit import Recipe, fit
-from attnaudit.kernel_regime import (
+from attnaudit.core.fit import Recipe, fit
+from attnaudit.analyses.ntk_distance.movement import (
     SCHEMA_CHECKPOINT,
     SCHEMA_TRANSFORMERS,
     LinearizedModel,
@@ -29,8 +29,8 @@ from attnaudit.kernel_regime import (
     linearized_prediction,
     parameter_groups,
 )
-from attnaudit.models import save_model
-from attnaudit.vit import ViT, ViTSpec
+from attnaudit.models.builtin import save_model
+from attnaudit.models.vit import ViT, ViTSpec
 
 torch.set_num_threads(1)
 runner = CliRunner()
@@ -145,7 +145,7 @@ def test_kernel_distance_ignores_a_change_of_scale(digits):
     """A head scaled by s scales every logit and the whole eNTK... except the head's own block; scaling every
     parameter of a homogeneous model is not available, so check the identity on the 2-layer net instead:
     f = a^T relu(W x) is 1-homogeneous in a, and a -> 2a doubles the W-block and leaves the a-block."""
-    from attnaudit.models import ModelSpec, TwoLayerNet
+    from attnaudit.models.builtin import ModelSpec, TwoLayerNet
 
     X = digits.X[:15].double()
     net = TwoLayerNet(ModelSpec("relu", 64, 16, 10, parametrization="standard", seed=0))
@@ -386,7 +386,7 @@ def test_cli_checkpoint_refusals(tmp_path, digits):
 
 
 def test_sweep_verdict_needs_every_scale_free_measure_to_fall():
-    from attnaudit.kernel_regime import TransformerCell, _arch_summary
+    from attnaudit.analyses.ntk_distance.movement import TransformerCell, _arch_summary
 
     def cells(move, shape, rel):
         out = []

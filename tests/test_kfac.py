@@ -1,4 +1,4 @@
-"""K-FAC / EK-FAC influence (attnaudit.kfac) against independent references.
+"""K-FAC / EK-FAC influence (attnaudit.analyses.influence.kfac) against independent references.
 
 * The factors and the EK-FAC eigenvalues against the Gauss-Newton block built explicitly
   from per-sample Jacobians and the loss's output Hessian (torch.func.jacrev, written out
@@ -22,9 +22,9 @@ from torch import nn
 from attnaudit.core import Engine, as_task
 from attnaudit.core.task import Task
 from attnaudit.errors import AuditError
-from attnaudit.influence import InfluenceConfig, compute_influence
-from attnaudit.kfac import fit_factors
-from attnaudit.training import TrainConfig, train
+from attnaudit.analyses.influence.influence import InfluenceConfig, compute_influence
+from attnaudit.analyses.influence.kfac import fit_factors
+from attnaudit.core.training import TrainConfig, train
 
 F64 = torch.float64
 
@@ -130,7 +130,7 @@ def test_mlp_scores_correlate_with_exact_and_ekfac_keeps_up_with_kfac():
 
 
 def test_vit_tokens_are_covered_and_parameters_outside_linear_layers_are_named():
-    from attnaudit.vit import ViT, ViTSpec
+    from attnaudit.models.vit import ViT, ViTSpec
 
     gen = torch.Generator().manual_seed(0)
     X = torch.rand(48, 64, generator=gen, dtype=F64)
@@ -279,7 +279,7 @@ def test_conv2d_factors_give_ekfac_eigenvalues_of_the_gauss_newton_block(padding
 def test_conv_patches_times_the_weight_reproduce_the_convolution(options):
     """The unfolded patches are the convolution's linear-layer inputs: patches @ W^T + b must
     be torch's own conv output (an even kernel under "same" pads one more on the right)."""
-    from attnaudit.kfac import _conv_patches
+    from attnaudit.analyses.influence.kfac import _conv_patches
 
     conv = nn.Conv2d(2, 3, (2, 4), dtype=F64, **options)
     x = torch.randn(2, 2, 7, 9, generator=torch.Generator().manual_seed(3), dtype=F64)
@@ -322,7 +322,7 @@ def test_gauss_newton_equals_the_hessian_for_the_head_where_logits_are_linear(lo
     """Logits are linear in the head's weights, so there the Gauss-Newton matrix is the
     Hessian: the two exact paths (Jacobians vs Hessian-vector products, through the built-in
     net's cached-feature fast path) must give the same influence."""
-    from attnaudit.models import ModelSpec, TwoLayerNet
+    from attnaudit.models.builtin import ModelSpec, TwoLayerNet
 
     X, y, Xt, yt = _digits(80, 10)
     model = TwoLayerNet(ModelSpec("relu", 64, 16, 10))
@@ -422,7 +422,7 @@ def test_sampled_fisher_factors_average_to_the_exact_gauss_newton_factors():
 
 # ---------------------------------------------------------------- projected (random sign projection)
 def test_sign_projection_is_seeded_blockwise_and_applies_the_full_matrix():
-    from attnaudit.projection import SignProjection
+    from attnaudit.analyses.influence.projection import SignProjection
 
     proj = SignProjection(300, 100, seed=3, block=32)
     R = torch.cat([proj.columns(j0, j1) for j0, j1 in proj.blocks()], 1)
@@ -454,7 +454,7 @@ def test_projected_equals_exact_at_full_dimension_and_its_error_falls_with_k():
 
 
 def test_factor_cache_round_trip_and_refusal_of_another_models_factors(tmp_path):
-    from attnaudit.kfac import factors_fingerprint, load_factors
+    from attnaudit.analyses.influence.kfac import factors_fingerprint, load_factors
 
     X, y, Xt, yt = _digits(80, 10)
     torch.manual_seed(3)

@@ -10,12 +10,12 @@ import pytest
 import torch
 from torch import nn
 
-from attnaudit import landscape as L
+from attnaudit.analyses import landscape as L
 from attnaudit.core.engine import HessianVectorProduct
 from attnaudit.core.task import Inputs, Task, select_parameter_names
 from attnaudit.errors import AuditError
-from attnaudit.models import ModelSpec, build_model
-from attnaudit.training import TrainConfig, accuracy, loss_value, train
+from attnaudit.models.builtin import ModelSpec, build_model
+from attnaudit.core.training import TrainConfig, accuracy, loss_value, train
 
 
 def _data(n=40, d=5, c=3, seed=0):
@@ -353,7 +353,7 @@ def test_top_share_and_progress_against_dense_spectrum_and_counted_work(monkeypa
                 phase[0] = "after"
         return wrapped
 
-    from attnaudit.landscape import analysis
+    from attnaudit.analyses.landscape import analysis
 
     for name in ("lanczos_top_eigen", "hutchinson_trace", "loss_surface_1d", "loss_surface_2d", "basin_width"):
         monkeypatch.setattr(analysis, name, in_phase(name, getattr(analysis, name)))
@@ -551,7 +551,7 @@ def test_float32_module_unchanged_by_float64_analysis():
 
 
 def test_run_landscape_resolves_the_selector_before_training(monkeypatch):
-    from attnaudit import training
+    from attnaudit.core import training
     from attnaudit.data import DataSpec, load_dataset
 
     ds = load_dataset(DataSpec(dataset="digits", n=40, seed=0))
@@ -617,7 +617,7 @@ def test_cli_end_to_end_json_png_and_surface_origin(app, tmp_path):
 
 def test_cli_saved_model_and_match_loss(app, tmp_path):
     from attnaudit.data import DataSpec, load_dataset
-    from attnaudit.models import save_model
+    from attnaudit.models.builtin import save_model
 
     ds = load_dataset(DataSpec(dataset="digits", n=120, seed=0, stratify=True))
     net = build_model(ModelSpec("attn", ds.d, 8, ds.n_classes, seed=5), ds.X)
@@ -715,7 +715,7 @@ def test_cli_match_loss_auto_target_is_the_slowest_fixed_step_loss(app):
 def test_compare_landscapes_gates_verdicts_on_comparable_loss():
     import dataclasses
 
-    from attnaudit.landscape_report import compare_landscapes
+    from attnaudit.analyses.landscape.compare import compare_landscapes
 
     model, X, y = _trained("relu", "mse", steps=20)
     cfg = L.LandscapeConfig(points=0, grid=0, top_k=2, hutchinson_samples=4, basin_directions=2, basin_points=6)
@@ -750,7 +750,7 @@ def test_compare_landscapes_gates_verdicts_on_comparable_loss():
 
 def test_cli_saved_model_provenance_warns_only_on_other_data(app, tmp_path):
     from attnaudit.data import DataSpec, data_fingerprint, load_dataset
-    from attnaudit.models import save_model
+    from attnaudit.models.builtin import save_model
 
     ds = load_dataset(DataSpec(dataset="digits", n=60, seed=0, stratify=True))  # what --n-train 60 loads
     model = build_model(ModelSpec("relu", 64, 8, 10, seed=0))

@@ -1,4 +1,4 @@
-"""`kappa --checkpoint`: per-layer conditioning of real transformers (attnaudit.layer_kappa).
+"""`kappa --checkpoint`: per-layer conditioning of real transformers (attnaudit.analyses.kappa.layers).
 
 Ground truth is always computed here, independently: activations captured by this file's
 own forward hooks on its own float64 copy of the model, attention maps rebuilt by hand from
@@ -21,14 +21,14 @@ from typer.testing import CliRunner
 from attnaudit.cli import app
 from attnaudit.core.task import Inputs, Task
 from attnaudit.errors import AuditError
-from attnaudit.layer_kappa import (
+from attnaudit.analyses.kappa.layers import (
     LayerKappaConfig,
     Spread,
     analyse_layers,
     entk_gram,
     find_attention_layers,
 )
-from attnaudit.vit import Attention, ViT, ViTSpec
+from attnaudit.models.vit import Attention, ViT, ViTSpec
 
 EPS = np.finfo(np.float64).eps
 runner = CliRunner()
@@ -219,7 +219,7 @@ def test_multihead_attention_matches_hand_computation(batch_first):
 
 def test_tiny_hugging_face_vit(tmp_path):
     transformers = pytest.importorskip("transformers")
-    from attnaudit.checkpoints import load_checkpoint
+    from attnaudit.models.checkpoints import load_checkpoint
 
     torch.manual_seed(0)
     config = transformers.ViTConfig(
@@ -413,7 +413,7 @@ def test_detection_nesting_patterns_and_errors():
 
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory):
-    from attnaudit.models import save_model
+    from attnaudit.models.builtin import save_model
 
     spec = ViTSpec(arch="vit", image_shape=(1, 8, 8), n_out=10, depth=2, dim=8, heads=2, patch=2, seed=0)
     model = randomise(ViT(spec), 0.3, 5)

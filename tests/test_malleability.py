@@ -14,9 +14,9 @@ import torch
 from scipy import stats
 from typer.testing import CliRunner
 
-from attnaudit.attacks import AttackConfig, perturb
+from attnaudit.analyses.malleability.attacks import AttackConfig, perturb
 from attnaudit.errors import AuditError
-from attnaudit.malleability import (
+from attnaudit.analyses.malleability.malleability import (
     MalleabilityConfig,
     build_tables,
     flip_rate,
@@ -29,9 +29,9 @@ from attnaudit.malleability import (
     summarize,
     top_k_indices,
 )
-from attnaudit.models import ModelSpec, build_model
-from attnaudit.report import dumps
-from attnaudit.training import TrainConfig, train
+from attnaudit.models.builtin import ModelSpec, build_model
+from attnaudit.report.envelope import dumps
+from attnaudit.core.training import TrainConfig, train
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
@@ -355,7 +355,7 @@ def test_exact_over_budget_fails_before_training(digits):
 
 @pytest.mark.parametrize("estimator,per_model", [("last-layer", 8 * 10), ("exact", 8 * (64 + 10)), ("cg", 8 * (64 + 10))])
 def test_memory_estimate_counts_the_parameters_of_the_models_built(estimator, per_model):
-    from attnaudit.malleability import influence_memory_estimate
+    from attnaudit.analyses.malleability.malleability import influence_memory_estimate
 
     cfg = MalleabilityConfig(estimator=estimator, seeds=(0,), damping=(0.05,), **SMALL)  # width 8, digits: d 64, 10 classes
     est = influence_memory_estimate(cfg, 64, 10, 60, 30)
@@ -385,7 +385,7 @@ def test_cli_audits_a_saved_checkpoint_statically(app, tmp_path):
     import json as _json
 
     from attnaudit.data import DataSpec, load_dataset
-    from attnaudit.models import ModelSpec, build_model, save_model
+    from attnaudit.models.builtin import ModelSpec, build_model, save_model
 
     ds = load_dataset(DataSpec(dataset="digits"))
     model = build_model(ModelSpec("relu", 64, 16, 10, seed=1))
@@ -402,7 +402,7 @@ def test_cli_audits_a_saved_checkpoint_statically(app, tmp_path):
     clean_rows = [r for r in report["results"]["training"] if r["role"] == "clean"]
     assert clean_rows and all(r["steps_run"] == 0 and r["source"] == "saved model" for r in clean_rows)
     assert [r["model"] for r in report["results"]["summary"]] == ["relu"]
-    from attnaudit.models import load_model
+    from attnaudit.models.builtin import load_model
 
     torch.testing.assert_close(load_model(path).W, weights_before)  # the checkpoint is untouched
     for extra, needle in ((["--protocol", "retrain"], "--protocol static"), (["--width", "8"], "--width"),

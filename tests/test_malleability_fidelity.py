@@ -17,18 +17,18 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from attnaudit.attacks import AttackConfig, perturb
+from attnaudit.analyses.malleability.attacks import AttackConfig, perturb
 from attnaudit.errors import AuditError
-from attnaudit.influence import InfluenceConfig, compute_influence, parse_damping
-from attnaudit.malleability import (
+from attnaudit.analyses.influence.influence import InfluenceConfig, compute_influence, parse_damping
+from attnaudit.analyses.malleability.malleability import (
     MalleabilityConfig,
     parse_per_model,
     run_malleability,
     stability,
     untrained_threshold,
 )
-from attnaudit.models import ModelSpec, build_model
-from attnaudit.training import TrainConfig, loss_value, train
+from attnaudit.models.builtin import ModelSpec, build_model
+from attnaudit.core.training import TrainConfig, loss_value, train
 
 runner = CliRunner()
 TINY = ["--n-train", "60", "--n-test", "20", "--width", "8", "--steps", "20", "--pgd-steps", "2", "--seeds", "2",
@@ -186,7 +186,7 @@ def test_gd_default_is_bit_identical_and_adam_changes_training(app):
     explicit = _cli(app, "--models", "relu", "--attacks", "pgd,random", "--optimizer", "gd")
     for key in ("summary", "ratios", "runs", "controls", "training", "attacks"):
         assert base["results"][key] == explicit["results"][key], key
-    # the default is the plain full-batch GD of attnaudit.training, bit for bit
+    # the default is the plain full-batch GD of attnaudit.core.training, bit for bit
     clean = next(t for t in base["results"]["training"] if t["role"] == "clean" and t["seed"] == 0)
     assert clean["optimizer"] == "gd" and clean["lr"] == 4.0 and clean["batch_size"] is None
     adam = _cli(app, "--models", "relu", "--attacks", "pgd,random", "--optimizer", "adam", "--batch-size", "16")

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from attnaudit.errors import AuditError
-from attnaudit.models import ModelSpec, attention_context, build_model, load_model, save_model, training_data_mismatch
-from attnaudit.training import TrainConfig, loss_value, per_sample_loss, train
+from attnaudit.models.builtin import ModelSpec, attention_context, build_model, load_model, save_model, training_data_mismatch
+from attnaudit.core.training import TrainConfig, loss_value, per_sample_loss, train
 
 
 def data(n=40, d=12, c=3, seed=0):

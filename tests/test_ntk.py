@@ -10,8 +10,8 @@ from torch import nn
 
 from attnaudit.core.task import Inputs, Task
 from attnaudit.errors import AuditError
-from attnaudit.models import ModelSpec, build_model, load_model, save_model
-from attnaudit.ntk import (
+from attnaudit.models.builtin import ModelSpec, build_model, load_model, save_model
+from attnaudit.core.ntk import (
     PATH_FAST_ENTK,
     PATH_GENERIC_ENTK,
     LinearizedGDConfig,
@@ -26,7 +26,7 @@ from attnaudit.ntk import (
     gd_spectral_function,
     kernel_gd_predict,
 )
-from attnaudit.training import TrainConfig, one_hot_targets, train
+from attnaudit.core.training import TrainConfig, one_hot_targets, train
 
 F64 = torch.float64
 
@@ -438,8 +438,8 @@ def test_analytic_ntk_angles_at_gemm_speed_match_a_200_bit_reference():
     mpmath at 200 bits, on raw and on attention-transformed digits (mean cosine 0.999)."""
     mpmath = pytest.importorskip("mpmath")
     from attnaudit.data import DataSpec, load_dataset
-    from attnaudit.models import attention_context
-    from attnaudit.ntk import _pair_angles
+    from attnaudit.models.builtin import attention_context
+    from attnaudit.core.ntk import _pair_angles
 
     X = load_dataset(DataSpec("digits", n=120)).X.to(F64)
     Z = X @ attention_context(X, "rms").to(F64)

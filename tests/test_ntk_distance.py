@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from attnaudit.errors import AuditError
-from attnaudit.models import ModelSpec, build_model
-from attnaudit.ntk import TwoLayerState, analytic_ntk, entk_two_layer, flatten_kernel
-from attnaudit.ntk_distance import (
+from attnaudit.models.builtin import ModelSpec, build_model
+from attnaudit.core.ntk import TwoLayerState, analytic_ntk, entk_two_layer, flatten_kernel
+from attnaudit.analyses.ntk_distance.widths import (
     SCHEMA,
     NTKDistanceConfig,
     _kernel_metrics,
@@ -19,7 +19,7 @@ from attnaudit.ntk_distance import (
     plot_ntk_distance,
     run_ntk_distance,
 )
-from attnaudit.training import TrainConfig, train
+from attnaudit.core.training import TrainConfig, train
 
 F64 = torch.float64
 
@@ -174,7 +174,7 @@ from pathlib import Path  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from attnaudit.cli import app  # noqa: E402
-from attnaudit.models import load_model  # noqa: E402
+from attnaudit.models.builtin import load_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"

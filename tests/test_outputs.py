@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from attnaudit.atomic import StagedFiles, write_text_atomic
+from attnaudit.runtime.atomic import StagedFiles, write_text_atomic
 from attnaudit.cli.common import OutputOptions, emit
 from attnaudit.errors import AuditError
 
@@ -115,7 +115,7 @@ def test_check_writable_refuses_an_unwritable_folder(tmp_path):
 
 def test_a_folder_that_refuses_files_is_reported_even_as_root(tmp_path, monkeypatch):
     # Root ignores permission bits, so the probe (not os.access) must decide; simulate the refusal.
-    import attnaudit.report as report
+    import attnaudit.report.envelope as report
 
     def refuse(target):
         raise PermissionError(13, "Permission denied")

@@ -10,8 +10,8 @@ import scipy.linalg
 import torch
 
 from attnaudit.errors import AuditError
-from attnaudit.kappa import KappaConfig, analyse_kappa, summarise_sweep, sweep_cell, sweep_verdicts
-from attnaudit.spectral import (
+from attnaudit.analyses.kappa.dataset import KappaConfig, analyse_kappa, summarise_sweep, sweep_cell, sweep_verdicts
+from attnaudit.core.spectral import (
     EPS64,
     attention_gram_eigenvalues,
     condition_report,
@@ -89,7 +89,7 @@ def test_amplification_beyond_precision_is_said_not_measured():
 def test_attention_gram_from_c_cubed_products_equals_the_row_chunked_direct_form():
     """n > d: C (C C) and the row-chunked (X C)^T (X C) are the same matrix up to round-off,
     and their spectra both match numpy on the explicit f_att(X) = X X^T X."""
-    from attnaudit.spectral import attention_cross_gram, attention_gram_matrix
+    from attnaudit.core.spectral import attention_cross_gram, attention_gram_matrix
 
     rng = np.random.default_rng(11)
     X = rng.standard_normal((300, 25))
@@ -159,7 +159,7 @@ def test_width_estimate_in_logs():
 
 
 def _numpy_width(kappa: float, n: int) -> float:
-    """log10(kappa^6 n ln n) in plain numpy logs (independent of attnaudit.spectral)."""
+    """log10(kappa^6 n ln n) in plain numpy logs (independent of attnaudit.core.spectral)."""
     return float(6 * np.log10(kappa) + np.log10(n) + np.log10(np.log(n)))
 
 
@@ -217,7 +217,7 @@ def test_rank_deficient_width_rows_say_unbounded_and_state_the_caveat():
 def test_main_table_states_the_papers_formula_and_reference():
     from rich.console import Console
 
-    from attnaudit.kappa import build_tables
+    from attnaudit.analyses.kappa.dataset import build_tables
 
     X = known_spectrum(40, 90, np.logspace(0, -1, 40), seed=5)
     console = Console(record=True, width=250, file=open("/dev/null", "w"))

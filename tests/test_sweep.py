@@ -61,9 +61,9 @@ def test_ray_gives_the_same_numbers_as_local(tmp_path, ntk_local):
 def test_the_cells_really_ran_in_other_processes():
     import os
 
-    from attnaudit.sweep import CellTask, ExecutorConfig, run_cells
+    from attnaudit.runtime.sweep import CellTask, ExecutorConfig, run_cells
 
-    tasks = [CellTask("attnaudit.sweep:check_cell", {"i": i, "seed": i}, f"cell {i}") for i in range(4)]
+    tasks = [CellTask("attnaudit.runtime.sweep:check_cell", {"i": i, "seed": i}, f"cell {i}") for i in range(4)]
     local = run_cells(tasks)
     jobs = run_cells(tasks, ExecutorConfig(jobs=2, threads=1))
     assert [o.result["value"] for o in local] == [o.result["value"] for o in jobs]
@@ -73,9 +73,9 @@ def test_the_cells_really_ran_in_other_processes():
 
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_a_failing_cell_does_not_lose_the_others(jobs):
-    from attnaudit.sweep import CellTask, ExecutorConfig, run_cells
+    from attnaudit.runtime.sweep import CellTask, ExecutorConfig, run_cells
 
-    tasks = [CellTask("attnaudit.sweep:check_cell", {"i": i, "seed": i, "fail": i == 1}, f"cell {i}") for i in range(4)]
+    tasks = [CellTask("attnaudit.runtime.sweep:check_cell", {"i": i, "seed": i, "fail": i == 1}, f"cell {i}") for i in range(4)]
     seen = []
     out = run_cells(tasks, ExecutorConfig(jobs=jobs, threads=1), on_done=lambda o: seen.append(o.task.label))
     assert [o.ok for o in out] == [True, False, True, True]
@@ -85,7 +85,7 @@ def test_a_failing_cell_does_not_lose_the_others(jobs):
 
 
 def test_a_failed_ntk_cell_gives_partial_results_and_exit_1(tmp_path, monkeypatch, ntk_local):
-    import attnaudit.ntk_distance as nd
+    import attnaudit.analyses.ntk_distance.widths as nd
 
     real = nd._run_cell
 
@@ -113,7 +113,7 @@ def test_a_failed_ntk_cell_gives_partial_results_and_exit_1(tmp_path, monkeypatc
 
 
 def test_resume_skips_finished_cells_and_gives_the_same_report(tmp_path, monkeypatch, ntk_local):
-    import attnaudit.ntk_distance as nd
+    import attnaudit.analyses.ntk_distance.widths as nd
 
     folder = tmp_path / "cells"
     first = _tiny_ntk(tmp_path, "first", "--resume", str(folder))
@@ -131,10 +131,10 @@ def test_resume_skips_finished_cells_and_gives_the_same_report(tmp_path, monkeyp
 
 
 def test_an_interrupted_sweep_leaves_the_folder_consistent_and_resumes(tmp_path):
-    from attnaudit.sweep import CellTask, ExecutorConfig, run_cells
+    from attnaudit.runtime.sweep import CellTask, ExecutorConfig, run_cells
 
     folder = tmp_path / "cells"
-    tasks = [CellTask("attnaudit.sweep:check_cell", {"i": i, "seed": i}, f"cell {i}") for i in range(5)]
+    tasks = [CellTask("attnaudit.runtime.sweep:check_cell", {"i": i, "seed": i}, f"cell {i}") for i in range(5)]
     done = []
 
     def interrupt_after_two(outcome):
@@ -152,11 +152,11 @@ def test_an_interrupted_sweep_leaves_the_folder_consistent_and_resumes(tmp_path)
 
 
 def test_a_changed_configuration_is_not_resumed(tmp_path):
-    from attnaudit.sweep import CellTask, ExecutorConfig, run_cells
+    from attnaudit.runtime.sweep import CellTask, ExecutorConfig, run_cells
 
     folder = tmp_path / "cells"
-    run_cells([CellTask("attnaudit.sweep:check_cell", {"i": 0, "seed": 0}, "a")], ExecutorConfig(resume_dir=str(folder)))
-    out = run_cells([CellTask("attnaudit.sweep:check_cell", {"i": 0, "seed": 1}, "a")], ExecutorConfig(resume_dir=str(folder)))
+    run_cells([CellTask("attnaudit.runtime.sweep:check_cell", {"i": 0, "seed": 0}, "a")], ExecutorConfig(resume_dir=str(folder)))
+    out = run_cells([CellTask("attnaudit.runtime.sweep:check_cell", {"i": 0, "seed": 1}, "a")], ExecutorConfig(resume_dir=str(folder)))
     assert not out[0].resumed
 
 

@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from attnaudit import threads as th
+from attnaudit.runtime import threads as th
 from attnaudit.errors import AuditError
 
 
@@ -139,7 +139,7 @@ def test_apply_sets_torch_and_the_rule_is_recorded(monkeypatch):
     torch.set_num_threads(2)  # changed behind the choice's back: the report says so
     assert "since changed to 2" in th.threads_rule()
 
-    from attnaudit.report import environment_info
+    from attnaudit.report.envelope import environment_info
 
     env = environment_info()
     assert env["torch_threads"] == 2 and env["threads_rule"].startswith(choice.rule)
@@ -187,7 +187,7 @@ def cell_threads(config: dict) -> int:
 
 
 def test_worker_processes_get_the_drivers_auto_count(monkeypatch):
-    from attnaudit.sweep import CellTask, ExecutorConfig, run_cells
+    from attnaudit.runtime.sweep import CellTask, ExecutorConfig, run_cells
 
     _machine(monkeypatch, cores=2, load=1.5, torch_default=2)
     th.apply_threads(th.choose_threads())  # what `attnaudit` does by default

@@ -1,4 +1,4 @@
-"""Mini-batch training (attnaudit.fit) and the `attnaudit train` command."""
+"""Mini-batch training (attnaudit.core.fit) and the `attnaudit train` command."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import torch
 from torch import nn
 
 from attnaudit.errors import AuditError
-from attnaudit.fit import FitResult, Recipe, evaluate, fit
-from attnaudit.models import ModelSpec, build_model, load_model
-from attnaudit.training import TrainConfig, train
-from attnaudit.vit import ViT, ViTSpec
+from attnaudit.core.fit import FitResult, Recipe, evaluate, fit
+from attnaudit.models.builtin import ModelSpec, build_model, load_model
+from attnaudit.core.training import TrainConfig, train
+from attnaudit.models.vit import ViT, ViTSpec
 
 MNIST_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -242,7 +242,7 @@ TINY_VIT = ["--dataset", "digits", "--patch", "4", "--dim", "16", "--heads", "2"
 
 
 def test_train_vit_writes_an_auditable_checkpoint(cli, tmp_path):
-    from attnaudit.checkpoints import audit_split, load_checkpoint
+    from attnaudit.models.checkpoints import audit_split, load_checkpoint
     from attnaudit.data import DataSpec, data_fingerprint, holdout_split, load_dataset
 
     out = tmp_path / "vit.safetensors"

@@ -1,4 +1,4 @@
-"""Built-in ViTs (attnaudit.vit) and the one checkpoint format for every built-in model.
+"""Built-in ViTs (attnaudit.models.vit) and the one checkpoint format for every built-in model.
 
 Forward passes are checked against a float64 numpy implementation written here from the
 definitions (patches, LayerNorm, attention, GELU), never against the module's own code.
@@ -19,7 +19,7 @@ from scipy.special import erf
 from attnaudit.core.engine import Engine
 from attnaudit.core.task import Inputs, Task, select_parameter_names
 from attnaudit.errors import AuditError
-from attnaudit.models import (
+from attnaudit.models.builtin import (
     BUILTIN_ARCHITECTURES,
     ModelSpec,
     TwoLayerNet,
@@ -28,7 +28,7 @@ from attnaudit.models import (
     load_model,
     save_model,
 )
-from attnaudit.vit import Attention, ViT, ViTSpec, default_patch, n_parameters
+from attnaudit.models.vit import Attention, ViT, ViTSpec, default_patch, n_parameters
 
 
 def tiny_spec(arch="vit", **kw) -> ViTSpec:
@@ -309,7 +309,7 @@ def test_save_load_round_trip_every_builtin(tmp_path, arch):
     with pytest.raises(AuditError, match="--overwrite"):
         save_model(model, path)
 
-    from attnaudit.checkpoints import load_checkpoint
+    from attnaudit.models.checkpoints import load_checkpoint
 
     checkpoint = load_checkpoint(path)
     assert checkpoint.n_classes == 3 and checkpoint.n_features == 64 and checkpoint.inputs == model.audit_inputs()

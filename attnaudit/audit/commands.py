@@ -3,7 +3,7 @@
 A check's options are the command's own CLI options (without ``--``); they become an
 argument list that the command parses exactly as from the shell, so the audit cannot drift
 from the CLI. The command runs in-process with its report captured
-(:mod:`attnaudit.invocation`).
+(:mod:`attnaudit.runtime.invocation`).
 """
 
 from __future__ import annotations
@@ -97,11 +97,11 @@ def shell_line(command: str, args: list[str]) -> str:
 def invoke(command: str, args: list[str]) -> dict:
     """Run ``attnaudit <command> <args> --quiet`` in-process and return the report it emits.
 
-    Errors propagate: :class:`AuditError` (bad input), :class:`attnaudit.invocation.DryRunStop`
+    Errors propagate: :class:`AuditError` (bad input), :class:`attnaudit.runtime.invocation.DryRunStop`
     (a dry run ended after validation), anything else (an internal error). click's own parse
     errors become AuditError with click's message.
     """
-    from attnaudit.invocation import capturing
+    from attnaudit.runtime.invocation import capturing
 
     cmd = cli_command(command)
     with capturing() as reports:
@@ -121,7 +121,7 @@ def invoke(command: str, args: list[str]) -> dict:
 
 
 def run_cell(config: dict) -> dict:
-    """An audit run as a sweep cell (:mod:`attnaudit.sweep`): {"report": ...} or {"error": ..., "kind": "input"}.
+    """An audit run as a sweep cell (:mod:`attnaudit.runtime.sweep`): {"report": ...} or {"error": ..., "kind": "input"}.
 
     Internal errors propagate (the executor records them with their class name)."""
     try:

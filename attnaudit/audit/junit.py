@@ -58,6 +58,6 @@ def junit_xml(result: AuditResult) -> str:
 
 def write_junit(result: AuditResult, path: str | Path) -> None:
     """Write the JUnit XML atomically (an existing file is replaced: vet it with check_target first)."""
-    from attnaudit.atomic import write_text_atomic
+    from attnaudit.runtime.atomic import write_text_atomic
 
     write_text_atomic(path, junit_xml(result))

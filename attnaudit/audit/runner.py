@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from attnaudit.errors import AuditError
-from attnaudit.invocation import DryRunStop, dry_run
+from attnaudit.runtime.invocation import DryRunStop, dry_run
 from attnaudit.audit import metrics as M
 from attnaudit.audit.commands import invoke, option_params, shell_line, to_args
 from attnaudit.audit.file import AuditPlan, CheckSpec
 
 if TYPE_CHECKING:
-    from attnaudit.sweep import ExecutorConfig
+    from attnaudit.runtime.sweep import ExecutorConfig
 
 SCHEMA = "attnaudit.audit/1"
 BASELINE_SCHEMA = "attnaudit.audit-baseline/1"
@@ -155,7 +155,7 @@ def format_value(value: Any) -> str:
 # ----------------------------------------------------------------------------- baselines
 def read_baseline(path: str | Path) -> dict[str, dict]:
     """check name -> {value, metric, stat, better} from a --save-baseline file."""
-    from attnaudit.report import read_json_file
+    from attnaudit.report.envelope import read_json_file
 
     data = read_json_file(path, f"--baseline {path}", "write a baseline with --save-baseline first")
     if not isinstance(data, dict) or data.get("schema") != BASELINE_SCHEMA or not isinstance(data.get("checks"), dict):
@@ -343,10 +343,10 @@ def run_audit(
 
     Raises :class:`AuditError` for a bad file, baseline or option value (nothing has run
     then); a check that fails at run time is recorded in the result (status error).
-    ``executor`` (:mod:`attnaudit.sweep`): each distinct run is one cell; with worker
+    ``executor`` (:mod:`attnaudit.runtime.sweep`): each distinct run is one cell; with worker
     processes or Ray the runs go in parallel (``fail_fast`` needs the sequential local one).
     """
-    from attnaudit.sweep import ExecutorConfig
+    from attnaudit.runtime.sweep import ExecutorConfig
 
     ex = executor or ExecutorConfig()
     parallel = ex.kind != "local" or ex.jobs > 1 or ex.resume_dir is not None
@@ -362,7 +362,7 @@ def run_audit(
         model_path = shown_model = None
         model_info = None
         if plan.model is not None and plan.model.kind == "trained":
-            from attnaudit.report import check_target
+            from attnaudit.report.envelope import check_target
 
             if plan.model.save:
                 try:
@@ -458,7 +458,7 @@ def run_audit(
 
 def _run_parallel(runs: list[Run], ex: "ExecutorConfig") -> None:
     """Every run as one cell on the executor; reports (or errors) stored on the runs."""
-    from attnaudit.sweep import CellTask, run_cells
+    from attnaudit.runtime.sweep import CellTask, run_cells
 
     tasks = [CellTask("attnaudit.audit.commands:run_cell", {"analysis": r.analysis, "args": r.args}, r.id) for r in runs]
     for run, outcome in zip(runs, run_cells(tasks, ex)):
@@ -473,7 +473,7 @@ def _run_parallel(runs: list[Run], ex: "ExecutorConfig") -> None:
 
 def _keep_model(src: str, target: str) -> None:
     """Copy the trained model and its side-car to model.save, atomically together."""
-    from attnaudit.atomic import StagedFiles
+    from attnaudit.runtime.atomic import StagedFiles
 
     pairs = [(Path(src), Path(target)), (Path(src + ".json"), Path(target + ".json"))]
     with StagedFiles() as files:

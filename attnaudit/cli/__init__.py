@@ -48,7 +48,7 @@ def _root(
         error_line("error", "--threads must be >= 0 (0 = auto: the idle cores)")
         raise typer.Exit(2)
     from attnaudit.errors import AuditError
-    from attnaudit.threads import apply_threads, choose_threads
+    from attnaudit.runtime.threads import apply_threads, choose_threads
 
     try:
         apply_threads(choose_threads(threads or None))
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     Runs the Typer app without click's standalone handling so that usage errors become
     one ``error:`` line (exit 2) like every other bad input, and Ctrl-C anywhere exits 130.
     """
-    from attnaudit.invocation import command_line
+    from attnaudit.runtime.invocation import command_line
 
     args = _hoist_global_options(list(sys.argv[1:] if argv is None else argv))
     try:

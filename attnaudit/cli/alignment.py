@@ -1,6 +1,6 @@
-"""`attnaudit alignment`: options -> :func:`attnaudit.alignment.run_alignment` -> report.
+"""`attnaudit alignment`: options -> :func:`attnaudit.analyses.alignment.alignment.run_alignment` -> report.
 
-Sign conventions of the report (see attnaudit/alignment.py and docs/alignment.md): every
+Sign conventions of the report (see attnaudit/analyses/alignment/alignment.py and docs/alignment.md): every
 ``*_advantage_attn`` is relu minus attn for errors and attn minus relu for CKA, so a
 positive value always means attention does better; a ``*_contrast`` is the advantage on the
 principal target minus that on the random (or trailing) one, positive = the paper's claim.
@@ -45,10 +45,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Does the attention kernel lower the approximation error on targets aligned with the data's
         principal modes? Kernel ridge and trained-net errors, and CKA, of 2L-ReLU and MLP-Attn."""
-        from attnaudit.alignment import PNG_NAME, PRESETS, SCHEMA, TARGETS, AlignmentConfig, build_tables, plot_alignment, run_alignment
+        from attnaudit.analyses.alignment.alignment import PNG_NAME, PRESETS, SCHEMA, TARGETS, AlignmentConfig, build_tables, plot_alignment, run_alignment
         from attnaudit.data import check_seed, load_dataset
-        from attnaudit.device import resolve_device
-        from attnaudit.report import build_report
+        from attnaudit.runtime.device import resolve_device
+        from attnaudit.report.envelope import build_report
 
         with cli_errors(out.debug):
             opts = out.options()

@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         from attnaudit.audit import SCHEMA, baseline_payload, junit_xml, load_audit_file, run_audit
         from attnaudit.cli.common import OutputOptions
-        from attnaudit.report import build_report, dumps
+        from attnaudit.report.envelope import build_report, dumps
 
         with cli_errors(debug):
             opts = OutputOptions(json=json, quiet=quiet, overwrite=overwrite, html=html)
@@ -73,7 +73,7 @@ def register(app: typer.Typer) -> None:
                 verdicts=result.verdicts(),
             )
             emit(opts, report, _tables(result))
-            from attnaudit.atomic import write_text_atomic
+            from attnaudit.runtime.atomic import write_text_atomic
 
             if junit:
                 write_text_atomic(junit, junit_xml(result))

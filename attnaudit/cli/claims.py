@@ -1,4 +1,4 @@
-"""`attnaudit claims`: thin CLI over :mod:`attnaudit.claims` (the paper's claims scorecard)."""
+"""`attnaudit claims`: thin CLI over :mod:`attnaudit.claims.scorecard` (the paper's claims scorecard)."""
 
 from __future__ import annotations
 
@@ -76,10 +76,10 @@ def register(app: typer.Typer) -> None:
         slope_margin: Annotated[float, typer.Option("--slope-margin", help="Log-log slopes above -margin count as 'no fall with width' in the MLP-Attn claim (tested against the margin, never against 0).", rich_help_panel=PROTOCOL)] = 0.1,
     ) -> None:
         from attnaudit.audit.commands import shell_line
-        from attnaudit.claims import SCHEMA, plan, score
+        from attnaudit.claims.scorecard import SCHEMA, plan, score
         from attnaudit.data import check_seed
-        from attnaudit.report import build_report
-        from attnaudit.sweep import CellTask, run_cells
+        from attnaudit.report.envelope import build_report
+        from attnaudit.runtime.sweep import CellTask, run_cells
 
         with cli_errors(out.debug):
             mode = _mode(preset, quick)

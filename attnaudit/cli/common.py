@@ -19,9 +19,9 @@ from rich.console import Console
 from rich.text import Text
 
 from attnaudit.errors import AuditError
-from attnaudit.atomic import StagedFiles
-from attnaudit.invocation import captured_reports
-from attnaudit.report import check_target, dumps, folder_problem
+from attnaudit.runtime.atomic import StagedFiles
+from attnaudit.runtime.invocation import captured_reports
+from attnaudit.report.envelope import check_target, dumps, folder_problem
 
 # ---- option types every command spells the same way (data and output options are bundles:
 # see cli/options.py)
@@ -273,7 +273,7 @@ def emit(
             written.append(f"figure written to {png}")
         html_targets = opts.html_targets()
         if html_targets:
-            from attnaudit.html_report import RunPage, png_bytes, render_run
+            from attnaudit.report.html import RunPage, png_bytes, render_run
 
             figures = [(png_name, png_bytes(plot, png_name))] if plot is not None else []
             page = render_run(RunPage(report, list(renderables), figures))

@@ -1,5 +1,5 @@
-"""`attnaudit kappa`: thin CLI over :mod:`attnaudit.kappa` (data) and, with a model
-(``--checkpoint``/``--factory``), :mod:`attnaudit.layer_kappa` (per-layer conditioning)."""
+"""`attnaudit kappa`: thin CLI over :mod:`attnaudit.analyses.kappa.dataset` (data) and, with a model
+(``--checkpoint``/``--factory``), :mod:`attnaudit.analyses.kappa.layers` (per-layer conditioning)."""
 
 from __future__ import annotations
 
@@ -34,10 +34,10 @@ def register(app: typer.Typer) -> None:
         """Gram spectrum, condition numbers, linearized-attention amplification (direct check with a
         calibrated round-off budget) and the paper's width requirement kappa^6 n ln n against 1e12;
         with --checkpoint, the same per attention layer of a trained transformer."""
-        from attnaudit.device import resolve_device
+        from attnaudit.runtime.device import resolve_device
         from attnaudit.data import check_seed, load_dataset
-        from attnaudit.kappa import SCHEMA, KappaConfig, analyse_kappa, build_tables, plot_kappa, summarise_sweep, sweep_cell, sweep_verdicts
-        from attnaudit.report import build_report
+        from attnaudit.analyses.kappa.dataset import SCHEMA, KappaConfig, analyse_kappa, build_tables, plot_kappa, summarise_sweep, sweep_cell, sweep_verdicts
+        from attnaudit.report.envelope import build_report
 
         with cli_errors(out.debug):
             if saved.given:
@@ -116,11 +116,11 @@ def _layers_command(data: DataOptions, out: OutputBundle, saved: ModelOptions, *
                     stratify: bool, rank_tol: Optional[float], layers: Optional[str], gram: Optional[str],
                     seed: int, device: str) -> None:
     """``kappa --checkpoint``: per-layer conditioning of saved models on a batch of the data."""
-    from attnaudit.checkpoints import fit_to_data
+    from attnaudit.models.checkpoints import fit_to_data
     from attnaudit.data import check_seed, load_dataset
-    from attnaudit.device import resolve_device
-    from attnaudit.layer_kappa import PNG_NAME, SCHEMA, LayerKappaConfig, analyse_layers, build_tables, find_attention_layers, plot_layer_kappa
-    from attnaudit.report import build_report
+    from attnaudit.runtime.device import resolve_device
+    from attnaudit.analyses.kappa.layers import PNG_NAME, SCHEMA, LayerKappaConfig, analyse_layers, build_tables, find_attention_layers, plot_layer_kappa
+    from attnaudit.report.envelope import build_report
 
     opts = out.options()
     if seeds != 1:

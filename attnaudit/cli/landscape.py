@@ -1,4 +1,4 @@
-"""`attnaudit landscape`: options -> :func:`attnaudit.landscape.run_landscape` -> report."""
+"""`attnaudit landscape`: options -> :func:`attnaudit.analyses.landscape.run_landscape` -> report."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def register(app: typer.Typer) -> None:
         loss: Annotated[Optional[str], typer.Option("--loss", help="mse or ce: the training loss whose landscape is measured (default mse; a checkpoint's recorded training loss).", rich_help_panel=PROTOCOL)] = None,
         match_loss: Annotated[Optional[str], typer.Option("--match-loss", help="Train each model until its training loss reaches this value (or say it could not), so sharpness is compared at equal loss (full-batch GD only); auto: every model to the largest loss any reaches within --steps (default of --preset quick); none: fixed steps (default of --preset paper). Models are compared only when their losses are within 10 %.", rich_help_panel=PROTOCOL)] = None,
         n_seeds: Annotated[Optional[int], typer.Option("--seeds", help="Independent initialisations, trainings and analyses per built-in model (seeds seed, seed+1, ...; default 3 for --preset quick, 1 for paper); the JSON gains per-seed values with mean/sd, and the comparison uses the mean with its Student-t tolerance (fewer than 3 seeds never resolve it).", rich_help_panel=PROTOCOL)] = None,
-        optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="How the built-in models are trained: gd (full-batch gradient descent, default), sgd or adam (attnaudit.fit).", rich_help_panel=PROTOCOL)] = None,
+        optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="How the built-in models are trained: gd (full-batch gradient descent, default), sgd or adam (attnaudit.core.fit).", rich_help_panel=PROTOCOL)] = None,
         batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="Rows per step of --optimizer sgd/adam (default: full batch).", rich_help_panel=PROTOCOL)] = None,
         top_k: Annotated[int, typer.Option("--top-k", help="Number of top Hessian eigenvalues (Lanczos).", rich_help_panel=ANALYSIS)] = 5,
         hutchinson_samples: Annotated[int, typer.Option("--hutchinson-samples", help="Rademacher probes for the Hessian trace.", rich_help_panel=ANALYSIS)] = 30,
@@ -87,14 +87,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Loss landscape: top Hessian eigenvalues, trace, basin width and 1-D/2-D loss surfaces."""
         from attnaudit.data import check_seed, load_dataset
-        from attnaudit.device import resolve_device
-        from attnaudit.landscape import LandscapeConfig, ParameterSelectionError, run_landscape, run_work_units
-        from attnaudit.fit import DEFAULT_ADAM_LR
-        from attnaudit.landscape.run import ARCHS, PRESETS  # the protocol lives in the library
-        from attnaudit.landscape.report import PNG_NAME, SCHEMA, build_tables, plot_landscape
-        from attnaudit.landscape.setup import check_selector
-        from attnaudit.report import build_report
-        from attnaudit.training import TrainConfig
+        from attnaudit.runtime.device import resolve_device
+        from attnaudit.analyses.landscape import LandscapeConfig, ParameterSelectionError, run_landscape, run_work_units
+        from attnaudit.core.fit import DEFAULT_ADAM_LR
+        from attnaudit.analyses.landscape.run import ARCHS, PRESETS  # the protocol lives in the library
+        from attnaudit.analyses.landscape.report import PNG_NAME, SCHEMA, build_tables, plot_landscape
+        from attnaudit.analyses.landscape.setup import check_selector
+        from attnaudit.report.envelope import build_report
+        from attnaudit.core.training import TrainConfig
 
         with cli_errors(out.debug):
             opts = out.options()
@@ -147,7 +147,7 @@ def register(app: typer.Typer) -> None:
                                     loss_tol=None if match_auto else match_target, record_every=10)
             recipe = None
             if opt_name != "gd" and not model:
-                from attnaudit.fit import Recipe
+                from attnaudit.core.fit import Recipe
 
                 recipe = Recipe(optimizer=opt_name, lr=lr_value, batch_size=batch_size, steps=train_cfg.steps,
                                 loss=loss_name, seed=seed)
@@ -175,7 +175,7 @@ def register(app: typer.Typer) -> None:
                 t0 = time.perf_counter()
                 ds = None
                 if saved_models:
-                    from attnaudit.checkpoints import fit_to_data, recorded_split
+                    from attnaudit.models.checkpoints import fit_to_data, recorded_split
                     from attnaudit.data import subset
 
                     full = load_dataset(dataclasses.replace(spec, n=None, stratify=False))

@@ -1,4 +1,4 @@
-"""`attnaudit malleability`: thin CLI over :mod:`attnaudit.malleability`."""
+"""`attnaudit malleability`: thin CLI over :mod:`attnaudit.analyses.malleability.malleability`."""
 
 from __future__ import annotations
 
@@ -69,9 +69,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Influence malleability: do influence scores flip sign when the training data is perturbed?"""
         from attnaudit.data import HoldoutRecipe, check_seed, data_fingerprint, load_dataset
-        from attnaudit.device import resolve_device
-        from attnaudit.fit import DEFAULT_ADAM_LR
-        from attnaudit.malleability import (
+        from attnaudit.runtime.device import resolve_device
+        from attnaudit.core.fit import DEFAULT_ADAM_LR
+        from attnaudit.analyses.malleability.malleability import (
             PRESETS,
             SCHEMA,
             influence_memory_estimate,
@@ -83,7 +83,7 @@ def register(app: typer.Typer) -> None:
             progress_total,
             run_malleability,
         )
-        from attnaudit.report import build_report
+        from attnaudit.report.envelope import build_report
 
         with cli_errors(out.debug):
             opts = out.options()
@@ -114,7 +114,7 @@ def register(app: typer.Typer) -> None:
             controls = controls if controls is not None else (not loaded or protocol != "static")
             rebuild = {}
             if loaded and protocol == "retrain":
-                from attnaudit.checkpoints import rebuild_of
+                from attnaudit.models.checkpoints import rebuild_of
 
                 rebuild = {label: rb for label, rb in ((label, rebuild_of(lm)) for label, lm in loaded.items()) if rb}
                 missing = [label for label in loaded if label not in rebuild]
@@ -133,7 +133,7 @@ def register(app: typer.Typer) -> None:
             ft_lr = finetune_lr if finetune_lr is not None else (float(first["lr"]) if isinstance(first.get("lr"), (int, float)) else 1e-4)
             ft_batch = finetune_batch_size if finetune_batch_size is not None else (
                 int(first["batch_size"]) if isinstance(first.get("batch_size"), int) else 64)
-            from attnaudit.influence import parse_damping
+            from attnaudit.analyses.influence.influence import parse_damping
 
             opt = optimizer if optimizer is not None else "gd"
             lr_value = parse_per_model(lr, "--lr") if lr is not None else (DEFAULT_ADAM_LR if opt == "adam" else p["lr"])
@@ -197,7 +197,7 @@ def register(app: typer.Typer) -> None:
             fixed = None
             rows_note = None
             if loaded:
-                from attnaudit.checkpoints import audit_split, fit_to_data
+                from attnaudit.models.checkpoints import audit_split, fit_to_data
 
                 loaded = {label: fit_to_data(lm, ds) for label, lm in loaded.items()}
                 fixed = {label: lm.task(loss=config.loss, params="all") for label, lm in loaded.items()}
@@ -226,7 +226,7 @@ def register(app: typer.Typer) -> None:
                     executor=executor, data=recipe,
                 )
             if fixed and rows_note["rows"] != "checkpoint split":
-                from attnaudit.models import training_data_mismatch
+                from attnaudit.models.builtin import training_data_mismatch
 
                 fingerprint = data_fingerprint(train_ds.X, train_ds.y)
                 result.warnings[:0] = [w for w in (training_data_mismatch(lm, label, fingerprint) for label, lm in loaded.items()) if w]
@@ -274,7 +274,7 @@ def register(app: typer.Typer) -> None:
             emit(opts, report, renderables, plot=lambda path: plot_malleability(result, path, title), png_name="malleability.png")
             exit_if_cells_failed(result.failed_cells)
             if result.exceeded:
-                from attnaudit.influence import damping_label
+                from attnaudit.analyses.influence.influence import damping_label
 
                 worst = max(result.exceeded, key=lambda e: e["flip_rate"])
                 names = "; ".join(

@@ -1,5 +1,5 @@
-"""`attnaudit ntk-distance`: thin CLI over :mod:`attnaudit.ntk_distance` (the 2-layer width
-sweep) and :mod:`attnaudit.kernel_regime` (``--checkpoint``: a trained model against its
+"""`attnaudit ntk-distance`: thin CLI over :mod:`attnaudit.analyses.ntk_distance.widths` (the 2-layer width
+sweep) and :mod:`attnaudit.analyses.ntk_distance.movement` (``--checkpoint``: a trained model against its
 initialization; ``--arch vit,vit-linear``: the width sweep of the built-in transformers)."""
 
 from __future__ import annotations
@@ -85,10 +85,10 @@ def register(app: typer.Typer) -> None:
         --checkpoint, how far training moved a trained model from the kernel regime; with --arch
         vit,vit-linear, the same across widths of the built-in transformers."""
         from attnaudit.data import HoldoutRecipe, data_fingerprint
-        from attnaudit.device import resolve_device, resolve_dtype
-        from attnaudit.models import save_model
-        from attnaudit.ntk_distance import PRESETS, SCHEMA, NTKDistanceConfig, build_tables, plot_ntk_distance, run_ntk_distance
-        from attnaudit.report import build_report, check_target
+        from attnaudit.runtime.device import resolve_device, resolve_dtype
+        from attnaudit.models.builtin import save_model
+        from attnaudit.analyses.ntk_distance.widths import PRESETS, SCHEMA, NTKDistanceConfig, build_tables, plot_ntk_distance, run_ntk_distance
+        from attnaudit.report.envelope import build_report, check_target
 
         with cli_errors(out.debug):
             executor = execution.config()
@@ -277,13 +277,13 @@ def _checkpoint_command(source: DataOptions, out: OutputBundle, saved: ModelOpti
     """``ntk-distance --checkpoint``: kernel movement of trained models against their initialization."""
     import torch
 
-    from attnaudit.checkpoints import fit_to_data, load_model_source, rebuild_of, recorded_split
+    from attnaudit.models.checkpoints import fit_to_data, load_model_source, rebuild_of, recorded_split
     from attnaudit.core.task import Task
     from attnaudit.data import check_seed, holdout_split, load_dataset, subset
-    from attnaudit.device import resolve_device
-    from attnaudit.kernel_regime import (SCHEMA_CHECKPOINT, CheckpointKernelConfig, analyse_checkpoint,
+    from attnaudit.runtime.device import resolve_device
+    from attnaudit.analyses.ntk_distance.movement import (SCHEMA_CHECKPOINT, CheckpointKernelConfig, analyse_checkpoint,
                                  build_checkpoint_tables, initial_model, plot_checkpoints)
-    from attnaudit.report import build_report
+    from attnaudit.report.envelope import build_report
 
     _refuse("set how the sweeps train new networks and do not apply to --checkpoint (a trained model, compared with "
             "its initialization)", **refused)
@@ -406,12 +406,12 @@ def _transformer_command(source: DataOptions, out: OutputBundle, *, arch, widths
                          executor, refused: dict) -> None:
     """``ntk-distance --arch vit,vit-linear``: the kernel regime of the built-in transformers across widths."""
     from attnaudit.data import HoldoutRecipe
-    from attnaudit.device import resolve_device
-    from attnaudit.fit import Recipe
-    from attnaudit.kernel_regime import (SCHEMA_TRANSFORMERS, TransformerSweepConfig, build_sweep_tables, plot_sweep,
+    from attnaudit.runtime.device import resolve_device
+    from attnaudit.core.fit import Recipe
+    from attnaudit.analyses.ntk_distance.movement import (SCHEMA_TRANSFORMERS, TransformerSweepConfig, build_sweep_tables, plot_sweep,
                                  run_transformer_sweep)
-    from attnaudit.models import image_shape_of
-    from attnaudit.report import build_report
+    from attnaudit.models.builtin import image_shape_of
+    from attnaudit.report.envelope import build_report
     from attnaudit.cli.train import MINI_BATCH, VIT_DEFAULTS
 
     _refuse("belong to the 2-layer sweep (--models relu,attn), not to the transformer sweep (--arch)", **refused)

@@ -166,8 +166,8 @@ class ModelOptions:
         return list(self.checkpoint or [])
 
     def load(self) -> dict:
-        """label -> :class:`attnaudit.checkpoints.LoadedModel`, every file checked (before any data are read)."""
-        from attnaudit.checkpoints import load_model_source, unique_labels
+        """label -> :class:`attnaudit.models.checkpoints.LoadedModel`, every file checked (before any data are read)."""
+        from attnaudit.models.checkpoints import load_model_source, unique_labels
 
         if self.factory is not None or self.weights is not None:
             if self.checkpoint:
@@ -200,8 +200,8 @@ class ExecutorOptions:
     )
 
     def config(self):
-        """The :class:`attnaudit.sweep.ExecutorConfig` these flags describe (validated)."""
-        from attnaudit.sweep import ExecutorConfig
+        """The :class:`attnaudit.runtime.sweep.ExecutorConfig` these flags describe (validated)."""
+        from attnaudit.runtime.sweep import ExecutorConfig
 
         return ExecutorConfig(kind=self.executor, jobs=self.jobs, ray_address=self.ray_address,
                               gpus_per_cell=self.gpus_per_cell, resume_dir=self.resume)

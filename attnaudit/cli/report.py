@@ -1,5 +1,5 @@
 """`attnaudit report RUN.json [...] --html out.html`: render existing JSON reports into one
-self-contained HTML page, without recomputing anything (see :mod:`attnaudit.html_report`)."""
+self-contained HTML page, without recomputing anything (see :mod:`attnaudit.report.html`)."""
 
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ MAX_REPORT_BYTES = 512 * 2**20  # a JSON report is a few MB at most; refuse absu
 
 def load_reports(paths: list[str]) -> list[tuple[str, dict]]:
     """(file name, report) for every path, each a JSON report of a known schema."""
-    from attnaudit.html_report import check_schema
+    from attnaudit.report.html import check_schema
 
-    from attnaudit.report import read_json_file
+    from attnaudit.report.envelope import read_json_file
 
     out = []
     for raw in paths:
@@ -46,9 +46,9 @@ def register(app: typer.Typer) -> None:
         quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on success.", rich_help_panel="Output")] = False,
         debug: Annotated[bool, typer.Option("--debug", help="Show the full traceback on errors.", rich_help_panel="Output")] = False,
     ) -> None:
-        from attnaudit.atomic import write_text_atomic
-        from attnaudit.html_report import render_reports
-        from attnaudit.report import check_target
+        from attnaudit.runtime.atomic import write_text_atomic
+        from attnaudit.report.html import render_reports
+        from attnaudit.report.envelope import check_target
 
         with cli_errors(debug):
             if not html.lower().endswith((".html", ".htm")):

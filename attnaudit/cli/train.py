@@ -1,7 +1,7 @@
 """`attnaudit train`: train a built-in model on a data set and save an auditable checkpoint.
 
-Thin CLI over :func:`attnaudit.models.build_builtin`, :func:`attnaudit.fit.fit` and
-:func:`attnaudit.models.save_model`. The side-car records the training data (with the
+Thin CLI over :func:`attnaudit.models.builtin.build_builtin`, :func:`attnaudit.core.fit.fit` and
+:func:`attnaudit.models.builtin.save_model`. The side-car records the training data (with the
 seeded holdout split and a fingerprint of the training rows) and the recipe, so a later
 audit can rebuild the exact split and re-run the training.
 """
@@ -76,11 +76,11 @@ def register(app: typer.Typer) -> None:
 
         from attnaudit import __version__
         from attnaudit.data import check_seed, data_fingerprint, holdout_split, load_dataset
-        from attnaudit.device import resolve_device
-        from attnaudit.fit import Recipe, build_tables, fit, plot_fit
-        from attnaudit.models import BUILTIN_ARCHITECTURES, build_builtin, image_shape_of, save_model
-        from attnaudit.report import build_report
-        from attnaudit.vit import default_patch, n_parameters
+        from attnaudit.runtime.device import resolve_device
+        from attnaudit.core.fit import Recipe, build_tables, fit, plot_fit
+        from attnaudit.models.builtin import BUILTIN_ARCHITECTURES, build_builtin, image_shape_of, save_model
+        from attnaudit.report.envelope import build_report
+        from attnaudit.models.vit import default_patch, n_parameters
 
         with cli_errors(out.debug):
             opts = out.options()
@@ -252,6 +252,6 @@ def register(app: typer.Typer) -> None:
 
 
 def _jsonable(value):
-    from attnaudit.report import to_jsonable
+    from attnaudit.report.envelope import to_jsonable
 
     return to_jsonable(value)

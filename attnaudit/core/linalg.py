@@ -267,3 +267,16 @@ def hutchinson_trace(
         deflated=0 if U is None else U.shape[1],
         exact_part=exact,
     )
+
+
+def centered_kernel_alignment(K: torch.Tensor, Y: torch.Tensor) -> float:
+    """CKA <HKH, HLH>_F / (||HKH||_F ||HLH||_F) of an (n, n) kernel K with L = Y Y^T (Y (n, c))."""
+    K = K.to(torch.float64)
+    Y = Y.to(device=K.device, dtype=torch.float64)
+    if K.ndim != 2 or K.shape[0] != K.shape[1] or Y.shape[0] != K.shape[0]:
+        raise AuditError(f"CKA needs an (n, n) kernel and (n, c) targets, got {tuple(K.shape)} and {tuple(Y.shape)}")
+    Kc = K - K.mean(0, keepdim=True) - K.mean(1, keepdim=True) + K.mean()
+    Yc = Y - Y.mean(0, keepdim=True)  # H Y: then H L H = (HY)(HY)^T
+    num = (Yc.T @ Kc @ Yc).trace()
+    den = Kc.norm() * (Yc.T @ Yc).norm()
+    return float(num / den) if float(den) > 0 else float("nan")

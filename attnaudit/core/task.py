@@ -348,3 +348,16 @@ def as_task(
         with torch.no_grad(), eval_mode(model):
             n_classes = int(to_logits(inputs.call(model, inputs(rows))).shape[1])
     return Task(model, n_classes, loss, inputs, params)
+
+
+def closed_form_blocker(module: nn.Module, inputs: Inputs) -> str | None:
+    """Why a built-in closed form cannot stand in for ``module`` (None when it can).
+
+    A model with a structured fast path declares it by a ``closed_form_blocker(inputs)``
+    method (:class:`attnaudit.models.builtin.TwoLayerNet`); any other module takes the
+    generic path.
+    """
+    declare = getattr(type(module), "closed_form_blocker", None)
+    if declare is None:
+        return f"the model is a {type(module).__name__}, not a TwoLayerNet"
+    return declare(module, inputs)

@@ -38,7 +38,7 @@ class HoldoutRecipe:
 
     def load(self):
         """(train, held_out) :class:`~attnaudit.data.Dataset` pair, cached per process."""
-        from attnaudit.sweep import cached
+        from attnaudit.runtime.sweep import cached
         from attnaudit.data.loader import load_dataset
         from attnaudit.data.selection import holdout_split
 

@@ -12,12 +12,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from attnaudit.errors import AuditError, clip_text, show_value
+from attnaudit.errors import MAX_SEED as MAX_SEED, AuditError, check_seed as check_seed, clip_text, show_value
 
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "synthetic")
 PREPROCESS = ("raw", "center", "standardize", "unit-norm", "ntk-scale")
 SPLITS = ("train", "test")
-MAX_SEED = 2**32 - 1  # numpy/torch seeds beyond this are refused rather than silently folded
 MAX_CLASSES = 100_000  # labels are class indices 0..K-1 with K at most this
 
 
@@ -51,20 +50,6 @@ def _one_line(exc: BaseException) -> str:
 
 
 # --------------------------------------------------------------------------- limits and options
-
-
-def check_seed(value: Any, option: str = "--seed", count: int = 1) -> None:
-    """Refuse a seed unless ``value``, ``value + 1``, ..., ``value + count - 1`` all lie in 0..MAX_SEED.
-
-    ``count`` is how many consecutive seeds will be used (e.g. ``--seeds``). Raises
-    :class:`AuditError` naming ``option`` and the allowed range.
-    """
-    count = int(count) if _is_int(count) and count > 1 else 1
-    top = MAX_SEED - count + 1
-    if top < 0:
-        raise AuditError(f"{count} consecutive seeds do not fit in 0..{MAX_SEED}; use fewer seeds")
-    if not _is_int(value) or not 0 <= value <= top:
-        raise AuditError(f"{option} must be an integer in 0..{top}, got {_clip(value)}")
 
 
 def parse_classes(text: str | None) -> tuple[int, ...] | None:

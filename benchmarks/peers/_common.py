@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 
 from attnaudit.data import DataSpec, load_dataset
-from attnaudit.models import ModelSpec, build_model
-from attnaudit.training import TrainConfig, train
+from attnaudit.models.builtin import ModelSpec, build_model
+from attnaudit.core.training import TrainConfig, train
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 

@@ -31,9 +31,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from _common import SHARED, best_time, check, finish, rel_err, report, require, workload_args
 from attnaudit.data import DataSpec, load_dataset
-from attnaudit.influence import InfluenceConfig, compute_influence
-from attnaudit.models import ModelSpec, build_model
-from attnaudit.training import TrainConfig, train
+from attnaudit.analyses.influence.influence import InfluenceConfig, compute_influence
+from attnaudit.models.builtin import ModelSpec, build_model
+from attnaudit.core.training import TrainConfig, train
 
 require("dattri", "dattri")
 from dattri.algorithm.influence_function import IFAttributorExplicit  # noqa: E402

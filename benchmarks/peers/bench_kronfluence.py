@@ -48,10 +48,10 @@ from pathlib import Path
 import torch
 
 from _common import SHARED, check, finish, report, require
-from attnaudit.checkpoints import load_model_source
+from attnaudit.models.checkpoints import load_model_source
 from attnaudit.core import Task
 from attnaudit.data import DataSpec, load_dataset
-from attnaudit.influence import InfluenceConfig, compute_influence
+from attnaudit.analyses.influence.influence import InfluenceConfig, compute_influence
 
 kron = require("kronfluence", "kronfluence")
 from kronfluence.analyzer import Analyzer, prepare_model  # noqa: E402

@@ -7,7 +7,7 @@ parametrisation, no biases, so
     Theta(x, x') = (x.x'/d) kappa0(theta) + (|x||x'|/d) kappa1(theta)
 
 (neural-tangents: ``serial(Dense(w, W_std=1, b_std=None), Relu(), Dense(1, W_std=1,
-b_std=None))``, ``kernel_fn(X, None, "ntk")``). attnaudit: ``attnaudit.ntk.analytic_ntk``
+b_std=None))``, ``kernel_fn(X, None, "ntk")``). attnaudit: ``attnaudit.core.ntk.analytic_ntk``
 (matrix-product form, near-collinear pairs recomputed from explicit differences).
 
 Agreement: the two kernels against each other, and both against a 200-bit mpmath
@@ -43,7 +43,7 @@ import torch
 
 from _common import SHARED, best_time, check, finish, report, require, workload_args
 from attnaudit.data import DataSpec, load_dataset
-from attnaudit.ntk import analytic_ntk
+from attnaudit.core.ntk import analytic_ntk
 
 jax = require("jax", "jax")
 jax.config.update("jax_enable_x64", True)

@@ -2,7 +2,7 @@
 
 Both sides: one signed-gradient step of radius eps = 0.1 (L-inf) on the cross-entropy
 loss, clipped to the valid range [0, 1], float64, the whole set in one batch.
-attnaudit: ``attnaudit.attacks.perturb(model, X, y, AttackConfig("fgsm", eps=0.1, clip 0..1),
+attnaudit: ``attnaudit.analyses.malleability.attacks.perturb(model, X, y, AttackConfig("fgsm", eps=0.1, clip 0..1),
 loss="ce")``, which also reports the model's loss and accuracy before and after the attack
 (torchattacks returns the images only): the attack alone is timed with ``evaluate=False``,
 the same work as the peer's; with evaluation is printed as its own ratio. Peer:
@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from _common import best_time, check, finish, report, require, workload, workload_args
-from attnaudit.attacks import AttackConfig, attack_engine, perturb
+from attnaudit.analyses.malleability.attacks import AttackConfig, attack_engine, perturb
 
 torchattacks = require("torchattacks", "torchattacks")
 

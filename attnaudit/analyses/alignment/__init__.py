@@ -1,0 +1,1 @@
+"""`alignment`: target alignment of the attention kernel."""

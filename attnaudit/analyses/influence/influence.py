@@ -1,0 +1,1098 @@
+"""Influence of training samples on a test loss, for any module described by a
+:class:`~attnaudit.core.task.Task`, behind one interface.
+
+Sign convention (the same for every estimator, the flip rate and the figures)
+------------------------------------------------------------------------------
+Training minimises R(theta) = (1/n) sum_i l(z_i, theta). Up-weighting one training sample
+z by epsilon (R + epsilon * l(z, .)) moves the minimiser by
+d theta / d epsilon = -(H + lambda I)^{-1} grad l(z), so the test loss changes at the rate
+
+    I(z, z_test) = d l(z_test) / d epsilon = -grad l(z_test)^T (H + lambda I)^{-1} grad l(z)
+
+(Koh & Liang's I_up,loss). Units: test-loss change per unit of added sample weight.
+
+* I < 0: **helpful** -- up-weighting z lowers the test loss;
+* I > 0: **harmful** -- up-weighting z raises the test loss.
+
+Removing z is epsilon = -1/n, so the predicted change of the test loss on leave-one-out
+retraining is -I / n. Some libraries report -I (or drop the minus); attnaudit never does.
+
+Estimators
+----------
+* ``exact``: the full Hessian of the training loss over the tracked parameters (default:
+  every trainable parameter), built from Hessian-vector products in blocks, then
+  ``eigh``. Refused above ``max_exact_params`` (the P x P Hessian and its eigenvectors
+  need 2 P^2 floats).
+* ``last-layer``: the same, restricted to the head -- the weight and bias of the layer that
+  produces the logits (:func:`attnaudit.core.task.head_parameter_names`); other
+  parameters frozen.
+* ``cg``: Hessian-free conjugate gradient on (H + lambda I) s = grad l(z_test), one
+  Hessian-vector product (forward-over-reverse) per iteration, over the tracked parameters.
+* ``tracin``: -sum_t w_t grad l(z_test; theta_t) . grad l(z; theta_t) over checkpoints,
+  w_t = learning rate x number of GD steps the checkpoint stands for. This is the
+  first-order change of the test loss along the training path when z's weight is raised
+  (no Hessian, no damping), in the same units and with the same sign as above.
+
+Which parameters: ``InfluenceConfig.params`` -- ``head``, ``all``, a module name, glob
+patterns or a list of names (:func:`attnaudit.core.task.select_parameter_names`). The
+resolved names and their count are in every result.
+
+Paths
+-----
+Every derivative comes from the functional :class:`~attnaudit.core.engine.Engine` built
+from the task (``"path": "generic: engine"``): eval mode, frozen buffers, the math kernel
+of scaled dot-product attention, parameters copied in ``InfluenceConfig.dtype`` (float64
+by default) -- the user's module is never modified. One declared fast path,
+:func:`twolayer_head_fast_path` (``"path": "fast: TwoLayerNet head, cached features"``),
+computes the hidden features of a built-in 2-layer net once when only its head is
+tracked; ``InfluenceConfig(fast_path=False)`` switches it off, and the tests assert both
+paths give the same numbers.
+
+Inputs: X rows are flat (n, d) as the data layer gives them (any (n, ...) works as long
+as train and test rows have the same shape); the task's
+:class:`~attnaudit.core.task.Inputs` turns them into what the module takes (images,
+tokens).
+
+Indefinite Hessians: a trained non-convex network's Hessian can have negative
+eigenvalues. Damping lambda shifts every eigenvalue by lambda; ``exact`` and
+``last-layer`` report the smallest eigenvalue of H and of H + lambda I and warn when the
+damped Hessian is not positive definite (the influence is then the solution of an
+indefinite system, dominated by negative-curvature directions: raise the damping above
+|lambda_min|). ``cg`` stops and says so when it meets a direction of non-positive
+curvature. A singular damped Hessian is refused.
+
+Relative damping: a damping given as a string ``"<m>x"`` (``"1e-3x"``) means m times
+lambda_max(H), the largest eigenvalue of the (undamped) Hessian over the tracked
+parameters of the model at hand, resolved per model (:func:`parse_damping`). ``exact`` and
+``last-layer`` read lambda_max from their eigendecomposition; ``cg`` estimates it by
+Lanczos on Hessian-vector products (its residual is in the diagnostics). Every result
+records the damping as given (``damping_given``), the absolute value used
+(``damping_abs``, also ``InfluenceResult.damping``) and ``lambda_max``.
+
+Computation: influence is an inner product of transformed gradients. Test-side gradients
+are transformed once (s = (H + lambda I)^{-1} g_test), then per-sample training gradients
+are streamed in chunks and contracted with s, so memory stays O(P (k + chunk)) beyond the
+Hessian (k = 1 for the test-set total, n_test for per-test-point influence).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+import warnings
+from dataclasses import dataclass, field, replace
+from typing import Callable, NamedTuple, Sequence
+
+import torch
+from torch import nn
+
+from attnaudit.core.cg import batched_cg
+from attnaudit.core.engine import Engine, math_attention, ranges
+from attnaudit.core.task import LOSSES as LOSS_TABLE, Inputs, Task, as_task, eval_mode, select_parameter_names, to_logits
+from attnaudit.errors import AuditError
+
+__all__ = [
+    "parse_damping", "damping_label", "count_negative_eigenvalues", "SOLVERS", "ESTIMATORS", "SIGN_CONVENTION", "PATH_FAST_LINEAR_HEAD", "PATH_FAST_TWOLAYER_HEAD", "PATH_GENERIC", "FastPath", "InfluenceConfig",
+    "InfluenceResult", "batched_cg", "check_exact_budget", "compute_influence", "influence_memory",
+    "influence_sweep", "linear_head_fast_path", "resolve_tracked", "tracin_weights", "twolayer_head_fast_path",
+]
+
+ESTIMATORS = ("exact", "last-layer", "cg", "tracin", "kfac", "ekfac", "projected")
+KRONECKER = ("kfac", "ekfac")  # Kronecker-factored curvature of the linear layers (attnaudit.analyses.influence.kfac)
+SOLVERS = ("auto", "cholesky", "eigh")  # how exact / last-layer solve (see InfluenceConfig)
+LOSSES = tuple(LOSS_TABLE)  # the core's one loss table: mse, ce
+DTYPES = {"float64": torch.float64, "float32": torch.float32}
+SIGN_CONVENTION = (
+    "influence = d(test loss)/d(weight of the training sample) = -g_test^T (H + damping I)^-1 g_train; "
+    "negative = helpful (up-weighting the sample lowers the test loss), positive = harmful"
+)
+PATH_GENERIC = "generic: engine"
+
+
+def parse_damping(value, option: str = "--damping") -> float | str:
+    """A damping as given: an absolute number >= 0 (returned as float), or a multiple of
+    lambda_max(H) written ``"<m>x"`` with m > 0 (returned in canonical form ``f"{m:g}x"``).
+    Anything else raises a one-line :class:`AuditError`."""
+    if isinstance(value, bool):
+        raise AuditError(f"{option}: {value!r} is not a damping")
+    if isinstance(value, (int, float)):
+        v = float(value)
+        if not (math.isfinite(v) and v >= 0):
+            raise AuditError(f"{option} values must be numbers >= 0 (or multiples of lambda_max such as 1e-3x), got {value}")
+        return v
+    text = str(value).strip().lower()
+    relative = text.endswith("x")
+    number = text[:-1].strip() if relative else text
+    try:
+        v = float(number)
+    except ValueError:
+        raise AuditError(
+            f"{option}: {value!r} is not a damping; give a number >= 0 (absolute) or a multiple of lambda_max(H) such as 1e-3x"
+        ) from None
+    if relative:
+        if not (math.isfinite(v) and v > 0):
+            raise AuditError(f"{option}: relative damping {value!r} must be a positive multiple of lambda_max(H), e.g. 1e-3x")
+        return f"{v:g}x"
+    if not (math.isfinite(v) and v >= 0):
+        raise AuditError(f"{option} values must be numbers >= 0 (or multiples of lambda_max such as 1e-3x), got {value}")
+    return v
+
+
+def damping_label(value) -> str:
+    """A damping as text: ``1e-3x`` for relative, ``0.001`` for absolute."""
+    return value if isinstance(value, str) else f"{value:g}"
+
+
+def _resolve_damping(value, lam_max: float | None) -> float:
+    """The absolute damping of ``value`` (parsed) given lambda_max(H)."""
+    if not isinstance(value, str):
+        return float(value)
+    m = float(value[:-1])
+    if lam_max is None or not (math.isfinite(lam_max) and lam_max > 0):
+        raise AuditError(
+            f"relative damping {value} needs lambda_max(H) > 0, but lambda_max = {lam_max}; give an absolute --damping"
+        )
+    return m * lam_max
+PATH_FAST_TWOLAYER_HEAD = "fast: TwoLayerNet head, cached features"
+PATH_FAST_LINEAR_HEAD = "fast: nn.Linear head, cached features"
+
+
+# --------------------------------------------------------------------------- config / result
+@dataclass(frozen=True)
+class InfluenceConfig:
+    """Settings of one influence computation (validated before any compute).
+
+    ``params``: which parameters are tracked -- None (the estimator's default: ``head`` for
+    ``last-layer``; for the others the task's own selector, ``all`` for a bare module),
+    ``"head"``, ``"all"``, a module name, glob patterns (``"blocks.*.attn.*"``, several
+    joined by commas) or a tuple of parameter names. ``"last"`` is a deprecated alias of
+    ``"head"``. ``last-layer`` tracks the head only.
+    ``chunk_size``: training samples per per-sample-gradient / Hessian-vector-product chunk
+    (lowered automatically to fit ``memory_budget_mb``). ``hvp_batch``: Hessian columns
+    built per vectorised block (``exact``). ``dtype``: the engine's floating dtype
+    (``float64`` default; parameters are copied, the module is untouched).
+    ``fast_path``: use a declared fast path when one applies (:func:`twolayer_head_fast_path`);
+    False forces the generic engine path. ``solver`` (exact, last-layer): ``cholesky``
+    factors H + damping I once (P^3/3 flops) with lambda_min / lambda_max from Lanczos on the
+    dense H and the count of negative eigenvalues from an LDL^T factorisation (Sylvester's
+    inertia), falling back to ``eigh`` when the damped Hessian is not positive definite;
+    ``eigh`` decomposes H (about 9 P^3 flops) and reuses it for every damping; ``auto``
+    (default): cholesky for one damping, eigh for a damping sweep.
+    """
+
+    estimator: str = "last-layer"
+    damping: float | str = 1e-3  # absolute, or "1e-3x": a multiple of lambda_max(H)
+    params: str | tuple[str, ...] | None = None
+    per_test: bool = False
+    max_exact_params: int = 6000
+    cg_tol: float = 1e-8
+    cg_max_iter: int = 1000
+    chunk_size: int = 512
+    hvp_batch: int = 32
+    memory_budget_mb: float = 2048.0
+    dtype: str = "float64"
+    fast_path: bool = True
+    solver: str = "auto"
+    curvature: str = "auto"  # kfac / ekfac: ggn (exact output-Hessian columns), fisher (sampled labels) or auto
+    proj_dim: int = 512  # projected: dimension k of the random sign projection
+    cache_dir: str | None = None  # kfac / ekfac: folder keeping fitted factors, keyed by model and data fingerprint
+    seed: int = 0  # kfac / ekfac with the sampled Fisher
+
+    def __post_init__(self) -> None:
+        if isinstance(self.proj_dim, bool) or int(self.proj_dim) != self.proj_dim or self.proj_dim < 1:
+            raise AuditError(f"--proj-dim must be a positive integer, got {self.proj_dim!r}")
+        if self.curvature not in ("auto", "ggn", "fisher", "empirical"):
+            raise AuditError(f"unknown K-FAC curvature {self.curvature!r}; use auto, ggn, fisher or empirical")
+        if self.estimator in ("exact", "last-layer") and self.curvature not in ("auto", "ggn"):
+            raise AuditError(f"--curvature {self.curvature} is for --estimator kfac/ekfac; --estimator {self.estimator} "
+                             "takes the Hessian (auto) or the exact Gauss-Newton matrix (ggn)")
+        if self.estimator not in ("exact", "last-layer", *KRONECKER) and self.curvature != "auto":
+            raise AuditError(f"--curvature applies to --estimator exact, last-layer, kfac and ekfac, not "
+                             f"{self.estimator} (which uses the Hessian); leave it at auto")
+        if self.solver not in SOLVERS:
+            raise AuditError(f"unknown influence solver {self.solver!r}; use one of {', '.join(SOLVERS)}")
+        if self.estimator not in ESTIMATORS:
+            raise AuditError(f"unknown influence estimator {self.estimator!r}; use one of {', '.join(ESTIMATORS)}")
+        object.__setattr__(self, "damping", parse_damping(self.damping, "damping"))
+        params = self.params
+        if isinstance(params, str):
+            params = params.strip()
+            if not params:
+                raise AuditError("params is empty; use head, all, a module name, glob patterns or parameter names")
+            if params == "last":
+                warnings.warn("params='last' is deprecated; it means 'head' (the layer that produces the logits)",
+                              DeprecationWarning, stacklevel=3)
+                params = "head"
+        elif params is not None:
+            params = tuple(str(p) for p in params)
+            if not params:
+                raise AuditError("params is an empty list; use head, all, a module name, glob patterns or parameter names")
+        object.__setattr__(self, "params", params)
+        if self.estimator == "last-layer" and params not in (None, "head"):
+            raise AuditError(
+                "the last-layer estimator tracks the head (the layer that produces the logits) only; "
+                "use --estimator exact or cg for other parameters"
+            )
+        if isinstance(self.dtype, torch.dtype):
+            object.__setattr__(self, "dtype", str(self.dtype).replace("torch.", ""))
+        if self.dtype not in DTYPES:
+            raise AuditError(f"unknown influence dtype {self.dtype!r}; use one of {', '.join(DTYPES)}")
+        if self.max_exact_params < 1:
+            raise AuditError(f"max_exact_params must be >= 1, got {self.max_exact_params}")
+        if not (0 < self.cg_tol < 1):
+            raise AuditError(f"cg tolerance must be in (0, 1), got {self.cg_tol}")
+        if self.cg_max_iter < 1:
+            raise AuditError(f"cg max iterations must be >= 1, got {self.cg_max_iter}")
+        if self.chunk_size < 1 or self.hvp_batch < 1:
+            raise AuditError("chunk_size and hvp_batch must be >= 1")
+        if not (self.memory_budget_mb > 0 and math.isfinite(self.memory_budget_mb)):
+            raise AuditError(f"memory budget must be a positive number of MB, got {self.memory_budget_mb}")
+
+    @property
+    def tracked(self) -> str | tuple[str, ...]:
+        """The selector for a bare module: ``params``, else ``head`` (last-layer) or ``all``."""
+        if self.params is None:
+            return "head" if self.estimator == "last-layer" else "all"
+        return self.params
+
+    def selector(self, task: Task) -> str | tuple[str, ...]:
+        """The selector used on ``task``: ``params``, else ``head`` (last-layer) or the task's own."""
+        if self.params is not None:
+            return self.params
+        if self.estimator == "last-layer":
+            return "head"
+        return task.params if isinstance(task.params, str) else tuple(task.params)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+
+@dataclass
+class InfluenceResult:
+    """Influence of each training sample (see the module docstring for the sign).
+
+    ``total`` (n_train,) is the influence on the summed test loss; ``per_test``
+    (n_train, n_test) per test point, when asked for. ``tracked`` names the parameters the
+    influence is over (``n_params`` numbers in all); ``path`` says which implementation ran.
+    ``diagnostics`` holds the memory estimate, timings, and the estimator's own checks
+    (eigenvalues, CG residuals).
+    """
+
+    estimator: str
+    damping: float | None
+    total: torch.Tensor
+    per_test: torch.Tensor | None
+    n_params: int
+    tracked: list[str]
+    diagnostics: dict = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    path: str = PATH_GENERIC
+
+    @property
+    def helpful(self) -> torch.Tensor:
+        """Boolean mask: up-weighting the sample lowers the summed test loss."""
+        return self.total < 0
+
+    def to_dict(self, include_values: bool = False) -> dict:
+        out = {
+            "estimator": self.estimator,
+            "damping": self.damping,
+            "sign_convention": SIGN_CONVENTION,
+            "path": self.path,
+            "n_params": self.n_params,
+            "tracked_parameters": self.tracked,
+            "n_train": int(self.total.numel()),
+            "diagnostics": self.diagnostics,
+            "warnings": self.warnings,
+        }
+        if include_values:
+            out["total"] = self.total.detach().cpu().tolist()
+            if self.per_test is not None:
+                out["per_test"] = self.per_test.detach().cpu().tolist()
+        return out
+
+
+# --------------------------------------------------------------------------- parameters
+def resolve_tracked(task: Task, config: InfluenceConfig, X: torch.Tensor | None = None) -> list[str]:
+    """Names of the parameters ``config`` tracks on ``task`` (registration order).
+
+    ``head`` is found from the module's structure, with a probe forward pass on one row of
+    ``X`` when given (:func:`attnaudit.core.task.head_parameter_names`).
+    """
+    return select_parameter_names(task.module, config.selector(task), X, task.inputs)
+
+
+def check_exact_budget(estimator: str, n_params: int, max_exact_params: int, itemsize: int = 8) -> None:
+    """Refuse ``exact``/``last-layer`` above the parameter budget (the dense P x P Hessian)."""
+    P = int(n_params)
+    if estimator in ("exact", "last-layer") and P > max_exact_params:
+        hint = "use --estimator last-layer or cg" if estimator == "exact" else "use --estimator cg or a smaller --width"
+        raise AuditError(
+            f"{estimator} influence needs the full {P:,} x {P:,} Hessian ({2 * P * P * itemsize / 2**30:.2f} GiB with its "
+            f"eigenvectors), above the budget of {max_exact_params:,} parameters; {hint}"
+        )
+
+
+# --------------------------------------------------------------------------- paths
+class _CachedFeatureHead(nn.Module):
+    """logits = u @ a on cached features u: the head of a TwoLayerNet, on its own."""
+
+    def __init__(self, a: torch.Tensor):
+        super().__init__()
+        self.a = nn.Parameter(a.detach().clone())
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        return u @ self.a
+
+
+@dataclass(frozen=True)
+class FastPath:
+    """A cheaper evaluation of a task restricted to its tracked parameters.
+
+    ``engine``: an engine over *prepared* rows whose tracked parameters are exactly the
+    task's (same names, same order, same values); ``prepare(rows)``: the part of the
+    forward pass that does not depend on them, run once without gradients.
+    """
+
+    description: str
+    engine: Engine
+    prepare: Callable[[torch.Tensor], torch.Tensor]
+
+
+def twolayer_head_fast_path(
+    task: Task,
+    names: Sequence[str],
+    *,
+    dtype: torch.dtype = torch.float64,
+    state: dict[str, torch.Tensor] | None = None,
+    probe: torch.Tensor | None = None,
+) -> FastPath | None:
+    """The cached-feature head of a built-in 2-layer net, or None when it does not apply.
+
+    Applies exactly when all of these hold:
+
+    * ``task.module`` is a :class:`~attnaudit.models.builtin.TwoLayerNet` (that exact class: a
+      subclass may change ``forward``);
+    * the tracked parameters are its head alone: ``names == ["a"]``;
+    * ``task.inputs`` is the default flat adapter (rows reach ``forward`` unchanged).
+
+    Then the logits are f(x) = h(x) a with h(x) = relu(s_in W z) * s_out (z = x, or
+    f_att(x) for MLP-Attn; s_in = 1/sqrt(d), s_out = 1/sqrt(m) under the NTK
+    parametrization, 1 under the standard one) independent of ``a``: h is computed once per row (no gradients, eval mode, in ``dtype``), and the
+    tracked model is the linear map u -> u a, for any loss. Same numbers as the generic
+    engine path (tested). ``state``: parameter values to use instead of the module's
+    (TracIn checkpoints); they are loaded into a copy, never into the module.
+    """
+    from attnaudit.models.builtin import TwoLayerNet
+
+    module = task.module
+    if type(module) is not TwoLayerNet or list(names) != ["a"] or task.inputs != Inputs():
+        return None
+    work = module
+    if state is not None or module.a.dtype != dtype:
+        work = copy.deepcopy(module).to(dtype=dtype)
+        if state is not None:
+            with torch.no_grad():
+                for name, p in work.named_parameters():
+                    if name in state:
+                        p.copy_(state[name].to(p.device, p.dtype))
+    device = work.a.device
+    _, s_out = work.preactivation_scale()
+
+    def prepare(rows: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad(), eval_mode(work), math_attention():
+            return work.hidden(rows.to(device=device, dtype=dtype)) * s_out
+
+    head = Task(_CachedFeatureHead(work.a), task.n_classes, task.loss, name="TwoLayerNet head")
+    return FastPath(PATH_FAST_TWOLAYER_HEAD, Engine(head, dtype=dtype, device=device, names=["a"]), prepare)
+
+
+class _LinearOnFeatures(nn.Module):
+    """A copy of a model's ``nn.Linear`` head at the same parameter path (``a.b.head``), applied to cached features."""
+
+    def __init__(self, path: str, head: nn.Linear):
+        super().__init__()
+        parts = path.split(".")
+        self._path = parts
+        node: nn.Module = self
+        for part in parts[:-1]:
+            child = nn.Module()
+            node.add_module(part, child)
+            node = child
+        node.add_module(parts[-1], head)
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        node: nn.Module = self
+        for part in self._path:
+            node = getattr(node, part)
+        return node(u)
+
+
+def _single_use(module: nn.Module, head: nn.Module) -> bool:
+    """Whether the head's parameters belong to no other module (no weight tying)."""
+    own = {id(p) for p in head.parameters(recurse=False)}
+    for sub in module.modules():
+        if sub is not head and any(id(p) in own for p in sub.parameters(recurse=False)):
+            return False
+    return True
+
+
+def linear_head_fast_path(
+    task: Task,
+    names: Sequence[str],
+    *,
+    dtype: torch.dtype = torch.float64,
+    state: dict[str, torch.Tensor] | None = None,
+    probe: torch.Tensor | None = None,
+    chunk: int = 512,
+) -> FastPath | None:
+    """Cached features for an ``nn.Linear`` head of any model, or None when it does not apply.
+
+    Applies exactly when all of these hold:
+
+    * the tracked parameters are all the trainable parameters of one ``nn.Linear`` module
+      (that exact class) -- its weight and bias, if any -- and no other module holds them
+      (no weight tying, so the features cannot depend on them);
+    * on probe rows, the linear module runs exactly once per forward pass, on (B, in)
+      inputs, and its output *is* the model's logits bit for bit (nothing follows it).
+      The same is checked again on every chunk of rows the path prepares; a violation
+      raises rather than return wrong numbers.
+
+    Then logits = phi(x) W^T + b with features phi(x) that do not depend on the tracked
+    parameters: phi is computed once per row (no gradients, eval mode, math attention
+    kernel, in ``dtype``, on a copy of the module) and the tracked model is that linear map
+    on the features, for any loss. Same numbers as the generic engine path (tested).
+    ``state``: parameter values to use instead of the module's (TracIn checkpoints),
+    loaded into the copy.
+    """
+    module = task.module
+    names = list(names)
+    path = names[0].rpartition(".")[0] if names else ""
+    head = dict(module.named_modules()).get(path) if path else None
+    if probe is None or type(head) is not nn.Linear:
+        return None
+    own = [f"{path}.{n}" for n, p in head.named_parameters(recurse=False) if p.requires_grad]
+    if names != own or not _single_use(module, head):
+        return None
+    ref = next((t for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()), None)
+    device = ref.device if ref is not None else torch.device("cpu")
+    work = copy.deepcopy(module).to(dtype=dtype)
+    if state is not None:
+        with torch.no_grad():
+            for name, p in work.named_parameters():
+                if name in state:
+                    p.copy_(state[name].to(p.device, p.dtype))
+    work_head = dict(work.named_modules())[path]
+    captured: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def run(rows: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """(head inputs, whether the assumptions held) for a batch of rows."""
+        captured.clear()
+        hook = work_head.register_forward_hook(lambda m, args, out: captured.append((args[0], out)))
+        try:
+            with torch.no_grad(), eval_mode(work), math_attention():
+                rows = rows.to(device=device, dtype=dtype) if rows.is_floating_point() else rows.to(device)
+                logits = to_logits(task.inputs.call(work, task.inputs(rows)))
+        finally:
+            hook.remove()
+        ok = (len(captured) == 1 and captured[0][0].ndim == 2 and captured[0][1].shape == logits.shape
+              and torch.equal(captured[0][1], logits))
+        return (captured[0][0] if captured else logits), ok
+
+    try:
+        _, ok = run(probe[:2])
+    except Exception:  # noqa: BLE001 - the generic path will report what is wrong with the model
+        return None
+    if not ok:
+        return None
+
+    def prepare(rows: torch.Tensor) -> torch.Tensor:
+        parts = []
+        for a, b in ranges(rows.shape[0], chunk):
+            feats, ok = run(rows[a:b])
+            if not ok:
+                raise AuditError(
+                    f"the head {path} stopped producing the logits directly on some rows (data-dependent forward pass); "
+                    "the cached-feature fast path does not apply: rerun with the fast path off"
+                )
+            parts.append(feats)
+        return torch.cat(parts) if parts else rows.new_zeros((0, work_head.in_features), dtype=dtype)
+
+    head_copy = copy.deepcopy(work_head)
+    reduced = Task(_LinearOnFeatures(path, head_copy), task.n_classes, task.loss, name=f"{task.name} head")
+    return FastPath(PATH_FAST_LINEAR_HEAD, Engine(reduced, dtype=dtype, device=device, names=names), prepare)
+
+
+FAST_PATHS: tuple[Callable[..., FastPath | None], ...] = (twolayer_head_fast_path, linear_head_fast_path)
+
+
+class _View(NamedTuple):
+    engine: Engine
+    prepare: Callable[[torch.Tensor], torch.Tensor]
+    path: str
+
+
+def _load_state(engine: Engine, state: dict[str, torch.Tensor]) -> None:
+    """Point ``engine`` at the parameter values in ``state`` (names it lacks keep their values)."""
+    current = engine.unflatten(engine.theta)
+    engine.theta = torch.cat([
+        (state[n] if n in state else current[n]).detach().to(engine.device, engine.dtype).reshape(-1) for n in engine.names
+    ]).clone()
+    for name in list(engine.frozen):
+        if name in state:
+            t = state[name].detach()
+            engine.frozen[name] = t.to(engine.device, engine.dtype if t.is_floating_point() else t.dtype)
+
+
+def _view(
+    task: Task, names: list[str], config: InfluenceConfig, state: dict[str, torch.Tensor] | None = None,
+    probe: torch.Tensor | None = None,
+) -> _View:
+    """The first fast path that applies (when allowed; ``probe``: rows to check it on), else the generic engine."""
+    if config.fast_path:
+        for fast in FAST_PATHS:
+            found = fast(task, names, dtype=config.torch_dtype, state=state, probe=probe)
+            if found is not None:
+                return _View(found.engine, found.prepare, found.description)
+    engine = Engine(task, dtype=config.torch_dtype, names=names)
+    if state is not None:
+        _load_state(engine, state)
+    return _View(engine, engine.rows, PATH_GENERIC)
+
+
+# --------------------------------------------------------------------------- memory
+def influence_memory(
+    estimator: str,
+    n_params: int,
+    n_train: int,
+    n_test: int,
+    per_test: bool,
+    chunk: int,
+    hvp_batch: int = 32,
+    n_dampings: int = 1,
+    itemsize: int = 8,
+    activation_bytes_per_sample: int = 0,
+    factor_bytes: int = 0,
+    proj_dim: int = 0,
+) -> dict:
+    """Bytes the estimator holds at its peak.
+
+    exact / last-layer: Hessian + eigenvectors 2 P^2; cg: 4 P k vectors; always the
+    transformed test gradients P k, one chunk of per-sample gradients chunk x P and the
+    output n_train x k (k = n_test if per_test else 1, times the number of dampings);
+    ``activations``: the model's own activations for one chunk, from
+    ``activation_bytes_per_sample`` (measured by the engine on the generic path; 0 when
+    not measured).
+    """
+    P = n_params
+    k = (n_test if per_test else 1) * (1 if estimator == "tracin" else n_dampings)
+    rows = min(chunk, max(n_train, n_test))
+    parts = {
+        "hessian_and_eigenvectors": 2 * P * P * itemsize if estimator in ("exact", "last-layer") else 0,
+        "hvp_block": hvp_batch * P * itemsize if estimator in ("exact", "last-layer") else 0,
+        "cg_vectors": 4 * P * k * itemsize if estimator == "cg" else 0,
+        "kronecker_factors": int(factor_bytes) if estimator in KRONECKER else 0,
+        # projected: R^T H R, R^T R and one factorisation (3 k^2), two column blocks of R and H R (2 x 64 P)
+        "projected_curvature": (3 * min(proj_dim, P) ** 2 + 2 * 64 * P) * itemsize if estimator == "projected" else 0,
+        "transformed_test_gradients": P * k * itemsize,
+        "gradient_chunk": rows * P * itemsize,
+        "activations": rows * int(activation_bytes_per_sample),
+        "influence_output": n_train * k * itemsize,
+    }
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def _budget_chunk(config: InfluenceConfig, P: int, fixed_bytes: int, itemsize: int, activation_bytes: int) -> int:
+    """Largest chunk <= config.chunk_size whose gradient block and activations fit in what the budget leaves."""
+    left = config.memory_budget_mb * 2**20 - fixed_bytes
+    if left <= 0:
+        return 0
+    return int(max(1, min(config.chunk_size, left // (2 * itemsize * max(P, 1) + activation_bytes))))
+
+
+def _plan(config: InfluenceConfig, view: _View, P: int, X_train, n_train: int, n_test: int, n_dampings: int):
+    """(chunk, memory estimate) for one influence run, or an AuditError when nothing fits."""
+    itemsize = view.engine.theta.element_size()
+    act = 0 if view.path != PATH_GENERIC else view.engine.probe_bytes_per_sample(X_train)
+    est, hvp_batch = config.estimator, config.hvp_batch
+    factors = 0
+    if est in KRONECKER:
+        from attnaudit.analyses.influence.kfac import kfac_memory_bytes, linear_blocks
+
+        factors = kfac_memory_bytes(linear_blocks(view.engine)[0])
+    mem = influence_memory(est, P, n_train, n_test, config.per_test, config.chunk_size, hvp_batch, n_dampings, itemsize, act,
+                           factors, config.proj_dim)
+    fixed = mem["total"] - mem["gradient_chunk"] - mem["activations"]
+    chunk = _budget_chunk(config, P, fixed, itemsize, act)
+    if chunk == 0:
+        alternatives = {
+            "kfac": "track fewer layers with --params, use --estimator projected with a small --proj-dim",
+            "ekfac": "track fewer layers with --params, use --estimator projected with a small --proj-dim",
+            "projected": "lower --proj-dim, or use --estimator ekfac",
+            "exact": "use --estimator ekfac, projected or cg",
+            "last-layer": "use --estimator cg",
+        }.get(est, "drop per-test influence, use fewer test points")
+        largest = max((k for k in mem if k not in ("total", "gradient_chunk", "activations")), key=lambda k: mem[k])
+        raise AuditError(
+            f"{config.estimator} influence needs {fixed / 2**20:,.0f} MB before any chunk (most of it "
+            f"{largest.replace('_', ' ')}: {mem[largest] / 2**20:,.1f} MB), above the memory budget of "
+            f"{config.memory_budget_mb:,g} MB; {alternatives}, or raise the budget"
+        )
+    return chunk, influence_memory(est, P, n_train, n_test, config.per_test, chunk, hvp_batch, n_dampings, itemsize, act,
+                                   factors, config.proj_dim)
+
+
+def tracin_weights(n_checkpoints: int, every: int, steps_run: int, lr: float) -> list[float]:
+    """Weights for checkpoints saved by :func:`attnaudit.core.training.train` every ``every`` steps.
+
+    Checkpoint j was taken before step j*every and stands for the GD steps
+    j*every .. min((j+1)*every, steps_run) - 1, so its weight is lr times their number; a
+    final snapshot taken after the last step stands for no step (weight 0).
+    """
+    return [lr * max(0, min(every, steps_run - j * every)) for j in range(n_checkpoints)]
+
+
+# --------------------------------------------------------------------------- the interface
+def _check_inputs(X_train, y_train, X_test, y_test) -> None:
+    if X_train.ndim < 2 or X_test.ndim < 2:
+        raise AuditError("influence needs one row per sample: inputs of shape (n, d) for the training and test sets")
+    if tuple(X_train.shape[1:]) != tuple(X_test.shape[1:]):
+        raise AuditError(
+            f"training rows have shape {tuple(X_train.shape[1:])} but test rows {tuple(X_test.shape[1:])}; "
+            "both sets must come from the same data"
+        )
+    if y_train is None or y_test is None:
+        raise AuditError("influence needs labels for the training and test sets; this data set has none")
+    if X_train.shape[0] != y_train.shape[0] or X_test.shape[0] != y_test.shape[0]:
+        raise AuditError("inputs and labels have different numbers of rows")
+    if X_train.shape[0] == 0 or X_test.shape[0] == 0:
+        raise AuditError("influence needs at least one training and one test sample")
+
+
+def _common_diagnostics(config: InfluenceConfig, task: Task, view: _View, chunk: int, mem: dict) -> dict:
+    selector = config.selector(task)
+    return {
+        "path": view.path,
+        "parameter_selector": selector if isinstance(selector, str) else list(selector),
+        "dtype": config.dtype,
+        "memory_estimate_bytes": mem,
+        "chunk_size": chunk,
+    }
+
+
+def _extreme_eigenvalues(H: torch.Tensor) -> tuple[float, float, str]:
+    """(lambda_min, lambda_max, method) of a dense symmetric H: Lanczos at both ends (matrix
+    products with H, Ritz residual <= 1e-12 lambda_scale), eigvalsh when either end has not
+    converged in min(P, 300) steps -- exact to round-off either way."""
+    from attnaudit.core.linalg import lanczos_top_eigen
+
+    P = H.shape[0]
+    steps = min(P, 300)
+    top = lanczos_top_eigen(lambda v: H @ v, P, 1, max_steps=steps, tol=1e-12, device=H.device, dtype=H.dtype)
+    bottom = lanczos_top_eigen(lambda v: -(H @ v), P, 1, max_steps=steps, tol=1e-12, seed=1, device=H.device, dtype=H.dtype)
+    # residuals are relative to each run's largest Ritz value; 1e-10 bounds the eigenvalue error
+    if all((r.converged or r.steps >= P) and r.residuals[0] <= 1e-10 for r in (top, bottom)):
+        return -bottom.eigenvalues[0], top.eigenvalues[0], "lanczos"
+    ev = torch.linalg.eigvalsh(H)
+    return float(ev[0]), float(ev[-1]), "eigvalsh (Lanczos not converged)"
+
+
+def count_negative_eigenvalues(H: torch.Tensor, shift: float = 0.0) -> int:
+    """Number of eigenvalues of the symmetric H below ``-shift``, by Sylvester's law of inertia
+    on the Bunch-Kaufman factorisation H + shift I = L D L^T (D has 1x1 and 2x2 blocks), one
+    O(P^3 / 3) factorisation instead of an eigendecomposition."""
+    A = H + shift * torch.eye(H.shape[0], dtype=H.dtype, device=H.device) if shift else H
+    LD, pivots, info = torch.linalg.ldl_factor_ex(A)
+    if int(info) < 0:
+        raise AuditError("LDL factorisation failed on the Hessian")
+    piv = pivots.cpu().tolist()
+    diag = LD.diagonal().cpu().tolist()
+    sub = LD.diagonal(-1).cpu().tolist()
+    count, k, n = 0, 0, len(piv)
+    while k < n:
+        if piv[k] > 0 or k + 1 == n:  # 1x1 block (LAPACK: a positive pivot index)
+            count += diag[k] < 0
+            k += 1
+        else:  # 2x2 block [[a, b], [b, c]]: signs from its determinant and trace
+            a, b, c = diag[k], sub[k], diag[k + 1]
+            det = a * c - b * b
+            count += 1 if det < 0 else (2 if det > 0 and a + c < 0 else 0)
+            k += 2
+    return count
+
+
+def _cholesky_solve(H: torch.Tensor, B: torch.Tensor, given: float | str):
+    """(H + damping I)^-1 B^T for one damping by Cholesky, with the diagnostics the eigh path
+    reports, or None when H + damping I is not positive definite (the caller decomposes)."""
+    lam_min, lam_max, method = _extreme_eigenvalues(H)
+    d = _resolve_damping(given, lam_max)
+    P = H.shape[0]
+    eye = torch.eye(P, dtype=H.dtype, device=H.device)
+    L, info = torch.linalg.cholesky_ex(H + d * eye)
+    if int(info) != 0:
+        return None
+    X = torch.cholesky_solve(B.T, L).T  # (k, P)
+    scale = max(abs(lam_min), abs(lam_max), 1e-300)
+    # eigenvalues within round-off of 0 (P eps lambda_max, numpy's rank rule) are not counted negative
+    n_neg = 0 if lam_min >= 0 else count_negative_eigenvalues(H, P * torch.finfo(H.dtype).eps * scale)
+    diag = {
+        "min_eigenvalue": lam_min,
+        "max_eigenvalue": lam_max,
+        "damped_min_eigenvalue": lam_min + d,
+        "n_negative_eigenvalues": n_neg,
+        "positive_definite": True,
+        "damped_condition_number": (lam_max + d) / (lam_min + d),
+    }
+    lam_info = {"lambda_max": lam_max, "lambda_max_method": method, "solver": "cholesky"}
+    return X, diag, lam_info, d
+
+
+def _projected_solve(hvp, B: torch.Tensor, given: list, config: InfluenceConfig, lam_info: dict):
+    """Galerkin projection of (H + lambda I) s = g onto span(R), R a random sign matrix
+    (P x k, :class:`attnaudit.analyses.influence.projection.SignProjection`): H_R = R^T H R from k Hessian-vector
+    products, M = R^T R, then z = (H_R + lambda M)^-1 R^T g solved exactly (k x k) for every
+    test gradient, and a training gradient scores -(R^T g_train) . z. With k >= P (k is
+    capped at P) and R of full rank this is exact influence; the error falls as k grows.
+    Returns ([z per damping], diagnostics with the projection)."""
+    from attnaudit.analyses.influence.projection import SignProjection
+
+    eng = hvp.engine
+    P = hvp.size
+    k = min(int(config.proj_dim), P)  # more columns than parameters add nothing (R^T R would be singular)
+    proj = SignProjection(P, k, seed=config.seed, dtype=eng.dtype, device=eng.device)
+    HR = torch.empty(k, k, dtype=torch.float64, device=eng.device)
+    M = torch.empty(k, k, dtype=torch.float64, device=eng.device)
+    for j0, j1 in proj.blocks():
+        Rj = proj.columns(j0, j1)
+        HRj = hvp.matmat(Rj.T.contiguous()).T  # (P, b) = H R_j
+        HR[:, j0:j1] = proj.apply(HRj.T).T.to(torch.float64)
+        M[:, j0:j1] = proj.apply(Rj.T).T.to(torch.float64)
+    HR = 0.5 * (HR + HR.T)
+    M = 0.5 * (M + M.T)
+    Bp = proj.apply(B).to(torch.float64)  # (k_test, k)
+    # Ritz values of H on span(R): the generalised eigenvalues of (H_R, M)
+    L = torch.linalg.cholesky(M)
+    C = torch.linalg.solve_triangular(L, torch.linalg.solve_triangular(L, HR, upper=False).T, upper=False)
+    evals = torch.linalg.eigvalsh(0.5 * (C + C.T))
+    lam_max_proj = float(evals[-1])
+    out, dampings = [], []
+    for g in given:
+        d = _resolve_damping(g, lam_max_proj) if isinstance(g, str) else float(g)
+        A = HR + d * M
+        Z = torch.linalg.solve(A, Bp.T).T  # (k_test, k)
+        out.append(Z.to(B.dtype))
+        dampings.append(d)
+    lam_info.update({"lambda_max": lam_max_proj, "lambda_max_method": "Ritz value on span(R)",
+                     "solver": "projected"})
+    diag = {"proj_dim": int(config.proj_dim), "proj_dim_used": k, "projection": "random signs +-1/sqrt(k), seeded column blocks", "projection_seed": config.seed,
+            "hessian_vector_products": k, "projected_min_eigenvalue": float(evals[0]),
+            "_projection": proj, "_dampings": dampings}
+    return out, diag
+
+
+def influence_sweep(
+    model: Task | nn.Module,
+    X_train: torch.Tensor,
+    y_train: torch.Tensor,
+    X_test: torch.Tensor,
+    y_test: torch.Tensor,
+    config: InfluenceConfig,
+    *,
+    loss: str = "mse",
+    n_classes: int | None = None,
+    inputs: Inputs | None = None,
+    dampings: Sequence[float] | None = None,
+    checkpoints: Sequence[dict[str, torch.Tensor]] | None = None,
+    checkpoint_weights: Sequence[float] | None = None,
+) -> list[InfluenceResult]:
+    """Influence for each damping in ``dampings`` (default: ``[config.damping]``).
+
+    ``model``: a :class:`~attnaudit.core.task.Task`, or a bare module wrapped in one with
+    ``loss``, ``n_classes`` (default: the width of its logits) and ``inputs`` (default:
+    flat rows). ``exact``/``last-layer`` decompose the Hessian once and reuse it for every
+    damping; ``cg`` solves once per damping; ``tracin`` has no damping and returns one
+    result per requested damping, all equal, with ``damping=None``. The model is evaluated
+    at its current parameters (``tracin``: at ``checkpoints``, dicts of named parameters as
+    saved by :func:`attnaudit.core.training.train`, weighted by ``checkpoint_weights``); it is
+    never modified.
+    """
+    _check_inputs(X_train, y_train, X_test, y_test)
+    given = [config.damping] if dampings is None else [parse_damping(d, "damping") for d in dampings]
+    task = as_task(model, loss=loss, n_classes=n_classes, inputs=inputs, probe=X_test)
+    names = resolve_tracked(task, config, X_train)
+    if config.estimator == "tracin":
+        res = _tracin(task, names, X_train, y_train, X_test, y_test, config, checkpoints, checkpoint_weights)
+        return [res for _ in given]
+    t0 = time.perf_counter()
+    kron = config.estimator in KRONECKER
+    # K-FAC needs the real module's linear layers: the generic engine, never a feature-cached fast path
+    view = _view(task, names, replace(config, fast_path=False) if kron else config, probe=X_train[:2])
+    eng = view.engine
+    P = eng.n_params
+    n_train, n_test = X_train.shape[0], X_test.shape[0]
+    exact_like = config.estimator in ("exact", "last-layer")
+    check_exact_budget(config.estimator, P, config.max_exact_params, eng.theta.element_size())
+    chunk, mem = _plan(config, view, P, X_train, n_train, n_test, len(given))
+
+    U_tr, T_tr = view.prepare(X_train), eng.targets(y_train)
+    U_te, T_te = view.prepare(X_test), eng.targets(y_test)
+    if config.per_test:
+        B = eng.per_sample_grads(U_te, T_te, chunk=chunk)  # (n_test, P)
+    else:
+        B = eng.summed_grad(U_te, T_te, chunk)[None]  # (1, P)
+    k = B.shape[0]
+
+    diags: list[dict] = []
+    warns: list[list[str]] = []
+    solved: list[torch.Tensor] = []  # each (k, P)
+    t_solve = time.perf_counter()
+    hvp = eng.hvp_operator(U_tr, T_tr, chunk)
+    solver = None
+    if exact_like and config.curvature == "ggn":  # the exact Gauss-Newton matrix, what K-FAC approximates
+        from attnaudit.analyses.influence.kfac import dense_gauss_newton
+
+        H = dense_gauss_newton(eng, U_tr, budget_bytes=int(config.memory_budget_mb * 2**20) // 4)
+    elif exact_like:
+        H = hvp.dense(block=config.hvp_batch)
+    if exact_like:
+        solver = "cholesky" if config.solver == "cholesky" or (config.solver == "auto" and len(given) == 1) else "eigh"
+    if solver == "cholesky":
+        chol = _cholesky_solve(H, B, given[0])
+        if chol is None:
+            solver = "eigh (damped Hessian not positive definite)"
+        else:
+            X_sol, diag, lam_info, d = chol
+            dampings = [d]
+            solved.append(X_sol)
+            diags.append(diag)
+            warns.append([])
+            del H
+    if exact_like and solver != "cholesky":
+        evals, evecs = torch.linalg.eigh(H)
+        del H
+        lam_min, lam_max = float(evals[0]), float(evals[-1])
+        dampings = [_resolve_damping(g, lam_max) for g in given]
+        lam_info = {"lambda_max": lam_max, "lambda_max_method": "eigh", "solver": solver}
+        coeff = B @ evecs  # (k, P) in the eigenbasis
+        scale = max(abs(lam_min), abs(lam_max), 1e-300)
+        for d in dampings:
+            shifted = evals + d
+            w: list[str] = []
+            smallest_abs = float(shifted.abs().min())
+            if smallest_abs <= 1e-12 * scale:
+                raise AuditError(
+                    f"the damped Hessian is singular (smallest |eigenvalue + damping| = {smallest_abs:.3g}, "
+                    f"lambda_max = {lam_max:.3g}); pass a damping > 0, e.g. --damping {max(1e-3 * lam_max, 1e-8):.1g}"
+                )
+            # eigenvalues within round-off of 0 (P eps lambda_max, numpy's rank rule) are not counted negative
+            n_neg = int((evals < -evals.numel() * torch.finfo(evals.dtype).eps * scale).sum())
+            pd = bool(shifted[0] > 0)
+            if not pd:
+                w.append(
+                    f"damped Hessian is not positive definite (lambda_min(H) = {lam_min:.3g}, damping = {d:g}): influence "
+                    f"solves an indefinite system; raise --damping above {abs(lam_min):.3g}"
+                )
+            solved.append((coeff / shifted) @ evecs.T)
+            diags.append(
+                {
+                    "min_eigenvalue": lam_min,
+                    "max_eigenvalue": lam_max,
+                    "damped_min_eigenvalue": float(shifted[0]),
+                    "n_negative_eigenvalues": n_neg,
+                    "positive_definite": pd,
+                    "damped_condition_number": float(shifted.abs().max() / shifted.abs().min()),
+                }
+            )
+            warns.append(w)
+        del evecs
+    elif kron:
+        from attnaudit.analyses.influence.kfac import cached_factors, resolve_damping as kron_damping
+
+        factors = cached_factors(eng, U_tr, config.estimator, chunk=chunk, curvature=config.curvature, seed=config.seed,
+                                 cache_dir=config.cache_dir, targets=T_tr)
+        dampings = []
+        lam_info = {"lambda_max": None, "lambda_max_method": None, "solver": config.estimator}
+        excluded = factors.excluded
+        for g in given:
+            solved.append(factors.precondition(B, eng, g))
+            per_layer = {b.path: kron_damping(g, b.eigenvalues(factors.kind)) for b in factors.blocks}
+            dampings.append(None if isinstance(g, str) else float(g))  # relative: per layer, in the diagnostics
+            diags.append({
+                "curvature": factors.diagnostics["curvature"],
+                "curvature_seed": factors.diagnostics["seed"],
+                "factor_cache": factors.diagnostics.get("cache"),
+                "layers": [b.path for b in factors.blocks],
+                "excluded_parameters": excluded,
+                "damping_per_layer": per_layer,
+                "factor_bytes": factors.memory_bytes(),
+            })
+            warns.append([f"{config.estimator} covers linear layers only (nn.Linear, nn.Conv2d, self-attention "
+                          f"projections); {len(excluded)} tracked parameter(s) left out "
+                          f"of the influence: {', '.join(excluded[:6])}{' ...' if len(excluded) > 6 else ''}"] if excluded else [])
+    elif config.estimator == "projected":
+        lam_info = {}
+        S_proj, pdiag = _projected_solve(hvp, B, given, config, lam_info)
+        proj = pdiag.pop("_projection")
+        dampings = pdiag.pop("_dampings")
+        for j in range(len(given)):
+            solved.append(S_proj[j])
+            diags.append(dict(pdiag))
+            warns.append([])
+    elif not exact_like:  # cg
+        lam_info = {"lambda_max": None, "lambda_max_method": None}
+        if any(isinstance(g, str) for g in given):
+            from attnaudit.core.linalg import lanczos_top_eigen
+
+            eig = lanczos_top_eigen(lambda v: hvp.matmat(v[None])[0], P, 1, max_steps=min(P, 200), tol=1e-6,
+                                    device=eng.theta.device, dtype=eng.theta.dtype)
+            lam_info = {"lambda_max": float(eig.eigenvalues[0]), "lambda_max_method": "lanczos",
+                        "lambda_max_residual": float(eig.residuals[0]), "lambda_max_converged": eig.converged}
+        dampings = [_resolve_damping(g, lam_info["lambda_max"]) for g in given]
+        for d in dampings:
+            X, cgd = batched_cg(lambda V, d=d: hvp.matmat(V) + d * V, B, config.cg_tol, config.cg_max_iter)
+            w = []
+            if cgd["negative_curvature"]:
+                w.append(f"CG met non-positive curvature at damping {d:g}: the damped Hessian is not positive definite; raise --damping")
+            elif not cgd["converged"]:
+                w.append(
+                    f"CG did not converge in {cgd['iterations']} iterations at damping {d:g} "
+                    f"(relative residual {cgd['relative_residual_max']:.2g}); raise --cg-max-iter or --damping"
+                )
+            solved.append(X)
+            diags.append(cgd)
+            warns.append(w)
+    solve_s = time.perf_counter() - t_solve
+
+    S = torch.cat(solved).T.contiguous()  # (P, k * n_dampings); projected: (proj_dim, ...)
+    out = torch.empty(n_train, S.shape[1], dtype=S.dtype, device=S.device)
+    for a, b in ranges(n_train, chunk):
+        g = eng.per_sample_grads(U_tr[a:b], T_tr[a:b])
+        out[a:b] = -((proj.apply(g) if config.estimator == "projected" else g) @ S)
+    elapsed = time.perf_counter() - t0
+
+    results = []
+    common = _common_diagnostics(config, task, view, chunk, mem)
+    for j, d in enumerate(dampings):
+        block = out[:, j * k : (j + 1) * k]
+        diag = {
+            **common,
+            "hvp_mode": hvp.mode,
+            "hvp_vectors": hvp.calls,
+            "solve_seconds": solve_s,
+            "seconds": elapsed,
+            **diags[j],
+            **lam_info,
+            "damping_given": given[j],
+            "damping_relative": float(given[j][:-1]) if isinstance(given[j], str) else None,
+            "damping_abs": d,
+        }
+        if exact_like:
+            diag["curvature"] = "ggn" if config.curvature == "ggn" else "hessian"
+        results.append(
+            InfluenceResult(
+                estimator=config.estimator,
+                damping=d,
+                total=block.sum(1),
+                per_test=block.clone() if config.per_test else None,
+                n_params=P,
+                tracked=list(names),
+                diagnostics=diag,
+                warnings=warns[j],
+                path=view.path,
+            )
+        )
+    return results
+
+
+def _tracin(task: Task, names, X_train, y_train, X_test, y_test, config, checkpoints, weights) -> InfluenceResult:
+    if not checkpoints:
+        raise AuditError("tracin needs checkpoints saved during training (TrainConfig.checkpoint_every); none were given")
+    if weights is None:
+        raise AuditError("tracin needs one weight per checkpoint (learning rate x steps it stands for); see tracin_weights")
+    if len(weights) != len(checkpoints):
+        raise AuditError(f"tracin got {len(checkpoints)} checkpoints but {len(weights)} weights")
+    t0 = time.perf_counter()
+    n_train, n_test = X_train.shape[0], X_test.shape[0]
+    out = None
+    P = 0
+    mem: dict = {}
+    chunk = config.chunk_size
+    path = PATH_GENERIC
+    common: dict = {}
+    used = 0
+    for ckpt, w in zip(checkpoints, weights):
+        if w == 0:
+            continue
+        view = _view(task, names, config, state=ckpt, probe=X_train[:2])
+        eng = view.engine
+        if out is None:
+            P, path = eng.n_params, view.path
+            chunk, mem = _plan(config, view, P, X_train, n_train, n_test, 1)
+            common = _common_diagnostics(config, task, view, chunk, mem)
+        U_tr, T_tr = view.prepare(X_train), eng.targets(y_train)
+        U_te, T_te = view.prepare(X_test), eng.targets(y_test)
+        if config.per_test:
+            S = eng.per_sample_grads(U_te, T_te, chunk=chunk).T
+        else:
+            S = eng.summed_grad(U_te, T_te, chunk)[:, None]
+        if out is None:
+            out = torch.zeros(n_train, S.shape[1], dtype=S.dtype, device=S.device)
+        for a, b in ranges(n_train, chunk):
+            out[a:b] -= w * (eng.per_sample_grads(U_tr[a:b], T_tr[a:b]) @ S)
+        used += 1
+    if out is None:
+        raise AuditError("every tracin checkpoint has weight 0 (no training steps); train for at least one step")
+    diag = {
+        **common,
+        "checkpoints_used": used,
+        "checkpoint_weights": [float(w) for w in weights],
+        "seconds": time.perf_counter() - t0,
+    }
+    return InfluenceResult(
+        estimator="tracin",
+        damping=None,
+        total=out.sum(1),
+        per_test=out if config.per_test else None,
+        n_params=P,
+        tracked=list(names),
+        diagnostics=diag,
+        warnings=[],
+        path=path,
+    )
+
+
+def compute_influence(
+    model: Task | nn.Module,
+    X_train: torch.Tensor,
+    y_train: torch.Tensor,
+    X_test: torch.Tensor,
+    y_test: torch.Tensor,
+    config: InfluenceConfig = InfluenceConfig(),
+    *,
+    loss: str = "mse",
+    n_classes: int | None = None,
+    inputs: Inputs | None = None,
+    checkpoints: Sequence[dict[str, torch.Tensor]] | None = None,
+    checkpoint_weights: Sequence[float] | None = None,
+) -> InfluenceResult:
+    """Influence of every training sample on the test loss (see the module docstring).
+
+    ``model``: a Task, or a module (wrapped with ``loss``, ``inputs`` and ``n_classes``,
+    which defaults to the width of its logits on one test row).
+    """
+    return influence_sweep(
+        model,
+        X_train,
+        y_train,
+        X_test,
+        y_test,
+        config,
+        loss=loss,
+        n_classes=n_classes,
+        inputs=inputs,
+        checkpoints=checkpoints,
+        checkpoint_weights=checkpoint_weights,
+    )[0]

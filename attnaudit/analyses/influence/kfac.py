@@ -1,0 +1,600 @@
+"""Kronecker-factored curvature (K-FAC and EK-FAC) of the linear layers of any module.
+
+For a linear layer y = W a (+ b) inside a model f trained on the mean loss
+(1/n) sum_i l(f(x_i), y_i), the Gauss-Newton block of the layer's parameters is
+
+    GGN = (1/n) sum_i sum_k vec(G_ik) vec(G_ik)^T,   G_ik = sum_t s_ikt a_it^T,
+
+where a_it is the layer's input at token t of sample i (a constant 1 appended for the bias)
+and s_ikt = d(f_i . L_i[:, k]) / d y_it is the back-propagated k-th column of a square root
+of the loss's output Hessian, L_i L_i^T = d^2 l / d f^2 (MSE: L = I; cross-entropy:
+L = diag(sqrt p) - p sqrt(p)^T, since diag(p) - p p^T = L L^T). These columns are computed
+exactly, one backward pass each (no sampled labels), so the factors carry no Monte-Carlo
+noise. Flattening G row-major, vec(s a^T) = s (x) a, so
+
+* **K-FAC**: GGN ~ S (x) A with A = (1/(n T)) sum_it a a^T and S = (1/n) sum_ikt s s^T (the
+  "expand" convention for T tokens; exact for one sample, and for the output layer under MSE
+  where S is the identity). (S (x) A + lambda I)^-1 vec(V) = vec(Q_S [(Q_S^T V Q_A) /
+  (Lambda_S Lambda_A^T + lambda)] Q_A^T) with the eigendecompositions of A and S.
+* **EK-FAC** (George et al. 2018): the same eigenbases, but the eigenvalues replaced by the
+  second moments of the gradients in that basis, Lambda*_ol = (1/n) sum_ik
+  ((Q_S^T G_ik Q_A)_ol)^2 -- the best diagonal fit in the Kronecker eigenbasis, which makes
+  the approximation exact on the diagonal of the rotated GGN.
+
+Damping: absolute lambda, or relative ``"<m>x"`` = m times the mean eigenvalue of each
+layer's Lambda (K-FAC: Lambda_S Lambda_A^T; EK-FAC: Lambda*). Covered: ``nn.Linear`` modules
+whose weight (and bias) are all tracked, and the two projections of a self-attention
+``nn.MultiheadAttention`` (its packed ``in_proj`` as one linear layer E -> 3E, and
+``out_proj``). That module applies them inside its functional forward without calling
+``out_proj``, so hooks cannot see them; while the factors are fitted, a temporary forward hook
+replaces the module's output by the same computation written with visible projections,
+checked against the module's own output (a mismatch is refused, never silently used). An
+``nn.Conv2d`` (one group, zero padding) is a linear layer on its unfolded input patches, with
+the output positions as tokens (Grosse & Martens' KFC; a ViT's patch embedding is the case
+stride = kernel). Every other tracked parameter (embeddings, norms, other convolutions,
+``nn.Linear`` subclasses, attention with ``add_bias_kv``/``add_zero_attn`` or separate k/v
+dimensions) is listed in ``excluded``
+and left out of the influence (its block is treated as absent), with a warning from the
+caller.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from attnaudit.core.engine import Engine, ranges
+from attnaudit.core.task import CrossEntropyLoss, MSELoss
+from attnaudit.errors import AuditError
+
+KINDS = ("kfac", "ekfac")
+
+
+@dataclass
+class LinearBlock:
+    """One covered linear layer: its module path, parameter names and Kronecker factors."""
+
+    path: str
+    weight: str
+    bias: str | None
+    d_in: int
+    d_out: int
+    A: torch.Tensor | None = None  # (d_in + bias, d_in + bias)
+    S: torch.Tensor | None = None  # (d_out, d_out)
+    QA: torch.Tensor | None = None
+    QS: torch.Tensor | None = None
+    lamA: torch.Tensor | None = None
+    lamS: torch.Tensor | None = None
+    corrected: torch.Tensor | None = None  # (d_out, d_in + bias): EK-FAC eigenvalues
+    #: where the layer's activations come from: an ``nn.Linear`` module (``"linear"``), or the
+    #: packed input / output projection of the ``nn.MultiheadAttention`` at ``module``
+    source: str = "linear"
+    module: str = ""
+
+    @property
+    def width_in(self) -> int:
+        return self.d_in + (1 if self.bias else 0)
+
+    def eigenvalues(self, kind: str) -> torch.Tensor:
+        if kind == "ekfac":
+            return self.corrected
+        return self.lamS[:, None] * self.lamA[None, :]
+
+
+@dataclass
+class KroneckerFactors:
+    """The fitted factors of every covered layer, and what was left out."""
+
+    kind: str
+    blocks: list[LinearBlock]
+    excluded: list[str]
+    n_samples: int
+    names: list[str]  # covered parameter names, in the engine's order
+    diagnostics: dict = field(default_factory=dict)
+
+    def memory_bytes(self) -> int:
+        return kfac_memory_bytes(self.blocks)
+
+    def precondition(self, grads: torch.Tensor, engine: Engine, damping: float | str) -> torch.Tensor:
+        """(F + lambda I)^-1 applied to each row of ``grads`` (k, P) over ``engine.names``
+        (rows of parameters outside the covered layers come back as zeros)."""
+        out = torch.zeros_like(grads, dtype=torch.float64)
+        offsets = dict(zip(engine.names, _offsets(engine)))
+        for b in self.blocks:
+            o_w, n_w = offsets[b.weight]
+            V = grads[:, o_w:o_w + n_w].to(torch.float64).reshape(-1, b.d_out, b.d_in)
+            if b.bias:
+                o_b, n_b = offsets[b.bias]
+                V = torch.cat([V, grads[:, o_b:o_b + n_b].to(torch.float64)[:, :, None]], 2)
+            lam = b.eigenvalues(self.kind)
+            d = resolve_damping(damping, lam)
+            rotated = b.QS.T @ V @ b.QA
+            solved = b.QS @ (rotated / (lam + d)) @ b.QA.T
+            out[:, o_w:o_w + n_w] = solved[:, :, : b.d_in].reshape(-1, n_w)
+            if b.bias:
+                out[:, o_b:o_b + n_b] = solved[:, :, b.d_in]
+        return out.to(grads.dtype)
+
+
+def resolve_damping(damping: float | str, eigenvalues: torch.Tensor) -> float:
+    """Absolute damping, or ``"<m>x"``: m times the mean of the layer's eigenvalues."""
+    if isinstance(damping, str):
+        return float(damping[:-1]) * float(eigenvalues.mean())
+    return float(damping)
+
+
+def _offsets(engine: Engine) -> list[tuple[int, int]]:
+    out, start = [], 0
+    for k in engine.numels:
+        out.append((start, k))
+        start += k
+    return out
+
+
+def linear_blocks(engine: Engine) -> tuple[list[LinearBlock], list[str]]:
+    """The ``nn.Linear`` modules whose parameters are all tracked by ``engine``, and the
+    tracked parameter names no such module covers."""
+    return linear_modules(engine.module, engine.names)
+
+
+def linear_modules(module: nn.Module, names: Sequence[str]) -> tuple[list[LinearBlock], list[str]]:
+    """The ``nn.Linear`` submodules of ``module`` whose parameters are all in ``names``, and
+    the names no such submodule covers (in the order of ``names``)."""
+    tracked = set(names)
+    blocks: list[LinearBlock] = []
+    covered: set[str] = set()
+
+    def prefixed(path: str, name: str) -> str:
+        return f"{path}.{name}" if path else name
+
+    def add(block: LinearBlock) -> None:
+        if block.weight in tracked and (block.bias is None or block.bias in tracked):
+            blocks.append(block)
+            covered.update({block.weight} | ({block.bias} if block.bias else set()))
+
+    for path, sub in module.named_modules():
+        if type(sub) is nn.Linear:
+            add(LinearBlock(path, prefixed(path, "weight"), prefixed(path, "bias") if sub.bias is not None else None,
+                            sub.in_features, sub.out_features))
+        elif type(sub) is nn.Conv2d and sub.groups == 1 and sub.padding_mode == "zeros":
+            add(LinearBlock(path, prefixed(path, "weight"), prefixed(path, "bias") if sub.bias is not None else None,
+                            sub.in_channels * sub.kernel_size[0] * sub.kernel_size[1], sub.out_channels,
+                            source="conv2d"))
+        elif isinstance(sub, nn.MultiheadAttention) and _factorable_attention(sub):
+            E = sub.embed_dim
+            add(LinearBlock(prefixed(path, "in_proj"), prefixed(path, "in_proj_weight"),
+                            prefixed(path, "in_proj_bias") if sub.in_proj_bias is not None else None, E, 3 * E,
+                            source="mha-in", module=path))
+            add(LinearBlock(prefixed(path, "out_proj"), prefixed(path, "out_proj.weight"),
+                            prefixed(path, "out_proj.bias") if sub.out_proj.bias is not None else None, E, E,
+                            source="mha-out", module=path))
+    excluded = [n for n in names if n not in covered]
+    return blocks, excluded
+
+
+def _conv_patches(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """(B, L, C kh kw): the input patch under each of the L output positions, in the order of
+    ``conv.weight.view(out_channels, -1)``, so the convolution is ``patches @ W^T + b``."""
+    import torch.nn.functional as F
+
+    if x.dim() != 4:
+        raise AuditError(f"K-FAC covers batched nn.Conv2d inputs (4-D), got shape {tuple(x.shape)}; leave the "
+                         "layer's parameters out with --params, or use --estimator cg")
+    padding = conv.padding
+    if isinstance(padding, str):  # "valid", or "same" (stride 1), which may pad one more on the right
+        if padding == "same":
+            pads = []
+            for k, d in zip(reversed(conv.kernel_size), reversed(conv.dilation)):
+                total = d * (k - 1)
+                pads += [total // 2, total - total // 2]
+            x = F.pad(x, pads)
+        padding = 0
+    patches = F.unfold(x, conv.kernel_size, dilation=conv.dilation, padding=padding, stride=conv.stride)
+    return patches.transpose(1, 2)
+
+
+def _factorable_attention(mha: nn.MultiheadAttention) -> bool:
+    """Whether :func:`_attention_with_visible_projections` reproduces this module: packed
+    q/k/v weights of one dimension, no extra key/value biases, no zero-attention row."""
+    return bool(mha._qkv_same_embed_dim) and mha.bias_k is None and mha.bias_v is None and not mha.add_zero_attn
+
+
+def _attention_with_visible_projections(mha: nn.MultiheadAttention, args: tuple, kwargs: dict):
+    """The output of ``mha(*args, **kwargs)`` recomputed with its projections as separate
+    tensors: returns ``(outputs, (x, qkv, attended, out))`` where ``outputs`` is what the module
+    returns and x -> qkv (in_proj) and attended -> out (out_proj) are (B, T, .) views of the two
+    linear layers' inputs and outputs. Self-attention only (query, key and value the same
+    tensor), batched inputs, eval mode (no dropout)."""
+    import torch.nn.functional as F
+
+    names = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask", "average_attn_weights",
+             "is_causal")
+    defaults = (None, None, None, None, True, None, True, False)
+    bound = dict(zip(names, defaults))
+    bound.update(zip(names, args))
+    bound.update(kwargs)
+    q, k, v = bound["query"], bound["key"], bound["value"]
+    if not (q is k and k is v):
+        raise AuditError("K-FAC covers nn.MultiheadAttention as self-attention (query, key and value the same "
+                         "tensor); this model calls it with different ones: leave its parameters out with --params, "
+                         "or use --estimator cg")
+    if q.dim() != 3:
+        raise AuditError(f"K-FAC covers batched nn.MultiheadAttention inputs (3-D), got shape {tuple(q.shape)}; leave "
+                         "its parameters out with --params, or use --estimator cg")
+    x = q if mha.batch_first else q.transpose(0, 1)  # (B, T, E)
+    B, T, E = x.shape
+    H = mha.num_heads
+    qkv = F.linear(x, mha.in_proj_weight, mha.in_proj_bias)
+    heads = qkv.view(B, T, 3, H, E // H).permute(2, 0, 3, 1, 4)  # (3, B, H, T, hd)
+    scores = heads[0] @ heads[1].transpose(-2, -1) / math.sqrt(E // H)
+    mask = bound["attn_mask"]
+    if mask is not None:
+        mask = mask.view(B, H, T, T) if mask.dim() == 3 else mask
+        scores = scores.masked_fill(mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    pad = bound["key_padding_mask"]
+    if pad is not None:
+        pad = pad[:, None, None, :]
+        scores = scores.masked_fill(pad, float("-inf")) if pad.dtype == torch.bool else scores + pad
+    probs = torch.softmax(scores, -1)
+    attended = (probs @ heads[2]).transpose(1, 2).reshape(B, T, E)
+    out = F.linear(attended, mha.out_proj.weight, mha.out_proj.bias)
+    weights = None
+    if bound["need_weights"]:
+        weights = probs.mean(1) if bound["average_attn_weights"] else probs
+    return (out if mha.batch_first else out.transpose(0, 1), weights), (x, qkv, attended, out)
+
+
+def _sampled_column(loss, logits: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """(B, c, 1) one random column per row whose outer product has the output Hessian as its
+    mean: the loss gradient at a label drawn from the model (the true Fisher; kronfluence's
+    default). MSE: r ~ N(0, I); cross-entropy: p - onehot(y), y ~ softmax(f)."""
+    B, c = logits.shape
+    if isinstance(loss, MSELoss):
+        v = torch.randn(B, c, generator=gen, dtype=torch.float64)
+    elif isinstance(loss, CrossEntropyLoss):
+        p = torch.softmax(logits.detach().to(torch.float64), -1)
+        y = torch.multinomial(p.cpu(), 1, generator=gen).flatten()
+        v = p.cpu() - torch.nn.functional.one_hot(y, c).to(torch.float64)
+    else:
+        raise AuditError(f"K-FAC needs the output Hessian of the loss; {type(loss).__name__} has no closed form here")
+    return v.to(device=logits.device, dtype=logits.dtype)[:, :, None]
+
+
+def _label_column(loss, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """(B, c, 1): the loss gradient at the true labels (the empirical Fisher): MSE f - t,
+    cross-entropy softmax(f) - t."""
+    f = logits.detach()
+    if isinstance(loss, MSELoss):
+        v = f - targets
+    elif isinstance(loss, CrossEntropyLoss):
+        v = torch.softmax(f, -1) - targets
+    else:
+        raise AuditError(f"K-FAC needs the loss gradient in closed form; {type(loss).__name__} has none here")
+    return v.to(logits.dtype)[:, :, None]
+
+
+def _output_hessian_root(loss, logits: torch.Tensor) -> torch.Tensor:
+    """L (B, c, c) with L L^T = d^2 l / d f^2 for each row."""
+    B, c = logits.shape
+    if isinstance(loss, MSELoss):
+        return torch.eye(c, dtype=logits.dtype, device=logits.device).expand(B, c, c)
+    if isinstance(loss, CrossEntropyLoss):
+        p = torch.softmax(logits.detach(), -1)
+        sq = p.sqrt()
+        return torch.diag_embed(sq) - p[:, :, None] * sq[:, None, :]
+    raise AuditError(f"K-FAC needs the output Hessian of the loss; {type(loss).__name__} has no closed form here")
+
+
+def dense_gauss_newton(engine: Engine, X: torch.Tensor, budget_bytes: int = 256 * 2**20) -> torch.Tensor:
+    """The exact Gauss-Newton matrix of the mean loss over ``X``, the matrix K-FAC approximates:
+    G = (1/n) sum_i J_i^T H_i J_i (P x P, float64), J_i the per-sample Jacobian of the logits
+    over the engine's tracked parameters and H_i = L_i L_i^T the loss's output Hessian. Built
+    from (L_i^T J_i) in row chunks whose Jacobians fit ``budget_bytes``; n c P^2 flops."""
+    rows_all = engine.rows(X)
+    n, P, c = rows_all.shape[0], engine.n_params, engine.n_classes
+    G = torch.zeros(P, P, dtype=torch.float64, device=engine.device)
+    per_row = max(1, 3 * 8 * c * P)  # J, its float64 copy and L^T J
+    step = max(1, min(n, budget_bytes // per_row))
+    for a, b in ranges(n, step):
+        rows = rows_all[a:b]
+        J = engine.jacobian(rows).to(torch.float64)  # (B, c, P)
+        with torch.no_grad(), engine.context():
+            logits = engine.apply(engine.theta.detach(), rows)
+        L = _output_hessian_root(engine.loss, logits).to(device=J.device, dtype=torch.float64)  # (B, c, c)
+        M = torch.einsum("bck,bcp->bkp", L, J).reshape(-1, P)
+        G.addmm_(M.T, M)
+    return G.div_(max(n, 1))
+
+
+def _capture(engine: Engine, blocks: list[LinearBlock], rows: torch.Tensor):
+    """Logits of ``rows`` and, per block, the layer's inputs and outputs (B, T, .)."""
+    modules = dict(engine.module.named_modules())
+    inputs: dict[str, torch.Tensor] = {}
+    outputs: dict[str, torch.Tensor] = {}
+    hooks = []
+
+    def once(path: str) -> None:
+        # a layer applied twice in one forward (shared weights) has a sum of two Kronecker
+        # products as its block; keeping only the last call's activations would be wrong
+        if path in inputs:
+            raise AuditError(f"K-FAC: the layer {path or 'at the model root'!r} runs more than once per forward pass "
+                             "(shared weights), which its Kronecker factors cannot represent; leave its parameters "
+                             "out with --params, or use --estimator cg")
+
+    def hook_for(path: str, source: str):
+        def hook(module, args, out):
+            once(path)
+            inputs[path] = _conv_patches(module, args[0]) if source == "conv2d" else args[0]
+            outputs[path] = out
+        return hook
+
+    def attention_hook_for(path: str, parts: dict[str, LinearBlock]):
+        def hook(module, args, kwargs, out):
+            for part in parts.values():
+                once(part.path)
+            replaced, (x, qkv, attended, projected) = _attention_with_visible_projections(module, args, kwargs)
+            mine, theirs = replaced[0], out[0]
+            tol = 1e-10 if theirs.dtype == torch.float64 else 1e-4
+            gap = float((mine - theirs).detach().abs().max()) if mine.shape == theirs.shape else math.inf
+            if not gap <= tol * (1.0 + float(theirs.detach().abs().max())):
+                raise AuditError(f"K-FAC could not reproduce the nn.MultiheadAttention at {path or 'the model root'!r} "
+                                 f"(largest difference {gap:.3g}); leave its parameters out with --params, or use "
+                                 "--estimator cg")
+            if "mha-in" in parts:
+                inputs[parts["mha-in"].path], outputs[parts["mha-in"].path] = x, qkv
+            if "mha-out" in parts:
+                inputs[parts["mha-out"].path], outputs[parts["mha-out"].path] = attended, projected
+            return replaced
+        return hook
+
+    attention: dict[str, dict[str, LinearBlock]] = {}
+    for b in blocks:
+        if b.source in ("linear", "conv2d"):
+            hooks.append(modules[b.path].register_forward_hook(hook_for(b.path, b.source)))
+        else:
+            attention.setdefault(b.module, {})[b.source] = b
+    for path, parts in attention.items():
+        hooks.append(modules[path].register_forward_hook(attention_hook_for(path, parts), with_kwargs=True))
+    try:
+        theta = engine.theta.detach().requires_grad_(True)  # so every layer output is in the graph
+        logits = engine.apply(theta, rows)
+    finally:
+        for h in hooks:
+            h.remove()
+    return logits, inputs, outputs
+
+
+def _tokens(t: torch.Tensor, B: int) -> torch.Tensor:
+    """(B, T, d) view of a layer's activations (T = 1 for flat rows)."""
+    return t.reshape(B, -1, t.shape[-1])
+
+
+def _output_tokens(block: LinearBlock, t: torch.Tensor, B: int) -> torch.Tensor:
+    """(B, T, d_out) view of a layer's output (a convolution's channels come first, its
+    positions are the tokens)."""
+    if block.source == "conv2d":
+        return t.reshape(B, block.d_out, -1).transpose(1, 2)
+    return _tokens(t, B)
+
+
+CURVATURES = ("auto", "ggn", "fisher", "empirical")
+#: ``auto`` takes the exact Gauss-Newton columns up to this many outputs, sampled Fisher above
+EXACT_COLUMNS_UP_TO = 32
+
+
+def fit_factors(
+    engine: Engine, X: torch.Tensor, kind: str = "ekfac", *, chunk: int = 256, curvature: str = "auto", seed: int = 0,
+    targets: torch.Tensor | None = None,
+) -> KroneckerFactors:
+    """Fit the Kronecker factors (and, for EK-FAC, the corrected eigenvalues) of the linear
+    layers tracked by ``engine`` on the rows ``X`` (the model is evaluated at the engine's
+    parameters, in eval mode; nothing is modified). Two passes over X for EK-FAC, one for K-FAC.
+
+    ``curvature``: ``ggn``, the Gauss-Newton matrix from the c exact columns of the output
+    Hessian's square root (c backward passes per batch, no sampling noise); ``fisher``, one
+    column per sample drawn from the model's predictive distribution (``seed``; one backward
+    pass; the same matrix in expectation, kronfluence's default); ``empirical``, the loss
+    gradient at the true labels (``targets``, one-hot rows; the empirical Fisher, kronfluence's
+    ``use_empirical_fisher``); ``auto``: ggn up to :data:`EXACT_COLUMNS_UP_TO` outputs, fisher
+    above (language-model vocabularies)."""
+    if kind not in KINDS:
+        raise AuditError(f"unknown curvature {kind!r}; use one of {', '.join(KINDS)}")
+    if curvature not in CURVATURES:
+        raise AuditError(f"unknown K-FAC curvature {curvature!r}; use one of {', '.join(CURVATURES)}")
+    if curvature == "auto":
+        curvature = "ggn" if engine.n_classes <= EXACT_COLUMNS_UP_TO else "fisher"
+    if curvature == "empirical" and targets is None:
+        raise AuditError("the empirical Fisher needs the training labels (targets)")
+    targets_all = None if targets is None else engine._as_targets(targets)
+    blocks, excluded = linear_blocks(engine)
+    if not blocks:
+        raise AuditError("K-FAC covers nn.Linear, nn.Conv2d and nn.MultiheadAttention layers, and none of the "
+                         "tracked parameters belongs to one; use --estimator cg or exact, or track such layers with "
+                         "--params")
+    rows_all = engine.rows(X)
+    n = rows_all.shape[0]
+    for b in blocks:
+        b.A = torch.zeros(b.width_in, b.width_in, dtype=torch.float64, device=engine.device)
+        b.S = torch.zeros(b.d_out, b.d_out, dtype=torch.float64, device=engine.device)
+    tokens_seen = {b.path: 0 for b in blocks}
+    gen = torch.Generator().manual_seed(int(seed))
+
+    def passes(rows: torch.Tensor, tgt: torch.Tensor | None):
+        """Per block: inputs a (B, T, w) with bias column, and per output column k the
+        back-propagated s (B, T, d_out)."""
+        B = rows.shape[0]
+        logits, ins, outs = _capture(engine, blocks, rows)
+        if curvature == "ggn":
+            L = _output_hessian_root(engine.loss, logits)
+        elif curvature == "empirical":
+            L = _label_column(engine.loss, logits, tgt)
+        else:
+            L = _sampled_column(engine.loss, logits, gen)
+        acts = {}
+        for b in blocks:
+            a = _tokens(ins[b.path].detach().to(torch.float64), B)
+            if b.bias:
+                a = torch.cat([a, torch.ones(*a.shape[:2], 1, dtype=a.dtype, device=a.device)], 2)
+            acts[b.path] = a
+        out_list = [outs[b.path] for b in blocks]
+        for k in range(L.shape[2]):
+            target = (logits * L[:, :, k].to(logits.dtype)).sum()
+            grads = torch.autograd.grad(target, out_list, retain_graph=k + 1 < L.shape[2])
+            yield acts, {b.path: _output_tokens(b, g.detach().to(torch.float64), B) for b, g in zip(blocks, grads)}
+
+    with engine.context(), torch.enable_grad():
+        for a0, b0 in ranges(n, chunk):
+            first = True
+            for acts, sgrads in passes(rows_all[a0:b0], None if targets_all is None else targets_all[a0:b0]):
+                for b in blocks:
+                    if first:
+                        a = acts[b.path]
+                        b.A += torch.einsum("bti,btj->ij", a, a)
+                        tokens_seen[b.path] += a.shape[0] * a.shape[1]
+                    s = sgrads[b.path]
+                    b.S += torch.einsum("bti,btj->ij", s, s)
+                first = False
+    for b in blocks:
+        b.A /= tokens_seen[b.path]
+        b.S /= n
+        # contiguous: the same memory layout whether fitted here or read from a cache, so the
+        # products (and the scores) are bitwise the same either way
+        b.lamA, b.QA = (t.contiguous() for t in torch.linalg.eigh(b.A))
+        b.lamS, b.QS = (t.contiguous() for t in torch.linalg.eigh(b.S))
+        b.lamA.clamp_(min=0.0)
+        b.lamS.clamp_(min=0.0)
+    if kind == "ekfac":
+        gen.manual_seed(int(seed) + 1)  # fresh draws for the second pass
+        for b in blocks:
+            b.corrected = torch.zeros(b.d_out, b.width_in, dtype=torch.float64, device=engine.device)
+        with engine.context(), torch.enable_grad():
+            for a0, b0 in ranges(n, chunk):
+                rotated_acts: dict[str, torch.Tensor] = {}
+                for acts, sgrads in passes(rows_all[a0:b0], None if targets_all is None else targets_all[a0:b0]):
+                    for b in blocks:
+                        # Q_S^T G Q_A with G = sum_t s_t a_t^T, rotating the tokens first (B T d^2
+                        # flops instead of B d^3 for the per-sample matrices)
+                        if b.path not in rotated_acts:
+                            rotated_acts[b.path] = acts[b.path] @ b.QA
+                        G = torch.einsum("bto,bti->boi", sgrads[b.path] @ b.QS, rotated_acts[b.path])
+                        b.corrected += G.pow(2).sum(0)
+        for b in blocks:
+            b.corrected /= n
+    covered = [nm for nm in engine.names if nm not in set(excluded)]
+    return KroneckerFactors(kind, blocks, excluded, n, covered, {
+        "curvature": curvature,
+        "seed": int(seed) if curvature == "fisher" else None,
+        "layers": [b.path for b in blocks],
+        "factor_shapes": {b.path: [b.width_in, b.d_out] for b in blocks},
+    })
+
+
+def kfac_memory_bytes(blocks: Sequence[LinearBlock]) -> int:
+    """Bytes the factors of ``blocks`` hold (float64): A, Q_A, S, Q_S and the EK-FAC eigenvalues."""
+    return 8 * sum(2 * b.width_in**2 + 2 * b.d_out**2 + b.d_out * b.width_in for b in blocks)
+
+
+# ----------------------------------------------------------------------------- cache on disk
+CACHE_FORMAT = "attnaudit.kfac-factors/2"  # /2: convolutions and attention projections covered
+
+
+def factors_fingerprint(engine: Engine, rows: torch.Tensor, kind: str, curvature: str, seed: int) -> str:
+    """sha256 over what the factors depend on: the tracked parameters (names, shapes, dtype,
+    values), the model's class, the training rows, the estimator, curvature and seed."""
+    import hashlib
+
+    h = hashlib.sha256()
+    h.update(f"{CACHE_FORMAT}|{type(engine.module).__qualname__}|{kind}|{curvature}|{seed}|{engine.dtype}".encode())
+    for name, shape in zip(engine.names, engine.shapes):
+        h.update(f"{name}{tuple(shape)}".encode())
+    h.update(engine.theta.detach().cpu().contiguous().numpy().tobytes())
+    for name in sorted(engine.frozen):
+        t = engine.frozen[name]
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    h.update(str(engine.loss.name).encode())
+    h.update(rows.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def save_factors(factors: KroneckerFactors, path: str | Path, fingerprint: str) -> None:
+    """Write the factors to ``path`` (safetensors, atomically) with the fingerprint they belong to."""
+    import json
+
+    from safetensors.torch import save
+
+    from attnaudit.runtime.atomic import write_bytes_atomic
+
+    tensors, layers = {}, []
+    for i, b in enumerate(factors.blocks):
+        for key in ("A", "S", "QA", "QS", "lamA", "lamS", "corrected"):
+            value = getattr(b, key)
+            if value is not None:
+                tensors[f"{i}.{key}"] = value.detach().cpu().contiguous()
+        layers.append({"path": b.path, "weight": b.weight, "bias": b.bias, "d_in": b.d_in, "d_out": b.d_out,
+                       "source": b.source, "module": b.module})
+    meta = {"format": CACHE_FORMAT, "fingerprint": fingerprint, "kind": factors.kind, "n_samples": factors.n_samples,
+            "excluded": factors.excluded, "names": factors.names, "layers": layers, "diagnostics": factors.diagnostics}
+    write_bytes_atomic(path, save(tensors, metadata={"attnaudit": json.dumps(meta)}))
+
+
+def load_factors(path: str | Path, fingerprint: str, device: torch.device | str = "cpu") -> KroneckerFactors:
+    """The factors in ``path``, refused (AuditError) unless they were fitted for ``fingerprint``
+    (the same model, parameters, training rows, estimator, curvature and seed)."""
+    import json
+
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = json.loads((f.metadata() or {}).get("attnaudit", "{}"))
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is refused the same way
+        raise AuditError(f"K-FAC cache {path} is not a factors file ({exc.__class__.__name__}); delete it or use "
+                         "another --cache folder") from None
+    if meta.get("format") != CACHE_FORMAT:
+        raise AuditError(f"K-FAC cache {path} has format {meta.get('format')!r}, not {CACHE_FORMAT}; delete it")
+    if meta.get("fingerprint") != fingerprint:
+        raise AuditError(f"K-FAC cache {path} was fitted for another model or data (fingerprint "
+                         f"{str(meta.get('fingerprint'))[:12]} vs {fingerprint[:12]}); it is not used: delete it or "
+                         "use another --cache folder")
+    blocks = []
+    for i, layer in enumerate(meta["layers"]):
+        b = LinearBlock(layer["path"], layer["weight"], layer["bias"], int(layer["d_in"]), int(layer["d_out"]),
+                        source=str(layer.get("source", "linear")), module=str(layer.get("module", "")))
+        for key in ("A", "S", "QA", "QS", "lamA", "lamS", "corrected"):
+            if f"{i}.{key}" in tensors:
+                setattr(b, key, tensors[f"{i}.{key}"].to(device))
+        blocks.append(b)
+    diagnostics = dict(meta.get("diagnostics", {}), cache="loaded")
+    return KroneckerFactors(meta["kind"], blocks, list(meta["excluded"]), int(meta["n_samples"]), list(meta["names"]),
+                            diagnostics)
+
+
+def cached_factors(engine: Engine, rows: torch.Tensor, kind: str, *, chunk: int, curvature: str, seed: int,
+                   cache_dir: str | Path | None, targets: torch.Tensor | None = None) -> KroneckerFactors:
+    """:func:`fit_factors`, reading and writing ``cache_dir`` when given (one file per fingerprint)."""
+    if cache_dir is None:
+        return fit_factors(engine, rows, kind, chunk=chunk, curvature=curvature, seed=seed, targets=targets)
+    resolved = curvature if curvature != "auto" else ("ggn" if engine.n_classes <= EXACT_COLUMNS_UP_TO else "fisher")
+    key = factors_fingerprint(engine, engine.rows(rows), kind, resolved, seed)
+    if resolved == "empirical" and targets is not None:  # the labels enter the curvature
+        import hashlib
+
+        key = hashlib.sha256((key + targets.detach().cpu().contiguous().numpy().tobytes().hex()).encode()).hexdigest()
+    folder = Path(cache_dir)
+    if folder.exists() and not folder.is_dir():
+        raise AuditError(f"--cache {folder} is a file; give a folder (created if missing)")
+    path = folder / f"{kind}-{key[:24]}.safetensors"
+    if path.is_file():
+        return load_factors(path, key, engine.device)
+    factors = fit_factors(engine, rows, kind, chunk=chunk, curvature=resolved, seed=seed, targets=targets)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_factors(factors, path, key)
+    factors.diagnostics["cache"] = f"written {path.name}"
+    return factors

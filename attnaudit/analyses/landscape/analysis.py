@@ -1,0 +1,360 @@
+"""Sharpness and surfaces of one model at its current parameters: config -> analyze -> result.
+
+Everything works on the *training loss* L(theta) = (1/n) sum_i l(f(x_i; theta), y_i) of a
+task (any ``nn.Module`` with its input/output adapters and per-sample loss; MSE: 0.5
+||f - onehot||^2, CE: cross entropy) over (X, y), as a function of the tracked parameters
+(the task's selector: all, head, module names, globs).
+
+* Hessian-vector products: :meth:`attnaudit.core.engine.Engine.hvp_operator` (the one HVP
+  of the project: forward-over-reverse, eval mode, math attention kernel);
+* top-k eigenvalues by Lanczos and the trace by Hutchinson (:mod:`attnaudit.core.linalg`);
+* surfaces along filter-normalized random or Hessian directions (:mod:`.directions`,
+  :mod:`.surfaces`), evaluated by :class:`.evaluate.SurfaceEvaluator` (structured fast path
+  for the built-in two-layer nets when it applies, else the generic engine path; the
+  result records which in ``path``);
+* the basin width (:mod:`.basin`).
+
+The module is never modified: the engine works on detached copies in ``config.dtype``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from attnaudit.core.linalg import EigenResult, TraceResult, hutchinson_trace, lanczos_top_eigen
+from attnaudit.core.task import LOSSES, Task
+from attnaudit.errors import AuditError
+from attnaudit.analyses.landscape.basin import BasinResult, basin_width
+from attnaudit.analyses.landscape.directions import DIRECTION_KINDS, eigenvector_direction, params_norm, random_direction
+from attnaudit.analyses.landscape.evaluate import BACKENDS, SurfaceEvaluator, loss_and_accuracy
+from attnaudit.analyses.landscape.setup import DTYPES, check_labels, landscape_engine, landscape_task
+from attnaudit.analyses.landscape.surfaces import Surface1D, Surface2D, loss_surface_1d, loss_surface_2d
+
+Progress = Callable[[int], None] | None
+
+# Seed offsets: every random object gets its own seed derived from the one base seed, so a
+# figure can be redrawn from the JSON alone (the derived seeds are reported too).
+_SEED_DIR2 = 1
+_SEED_BASIN = 100
+_SEED_LANCZOS = 10_000
+_SEED_HUTCH = 20_000
+# forward-over-reverse keeps primal, tangent and their saved tensors: a third of the budget per chunk
+_HVP_MEMORY_SHARE = 3
+
+
+@dataclass(frozen=True)
+class LandscapeConfig:
+    """Settings for :func:`analyze_landscape` (validated here, before any compute).
+
+    ``loss``: ``mse`` or ``ce`` (None: the task's own; ``mse`` for a bare module);
+    ``params``: parameter selector items (``all``, ``head``, module names, fnmatch globs;
+    None: the task's own, all trainable parameters for a bare module).
+    ``span``: surfaces cover alpha in [-span, span] (relative distance, see
+    :mod:`.directions`); ``points`` = 0 skips the 1-D curve, ``grid`` = 0 the 2-D surface;
+    ``top_k`` eigenvalues by Lanczos (at most ``lanczos_steps`` products, stop at relative
+    Ritz bound ``lanczos_tol``); ``hutchinson_samples`` probes, deflated by the Lanczos
+    vectors when ``hutchinson_deflate``; basin: ``basin_directions`` random directions
+    (both signs), threshold ``basin_factor`` x L(theta), searched up to ``basin_max``.
+    ``seed`` is the base of every random draw (directions, Lanczos start, probes).
+    ``dtype``: precision of the analysis (the engine's parameter copies and data).
+    ``fast_path``: use the structured two-layer evaluation where it applies (False forces
+    the generic engine path); ``backend``: ``auto``, ``structured``, ``vmap``, ``loop``.
+    """
+
+    loss: str | None = None
+    directions: str = "random"
+    points: int = 51
+    span: float = 1.0
+    grid: int = 31
+    keep_1d_params: bool = False
+    params: tuple[str, ...] | None = None
+    top_k: int = 5
+    lanczos_steps: int = 100
+    lanczos_tol: float = 1e-4
+    hutchinson_samples: int = 30
+    hutchinson_deflate: bool = True
+    basin_directions: int = 8
+    basin_factor: float = 2.0
+    basin_max: float = 1.0
+    basin_points: int = 24
+    seed: int = 0
+    memory_mb: float = 512.0
+    points_per_batch: int | None = None
+    samples_per_batch: int | None = None
+    backend: str = "auto"
+    fast_path: bool = True
+    dtype: str = "float64"
+
+    def __post_init__(self) -> None:
+        if self.loss is not None and self.loss not in LOSSES:
+            raise AuditError(f"unknown --loss {self.loss!r}; use one of {', '.join(LOSSES)}")
+        if self.params is not None:
+            items = self.params.split(",") if isinstance(self.params, str) else self.params
+            object.__setattr__(self, "params", tuple(str(p).strip() for p in items if str(p).strip()))
+            if not self.params:
+                raise AuditError("the parameter selector is empty; use all, head, a module name or glob patterns")
+        if self.directions not in DIRECTION_KINDS:
+            raise AuditError(f"unknown --directions {self.directions!r}; use one of {', '.join(DIRECTION_KINDS)}")
+        if self.backend not in BACKENDS:
+            raise AuditError(f"unknown evaluation backend {self.backend!r}; use one of {', '.join(BACKENDS)}")
+        if self.backend == "structured" and not self.fast_path:
+            raise AuditError("the structured backend is the fast path; it cannot run with fast_path=False")
+        if self.dtype not in DTYPES:
+            raise AuditError(f"unknown --dtype {self.dtype!r}; use one of {', '.join(DTYPES)}")
+        if self.points != 0 and self.points < 3:
+            raise AuditError(f"--points must be 0 (skip) or >= 3, got {self.points}")
+        if self.grid != 0 and self.grid < 3:
+            raise AuditError(f"--grid must be 0 (skip) or >= 3, got {self.grid}")
+        if not (self.span > 0 and math.isfinite(self.span)):
+            raise AuditError(f"--span must be a positive number, got {self.span}")
+        if self.top_k < 1:
+            raise AuditError(f"--top-k must be >= 1, got {self.top_k}")
+        if self.lanczos_steps < 1:
+            raise AuditError(f"Lanczos steps must be >= 1, got {self.lanczos_steps}")
+        if not (0 < self.lanczos_tol < 1):
+            raise AuditError(f"Lanczos tolerance must be in (0, 1), got {self.lanczos_tol}")
+        if self.hutchinson_samples < 2:
+            raise AuditError(f"--hutchinson-samples must be >= 2 (a standard error needs two), got {self.hutchinson_samples}")
+        if self.basin_directions < 1:
+            raise AuditError(f"--basin-directions must be >= 1, got {self.basin_directions}")
+        if not (self.basin_factor > 1 and math.isfinite(self.basin_factor)):
+            raise AuditError(f"--basin-factor must be > 1, got {self.basin_factor}")
+        if not (self.basin_max > 0 and math.isfinite(self.basin_max)):
+            raise AuditError(f"basin max radius must be positive, got {self.basin_max}")
+        if self.basin_points < 2:
+            raise AuditError(f"basin points must be >= 2, got {self.basin_points}")
+        if not self.memory_mb > 0:
+            raise AuditError(f"memory budget must be positive, got {self.memory_mb} MB")
+        for name in ("points_per_batch", "samples_per_batch"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise AuditError(f"{name.replace('_', ' ')} must be >= 1, got {v}")
+
+    @property
+    def lanczos_k(self) -> int:
+        """Eigenpairs computed: top_k, and at least 2 when the 2-D surface uses Hessian directions."""
+        return max(self.top_k, 2 if self.directions == "hessian" and self.grid else 1)
+
+    def seeds(self) -> dict:
+        """Every derived seed, as reported in the JSON."""
+        return {
+            "base": self.seed,
+            "direction_1": self.seed,
+            "direction_2": self.seed + _SEED_DIR2,
+            "basin_directions": [self.seed + _SEED_BASIN + j for j in range(self.basin_directions)],
+            "lanczos_start": self.seed + _SEED_LANCZOS,
+            "hutchinson": self.seed + _SEED_HUTCH,
+        }
+
+    def work_units(self) -> int:
+        """Progress units of :func:`analyze_landscape` (products + points; an upper bound, the bar is topped up)."""
+        basin = 2 * self.basin_directions * (self.basin_points + 8 * 2)
+        return self.lanczos_steps + self.hutchinson_samples + self.points + self.grid**2 + basin
+
+
+@dataclass(frozen=True)
+class LandscapeResult:
+    """Sharpness and surfaces of one model at its current parameters.
+
+    ``path``: which surface evaluation ran (``fast: TwoLayerNet structured evaluation`` or
+    ``generic: engine``); ``backend``: ``structured``, ``vmap`` or ``loop``; ``hvp_mode``:
+    how the engine differentiated twice.
+    """
+
+    n_samples: int
+    n_params: int
+    param_names: tuple[str, ...]
+    loss: float
+    accuracy: float
+    eigen: EigenResult
+    trace: TraceResult
+    top_share: tuple[float, ...]  # cumulative sum_{i<=j} lambda_i / tr(H), j = 1..k
+    top_share_stderr: tuple[float, ...]
+    trace_over_top: float  # tr(H) / lambda_1: how many lambda_1-sized directions the trace holds
+    basin: BasinResult
+    surface_1d: Surface1D | None
+    surface_2d: Surface2D | None
+    directions: dict
+    seeds: dict
+    backend: str
+    timings: dict
+    path: str = ""
+    hvp_mode: str = ""
+    loss_function: str = ""
+    dtype: str = ""
+
+    def to_dict(self) -> dict:
+        return {
+            "n_samples": self.n_samples,
+            "n_params": self.n_params,
+            "param_names": list(self.param_names),
+            "loss": self.loss,
+            "accuracy": self.accuracy,
+            "top_eigenvalues": self.eigen.to_dict(),
+            "trace": self.trace.to_dict(),
+            "top_share": list(self.top_share),
+            "top_share_stderr": list(self.top_share_stderr),
+            "trace_over_top": self.trace_over_top,
+            "basin": self.basin.to_dict(),
+            "surface_1d": None if self.surface_1d is None else self.surface_1d.to_dict(),
+            "surface_2d": None if self.surface_2d is None else self.surface_2d.to_dict(),
+            "directions": self.directions,
+            "seeds": self.seeds,
+            "backend": self.backend,
+            "path": self.path,
+            "hvp_mode": self.hvp_mode,
+            "loss_function": self.loss_function,
+            "dtype": self.dtype,
+            "timings": self.timings,
+        }
+
+
+class _Ticks:
+    """``progress`` capped at ``total`` units; :meth:`finish` tops the bar up to the total."""
+
+    def __init__(self, progress: Progress, total: int):
+        self.progress, self.total, self.done = progress, total, 0
+
+    def __call__(self, k: int) -> None:
+        if self.progress is not None:
+            k = min(k, self.total - self.done)
+            if k > 0:
+                self.done += k
+                self.progress(k)
+
+    def finish(self) -> None:
+        self(self.total - self.done)
+
+
+def analyze_landscape(
+    model: nn.Module | Task, X: torch.Tensor, y: torch.Tensor, config: LandscapeConfig, progress: Progress = None
+) -> LandscapeResult:
+    """Loss, accuracy, Hessian top-k, trace, top share, basin width and surfaces at the current theta.
+
+    ``model``: any ``nn.Module`` (flat rows in, logits out) or a :class:`~attnaudit.core.task.Task`
+    (images, tokens, keyword inputs, tuple/dict outputs). The module is not modified (no
+    dtype change; eval mode only inside the analysis). ``progress(n)`` is advanced by
+    products and evaluated points; ``config.work_units()`` is the total.
+    """
+    if y is None:
+        raise AuditError("the loss landscape needs labels; use a labelled dataset")
+    if X.shape[0] != y.shape[0]:
+        raise AuditError(f"{X.shape[0]} samples but {y.shape[0]} labels")
+    if X.shape[0] == 0:
+        raise AuditError("no training samples; increase --n-train")
+    task = landscape_task(model, X, config.loss, config.params)
+    engine = landscape_engine(task, X, config.dtype)
+    X, y = engine.rows(X), y.to(engine.device).long()
+    check_labels(engine, y)
+    T = engine.targets(y)
+    params = engine.unflatten(engine.theta)  # the tracked parameters by name (views of theta)
+    advance = _Ticks(progress, config.work_units())
+    seeds = config.seeds()
+    timings: dict[str, float] = {}
+
+    t0 = time.perf_counter()
+    loss0, acc0 = loss_and_accuracy(engine, X, y, config.samples_per_batch or 8192)
+    timings["loss"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    budget = config.memory_mb * 2**20
+    chunk = config.samples_per_batch or engine.plan_chunk(X, budget / _HVP_MEMORY_SHARE, limit=4096)
+    hvp = engine.hvp_operator(X, T, chunk=chunk)
+    # the Lanczos basis holds steps x n_params numbers: keep it within 4 x the memory budget
+    # (a capped run reports converged=False rather than running out of memory)
+    basis_cap = int(4 * budget / (engine.theta.element_size() * hvp.size))
+    steps = max(min(config.lanczos_steps, basis_cap), config.lanczos_k + 2)
+    # the products H q_j are kept too (the Ritz residuals then need no further product) only
+    # when basis and products together stay within that same 4 x budget
+    basis_bytes = steps * hvp.size * engine.theta.element_size()
+    eig = lanczos_top_eigen(
+        hvp, hvp.size, config.lanczos_k, max_steps=steps,
+        tol=config.lanczos_tol, seed=seeds["lanczos_start"], device=engine.device, dtype=engine.dtype, progress=advance,
+        keep_products_bytes=max(0, int(4 * budget) - basis_bytes),
+    )
+    timings["lanczos"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    tr = hutchinson_trace(
+        hvp, hvp.size, config.hutchinson_samples, seed=seeds["hutchinson"], device=engine.device, dtype=engine.dtype,
+        deflate=eig.eigenvectors[:, : config.top_k] if config.hutchinson_deflate else None,
+        deflate_products=eig.h_eigenvectors[:, : config.top_k] if config.hutchinson_deflate else None,
+        progress=advance,
+    )
+    timings["hutchinson"] = time.perf_counter() - t0
+    top = torch.tensor(eig.eigenvalues[: config.top_k], dtype=torch.float64)
+    cum = torch.cumsum(top, 0)
+    share = cum / tr.estimate if tr.estimate != 0 else torch.full_like(cum, float("nan"))
+    share_se = share.abs() * (tr.stderr / abs(tr.estimate)) if tr.estimate != 0 else share
+    lam1 = eig.eigenvalues[0]
+    trace_over_top = tr.estimate / lam1 if lam1 != 0 else float("nan")
+
+    t0 = time.perf_counter()
+    if config.directions == "random":
+        d1 = random_direction(params, seeds["direction_1"], config.keep_1d_params)
+        d2 = random_direction(params, seeds["direction_2"], config.keep_1d_params) if config.grid else None
+        dir_info = {
+            "kind": "random", "normalization": "filter", "keep_1d_params": config.keep_1d_params,
+            "seeds": [seeds["direction_1"], seeds["direction_2"]],
+        }
+    else:
+        d1 = eigenvector_direction(eig.eigenvectors[:, 0], params)
+        d2 = eigenvector_direction(eig.eigenvectors[:, 1], params) if config.grid and eig.eigenvectors.shape[1] > 1 else None
+        dir_info = {
+            "kind": "hessian", "normalization": "global: ||d|| = ||theta||", "eigen_index": [0, 1],
+            "lanczos_seed": seeds["lanczos_start"],
+        }
+    dir_info["theta_norm"] = params_norm(params)
+    timings["directions"] = time.perf_counter() - t0
+
+    evaluate = SurfaceEvaluator(
+        engine, X, y, fast_path=config.fast_path, backend=config.backend, memory_mb=config.memory_mb,
+        points_per_batch=config.points_per_batch, samples_per_batch=config.samples_per_batch,
+    )
+    surf1 = surf2 = None
+    t0 = time.perf_counter()
+    if config.points:
+        surf1 = loss_surface_1d(evaluate, d1, config.points, config.span, progress=advance)
+    timings["surface_1d"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    if config.grid and d2 is not None:
+        surf2 = loss_surface_2d(evaluate, d1, d2, config.grid, config.span, progress=advance)
+    timings["surface_2d"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    bdirs = [random_direction(params, s, config.keep_1d_params) for s in seeds["basin_directions"]]
+    basin = basin_width(
+        evaluate, bdirs, factor=config.basin_factor, max_radius=config.basin_max, points=config.basin_points,
+        direction_seeds=seeds["basin_directions"], progress=advance,
+    )
+    timings["basin"] = time.perf_counter() - t0
+    advance.finish()
+    return LandscapeResult(
+        n_samples=int(X.shape[0]),
+        n_params=hvp.size,
+        param_names=tuple(engine.names),
+        loss=loss0,
+        accuracy=acc0,
+        eigen=eig,
+        trace=tr,
+        top_share=tuple(share.tolist()),
+        top_share_stderr=tuple(share_se.tolist()),
+        trace_over_top=trace_over_top,
+        basin=basin,
+        surface_1d=surf1,
+        surface_2d=surf2,
+        directions=dir_info,
+        seeds=seeds,
+        backend=evaluate.backend,  # the evaluator actually used (vmap falls back to a loop if it must)
+        timings=timings,
+        path=evaluate.path,
+        hvp_mode=hvp.mode,
+        loss_function=engine.loss.name,
+        dtype=str(engine.dtype).replace("torch.", ""),
+    )

@@ -1,0 +1,1 @@
+"""`malleability`: how far perturbed training data moves influence rankings."""

@@ -1,0 +1,1 @@
+"""`claims`: the paper's claims as hypotheses, each tested by one documented run."""

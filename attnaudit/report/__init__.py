@@ -1,0 +1,1 @@
+"""Reports: the JSON envelope every command writes, and the self-contained HTML pages."""

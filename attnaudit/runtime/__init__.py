@@ -1,0 +1,1 @@
+"""Where and how things run: device, threads, executors and sweeps, atomic writes."""
