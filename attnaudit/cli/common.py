@@ -12,12 +12,13 @@ import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Callable, Iterator
+from typing import Annotated, Any, Callable, Iterator
 
 import typer
 from rich.console import Console
 from rich.text import Text
 
+from attnaudit.analyses.request import FieldError, fields_named
 from attnaudit.errors import AuditError
 from attnaudit.runtime.atomic import StagedFiles
 from attnaudit.runtime.invocation import captured_reports
@@ -86,14 +87,20 @@ def _is_out_of_memory(exc: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def cli_errors(debug: bool = False) -> Iterator[None]:
+def cli_errors(debug: bool = False, request_type: type | None = None) -> Iterator[None]:
     """Map failures to one stderr line and an exit code.
 
     :class:`AuditError` -> exit 2; out of memory -> exit 2 with a hint; Ctrl-C -> exit 130
-    with "interrupted"; anything else -> exit 3 (an internal error to report).
+    with "interrupted"; anything else -> exit 3 (an internal error to report). An error
+    about a field of ``request_type`` names the field's flag.
     """
     try:
-        yield
+        try:
+            yield
+        except FieldError as exc:
+            if request_type is None:
+                raise
+            raise fields_named(exc, request_type) from None
     except BaseException:
         if captured_reports() is not None:  # run by `attnaudit audit`: it reports the error itself
             raise
@@ -288,6 +295,11 @@ def emit(
     if opts.show_table:
         for line in written:
             opts.console.print(line)
+
+
+def emit_result(opts: OutputOptions, result: Any) -> None:
+    """:func:`emit` for an :class:`attnaudit.analyses.result.Result`."""
+    emit(opts, result.to_dict(), result.tables(), plot=result.plot, png_name=result.png_name)
 
 
 def exit_if_cells_failed(failed: list[dict]) -> None:

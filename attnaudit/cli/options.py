@@ -340,3 +340,86 @@ def _plain_metavar(param: Any) -> None:
         annotation = get_args(annotation)[0]
     if annotation in _METAVARS:
         param.metavar = _METAVARS[annotation]
+
+
+# --------------------------------------------------------------------------- requests as options
+
+
+def request_parameters(request_type: type) -> list[inspect.Parameter]:
+    """The typer parameters of a request class's option fields (the one flag table).
+
+    A field with a parser (lists, free text) is text on the command line; a bool field is a
+    flag (with its ``--no-...`` form when it has one); a ``multiple`` field is repeatable.
+    Every default is shown in ``--help``.
+    """
+    params = []
+    defaults = {f.name: f.default for f in dataclasses.fields(request_type)}
+    for name, opt in request_type.options().items():
+        default = defaults[name]
+        decls = list(opt.flags)
+        if opt.kind is bool and opt.parse is None:
+            annotation: Any = bool
+            if opt.negative:
+                decls = [f"{opt.flag}/{opt.negative}", *opt.flags[1:]]
+        elif opt.multiple:
+            annotation = Optional[list[opt.kind]]
+        elif opt.parse is not None:
+            annotation = Optional[str]
+            if isinstance(default, tuple):
+                from attnaudit.analyses.request import show_list
+
+                default = show_list(default)
+        else:
+            annotation = Optional[opt.kind] if default is None else opt.kind
+        option = typer.Option(*decls, help=opt.help, rich_help_panel=opt.panel, metavar=opt.metavar,
+                              show_default=default is not None and default is not False)
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                        annotation=Annotated[annotation, option]))
+    return params
+
+
+@dataclass
+class RequestOptions:
+    """The parsed options of a command, ready to become its request (:meth:`build`)."""
+
+    request_type: type
+    values: dict
+
+    def build(self, **objects: Any) -> Any:
+        """The request; an error about a field names the flag the user typed."""
+        from attnaudit.analyses.request import FieldError, fields_named
+
+        defaults = {f.name: f.default for f in dataclasses.fields(self.request_type)}
+        given = {k: (defaults[k] if v in ((), []) else v) for k, v in self.values.items()}
+        try:
+            return self.request_type.from_options(given, **objects)
+        except FieldError as exc:
+            raise fields_named(exc, self.request_type) from None
+
+
+def with_request(request_type: type, name: str = "request") -> Callable[[Callable], Callable]:
+    """Decorator: the command's options are ``request_type``'s option fields; the command
+    receives them as one :class:`RequestOptions` (parameter ``name``) and builds the request
+    inside its error handling."""
+
+    def decorate(fn: Callable) -> Callable:
+        signature = inspect.signature(fn, eval_str=True)
+        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for n, p in signature.parameters.items() if n != name]
+        extra = request_parameters(request_type)
+        clash = {p.name for p in own} & {p.name for p in extra}
+        if clash:
+            raise TypeError(f"option(s) {sorted(clash)} of {request_type.__name__} clash with {fn.__name__}'s own")
+        fields = [p.name for p in extra]
+
+        @functools.wraps(fn)
+        def command(**kwargs: Any) -> Any:
+            kwargs[name] = RequestOptions(request_type, {f: kwargs.pop(f) for f in fields})
+            return fn(**kwargs)
+
+        spliced = own + extra
+        command.__signature__ = signature.replace(parameters=spliced)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in spliced}
+        command.request_type = request_type  # type: ignore[attr-defined]
+        return command
+
+    return decorate

@@ -101,15 +101,28 @@ def build_report(
     results: dict,
     warnings: Iterable[str] = (),
     verdicts: Iterable[str] = (),
+    request: Any = None,
 ) -> dict:
-    """The versioned JSON envelope (see module docstring), already JSON-safe."""
+    """The versioned JSON envelope (see module docstring), already JSON-safe.
+
+    ``request`` (an :class:`attnaudit.analyses.request.Request`) records the request's
+    options and the command line derived from it (None when it holds in-memory objects)."""
     from attnaudit.runtime.invocation import current_command
 
+    command = current_command()
+    recorded = None
+    if request is not None:
+        recorded = {"command": request.COMMAND, "options": request.to_dict()}
+        try:
+            command = request.command_line()
+        except AuditError:
+            command = None  # in-memory data or models: no command line reproduces the run
     payload = {
         "schema": schema,
         "attnaudit_version": __version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": current_command(),
+        "command": command,
+        **({"request": recorded} if recorded is not None else {}),
         "inputs": inputs,
         "seeds": seeds,
         "environment": environment_info(device, dtype),

@@ -198,7 +198,7 @@ def run_landscape(
     step budget; the largest final loss L* becomes ``train_config.loss_tol``, so every model
     is then trained until its loss first reaches L* (the slowest one runs its whole budget).
     """
-    from attnaudit import training as gd  # looked up at call time (tests replace gd.train)
+    from attnaudit.core import training as gd  # looked up at call time (tests replace gd.train)
 
     X, y = data.X, data.y
     if y is None:

@@ -1,0 +1,307 @@
+"""Requests and results: what an analysis is asked to do, and what it answers.
+
+Every command is one frozen request dataclass, one ``run(request, *, progress=None,
+executor=None)`` and one result. The request holds the data, the model and the protocol;
+its defaults, presets and validation live on the class, so the Python API, the command
+line, ``attnaudit audit`` and ``attnaudit claims`` run the same protocol under the same
+name. Each protocol field carries its :class:`Option` (flags, help text, help panel), which
+makes the request class the one table from flag to field:
+
+* the CLI builds its options from those fields and a request from the parsed options;
+* an audit file's ``options:`` keys are the same flags (``top-k``, ``--top-k`` or ``top_k``);
+* :meth:`Request.to_argv` derives the command line that reproduces a request, so
+  argv -> request -> argv round-trips (tests/test_requests.py).
+
+Errors about a field are :class:`FieldError`: the message names the field as the caller
+spelled it (``seeds`` from Python, ``--seeds`` on the command line, ``checks[0].options.seeds``
+in an audit file).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import shlex
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+from attnaudit.errors import AuditError, clip_text
+
+# The panels of every command's --help, in this order (docs/cli.md says what goes where).
+DATA = "Data"
+MODEL = "Model / checkpoint"
+PROTOCOL = "Protocol"
+ANALYSIS = "Attack / analysis"
+OUTPUT = "Output"
+EXECUTION = "Execution"
+PANELS = (DATA, MODEL, PROTOCOL, ANALYSIS, OUTPUT, EXECUTION)
+
+_OPTION = "attnaudit_option"
+R = TypeVar("R", bound="Request")
+
+
+class FieldError(AuditError):
+    """A request field holds a value the protocol refuses.
+
+    ``template`` names the field as ``{name}``; :meth:`named` renders it for the spelling
+    the caller used (the field name from Python, the flag on the command line).
+    """
+
+    def __init__(self, field_name: str, template: str) -> None:
+        self.field = field_name
+        self.template = template
+        super().__init__(template.format(name=field_name))
+
+    def named(self, name: str) -> AuditError:
+        """The same error, naming the field as ``name`` (e.g. ``--seeds``)."""
+        return AuditError(self.template.format(name=name))
+
+
+@dataclass(frozen=True)
+class Option:
+    """How a request field appears on the command line and in an audit file.
+
+    ``kind`` is the value's type there: ``str``, ``int``, ``float`` or ``bool`` (a flag, with
+    ``negative`` as its ``--no-...`` form when the default is true); ``parse`` turns a value
+    from the command line (text) or from YAML (any scalar or list) into the field's value,
+    ``show`` turns the field's value back into command-line text.
+    """
+
+    flags: tuple[str, ...]
+    help: str
+    panel: str
+    kind: type = str
+    negative: str | None = None
+    multiple: bool = False
+    metavar: str | None = None
+    parse: Callable[[Any, str], Any] | None = None
+    show: Callable[[Any], str] | None = None
+
+    @property
+    def flag(self) -> str:
+        return self.flags[0]
+
+
+def option(default: Any, *flags: str, help: str, panel: str, kind: type | None = None, negative: str | None = None,
+           multiple: bool = False, metavar: str | None = None, parse: Callable[[Any, str], Any] | None = None,
+           show: Callable[[Any], str] | None = None) -> Any:
+    """A request field with its command-line option (see :class:`Option`)."""
+    if kind is None:
+        kind = type(default) if isinstance(default, (bool, int, float)) else str
+    meta = Option(flags=tuple(flags), help=help, panel=panel, kind=kind, negative=negative, multiple=multiple,
+                  metavar=metavar, parse=parse, show=show)
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("request defaults are immutable (use a tuple)")
+    return field(default=default, metadata={_OPTION: meta})
+
+
+def internal(default: Any = None) -> Any:
+    """A request field with no command-line option (a loaded object from Python, say)."""
+    return field(default=default, compare=False, metadata={})
+
+
+# --------------------------------------------------------------------------- value parsers
+
+
+def _scalar(value: Any, kind: type, name: str) -> Any:
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        raise FieldError(name, "{name} takes true or false, got " + clip_text(repr(value), 60))
+    if isinstance(value, bool):
+        raise FieldError(name, "{name} takes a value, not true/false")
+    if kind is str:
+        if isinstance(value, (dict, list, tuple)):
+            raise FieldError(name, "{name} takes one value, got " + clip_text(repr(value), 60))
+        return str(value)
+    try:
+        if kind is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(str(value).strip()) if isinstance(value, str) else int(value)
+        return float(value)
+    except (TypeError, ValueError):
+        what = "an integer" if kind is int else "a number"
+        raise FieldError(name, "{name}: " + f"{clip_text(repr(value), 60)} is not {what}") from None
+
+
+def list_of(kind: type) -> Callable[[Any, str], tuple]:
+    """Parser for a list field: ``"16,64,256"`` (command line) or ``[16, 64, 256]`` / ``16`` (YAML)."""
+
+    def parse(value: Any, name: str) -> tuple:
+        if isinstance(value, (list, tuple)):
+            items = list(value)
+        elif isinstance(value, str):
+            items = [t.strip() for t in value.split(",") if t.strip()]
+            if not items:
+                raise FieldError(name, "{name} is empty; give a comma-separated list such as {name} 1,2,3")
+        else:
+            items = [value]
+        out = []
+        for item in items:
+            try:
+                out.append(_scalar(item, kind, name))
+            except FieldError:
+                what = {int: "an integer", float: "a number"}.get(kind, "a value")
+                raise FieldError(name, "{name}: " + f"{clip_text(repr(item), 60)} is not {what}; "
+                                 "give a comma-separated list such as {name} 1,2,3") from None
+        return tuple(out)
+
+    return parse
+
+
+def show_list(values: Any) -> str:
+    """``(16, 64)`` -> ``"16,64"`` (floats as repr, so they parse back exactly)."""
+    return ",".join(_show_scalar(v) for v in values)
+
+
+def _show_scalar(value: Any) -> str:
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def normalise_key(key: Any) -> str:
+    """An option key as written (eps, top-k, top_k, --top-k) -> its python spelling."""
+    return str(key).strip().lstrip("-").replace("-", "_")
+
+
+def hint(word: str, choices) -> str:
+    """'; did you mean 'x'?' for a close match, else ''."""
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+# --------------------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True)
+class Request:
+    """Base of every analysis request: option table, parsing, validation, reproduction."""
+
+    COMMAND: ClassVar[str] = ""
+    PRESETS: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Refuse values the protocol cannot run (raise :class:`FieldError`)."""
+
+    # ---- the option table
+    @classmethod
+    def options(cls) -> dict[str, Option]:
+        """field name -> its :class:`Option`, in declaration order."""
+        return {f.name: f.metadata[_OPTION] for f in dataclasses.fields(cls) if _OPTION in f.metadata}
+
+    @classmethod
+    def flag_of(cls, name: str) -> str:
+        """The flag of field ``name`` (``top_k`` -> ``--top-k``)."""
+        opt = cls.options().get(name)
+        return opt.flag if opt is not None else f"--{name.replace('_', '-')}"
+
+    @classmethod
+    def field_of(cls, key: Any) -> str | None:
+        """The field a key names: field name, any flag (with or without ``--``), or None."""
+        wanted = normalise_key(key)
+        for name, opt in cls.options().items():
+            spellings = {name, *(normalise_key(f) for f in opt.flags)}
+            if opt.negative:
+                spellings.add(normalise_key(opt.negative))
+            if wanted in spellings:
+                return name
+        return None
+
+    @classmethod
+    def parse_value(cls, name: str, value: Any) -> Any:
+        """A value from the command line or YAML -> the field's value (``None`` stays None)."""
+        opt = cls.options()[name]
+        if value is None:
+            return None
+        if opt.parse is not None:
+            return opt.parse(value, name)
+        if opt.multiple:
+            values = value if isinstance(value, (list, tuple)) else [value]
+            return tuple(_scalar(v, opt.kind, name) for v in values)
+        return _scalar(value, opt.kind, name)
+
+    @classmethod
+    def from_options(cls: type[R], options: Mapping[str, Any], **objects: Any) -> R:
+        """A request from option values keyed by field name or flag; ``objects`` fill fields
+        without options (loaded data or models). Unknown keys are refused with a hint."""
+        values: dict[str, Any] = {}
+        for key, value in options.items():
+            name = cls.field_of(key)
+            if name is None:
+                known = [n.replace("_", "-") for n in cls.options()]
+                raise AuditError(f"{cls.COMMAND} has no option --{normalise_key(key).replace('_', '-')}"
+                                 f"{hint(normalise_key(key).replace('_', '-'), known)}")
+            negated = cls.options()[name].negative
+            if negated and normalise_key(key) == normalise_key(negated) and isinstance(value, bool):
+                value = not value
+            values[name] = cls.parse_value(name, value)
+        return cls(**values, **objects)
+
+    # ---- reproduction
+    def to_argv(self) -> list[str]:
+        """The options that reproduce this request: every field that differs from its default,
+        in declaration order. A request holding an in-memory object has none."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        argv: list[str] = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if _OPTION not in f.metadata:
+                if value is not None and value is not defaults[f.name]:
+                    raise AuditError(f"this {self.COMMAND} request holds an in-memory {f.name} "
+                                     f"({type(value).__name__}); no command line reproduces it")
+                continue
+            if value == defaults[f.name]:
+                continue
+            opt: Option = f.metadata[_OPTION]
+            if opt.kind is bool and opt.parse is None:
+                if value:
+                    argv.append(opt.flag)
+                elif opt.negative:
+                    argv.append(opt.negative)
+                continue
+            if opt.multiple:
+                for item in value:
+                    argv.extend([opt.flag, _show_scalar(item)])
+                continue
+            text = opt.show(value) if opt.show else (show_list(value) if isinstance(value, tuple) else _show_scalar(value))
+            argv.extend([opt.flag, text])
+        return argv
+
+    def command_line(self) -> str:
+        """The shell command that reproduces this request."""
+        return shlex.join(["attnaudit", self.COMMAND, *self.to_argv()])
+
+    def to_dict(self) -> dict[str, Any]:
+        """The request's option fields (JSON-able: tuples as lists)."""
+        return {name: list(v) if isinstance(v := getattr(self, name), tuple) else v for name in self.options()}
+
+    @classmethod
+    def from_dict(cls: type[R], data: Mapping[str, Any]) -> R:
+        """Inverse of :meth:`to_dict`."""
+        return cls.from_options(dict(data))
+
+    def replace(self: R, **changes: Any) -> R:
+        """A copy with ``changes`` (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+
+_MARK = "\x00name\x00"
+
+
+def field_check(field_name: str, check: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run a library check that names its option in the message (``check(..., option)``) and
+    turn its :class:`AuditError` into a :class:`FieldError` on ``field_name``."""
+    try:
+        return check(*args, _MARK, **kwargs)
+    except AuditError as exc:
+        text = str(exc).replace("{", "{{").replace("}", "}}").replace(_MARK, "{name}")
+        raise FieldError(field_name, text) from None
+
+
+def fields_named(error: FieldError, request_type: type[Request]) -> AuditError:
+    """A :class:`FieldError` as the command line shows it: naming the field's flag."""
+    return error.named(request_type.flag_of(error.field))

@@ -1,0 +1,152 @@
+"""The parts of a request that say what is analysed: the data, and a trained model.
+
+:class:`DataFields` and :class:`ModelFields` are mixed into the requests of the commands
+that read data or audit a saved model; their fields are the ``Data`` and ``Model /
+checkpoint`` options of every such command. From Python a request can instead hold a
+loaded :class:`~attnaudit.data.Dataset` (``loaded_data``) and loaded models
+(``loaded_models``: :class:`~attnaudit.models.loaded.LoadedModel` by label).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from attnaudit.analyses.request import DATA, MODEL, FieldError, internal, option
+from attnaudit.errors import AuditError
+
+
+def _classes(value: Any, name: str) -> str | None:
+    """``--classes`` as text ("0,1,7", "0-3"); a YAML list becomes the same text."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+@dataclass(frozen=True)
+class DataFields:
+    """Where the data come from (``dataset`` or ``data``) and how they are filtered and preprocessed."""
+
+    dataset: str | None = option(
+        "digits", "--dataset", panel=DATA,
+        help="Built-in data set: digits (embedded, offline), mnist, fashion-mnist, cifar10, synthetic.",
+    )
+    data: str | None = option(
+        None, "--data", panel=DATA, metavar="PATH",
+        help="User data: .npz, .npy, .safetensors, .pt, .csv (label column) or an image folder (one sub-folder per class).",
+    )
+    data_dir: str | None = option(
+        None, "--data-dir", panel=DATA, metavar="PATH",
+        help="Root of torchvision-format data sets (default: $ATTNAUDIT_DATA_DIR, else ~/.cache/attnaudit/data).",
+    )
+    split: str | None = option("train", "--split", panel=DATA, help="train or test.")
+    classes: str | None = option(None, "--classes", panel=DATA, parse=_classes, help="Keep only these labels, e.g. 0,1,7.")
+    preprocess: str = option(
+        "raw", "--preprocess", panel=DATA,
+        help="raw, center, standardize, unit-norm or ntk-scale (one global scale so that mean ||x||^2 = d, the NTK convention).",
+    )
+    download: bool = option(False, "--download", panel=DATA,
+                            help="Allow torchvision to download a missing data set (needs a network).")
+    loaded_data: Any = internal()
+
+    def data_spec(self, seed: int, *, n: int | None = None, stratify: bool = False,
+                  dataset: str | None = None, split: str | None = None):
+        """A validated :class:`attnaudit.data.DataSpec`; ``dataset``/``split`` fill options left unset."""
+        from attnaudit.data import DataSpec, parse_classes
+
+        return DataSpec(
+            dataset=self.dataset or dataset or "digits", data=self.data, data_dir=self.data_dir,
+            split=self.split or split or "train", n=n, classes=parse_classes(self.classes),
+            preprocess=self.preprocess, seed=seed, stratify=stratify, download=self.download,
+        )
+
+    def load_data(self, seed: int, *, n: int | None = None, stratify: bool = False,
+                  dataset: str | None = None, split: str | None = None):
+        """The :class:`attnaudit.data.Dataset` to analyse: ``loaded_data`` (subset to ``n`` rows
+        with ``seed`` when asked), else read as :meth:`data_spec` describes."""
+        from attnaudit.data import load_dataset
+
+        if self.loaded_data is None:
+            return load_dataset(self.data_spec(seed, n=n, stratify=stratify, dataset=dataset, split=split))
+        ds = self.loaded_data
+        if n is None or n == ds.n:
+            return ds
+        if n > ds.n:
+            raise FieldError("n", "{name} " + f"{n} is more than the {ds.n} rows of the loaded data set")
+        import torch
+
+        rows = torch.randperm(ds.n, generator=torch.Generator().manual_seed(seed))[:n]
+        return ds.subset(rows) if hasattr(ds, "subset") else _rows(ds, rows)
+
+    def data_inputs(self) -> dict:
+        """The data options as given, for the report's ``inputs``."""
+        if self.loaded_data is not None:
+            return {"dataset": getattr(self.loaded_data, "name", "in-memory"), "data": None, "split": None,
+                    "classes": None, "preprocess": None}
+        return {
+            "dataset": self.dataset if self.data is None else None, "data": self.data, "split": self.split,
+            "classes": self.classes, "preprocess": self.preprocess,
+        }
+
+
+def _rows(ds: Any, rows: Any) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(ds, X=ds.X[rows], y=ds.y[rows])
+
+
+@dataclass(frozen=True)
+class ModelFields:
+    """Which trained model to audit (``checkpoint``, or ``factory`` + ``weights``)."""
+
+    checkpoint: tuple[str, ...] | None = option(
+        None, "--checkpoint", "--model", panel=MODEL, metavar="PATH", multiple=True,
+        help="Audit a trained model: an attnaudit .safetensors (its .json side-car beside it) or a Hugging Face model "
+             "folder (config.json + model.safetensors; needs attnaudit[hf]). Repeat to compare several. --model is an alias.",
+    )
+    factory: str | None = option(
+        None, "--factory", panel=MODEL,
+        help="Your own torch.nn.Module: package.module:function that returns it (called without arguments).",
+    )
+    weights: str | None = option(None, "--weights", panel=MODEL, metavar="PATH",
+                                 help="Weights for --factory (.safetensors; pickle files need --trust-pickle).")
+    trust_pickle: bool = option(
+        False, "--trust-pickle", panel=MODEL,
+        help="Allow pickle-based weights (.pt/.pth/.bin/.ckpt), read with torch.load(weights_only=True). Only for files you trust.",
+    )
+    inputs: str = option(
+        "auto", "--inputs", panel=MODEL,
+        help="How data rows reach a --factory model: auto (its audit_inputs(), else images for image data), flat, images or tokens.",
+    )
+    loaded_models: Any = internal()
+
+    @property
+    def model_given(self) -> bool:
+        """Whether a trained model is to be audited."""
+        return bool(self.checkpoint) or self.factory is not None or self.weights is not None or bool(self.loaded_models)
+
+    def model_sources(self) -> list[str]:
+        """What the models were loaded from, for the report."""
+        if self.loaded_models:
+            return [getattr(m, "source", label) for label, m in self.loaded_models.items()]
+        if self.factory is not None:
+            return [f"{self.factory}" + (f" + {self.weights}" if self.weights else "")]
+        return list(self.checkpoint or [])
+
+    def load_models(self) -> dict:
+        """label -> :class:`attnaudit.models.loaded.LoadedModel`, every file checked (before any data are read)."""
+        if self.loaded_models:
+            return dict(self.loaded_models)
+        from attnaudit.models.checkpoints import load_model_source, unique_labels
+
+        if self.factory is not None or self.weights is not None:
+            if self.checkpoint:
+                raise AuditError("--checkpoint and --factory both name a model; give one of them")
+            loaded = [load_model_source(factory=self.factory, weights=self.weights, trust_pickle=self.trust_pickle,
+                                        inputs=self.inputs)]
+        else:
+            loaded = [load_model_source(path, trust_pickle=self.trust_pickle, inputs=self.inputs)
+                      for path in self.checkpoint or []]
+        return dict(zip(unique_labels([m.label for m in loaded]), loaded))
