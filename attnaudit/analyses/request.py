@@ -241,6 +241,45 @@ class Request:
             values[name] = cls.parse_value(name, value)
         return cls(**values, **objects)
 
+    @classmethod
+    def from_argv(cls: type[R], argv: list[str], **objects: Any) -> R:
+        """A request from command-line options (``--flag value``, ``--flag=value``, ``--flag``
+        for a switch, ``--no-...``, a repeatable option repeated): the command line without
+        the CLI, for audit files and claims that state runs as command lines."""
+        table: dict[str, tuple[str, bool]] = {}
+        for name, opt in cls.options().items():
+            table.update({flag: (name, True) for flag in opt.flags})
+            if opt.negative:
+                table[opt.negative] = (name, False)
+        values: dict[str, Any] = {}
+        i = 0
+        while i < len(argv):
+            flag, eq, text = str(argv[i]).partition("=")
+            if flag not in table:
+                known = sorted(table)
+                raise AuditError(f"{cls.COMMAND} has no option {clip_text(flag, 60)}{hint(flag, known)}")
+            name, positive = table[flag]
+            opt = cls.options()[name]
+            i += 1
+            if opt.kind is bool and opt.parse is None:
+                values[name] = positive
+                continue
+            if not eq:
+                if i >= len(argv):
+                    raise AuditError(f"{flag} needs a value")
+                text = str(argv[i])
+                i += 1
+            if opt.multiple:
+                values.setdefault(name, []).append(text)
+            else:
+                values[name] = text
+        return cls.from_options(values, **objects)
+
+    def check(self) -> None:
+        """Check what can be checked before any computation (an audit's dry run): the
+        fields (already checked at construction), then model files and data, read but not
+        analysed (the data and model mix-ins extend this)."""
+
     # ---- reproduction
     def to_argv(self) -> list[str]:
         """The options that reproduce this request: every field that differs from its default,

@@ -80,6 +80,14 @@ class DataFields:
         rows = torch.randperm(ds.n, generator=torch.Generator().manual_seed(seed))[:n]
         return ds.subset(rows) if hasattr(ds, "subset") else _rows(ds, rows)
 
+    def check(self) -> None:
+        """Read the data as the run would (fails here, before any work, on a bad source)."""
+        super().check()  # type: ignore[misc]
+        if self.loaded_data is None:
+            from attnaudit.data import load_dataset
+
+            load_dataset(self.data_spec(int(getattr(self, "seed", 0) or 0)))
+
     def data_inputs(self) -> dict:
         """The data options as given, for the report's ``inputs``."""
         if self.loaded_data is not None:
@@ -134,6 +142,12 @@ class ModelFields:
         if self.factory is not None:
             return [f"{self.factory}" + (f" + {self.weights}" if self.weights else "")]
         return list(self.checkpoint or [])
+
+    def check(self) -> None:
+        """Load every model file (fails here, before any data are read)."""
+        if self.model_given:
+            self.load_models()
+        super().check()  # type: ignore[misc]
 
     def load_models(self) -> dict:
         """label -> :class:`attnaudit.models.loaded.LoadedModel`, every file checked (before any data are read)."""

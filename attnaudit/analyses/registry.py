@@ -1,0 +1,47 @@
+"""Which request answers which command, and the one ``run`` that dispatches on a request.
+
+Each analysis module defines its request class and a module-level ``run(request, *,
+progress=None, executor=None) -> Result``; this table names them (imported on first use,
+so the command line starts without torch).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from attnaudit.analyses.request import Request
+from attnaudit.analyses.result import Progress, Result
+from attnaudit.errors import AuditError
+
+# command -> (module, request class); the module holds ``run``
+COMMANDS: dict[str, tuple[str, str]] = {
+    "kappa": ("attnaudit.analyses.kappa.run", "KappaRequest"),
+    "ntk-distance": ("attnaudit.analyses.ntk_distance.run", "NtkDistanceRequest"),
+    "malleability": ("attnaudit.analyses.malleability.run", "MalleabilityRequest"),
+    "landscape": ("attnaudit.analyses.landscape.run", "LandscapeRequest"),
+    "alignment": ("attnaudit.analyses.alignment.run", "AlignmentRequest"),
+    "train": ("attnaudit.analyses.training.run", "TrainRequest"),
+}
+
+
+def request_type(command: str) -> type[Request]:
+    """The request class of ``command`` (e.g. ``"kappa"`` -> KappaRequest)."""
+    if command not in COMMANDS:
+        raise AuditError(f"no analysis named {command!r}; choose from {', '.join(COMMANDS)}")
+    module, name = COMMANDS[command]
+    return getattr(importlib.import_module(module), name)
+
+
+def run(request: Request, *, progress: Progress | None = None, executor: Any = None) -> Result:
+    """Run any analysis request (dispatch to its module's ``run``)."""
+    module = importlib.import_module(type(request).__module__)
+    return module.run(request, progress=progress, executor=executor)
+
+
+def request_from_report(report: dict) -> Request | None:
+    """The request a report records (None for reports written before requests existed)."""
+    recorded = report.get("request")
+    if not isinstance(recorded, dict) or recorded.get("command") not in COMMANDS:
+        return None
+    return request_type(recorded["command"]).from_dict(recorded.get("options") or {})
