@@ -311,7 +311,7 @@ def test_cli_bad_option_exits_2_with_one_line(args, word, capsys):
 
 
 def test_run_cell_runs_alignment_in_process():
-    from attnaudit.audit.commands import run_cell
+    from attnaudit.analyses.registry import run_cell
 
     out = run_cell({"analysis": "alignment", "args": [*SMALL, "--no-nets", "--targets", "principal,random"]})
     rep = out["report"]

@@ -343,7 +343,7 @@ def test_malleability_straddling_one_and_two_seeds_are_not_resolved():
 def test_a_zero_relu_denominator_is_unbounded_never_zero(top_k, attn):
     from rich.console import Console
 
-    from attnaudit.cli.claims import _tables
+    from attnaudit.claims.run import _tables
 
     rep = _mall_report(attn, [0.0, 0.0, 0.0], top_k=top_k)
     row = C.claim_malleability(rep, "cmd")
@@ -746,14 +746,17 @@ def test_quick_scorecard_on_digits_end_to_end(tmp_path, monkeypatch):
 
 
 def test_preset_names_the_scorecard_like_every_other_command(capsys):
+    from attnaudit.claims.run import ClaimsRequest
     from attnaudit.cli import main
-    from attnaudit.cli.claims import _mode
     from attnaudit.errors import AuditError
+
+    def _mode(preset, quick):
+        return ClaimsRequest(preset=preset, quick=quick).mode
 
     assert _mode(None, None) == "quick" and _mode("quick", None) == "quick" and _mode("paper", None) == "full"
     assert _mode(None, False) == "full" and _mode("paper", False) == "full"  # the older --full agrees
     for bad in (("paper", True), ("quick", False), ("fast", None)):
-        with pytest.raises(AuditError):
+        with pytest.raises(AuditError, match="preset"):
             _mode(*bad)
     with pytest.raises(SystemExit) as exc:
         main(["claims", "--preset", "paper", "--quick", "-q"])

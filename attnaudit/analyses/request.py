@@ -273,7 +273,10 @@ class Request:
                 values.setdefault(name, []).append(text)
             else:
                 values[name] = text
-        return cls.from_options(values, **objects)
+        try:
+            return cls.from_options(values, **objects)
+        except FieldError as exc:  # the caller wrote flags: the error names the flag
+            raise fields_named(exc, cls) from None
 
     def check(self) -> None:
         """Check what can be checked before any computation (an audit's dry run): the

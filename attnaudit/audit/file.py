@@ -16,7 +16,7 @@ from typing import Any
 
 from attnaudit.errors import AuditError
 from attnaudit.audit import metrics as M
-from attnaudit.audit.commands import ANALYSES, DATA_OPTIONS, MODEL_OPTIONS, REFUSED, hint, normalise, option_params
+from attnaudit.audit.commands import ANALYSES, DATA_OPTIONS, MODEL_OPTIONS, REFUSED, field_name, hint, normalise, option_params
 
 FILE_SCHEMA = "attnaudit.audit-file/1"
 VERSION = 1
@@ -164,8 +164,9 @@ def _options(raw: Any, command: str, where: str, refused: dict[str, str]) -> dic
     usable = [n.replace("_", "-") for n in params if n not in refused]
     out: dict[str, Any] = {}
     for key, value in raw.items():
-        name = normalise(key)
-        if name in refused:
+        name = field_name(command, key) or normalise(key)
+        if name in refused or normalise(key) in refused:
+            name = name if name in refused else normalise(key)
             raise AuditError(f"{where}.{key}: --{name.replace('_', '-')} is not set in a check: {refused[name]}")
         if name not in params:
             raise AuditError(f"{where}.{key}: {command} has no option --{name.replace('_', '-')}"

@@ -1,8 +1,9 @@
 """Running an audit: validate every check by a dry run, train the model once if asked, run each
 distinct command line once, read each check's metric, judge thresholds and baselines.
 
-Checks run the commands themselves in-process (:mod:`attnaudit.audit.commands`), so a check's
-numbers are the CLI's numbers for the command line it prints as its reproduction. Checks
+Each check is a request run by the library (:func:`attnaudit.analyses.registry.run_argv`),
+stated as the command line it prints as its reproduction, so a check's numbers are the
+CLI's numbers for that line. Checks
 whose command lines are identical share one run: its trained networks, influence scores
 and every other intermediate (reported as ``run`` / ``shared_with``).
 """
@@ -18,9 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from attnaudit.errors import AuditError
-from attnaudit.runtime.invocation import DryRunStop, dry_run
+from attnaudit.analyses.registry import check_argv, run_argv as invoke, shell_line
 from attnaudit.audit import metrics as M
-from attnaudit.audit.commands import invoke, option_params, shell_line, to_args
+from attnaudit.audit.commands import option_params, to_args
 from attnaudit.audit.file import AuditPlan, CheckSpec
 
 if TYPE_CHECKING:
@@ -296,7 +297,20 @@ def _train_args(plan: AuditPlan, out: str, stand_in: bool) -> list[str]:
         options = {k: v for k, v in options.items() if k not in ("steps", "epochs")}
         options["steps"] = 1
     return ["--arch", plan.model.arch, *to_args("train", options, "model.train"), "--seed", str(plan.seed),
-            "--out", out, "--overwrite"]
+            "--out", out]
+
+
+def _train_request(args: list[str]):
+    """The train request of the audit's model (it replaces its own temporary file)."""
+    from attnaudit.analyses.registry import request_type
+
+    return request_type("train").from_argv(args, overwrite=True)
+
+
+def _train(args: list[str]) -> dict:
+    from attnaudit.analyses.registry import run
+
+    return run(_train_request(args)).to_dict()
 
 
 def _check_args(plan: AuditPlan, spec: CheckSpec, model_path: str | None) -> list[str]:
@@ -309,12 +323,9 @@ def _check_args(plan: AuditPlan, spec: CheckSpec, model_path: str | None) -> lis
 
 
 def _dry(analysis: str, args: list[str], where: str) -> None:
-    """The command validates its options and loads its data, then stops."""
+    """The request validates its options and reads its model files and data; nothing computes."""
     try:
-        with dry_run():
-            invoke(analysis, args)
-    except DryRunStop:
-        return
+        check_argv(analysis, args)
     except AuditError as exc:
         raise AuditError(f"{where}: {exc}") from None
 
@@ -371,9 +382,12 @@ def run_audit(
                     raise AuditError(f"{plan.path}: model.save: {exc}") from None
             model_path = str(workdir / "model.safetensors")
             shown_model = plan.model.save or "MODEL.safetensors"
-            _dry("train", _train_args(plan, model_path, stand_in=False), f"{plan.path}: model.train")
+            try:
+                _train_request(_train_args(plan, model_path, stand_in=False)).check()
+            except AuditError as exc:
+                raise AuditError(f"{plan.path}: model.train: {exc}") from None
             try:  # a one-step stand-in, so the checks can be validated against the architecture
-                invoke("train", _train_args(plan, model_path, stand_in=True))
+                _train(_train_args(plan, model_path, stand_in=True))
             except AuditError as exc:
                 raise AuditError(f"{plan.path}: model: {exc}") from None
         elif plan.model is not None:
@@ -410,11 +424,11 @@ def run_audit(
 
         if plan.model is not None and plan.model.kind == "trained":
             tt = time.perf_counter()
-            train_report = invoke("train", _train_args(plan, model_path, stand_in=False))
+            train_report = _train(_train_args(plan, model_path, stand_in=False))
             if plan.model.save:
                 _keep_model(model_path, plan.model.save)
             model_info = {"kind": "trained", "arch": plan.model.arch, "saved_to": plan.model.save,
-                          "command": shell_line("train", _train_args(plan, shown_model, stand_in=False)[:-1]),
+                          "command": shell_line("train", _train_args(plan, shown_model, stand_in=False)),
                           "seconds": time.perf_counter() - tt, "train_report": train_report}
 
         if parallel:
@@ -460,7 +474,7 @@ def _run_parallel(runs: list[Run], ex: "ExecutorConfig") -> None:
     """Every run as one cell on the executor; reports (or errors) stored on the runs."""
     from attnaudit.runtime.sweep import CellTask, run_cells
 
-    tasks = [CellTask("attnaudit.audit.commands:run_cell", {"analysis": r.analysis, "args": r.args}, r.id) for r in runs]
+    tasks = [CellTask("attnaudit.analyses.registry:run_cell", {"analysis": r.analysis, "args": r.args}, r.id) for r in runs]
     for run, outcome in zip(runs, run_cells(tasks, ex)):
         run.seconds = outcome.seconds
         if not outcome.ok:

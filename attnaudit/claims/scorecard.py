@@ -1,6 +1,6 @@
 """The claims scorecard: the paper's claims as hypotheses, each tested by one documented run.
 
-``attnaudit claims`` runs the analyses (through the commands themselves, so every row has a
+``attnaudit claims`` runs the analyses (as library requests stated by command lines, so every row has a
 command line that reproduces it) and reads one verdict per claim. Every row states its
 null hypothesis and the alternative (the claim), the boundary ``null_value`` between them,
 the interval it is read from (method, confidence, the per-seed estimates behind it) and the
@@ -162,9 +162,7 @@ class ClaimsResult:
 # ----------------------------------------------------------------------------- the plan
 def _has_choice(command: str, option: str, value: str) -> bool:
     """Whether this build's command accepts ``--option value`` (variants added by newer options)."""
-    from attnaudit.audit.commands import option_params
-
-    if option.replace("-", "_") not in option_params(command):
+    if not _has_option(command, option):
         return False
     if option == "preprocess":
         from attnaudit.data import PREPROCESS
@@ -236,19 +234,15 @@ def plan(mode: str, data_args: list[str], seed: int, n_seeds: int = DEFAULT_SEED
 
 
 def _has_command(name: str) -> bool:
-    from attnaudit.audit.commands import cli_command
+    from attnaudit.analyses.registry import COMMANDS
 
-    try:
-        cli_command(name)
-    except KeyError:
-        return False
-    return True
+    return name in COMMANDS
 
 
 def _has_option(command: str, option: str) -> bool:
-    from attnaudit.audit.commands import option_params
+    from attnaudit.analyses.registry import request_type
 
-    return option.replace("-", "_") in option_params(command)
+    return request_type(command).field_of(option) is not None
 
 
 def _loss_matching_variant(preset: str, match_loss: float | str | None) -> tuple[str, tuple[str, ...]] | None:

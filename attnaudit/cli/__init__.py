@@ -1,4 +1,4 @@
-"""The `attnaudit` command line: a thin Typer layer; each command lives in attnaudit/commands/."""
+"""The `attnaudit` command line: a thin Typer layer; each command lives in its own module here."""
 
 from __future__ import annotations
 
@@ -105,12 +105,9 @@ def main(argv: list[str] | None = None) -> None:
     Runs the Typer app without click's standalone handling so that usage errors become
     one ``error:`` line (exit 2) like every other bad input, and Ctrl-C anywhere exits 130.
     """
-    from attnaudit.runtime.invocation import command_line
-
     args = _hoist_global_options(list(sys.argv[1:] if argv is None else argv))
     try:
-        with command_line(args):
-            result = app(args=args, prog_name="attnaudit", standalone_mode=False)
+        result = app(args=args, prog_name="attnaudit", standalone_mode=False)
         code = result if isinstance(result, int) else 0
     except KeyboardInterrupt:
         error_line("interrupted", INTERRUPTED)
@@ -130,3 +127,16 @@ def main(argv: list[str] | None = None) -> None:
             error_line("error", f"{exc.format_message()}{where}")
             code = getattr(exc, "exit_code", 2)
     _exit_quietly(code)
+
+
+def request_of(argv: list[str]):
+    """The request the command line ``attnaudit <argv>`` builds, parsed exactly as the shell's
+    (nothing runs): for the argv -> request -> argv round trip (tests/test_requests.py)."""
+    from attnaudit.cli.options import RequestOptions
+
+    name, *rest = argv
+    command = typer.main.get_command(app).commands[name]  # type: ignore[attr-defined]
+    request_type = command.callback.request_type
+    ctx = command.make_context(f"attnaudit {name}", list(rest))
+    values = {field: ctx.params[field] for field in request_type.options()}
+    return RequestOptions(request_type, values).build()

@@ -3,13 +3,12 @@ combined JSON report, JUnit XML, baselines; exit 0 pass, 1 a check failed, 2 bad
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from attnaudit.cli.common import cli_errors, emit, progress
+from attnaudit.cli.common import cli_errors, emit_result, progress
 from attnaudit.cli.options import ExecutorOptions, ManualCommand, bundled
 
 HELP = (
@@ -37,42 +36,33 @@ def register(app: typer.Typer) -> None:
         overwrite: Annotated[bool, typer.Option("--overwrite", help="Allow replacing existing output files.", rich_help_panel="Output")] = False,
         debug: Annotated[bool, typer.Option("--debug", help="Show the full traceback on errors.", rich_help_panel="Output")] = False,
     ) -> None:
-        from attnaudit.audit import SCHEMA, baseline_payload, junit_xml, load_audit_file, run_audit
+        from attnaudit.audit import baseline_payload, junit_xml
+        from attnaudit.audit.request import AuditRequest, run
         from attnaudit.cli.common import OutputOptions
-        from attnaudit.report.envelope import build_report, dumps
+        from attnaudit.report.envelope import dumps
 
-        with cli_errors(debug):
+        with cli_errors(debug, AuditRequest):
+            request = AuditRequest(file=file, baseline=baseline, fail_fast=fail_fast, overwrite=overwrite)
             opts = OutputOptions(json=json, quiet=quiet, overwrite=overwrite, html=html)
             extra = [(flag, Path(p)) for flag, p in (("--junit", junit), ("--save-baseline", save_baseline)) if p]
             opts.check_writable((), extra=extra)
             executor = execution.config()
-            t0 = time.perf_counter()
-            plan = load_audit_file(file)
             if not opts.quiet:
+                from attnaudit.audit import load_audit_file
+
+                plan = load_audit_file(file)
                 opts.console.print(f"audit {plan.name}: {len(plan.checks)} checks from {file}; validating each "
                                    "(a dry run of its command) before anything runs", highlight=False)
-            with progress(opts, "audit", len(plan.checks), "checks") as advance:
-                def done(check) -> None:
-                    advance(1)
-                    if not opts.quiet and not opts.console.is_terminal:
-                        opts.console.print(f"{check.status.upper():7} {check.name}: {check.message}", highlight=False)
 
-                result = run_audit(plan, baseline=baseline, fail_fast=fail_fast, overwrite=overwrite, progress=done,
-                                   executor=executor)
-            report = build_report(
-                SCHEMA,
-                inputs={"file": file, "baseline": baseline, "fail_fast": fail_fast, "junit": junit,
-                        "save_baseline": save_baseline, "execution": executor.to_dict()},
-                seeds={"seed": plan.seed, "checks": {c.name: _seed_of(c) for c in result.checks}},
-                device=None,
-                dtype="as each command records in its report",
-                timings={"total": time.perf_counter() - t0,
-                         **{f"run:{r.id}": r.seconds for r in result.runs}},
-                results=result.to_dict(),
-                warnings=result.warnings,
-                verdicts=result.verdicts(),
-            )
-            emit(opts, report, _tables(result))
+            def done(check) -> None:
+                if not opts.quiet and not opts.console.is_terminal:
+                    opts.console.print(f"{check.status.upper():7} {check.name}: {check.message}", highlight=False)
+
+            outcome = run(request, progress=lambda *a: progress(opts, *a), executor=executor, on_check=done)
+            result = outcome.audit
+            report = outcome.to_dict()
+            report["inputs"].update({"junit": junit, "save_baseline": save_baseline})
+            emit_result(opts, outcome)
             from attnaudit.runtime.atomic import write_text_atomic
 
             if junit:
@@ -87,31 +77,3 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(result.exit_code)
 
 
-def _seed_of(check) -> int | None:
-    """The --seed a check's command ran with (from its argument list)."""
-    args = check.command.split()
-    return int(args[args.index("--seed") + 1]) if "--seed" in args else None
-
-
-def _tables(result) -> list:
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table(title=f"attnaudit audit: {result.plan.name}", title_justify="left")
-    for col in ("check", "analysis", "metric", "value", "threshold", "baseline", "result", "run"):
-        table.add_column(col)
-    style = {"pass": "green", "fail": "bold red", "error": "bold red", "skipped": "yellow"}
-    for c in result.checks:
-        d = c.to_dict()
-        base = "" if c.baseline is None else f"{c.baseline['value_text']} ({'ok' if c.baseline['passed'] else 'worse'})"
-        run = c.run + (f" (shared with {', '.join(c.shared_with)})" if c.shared_with else "")
-        table.add_row(c.name, c.spec.analysis, c.spec.metric_label, d["value_text"], c.threshold_text, base,
-                      Text(c.status.upper(), style=style[c.status]), run)
-    lines = [table]
-    for c in result.checks:
-        if c.status in ("fail", "error"):
-            lines.append(Text(f"{c.status.upper()} {c.name}: {c.message}"))
-    for w in result.warnings:
-        lines.append(Text(f"warning: {w}"))
-    lines.append(Text(result.verdicts()[0]))
-    return lines

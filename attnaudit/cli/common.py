@@ -21,7 +21,6 @@ from rich.text import Text
 from attnaudit.analyses.request import FieldError, fields_named
 from attnaudit.errors import AuditError
 from attnaudit.runtime.atomic import StagedFiles
-from attnaudit.runtime.invocation import captured_reports
 from attnaudit.report.envelope import check_target, dumps, folder_problem
 
 # ---- option types every command spells the same way (data and output options are bundles:
@@ -102,8 +101,6 @@ def cli_errors(debug: bool = False, request_type: type | None = None) -> Iterato
                 raise
             raise fields_named(exc, request_type) from None
     except BaseException:
-        if captured_reports() is not None:  # run by `attnaudit audit`: it reports the error itself
-            raise
         _exit_for(debug)
 
 
@@ -252,10 +249,6 @@ def emit(
     Files are staged under temporary names and renamed into place together at the end,
     so an error or Ctrl-C leaves either every output or none (no half-written file).
     """
-    captured = captured_reports()
-    if captured is not None:  # run by `attnaudit audit`, which writes one combined report
-        captured.append(report)
-        return
     if opts.show_table:
         for item in renderables:
             opts.console.print(item)
@@ -308,8 +301,6 @@ def exit_if_cells_failed(failed: list[dict]) -> None:
         return
     message = (f"{len(failed)} sweep cell(s) failed; the report holds the others and lists these under failed_cells: "
                + "; ".join(f"{f['cell']}: {f['error']}" for f in failed[:5]))
-    if captured_reports() is not None:  # run by `attnaudit audit`
-        raise AuditError(message)
     error_line("error", message)
     raise typer.Exit(1)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attnaudit.runtime.invocation import stop_if_dry_run
 from attnaudit.data.builtin import _IDX_FOLDERS, _load_cifar10, _load_digits, _load_idx_dataset, _load_synthetic, default_data_dir
 from attnaudit.data.readers import _load_user
 from attnaudit.data.selection import _finish
@@ -13,14 +12,8 @@ from attnaudit.data.spec import Dataset, DataSpec
 
 
 def load_dataset(spec: DataSpec) -> Dataset:
-    """Load, filter (--classes), subset (--n), and preprocess the data ``spec`` names.
-
-    In a dry run (:func:`attnaudit.runtime.invocation.dry_run`, used by ``attnaudit audit`` to
-    validate checks) the command ends here, once the data have loaded.
-    """
-    ds = _load(spec)
-    stop_if_dry_run()
-    return ds
+    """Load, filter (--classes), subset (--n), and preprocess the data ``spec`` names."""
+    return _load(spec)
 
 
 def _load(spec: DataSpec) -> Dataset:

@@ -102,14 +102,13 @@ def build_report(
     warnings: Iterable[str] = (),
     verdicts: Iterable[str] = (),
     request: Any = None,
+    command: str | None = None,
 ) -> dict:
     """The versioned JSON envelope (see module docstring), already JSON-safe.
 
     ``request`` (an :class:`attnaudit.analyses.request.Request`) records the request's
-    options and the command line derived from it (None when it holds in-memory objects)."""
-    from attnaudit.runtime.invocation import current_command
-
-    command = current_command()
+    options and the command line derived from it (None when it holds in-memory objects);
+    ``command`` is the command line of a report without a request."""
     recorded = None
     if request is not None:
         recorded = {"command": request.COMMAND, "options": request.to_dict()}

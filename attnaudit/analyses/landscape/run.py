@@ -1,25 +1,35 @@
 """The two-model comparison end to end: train (or take saved) models, analyse each, compare.
 
-:func:`run_landscape` is what ``attnaudit landscape`` calls: options -> this one call ->
-report. It builds every model and resolves the parameter selector on each before any
-training or analysis, so a selector that matches nothing fails at once.
+:class:`LandscapeRequest` is what ``attnaudit landscape`` asks (its fields are the command's
+options; :data:`PRESETS` fill the ones left unset) and :func:`run` answers it with a
+:class:`~attnaudit.analyses.result.Result`. :func:`run_landscape` is the engine below: it
+builds every model and resolves the parameter selector on each before any training or
+analysis, so a selector that matches nothing fails at once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from attnaudit.core.task import Task
-from attnaudit.errors import AuditError
+from attnaudit.core.task import LOSSES, Task
+from attnaudit.errors import AuditError, check_seed
 from attnaudit.analyses.landscape.analysis import LandscapeConfig, LandscapeResult, analyze_landscape
 from attnaudit.analyses.landscape.compare import compare_landscapes
-from attnaudit.analyses.landscape.setup import landscape_task, parameter_names
+from attnaudit.analyses.landscape.directions import DIRECTION_KINDS
+from attnaudit.analyses.landscape.setup import DTYPES, ParameterSelectionError, landscape_task, parameter_names
+from attnaudit.analyses.request import (
+    ANALYSIS, DATA, EXECUTION, PROTOCOL, FieldError, Request, field_check, list_of, option,
+)
+from attnaudit.analyses.result import Progress as RunProgress, Result, progress_or_silent
+from attnaudit.analyses.sources import DataFields, ModelFields
 
 Progress = Callable[[int], None] | None
 ARCHS = ("relu", "attn")
@@ -347,3 +357,440 @@ def _provenance(nets: Mapping[str, nn.Module | Task], X: torch.Tensor, y: torch.
         if warning:
             out.append(warning)
     return out
+
+
+# --------------------------------------------------------------------------- the request and its run
+
+OPTIMIZER_NAMES = ("gd", "sgd", "adam")
+#: training losses are compared only within this relative difference (the comparison's gate)
+LOSS_COMPARABLE_WITHIN = 0.10
+
+
+def _esc(text: Any) -> str:
+    """``text`` inside a :class:`FieldError` template (its braces kept literally)."""
+    return str(text).replace("{", "{{").replace("}", "}}")
+
+
+def _match_loss(value: Any, name: str) -> float | str | None:
+    """``match_loss``: a positive training loss, ``auto`` or ``none`` (``none`` is kept, so that
+    an explicit fixed-step run beats a preset that matches losses)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("auto", "none"):
+            return text
+        try:
+            number = float(text)
+        except ValueError:
+            raise FieldError(name, "{name}: " + _esc(repr(value)) + " is not a number; give a training loss such "
+                             "as 0.2, auto or none") from None
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    else:
+        raise FieldError(name, "{name}: " + _esc(repr(value)) + " is not a number; give a training loss such as 0.2, "
+                         "auto or none")
+    if not (math.isfinite(number) and number > 0):
+        raise FieldError(name, "{name} must be a positive training loss, got " + f"{number:g}")
+    return number
+
+
+@dataclass(frozen=True)
+class LandscapeRequest(ModelFields, DataFields, Request):
+    """What ``attnaudit landscape`` computes; every field is one option.
+
+    Train the built-in 2L-ReLU / MLP-Attn (``models``) or take saved ones (``checkpoint``,
+    ``factory``, ``loaded_models``), then measure each loss landscape: top Hessian eigenvalues,
+    trace, basin width and 1-D/2-D surfaces. The fields left None are filled by the preset
+    (:meth:`resolved`); an explicit value beats the preset.
+    """
+
+    COMMAND = "landscape"
+    PRESETS: ClassVar[dict[str, dict]] = PRESETS
+
+    # the preset chooses the data set and split when none is given
+    dataset: str | None = option(
+        None, "--dataset", panel=DATA,
+        help="Built-in data set: digits (embedded, offline), mnist, fashion-mnist, cifar10, synthetic.",
+    )
+    split: str | None = option(None, "--split", panel=DATA, help="train or test.")
+
+    preset: str = option(
+        "quick", "--preset", panel=PROTOCOL,
+        help="quick (default; digits, < 2 min on 2 CPU cores) or paper (MNIST train split, n_train 2000, ~5 min). "
+             "Explicit options override it.",
+    )
+    models: tuple[str, ...] | None = option(
+        None, "--models", panel=PROTOCOL, parse=list_of(str),
+        help="Models to train and compare: relu (2L-ReLU), attn (MLP-Attn), comma-separated (default relu,attn).",
+    )
+    n_train: int | None = option(
+        None, "--n-train", panel=PROTOCOL, kind=int,
+        help="Training samples: the loss, Hessian and surfaces are over these (default from --preset).",
+    )
+    width: int | None = option(None, "--width", panel=PROTOCOL, kind=int, help="Hidden width m (default from --preset).")
+    steps: int | None = option(None, "--steps", panel=PROTOCOL, kind=int,
+                               help="Full-batch GD steps (the budget under --match-loss).")
+    lr: float | None = option(None, "--lr", panel=PROTOCOL, kind=float, help="GD learning rate (default from --preset).")
+    loss: str | None = option(
+        None, "--loss", panel=PROTOCOL,
+        help="mse or ce: the training loss whose landscape is measured (default mse; a checkpoint's recorded training loss).",
+    )
+    match_loss: float | str | None = option(
+        None, "--match-loss", panel=PROTOCOL, parse=_match_loss,
+        help="Train each model until its training loss reaches this value (or say it could not), so sharpness is "
+             "compared at equal loss (full-batch GD only); auto: every model to the largest loss any reaches within "
+             "--steps (default of --preset quick); none: fixed steps (default of --preset paper). Models are compared "
+             "only when their losses are within 10 %.",
+    )
+    seeds: int | None = option(
+        None, "--seeds", panel=PROTOCOL, kind=int,
+        help="Independent initialisations, trainings and analyses per built-in model (seeds seed, seed+1, ...; default "
+             "3 for --preset quick, 1 for paper); the JSON gains per-seed values with mean/sd, and the comparison uses "
+             "the mean with its Student-t tolerance (fewer than 3 seeds never resolve it).",
+    )
+    optimizer: str | None = option(
+        None, "--optimizer", panel=PROTOCOL,
+        help="How the built-in models are trained: gd (full-batch gradient descent, default), sgd or adam "
+             "(attnaudit.core.fit).",
+    )
+    batch_size: int | None = option(None, "--batch-size", panel=PROTOCOL, kind=int,
+                                    help="Rows per step of --optimizer sgd/adam (default: full batch).")
+    top_k: int = option(5, "--top-k", panel=ANALYSIS, help="Number of top Hessian eigenvalues (Lanczos).")
+    hutchinson_samples: int = option(30, "--hutchinson-samples", panel=ANALYSIS,
+                                     help="Rademacher probes for the Hessian trace.")
+    directions: str = option(
+        "random", "--directions", panel=ANALYSIS,
+        help="random (filter-normalized Gaussian) or hessian (top eigenvectors) for the surfaces.",
+    )
+    points: int = option(51, "--points", panel=ANALYSIS, help="Points of the 1-D curve (0 = skip).")
+    span: float = option(1.0, "--span", panel=ANALYSIS,
+                         help="Surfaces cover alpha in [-span, span] (relative distance).")
+    grid: int = option(31, "--grid", panel=ANALYSIS, help="Grid size of the 2-D surface (0 = skip).")
+    keep_1d_params: bool = option(
+        False, "--keep-1d-params", panel=ANALYSIS,
+        help="Perturb biases/1-D parameters too (one filter each) instead of zeroing them in random directions.",
+    )
+    basin_directions: int = option(8, "--basin-directions", panel=ANALYSIS,
+                                   help="Random directions (both signs) averaged for the basin width.")
+    basin_factor: float = option(2.0, "--basin-factor", panel=ANALYSIS,
+                                 help="The basin ends where the loss first reaches this factor times its minimum.")
+    params: tuple[str, ...] | None = option(
+        None, "--params", panel=ANALYSIS, parse=list_of(str),
+        help="Only these parameters: all, head (the logits layer), module names or glob patterns, comma-separated "
+             "(e.g. W or 'layers.0.*'); default all.",
+    )
+    dtype: str = option(
+        "float64", "--dtype", panel=ANALYSIS,
+        help="Precision of the analysis: float64 (default) or float32. The engine works on copies; a saved model "
+             "keeps its own dtype.",
+    )
+    seed: int = option(0, "--seed", panel=PROTOCOL, help="Base random seed (recorded in the report).")
+    device: str = option("auto", "--device", panel=EXECUTION, help="auto, cpu, cuda or cuda:<i>.")
+
+    # ---- presets
+    @property
+    def preset_key(self) -> str:
+        return str(self.preset).strip().lower()
+
+    def preset_values(self) -> dict:
+        """The sizes of :attr:`preset` (an unknown preset was refused at construction)."""
+        return dict(self.PRESETS[self.preset_key])
+
+    @property
+    def optimizer_name(self) -> str:
+        return (self.optimizer or "gd").strip().lower()
+
+    @property
+    def match_target(self) -> float | str | None:
+        """The loss target as given: a number, ``auto``, or None (none given, or ``none``)."""
+        value = _match_loss(self.match_loss, "match_loss")
+        return None if value == "none" else value
+
+    @property
+    def arch_list(self) -> tuple[str, ...]:
+        """The built-in models to train (none with a saved model)."""
+        if self.model_given:
+            return ()
+        return tuple(a.strip().lower() for a in self.models) if self.models is not None else ARCHS
+
+    def resolved(self) -> LandscapeRequest:
+        """This request with every field left None filled from its preset (explicit beats preset).
+
+        The data set and split, ``n_train``; for built-in models also ``width``, ``steps``,
+        ``seeds``, ``lr`` (Adam: :data:`attnaudit.core.fit.DEFAULT_ADAM_LR`) and ``match_loss``
+        (the preset's with full-batch GD, ``none`` with sgd/adam); a saved model is one seed."""
+        p = self.preset_values()
+        fill: dict[str, Any] = {}
+        if self.dataset is None and self.data is None and self.loaded_data is None:
+            fill["dataset"] = p["dataset"]
+        if self.split is None:
+            fill["split"] = p["split"]
+        if self.n_train is None:
+            fill["n_train"] = p["n_train"]
+        if self.model_given:
+            if self.seeds is None:
+                fill["seeds"] = 1
+        else:
+            for name in ("width", "steps", "seeds"):
+                if getattr(self, name) is None:
+                    fill[name] = p[name]
+            if self.lr is None:
+                from attnaudit.core.fit import DEFAULT_ADAM_LR
+
+                fill["lr"] = DEFAULT_ADAM_LR if self.optimizer_name == "adam" else p["lr"]
+            if self.match_loss is None:
+                chosen = p.get("match_loss") if self.optimizer_name == "gd" else None
+                fill["match_loss"] = "none" if chosen is None else chosen
+        return dataclasses.replace(self, **fill) if fill else self
+
+    def data_spec(self, seed: int, *, n: int | None = None, stratify: bool = False,
+                  dataset: str | None = None, split: str | None = None):
+        """As :meth:`DataFields.data_spec`, the preset's data set and split filling those left unset."""
+        p = self.preset_values()
+        return DataFields.data_spec(self, seed, n=n, stratify=stratify,
+                                    dataset=dataset or (None if self.data is not None else p["dataset"]),
+                                    split=split or p["split"])
+
+    # ---- validation (before anything is read)
+    def validate(self) -> None:
+        if self.preset_key not in self.PRESETS:
+            raise FieldError("preset", "unknown {name} " + _esc(repr(self.preset)) + f"; use {' or '.join(self.PRESETS)}")
+        p = self.preset_values()
+        field_check("seed", check_seed, self.seed)
+        saved = self.model_given
+        if saved and self.models is not None:
+            raise FieldError("models", "--checkpoint (--model) analyses saved models and {name} trains new ones; "
+                             "give one of them")
+        if saved:
+            given = [n for n in ("width", "steps", "lr", "match_loss", "optimizer", "batch_size")
+                     if getattr(self, n) is not None]
+            if given:
+                others = "".join(f", {self.flag_of(n)}" for n in given[1:])
+                raise FieldError(given[0], "{name}" + others + " set how new models are trained and do not apply to "
+                                 "--model/--checkpoint (a saved model); drop them")
+            if self.seeds is not None and self.seeds != 1:
+                raise FieldError("seeds", "{name} trains independent copies of the built-in models; a saved model is "
+                                 "one model, drop {name}")
+        n_seeds = 1 if saved else (self.seeds if self.seeds is not None else p["seeds"])
+        if n_seeds < 1:
+            raise FieldError("seeds", "{name} must be a positive integer, got " + str(n_seeds))
+        field_check("seed", check_seed, self.seed, count=n_seeds)
+        if self.optimizer_name not in OPTIMIZER_NAMES:
+            raise FieldError("optimizer", "unknown {name} " + _esc(repr(self.optimizer)) + "; use gd, sgd or adam")
+        if self.match_target is not None and self.optimizer_name != "gd":
+            raise FieldError("match_loss", "{name} stops full-batch GD at a training loss; with --optimizer sgd/adam "
+                             "train for --steps and compare (models are compared when their losses are within 10 %)")
+        if self.models is not None:
+            archs = tuple(str(a).strip().lower() for a in self.models)
+            if not archs:
+                raise FieldError("models", "{name} is empty; use relu, attn or both (relu,attn)")
+            bad = [a for a in archs if a not in ARCHS]
+            if bad:
+                raise FieldError("models", "{name}: unknown model " + _esc(repr(bad[0])) + "; use relu, attn or both "
+                                 "(relu,attn)")
+            if len(set(archs)) != len(archs):
+                raise FieldError("models", "{name} lists a model twice; give each once")
+        if self.n_train is not None and self.n_train < 2:
+            raise FieldError("n_train", "{name} must be >= 2, got " + str(self.n_train))
+        if self.width is not None and self.width < 1:
+            raise FieldError("width", "{name} must be a positive integer, got " + str(self.width))
+        if self.steps is not None and self.steps < 0:
+            raise FieldError("steps", "{name} must be >= 0, got " + str(self.steps))
+        if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
+            raise FieldError("lr", "{name} must be a positive number, got " + f"{self.lr:g}")
+        if self.batch_size is not None:
+            if self.optimizer_name == "gd":
+                raise FieldError("batch_size", "{name} applies to --optimizer sgd or adam (gd uses every row at every "
+                                 "step); drop it")
+            if self.batch_size < 1:
+                raise FieldError("batch_size", "{name} must be a positive integer, got " + str(self.batch_size))
+        if self.loss is not None and self.loss.strip().lower() not in LOSSES:
+            raise FieldError("loss", "unknown {name} " + _esc(repr(self.loss.strip().lower()))
+                             + f"; use one of {', '.join(LOSSES)}")
+        for name, kinds in (("directions", DIRECTION_KINDS), ("dtype", tuple(DTYPES))):
+            value = str(getattr(self, name)).strip().lower()
+            if value not in kinds:
+                raise FieldError(name, "unknown {name} " + _esc(repr(value)) + f"; use one of {', '.join(kinds)}")
+        for name in ("points", "grid"):
+            value = getattr(self, name)
+            if value != 0 and value < 3:
+                raise FieldError(name, "{name} must be 0 (skip) or >= 3, got " + str(value))
+        if not (self.span > 0 and math.isfinite(self.span)):
+            raise FieldError("span", "{name} must be a positive number, got " + str(self.span))
+        if self.top_k < 1:
+            raise FieldError("top_k", "{name} must be >= 1, got " + str(self.top_k))
+        if self.hutchinson_samples < 2:
+            raise FieldError("hutchinson_samples", "{name} must be >= 2 (a standard error needs two), got "
+                             + str(self.hutchinson_samples))
+        if self.basin_directions < 1:
+            raise FieldError("basin_directions", "{name} must be >= 1, got " + str(self.basin_directions))
+        if not (self.basin_factor > 1 and math.isfinite(self.basin_factor)):
+            raise FieldError("basin_factor", "{name} must be > 1, got " + str(self.basin_factor))
+        if self.params is not None and not any(str(v).strip() for v in self.params):
+            raise FieldError("params", "{name} is empty; use all, head, a module name or glob patterns")
+
+
+def _on_device(task, device):
+    """The task with a copy of its module on ``device`` when it is elsewhere (the user's module is never moved)."""
+    import copy
+
+    ref = next((t for t in (*task.module.parameters(), *task.module.buffers())), None)
+    if ref is None or ref.device == torch.device(device):
+        return task
+    return dataclasses.replace(task, module=copy.deepcopy(task.module).to(device))
+
+
+def _load_rows(request: LandscapeRequest, r: LandscapeRequest, saved_models: dict):
+    """The audited rows: the saved models' own training split when their side-cars prove it,
+    else ``n_train`` stratified rows; and the note on where the rows came from (or None)."""
+    from attnaudit.data import load_dataset, subset
+    from attnaudit.models.checkpoints import recorded_split
+
+    if saved_models:
+        if request.loaded_data is not None:
+            full = request.loaded_data
+        else:
+            full = load_dataset(dataclasses.replace(r.data_spec(r.seed, n=r.n_train, stratify=True), n=None,
+                                                    stratify=False))
+        rebuilt = recorded_split(full, saved_models)
+        if rebuilt is not None:
+            ds = subset(rebuilt[0], min(r.n_train, rebuilt[0].n), r.seed)
+            note = {"rows": "checkpoint split", "detail": f"{ds.n} of the checkpoint's {rebuilt[0].n} training rows "
+                    "(its split rebuilt; training-data fingerprint matched)", "recorded_split": rebuilt[2]}
+            return ds, note
+    if request.loaded_data is not None:  # a stratified draw, recorded in the data set's info, as from a file
+        full = request.loaded_data
+        if r.n_train > full.n:
+            raise FieldError("n_train", "{name} " + f"{r.n_train} is more than the {full.n} rows of the loaded data set")
+        return subset(full, r.n_train, r.seed, stratify=True), None
+    try:
+        return r.load_data(r.seed, n=r.n_train, stratify=True), None
+    except AuditError as exc:
+        if "--n " in str(exc):
+            raise FieldError("n_train", _esc(str(exc)).replace("--n ", "{name} ").replace("lower --n", "lower {name}")
+                             ) from None
+        raise
+
+
+def run(request: LandscapeRequest, *, progress: RunProgress | None = None, executor=None) -> Result:
+    """Run ``request``; the report is the one ``attnaudit landscape --json`` writes.
+
+    ``executor`` is accepted for the common signature; the models run in this process."""
+    from rich.text import Text
+
+    from attnaudit.analyses.landscape.report import PNG_NAME, SCHEMA, build_tables, plot_landscape
+    from attnaudit.analyses.landscape.setup import check_selector
+    from attnaudit.core.training import TrainConfig
+    from attnaudit.report.envelope import build_report
+    from attnaudit.runtime.device import resolve_device
+
+    progress = progress_or_silent(progress)
+    r = request.resolved()
+    model = request.model_sources() if request.model_given else None
+    n_seeds = int(r.seeds)
+    opt_name = r.optimizer_name
+    match_target = r.match_target
+    match_auto = match_target == "auto"
+    arch_list = r.arch_list
+    saved_models = request.load_models() if model else {}  # fails now, before data are read: unreadable checkpoints
+    loss = request.loss
+    if loss is None:
+        recorded = {lm.loss for lm in saved_models.values() if lm.loss}
+        loss = recorded.pop() if len(recorded) == 1 else "mse"
+    loss_name = loss.strip().lower()
+    train_cfg = recipe = None
+    if not model:
+        train_cfg = TrainConfig(loss=loss_name, lr=r.lr, steps=r.steps, loss_tol=None if match_auto else match_target,
+                                record_every=10)
+        if opt_name != "gd":
+            from attnaudit.core.fit import Recipe
+
+            recipe = Recipe(optimizer=opt_name, lr=r.lr, batch_size=r.batch_size, steps=train_cfg.steps,
+                            loss=loss_name, seed=r.seed)
+    config = LandscapeConfig(
+        loss=loss_name, directions=r.directions.strip().lower(), points=r.points, span=r.span, grid=r.grid,
+        keep_1d_params=r.keep_1d_params, params=r.params, top_k=r.top_k, hutchinson_samples=r.hutchinson_samples,
+        basin_directions=r.basin_directions, basin_factor=r.basin_factor, seed=r.seed, dtype=r.dtype.strip().lower(),
+    )
+    dev = resolve_device(r.device)
+    labels = list(saved_models) if model else list(arch_list)
+    saved_tasks = None
+    try:
+        for lm in saved_models.values():  # a --params typo fails before the data are read
+            check_selector(lm.module, config.params)
+        t0 = time.perf_counter()
+        ds, rows_note = _load_rows(request, r, saved_models)
+        if ds.y is None:
+            raise AuditError(f"{ds.name} has no labels; the loss landscape needs labelled data")
+        if saved_models:
+            from attnaudit.models.checkpoints import fit_to_data
+
+            fitted = {label: fit_to_data(lm, ds) for label, lm in saved_models.items()}
+            saved_tasks = {label: _on_device(lm.task(loss=loss_name), dev) for label, lm in fitted.items()}
+        load_time = time.perf_counter() - t0
+        what = (f"saved model(s) {', '.join(labels)}" if model else
+                f"models {','.join(labels)}, width {r.width}, {opt_name} {train_cfg.steps} steps, lr {train_cfg.lr:g}"
+                + (f", batch {r.batch_size}" if r.batch_size else "") + (f", {n_seeds} seeds" if n_seeds > 1 else ""))
+        header = f"landscape: {ds.name} ({r.split}), n={ds.n}, {what}"
+        steps_per_model = 0 if model else (recipe.total_steps(ds.n) if recipe is not None else train_cfg.steps)
+        total = run_work_units(config, len(labels) * n_seeds, steps_per_model)
+        trainer = {"gd": "GD", "sgd": "SGD", "adam": "Adam"}[opt_name]
+        unit = "Hessian/loss evaluations" if model else f"{trainer} steps and Hessian/loss evaluations"
+        with progress("landscape", total, unit) as advance:
+            out_run = run_landscape(
+                dataclasses.replace(ds, X=ds.X.to(dev), y=ds.y.to(dev)), config,
+                models=None if model else arch_list, width=r.width, train_config=train_cfg,
+                seed=r.seed, saved=saved_tasks, seeds=None if model else tuple(range(r.seed, r.seed + n_seeds)),
+                recipe=recipe, match_loss_auto=match_auto,
+                saved_info={label: {"source": lm.source.get("path") or lm.source.get("factory"), "checkpoint": lm.source,
+                                    **({"audit_rows": rows_note} if rows_note else {})}
+                            for label, lm in saved_models.items()},
+                progress=advance,
+            )
+    except ParameterSelectionError as exc:
+        raise FieldError("params", "{name}: " + _esc(exc)) from None
+    timings = {"load": load_time, **out_run.timings, "total": time.perf_counter() - t0}
+
+    out = out_run.to_dict()
+    if request.loaded_data is not None:
+        data_in = request.data_inputs()
+    else:
+        data_in = {"dataset": r.dataset if request.data is None else None, "data": request.data, "split": r.split,
+                   "classes": request.classes, "preprocess": request.preprocess}
+    report = build_report(
+        SCHEMA,
+        inputs={
+            "preset": request.preset_key,
+            **data_in,
+            "n_train": r.n_train,
+            "models": list(labels),
+            "saved_models": model,
+            "width": None if model else r.width,
+            "training": None if model else dataclasses.asdict(train_cfg),
+            "optimizer": None if model else (recipe.to_dict() if recipe is not None else {
+                "optimizer": "gd", "lr": train_cfg.lr, "batch_size": None, "steps": train_cfg.steps, "loss": loss_name}),
+            "seeds": None if model else n_seeds,
+            "match_loss": match_target,
+            "match_loss_resolution": out_run.match_loss_resolution,
+            "loss_comparable_within": LOSS_COMPARABLE_WITHIN,
+            "landscape": dataclasses.asdict(config),
+        },
+        seeds={"base_seed": r.seed, "model_seed": None if model else r.seed, "subset_seed": r.seed,
+               "landscape": config.seeds(), "model_seeds": None if model else list(range(r.seed, r.seed + n_seeds))},
+        device=dev,
+        dtype=config.dtype,
+        timings=timings,
+        results={"dataset": ds.info, "models": out["models"], "gd_stability_bound": out["gd_stability_bound"],
+                 "optimizer": out["optimizer"]},
+        warnings=list(out_run.warnings),
+        verdicts=list(out_run.verdicts),
+        request=request,
+    )
+    renderables: list = [Text(header)]
+    renderables.extend(build_tables(out_run.results, out_run.training if not model else {}, out_run.lr, run=out_run))
+    renderables.extend(Text(f"- {v}") for v in out_run.verdicts)
+    renderables.extend(Text(f"warning: {w}", style="yellow") for w in out_run.warnings)
+    title = f"{ds.name}: n={ds.n}, {loss_name}, directions {config.directions}, seed {r.seed}"
+    return Result(report, request, renderables=renderables,
+                  plot=lambda path: plot_landscape(out_run.results, path, title), png_name=PNG_NAME)

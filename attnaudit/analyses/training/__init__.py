@@ -1,0 +1,1 @@
+"""Training a built-in model into an auditable checkpoint (``attnaudit train``)."""
