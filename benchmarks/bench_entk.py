@@ -92,14 +92,15 @@ def bench_entk(jac_rows: int, memory_mb: int) -> None:
 
 def bench_paper_preset() -> None:
     from attnaudit.data import DataSpec, holdout_split, load_dataset
-    from attnaudit.analyses.ntk_distance.widths import PRESETS, NTKDistanceConfig, run_ntk_distance
+    from attnaudit.analyses.ntk_distance.run import PRESETS
+    from attnaudit.analyses.ntk_distance.widths import NTKDistanceConfig, run_ntk_distance
 
     preset = PRESETS["paper"]
     t0 = time.perf_counter()
     ds = load_dataset(DataSpec(dataset="mnist", split="test", data_dir=str(SHARED),
                                n=preset["n_train"] + preset["n_test"], seed=0, stratify=True))
     train, test = holdout_split(ds, preset["n_train"], preset["n_test"], seed=0)
-    cfg = NTKDistanceConfig(widths=preset["widths"], seeds=tuple(range(preset["n_seeds"])), steps=preset["steps"],
+    cfg = NTKDistanceConfig(widths=preset["widths"], seeds=tuple(range(preset["seeds"])), steps=preset["steps"],
                             float32_from_width=preset["float32_from_width"])
     res = run_ntk_distance(train.X, train.y, test.X, test.y, ds.n_classes, cfg)
     wall = time.perf_counter() - t0

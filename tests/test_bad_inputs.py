@@ -37,7 +37,7 @@ import pytest
 MARKER = "PWNED.marker"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 TINY_NTK = ["--n-train", "40", "--n-test", "20", "--widths", "8", "--seeds", "1", "--steps", "5", "--models", "relu"]
-TINY_LANDSCAPE = ["--n-train", "40", "--top-k", "1", "--hutchinson-samples", "2", "--points", "0", "--grid", "0", "--basin-directions", "1"]
+TINY_LANDSCAPE = ["--n-train", "40", "--eigenvalues", "1", "--hutchinson-samples", "2", "--points", "0", "--grid", "0", "--basin-directions", "1"]
 
 
 # --------------------------------------------------------------------------- fixtures / helpers
@@ -214,7 +214,7 @@ def _npz_object(tmp: Path) -> list[str]:
 def _model_pickle(tmp: Path) -> list[str]:
     path = _checkpoint(tmp, "evil.safetensors")  # a valid side-car beside it
     path.write_bytes(_evil_pickle(tmp))
-    return ["landscape", "--model", str(path), *TINY_LANDSCAPE]
+    return ["landscape", "--checkpoint", str(path), *TINY_LANDSCAPE]
 
 
 # ---- files
@@ -335,7 +335,7 @@ def _ckpt(corrupt: Callable[[Path], None]) -> Callable[[Path], list[str]]:
     def make(tmp: Path) -> list[str]:
         path = _checkpoint(tmp)
         corrupt(path)
-        return ["landscape", "--model", str(path), *TINY_LANDSCAPE, "--device", "cpu"]
+        return ["landscape", "--checkpoint", str(path), *TINY_LANDSCAPE, "--device", "cpu"]
 
     return make
 

@@ -236,7 +236,7 @@ def test_landscape_comparison_not_resolved_inside_the_seed_tolerance_and_gated_a
 
 # --------------------------------------------------------------------------- item 5: landscape --seeds, --optimizer
 
-ANALYSIS = ["--n-train", "120", "--width", "16", "--steps", "40", "--points", "0", "--grid", "0", "--top-k", "1",
+ANALYSIS = ["--n-train", "120", "--width", "16", "--steps", "40", "--points", "0", "--grid", "0", "--eigenvalues", "1",
             "--hutchinson-samples", "4", "--basin-directions", "1", "--quiet"]
 
 

@@ -584,7 +584,7 @@ def app():
 
     return app
 
-ANALYSIS = ["--n-train", "120", "--points", "5", "--grid", "5", "--top-k", "2", "--hutchinson-samples", "4",
+ANALYSIS = ["--n-train", "120", "--points", "5", "--grid", "5", "--eigenvalues", "2", "--hutchinson-samples", "4",
             "--basin-directions", "2", "--quiet"]
 TINY = ["--width", "16", "--steps", "40", *ANALYSIS]
 
@@ -623,7 +623,7 @@ def test_cli_saved_model_and_match_loss(app, tmp_path):
     net = build_model(ModelSpec("attn", ds.d, 8, ds.n_classes, seed=5), ds.X)
     path = save_model(net, tmp_path / "mine.safetensors")
     out = tmp_path / "r.json"
-    res = runner.invoke(app, ["landscape", *ANALYSIS, "--model", str(path), "--json", str(out)])
+    res = runner.invoke(app, ["landscape", *ANALYSIS, "--checkpoint", str(path), "--json", str(out)])
     assert res.exit_code == 0, res.output
     rec = json.loads(out.read_text())["results"]["models"]["mine"]
     with torch.no_grad():
@@ -645,9 +645,9 @@ def test_cli_saved_model_and_match_loss(app, tmp_path):
         (["--points", "2"], ["--points"]),
         (["--preset", "huge"], ["--preset", "huge"]),
         (["--models", "relu,gpt"], ["--models", "gpt"]),
-        (["--model", "nowhere.safetensors"], ["--checkpoint", "nowhere.safetensors", "not found"]),  # --model: alias
-        (["--model", "x.safetensors", "--models", "relu"], ["--model", "--models", "give one of them"]),
-        (["--model", "x.safetensors", "--width", "8"], ["--width", "do not apply to --model"]),
+        (["--checkpoint", "nowhere.safetensors"], ["--checkpoint", "nowhere.safetensors", "not found"]),  # --model: alias
+        (["--checkpoint", "x.safetensors", "--models", "relu"], ["--checkpoint", "--models", "give one of them"]),
+        (["--checkpoint", "x.safetensors", "--width", "8"], ["--width", "do not apply to --checkpoint"]),
         (["--span", "-1"], ["--span"]),
         (["--hutchinson-samples", "1"], ["--hutchinson-samples"]),
         (["--n-train", "1"], ["--n-train"]),
@@ -659,7 +659,7 @@ def test_cli_saved_model_and_match_loss(app, tmp_path):
     ],
 )
 def test_cli_bad_options_exit_2(app, args, needles):
-    budget = [] if "--model" in args else ["--steps", "1"]  # in case a bad value slipped through
+    budget = [] if "--checkpoint" in args else ["--steps", "1"]  # in case a bad value slipped through
     res = runner.invoke(app, ["landscape", "--quiet", *budget, *args])
     assert res.exit_code == 2, res.output
     text = res.output.strip()
@@ -757,7 +757,7 @@ def test_cli_saved_model_provenance_warns_only_on_other_data(app, tmp_path):
     train(model, ds.X, ds.y, TrainConfig(lr=4.0, steps=30))
     path = tmp_path / "relu.safetensors"
     save_model(model, path, metadata={"training_data": {"name": "digits", "n": 60, "fingerprint": data_fingerprint(ds.X, ds.y)}})
-    base = ["landscape", "--model", str(path), "--grid", "0", "--points", "0", "--top-k", "2", "--hutchinson-samples", "4",
+    base = ["landscape", "--checkpoint", str(path), "--grid", "0", "--points", "0", "--eigenvalues", "2", "--hutchinson-samples", "4",
             "--basin-directions", "2", "--json", "-"]
     same = runner.invoke(app, base + ["--n-train", "60"])
     assert same.exit_code == 0, same.output
@@ -769,7 +769,7 @@ def test_cli_saved_model_provenance_warns_only_on_other_data(app, tmp_path):
 
 def test_cli_dtype_float32_matches_float64_to_single_precision(app):
     args = ["landscape", *TINY, "--models", "relu", "--grid", "0", "--json", "-"]
-    lo = json.loads(runner.invoke(app, args + ["--dtype", "float32"]).stdout)
+    lo = json.loads(runner.invoke(app, args + ["--precision", "float32"]).stdout)
     hi = json.loads(runner.invoke(app, args).stdout)
     assert lo["environment"]["dtype"] == "float32" and hi["environment"]["dtype"] == "float64"
     top32 = lo["results"]["models"]["relu"]["top_eigenvalues"]["eigenvalues"][0]

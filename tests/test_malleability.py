@@ -393,7 +393,7 @@ def test_cli_audits_a_saved_checkpoint_statically(app, tmp_path):
     path = tmp_path / "relu.safetensors"
     save_model(model, path)
     weights_before = model.W.detach().clone()
-    args = ["malleability", "--model", str(path), "--attacks", "pgd", "--seeds", "2", "--n-train", "60", "--n-test", "20",
+    args = ["malleability", "--checkpoint", str(path), "--attacks", "pgd", "--seeds", "2", "--n-train", "60", "--n-test", "20",
             "--top-k", "10", "--pgd-steps", "3", "--json", "-"]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
@@ -411,7 +411,7 @@ def test_cli_audits_a_saved_checkpoint_statically(app, tmp_path):
         assert bad.exit_code == 2 and needle in bad.output, bad.output
     wrong = tmp_path / "wide.safetensors"
     save_model(build_model(ModelSpec("relu", 10, 4, 3)), wrong)
-    mismatch = runner.invoke(app, ["malleability", "--model", str(wrong)])
+    mismatch = runner.invoke(app, ["malleability", "--checkpoint", str(wrong)])
     assert mismatch.exit_code == 2 and "features" in mismatch.output
 
 

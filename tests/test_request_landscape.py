@@ -61,7 +61,7 @@ def test_landscape_explicit_beats_preset():
 @pytest.mark.parametrize("argv", [
     [],
     ["--preset", "paper", "--split", "test", "--models", "relu", "--n-train", "40", "--match-loss", "none"],
-    ["--match-loss", "0.25", "--seeds", "2", "--params", "W,a", "--keep-1d-params", "--dtype", "float32"],
+    ["--match-loss", "0.25", "--seeds", "2", "--params", "W,a", "--keep-1d-params", "--precision", "float32"],
     ["--optimizer", "sgd", "--batch-size", "16", "--lr", "0.5", "--steps", "7", "--directions", "hessian"],
     ["--checkpoint", "a.safetensors", "--checkpoint", "b.safetensors", "--loss", "ce", "--grid", "0"],
 ])
@@ -109,7 +109,7 @@ def test_runs_from_python_on_loaded_data():
     assert res.schema == "attnaudit.alignment/1" and res.report["command"] is None
     assert res.report["inputs"]["n_train"] == 60 and res.report["seeds"]["seeds"] == [0, 1]
     res = run_landscape(LandscapeRequest(loaded_data=ds, models=("relu",), n_train=50, width=8, steps=5, seeds=1,
-                                         points=0, grid=0, top_k=1, hutchinson_samples=2, basin_directions=1,
+                                         points=0, grid=0, eigenvalues=1, hutchinson_samples=2, basin_directions=1,
                                          device="cpu"))
     assert list(res.results["models"]) == ["relu"] and res.results["models"]["relu"]["n_samples"] == 50
     assert res.results["dataset"]["holdout"]["n"] == 50

@@ -45,7 +45,7 @@ SAMPLES = {
     ],
     "train": [
         ["--out", "m.safetensors"],
-        ["--arch", "vit", "--dataset", "digits", "--steps", "3", "--seed", "1", "--out", "vit.safetensors"],
+        ["--arch", "relu", "--dataset", "synthetic", "--steps", "3", "--seed", "1", "--out", "relu.safetensors"],
     ],
 }
 
@@ -86,7 +86,8 @@ def test_the_cli_options_are_the_request_fields(command):
     for name, option in cls.options().items():
         missing = {*option.flags, *([option.negative] if option.negative else [])} - cli_flags
         assert not missing, f"{command}: field {name} has no CLI option {missing}"
-    request_flags = {f for o in cls.options().values() for f in (*o.flags, *([o.negative] if o.negative else []))}
+    request_flags = {f for o in cls.options().values()
+                     for f in (*o.flags, *o.deprecated, *([o.negative] if o.negative else []))}
     extra = cli_flags - request_flags
     from attnaudit.cli.options import ExecutorOptions, OutputBundle
 
@@ -154,3 +155,31 @@ def test_requests_are_frozen_and_replace_validates():
     assert request.replace(seeds=3).seeds == 3
     with pytest.raises(FieldError):
         request.replace(seeds=0)
+
+
+def test_an_older_spelling_is_accepted_warned_about_and_reproduced_in_the_new_one(capsys):
+    """landscape --top-k (an eigenvalue count, unlike malleability's list of k) is now --eigenvalues,
+    --dtype (the analysis precision, unlike the training dtype elsewhere) --precision, and --model
+    (a checkpoint, beside --models, the built-in nets) --checkpoint."""
+    from attnaudit.cli import request_of
+
+    LandscapeRequest = request_type("landscape")
+    old = request_of(["landscape", "--top-k", "3", "--dtype", "float32", "--model", "m.safetensors"])
+    assert old == LandscapeRequest.from_argv(["--eigenvalues", "3", "--precision", "float32", "--checkpoint", "m.safetensors"])
+    assert old == LandscapeRequest.from_argv(["--top-k", "3", "--dtype", "float32", "--model", "m.safetensors"])
+    assert old.to_argv() == ["--checkpoint", "m.safetensors", "--eigenvalues", "3", "--precision", "float32"]
+    err = capsys.readouterr().err
+    for flag, new in (("--top-k", "--eigenvalues"), ("--dtype", "--precision"), ("--model", "--checkpoint")):
+        assert f"warning: {flag} is deprecated; use {new}" in err
+    assert LandscapeRequest.from_options({"top-k": 4}).eigenvalues == 4  # an audit file's older key
+
+
+def test_help_shows_defaults_and_hides_the_older_spellings():
+    from typer.testing import CliRunner
+
+    from attnaudit.cli import app
+
+    text = CliRunner().invoke(app, ["landscape", "--help"], env={"COLUMNS": "200"}).output
+    assert "--eigenvalues" in text and "[default: 5]" in text and "--precision" in text
+    rows = [line.strip(" │") for line in text.splitlines()]
+    assert not any(row.startswith(("--top-k", "--model ", "--dtype")) for row in rows)

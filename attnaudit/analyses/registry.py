@@ -10,41 +10,14 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from attnaudit.analyses.request import Request
+from attnaudit.analyses.request import COMMANDS as COMMANDS, Request, request_type
 from attnaudit.analyses.result import Progress, Result
 from attnaudit.errors import AuditError
-
-# command -> (module, request class); the module holds ``run``
-COMMANDS: dict[str, tuple[str, str]] = {
-    "kappa": ("attnaudit.analyses.kappa.run", "KappaRequest"),
-    "ntk-distance": ("attnaudit.analyses.ntk_distance.run", "NtkDistanceRequest"),
-    "malleability": ("attnaudit.analyses.malleability.run", "MalleabilityRequest"),
-    "landscape": ("attnaudit.analyses.landscape.run", "LandscapeRequest"),
-    "alignment": ("attnaudit.analyses.alignment.run", "AlignmentRequest"),
-    "train": ("attnaudit.analyses.training.run", "TrainRequest"),
-}
-
-
-def request_type(command: str) -> type[Request]:
-    """The request class of ``command`` (e.g. ``"kappa"`` -> KappaRequest)."""
-    if command not in COMMANDS:
-        raise AuditError(f"no analysis named {command!r}; choose from {', '.join(COMMANDS)}")
-    module, name = COMMANDS[command]
-    return getattr(importlib.import_module(module), name)
-
 
 def run(request: Request, *, progress: Progress | None = None, executor: Any = None) -> Result:
     """Run any analysis request (dispatch to its module's ``run``)."""
     module = importlib.import_module(type(request).__module__)
     return module.run(request, progress=progress, executor=executor)
-
-
-def request_from_report(report: dict) -> Request | None:
-    """The request a report records (None for reports written before requests existed)."""
-    recorded = report.get("request")
-    if not isinstance(recorded, dict) or recorded.get("command") not in COMMANDS:
-        return None
-    return request_type(recorded["command"]).from_dict(recorded.get("options") or {})
 
 
 # ---- runs stated as command lines (audit files and the claims scorecard state them so,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ EXECUTION = "Execution"
 PANELS = (DATA, MODEL, PROTOCOL, ANALYSIS, OUTPUT, EXECUTION)
 
 _OPTION = "attnaudit_option"
+_DEFINED: dict[str, type] = {}  # command -> the first request class defined for it (audit, claims register here)
 R = TypeVar("R", bound="Request")
 
 
@@ -77,6 +79,7 @@ class Option:
     metavar: str | None = None
     parse: Callable[[Any, str], Any] | None = None
     show: Callable[[Any], str] | None = None
+    deprecated: tuple[str, ...] = ()  # older spellings, still accepted for one release (hidden from --help)
 
     @property
     def flag(self) -> str:
@@ -85,12 +88,12 @@ class Option:
 
 def option(default: Any, *flags: str, help: str, panel: str, kind: type | None = None, negative: str | None = None,
            multiple: bool = False, metavar: str | None = None, parse: Callable[[Any, str], Any] | None = None,
-           show: Callable[[Any], str] | None = None) -> Any:
+           show: Callable[[Any], str] | None = None, deprecated: tuple[str, ...] = ()) -> Any:
     """A request field with its command-line option (see :class:`Option`)."""
     if kind is None:
         kind = type(default) if isinstance(default, (bool, int, float)) else str
     meta = Option(flags=tuple(flags), help=help, panel=panel, kind=kind, negative=negative, multiple=multiple,
-                  metavar=metavar, parse=parse, show=show)
+                  metavar=metavar, parse=parse, show=show, deprecated=tuple(deprecated))
     if isinstance(default, (list, dict, set)):
         raise TypeError("request defaults are immutable (use a tuple)")
     return field(default=default, metadata={_OPTION: meta})
@@ -181,6 +184,11 @@ class Request:
     COMMAND: ClassVar[str] = ""
     PRESETS: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.COMMAND:
+            _DEFINED.setdefault(cls.COMMAND, cls)
+
     def __post_init__(self) -> None:
         self.validate()
 
@@ -204,7 +212,7 @@ class Request:
         """The field a key names: field name, any flag (with or without ``--``), or None."""
         wanted = normalise_key(key)
         for name, opt in cls.options().items():
-            spellings = {name, *(normalise_key(f) for f in opt.flags)}
+            spellings = {name, *(normalise_key(f) for f in (*opt.flags, *opt.deprecated))}
             if opt.negative:
                 spellings.add(normalise_key(opt.negative))
             if wanted in spellings:
@@ -248,7 +256,7 @@ class Request:
         the CLI, for audit files and claims that state runs as command lines."""
         table: dict[str, tuple[str, bool]] = {}
         for name, opt in cls.options().items():
-            table.update({flag: (name, True) for flag in opt.flags})
+            table.update({flag: (name, True) for flag in (*opt.flags, *opt.deprecated)})
             if opt.negative:
                 table[opt.negative] = (name, False)
         values: dict[str, Any] = {}
@@ -347,3 +355,37 @@ def field_check(field_name: str, check: Callable[..., Any], *args: Any, **kwargs
 def fields_named(error: FieldError, request_type: type[Request]) -> AuditError:
     """A :class:`FieldError` as the command line shows it: naming the field's flag."""
     return error.named(request_type.flag_of(error.field))
+
+
+# --------------------------------------------------------------------------- the commands
+
+# command -> (module, request class); the module holds ``run``
+COMMANDS: dict[str, tuple[str, str]] = {
+    "kappa": ("attnaudit.analyses.kappa.run", "KappaRequest"),
+    "ntk-distance": ("attnaudit.analyses.ntk_distance.run", "NtkDistanceRequest"),
+    "malleability": ("attnaudit.analyses.malleability.run", "MalleabilityRequest"),
+    "landscape": ("attnaudit.analyses.landscape.run", "LandscapeRequest"),
+    "alignment": ("attnaudit.analyses.alignment.run", "AlignmentRequest"),
+    "train": ("attnaudit.analyses.training.run", "TrainRequest"),
+}
+
+
+def request_type(command: str) -> type[Request]:
+    """The request class of ``command`` (e.g. ``"kappa"`` -> KappaRequest)."""
+    if command not in COMMANDS:
+        raise AuditError(f"no analysis named {command!r}; choose from {', '.join(COMMANDS)}")
+    module, name = COMMANDS[command]
+    return getattr(importlib.import_module(module), name)
+
+
+def request_from_report(report: dict) -> Request | None:
+    """The request a report records (None for reports written before requests existed)."""
+    recorded = report.get("request")
+    command = recorded.get("command") if isinstance(recorded, dict) else None
+    if command in COMMANDS:
+        cls = request_type(command)
+    elif command in _DEFINED:
+        cls = _DEFINED[command]
+    else:
+        return None
+    return cls.from_dict(recorded.get("options") or {})

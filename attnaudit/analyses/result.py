@@ -100,7 +100,7 @@ class Result:
     @classmethod
     def from_dict(cls, report: dict) -> Result:
         """A result from a saved report (its request rebuilt when the report records one)."""
-        from attnaudit.analyses.registry import request_from_report
+        from attnaudit.analyses.request import request_from_report
 
         return cls(report=dict(report), request=request_from_report(report))
 

@@ -110,9 +110,10 @@ class ModelFields:
     """Which trained model to audit (``checkpoint``, or ``factory`` + ``weights``)."""
 
     checkpoint: tuple[str, ...] | None = option(
-        None, "--checkpoint", "--model", panel=MODEL, metavar="PATH", multiple=True,
+        None, "--checkpoint", panel=MODEL, metavar="PATH", multiple=True, deprecated=("--model",),
         help="Audit a trained model: an attnaudit .safetensors (its .json side-car beside it) or a Hugging Face model "
-             "folder (config.json + model.safetensors; needs attnaudit[hf]). Repeat to compare several. --model is an alias.",
+             "folder (config.json + model.safetensors; needs attnaudit[hf]). Repeat to compare several. (--model is its "
+             "older spelling, easily confused with --models, the built-in nets.)",
     )
     factory: str | None = option(
         None, "--factory", panel=MODEL,

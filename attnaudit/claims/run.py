@@ -121,9 +121,9 @@ class ClaimsRequest(DataFields, Request):
 
     def check(self) -> None:
         """Every run's command line checked (options, model files, data) before anything trains."""
-        from attnaudit.claims.scorecard import plan
+        from attnaudit.claims import scorecard
 
-        runs, _ = plan(self.mode, self.data_args(), self.seed, n_seeds=self.n_seeds, match_loss=self.match_loss)
+        runs, _ = scorecard.plan(self.mode, self.data_args(), self.seed, n_seeds=self.n_seeds, match_loss=self.match_loss)
         for r in runs:
             try:
                 check_argv(r.command, list(r.args))
@@ -134,7 +134,7 @@ class ClaimsRequest(DataFields, Request):
 def run(request: ClaimsRequest, *, progress: Progress | None = None, executor: Any = None) -> Result:
     """Run the scorecard; the report is the one ``attnaudit claims --json`` writes. Runs that
     fail are rows with their error (``failed_cells``), not an exception."""
-    from attnaudit.claims.scorecard import SCHEMA, plan, score
+    from attnaudit.claims import scorecard  # looked up at call time (tests replace scorecard.plan)
     from attnaudit.report.envelope import build_report
     from attnaudit.runtime.sweep import CellTask, ExecutorConfig, run_cells
 
@@ -142,7 +142,7 @@ def run(request: ClaimsRequest, *, progress: Progress | None = None, executor: A
     executor.check_available()
     mode, seed, n_seeds = request.mode, request.seed, request.n_seeds
     data_args = request.data_args()
-    runs, variants = plan(mode, data_args, seed, n_seeds=n_seeds, match_loss=request.match_loss)
+    runs, variants = scorecard.plan(mode, data_args, seed, n_seeds=n_seeds, match_loss=request.match_loss)
     commands = {r.id: shell_line(r.command, list(r.args)) for r in runs}
     request.check()
     t0 = time.perf_counter()
@@ -163,7 +163,7 @@ def run(request: ClaimsRequest, *, progress: Progress | None = None, executor: A
                          "error": errors.get(r.id), "report": reports[r.id]})
     match_loss_text = None if request.match_loss is None else _show_match_loss(request.match_loss) \
         if isinstance(request.match_loss, str) else f"{request.match_loss:g}"
-    result = score(mode, reports, errors, commands, variants, slope_margin=request.slope_margin)
+    result = scorecard.score(mode, reports, errors, commands, variants, slope_margin=request.slope_margin)
     result.runs = run_info
     result.protocol = {"n_seeds": n_seeds, "seeds": list(range(seed, seed + n_seeds)), "match_loss": match_loss_text,
                        "slope_margin": request.slope_margin, "confidence": 0.95}
@@ -172,7 +172,7 @@ def run(request: ClaimsRequest, *, progress: Progress | None = None, executor: A
         for w in (rep or {}).get("warnings") or []:
             result.warnings.append(f"{rid}: {w}")
     report = build_report(
-        SCHEMA,
+        scorecard.SCHEMA,
         inputs={"mode": mode, "data": data_args, "seed": seed, "n_seeds": n_seeds, "match_loss": match_loss_text,
                 "slope_margin": request.slope_margin, "execution": executor.to_dict()},
         seeds={"base_seed": seed, "n_seeds": n_seeds, "runs": {r.id: list(range(seed, seed + n_seeds))

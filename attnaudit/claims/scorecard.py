@@ -205,7 +205,7 @@ def plan(mode: str, data_args: list[str], seed: int, n_seeds: int = DEFAULT_SEED
         runs.append(RunSpec("alignment", "alignment", ("--preset", preset, *common, *seeds)
                             if _has_option("alignment", "preset") else (*common, *seeds),
                             "approximation error on principal-direction targets (the dual implication)"))
-    from attnaudit.analyses.malleability.malleability import PRESETS as MALL_PRESETS
+    from attnaudit.analyses.malleability.run import PRESETS as MALL_PRESETS
 
     main_match = ml_text if ml_text is not None else (MALL_PRESETS.get(preset, {}).get("match_loss") or "none")
     variants = [("preset protocol, " + ("fixed steps" if main_match == "none" else f"matched training loss ({main_match})"),
@@ -249,9 +249,10 @@ def _loss_matching_variant(preset: str, match_loss: float | str | None) -> tuple
     """The variant row that flips the loss-matching choice of the main run: fixed steps when the
     main run matches losses (``--match-loss`` given, or the preset's own ``auto``), else matched
     loss by the ``auto`` rule (every model trained to the largest loss any reaches in the budget)."""
-    from attnaudit.analyses.malleability.malleability import PRESETS
+    from attnaudit.analyses.malleability.run import PRESETS
 
-    matches = PRESETS.get(preset, {}).get("match_loss") is not None if match_loss is None else match_loss != "none"
+    preset_match = PRESETS.get(preset, {}).get("match_loss") or "none"
+    matches = preset_match != "none" if match_loss is None else match_loss != "none"
     if matches:
         return ("fixed steps, no loss matching", ("--match-loss", "none"))
     return ("matched training loss (auto)", ("--match-loss", "auto"))

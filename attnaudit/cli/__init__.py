@@ -138,5 +138,5 @@ def request_of(argv: list[str]):
     command = typer.main.get_command(app).commands[name]  # type: ignore[attr-defined]
     request_type = command.callback.request_type
     ctx = command.make_context(f"attnaudit {name}", list(rest))
-    values = {field: ctx.params[field] for field in request_type.options()}
+    values = {field: ctx.params[field] for field in command.callback.request_fields}
     return RequestOptions(request_type, values).build()

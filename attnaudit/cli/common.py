@@ -12,7 +12,7 @@ import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import typer
 from rich.console import Console
@@ -22,45 +22,6 @@ from attnaudit.analyses.request import FieldError, fields_named
 from attnaudit.errors import AuditError
 from attnaudit.runtime.atomic import StagedFiles
 from attnaudit.report.envelope import check_target, dumps, folder_problem
-
-# ---- option types every command spells the same way (data and output options are bundles:
-# see cli/options.py)
-SeedOpt = Annotated[int, typer.Option("--seed", help="Base random seed (recorded in the report).", rich_help_panel="Protocol")]
-DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:<i>.", rich_help_panel="Execution")]
-
-
-def parse_list(text: str | int | float | None, kind: type, option: str) -> list:
-    """Parse ``"16,64,256"`` into ``[16, 64, 256]`` (``kind`` int, float or str)."""
-    if text is None:
-        raise AuditError(f"{option} needs a value, e.g. {option} 1,2,3")
-    if isinstance(text, (int, float)):
-        return [kind(text)]
-    items = [t.strip() for t in str(text).split(",") if t.strip()]
-    if not items:
-        raise AuditError(f"{option} is empty; give a comma-separated list such as {option} 1,2,3")
-    out = []
-    for item in items:
-        try:
-            out.append(kind(item))
-        except ValueError:
-            name = {int: "an integer", float: "a number"}.get(kind, "a value")
-            raise AuditError(f"{option}: {item!r} is not {name}; give a comma-separated list such as {option} 1,2,3") from None
-    return out
-
-
-def preset_value(value, preset: dict, key: str, default=None):
-    """An explicit option beats the preset, which beats ``default``."""
-    if value is not None:
-        return value
-    return preset.get(key, default)
-
-
-def refuse_training_options_for_saved_model(**options) -> None:
-    """``--checkpoint``/``--model`` audits a saved model as it is: options that only shape training do not apply."""
-    given = [f"--{name.replace('_', '-')}" for name, value in options.items() if value is not None]
-    if given:
-        raise AuditError(f"{', '.join(given)} set how new models are trained and do not apply to --model/--checkpoint (a saved model); drop them")
-
 
 # Models already saved by --save-models are complete files (each saved atomically), so the
 # promise is about the report and figure only.

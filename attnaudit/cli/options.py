@@ -1,16 +1,16 @@
-"""Option bundles: groups of CLI options declared once and shared by every command.
+"""Option bundles and request options: how the command line is declared.
 
-Typer has no option groups, so each command used to repeat the same fifteen options (data
-set, data file, split, output paths...). A bundle is a dataclass whose fields carry their
-``typer.Option``; :func:`bundled` splices the fields into a command's signature and hands
-the command one bundle object instead::
+A command's protocol options are its request's fields (:mod:`attnaudit.analyses.request`):
+:func:`with_request` turns them into typer options (one flag table, defaults shown) and
+hands the command a :class:`RequestOptions` that builds the request. What a request does
+not hold, because it says where results go or where cells run, are bundles: dataclasses
+whose fields carry their ``typer.Option`` (:class:`OutputBundle`, :class:`ExecutorOptions`),
+spliced into the command's signature by :func:`bundled`::
 
     @app.command("kappa")
-    @bundled(data=DataOptions.defaults(dataset="digits", split="train"), out=OutputBundle)
-    def kappa_command(n: ..., data: DataOptions, out: OutputBundle) -> None: ...
-
-Per-command defaults (the presets of ``landscape`` choose the data set when none is given)
-are set with :meth:`DataOptions.defaults`.
+    @bundled(out=OutputBundle)
+    @with_request(KappaRequest)
+    def kappa_command(request: RequestOptions, out: OutputBundle) -> None: ...
 """
 
 from __future__ import annotations
@@ -25,16 +25,9 @@ from typing import Annotated, Any, Callable, ClassVar, Optional, get_args
 import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
-_OPTION = "typer_option"
+from attnaudit.analyses.request import EXECUTION, OUTPUT, PANELS
 
-# The panels of every command's --help, in this order (docs/cli.md says what goes where).
-DATA = "Data"
-MODEL = "Model / checkpoint"
-PROTOCOL = "Protocol"
-ANALYSIS = "Attack / analysis"
-OUTPUT = "Output"
-EXECUTION = "Execution"
-PANELS = (DATA, MODEL, PROTOCOL, ANALYSIS, OUTPUT, EXECUTION)
+_OPTION = "typer_option"
 
 _METAVARS = {str: "TEXT", int: "INTEGER", float: "FLOAT"}
 
@@ -42,62 +35,6 @@ _METAVARS = {str: "TEXT", int: "INTEGER", float: "FLOAT"}
 def _field(default: Any, annotation: Any, *decls: str, help: str, metavar: Optional[str] = None) -> Any:
     """A bundle field; its option lands in the bundle's ``PANEL`` of --help."""
     return dataclasses.field(default=default, metadata={_OPTION: (annotation, typer.Option(*decls, help=help, metavar=metavar))})
-
-
-@dataclass
-class DataOptions:
-    """Where the data come from (``--dataset``/``--data``) and how they are filtered and preprocessed."""
-
-    PANEL: ClassVar[str] = DATA
-
-    dataset: Optional[str] = _field(
-        "digits", Optional[str], "--dataset",
-        help="Built-in data set: digits (embedded, offline), mnist, fashion-mnist, cifar10, synthetic.",
-    )
-    data: Optional[str] = _field(
-        None, Optional[str], "--data", metavar="PATH",
-        help="User data: .npz, .npy, .safetensors, .pt, .csv (label column) or an image folder (one sub-folder per class).",
-    )
-    data_dir: Optional[str] = _field(
-        None, Optional[str], "--data-dir", metavar="PATH",
-        help="Root of torchvision-format data sets (default: $ATTNAUDIT_DATA_DIR, else ~/.cache/attnaudit/data).",
-    )
-    split: Optional[str] = _field("train", Optional[str], "--split", help="train or test.")
-    classes: Optional[str] = _field(None, Optional[str], "--classes", help="Keep only these labels, e.g. 0,1,7.")
-    preprocess: str = _field("raw", str, "--preprocess", help="raw, center, standardize, unit-norm or ntk-scale (one global scale so that mean ||x||^2 = d, the NTK convention).")
-    download: bool = _field(
-        False, bool, "--download", help="Allow torchvision to download a missing data set (needs a network)."
-    )
-
-    @classmethod
-    def defaults(cls, **overrides: Any) -> "type[DataOptions]":
-        """This bundle with other defaults (e.g. ``dataset=None`` when a preset chooses)."""
-        return _with_defaults(cls, overrides)
-
-    def spec(self, seed: int, *, n: int | None = None, stratify: bool = False,
-             dataset: str | None = None, split: str | None = None):
-        """A validated :class:`attnaudit.data.DataSpec`; ``dataset``/``split`` fill options left unset."""
-        from attnaudit.data import DataSpec, parse_classes
-
-        return DataSpec(
-            dataset=self.dataset or dataset or "digits",
-            data=self.data,
-            data_dir=self.data_dir,
-            split=self.split or split or "train",
-            n=n,
-            classes=parse_classes(self.classes),
-            preprocess=self.preprocess,
-            seed=seed,
-            stratify=stratify,
-            download=self.download,
-        )
-
-    def inputs(self) -> dict:
-        """The options as given, for the report's ``inputs``."""
-        return {
-            "dataset": self.dataset if self.data is None else None, "data": self.data, "split": self.split,
-            "classes": self.classes, "preprocess": self.preprocess,
-        }
 
 
 @dataclass
@@ -128,58 +65,6 @@ class OutputBundle:
 
 
 @dataclass
-class ModelOptions:
-    """Which trained model to audit (``--checkpoint``/``--model``, ``--factory`` + ``--weights``)."""
-
-    PANEL: ClassVar[str] = MODEL
-
-    checkpoint: Optional[list[str]] = _field(
-        None, Optional[list[str]], "--checkpoint", "--model", metavar="PATH",
-        help="Audit a trained model: an attnaudit .safetensors (its .json side-car beside it) or a Hugging Face model "
-             "folder (config.json + model.safetensors; needs attnaudit[hf]). Repeat to compare several. --model is an alias.",
-    )
-    factory: Optional[str] = _field(
-        None, Optional[str], "--factory",
-        help="Your own torch.nn.Module: package.module:function that returns it (called without arguments).",
-    )
-    weights: Optional[str] = _field(
-        None, Optional[str], "--weights", metavar="PATH", help="Weights for --factory (.safetensors; pickle files need --trust-pickle)."
-    )
-    trust_pickle: bool = _field(
-        False, bool, "--trust-pickle",
-        help="Allow pickle-based weights (.pt/.pth/.bin/.ckpt), read with torch.load(weights_only=True). Only for files you trust.",
-    )
-    inputs: str = _field(
-        "auto", str, "--inputs",
-        help="How data rows reach a --factory model: auto (its audit_inputs(), else images for image data), flat, images or tokens.",
-    )
-
-    @property
-    def given(self) -> bool:
-        """Whether any model option was given."""
-        return bool(self.checkpoint) or self.factory is not None or self.weights is not None
-
-    def sources(self) -> list[str]:
-        """What the models were loaded from, for the report."""
-        if self.factory is not None:
-            return [f"{self.factory}" + (f" + {self.weights}" if self.weights else "")]
-        return list(self.checkpoint or [])
-
-    def load(self) -> dict:
-        """label -> :class:`attnaudit.models.checkpoints.LoadedModel`, every file checked (before any data are read)."""
-        from attnaudit.models.checkpoints import load_model_source, unique_labels
-
-        if self.factory is not None or self.weights is not None:
-            if self.checkpoint:
-                raise _error("--checkpoint and --factory both name a model; give one of them")
-            loaded = [load_model_source(factory=self.factory, weights=self.weights, trust_pickle=self.trust_pickle,
-                                        inputs=self.inputs)]
-        else:
-            loaded = [load_model_source(path, trust_pickle=self.trust_pickle, inputs=self.inputs) for path in self.checkpoint or []]
-        return dict(zip(unique_labels([m.label for m in loaded]), loaded))
-
-
-@dataclass
 class ExecutorOptions:
     """Where a sweep's cells run (``--executor``, ``--jobs``, ``--ray-address``, ``--gpus-per-cell``, ``--resume``)."""
 
@@ -205,24 +90,6 @@ class ExecutorOptions:
 
         return ExecutorConfig(kind=self.executor, jobs=self.jobs, ray_address=self.ray_address,
                               gpus_per_cell=self.gpus_per_cell, resume_dir=self.resume)
-
-
-def _error(message: str):
-    from attnaudit.errors import AuditError
-
-    return AuditError(message)
-
-
-def _with_defaults(cls: type, overrides: dict) -> type:
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(overrides) - names
-    if unknown:
-        raise TypeError(f"{cls.__name__} has no option(s) {sorted(unknown)}")
-    fields = [
-        (f.name, f.type, dataclasses.field(default=overrides.get(f.name, f.default), metadata=f.metadata))
-        for f in dataclasses.fields(cls)
-    ]
-    return dataclasses.make_dataclass(cls.__name__, fields, bases=(cls,))
 
 
 def _parameters(bundle: type) -> list[inspect.Parameter]:
@@ -375,7 +242,16 @@ def request_parameters(request_type: type) -> list[inspect.Parameter]:
                               show_default=default is not None and default is not False)
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
                                         annotation=Annotated[annotation, option]))
+        for i, old in enumerate(opt.deprecated):  # hidden: accepted, warned about, never shown
+            hidden = typer.Option(old, hidden=True, help=f"Deprecated spelling of {opt.flag}.")
+            old_annotation = bool if annotation is bool else (annotation if opt.multiple else Optional[str])
+            params.append(inspect.Parameter(f"{name}{_DEPRECATED}{i}", inspect.Parameter.KEYWORD_ONLY,
+                                            default=False if annotation is bool else None,
+                                            annotation=Annotated[old_annotation, hidden]))
     return params
+
+
+_DEPRECATED = "__deprecated_"
 
 
 @dataclass
@@ -390,7 +266,18 @@ class RequestOptions:
         from attnaudit.analyses.request import FieldError, fields_named
 
         defaults = {f.name: f.default for f in dataclasses.fields(self.request_type)}
-        given = {k: (defaults[k] if v in ((), []) else v) for k, v in self.values.items()}
+        given = {k: (defaults[k] if v in ((), []) else v) for k, v in self.values.items() if _DEPRECATED not in k}
+        for key, value in self.values.items():
+            if _DEPRECATED not in key or value in (None, False, (), []):
+                continue
+            name, _, index = key.partition(_DEPRECATED)
+            opt = self.request_type.options()[name]
+            import sys
+
+            print(f"warning: {opt.deprecated[int(index)]} is deprecated; use {opt.flag} (the old spelling goes in the "
+                  "next release)", file=sys.stderr)
+            if given.get(name) == defaults[name]:
+                given[name] = value
         try:
             return self.request_type.from_options(given, **objects)
         except FieldError as exc:
@@ -420,6 +307,7 @@ def with_request(request_type: type, name: str = "request") -> Callable[[Callabl
         command.__signature__ = signature.replace(parameters=spliced)  # type: ignore[attr-defined]
         command.__annotations__ = {p.name: p.annotation for p in spliced}
         command.request_type = request_type  # type: ignore[attr-defined]
+        command.request_fields = fields  # type: ignore[attr-defined]
         return command
 
     return decorate

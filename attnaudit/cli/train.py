@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from attnaudit.analyses.training.run import MINI_BATCH, VIT_DEFAULTS, TrainRequest  # noqa: F401 (ntk-distance reads the defaults here)
+from attnaudit.analyses.training.run import TrainRequest
 from attnaudit.cli.common import cli_errors, emit_result, progress
 from attnaudit.cli.options import ManualCommand, OutputBundle, RequestOptions, bundled, with_request
 

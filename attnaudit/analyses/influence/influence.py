@@ -87,6 +87,16 @@ from typing import Callable, NamedTuple, Sequence
 import torch
 from torch import nn
 
+from attnaudit.analyses.influence.estimators import (
+    ESTIMATORS,
+    Context,
+    Estimator,
+    MemoryQuery,
+    check_curvature,
+    estimator_class,
+)
+from attnaudit.analyses.influence.estimators.exact import count_negative_eigenvalues
+from attnaudit.analyses.influence.estimators.tracin import tracin_weights
 from attnaudit.core.cg import batched_cg
 from attnaudit.core.engine import Engine, math_attention, ranges
 from attnaudit.core.task import LOSSES as LOSS_TABLE, Inputs, Task, as_task, eval_mode, select_parameter_names, to_logits
@@ -98,8 +108,6 @@ __all__ = [
     "influence_sweep", "linear_head_fast_path", "resolve_tracked", "tracin_weights", "twolayer_head_fast_path",
 ]
 
-ESTIMATORS = ("exact", "last-layer", "cg", "tracin", "kfac", "ekfac", "projected")
-KRONECKER = ("kfac", "ekfac")  # Kronecker-factored curvature of the linear layers (attnaudit.analyses.influence.kfac)
 SOLVERS = ("auto", "cholesky", "eigh")  # how exact / last-layer solve (see InfluenceConfig)
 LOSSES = tuple(LOSS_TABLE)  # the core's one loss table: mse, ce
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
@@ -144,16 +152,6 @@ def damping_label(value) -> str:
     return value if isinstance(value, str) else f"{value:g}"
 
 
-def _resolve_damping(value, lam_max: float | None) -> float:
-    """The absolute damping of ``value`` (parsed) given lambda_max(H)."""
-    if not isinstance(value, str):
-        return float(value)
-    m = float(value[:-1])
-    if lam_max is None or not (math.isfinite(lam_max) and lam_max > 0):
-        raise AuditError(
-            f"relative damping {value} needs lambda_max(H) > 0, but lambda_max = {lam_max}; give an absolute --damping"
-        )
-    return m * lam_max
 PATH_FAST_TWOLAYER_HEAD = "fast: TwoLayerNet head, cached features"
 PATH_FAST_LINEAR_HEAD = "fast: nn.Linear head, cached features"
 
@@ -204,16 +202,10 @@ class InfluenceConfig:
             raise AuditError(f"--proj-dim must be a positive integer, got {self.proj_dim!r}")
         if self.curvature not in ("auto", "ggn", "fisher", "empirical"):
             raise AuditError(f"unknown K-FAC curvature {self.curvature!r}; use auto, ggn, fisher or empirical")
-        if self.estimator in ("exact", "last-layer") and self.curvature not in ("auto", "ggn"):
-            raise AuditError(f"--curvature {self.curvature} is for --estimator kfac/ekfac; --estimator {self.estimator} "
-                             "takes the Hessian (auto) or the exact Gauss-Newton matrix (ggn)")
-        if self.estimator not in ("exact", "last-layer", *KRONECKER) and self.curvature != "auto":
-            raise AuditError(f"--curvature applies to --estimator exact, last-layer, kfac and ekfac, not "
-                             f"{self.estimator} (which uses the Hessian); leave it at auto")
+        check_curvature(self.estimator, self.curvature)
         if self.solver not in SOLVERS:
             raise AuditError(f"unknown influence solver {self.solver!r}; use one of {', '.join(SOLVERS)}")
-        if self.estimator not in ESTIMATORS:
-            raise AuditError(f"unknown influence estimator {self.estimator!r}; use one of {', '.join(ESTIMATORS)}")
+        estimator_class(self.estimator)  # refuses an unknown name
         object.__setattr__(self, "damping", parse_damping(self.damping, "damping"))
         params = self.params
         if isinstance(params, str):
@@ -229,11 +221,7 @@ class InfluenceConfig:
             if not params:
                 raise AuditError("params is an empty list; use head, all, a module name, glob patterns or parameter names")
         object.__setattr__(self, "params", params)
-        if self.estimator == "last-layer" and params not in (None, "head"):
-            raise AuditError(
-                "the last-layer estimator tracks the head (the layer that produces the logits) only; "
-                "use --estimator exact or cg for other parameters"
-            )
+        ESTIMATORS[self.estimator]().check_params(params)
         if isinstance(self.dtype, torch.dtype):
             object.__setattr__(self, "dtype", str(self.dtype).replace("torch.", ""))
         if self.dtype not in DTYPES:
@@ -251,17 +239,20 @@ class InfluenceConfig:
 
     @property
     def tracked(self) -> str | tuple[str, ...]:
-        """The selector for a bare module: ``params``, else ``head`` (last-layer) or ``all``."""
+        """The selector for a bare module: ``params``, else the estimator's own (``head``:
+        last-layer) or ``all``."""
         if self.params is None:
-            return "head" if self.estimator == "last-layer" else "all"
+            return estimator_class(self.estimator).tracks_parameters or "all"
         return self.params
 
     def selector(self, task: Task) -> str | tuple[str, ...]:
-        """The selector used on ``task``: ``params``, else ``head`` (last-layer) or the task's own."""
+        """The selector used on ``task``: ``params``, else the estimator's own (``head``:
+        last-layer) or the task's own."""
         if self.params is not None:
             return self.params
-        if self.estimator == "last-layer":
-            return "head"
+        own = estimator_class(self.estimator).tracks_parameters
+        if own is not None:
+            return own
         return task.params if isinstance(task.params, str) else tuple(task.params)
 
     @property
@@ -325,14 +316,9 @@ def resolve_tracked(task: Task, config: InfluenceConfig, X: torch.Tensor | None 
 
 
 def check_exact_budget(estimator: str, n_params: int, max_exact_params: int, itemsize: int = 8) -> None:
-    """Refuse ``exact``/``last-layer`` above the parameter budget (the dense P x P Hessian)."""
-    P = int(n_params)
-    if estimator in ("exact", "last-layer") and P > max_exact_params:
-        hint = "use --estimator last-layer or cg" if estimator == "exact" else "use --estimator cg or a smaller --width"
-        raise AuditError(
-            f"{estimator} influence needs the full {P:,} x {P:,} Hessian ({2 * P * P * itemsize / 2**30:.2f} GiB with its "
-            f"eigenvectors), above the budget of {max_exact_params:,} parameters; {hint}"
-        )
+    """Refuse ``exact``/``last-layer`` above the parameter budget (the dense P x P Hessian):
+    :meth:`Estimator.check_budget` of the estimator (unknown names pass)."""
+    ESTIMATORS.get(estimator, Estimator)().check_budget(int(n_params), max_exact_params, itemsize)
 
 
 # --------------------------------------------------------------------------- paths
@@ -579,28 +565,29 @@ def influence_memory(
 ) -> dict:
     """Bytes the estimator holds at its peak.
 
-    exact / last-layer: Hessian + eigenvectors 2 P^2; cg: 4 P k vectors; always the
-    transformed test gradients P k, one chunk of per-sample gradients chunk x P and the
-    output n_train x k (k = n_test if per_test else 1, times the number of dampings);
-    ``activations``: the model's own activations for one chunk, from
-    ``activation_bytes_per_sample`` (measured by the engine on the generic path; 0 when
-    not measured).
+    The estimator's own structures (:meth:`Estimator.memory_parts`; every registered
+    estimator's keys are present, 0 for the others): exact / last-layer: Hessian +
+    eigenvectors 2 P^2; cg: 4 P k vectors; kfac / ekfac: ``factor_bytes``; projected:
+    3 k^2 + 128 P. Always the transformed test gradients P k, one chunk of per-sample
+    gradients chunk x P and the output n_train x k (k = n_test if per_test else 1, times the
+    number of dampings for an estimator that uses damping); ``activations``: the model's own
+    activations for one chunk, from ``activation_bytes_per_sample`` (measured by the engine
+    on the generic path; 0 when not measured).
     """
     P = n_params
-    k = (n_test if per_test else 1) * (1 if estimator == "tracin" else n_dampings)
+    est = ESTIMATORS.get(estimator, Estimator)
+    k = (n_test if per_test else 1) * (n_dampings if est.uses_damping else 1)
     rows = min(chunk, max(n_train, n_test))
-    parts = {
-        "hessian_and_eigenvectors": 2 * P * P * itemsize if estimator in ("exact", "last-layer") else 0,
-        "hvp_block": hvp_batch * P * itemsize if estimator in ("exact", "last-layer") else 0,
-        "cg_vectors": 4 * P * k * itemsize if estimator == "cg" else 0,
-        "kronecker_factors": int(factor_bytes) if estimator in KRONECKER else 0,
-        # projected: R^T H R, R^T R and one factorisation (3 k^2), two column blocks of R and H R (2 x 64 P)
-        "projected_curvature": (3 * min(proj_dim, P) ** 2 + 2 * 64 * P) * itemsize if estimator == "projected" else 0,
+    query = MemoryQuery(n_params=P, k=k, hvp_batch=hvp_batch, itemsize=itemsize, factor_bytes=factor_bytes,
+                        proj_dim=proj_dim)
+    parts = {key: 0 for cls in ESTIMATORS.values() for key in cls().memory_parts(query)}
+    parts.update(est().memory_parts(query))
+    parts.update({
         "transformed_test_gradients": P * k * itemsize,
         "gradient_chunk": rows * P * itemsize,
         "activations": rows * int(activation_bytes_per_sample),
         "influence_output": n_train * k * itemsize,
-    }
+    })
     parts["total"] = sum(parts.values())
     return parts
 
@@ -618,23 +605,13 @@ def _plan(config: InfluenceConfig, view: _View, P: int, X_train, n_train: int, n
     itemsize = view.engine.theta.element_size()
     act = 0 if view.path != PATH_GENERIC else view.engine.probe_bytes_per_sample(X_train)
     est, hvp_batch = config.estimator, config.hvp_batch
-    factors = 0
-    if est in KRONECKER:
-        from attnaudit.analyses.influence.kfac import kfac_memory_bytes, linear_blocks
-
-        factors = kfac_memory_bytes(linear_blocks(view.engine)[0])
+    factors = estimator_class(est)().factor_bytes(view.engine)
     mem = influence_memory(est, P, n_train, n_test, config.per_test, config.chunk_size, hvp_batch, n_dampings, itemsize, act,
                            factors, config.proj_dim)
     fixed = mem["total"] - mem["gradient_chunk"] - mem["activations"]
     chunk = _budget_chunk(config, P, fixed, itemsize, act)
     if chunk == 0:
-        alternatives = {
-            "kfac": "track fewer layers with --params, use --estimator projected with a small --proj-dim",
-            "ekfac": "track fewer layers with --params, use --estimator projected with a small --proj-dim",
-            "projected": "lower --proj-dim, or use --estimator ekfac",
-            "exact": "use --estimator ekfac, projected or cg",
-            "last-layer": "use --estimator cg",
-        }.get(est, "drop per-test influence, use fewer test points")
+        alternatives = estimator_class(est).budget_hint
         largest = max((k for k in mem if k not in ("total", "gradient_chunk", "activations")), key=lambda k: mem[k])
         raise AuditError(
             f"{config.estimator} influence needs {fixed / 2**20:,.0f} MB before any chunk (most of it "
@@ -643,16 +620,6 @@ def _plan(config: InfluenceConfig, view: _View, P: int, X_train, n_train: int, n
         )
     return chunk, influence_memory(est, P, n_train, n_test, config.per_test, chunk, hvp_batch, n_dampings, itemsize, act,
                                    factors, config.proj_dim)
-
-
-def tracin_weights(n_checkpoints: int, every: int, steps_run: int, lr: float) -> list[float]:
-    """Weights for checkpoints saved by :func:`attnaudit.core.training.train` every ``every`` steps.
-
-    Checkpoint j was taken before step j*every and stands for the GD steps
-    j*every .. min((j+1)*every, steps_run) - 1, so its weight is lr times their number; a
-    final snapshot taken after the last step stands for no step (weight 0).
-    """
-    return [lr * max(0, min(every, steps_run - j * every)) for j in range(n_checkpoints)]
 
 
 # --------------------------------------------------------------------------- the interface
@@ -683,116 +650,6 @@ def _common_diagnostics(config: InfluenceConfig, task: Task, view: _View, chunk:
     }
 
 
-def _extreme_eigenvalues(H: torch.Tensor) -> tuple[float, float, str]:
-    """(lambda_min, lambda_max, method) of a dense symmetric H: Lanczos at both ends (matrix
-    products with H, Ritz residual <= 1e-12 lambda_scale), eigvalsh when either end has not
-    converged in min(P, 300) steps -- exact to round-off either way."""
-    from attnaudit.core.linalg import lanczos_top_eigen
-
-    P = H.shape[0]
-    steps = min(P, 300)
-    top = lanczos_top_eigen(lambda v: H @ v, P, 1, max_steps=steps, tol=1e-12, device=H.device, dtype=H.dtype)
-    bottom = lanczos_top_eigen(lambda v: -(H @ v), P, 1, max_steps=steps, tol=1e-12, seed=1, device=H.device, dtype=H.dtype)
-    # residuals are relative to each run's largest Ritz value; 1e-10 bounds the eigenvalue error
-    if all((r.converged or r.steps >= P) and r.residuals[0] <= 1e-10 for r in (top, bottom)):
-        return -bottom.eigenvalues[0], top.eigenvalues[0], "lanczos"
-    ev = torch.linalg.eigvalsh(H)
-    return float(ev[0]), float(ev[-1]), "eigvalsh (Lanczos not converged)"
-
-
-def count_negative_eigenvalues(H: torch.Tensor, shift: float = 0.0) -> int:
-    """Number of eigenvalues of the symmetric H below ``-shift``, by Sylvester's law of inertia
-    on the Bunch-Kaufman factorisation H + shift I = L D L^T (D has 1x1 and 2x2 blocks), one
-    O(P^3 / 3) factorisation instead of an eigendecomposition."""
-    A = H + shift * torch.eye(H.shape[0], dtype=H.dtype, device=H.device) if shift else H
-    LD, pivots, info = torch.linalg.ldl_factor_ex(A)
-    if int(info) < 0:
-        raise AuditError("LDL factorisation failed on the Hessian")
-    piv = pivots.cpu().tolist()
-    diag = LD.diagonal().cpu().tolist()
-    sub = LD.diagonal(-1).cpu().tolist()
-    count, k, n = 0, 0, len(piv)
-    while k < n:
-        if piv[k] > 0 or k + 1 == n:  # 1x1 block (LAPACK: a positive pivot index)
-            count += diag[k] < 0
-            k += 1
-        else:  # 2x2 block [[a, b], [b, c]]: signs from its determinant and trace
-            a, b, c = diag[k], sub[k], diag[k + 1]
-            det = a * c - b * b
-            count += 1 if det < 0 else (2 if det > 0 and a + c < 0 else 0)
-            k += 2
-    return count
-
-
-def _cholesky_solve(H: torch.Tensor, B: torch.Tensor, given: float | str):
-    """(H + damping I)^-1 B^T for one damping by Cholesky, with the diagnostics the eigh path
-    reports, or None when H + damping I is not positive definite (the caller decomposes)."""
-    lam_min, lam_max, method = _extreme_eigenvalues(H)
-    d = _resolve_damping(given, lam_max)
-    P = H.shape[0]
-    eye = torch.eye(P, dtype=H.dtype, device=H.device)
-    L, info = torch.linalg.cholesky_ex(H + d * eye)
-    if int(info) != 0:
-        return None
-    X = torch.cholesky_solve(B.T, L).T  # (k, P)
-    scale = max(abs(lam_min), abs(lam_max), 1e-300)
-    # eigenvalues within round-off of 0 (P eps lambda_max, numpy's rank rule) are not counted negative
-    n_neg = 0 if lam_min >= 0 else count_negative_eigenvalues(H, P * torch.finfo(H.dtype).eps * scale)
-    diag = {
-        "min_eigenvalue": lam_min,
-        "max_eigenvalue": lam_max,
-        "damped_min_eigenvalue": lam_min + d,
-        "n_negative_eigenvalues": n_neg,
-        "positive_definite": True,
-        "damped_condition_number": (lam_max + d) / (lam_min + d),
-    }
-    lam_info = {"lambda_max": lam_max, "lambda_max_method": method, "solver": "cholesky"}
-    return X, diag, lam_info, d
-
-
-def _projected_solve(hvp, B: torch.Tensor, given: list, config: InfluenceConfig, lam_info: dict):
-    """Galerkin projection of (H + lambda I) s = g onto span(R), R a random sign matrix
-    (P x k, :class:`attnaudit.analyses.influence.projection.SignProjection`): H_R = R^T H R from k Hessian-vector
-    products, M = R^T R, then z = (H_R + lambda M)^-1 R^T g solved exactly (k x k) for every
-    test gradient, and a training gradient scores -(R^T g_train) . z. With k >= P (k is
-    capped at P) and R of full rank this is exact influence; the error falls as k grows.
-    Returns ([z per damping], diagnostics with the projection)."""
-    from attnaudit.analyses.influence.projection import SignProjection
-
-    eng = hvp.engine
-    P = hvp.size
-    k = min(int(config.proj_dim), P)  # more columns than parameters add nothing (R^T R would be singular)
-    proj = SignProjection(P, k, seed=config.seed, dtype=eng.dtype, device=eng.device)
-    HR = torch.empty(k, k, dtype=torch.float64, device=eng.device)
-    M = torch.empty(k, k, dtype=torch.float64, device=eng.device)
-    for j0, j1 in proj.blocks():
-        Rj = proj.columns(j0, j1)
-        HRj = hvp.matmat(Rj.T.contiguous()).T  # (P, b) = H R_j
-        HR[:, j0:j1] = proj.apply(HRj.T).T.to(torch.float64)
-        M[:, j0:j1] = proj.apply(Rj.T).T.to(torch.float64)
-    HR = 0.5 * (HR + HR.T)
-    M = 0.5 * (M + M.T)
-    Bp = proj.apply(B).to(torch.float64)  # (k_test, k)
-    # Ritz values of H on span(R): the generalised eigenvalues of (H_R, M)
-    L = torch.linalg.cholesky(M)
-    C = torch.linalg.solve_triangular(L, torch.linalg.solve_triangular(L, HR, upper=False).T, upper=False)
-    evals = torch.linalg.eigvalsh(0.5 * (C + C.T))
-    lam_max_proj = float(evals[-1])
-    out, dampings = [], []
-    for g in given:
-        d = _resolve_damping(g, lam_max_proj) if isinstance(g, str) else float(g)
-        A = HR + d * M
-        Z = torch.linalg.solve(A, Bp.T).T  # (k_test, k)
-        out.append(Z.to(B.dtype))
-        dampings.append(d)
-    lam_info.update({"lambda_max": lam_max_proj, "lambda_max_method": "Ritz value on span(R)",
-                     "solver": "projected"})
-    diag = {"proj_dim": int(config.proj_dim), "proj_dim_used": k, "projection": "random signs +-1/sqrt(k), seeded column blocks", "projection_seed": config.seed,
-            "hessian_vector_products": k, "projected_min_eigenvalue": float(evals[0]),
-            "_projection": proj, "_dampings": dampings}
-    return out, diag
-
-
 def influence_sweep(
     model: Task | nn.Module,
     X_train: torch.Tensor,
@@ -817,165 +674,51 @@ def influence_sweep(
     result per requested damping, all equal, with ``damping=None``. The model is evaluated
     at its current parameters (``tracin``: at ``checkpoints``, dicts of named parameters as
     saved by :func:`attnaudit.core.training.train`, weighted by ``checkpoint_weights``); it is
-    never modified.
+    never modified. The estimator is looked up in the registry
+    (:mod:`attnaudit.analyses.influence.estimators`): it transforms the test gradients
+    (``prepare`` once, ``solve`` per damping), this function streams the training gradients.
     """
     _check_inputs(X_train, y_train, X_test, y_test)
     given = [config.damping] if dampings is None else [parse_damping(d, "damping") for d in dampings]
     task = as_task(model, loss=loss, n_classes=n_classes, inputs=inputs, probe=X_test)
     names = resolve_tracked(task, config, X_train)
-    if config.estimator == "tracin":
-        res = _tracin(task, names, X_train, y_train, X_test, y_test, config, checkpoints, checkpoint_weights)
+    est = estimator_class(config.estimator)()
+    if est.uses_checkpoints:
+        res = _checkpoint_sweep(est, task, names, X_train, y_train, X_test, y_test, config, checkpoints, checkpoint_weights)
         return [res for _ in given]
     t0 = time.perf_counter()
-    kron = config.estimator in KRONECKER
     # K-FAC needs the real module's linear layers: the generic engine, never a feature-cached fast path
-    view = _view(task, names, replace(config, fast_path=False) if kron else config, probe=X_train[:2])
+    view = _view(task, names, config if est.allows_fast_path else replace(config, fast_path=False), probe=X_train[:2])
     eng = view.engine
     P = eng.n_params
     n_train, n_test = X_train.shape[0], X_test.shape[0]
-    exact_like = config.estimator in ("exact", "last-layer")
     check_exact_budget(config.estimator, P, config.max_exact_params, eng.theta.element_size())
     chunk, mem = _plan(config, view, P, X_train, n_train, n_test, len(given))
 
     U_tr, T_tr = view.prepare(X_train), eng.targets(y_train)
-    U_te, T_te = view.prepare(X_test), eng.targets(y_test)
-    if config.per_test:
-        B = eng.per_sample_grads(U_te, T_te, chunk=chunk)  # (n_test, P)
-    else:
-        B = eng.summed_grad(U_te, T_te, chunk)[None]  # (1, P)
+    B = _test_gradients(view, X_test, y_test, config.per_test, chunk)  # (k, P): per test point, or (1, P)
     k = B.shape[0]
 
-    diags: list[dict] = []
-    warns: list[list[str]] = []
-    solved: list[torch.Tensor] = []  # each (k, P)
     t_solve = time.perf_counter()
-    hvp = eng.hvp_operator(U_tr, T_tr, chunk)
-    solver = None
-    if exact_like and config.curvature == "ggn":  # the exact Gauss-Newton matrix, what K-FAC approximates
-        from attnaudit.analyses.influence.kfac import dense_gauss_newton
-
-        H = dense_gauss_newton(eng, U_tr, budget_bytes=int(config.memory_budget_mb * 2**20) // 4)
-    elif exact_like:
-        H = hvp.dense(block=config.hvp_batch)
-    if exact_like:
-        solver = "cholesky" if config.solver == "cholesky" or (config.solver == "auto" and len(given) == 1) else "eigh"
-    if solver == "cholesky":
-        chol = _cholesky_solve(H, B, given[0])
-        if chol is None:
-            solver = "eigh (damped Hessian not positive definite)"
-        else:
-            X_sol, diag, lam_info, d = chol
-            dampings = [d]
-            solved.append(X_sol)
-            diags.append(diag)
-            warns.append([])
-            del H
-    if exact_like and solver != "cholesky":
-        evals, evecs = torch.linalg.eigh(H)
-        del H
-        lam_min, lam_max = float(evals[0]), float(evals[-1])
-        dampings = [_resolve_damping(g, lam_max) for g in given]
-        lam_info = {"lambda_max": lam_max, "lambda_max_method": "eigh", "solver": solver}
-        coeff = B @ evecs  # (k, P) in the eigenbasis
-        scale = max(abs(lam_min), abs(lam_max), 1e-300)
-        for d in dampings:
-            shifted = evals + d
-            w: list[str] = []
-            smallest_abs = float(shifted.abs().min())
-            if smallest_abs <= 1e-12 * scale:
-                raise AuditError(
-                    f"the damped Hessian is singular (smallest |eigenvalue + damping| = {smallest_abs:.3g}, "
-                    f"lambda_max = {lam_max:.3g}); pass a damping > 0, e.g. --damping {max(1e-3 * lam_max, 1e-8):.1g}"
-                )
-            # eigenvalues within round-off of 0 (P eps lambda_max, numpy's rank rule) are not counted negative
-            n_neg = int((evals < -evals.numel() * torch.finfo(evals.dtype).eps * scale).sum())
-            pd = bool(shifted[0] > 0)
-            if not pd:
-                w.append(
-                    f"damped Hessian is not positive definite (lambda_min(H) = {lam_min:.3g}, damping = {d:g}): influence "
-                    f"solves an indefinite system; raise --damping above {abs(lam_min):.3g}"
-                )
-            solved.append((coeff / shifted) @ evecs.T)
-            diags.append(
-                {
-                    "min_eigenvalue": lam_min,
-                    "max_eigenvalue": lam_max,
-                    "damped_min_eigenvalue": float(shifted[0]),
-                    "n_negative_eigenvalues": n_neg,
-                    "positive_definite": pd,
-                    "damped_condition_number": float(shifted.abs().max() / shifted.abs().min()),
-                }
-            )
-            warns.append(w)
-        del evecs
-    elif kron:
-        from attnaudit.analyses.influence.kfac import cached_factors, resolve_damping as kron_damping
-
-        factors = cached_factors(eng, U_tr, config.estimator, chunk=chunk, curvature=config.curvature, seed=config.seed,
-                                 cache_dir=config.cache_dir, targets=T_tr)
-        dampings = []
-        lam_info = {"lambda_max": None, "lambda_max_method": None, "solver": config.estimator}
-        excluded = factors.excluded
-        for g in given:
-            solved.append(factors.precondition(B, eng, g))
-            per_layer = {b.path: kron_damping(g, b.eigenvalues(factors.kind)) for b in factors.blocks}
-            dampings.append(None if isinstance(g, str) else float(g))  # relative: per layer, in the diagnostics
-            diags.append({
-                "curvature": factors.diagnostics["curvature"],
-                "curvature_seed": factors.diagnostics["seed"],
-                "factor_cache": factors.diagnostics.get("cache"),
-                "layers": [b.path for b in factors.blocks],
-                "excluded_parameters": excluded,
-                "damping_per_layer": per_layer,
-                "factor_bytes": factors.memory_bytes(),
-            })
-            warns.append([f"{config.estimator} covers linear layers only (nn.Linear, nn.Conv2d, self-attention "
-                          f"projections); {len(excluded)} tracked parameter(s) left out "
-                          f"of the influence: {', '.join(excluded[:6])}{' ...' if len(excluded) > 6 else ''}"] if excluded else [])
-    elif config.estimator == "projected":
-        lam_info = {}
-        S_proj, pdiag = _projected_solve(hvp, B, given, config, lam_info)
-        proj = pdiag.pop("_projection")
-        dampings = pdiag.pop("_dampings")
-        for j in range(len(given)):
-            solved.append(S_proj[j])
-            diags.append(dict(pdiag))
-            warns.append([])
-    elif not exact_like:  # cg
-        lam_info = {"lambda_max": None, "lambda_max_method": None}
-        if any(isinstance(g, str) for g in given):
-            from attnaudit.core.linalg import lanczos_top_eigen
-
-            eig = lanczos_top_eigen(lambda v: hvp.matmat(v[None])[0], P, 1, max_steps=min(P, 200), tol=1e-6,
-                                    device=eng.theta.device, dtype=eng.theta.dtype)
-            lam_info = {"lambda_max": float(eig.eigenvalues[0]), "lambda_max_method": "lanczos",
-                        "lambda_max_residual": float(eig.residuals[0]), "lambda_max_converged": eig.converged}
-        dampings = [_resolve_damping(g, lam_info["lambda_max"]) for g in given]
-        for d in dampings:
-            X, cgd = batched_cg(lambda V, d=d: hvp.matmat(V) + d * V, B, config.cg_tol, config.cg_max_iter)
-            w = []
-            if cgd["negative_curvature"]:
-                w.append(f"CG met non-positive curvature at damping {d:g}: the damped Hessian is not positive definite; raise --damping")
-            elif not cgd["converged"]:
-                w.append(
-                    f"CG did not converge in {cgd['iterations']} iterations at damping {d:g} "
-                    f"(relative residual {cgd['relative_residual_max']:.2g}); raise --cg-max-iter or --damping"
-                )
-            solved.append(X)
-            diags.append(cgd)
-            warns.append(w)
+    targets = given if est.uses_damping else [None]
+    context = Context(config, eng, U_tr, T_tr, B, tuple(targets), chunk)
+    hvp = context.hvp
+    state = est.prepare(context)
+    solutions = [est.solve(state, g) for g in targets]
+    info, trailing, train_map = state.info, state.trailing_info, state.train_map
+    del state  # a Hessian's eigenvectors, factors: freed before the training gradients are streamed
     solve_s = time.perf_counter() - t_solve
 
-    S = torch.cat(solved).T.contiguous()  # (P, k * n_dampings); projected: (proj_dim, ...)
+    S = torch.cat([s.transformed for s in solutions]).T.contiguous()  # (P, k * n_dampings); projected: (proj_dim, ...)
     out = torch.empty(n_train, S.shape[1], dtype=S.dtype, device=S.device)
     for a, b in ranges(n_train, chunk):
         g = eng.per_sample_grads(U_tr[a:b], T_tr[a:b])
-        out[a:b] = -((proj.apply(g) if config.estimator == "projected" else g) @ S)
+        out[a:b] = -((train_map(g) if train_map is not None else g) @ S)
     elapsed = time.perf_counter() - t0
 
     results = []
     common = _common_diagnostics(config, task, view, chunk, mem)
-    for j, d in enumerate(dampings):
+    for j, (g, sol) in enumerate(zip(targets, solutions)):
         block = out[:, j * k : (j + 1) * k]
         diag = {
             **common,
@@ -983,37 +726,47 @@ def influence_sweep(
             "hvp_vectors": hvp.calls,
             "solve_seconds": solve_s,
             "seconds": elapsed,
-            **diags[j],
-            **lam_info,
-            "damping_given": given[j],
-            "damping_relative": float(given[j][:-1]) if isinstance(given[j], str) else None,
-            "damping_abs": d,
+            **sol.diagnostics,
+            **info,
+            "damping_given": g,
+            "damping_relative": float(g[:-1]) if isinstance(g, str) else None,
+            "damping_abs": sol.damping,
+            **trailing,
         }
-        if exact_like:
-            diag["curvature"] = "ggn" if config.curvature == "ggn" else "hessian"
         results.append(
             InfluenceResult(
                 estimator=config.estimator,
-                damping=d,
+                damping=sol.damping,
                 total=block.sum(1),
                 per_test=block.clone() if config.per_test else None,
                 n_params=P,
                 tracked=list(names),
                 diagnostics=diag,
-                warnings=warns[j],
+                warnings=sol.warnings,
                 path=view.path,
             )
         )
-    return results
+    return results if est.uses_damping else [results[0] for _ in given]
 
 
-def _tracin(task: Task, names, X_train, y_train, X_test, y_test, config, checkpoints, weights) -> InfluenceResult:
+def _test_gradients(view: _View, X_test, y_test, per_test: bool, chunk: int) -> torch.Tensor:
+    """Gradients of the test losses: (n_test, P) per test point, else (1, P) for their sum."""
+    eng = view.engine
+    U_te, T_te = view.prepare(X_test), eng.targets(y_test)
+    if per_test:
+        return eng.per_sample_grads(U_te, T_te, chunk=chunk)
+    return eng.summed_grad(U_te, T_te, chunk)[None]
+
+
+def _checkpoint_sweep(est: Estimator, task: Task, names, X_train, y_train, X_test, y_test, config, checkpoints,
+                      weights) -> InfluenceResult:
+    """-sum_t w_t train_map(g_train(theta_t)) . solve(g_test(theta_t)) over weighted checkpoints (``tracin``)."""
     if not checkpoints:
-        raise AuditError("tracin needs checkpoints saved during training (TrainConfig.checkpoint_every); none were given")
+        raise AuditError(f"{est.name} needs checkpoints saved during training (TrainConfig.checkpoint_every); none were given")
     if weights is None:
-        raise AuditError("tracin needs one weight per checkpoint (learning rate x steps it stands for); see tracin_weights")
+        raise AuditError(f"{est.name} needs one weight per checkpoint (learning rate x steps it stands for); see tracin_weights")
     if len(weights) != len(checkpoints):
-        raise AuditError(f"tracin got {len(checkpoints)} checkpoints but {len(weights)} weights")
+        raise AuditError(f"{est.name} got {len(checkpoints)} checkpoints but {len(weights)} weights")
     t0 = time.perf_counter()
     n_train, n_test = X_train.shape[0], X_test.shape[0]
     out = None
@@ -1022,44 +775,53 @@ def _tracin(task: Task, names, X_train, y_train, X_test, y_test, config, checkpo
     chunk = config.chunk_size
     path = PATH_GENERIC
     common: dict = {}
+    own: dict = {}
+    warns: list[str] = []
     used = 0
     for ckpt, w in zip(checkpoints, weights):
         if w == 0:
             continue
-        view = _view(task, names, config, state=ckpt, probe=X_train[:2])
+        view = _view(task, names, config if est.allows_fast_path else replace(config, fast_path=False), state=ckpt,
+                     probe=X_train[:2])
         eng = view.engine
         if out is None:
             P, path = eng.n_params, view.path
+            est.check_budget(P, config.max_exact_params, eng.theta.element_size())
             chunk, mem = _plan(config, view, P, X_train, n_train, n_test, 1)
             common = _common_diagnostics(config, task, view, chunk, mem)
         U_tr, T_tr = view.prepare(X_train), eng.targets(y_train)
-        U_te, T_te = view.prepare(X_test), eng.targets(y_test)
-        if config.per_test:
-            S = eng.per_sample_grads(U_te, T_te, chunk=chunk).T
-        else:
-            S = eng.summed_grad(U_te, T_te, chunk)[:, None]
+        B = _test_gradients(view, X_test, y_test, config.per_test, chunk)
+        state = est.prepare(Context(config, eng, U_tr, T_tr, B, (None,), chunk))
+        sol = est.solve(state, None)
+        train_map = state.train_map
+        own = {**sol.diagnostics, **state.info, **state.trailing_info}
+        warns += [m for m in sol.warnings if m not in warns]
+        del state
+        S = sol.transformed.T  # (P, k)
         if out is None:
             out = torch.zeros(n_train, S.shape[1], dtype=S.dtype, device=S.device)
         for a, b in ranges(n_train, chunk):
-            out[a:b] -= w * (eng.per_sample_grads(U_tr[a:b], T_tr[a:b]) @ S)
+            g = eng.per_sample_grads(U_tr[a:b], T_tr[a:b])
+            out[a:b] -= w * ((train_map(g) if train_map is not None else g) @ S)
         used += 1
     if out is None:
-        raise AuditError("every tracin checkpoint has weight 0 (no training steps); train for at least one step")
+        raise AuditError(f"every {est.name} checkpoint has weight 0 (no training steps); train for at least one step")
     diag = {
         **common,
+        **own,
         "checkpoints_used": used,
         "checkpoint_weights": [float(w) for w in weights],
         "seconds": time.perf_counter() - t0,
     }
     return InfluenceResult(
-        estimator="tracin",
+        estimator=config.estimator,
         damping=None,
         total=out.sum(1),
         per_test=out if config.per_test else None,
         n_params=P,
         tracked=list(names),
         diagnostics=diag,
-        warnings=[],
+        warnings=warns,
         path=path,
     )
 

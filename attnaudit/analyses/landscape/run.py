@@ -456,7 +456,9 @@ class LandscapeRequest(ModelFields, DataFields, Request):
     )
     batch_size: int | None = option(None, "--batch-size", panel=PROTOCOL, kind=int,
                                     help="Rows per step of --optimizer sgd/adam (default: full batch).")
-    top_k: int = option(5, "--top-k", panel=ANALYSIS, help="Number of top Hessian eigenvalues (Lanczos).")
+    eigenvalues: int = option(5, "--eigenvalues", panel=ANALYSIS, deprecated=("--top-k",),
+                              help="Number of top Hessian eigenvalues (Lanczos). (--top-k is its older spelling: "
+                                   "in malleability --top-k is the list of k of the top-k overlap.)")
     hutchinson_samples: int = option(30, "--hutchinson-samples", panel=ANALYSIS,
                                      help="Rademacher probes for the Hessian trace.")
     directions: str = option(
@@ -480,10 +482,10 @@ class LandscapeRequest(ModelFields, DataFields, Request):
         help="Only these parameters: all, head (the logits layer), module names or glob patterns, comma-separated "
              "(e.g. W or 'layers.0.*'); default all.",
     )
-    dtype: str = option(
-        "float64", "--dtype", panel=ANALYSIS,
+    precision: str = option(
+        "float64", "--precision", panel=ANALYSIS, deprecated=("--dtype",),
         help="Precision of the analysis: float64 (default) or float32. The engine works on copies; a saved model "
-             "keeps its own dtype.",
+             "keeps its own dtype. (--dtype is its older spelling: elsewhere --dtype is the training dtype.)",
     )
     seed: int = option(0, "--seed", panel=PROTOCOL, help="Base random seed (recorded in the report).")
     device: str = option("auto", "--device", panel=EXECUTION, help="auto, cpu, cuda or cuda:<i>.")
@@ -568,7 +570,7 @@ class LandscapeRequest(ModelFields, DataFields, Request):
             if given:
                 others = "".join(f", {self.flag_of(n)}" for n in given[1:])
                 raise FieldError(given[0], "{name}" + others + " set how new models are trained and do not apply to "
-                                 "--model/--checkpoint (a saved model); drop them")
+                                 "--checkpoint (a saved model); drop them")
             if self.seeds is not None and self.seeds != 1:
                 raise FieldError("seeds", "{name} trains independent copies of the built-in models; a saved model is "
                                  "one model, drop {name}")
@@ -608,7 +610,7 @@ class LandscapeRequest(ModelFields, DataFields, Request):
         if self.loss is not None and self.loss.strip().lower() not in LOSSES:
             raise FieldError("loss", "unknown {name} " + _esc(repr(self.loss.strip().lower()))
                              + f"; use one of {', '.join(LOSSES)}")
-        for name, kinds in (("directions", DIRECTION_KINDS), ("dtype", tuple(DTYPES))):
+        for name, kinds in (("directions", DIRECTION_KINDS), ("precision", tuple(DTYPES))):
             value = str(getattr(self, name)).strip().lower()
             if value not in kinds:
                 raise FieldError(name, "unknown {name} " + _esc(repr(value)) + f"; use one of {', '.join(kinds)}")
@@ -618,8 +620,8 @@ class LandscapeRequest(ModelFields, DataFields, Request):
                 raise FieldError(name, "{name} must be 0 (skip) or >= 3, got " + str(value))
         if not (self.span > 0 and math.isfinite(self.span)):
             raise FieldError("span", "{name} must be a positive number, got " + str(self.span))
-        if self.top_k < 1:
-            raise FieldError("top_k", "{name} must be >= 1, got " + str(self.top_k))
+        if self.eigenvalues < 1:
+            raise FieldError("eigenvalues", "{name} must be >= 1, got " + str(self.eigenvalues))
         if self.hutchinson_samples < 2:
             raise FieldError("hutchinson_samples", "{name} must be >= 2 (a standard error needs two), got "
                              + str(self.hutchinson_samples))
@@ -710,8 +712,8 @@ def run(request: LandscapeRequest, *, progress: RunProgress | None = None, execu
                             loss=loss_name, seed=r.seed)
     config = LandscapeConfig(
         loss=loss_name, directions=r.directions.strip().lower(), points=r.points, span=r.span, grid=r.grid,
-        keep_1d_params=r.keep_1d_params, params=r.params, top_k=r.top_k, hutchinson_samples=r.hutchinson_samples,
-        basin_directions=r.basin_directions, basin_factor=r.basin_factor, seed=r.seed, dtype=r.dtype.strip().lower(),
+        keep_1d_params=r.keep_1d_params, params=r.params, top_k=r.eigenvalues, hutchinson_samples=r.hutchinson_samples,
+        basin_directions=r.basin_directions, basin_factor=r.basin_factor, seed=r.seed, dtype=r.precision.strip().lower(),
     )
     dev = resolve_device(r.device)
     labels = list(saved_models) if model else list(arch_list)

@@ -94,26 +94,11 @@ ATTN_CONTEXTS = ("perturbed", "clean")
 REINIT_SEED_OFFSET = 1_000_003  # the reinit control's initialisation seed is seed + this
 # (under --protocol finetune: the reorder control's data-order seed is seed + this)
 
-# Presets: sizes chosen for run time on 2 CPU cores, never for what the result looks like.
 #: ``--match-loss auto``: every model is trained to L*, the largest clean training loss any
 #: model reaches within the step budget over the seeds, so they are compared at equal loss.
 AUTO_MATCH = "auto"
 
-PRESETS: dict[str, dict] = {
-    "quick": dict(
-        dataset="digits", split="train", n_train=300, n_test=100, width=64, steps=300, lr=4.0,
-        seeds=(0, 1, 2), eps=(0.3,), damping=(1e-3,), top_k=30, pgd_steps=10,
-        # a comparison the loss gate accepts: with fixed steps MLP-Attn ends at 2-5x 2L-ReLU's loss
-        match_loss=AUTO_MATCH,
-    ),
-    "paper": dict(
-        dataset="mnist", split="train", n_train=2000, n_test=500, width=64, steps=400, lr=4.0,
-        seeds=(0, 1, 2, 3, 4), eps=(0.3,), damping=(1e-3,), top_k=200, pgd_steps=10,
-        # the paper's protocol: full-batch GD for a fixed time; the loss gate says when that
-        # leaves the models incomparable (claims shows the matched-loss variant beside it)
-        match_loss=None,
-    ),
-}
+# The presets live with the request (attnaudit.analyses.malleability.run.PRESETS).
 
 
 # --------------------------------------------------------------------------- config

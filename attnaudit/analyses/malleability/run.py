@@ -29,9 +29,8 @@ DEFAULT_MODELS = ("relu", "attn")
 DEFAULT_ATTACKS = ("pgd", "fgsm", "mim", "sign")
 AUTO_MATCH = "auto"
 
-# Presets, in request terms (attnaudit.analyses.malleability.malleability.PRESETS holds the same
-# protocol for the library; tests/test_request_malleability.py checks they agree). Sizes chosen
-# for run time on 2 CPU cores, never for what the result looks like.
+# Presets, in request terms: sizes chosen for run time on 2 CPU cores, never for what the
+# result looks like.
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": dict(
         dataset="digits", split="train", n_train=300, n_test=100, width=64, steps=300, lr=4.0,
@@ -295,7 +294,7 @@ class MalleabilityRequest(ModelFields, DataFields, Request):
             given = [name for name in TRAINING_FIELDS if getattr(self, name) is not None]
             if given:
                 raise FieldError(given[0], ", ".join(["{name}", *(self.flag_of(n) for n in given[1:])])
-                                 + " set how new models are trained and do not apply to --model/--checkpoint "
+                                 + " set how new models are trained and do not apply to --checkpoint "
                                    "(a saved model); drop them")
             if self.resample_data:
                 raise FieldError("resample_data", "{name} draws new training rows per seed, which a saved model was "

@@ -511,18 +511,7 @@ def _verdict(label: str, trend: str, slope_mean: float, slope_std: float, k: int
     return f"{head} — {claim}."
 
 
-# Presets: sizes only (the data set comes from --dataset). Explicit options override them.
-# quick: a couple of minutes at most on 2 CPU cores on digits (d = 64).
-# paper: the paper's width range with several hundred training points; networks of width
-# >= 1024 are trained in float32 (float64 training of the 4096-wide nets dominated the
-# run time; on real MNIST the float32 and float64 distances agreed to ~1e-6 relative),
-# everything measured stays float64.
-PRESETS: dict[str, dict] = {
-    "quick": {"n_train": 200, "n_test": 200, "widths": (16, 64, 256, 1024), "n_seeds": 3, "steps": 200,
-              "float32_from_width": None},
-    "paper": {"n_train": 500, "n_test": 500, "widths": (16, 64, 256, 1024, 4096), "n_seeds": 3, "steps": 200,
-              "float32_from_width": 1024},
-}
+# The presets live with the request (attnaudit.analyses.ntk_distance.run.PRESETS).
 
 
 ProgressFn = Callable[[], None]

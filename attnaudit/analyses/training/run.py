@@ -22,6 +22,7 @@ from attnaudit.analyses.request import (
 )
 from attnaudit.analyses.result import Progress, Result, progress_or_silent
 from attnaudit.analyses.sources import DataFields
+from attnaudit.core.recipes import MINI_BATCH, TWO_LAYER_DEFAULTS, VIT_DEFAULTS
 from attnaudit.errors import AuditError, check_seed
 
 SCHEMA = "attnaudit.train/1"
@@ -29,10 +30,6 @@ PNG_NAME = "train.png"
 
 VIT_ARCHS = ("vit", "vit-linear")
 TWO_LAYER_ARCHS = ("relu", "attn")
-# Per-family defaults (docs/train.md explains each choice).
-VIT_DEFAULTS = dict(optimizer="adam", lr=1e-3, epochs=5, loss="ce", dtype="float32", depth=2, dim=64, heads=4, mlp_ratio=2)
-TWO_LAYER_DEFAULTS = dict(optimizer="gd", lr=4.0, steps=300, loss="mse", dtype="float64", width=64)
-MINI_BATCH = 64  # default batch_size for sgd and adam
 DTYPES = ("float32", "float64")
 VIT_SIZES = ("depth", "dim", "heads", "patch", "mlp_ratio")
 

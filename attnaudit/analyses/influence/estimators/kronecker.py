@@ -1,0 +1,68 @@
+"""``kfac`` and ``ekfac``: Kronecker-factored curvature of the linear layers
+(:mod:`attnaudit.analyses.influence.kfac`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from attnaudit.analyses.influence.estimators.base import Context, Estimator, MemoryQuery, Solution, State, register
+from attnaudit.analyses.influence.kfac import cached_factors, kfac_memory_bytes, linear_blocks, resolve_damping
+
+__all__ = ["EKFAC", "KFAC"]
+
+
+@dataclass
+class _KroneckerState(State):
+    factors: Any = None
+
+
+@register
+class KFAC(Estimator):
+    """K-FAC factors fitted (or loaded from ``cache_dir``) once; one preconditioning per damping."""
+
+    name = "kfac"
+    curvatures = {"auto": "the Hessian", "ggn": "the exact Gauss-Newton matrix", "fisher": "the sampled Fisher",
+                  "empirical": "the empirical Fisher"}
+    allows_fast_path = False  # needs the real module's linear layers
+    budget_hint = "track fewer layers with --params, use --estimator projected with a small --proj-dim"
+
+    def factor_bytes(self, engine) -> int:
+        return kfac_memory_bytes(linear_blocks(engine)[0])
+
+    def memory_parts(self, query: MemoryQuery) -> dict[str, int]:
+        return {"kronecker_factors": int(query.factor_bytes)}
+
+    def prepare(self, context: Context) -> State:
+        config = context.config
+        factors = cached_factors(context.engine, context.train_rows, self.name, chunk=context.chunk,
+                                 curvature=config.curvature, seed=config.seed, cache_dir=config.cache_dir,
+                                 targets=context.train_targets)
+        return _KroneckerState(context, {"lambda_max": None, "lambda_max_method": None, "solver": self.name}, factors=factors)
+
+    def solve(self, state: _KroneckerState, damping: float | str | None) -> Solution:
+        factors, ctx = state.factors, state.context
+        excluded = factors.excluded
+        X = factors.precondition(ctx.test_grads, ctx.engine, damping)
+        per_layer = {b.path: resolve_damping(damping, b.eigenvalues(factors.kind)) for b in factors.blocks}
+        diag = {
+            "curvature": factors.diagnostics["curvature"],
+            "curvature_seed": factors.diagnostics["seed"],
+            "factor_cache": factors.diagnostics.get("cache"),
+            "layers": [b.path for b in factors.blocks],
+            "excluded_parameters": excluded,
+            "damping_per_layer": per_layer,
+            "factor_bytes": factors.memory_bytes(),
+        }
+        warnings = [f"{self.name} covers linear layers only (nn.Linear, nn.Conv2d, self-attention "
+                    f"projections); {len(excluded)} tracked parameter(s) left out "
+                    f"of the influence: {', '.join(excluded[:6])}{' ...' if len(excluded) > 6 else ''}"] if excluded else []
+        # a relative damping is resolved per layer (in the diagnostics)
+        return Solution(X, None if isinstance(damping, str) else float(damping), diag, warnings)
+
+
+@register
+class EKFAC(KFAC):
+    """K-FAC with eigenvalues refitted in the Kronecker eigenbasis."""
+
+    name = "ekfac"
