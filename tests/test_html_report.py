@@ -27,7 +27,7 @@ TINY = {
     "ntk-distance": ["--n-train", "40", "--n-test", "20", "--widths", "8,16", "--seeds", "1", "--steps", "5", "--models", "relu"],
     "malleability": ["--models", "relu", "--attacks", "pgd", "--eps", "0.1", "--n-train", "40", "--n-test", "20",
                      "--width", "8", "--steps", "10", "--top-k", "10", "--pgd-steps", "2", "--seeds", "2", "--no-controls"],
-    "landscape": ["--n-train", "40", "--top-k", "1", "--hutchinson-samples", "2", "--points", "0", "--grid", "0",
+    "landscape": ["--n-train", "40", "--eigenvalues", "1", "--hutchinson-samples", "2", "--points", "0", "--grid", "0",
                   "--basin-directions", "1"],
 }
 
