@@ -1,16 +1,20 @@
 """attnaudit: audit attention models through the neural tangent kernel (NTK) lens.
 
-The public Python API mirrors the CLI: every command is a plain function that takes data,
-a model or :class:`Task`, and a small config dataclass, and returns a result dataclass
-with ``to_dict()``::
+Every command is a request, one ``run`` and a result (docs/api.md)::
 
     import attnaudit as aa
+    result = aa.run(aa.KappaRequest(dataset="digits", n=(256,)))
+    result.verdicts, result.results, result.to_dict()      # sentences, numbers, the JSON report
+    aa.run(aa.MalleabilityRequest(preset="quick"))           # the same protocol as the CLI's --preset quick
+
+The building blocks stay public: plain functions over a :class:`Task` (any module with a
+loss and an input layout) and tensors::
+
     task = aa.Task(my_vit, n_classes=10, loss="ce", inputs=aa.Inputs("images", (1, 28, 28)), params="head")
     infl = aa.compute_influence(task, X_train, y_train, X_test, y_test, aa.InfluenceConfig(estimator="cg"))
-    land = aa.analyze_landscape(task, X_train, y_train, aa.LandscapeConfig())
     K = aa.empirical_ntk(task, X_train[:64]).kernel
 
-Names are imported on first use, so ``import attnaudit`` (and the CLI's start-up) stays light.
+Names are imported on first use, so ``import attnaudit`` stays light.
 """
 
 from __future__ import annotations
@@ -39,7 +43,13 @@ _PUBLIC = {
     # trained models from files: attnaudit checkpoints, Hugging Face folders, user factories
     "LoadedModel": "models.loaded", "load_checkpoint": "models.checkpoints", "load_factory": "models.checkpoints",
     "fit_to_data": "models.checkpoints",
-    # analyses: config -> run -> result
+    # requests -> run -> result: one per command (docs/api.md)
+    "run": "analyses.registry", "Result": "analyses.result", "FieldError": "analyses.request",
+    "KappaRequest": "analyses.kappa.run", "NtkDistanceRequest": "analyses.ntk_distance.run",
+    "MalleabilityRequest": "analyses.malleability.run", "LandscapeRequest": "analyses.landscape.run",
+    "AlignmentRequest": "analyses.alignment.run", "TrainRequest": "analyses.training.run",
+    "ClaimsRequest": "claims.run", "AuditRequest": "audit.request",
+    # analyses: the building blocks (config -> function -> result)
     "KappaConfig": "analyses.kappa.dataset", "analyse_kappa": "analyses.kappa.dataset",
     "LayerKappaConfig": "analyses.kappa.layers", "analyse_layers": "analyses.kappa.layers", "find_attention_layers": "analyses.kappa.layers",
     "kernel_movement": "analyses.ntk_distance.movement", "centered_kernel_alignment": "core.linalg",
@@ -51,7 +61,8 @@ _PUBLIC = {
     "InfluenceConfig": "analyses.influence.influence", "compute_influence": "analyses.influence.influence", "influence_sweep": "analyses.influence.influence",
     "AttackConfig": "analyses.malleability.attacks", "perturb": "analyses.malleability.attacks",
     "MalleabilityConfig": "analyses.malleability.malleability", "run_malleability": "analyses.malleability.malleability",
-    "LandscapeConfig": "analyses.landscape", "analyze_landscape": "analyses.landscape", "run_landscape": "analyses.landscape",
+    "LandscapeConfig": "analyses.landscape", "analyse_landscape": "analyses.landscape",
+    "analyze_landscape": "analyses.landscape.analysis", "run_landscape": "analyses.landscape",
     # CI audit files (attnaudit audit)
     "load_audit_file": "audit", "run_audit": "audit", "write_junit": "audit",
     # errors

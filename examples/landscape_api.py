@@ -12,7 +12,7 @@ from torch import nn
 
 from attnaudit.core.task import Inputs, Task
 from attnaudit.data import DataSpec, load_dataset
-from attnaudit.analyses.landscape import LandscapeConfig, analyze_landscape, train_reference_model
+from attnaudit.analyses.landscape import LandscapeConfig, analyse_landscape, train_reference_model
 from attnaudit.core.training import TrainConfig
 
 digits = load_dataset(DataSpec(dataset="digits", n=300, seed=0))
@@ -21,7 +21,7 @@ for arch in ("relu", "attn"):
         arch, digits.X, digits.y, n_classes=digits.n_classes, width=128, seed=0,
         train_config=TrainConfig(loss="mse", lr=4.0, steps=500),
     )
-    res = analyze_landscape(model, digits.X, digits.y, LandscapeConfig(top_k=3, grid=0, points=0))
+    res = analyse_landscape(model, digits.X, digits.y, LandscapeConfig(top_k=3, grid=0, points=0))
     print(f"{arch}: training loss {trained.final_loss:.4f}, top eigenvalues {[round(v, 4) for v in res.eigen.eigenvalues]}, "
           f"trace {res.trace.estimate:.3f} +- {res.trace.stderr:.3f}, basin width {res.basin.width:.3f} [{res.path}]")
 
@@ -44,8 +44,8 @@ class RowAttention(nn.Module):
 
 net = RowAttention()
 task = Task(net, n_classes=digits.n_classes, loss="ce", inputs=Inputs("images", (1, *digits.feature_shape)))
-res = analyze_landscape(task, digits.X, digits.y, LandscapeConfig(top_k=2, grid=0, points=11, basin_directions=2))
+res = analyse_landscape(task, digits.X, digits.y, LandscapeConfig(top_k=2, grid=0, points=11, basin_directions=2))
 print(f"RowAttention ({res.n_params} parameters, untrained): loss {res.loss:.4f}, top eigenvalues "
       f"{[round(v, 4) for v in res.eigen.eigenvalues]}, trace {res.trace.estimate:.3f} [{res.path}, HVP {res.hvp_mode}]")
-head = analyze_landscape(task, digits.X, digits.y, LandscapeConfig(params=("head",), top_k=2, grid=0, points=0, basin_directions=2))
+head = analyse_landscape(task, digits.X, digits.y, LandscapeConfig(params=("head",), top_k=2, grid=0, points=0, basin_directions=2))
 print(f"  head only ({', '.join(head.param_names)}): top eigenvalues {[round(v, 4) for v in head.eigen.eigenvalues]}")

@@ -63,7 +63,7 @@ def main() -> None:
     print(f"influence ({influence.path}): most helpful training rows {order[:5].tolist()}, most harmful {order[-5:].tolist()}")
 
     all_params = aa.Task(model, 10, "ce", aa.Inputs("images", ds.feature_shape), params="all")
-    land = aa.analyze_landscape(all_params, train.X, train.y, aa.LandscapeConfig(points=11, grid=0, top_k=3, hutchinson_samples=10, basin_directions=2))
+    land = aa.analyse_landscape(all_params, train.X, train.y, aa.LandscapeConfig(points=11, grid=0, top_k=3, hutchinson_samples=10, basin_directions=2))
     print(f"landscape: loss {land.loss:.4f}, top Hessian eigenvalues {[round(v, 4) for v in land.eigen.eigenvalues]}, "
           f"trace {land.trace.estimate:.3f} +- {land.trace.stderr:.3f}")
 

@@ -187,7 +187,7 @@ def test_ntk_distance_untrained_at_every_width_makes_no_trend_claim():
 
 
 def _result_pair():
-    from attnaudit.analyses.landscape import analyze_landscape
+    from attnaudit.analyses.landscape import analyse_landscape
     from attnaudit.models.builtin import ModelSpec, build_model
     from attnaudit.core.training import TrainConfig, train
 
@@ -196,7 +196,7 @@ def _result_pair():
     y = torch.randint(0, 3, (40,), generator=g)
     model = build_model(ModelSpec("relu", 5, 6, 3, seed=1), X)
     train(model, X, y, TrainConfig(lr=0.5, steps=20))
-    return analyze_landscape(model, X, y, _landscape_cfg())
+    return analyse_landscape(model, X, y, _landscape_cfg())
 
 
 def _with(base, lam, trace=None, loss=None):

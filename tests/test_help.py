@@ -25,7 +25,8 @@ def _group():
 
 
 def _options(name: str) -> list[TyperOption]:
-    return [p for p in _group().commands[name].params if isinstance(p, TyperOption)]
+    """The options --help shows (older spellings are hidden: tests/test_requests.py covers them)."""
+    return [p for p in _group().commands[name].params if isinstance(p, TyperOption) and not p.hidden]
 
 
 def _help(capsys, monkeypatch, *args: str) -> str:

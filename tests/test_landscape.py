@@ -283,7 +283,7 @@ def test_basin_censored_when_threshold_not_reached():
 # --------------------------------------------------------------------------- orchestrator
 
 
-def test_analyze_landscape_end_to_end_and_hessian_direction_curvature():
+def test_analyse_landscape_end_to_end_and_hessian_direction_curvature():
     model, X, y = _trained("relu", "mse")
     before = {k: v.clone() for k, v in model.state_dict().items()}
     cfg = L.LandscapeConfig(
@@ -291,7 +291,7 @@ def test_analyze_landscape_end_to_end_and_hessian_direction_curvature():
         hutchinson_samples=30, basin_directions=2, basin_points=8, seed=4,
     )
     ticks = []
-    res = L.analyze_landscape(model, X, y, cfg, progress=ticks.append)
+    res = L.analyse_landscape(model, X, y, cfg, progress=ticks.append)
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k])  # analysis leaves the model alone
     with torch.no_grad():
@@ -376,7 +376,7 @@ def test_top_share_and_progress_against_dense_spectrum_and_counted_work(monkeypa
     def tick(k):
         ticks[phase[0]] = ticks.get(phase[0], 0) + k
 
-    res = L.analyze_landscape(model, X, y, cfg, progress=tick)
+    res = L.analyse_landscape(model, X, y, cfg, progress=tick)
     # all 16 eigenvalues, exact trace: shares are dense cumulative eigenvalue sums over the dense trace
     np.testing.assert_allclose(res.eigen.eigenvalues, lam, rtol=1e-8, atol=1e-12)
     np.testing.assert_allclose(res.trace.estimate, np.trace(H), rtol=1e-10)
@@ -423,8 +423,8 @@ def test_generic_engine_path_equals_structured_fast_path(arch, loss):
     model, X, y = _trained(arch, loss, steps=60)
     cfg = dict(loss=loss, points=5, span=0.7, grid=5, top_k=3, lanczos_tol=1e-10, hutchinson_samples=6,
                basin_directions=2, basin_points=8, seed=3, samples_per_batch=17)  # 3 sample chunks, last one short
-    fast = L.analyze_landscape(model, X, y, L.LandscapeConfig(**cfg))
-    slow = L.analyze_landscape(model, X, y, L.LandscapeConfig(fast_path=False, **cfg))
+    fast = L.analyse_landscape(model, X, y, L.LandscapeConfig(**cfg))
+    slow = L.analyse_landscape(model, X, y, L.LandscapeConfig(fast_path=False, **cfg))
     assert (fast.path, fast.backend) == ("fast: TwoLayerNet structured evaluation", "structured")
     assert (slow.path, slow.backend) == ("generic: engine", "vmap")
     assert fast.to_dict()["path"] == fast.path
@@ -441,10 +441,10 @@ def test_generic_engine_path_equals_structured_fast_path(arch, loss):
 
 def test_selector_keywords_and_structured_declaration():
     X, y = _data(n=30, d=4)
-    res = L.analyze_landscape(MLP(), X, y, L.LandscapeConfig(
+    res = L.analyse_landscape(MLP(), X, y, L.LandscapeConfig(
         loss="ce", params=("head",), points=3, grid=0, top_k=1, hutchinson_samples=2, basin_directions=1, basin_points=4))
     assert res.param_names == ("net.2.weight", "net.2.bias") and res.path == L.GENERIC_PATH
-    res = L.analyze_landscape(MLP(), X, y, L.LandscapeConfig(
+    res = L.analyse_landscape(MLP(), X, y, L.LandscapeConfig(
         loss="ce", params=("net.0",), points=3, grid=0, top_k=1, hutchinson_samples=2, basin_directions=1, basin_points=4))
     assert res.param_names == ("net.0.weight", "net.0.bias")
     model, X, y = _trained("relu", "mse", steps=5)
@@ -505,7 +505,7 @@ def test_any_module_images_and_sdpa_against_dense_hessian_and_module_untouched()
     task = Task(module, n_classes=3, loss="ce", inputs=Inputs("images", (1, 4, 4)))
     cfg = L.LandscapeConfig(points=5, span=0.5, grid=3, top_k=2, lanczos_steps=40, lanczos_tol=1e-10,
                             hutchinson_samples=4, basin_directions=1, basin_points=6)
-    res = L.analyze_landscape(task, X, y, cfg)
+    res = L.analyse_landscape(task, X, y, cfg)
     H, loss0 = _dense_ce_hessian(module, X, y)
     assert res.n_params == H.shape[0] == 3 * 12 + 12 and res.dtype == "float64" and res.path == L.GENERIC_PATH
     assert res.backend == "vmap" and res.hvp_mode == "reverse-over-reverse"  # the math kernel: batched, twice differentiable
@@ -525,8 +525,8 @@ def test_dropout_model_runs_in_eval_mode_and_keeps_its_flag():
         model = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Tanh(), nn.Linear(8, 3)).double()
     assert model.training
     cfg = L.LandscapeConfig(loss="ce", points=3, grid=3, top_k=2, hutchinson_samples=3, basin_directions=1, basin_points=4)
-    a = L.analyze_landscape(model, X, y, cfg).to_dict()
-    b = L.analyze_landscape(model, X, y, cfg).to_dict()
+    a = L.analyse_landscape(model, X, y, cfg).to_dict()
+    b = L.analyse_landscape(model, X, y, cfg).to_dict()
     for key in ("loss", "top_eigenvalues", "trace", "surface_1d", "surface_2d", "basin"):
         assert a[key] == b[key], key
     assert model.training and model[1].training  # flags restored
@@ -540,7 +540,7 @@ def test_float32_module_unchanged_by_float64_analysis():
     X, y = _data(n=25, d=4)
     model = MLP().float()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    res = L.analyze_landscape(model, X, y, L.LandscapeConfig(
+    res = L.analyse_landscape(model, X, y, L.LandscapeConfig(
         loss="ce", points=3, grid=0, top_k=1, hutchinson_samples=2, basin_directions=1, basin_points=4))
     assert res.dtype == "float64" and all(p.dtype == torch.float32 for p in model.parameters())
     for k, v in model.state_dict().items():
@@ -719,7 +719,7 @@ def test_compare_landscapes_gates_verdicts_on_comparable_loss():
 
     model, X, y = _trained("relu", "mse", steps=20)
     cfg = L.LandscapeConfig(points=0, grid=0, top_k=2, hutchinson_samples=4, basin_directions=2, basin_points=6)
-    base = L.analyze_landscape(model, X, y, cfg)
+    base = L.analyse_landscape(model, X, y, cfg)
     sharp = dataclasses.replace(base, eigen=dataclasses.replace(base.eigen, eigenvalues=(2.0, 1.0)))
     flat = dataclasses.replace(base, eigen=dataclasses.replace(base.eigen, eigenvalues=(1.0, 0.5)))
     def seeds(top):  # three seeds whose lambda_max spread is +-5 % around ``top``

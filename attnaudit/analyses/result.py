@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ContextManager
+from attnaudit.errors import AuditError
+from attnaudit.analyses.request import request_from_report
 
 Progress = Callable[[str, int, str], ContextManager[Callable[[int], None]]]
 
@@ -81,7 +83,6 @@ class Result:
     def figure(self, path: str | Path) -> Path:
         """Write the figure (PNG) to ``path``; a restored result has none to draw."""
         if self.plot is None:
-            from attnaudit.errors import AuditError
 
             raise AuditError("this result has no figure (a result restored from a report keeps numbers, "
                              "not the arrays a figure is drawn from); run the request again")
@@ -100,7 +101,6 @@ class Result:
     @classmethod
     def from_dict(cls, report: dict) -> Result:
         """A result from a saved report (its request rebuilt when the report records one)."""
-        from attnaudit.analyses.request import request_from_report
 
         return cls(report=dict(report), request=request_from_report(report))
 

@@ -14,6 +14,9 @@ from typing import Any
 
 from attnaudit.analyses.request import DATA, MODEL, FieldError, internal, option
 from attnaudit.errors import AuditError
+from attnaudit.data import DataSpec, parse_classes
+from attnaudit.data import load_dataset
+from attnaudit.models.checkpoints import load_model_source, unique_labels
 
 
 def _classes(value: Any, name: str) -> str | None:
@@ -54,7 +57,6 @@ class DataFields:
     def data_spec(self, seed: int, *, n: int | None = None, stratify: bool = False,
                   dataset: str | None = None, split: str | None = None):
         """A validated :class:`attnaudit.data.DataSpec`; ``dataset``/``split`` fill options left unset."""
-        from attnaudit.data import DataSpec, parse_classes
 
         return DataSpec(
             dataset=self.dataset or dataset or "digits", data=self.data, data_dir=self.data_dir,
@@ -66,7 +68,6 @@ class DataFields:
                   dataset: str | None = None, split: str | None = None):
         """The :class:`attnaudit.data.Dataset` to analyse: ``loaded_data`` (subset to ``n`` rows
         with ``seed`` when asked), else read as :meth:`data_spec` describes."""
-        from attnaudit.data import load_dataset
 
         if self.loaded_data is None:
             return load_dataset(self.data_spec(seed, n=n, stratify=stratify, dataset=dataset, split=split))
@@ -84,7 +85,6 @@ class DataFields:
         """Read the data as the run would (fails here, before any work, on a bad source)."""
         super().check()  # type: ignore[misc]
         if self.loaded_data is None:
-            from attnaudit.data import load_dataset
 
             load_dataset(self.data_spec(int(getattr(self, "seed", 0) or 0)))
 
@@ -154,7 +154,6 @@ class ModelFields:
         """label -> :class:`attnaudit.models.loaded.LoadedModel`, every file checked (before any data are read)."""
         if self.loaded_models:
             return dict(self.loaded_models)
-        from attnaudit.models.checkpoints import load_model_source, unique_labels
 
         if self.factory is not None or self.weights is not None:
             if self.checkpoint:

@@ -14,6 +14,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from attnaudit.audit.runner import AuditResult
+from attnaudit.runtime.atomic import write_text_atomic
 
 
 def junit_xml(result: AuditResult) -> str:
@@ -58,6 +59,5 @@ def junit_xml(result: AuditResult) -> str:
 
 def write_junit(result: AuditResult, path: str | Path) -> None:
     """Write the JUnit XML atomically (an existing file is replaced: vet it with check_target first)."""
-    from attnaudit.runtime.atomic import write_text_atomic
 
     write_text_atomic(path, junit_xml(result))

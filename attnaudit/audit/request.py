@@ -14,6 +14,10 @@ from typing import Any, Callable
 
 from attnaudit.analyses.request import ANALYSIS, EXECUTION, FieldError, Request, internal, option
 from attnaudit.analyses.result import Progress, Result, progress_or_silent
+from attnaudit.audit.file import load_audit_file
+from attnaudit.audit.runner import SCHEMA, run_audit
+from attnaudit.report.envelope import build_report
+from attnaudit.runtime.sweep import ExecutorConfig
 
 
 @dataclass(frozen=True)
@@ -49,10 +53,6 @@ class AuditRequest(Request):
 def run(request: AuditRequest, *, progress: Progress | None = None, executor: Any = None,
         on_check: Callable[[Any], None] | None = None) -> Result:
     """Run the audit; ``on_check(check)`` is called as each check is judged."""
-    from attnaudit.audit.file import load_audit_file
-    from attnaudit.audit.runner import SCHEMA, run_audit
-    from attnaudit.report.envelope import build_report
-    from attnaudit.runtime.sweep import ExecutorConfig
 
     executor = executor or ExecutorConfig()
     t0 = time.perf_counter()

@@ -23,6 +23,13 @@ from attnaudit.analyses.registry import check_argv, run_argv as invoke, shell_li
 from attnaudit.audit import metrics as M
 from attnaudit.audit.commands import option_params, to_args
 from attnaudit.audit.file import AuditPlan, CheckSpec
+from attnaudit.report.envelope import read_json_file
+from attnaudit.analyses.registry import request_type
+from attnaudit.analyses.registry import run as run_request
+from attnaudit.runtime.sweep import ExecutorConfig
+from attnaudit.report.envelope import check_target
+from attnaudit.runtime.sweep import CellTask, run_cells
+from attnaudit.runtime.atomic import StagedFiles
 
 if TYPE_CHECKING:
     from attnaudit.runtime.sweep import ExecutorConfig
@@ -156,7 +163,6 @@ def format_value(value: Any) -> str:
 # ----------------------------------------------------------------------------- baselines
 def read_baseline(path: str | Path) -> dict[str, dict]:
     """check name -> {value, metric, stat, better} from a --save-baseline file."""
-    from attnaudit.report.envelope import read_json_file
 
     data = read_json_file(path, f"--baseline {path}", "write a baseline with --save-baseline first")
     if not isinstance(data, dict) or data.get("schema") != BASELINE_SCHEMA or not isinstance(data.get("checks"), dict):
@@ -302,15 +308,13 @@ def _train_args(plan: AuditPlan, out: str, stand_in: bool) -> list[str]:
 
 def _train_request(args: list[str]):
     """The train request of the audit's model (it replaces its own temporary file)."""
-    from attnaudit.analyses.registry import request_type
 
     return request_type("train").from_argv(args, overwrite=True)
 
 
 def _train(args: list[str]) -> dict:
-    from attnaudit.analyses.registry import run
 
-    return run(_train_request(args)).to_dict()
+    return run_request(_train_request(args)).to_dict()
 
 
 def _check_args(plan: AuditPlan, spec: CheckSpec, model_path: str | None) -> list[str]:
@@ -357,7 +361,6 @@ def run_audit(
     ``executor`` (:mod:`attnaudit.runtime.sweep`): each distinct run is one cell; with worker
     processes or Ray the runs go in parallel (``fail_fast`` needs the sequential local one).
     """
-    from attnaudit.runtime.sweep import ExecutorConfig
 
     ex = executor or ExecutorConfig()
     parallel = ex.kind != "local" or ex.jobs > 1 or ex.resume_dir is not None
@@ -373,7 +376,6 @@ def run_audit(
         model_path = shown_model = None
         model_info = None
         if plan.model is not None and plan.model.kind == "trained":
-            from attnaudit.report.envelope import check_target
 
             if plan.model.save:
                 try:
@@ -472,7 +474,6 @@ def run_audit(
 
 def _run_parallel(runs: list[Run], ex: "ExecutorConfig") -> None:
     """Every run as one cell on the executor; reports (or errors) stored on the runs."""
-    from attnaudit.runtime.sweep import CellTask, run_cells
 
     tasks = [CellTask("attnaudit.analyses.registry:run_cell", {"analysis": r.analysis, "args": r.args}, r.id) for r in runs]
     for run, outcome in zip(runs, run_cells(tasks, ex)):
@@ -487,7 +488,6 @@ def _run_parallel(runs: list[Run], ex: "ExecutorConfig") -> None:
 
 def _keep_model(src: str, target: str) -> None:
     """Copy the trained model and its side-car to model.save, atomically together."""
-    from attnaudit.runtime.atomic import StagedFiles
 
     pairs = [(Path(src), Path(target)), (Path(src + ".json"), Path(target + ".json"))]
     with StagedFiles() as files:

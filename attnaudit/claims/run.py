@@ -17,6 +17,9 @@ from attnaudit.analyses.request import EXECUTION, PROTOCOL, FieldError, Request,
 from attnaudit.analyses.result import Progress, Result, progress_or_silent
 from attnaudit.analyses.sources import DataFields
 from attnaudit.errors import AuditError, check_seed
+from attnaudit.claims import scorecard
+from attnaudit.report.envelope import build_report
+from attnaudit.runtime.sweep import CellTask, ExecutorConfig, run_cells
 
 PNG_NAME = "claims.png"
 MODES = {"quick": "quick", "paper": "full"}
@@ -121,7 +124,6 @@ class ClaimsRequest(DataFields, Request):
 
     def check(self) -> None:
         """Every run's command line checked (options, model files, data) before anything trains."""
-        from attnaudit.claims import scorecard
 
         runs, _ = scorecard.plan(self.mode, self.data_args(), self.seed, n_seeds=self.n_seeds, match_loss=self.match_loss)
         for r in runs:
@@ -134,9 +136,6 @@ class ClaimsRequest(DataFields, Request):
 def run(request: ClaimsRequest, *, progress: Progress | None = None, executor: Any = None) -> Result:
     """Run the scorecard; the report is the one ``attnaudit claims --json`` writes. Runs that
     fail are rows with their error (``failed_cells``), not an exception."""
-    from attnaudit.claims import scorecard  # looked up at call time (tests replace scorecard.plan)
-    from attnaudit.report.envelope import build_report
-    from attnaudit.runtime.sweep import CellTask, ExecutorConfig, run_cells
 
     executor = executor or ExecutorConfig()
     executor.check_available()

@@ -44,6 +44,11 @@ from attnaudit.core.stats import (
     mean_interval,
     ratio_interval,
 )
+from attnaudit.data import PREPROCESS
+from attnaudit.analyses.malleability.run import PRESETS as MALL_PRESETS
+from attnaudit.analyses.registry import COMMANDS
+from attnaudit.analyses.registry import request_type
+from attnaudit.analyses.malleability.run import PRESETS
 
 SCHEMA = "attnaudit.claims/2"
 VERDICTS = (SUPPORTED, CONTRADICTED, NOT_RESOLVED, NOT_TESTABLE)
@@ -165,7 +170,6 @@ def _has_choice(command: str, option: str, value: str) -> bool:
     if not _has_option(command, option):
         return False
     if option == "preprocess":
-        from attnaudit.data import PREPROCESS
 
         return value in PREPROCESS
     return True
@@ -205,7 +209,6 @@ def plan(mode: str, data_args: list[str], seed: int, n_seeds: int = DEFAULT_SEED
         runs.append(RunSpec("alignment", "alignment", ("--preset", preset, *common, *seeds)
                             if _has_option("alignment", "preset") else (*common, *seeds),
                             "approximation error on principal-direction targets (the dual implication)"))
-    from attnaudit.analyses.malleability.run import PRESETS as MALL_PRESETS
 
     main_match = ml_text if ml_text is not None else (MALL_PRESETS.get(preset, {}).get("match_loss") or "none")
     variants = [("preset protocol, " + ("fixed steps" if main_match == "none" else f"matched training loss ({main_match})"),
@@ -234,13 +237,11 @@ def plan(mode: str, data_args: list[str], seed: int, n_seeds: int = DEFAULT_SEED
 
 
 def _has_command(name: str) -> bool:
-    from attnaudit.analyses.registry import COMMANDS
 
     return name in COMMANDS
 
 
 def _has_option(command: str, option: str) -> bool:
-    from attnaudit.analyses.registry import request_type
 
     return request_type(command).field_of(option) is not None
 
@@ -249,7 +250,6 @@ def _loss_matching_variant(preset: str, match_loss: float | str | None) -> tuple
     """The variant row that flips the loss-matching choice of the main run: fixed steps when the
     main run matches losses (``--match-loss`` given, or the preset's own ``auto``), else matched
     loss by the ``auto`` rule (every model trained to the largest loss any reaches in the budget)."""
-    from attnaudit.analyses.malleability.run import PRESETS
 
     preset_match = PRESETS.get(preset, {}).get("match_loss") or "none"
     matches = preset_match != "none" if match_loss is None else match_loss != "none"

@@ -10,7 +10,10 @@ import typer
 
 from attnaudit import __version__
 from attnaudit.cli.common import INTERRUPTED, error_line
-from attnaudit.cli import audit, claims, kappa, landscape, malleability, ntk_distance, report, train
+from attnaudit.cli import alignment, audit, claims, kappa, landscape, malleability, ntk_distance, report, train
+from attnaudit.cli.options import RequestOptions
+from attnaudit.errors import AuditError
+from attnaudit.runtime.threads import apply_threads, choose_threads
 
 from attnaudit.cli.options import ManualGroup  # noqa: E402 - the command modules above import it too
 
@@ -47,8 +50,6 @@ def _root(
     if threads < 0:
         error_line("error", "--threads must be >= 0 (0 = auto: the idle cores)")
         raise typer.Exit(2)
-    from attnaudit.errors import AuditError
-    from attnaudit.runtime.threads import apply_threads, choose_threads
 
     try:
         apply_threads(choose_threads(threads or None))
@@ -59,7 +60,6 @@ def _root(
 
 for module in (kappa, ntk_distance, malleability, landscape, train, audit, claims, report):
     module.register(app)
-from attnaudit.cli import alignment  # noqa: E402
 alignment.register(app)
 
 
@@ -132,7 +132,6 @@ def main(argv: list[str] | None = None) -> None:
 def request_of(argv: list[str]):
     """The request the command line ``attnaudit <argv>`` builds, parsed exactly as the shell's
     (nothing runs): for the argv -> request -> argv round trip (tests/test_requests.py)."""
-    from attnaudit.cli.options import RequestOptions
 
     name, *rest = argv
     command = typer.main.get_command(app).commands[name]  # type: ignore[attr-defined]

@@ -13,6 +13,8 @@ import typer
 from attnaudit.analyses.alignment.run import AlignmentRequest
 from attnaudit.cli.common import cli_errors, emit_result, progress
 from attnaudit.cli.options import ManualCommand, OutputBundle, RequestOptions, bundled, with_request
+from attnaudit.analyses.alignment.alignment import PNG_NAME
+from attnaudit.analyses.alignment.run import run
 
 
 def register(app: typer.Typer) -> None:
@@ -23,8 +25,6 @@ def register(app: typer.Typer) -> None:
     def alignment_command(request: RequestOptions, out: OutputBundle) -> None:
         """Does the attention kernel lower the approximation error on targets aligned with the data's
         principal modes? Kernel ridge and trained-net errors, and CKA, of 2L-ReLU and MLP-Attn."""
-        from attnaudit.analyses.alignment.alignment import PNG_NAME
-        from attnaudit.analyses.alignment.run import run
 
         with cli_errors(out.debug, AlignmentRequest):
             req = request.build()

@@ -10,6 +10,12 @@ import typer
 
 from attnaudit.cli.common import cli_errors, emit_result, progress
 from attnaudit.cli.options import ExecutorOptions, ManualCommand, bundled
+from attnaudit.audit import baseline_payload, junit_xml
+from attnaudit.audit.request import AuditRequest, run
+from attnaudit.cli.common import OutputOptions
+from attnaudit.report.envelope import dumps
+from attnaudit.runtime.atomic import write_text_atomic
+from attnaudit.audit import load_audit_file
 
 HELP = (
     "Run the checks of an audit file (YAML: the model, the data, and checks that each name an analysis, its CLI "
@@ -36,10 +42,6 @@ def register(app: typer.Typer) -> None:
         overwrite: Annotated[bool, typer.Option("--overwrite", help="Allow replacing existing output files.", rich_help_panel="Output")] = False,
         debug: Annotated[bool, typer.Option("--debug", help="Show the full traceback on errors.", rich_help_panel="Output")] = False,
     ) -> None:
-        from attnaudit.audit import baseline_payload, junit_xml
-        from attnaudit.audit.request import AuditRequest, run
-        from attnaudit.cli.common import OutputOptions
-        from attnaudit.report.envelope import dumps
 
         with cli_errors(debug, AuditRequest):
             request = AuditRequest(file=file, baseline=baseline, fail_fast=fail_fast, overwrite=overwrite)
@@ -48,7 +50,6 @@ def register(app: typer.Typer) -> None:
             opts.check_writable((), extra=extra)
             executor = execution.config()
             if not opts.quiet:
-                from attnaudit.audit import load_audit_file
 
                 plan = load_audit_file(file)
                 opts.console.print(f"audit {plan.name}: {len(plan.checks)} checks from {file}; validating each "
@@ -63,7 +64,6 @@ def register(app: typer.Typer) -> None:
             report = outcome.to_dict()
             report["inputs"].update({"junit": junit, "save_baseline": save_baseline})
             emit_result(opts, outcome)
-            from attnaudit.runtime.atomic import write_text_atomic
 
             if junit:
                 write_text_atomic(junit, junit_xml(result))

@@ -7,6 +7,7 @@ import typer
 from attnaudit.claims.run import PNG_NAME, ClaimsRequest
 from attnaudit.cli.common import cli_errors, emit_result, progress
 from attnaudit.cli.options import ExecutorOptions, ManualCommand, OutputBundle, RequestOptions, bundled, with_request
+from attnaudit.claims.run import run
 
 HELP = (
     "Test the paper's claims on one data set: runs kappa, ntk-distance, malleability and landscape with documented "
@@ -23,7 +24,6 @@ def register(app: typer.Typer) -> None:
     @bundled(out=OutputBundle, execution=ExecutorOptions)
     @with_request(ClaimsRequest)
     def claims_command(request: RequestOptions, out: OutputBundle, execution: ExecutorOptions) -> None:
-        from attnaudit.claims.run import run
 
         with cli_errors(out.debug, ClaimsRequest):
             req = request.build()

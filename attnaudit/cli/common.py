@@ -22,6 +22,7 @@ from attnaudit.analyses.request import FieldError, fields_named
 from attnaudit.errors import AuditError
 from attnaudit.runtime.atomic import StagedFiles
 from attnaudit.report.envelope import check_target, dumps, folder_problem
+from attnaudit.report.html import RunPage, png_bytes, render_run
 
 # Models already saved by --save-models are complete files (each saved atomically), so the
 # promise is about the report and figure only.
@@ -234,7 +235,6 @@ def emit(
             written.append(f"figure written to {png}")
         html_targets = opts.html_targets()
         if html_targets:
-            from attnaudit.report.html import RunPage, png_bytes, render_run
 
             figures = [(png_name, png_bytes(plot, png_name))] if plot is not None else []
             page = render_run(RunPage(report, list(renderables), figures))

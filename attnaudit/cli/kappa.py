@@ -7,6 +7,8 @@ import typer
 from attnaudit.analyses.kappa.run import KappaRequest
 from attnaudit.cli.common import cli_errors, emit_result, progress
 from attnaudit.cli.options import ManualCommand, OutputBundle, RequestOptions, bundled, with_request
+from attnaudit.analyses.kappa.layers import PNG_NAME
+from attnaudit.analyses.kappa.run import run
 
 
 def register(app: typer.Typer) -> None:
@@ -17,8 +19,6 @@ def register(app: typer.Typer) -> None:
         """Gram spectrum, condition numbers, linearized-attention amplification (direct check with a
         calibrated round-off budget) and the paper's width requirement kappa^6 n ln n against 1e12;
         with --checkpoint, the same per attention layer of a trained transformer."""
-        from attnaudit.analyses.kappa.layers import PNG_NAME
-        from attnaudit.analyses.kappa.run import run
 
         with cli_errors(out.debug, KappaRequest):
             req = request.build()

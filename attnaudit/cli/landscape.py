@@ -7,6 +7,8 @@ import typer
 from attnaudit.analyses.landscape.run import LandscapeRequest
 from attnaudit.cli.common import cli_errors, emit_result, progress
 from attnaudit.cli.options import ManualCommand, OutputBundle, RequestOptions, bundled, with_request
+from attnaudit.analyses.landscape.report import PNG_NAME
+from attnaudit.analyses.landscape.run import run
 
 
 def register(app: typer.Typer) -> None:
@@ -16,8 +18,6 @@ def register(app: typer.Typer) -> None:
     @with_request(LandscapeRequest)
     def landscape_command(request: RequestOptions, out: OutputBundle) -> None:
         """Loss landscape: top Hessian eigenvalues, trace, basin width and 1-D/2-D loss surfaces."""
-        from attnaudit.analyses.landscape.report import PNG_NAME
-        from attnaudit.analyses.landscape.run import run
 
         with cli_errors(out.debug, LandscapeRequest):
             req = request.build()

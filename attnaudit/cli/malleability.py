@@ -8,6 +8,7 @@ import typer
 from attnaudit.analyses.malleability.run import MalleabilityRequest
 from attnaudit.cli.common import cli_errors, emit_result, exit_if_cells_failed, progress
 from attnaudit.cli.options import ExecutorOptions, ManualCommand, OutputBundle, RequestOptions, bundled, with_request
+from attnaudit.analyses.malleability.run import exceeded_message, run
 
 
 def register(app: typer.Typer) -> None:
@@ -16,7 +17,6 @@ def register(app: typer.Typer) -> None:
     @with_request(MalleabilityRequest)
     def malleability_command(request: RequestOptions, out: OutputBundle, execution: ExecutorOptions) -> None:
         """Influence malleability: do influence scores flip sign when the training data is perturbed?"""
-        from attnaudit.analyses.malleability.run import exceeded_message, run
 
         with cli_errors(out.debug, MalleabilityRequest):
             req = request.build()

@@ -9,6 +9,7 @@ import typer
 from attnaudit.analyses.ntk_distance.run import NtkDistanceRequest
 from attnaudit.cli.common import cli_errors, emit_result, exit_if_cells_failed, progress
 from attnaudit.cli.options import ExecutorOptions, ManualCommand, OutputBundle, RequestOptions, bundled, with_request
+from attnaudit.analyses.ntk_distance.run import run
 
 
 def register(app: typer.Typer) -> None:
@@ -20,7 +21,6 @@ def register(app: typer.Typer) -> None:
         """Distance of finite 2L-ReLU / MLP-Attn networks from their NTK predictor across widths; with
         --checkpoint, how far training moved a trained model from the kernel regime; with --arch
         vit,vit-linear, the same across widths of the built-in transformers."""
-        from attnaudit.analyses.ntk_distance.run import run
 
         with cli_errors(out.debug, NtkDistanceRequest):
             executor = execution.config()

@@ -26,6 +26,10 @@ import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from attnaudit.analyses.request import EXECUTION, OUTPUT, PANELS
+from attnaudit.analyses.request import show_list
+from attnaudit.cli.common import OutputOptions
+from attnaudit.runtime.sweep import ExecutorConfig
+from attnaudit.analyses.request import FieldError, fields_named
 
 _OPTION = "typer_option"
 
@@ -58,7 +62,6 @@ class OutputBundle:
 
     def options(self):
         """The :class:`attnaudit.cli.common.OutputOptions` these flags describe."""
-        from attnaudit.cli.common import OutputOptions
 
         return OutputOptions(json=self.json, png=self.png, out_dir=self.out_dir, quiet=self.quiet, overwrite=self.overwrite,
                              html=self.html)
@@ -86,7 +89,6 @@ class ExecutorOptions:
 
     def config(self):
         """The :class:`attnaudit.runtime.sweep.ExecutorConfig` these flags describe (validated)."""
-        from attnaudit.runtime.sweep import ExecutorConfig
 
         return ExecutorConfig(kind=self.executor, jobs=self.jobs, ray_address=self.ray_address,
                               gpus_per_cell=self.gpus_per_cell, resume_dir=self.resume)
@@ -233,7 +235,6 @@ def request_parameters(request_type: type) -> list[inspect.Parameter]:
         elif opt.parse is not None:
             annotation = Optional[str]
             if isinstance(default, tuple):
-                from attnaudit.analyses.request import show_list
 
                 default = show_list(default)
         else:
@@ -243,7 +244,8 @@ def request_parameters(request_type: type) -> list[inspect.Parameter]:
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
                                         annotation=Annotated[annotation, option]))
         for i, old in enumerate(opt.deprecated):  # hidden: accepted, warned about, never shown
-            hidden = typer.Option(old, hidden=True, help=f"Deprecated spelling of {opt.flag}.")
+            hidden = typer.Option(old, hidden=True, help=f"Deprecated spelling of {opt.flag}.", rich_help_panel=opt.panel,
+                                  metavar=opt.metavar)
             old_annotation = bool if annotation is bool else (annotation if opt.multiple else Optional[str])
             params.append(inspect.Parameter(f"{name}{_DEPRECATED}{i}", inspect.Parameter.KEYWORD_ONLY,
                                             default=False if annotation is bool else None,
@@ -263,7 +265,6 @@ class RequestOptions:
 
     def build(self, **objects: Any) -> Any:
         """The request; an error about a field names the flag the user typed."""
-        from attnaudit.analyses.request import FieldError, fields_named
 
         defaults = {f.name: f.default for f in dataclasses.fields(self.request_type)}
         given = {k: (defaults[k] if v in ((), []) else v) for k, v in self.values.items() if _DEPRECATED not in k}

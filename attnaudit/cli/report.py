@@ -11,6 +11,11 @@ import typer
 from attnaudit.cli.common import cli_errors
 from attnaudit.cli.options import ManualCommand
 from attnaudit.errors import AuditError
+from attnaudit.report.html import check_schema
+from attnaudit.report.envelope import read_json_file
+from attnaudit.runtime.atomic import write_text_atomic
+from attnaudit.report.html import render_reports
+from attnaudit.report.envelope import check_target
 
 HELP = (
     "Render one or several JSON reports written by --json (a sweep's runs, two checkpoints, an audit) into one "
@@ -26,9 +31,7 @@ MAX_REPORT_BYTES = 512 * 2**20  # a JSON report is a few MB at most; refuse absu
 
 def load_reports(paths: list[str]) -> list[tuple[str, dict]]:
     """(file name, report) for every path, each a JSON report of a known schema."""
-    from attnaudit.report.html import check_schema
 
-    from attnaudit.report.envelope import read_json_file
 
     out = []
     for raw in paths:
@@ -46,9 +49,6 @@ def register(app: typer.Typer) -> None:
         quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on success.", rich_help_panel="Output")] = False,
         debug: Annotated[bool, typer.Option("--debug", help="Show the full traceback on errors.", rich_help_panel="Output")] = False,
     ) -> None:
-        from attnaudit.runtime.atomic import write_text_atomic
-        from attnaudit.report.html import render_reports
-        from attnaudit.report.envelope import check_target
 
         with cli_errors(debug):
             if not html.lower().endswith((".html", ".htm")):

@@ -7,6 +7,7 @@ import typer
 from attnaudit.analyses.training.run import TrainRequest
 from attnaudit.cli.common import cli_errors, emit_result, progress
 from attnaudit.cli.options import ManualCommand, OutputBundle, RequestOptions, bundled, with_request
+from attnaudit.analyses.training.run import PNG_NAME, run
 
 HELP = (
     "Train a built-in model and save it as an auditable checkpoint (safetensors + JSON side-car recording the "
@@ -24,7 +25,6 @@ def register(app: typer.Typer) -> None:
     @bundled(out=OutputBundle)
     @with_request(TrainRequest)
     def train_command(request: RequestOptions, out: OutputBundle) -> None:
-        from attnaudit.analyses.training.run import PNG_NAME, run
 
         with cli_errors(out.debug, TrainRequest):
             req = request.build(overwrite=out.overwrite)

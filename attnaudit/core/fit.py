@@ -47,6 +47,7 @@ from torch import nn
 
 from attnaudit.core.task import LOSSES as LOSS_TABLE, Inputs, as_loss, closed_form_blocker, eval_mode, to_logits
 from attnaudit.errors import AuditError, clip_text as _clip
+from attnaudit.errors import check_seed
 
 OPTIMIZERS = ("gd", "sgd", "adam")
 LOSSES = tuple(LOSS_TABLE)  # the core's one loss table: mse, ce
@@ -95,7 +96,6 @@ class Recipe:
     weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
-        from attnaudit.errors import check_seed
 
         if not isinstance(self.optimizer, str) or self.optimizer not in OPTIMIZERS:
             raise AuditError(f"unknown --optimizer {_show(self.optimizer)}; use one of {', '.join(OPTIMIZERS)}")

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from attnaudit.errors import AuditError
+from attnaudit.core.linalg import lanczos_top_eigen
 
 EPS64 = float(np.finfo(np.float64).eps)
 DEFAULT_CHUNK_ROWS = 8192
@@ -98,7 +99,6 @@ def attention_gram_top_eigenvalue(X: torch.Tensor, chunk_rows: int = DEFAULT_CHU
     """lambda_1(G~) measured by Lanczos on v -> M (M (M v)) (M the smaller Gram of X; for
     n <= d, v -> F F^T v with F = G X): the top of the spectrum, always resolvable, without
     forming G~. Converges fast: the top gap of G~ is that of G cubed."""
-    from attnaudit.core.linalg import lanczos_top_eigen
 
     n, d = X.shape
     M = gram_matrix(X, chunk_rows) if gram is None else gram

@@ -12,6 +12,9 @@ import json
 from dataclasses import asdict, dataclass
 
 from attnaudit.data.spec import DataSpec
+from attnaudit.runtime.sweep import cached
+from attnaudit.data.loader import load_dataset
+from attnaudit.data.selection import holdout_split
 
 
 @dataclass(frozen=True)
@@ -38,9 +41,6 @@ class HoldoutRecipe:
 
     def load(self):
         """(train, held_out) :class:`~attnaudit.data.Dataset` pair, cached per process."""
-        from attnaudit.runtime.sweep import cached
-        from attnaudit.data.loader import load_dataset
-        from attnaudit.data.selection import holdout_split
 
         def build():
             spec = DataSpec(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in self.spec.items()})

@@ -53,6 +53,8 @@ from attnaudit.runtime.atomic import StagedFiles
 from attnaudit.core.task import Inputs
 from attnaudit.errors import AuditError
 from attnaudit.models.vit import VIT_ARCHITECTURES, ViT, ViTSpec, _clip, _is_int, _show  # one set of message helpers
+from attnaudit.models.weights import match_state_dict
+from attnaudit.models.weights import load_into
 
 ARCHITECTURES = ("relu", "attn")  # the 2-layer reference nets (ModelSpec)
 BUILTIN_ARCHITECTURES = ARCHITECTURES + VIT_ARCHITECTURES
@@ -524,7 +526,6 @@ _FIX = "the side-car and the weights do not belong together; re-save it with att
 def _check_vit_tensors(path: Path, spec: ViTSpec, tensors: dict, recorded_dtype: str | None) -> torch.dtype:
     """Names, shapes and finiteness (against a skeleton ViT on the meta device, so nothing is
     allocated for a spec that does not fit the file), then one float dtype."""
-    from attnaudit.models.weights import match_state_dict
 
     match_state_dict(ViT(spec, device="meta"), tensors, where=f"cannot load model {path}", fix=_FIX)
     for name, t in tensors.items():
@@ -564,7 +565,6 @@ def load_model(path: str | Path, device=None) -> TwoLayerNet | ViT:
         raise _bad_model(path, f"the weights are not a readable .safetensors file ({type(exc).__name__}: "
                                f"{_clip(' '.join(str(exc).split()), 160)})") from None
     if isinstance(spec, ViTSpec):
-        from attnaudit.models.weights import load_into
 
         dtype = _check_vit_tensors(path, spec, tensors, recorded_dtype)
         model = load_into(ViT(spec, dtype=dtype), tensors, where=f"cannot load model {path}", fix=_FIX)

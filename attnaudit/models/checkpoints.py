@@ -31,6 +31,20 @@ from torch import nn
 from attnaudit.core.task import Inputs
 from attnaudit.errors import AuditError, clip_text as _clip
 from attnaudit.models.loaded import LoadedModel
+from attnaudit.models.weights import PICKLE_SUFFIXES, pickle_refusal
+from attnaudit.models.builtin import load_model
+from attnaudit.models.hf import load_hf_directory
+from attnaudit.models.weights import load_into, read_weights
+from attnaudit.core.task import eval_mode, probe_rows, to_logits
+from attnaudit.data import image_shape
+from attnaudit.models.hf import adapt_to_data
+from attnaudit.data import data_fingerprint, holdout_split
+from attnaudit.data import subset
+from attnaudit.core.fit import Recipe
+from attnaudit.models.builtin import ModelSpec
+from attnaudit.models.vit import ViTSpec
+from attnaudit.models.builtin import build_model
+from attnaudit.models.vit import ViT
 
 
 # --------------------------------------------------------------------------- sources
@@ -58,7 +72,6 @@ def load_checkpoint(path: str | Path, *, trust_pickle: bool = False) -> LoadedMo
       ``trust_pickle``; a bare state_dict says nothing of the architecture, so it is
       loaded through ``--factory`` (see :func:`load_factory`).
     """
-    from attnaudit.models.weights import PICKLE_SUFFIXES, pickle_refusal
 
     path = Path(path)
     if not path.exists():
@@ -69,7 +82,6 @@ def load_checkpoint(path: str | Path, *, trust_pickle: bool = False) -> LoadedMo
                 f"--checkpoint {path} is a folder without config.json: a Hugging Face model folder holds config.json "
                 "and model.safetensors (save_pretrained writes both); for an attnaudit checkpoint give the .safetensors file"
             )
-        from attnaudit.models.hf import load_hf_directory
 
         return load_hf_directory(path, trust_pickle=trust_pickle)
     suffix = path.suffix.lower()
@@ -92,7 +104,6 @@ def load_checkpoint(path: str | Path, *, trust_pickle: bool = False) -> LoadedMo
             "architecture is unknown; for your own model use --factory package.module:function --weights "
             f"{path.name}; for a Hugging Face model give its folder"
         )
-    from attnaudit.models.builtin import load_model
 
     module = load_model(path)
     module.eval()
@@ -159,7 +170,6 @@ def load_factory(
     defines one, else images for image data and flat rows otherwise; settled by
     :func:`fit_to_data`).
     """
-    from attnaudit.models.weights import load_into, read_weights
 
     if inputs not in INPUT_KINDS:
         raise AuditError(f"unknown --inputs {inputs!r}; use one of {', '.join(INPUT_KINDS)}")
@@ -205,15 +215,12 @@ def fit_to_data(loaded: LoadedModel, dataset) -> LoadedModel:
     the model (no gradients, eval mode, nothing changed) to check that it accepts the data
     and that its logits cover every label.
     """
-    from attnaudit.core.task import eval_mode, probe_rows, to_logits
 
-    from attnaudit.data import image_shape
 
     shape = tuple(int(s) for s in dataset.feature_shape)
     images = image_shape(shape)
     d = int(dataset.X.shape[1])
     if loaded.source.get("kind") == "huggingface":
-        from attnaudit.models.hf import adapt_to_data
 
         if images is None:
             raise AuditError(
@@ -310,7 +317,6 @@ def recorded_split(dataset, models: dict[str, LoadedModel]):
     ``dataset`` reproduces that fingerprint exactly -- the proof that these are the rows the
     model was trained on.
     """
-    from attnaudit.data import data_fingerprint, holdout_split
 
     keys = set()
     for loaded in models.values():
@@ -343,7 +349,6 @@ def audit_split(dataset, models: dict[str, LoadedModel], n_train: int, n_test: i
     trained on and evaluated on data it never saw. Otherwise a fresh seeded holdout split of
     ``dataset`` (as for built-in models); the caller warns if the recorded fingerprint differs.
     """
-    from attnaudit.data import holdout_split, subset
 
     rebuilt = recorded_split(dataset, models)
     if rebuilt is not None:
@@ -378,8 +383,6 @@ class Rebuild:
     def build(self, seed: int, X_context: torch.Tensor) -> nn.Module:
         """A fresh float64 model of this architecture initialised from ``seed`` (MLP-Attn's
         context from ``X_context``)."""
-        from attnaudit.models.builtin import ModelSpec, build_model
-        from attnaudit.models.vit import ViT, ViTSpec
 
         if isinstance(self.spec, ModelSpec):
             return build_model(dataclasses.replace(self.spec, seed=seed), X_context, dtype=torch.float64,
@@ -391,9 +394,6 @@ class Rebuild:
 
 def rebuild_of(loaded: LoadedModel) -> Rebuild | None:
     """The :class:`Rebuild` of an attnaudit checkpoint whose side-car records its recipe, else None."""
-    from attnaudit.core.fit import Recipe
-    from attnaudit.models.builtin import ModelSpec
-    from attnaudit.models.vit import ViTSpec
 
     spec = (loaded.source or {}).get("spec")
     module_spec = getattr(loaded.module, "spec", None)

@@ -28,6 +28,7 @@ import torch
 from attnaudit import __version__
 from attnaudit.runtime.atomic import temp_path_for, write_text_atomic
 from attnaudit.errors import AuditError
+from attnaudit.runtime.threads import threads_rule
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -66,7 +67,6 @@ def environment_info(device: torch.device | str | None = None, dtype: str | None
     that count, see attnaudit/runtime/threads.py), for reproducibility."""
     import scipy
 
-    from attnaudit.runtime.threads import threads_rule
 
     info: dict[str, Any] = {
         "python": sys.version.split()[0],

@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from attnaudit.errors import AuditError
+from attnaudit import __version__
+from attnaudit.runtime.atomic import write_text_atomic
 
 EXECUTORS = ("local", "ray")
 RAY_INSTALL = 'pip install "attnaudit[ray]"'
@@ -65,7 +67,6 @@ class CellTask:
     @property
     def key(self) -> str:
         """Hash of the function, the configuration and the toolkit version (the resume key)."""
-        from attnaudit import __version__
 
         text = json.dumps({"fn": self.fn, "config": self.config, "version": __version__}, sort_keys=True,
                           default=_json_default)
@@ -175,7 +176,6 @@ def _resume_path(folder: Path, task: CellTask) -> Path:
 
 
 def _load_resumed(folder: Path, task: CellTask, decode: Callable[[Any], Any]) -> CellOutcome | None:
-    from attnaudit import __version__
 
     path = _resume_path(folder, task)
     if not path.is_file():
@@ -191,8 +191,6 @@ def _load_resumed(folder: Path, task: CellTask, decode: Callable[[Any], Any]) ->
 
 
 def _save_resumed(folder: Path, outcome: CellOutcome, encode: Callable[[Any], Any]) -> None:
-    from attnaudit import __version__
-    from attnaudit.runtime.atomic import write_text_atomic
 
     task = outcome.task
     payload = {"schema": RESUME_SCHEMA, "key": task.key, "fn": task.fn, "version": __version__, "label": task.label,

@@ -77,6 +77,15 @@ from torch import nn
 
 from attnaudit.core.linalg import centered_kernel_alignment
 from attnaudit.errors import AuditError
+from attnaudit.models.builtin import attention_context
+from attnaudit.models.builtin import ModelSpec, build_model
+from attnaudit.core.training import TrainConfig, train
+from attnaudit.data import holdout_split
+from attnaudit.core.ntk import analytic_ntk
+from attnaudit.core.stats import decide, difference_interval
+from attnaudit.core.stats import mean_interval
+from attnaudit.data import check_seed
+from attnaudit.models.builtin import ATTN_SCALINGS
 
 SCHEMA = "attnaudit.alignment/1"
 PNG_NAME = "alignment.png"
@@ -148,8 +157,6 @@ class AlignmentConfig:
     confidence: float = 0.95
 
     def __post_init__(self) -> None:
-        from attnaudit.data import check_seed
-        from attnaudit.models.builtin import ATTN_SCALINGS
 
         for name, option, low in (("k", "--k", 1), ("n_train", "--n-train", 2), ("n_test", "--n-test", 1),
                                   ("width", "--width", 1), ("steps", "--steps", 0)):
@@ -337,7 +344,6 @@ def design_targets(
 def attention_inputs(X_train: torch.Tensor, X_test: torch.Tensor, scaling: str = "rms") -> tuple[torch.Tensor, torch.Tensor]:
     """(f_att(X_train), f_att(X_test)) with the training set as context: rows x -> C x, C = s X^T X
     (:func:`attnaudit.models.builtin.attention_context`, as MLP-Attn's ``features_in``)."""
-    from attnaudit.models.builtin import attention_context
 
     X = X_train.to(F64)
     C = attention_context(X, scaling).to(X.device, F64)
@@ -449,8 +455,6 @@ def train_matched(arch: str, X_train: torch.Tensor, X_test: torch.Tensor, target
                   lr: float, steps: int, loss_tol: float, attn_scaling: str = "rms") -> NetFit:
     """Build the reference net ``arch`` (NTK parametrization, antisymmetric init, ``seed``) and train it
     by full-batch GD on MSE until its training loss is <= ``loss_tol`` or ``steps`` ran."""
-    from attnaudit.models.builtin import ModelSpec, build_model
-    from attnaudit.core.training import TrainConfig, train
 
     t0 = time.perf_counter()
     X = X_train.to(F64)
@@ -604,7 +608,6 @@ def run_alignment(ds, config: AlignmentConfig, *, device: torch.device | str | N
     """The protocol of the module docstring on the rows of ``ds`` (an :class:`attnaudit.data.Dataset`).
 
     ``progress(1)`` after each (seed, target). Every number is float64."""
-    from attnaudit.data import holdout_split
 
     if config.n_train + config.n_test > ds.n:
         raise AuditError(f"--n-train {config.n_train} + --n-test {config.n_test} = {config.n_train + config.n_test} rows, "
@@ -641,7 +644,6 @@ def run_alignment(ds, config: AlignmentConfig, *, device: torch.device | str | N
         timings["targets"] += time.perf_counter() - t0
         for arch in MODELS:
             t1 = time.perf_counter()
-            from attnaudit.core.ntk import analytic_ntk
 
             Z, Zt = model_inputs(arch, X, Xt, config.attn_scaling)
             K = analytic_ntk(Z)
@@ -708,7 +710,6 @@ def _sub(a, b):
 def _summary_row(quantity: str, target: str, a: list, b: list, seeds: tuple, meaning: str,
                  confidence: float) -> SummaryRow:
     """The paired interval of mean(a_i - b_i) over the seeds where both exist, and its verdict (null 0, above)."""
-    from attnaudit.core.stats import decide, difference_interval
 
     per_seed = [_sub(x, y) for x, y in zip(a, b)]
     iv = difference_interval(a, b, confidence)
@@ -755,7 +756,6 @@ _MEANING = {
 def summarise(rows: list[SeedRow], config: AlignmentConfig, kinds: tuple[str, ...]) -> tuple[list, list, list]:
     """(summary, contrast, levels) rows from the per-seed rows; every interval via
     :func:`attnaudit.core.stats.difference_interval` (paired over seeds) or :func:`~attnaudit.core.stats.mean_interval`."""
-    from attnaudit.core.stats import mean_interval
 
     seeds = config.seeds
     quantities = ["kernel_error_advantage_attn", "kernel_log_error_ratio_attn", "cka_advantage_attn"]

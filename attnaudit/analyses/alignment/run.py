@@ -26,6 +26,11 @@ from attnaudit.analyses.request import (
 from attnaudit.analyses.result import Progress, Result, progress_or_silent
 from attnaudit.analyses.sources import DataFields
 from attnaudit.errors import check_seed
+from attnaudit.analyses.alignment.alignment import PNG_NAME, SCHEMA, build_tables, plot_alignment, run_alignment
+from attnaudit.report.envelope import build_report
+from attnaudit.runtime.device import resolve_device
+from attnaudit.analyses.alignment.alignment import AlignmentConfig
+from attnaudit.models.builtin import ATTN_SCALINGS
 
 
 def _esc(text: Any) -> str:
@@ -144,7 +149,6 @@ class AlignmentRequest(DataFields, Request):
 
     def config(self):
         """The :class:`~attnaudit.analyses.alignment.alignment.AlignmentConfig` this request runs."""
-        from attnaudit.analyses.alignment.alignment import AlignmentConfig
 
         r = self.resolved()
         return AlignmentConfig(
@@ -155,7 +159,6 @@ class AlignmentRequest(DataFields, Request):
 
     # ---- validation (before anything is read)
     def validate(self) -> None:
-        from attnaudit.models.builtin import ATTN_SCALINGS
 
         if self.preset_key not in self.PRESETS:
             raise FieldError("preset", "unknown {name} " + _esc(repr(self.preset)) + f"; use {' or '.join(self.PRESETS)}")
@@ -200,9 +203,6 @@ def run(request: AlignmentRequest, *, progress: Progress | None = None, executor
     ``executor`` is accepted for the common signature; the seeds run in this process."""
     from rich.text import Text
 
-    from attnaudit.analyses.alignment.alignment import PNG_NAME, SCHEMA, build_tables, plot_alignment, run_alignment
-    from attnaudit.report.envelope import build_report
-    from attnaudit.runtime.device import resolve_device
 
     progress = progress_or_silent(progress)
     r = request.resolved()

@@ -101,6 +101,7 @@ from attnaudit.core.cg import batched_cg
 from attnaudit.core.engine import Engine, math_attention, ranges
 from attnaudit.core.task import LOSSES as LOSS_TABLE, Inputs, Task, as_task, eval_mode, select_parameter_names, to_logits
 from attnaudit.errors import AuditError
+from attnaudit.models.builtin import TwoLayerNet
 
 __all__ = [
     "parse_damping", "damping_label", "count_negative_eigenvalues", "SOLVERS", "ESTIMATORS", "SIGN_CONVENTION", "PATH_FAST_LINEAR_HEAD", "PATH_FAST_TWOLAYER_HEAD", "PATH_GENERIC", "FastPath", "InfluenceConfig",
@@ -371,7 +372,6 @@ def twolayer_head_fast_path(
     engine path (tested). ``state``: parameter values to use instead of the module's
     (TracIn checkpoints); they are loaded into a copy, never into the module.
     """
-    from attnaudit.models.builtin import TwoLayerNet
 
     module = task.module
     if type(module) is not TwoLayerNet or list(names) != ["a"] or task.inputs != Inputs():

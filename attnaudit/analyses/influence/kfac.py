@@ -51,6 +51,7 @@ from torch import nn
 from attnaudit.core.engine import Engine, ranges
 from attnaudit.core.task import CrossEntropyLoss, MSELoss
 from attnaudit.errors import AuditError
+from attnaudit.runtime.atomic import write_bytes_atomic
 
 KINDS = ("kfac", "ekfac")
 
@@ -528,7 +529,6 @@ def save_factors(factors: KroneckerFactors, path: str | Path, fingerprint: str) 
 
     from safetensors.torch import save
 
-    from attnaudit.runtime.atomic import write_bytes_atomic
 
     tensors, layers = {}, []
     for i, b in enumerate(factors.blocks):

@@ -77,6 +77,12 @@ from torch import nn
 
 from attnaudit.errors import AuditError
 from attnaudit.core.spectral import EPS64, ConditionReport, WidthEstimate, condition_report, reference_width, width_estimate, width_rows
+from attnaudit.models.vit import Attention
+from attnaudit.models.checkpoints import LoadedModel
+from attnaudit.core.task import Inputs, Task, as_task
+from attnaudit.core.engine import Engine, ranges
+from attnaudit.core.engine import math_attention
+from attnaudit.core.task import to_logits
 
 SCHEMA = "attnaudit.kappa-layers/1"
 GRAM_KINDS = ("tokens", "entk")
@@ -162,7 +168,6 @@ def _owns_projections(module: nn.Module) -> bool:
 
 def attention_kind(module: nn.Module) -> str | None:
     """How ``module`` is recognised as an attention layer (see :class:`AttentionLayer`), else None."""
-    from attnaudit.models.vit import Attention
 
     if isinstance(module, Attention):
         return "builtin"
@@ -677,8 +682,6 @@ def _float64_copy(module: nn.Module, device: torch.device) -> nn.Module:
 
 
 def _as_task(model: Any, X: torch.Tensor):
-    from attnaudit.models.checkpoints import LoadedModel
-    from attnaudit.core.task import Inputs, Task, as_task
 
     if isinstance(model, LoadedModel):
         return model.task()
@@ -710,7 +713,6 @@ def entk_gram(task: Any, X: torch.Tensor, memory_bytes: int = 1 << 30, device: s
     otherwise only the upper block triangle is formed (chunk i against chunks j >= i), so
     m chunks cost m (m + 1) / 2 Jacobian passes instead of m + m^2.
     """
-    from attnaudit.core.engine import Engine, ranges
 
     task = _as_task(task, X)
     engine = Engine(task, dtype=torch.float64, device=device, probe=X[:1].to(torch.float64))
@@ -759,8 +761,6 @@ def analyse_layers(model: Any, X: torch.Tensor, config: LayerKappaConfig = Layer
     without gradients, under :func:`attnaudit.core.engine.math_attention`, ``config.chunk``
     samples per pass. See the module docstring for what is measured.
     """
-    from attnaudit.core.engine import math_attention, ranges
-    from attnaudit.core.task import to_logits
 
     if not isinstance(X, torch.Tensor) or X.ndim != 2 or X.shape[0] < 1:
         raise AuditError(f"X must be a non-empty (n, d) matrix of flat rows, got {getattr(X, 'shape', type(X).__name__)}")

@@ -16,6 +16,11 @@ from attnaudit.analyses.request import ANALYSIS, PROTOCOL, FieldError, Request, 
 from attnaudit.analyses.result import Progress, Result, progress_or_silent
 from attnaudit.analyses.sources import DataFields, ModelFields
 from attnaudit.errors import check_seed
+from attnaudit.analyses.kappa.dataset import SCHEMA, KappaConfig, analyse_kappa, build_tables, plot_kappa, summarise_sweep, sweep_cell, sweep_verdicts
+from attnaudit.report.envelope import build_report
+from attnaudit.runtime.device import resolve_device
+from attnaudit.errors import AuditError
+from attnaudit.models.checkpoints import fit_to_data
 
 GRAMS = ("tokens", "entk")
 
@@ -87,11 +92,6 @@ def run(request: KappaRequest, *, progress: Progress | None = None, executor=Non
 
 
 def _run_data(request: KappaRequest, progress: Progress) -> Result:
-    from attnaudit.analyses.kappa.dataset import (
-        SCHEMA, KappaConfig, analyse_kappa, build_tables, plot_kappa, summarise_sweep, sweep_cell, sweep_verdicts,
-    )
-    from attnaudit.report.envelope import build_report
-    from attnaudit.runtime.device import resolve_device
 
     ns = list(request.n) if request.n is not None else [None]
     config = KappaConfig(rank_tol=request.rank_tol, direct_check=request.direct_check)
@@ -148,10 +148,6 @@ def _run_layers(request: KappaRequest, progress: Progress) -> Result:
     from attnaudit.analyses.kappa.layers import (
         PNG_NAME, SCHEMA, LayerKappaConfig, analyse_layers, build_tables, find_attention_layers, plot_layer_kappa,
     )
-    from attnaudit.errors import AuditError
-    from attnaudit.models.checkpoints import fit_to_data
-    from attnaudit.report.envelope import build_report
-    from attnaudit.runtime.device import resolve_device
 
     n = request.n[0] if request.n is not None else 256
     config = LayerKappaConfig(n=n, layers=request.layers, gram=(request.gram or "tokens").strip().lower(),

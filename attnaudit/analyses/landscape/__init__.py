@@ -7,7 +7,7 @@ Modules, one job each:
 * :mod:`.evaluate` -- loss and accuracy at many points (generic engine path);
 * :mod:`.structured` -- the declared fast path for the built-in two-layer nets;
 * :mod:`.surfaces` -- 1-D and 2-D surfaces; :mod:`.basin` -- the basin width;
-* :mod:`.analysis` -- :class:`LandscapeConfig`, :class:`LandscapeResult`, :func:`analyze_landscape`;
+* :mod:`.analysis` -- :class:`LandscapeConfig`, :class:`LandscapeResult`, :func:`analyse_landscape`;
 * :mod:`.compare` -- verdicts and warnings comparing models (10 % loss gate, seed tolerances, untrained rule);
 * :mod:`.run` -- :func:`run_landscape`: train or take saved models, analyse, compare;
 * :mod:`.report` -- table and figure.
@@ -17,7 +17,7 @@ Hessian-vector products are the engine's (:meth:`attnaudit.core.engine.Engine.hv
 """
 
 from attnaudit.core.linalg import EigenResult, TraceResult, hutchinson_trace, lanczos_top_eigen
-from attnaudit.analyses.landscape.analysis import LandscapeConfig, LandscapeResult, analyze_landscape
+from attnaudit.analyses.landscape.analysis import LandscapeConfig, LandscapeResult, analyse_landscape
 from attnaudit.analyses.landscape.basin import BasinResult, basin_width
 from attnaudit.analyses.landscape.compare import (
     EOS_SHARE,
@@ -47,7 +47,7 @@ from attnaudit.analyses.landscape.surfaces import Surface1D, Surface2D, loss_sur
 __all__ = [
     "ARCHS", "BACKENDS", "BasinResult", "DIRECTION_KINDS", "EOS_SHARE", "EigenResult", "FAST_PATH", "GENERIC_PATH",
     "LOSS_MISMATCH_RATIO", "RESOLVE_SE", "LandscapeConfig", "LandscapeResult", "LandscapeRun", "ParameterSelectionError", "Params",
-    "PointEval", "Surface1D", "Surface2D", "SurfaceEvaluator", "TraceResult", "analyze_landscape", "basin_width",
+    "PointEval", "Surface1D", "Surface2D", "SurfaceEvaluator", "TraceResult", "analyse_landscape", "basin_width",
     "build_evaluator", "build_reference_model", "compare_landscapes", "eigenvector_direction", "evaluate_points",
     "filter_normalize", "hutchinson_trace", "landscape_engine", "landscape_task", "lanczos_top_eigen",
     "loss_and_accuracy", "loss_mismatch_warning", "loss_surface_1d", "loss_surface_2d", "params_norm",

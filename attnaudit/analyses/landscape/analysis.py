@@ -50,7 +50,7 @@ _HVP_MEMORY_SHARE = 3
 
 @dataclass(frozen=True)
 class LandscapeConfig:
-    """Settings for :func:`analyze_landscape` (validated here, before any compute).
+    """Settings for :func:`analyse_landscape` (validated here, before any compute).
 
     ``loss``: ``mse`` or ``ce`` (None: the task's own; ``mse`` for a bare module);
     ``params``: parameter selector items (``all``, ``head``, module names, fnmatch globs;
@@ -153,7 +153,7 @@ class LandscapeConfig:
         }
 
     def work_units(self) -> int:
-        """Progress units of :func:`analyze_landscape` (products + points; an upper bound, the bar is topped up)."""
+        """Progress units of :func:`analyse_landscape` (products + points; an upper bound, the bar is topped up)."""
         basin = 2 * self.basin_directions * (self.basin_points + 8 * 2)
         return self.lanczos_steps + self.hutchinson_samples + self.points + self.grid**2 + basin
 
@@ -232,7 +232,7 @@ class _Ticks:
         self(self.total - self.done)
 
 
-def analyze_landscape(
+def analyse_landscape(
     model: nn.Module | Task, X: torch.Tensor, y: torch.Tensor, config: LandscapeConfig, progress: Progress = None
 ) -> LandscapeResult:
     """Loss, accuracy, Hessian top-k, trace, top share, basin width and surfaces at the current theta.
@@ -358,3 +358,12 @@ def analyze_landscape(
         loss_function=engine.loss.name,
         dtype=str(engine.dtype).replace("torch.", ""),
     )
+
+
+def analyze_landscape(*args, **kwargs):  # noqa: D103 - deprecated alias
+    """Deprecated spelling of :func:`analyse_landscape` (one spelling for every analysis); goes in the next release."""
+    import warnings
+
+    warnings.warn("analyze_landscape is now analyse_landscape; the old name goes in the next release",
+                  DeprecationWarning, stacklevel=2)
+    return analyse_landscape(*args, **kwargs)

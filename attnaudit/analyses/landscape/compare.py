@@ -273,3 +273,36 @@ def _support(holds: bool, what: str) -> str:
         if holds
         else f"not {what}: contradicts the paper's hypothesis (2L-ReLU sharp, MLP-Attn flat) on this measure"
     )
+
+
+SEED_FIELDS = ("loss", "accuracy", "lambda_max", "trace", "trace_stderr", "basin_width", "basin_stderr")
+
+
+
+
+def seed_record(seed: int, r: LandscapeResult) -> dict:
+    """The headline numbers of one seed's analysis (per-seed values of the per-model JSON)."""
+    return {
+        "seed": seed, "loss": r.loss, "accuracy": r.accuracy,
+        "lambda_max": r.eigen.eigenvalues[0] if r.eigen.eigenvalues else float("nan"),
+        "top_eigenvalues": list(r.eigen.eigenvalues), "trace": r.trace.estimate, "trace_stderr": r.trace.stderr,
+        "basin_width": r.basin.width, "basin_stderr": r.basin.stderr, "basin_censored": r.basin.censored,
+    }
+
+
+def seed_summary(records: Sequence[dict]) -> dict:
+    """Per-seed values with mean and sd (ddof 1; 0 for one seed) of each headline number."""
+    import math
+
+    mean, sd = {}, {}
+    for key in SEED_FIELDS:
+        vals = [float(rec[key]) for rec in records if rec.get(key) is not None and math.isfinite(rec[key])]
+        if not vals:
+            mean[key] = sd[key] = None
+            continue
+        m = sum(vals) / len(vals)
+        mean[key] = m
+        sd[key] = math.sqrt(sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
+    return {"n_seeds": len(records), "values": list(records), "mean": mean, "sd": sd,
+            "note": "the model's other fields (loss, accuracy, top_eigenvalues, trace, basin, surfaces) are the first "
+                    "seed's; the comparison uses the mean over seeds with its standard error"}

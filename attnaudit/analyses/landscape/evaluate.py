@@ -32,6 +32,7 @@ from attnaudit.errors import AuditError
 from attnaudit.analyses.landscape import structured
 from attnaudit.analyses.landscape.directions import Params
 from attnaudit.analyses.landscape.setup import check_labels, landscape_engine, landscape_task
+from attnaudit.core.training import loss_value
 
 Progress = Callable[[int], None] | None
 BACKENDS = ("auto", "structured", "vmap", "loop")
@@ -261,7 +262,6 @@ def state_dict_loop(
 
     Used by the tests and the benchmark as the independent baseline for :class:`SurfaceEvaluator`.
     """
-    from attnaudit.core.training import loss_value
 
     work = copy.deepcopy(model).eval()
     base = {k: v.detach().clone() for k, v in model.state_dict().items()}

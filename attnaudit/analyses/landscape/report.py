@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 from attnaudit.analyses.landscape.analysis import LandscapeResult
+from attnaudit.analyses.landscape.compare import seed_record, seed_summary
 
 SCHEMA = "attnaudit.landscape/1"
 PNG_NAME = "landscape.png"
@@ -61,7 +62,6 @@ def build_tables(results: dict[str, LandscapeResult], training: dict[str, dict],
         t.add_row("at chance (untrained)?", *[flag(k) for k in labels])
     tables = [t]
     if run is not None and len(run.seeds) > 1 and run.seed_results:
-        from attnaudit.analyses.landscape.run import seed_record, seed_summary
 
         st = Table(title=f"over {len(run.seeds)} seeds ({', '.join(str(s) for s in run.seeds)}): mean +- sd")
         st.add_column("quantity")

@@ -21,7 +21,7 @@ from torch import nn
 
 from attnaudit.core.task import LOSSES, Task
 from attnaudit.errors import AuditError, check_seed
-from attnaudit.analyses.landscape.analysis import LandscapeConfig, LandscapeResult, analyze_landscape
+from attnaudit.analyses.landscape.analysis import LandscapeConfig, LandscapeResult, analyse_landscape
 from attnaudit.analyses.landscape.compare import compare_landscapes
 from attnaudit.analyses.landscape.directions import DIRECTION_KINDS
 from attnaudit.analyses.landscape.setup import DTYPES, ParameterSelectionError, landscape_task, parameter_names
@@ -30,6 +30,24 @@ from attnaudit.analyses.request import (
 )
 from attnaudit.analyses.result import Progress as RunProgress, Result, progress_or_silent
 from attnaudit.analyses.sources import DataFields, ModelFields
+from attnaudit.models.builtin import ModelSpec, build_model
+from attnaudit.core.training import train
+from attnaudit.core import training as gd
+from attnaudit.analyses.landscape.compare import untrained_status
+from attnaudit.core.fit import fit
+from attnaudit.data import data_fingerprint
+from attnaudit.models.builtin import training_data_mismatch
+from attnaudit.data import load_dataset, subset
+from attnaudit.models.checkpoints import recorded_split
+from attnaudit.analyses.landscape.compare import SEED_FIELDS as SEED_FIELDS, seed_record, seed_summary
+from attnaudit.analyses.landscape.report import PNG_NAME, SCHEMA, build_tables, plot_landscape
+from attnaudit.analyses.landscape.setup import check_selector
+from attnaudit.core.training import TrainConfig
+from attnaudit.report.envelope import build_report
+from attnaudit.runtime.device import resolve_device
+from attnaudit.core.fit import Recipe
+from attnaudit.models.checkpoints import fit_to_data
+from attnaudit.core.fit import DEFAULT_ADAM_LR
 
 Progress = Callable[[int], None] | None
 ARCHS = ("relu", "attn")
@@ -51,7 +69,6 @@ PRESETS: dict[str, dict] = {
 
 def build_reference_model(arch: str, X: torch.Tensor, n_classes: int, *, width: int, seed: int) -> nn.Module:
     """2L-ReLU / MLP-Attn of ``width`` initialised from ``seed`` (MLP-Attn's context from X), in X's dtype and device."""
-    from attnaudit.models.builtin import ModelSpec, build_model
 
     spec = ModelSpec(arch, int(X.shape[1]), int(width), int(n_classes), seed=int(seed))
     return build_model(spec, X, dtype=X.dtype, device=X.device)
@@ -65,7 +82,6 @@ def train_reference_model(
     Uses the same training path as every command (:func:`attnaudit.core.training.train`).
     Returns (model, TrainResult).
     """
-    from attnaudit.core.training import train
 
     model = build_reference_model(arch, X, n_classes, width=width, seed=seed)
     return model, train(model, X, y.long(), train_config)
@@ -74,37 +90,6 @@ def train_reference_model(
 def run_work_units(config: LandscapeConfig, n_models: int, train_steps: int = 0) -> int:
     """Progress units of :func:`run_landscape`: each model's training steps and analysis."""
     return n_models * (config.work_units() + train_steps)
-
-
-SEED_FIELDS = ("loss", "accuracy", "lambda_max", "trace", "trace_stderr", "basin_width", "basin_stderr")
-
-
-def seed_record(seed: int, r: LandscapeResult) -> dict:
-    """The headline numbers of one seed's analysis (per-seed values of the per-model JSON)."""
-    return {
-        "seed": seed, "loss": r.loss, "accuracy": r.accuracy,
-        "lambda_max": r.eigen.eigenvalues[0] if r.eigen.eigenvalues else float("nan"),
-        "top_eigenvalues": list(r.eigen.eigenvalues), "trace": r.trace.estimate, "trace_stderr": r.trace.stderr,
-        "basin_width": r.basin.width, "basin_stderr": r.basin.stderr, "basin_censored": r.basin.censored,
-    }
-
-
-def seed_summary(records: Sequence[dict]) -> dict:
-    """Per-seed values with mean and sd (ddof 1; 0 for one seed) of each headline number."""
-    import math
-
-    mean, sd = {}, {}
-    for key in SEED_FIELDS:
-        vals = [float(rec[key]) for rec in records if rec.get(key) is not None and math.isfinite(rec[key])]
-        if not vals:
-            mean[key] = sd[key] = None
-            continue
-        m = sum(vals) / len(vals)
-        mean[key] = m
-        sd[key] = math.sqrt(sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
-    return {"n_seeds": len(records), "values": list(records), "mean": mean, "sd": sd,
-            "note": "the model's other fields (loss, accuracy, top_eigenvalues, trace, basin, surfaces) are the first "
-                    "seed's; the comparison uses the mean over seeds with its standard error"}
 
 
 @dataclass(frozen=True)
@@ -208,7 +193,6 @@ def run_landscape(
     step budget; the largest final loss L* becomes ``train_config.loss_tol``, so every model
     is then trained until its loss first reaches L* (the slowest one runs its whole budget).
     """
-    from attnaudit.core import training as gd  # looked up at call time (tests replace gd.train)
 
     X, y = data.X, data.y
     if y is None:
@@ -288,7 +272,7 @@ def run_landscape(
                     progress(info.pop("_units"))
             timings[f"{label}.train"] = timings.get(f"{label}.train", 0.0) + time.perf_counter() - t1
             t1 = time.perf_counter()
-            res = analyze_landscape(net, X, y, cfg, progress=progress)
+            res = analyse_landscape(net, X, y, cfg, progress=progress)
             timings[f"{label}.analysis"] = timings.get(f"{label}.analysis", 0.0) + time.perf_counter() - t1
             seed_results[label].append(res)
             if i == 0:
@@ -302,7 +286,6 @@ def run_landscape(
         seed_results=seed_results, n_classes=n_present,
         **({} if loss_ratio is None else {"loss_ratio": loss_ratio}),
     )
-    from attnaudit.analyses.landscape.compare import untrained_status
 
     status = untrained_status({k: [r.accuracy for r in v] for k, v in seed_results.items()}, n_present, int(X.shape[0]))
     return LandscapeRun(
@@ -326,7 +309,6 @@ def _train_one(label: str, net: nn.Module, X: torch.Tensor, y: torch.Tensor, tra
             "steps_run": tr.steps_run, "final_loss": tr.final_loss, "reached_match_loss": tr.reached_tol,
             "loss_curve_every_10": tr.loss_curve, "model_seed": seed, "optimizer": "gd", "_units": train_config.steps,
         }
-    from attnaudit.core.fit import fit
 
     rec = dataclasses.replace(recipe, seed=int(seed))
     res = fit(net, X, y, rec)
@@ -343,8 +325,6 @@ def _train_one(label: str, net: nn.Module, X: torch.Tensor, y: torch.Tensor, tra
 
 def _provenance(nets: Mapping[str, nn.Module | Task], X: torch.Tensor, y: torch.Tensor) -> list[str]:
     """Warnings for saved models whose recorded training data differ from ``(X, y)``."""
-    from attnaudit.data import data_fingerprint
-    from attnaudit.models.builtin import training_data_mismatch
 
     fingerprint = None
     out = []
@@ -538,7 +518,6 @@ class LandscapeRequest(ModelFields, DataFields, Request):
                 if getattr(self, name) is None:
                     fill[name] = p[name]
             if self.lr is None:
-                from attnaudit.core.fit import DEFAULT_ADAM_LR
 
                 fill["lr"] = DEFAULT_ADAM_LR if self.optimizer_name == "adam" else p["lr"]
             if self.match_loss is None:
@@ -646,8 +625,6 @@ def _on_device(task, device):
 def _load_rows(request: LandscapeRequest, r: LandscapeRequest, saved_models: dict):
     """The audited rows: the saved models' own training split when their side-cars prove it,
     else ``n_train`` stratified rows; and the note on where the rows came from (or None)."""
-    from attnaudit.data import load_dataset, subset
-    from attnaudit.models.checkpoints import recorded_split
 
     if saved_models:
         if request.loaded_data is not None:
@@ -681,11 +658,6 @@ def run(request: LandscapeRequest, *, progress: RunProgress | None = None, execu
     ``executor`` is accepted for the common signature; the models run in this process."""
     from rich.text import Text
 
-    from attnaudit.analyses.landscape.report import PNG_NAME, SCHEMA, build_tables, plot_landscape
-    from attnaudit.analyses.landscape.setup import check_selector
-    from attnaudit.core.training import TrainConfig
-    from attnaudit.report.envelope import build_report
-    from attnaudit.runtime.device import resolve_device
 
     progress = progress_or_silent(progress)
     r = request.resolved()
@@ -706,7 +678,6 @@ def run(request: LandscapeRequest, *, progress: RunProgress | None = None, execu
         train_cfg = TrainConfig(loss=loss_name, lr=r.lr, steps=r.steps, loss_tol=None if match_auto else match_target,
                                 record_every=10)
         if opt_name != "gd":
-            from attnaudit.core.fit import Recipe
 
             recipe = Recipe(optimizer=opt_name, lr=r.lr, batch_size=r.batch_size, steps=train_cfg.steps,
                             loss=loss_name, seed=r.seed)
@@ -726,7 +697,6 @@ def run(request: LandscapeRequest, *, progress: RunProgress | None = None, execu
         if ds.y is None:
             raise AuditError(f"{ds.name} has no labels; the loss landscape needs labelled data")
         if saved_models:
-            from attnaudit.models.checkpoints import fit_to_data
 
             fitted = {label: fit_to_data(lm, ds) for label, lm in saved_models.items()}
             saved_tasks = {label: _on_device(lm.task(loss=loss_name), dev) for label, lm in fitted.items()}

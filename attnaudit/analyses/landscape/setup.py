@@ -17,6 +17,7 @@ from torch import nn
 from attnaudit.core.engine import Engine
 from attnaudit.core.task import Task, as_loss, as_task
 from attnaudit.errors import AuditError
+from attnaudit.core.task import select_parameter_names
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
@@ -80,7 +81,6 @@ def check_labels(engine: Engine, y: torch.Tensor) -> None:
 
 def check_selector(module: nn.Module, params: Sequence[str] | str | None) -> list[str]:
     """Resolve a selector on a module without data (``head`` from its structure); fails if nothing matches."""
-    from attnaudit.core.task import select_parameter_names
 
     try:
         return select_parameter_names(module, "all" if params is None else params)

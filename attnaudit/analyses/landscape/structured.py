@@ -18,13 +18,13 @@ from __future__ import annotations
 import torch
 
 from attnaudit.core.engine import Engine
+from attnaudit.models.builtin import two_layer_fast_path_blocker
 
 FAST_PATH = "fast: TwoLayerNet structured evaluation"
 
 
 def unavailable(engine: Engine) -> str | None:
     """None when the structured evaluation applies to ``engine``'s task, else the reason it does not."""
-    from attnaudit.models.builtin import two_layer_fast_path_blocker
 
     blocker = two_layer_fast_path_blocker(engine.module, engine.inputs)
     if blocker:

@@ -81,6 +81,14 @@ from attnaudit.analyses.influence.influence import (
 from attnaudit.core.task import Task
 from attnaudit.models.builtin import ARCHITECTURES, ModelSpec, TwoLayerNet, build_model
 from attnaudit.core.training import LOSSES, TrainConfig, TrainResult, accuracy, loss_value, train
+from attnaudit.core.task import select_parameter_names
+from attnaudit.analyses.influence.kfac import kfac_memory_bytes, linear_modules
+from attnaudit.core.fit import fit as fit_recipe
+from attnaudit.core.training import require_nonzero_inputs
+from attnaudit.runtime.sweep import CellTask, ExecutorConfig, cached, clear_cache, run_cells
+from attnaudit.data import data_fingerprint
+from attnaudit.data import HoldoutRecipe
+from attnaudit.core.fit import Recipe
 
 if TYPE_CHECKING:
     from attnaudit.data import HoldoutRecipe
@@ -300,7 +308,6 @@ class MalleabilityConfig:
 
     def recipe(self, arch: str, order_seed: int):
         """The :class:`attnaudit.core.fit.Recipe` of ``--optimizer sgd|adam`` for model ``arch`` (data order from ``order_seed``)."""
-        from attnaudit.core.fit import Recipe
 
         return Recipe(optimizer=self.optimizer, lr=self.lr_for(arch), batch_size=self.batch_size, epochs=None,
                       steps=self.steps, loss=self.loss, seed=order_seed)
@@ -312,7 +319,6 @@ class MalleabilityConfig:
 
     def finetune_recipe(self, seed: int):
         """The :class:`attnaudit.core.fit.Recipe` of ``--protocol finetune`` (data order from ``seed``)."""
-        from attnaudit.core.fit import Recipe
 
         if not isinstance(self.finetune_steps, int) or self.finetune_steps < 1:
             raise AuditError(f"--finetune-steps must be a positive integer, got {self.finetune_steps}")
@@ -414,7 +420,6 @@ def influence_memory_estimate(
     ``exact``/``last-layer`` would exceed the parameter budget, so an impossible run
     fails before the first training.
     """
-    from attnaudit.core.task import select_parameter_names
 
     icfg = config.influence_config()
     tracked: dict[str, dict] = {}
@@ -434,7 +439,6 @@ def influence_memory_estimate(
         named = dict(model.named_parameters())
         factor_bytes = 0
         if config.estimator in ("kfac", "ekfac"):
-            from attnaudit.analyses.influence.kfac import kfac_memory_bytes, linear_modules
 
             factor_bytes = kfac_memory_bytes(linear_modules(model, names)[0])
         tracked[arch] = {"names": names, "count": int(sum(named[n].numel() for n in names)), "factor_bytes": factor_bytes}
@@ -653,8 +657,6 @@ def _train_recipe(model: nn.Module, X: torch.Tensor, y: torch.Tensor, recipe, lo
     """Train a built-in model with an :class:`attnaudit.core.fit.Recipe` (sgd/adam); with ``loss_tol``
     stop once the loss over the whole training set is <= it, checked before training and
     after every epoch (every step when full-batch)."""
-    from attnaudit.core.fit import fit as fit_recipe
-    from attnaudit.core.training import require_nonzero_inputs
 
     require_nonzero_inputs(X)
     n = int(X.shape[0])
@@ -724,7 +726,6 @@ def run_malleability(
     and built-in models (saved models are audited in this process). A seed with a failed cell
     is left out of the summaries and listed in ``failed_cells``.
     """
-    from attnaudit.runtime.sweep import CellTask, ExecutorConfig, cached, clear_cache, run_cells
 
     rebuild = rebuild or {}
     if fixed_models:
@@ -911,7 +912,6 @@ def _loss_gate(config: MalleabilityConfig, training: list[dict], ratios: list[di
 def _split_info(X_train: torch.Tensor, y_train: torch.Tensor, data: "HoldoutRecipe | None") -> dict:
     """Which rows a cell trained and was measured on: the split seed and index checksums (from
     the recipe) and a checksum of the training rows' contents."""
-    from attnaudit.data import data_fingerprint
 
     info: dict = {"split_seed": None if data is None else int(data.seed), "train_indices_sha256": None,
                   "test_indices_sha256": None, "train_data_sha256": data_fingerprint(X_train, y_train)}
@@ -979,8 +979,6 @@ def malleability_cell(payload: dict) -> dict:
 def _cell_state(payload: dict) -> "_MalleabilityState":
     """The cell's data and settings: cached per data key (a worker reuses its loaded rows), with
     the payload's own config (a budget run and the matched run share the rows, not the config)."""
-    from attnaudit.data import HoldoutRecipe
-    from attnaudit.runtime.sweep import cached
 
     def build() -> _MalleabilityState:
         recipe = HoldoutRecipe(**payload["data"])
@@ -1081,7 +1079,6 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
     def finetune(base, X, order_seed: int, role: str, seed: int, arch: str):
         """A copy of the saved model ``base`` fine-tuned on (X, y_train) with the finetune recipe."""
         nonlocal t_train
-        from attnaudit.core.fit import fit as fit_recipe
 
         t0 = time.perf_counter()
         model = _float64_copy(base, X.device, always=True)
@@ -1110,7 +1107,6 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
         """A checkpoint's architecture rebuilt from ``init_seed`` and trained on (X, y_train)
         with its recorded recipe (data order from ``order_seed``)."""
         nonlocal t_train
-        from attnaudit.core.fit import fit as fit_recipe
 
         t0 = time.perf_counter()
         rb, template = rebuild[arch], fixed_models[arch]

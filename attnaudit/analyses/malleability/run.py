@@ -24,6 +24,19 @@ from attnaudit.analyses.request import (
 from attnaudit.analyses.result import Progress, Result, progress_or_silent
 from attnaudit.analyses.sources import DataFields, ModelFields
 from attnaudit.errors import AuditError, check_seed
+from attnaudit.analyses.malleability.malleability import parse_per_model
+from attnaudit.analyses.influence.influence import parse_damping
+from attnaudit.analyses.malleability.malleability import AUTO_MATCH as LIB_AUTO, MalleabilityConfig
+from attnaudit.analyses.malleability.malleability import SCHEMA, build_tables, influence_memory_estimate, plot_malleability, progress_total, run_malleability
+from attnaudit.data import HoldoutRecipe, data_fingerprint, holdout_split, load_dataset
+from attnaudit.report.envelope import build_report
+from attnaudit.runtime.device import resolve_device
+from attnaudit.runtime.sweep import ExecutorConfig
+from attnaudit.models.checkpoints import rebuild_of
+from attnaudit.models.checkpoints import audit_split, fit_to_data
+from attnaudit.models.builtin import training_data_mismatch
+from attnaudit.analyses.influence.influence import damping_label
+from attnaudit.core.fit import DEFAULT_ADAM_LR
 
 DEFAULT_MODELS = ("relu", "attn")
 DEFAULT_ATTACKS = ("pgd", "fgsm", "mim", "sign")
@@ -75,7 +88,6 @@ def _number_or_models(value: Any, name: str) -> float | dict:
         return out
     if isinstance(value, bool):
         raise FieldError(name, "{name} takes a value, not true/false")
-    from attnaudit.analyses.malleability.malleability import parse_per_model
 
     return field_check(name, parse_per_model, value)
 
@@ -105,7 +117,6 @@ def _show_number_or_models(value: Any) -> str:
 
 def _damping(value: Any, name: str) -> tuple:
     """``damping``: absolute numbers (1e-3) or multiples of lambda_max(H) (1e-3x), a comma list."""
-    from attnaudit.analyses.influence.influence import parse_damping
 
     return tuple(field_check(name, parse_damping, d) for d in list_of(str)(value, name))
 
@@ -270,7 +281,6 @@ class MalleabilityRequest(ModelFields, DataFields, Request):
             if key == "match_loss" and self.model_given:
                 continue
             if key == "lr" and self.optimizer == "adam":
-                from attnaudit.core.fit import DEFAULT_ADAM_LR
 
                 value = DEFAULT_ADAM_LR
             values[key] = value
@@ -317,7 +327,6 @@ class MalleabilityRequest(ModelFields, DataFields, Request):
         if self.model_given:
             self.load_models()
         if self.loaded_data is None:
-            from attnaudit.data import load_dataset
 
             values = self.resolve_preset()
             load_dataset(self.data_spec(self.seed, dataset=values["dataset"], split=values["split"]))
@@ -340,7 +349,6 @@ def _config_kw(request: MalleabilityRequest, values: dict, loaded: dict | None) 
     """The :class:`MalleabilityConfig` arguments (validated by building it): ``loaded`` is label ->
     LoadedModel for saved models, {} for built-in models, None before a saved model is loaded
     (its recorded loss and fine-tuning recipe are then assumed)."""
-    from attnaudit.analyses.malleability.malleability import AUTO_MATCH as LIB_AUTO, MalleabilityConfig
 
     saved = request.model_given
     loaded = loaded or {}
@@ -416,14 +424,6 @@ def run(request: MalleabilityRequest, *, progress: Progress | None = None, execu
     """
     from rich.text import Text
 
-    from attnaudit.analyses.malleability.malleability import (
-        SCHEMA, MalleabilityConfig, build_tables, influence_memory_estimate, plot_malleability, progress_total,
-        run_malleability,
-    )
-    from attnaudit.data import HoldoutRecipe, data_fingerprint, holdout_split, load_dataset
-    from attnaudit.report.envelope import build_report
-    from attnaudit.runtime.device import resolve_device
-    from attnaudit.runtime.sweep import ExecutorConfig
 
     progress = progress_or_silent(progress)
     values = request.resolve_preset()
@@ -432,7 +432,6 @@ def run(request: MalleabilityRequest, *, progress: Progress | None = None, execu
     protocol = request.protocol if request.protocol is not None else ("static" if loaded else "retrain")
     rebuild = {}
     if loaded and protocol == "retrain":
-        from attnaudit.models.checkpoints import rebuild_of
 
         rebuild = {label: rb for label, rb in ((label, rebuild_of(lm)) for label, lm in loaded.items()) if rb}
         missing = [label for label in loaded if label not in rebuild]
@@ -470,7 +469,6 @@ def run(request: MalleabilityRequest, *, progress: Progress | None = None, execu
     fixed = None
     rows_note = None
     if loaded:
-        from attnaudit.models.checkpoints import audit_split, fit_to_data
 
         loaded = {label: fit_to_data(lm, ds) for label, lm in loaded.items()}
         fixed = {label: lm.task(loss=config.loss, params="all") for label, lm in loaded.items()}
@@ -500,7 +498,6 @@ def run(request: MalleabilityRequest, *, progress: Progress | None = None, execu
             executor=ex, data=recipe,
         )
     if fixed and rows_note["rows"] != "checkpoint split":
-        from attnaudit.models.builtin import training_data_mismatch
 
         fingerprint = data_fingerprint(train_ds.X, train_ds.y)
         result.warnings[:0] = [w for w in (training_data_mismatch(lm, label, fingerprint) for label, lm in loaded.items()) if w]
@@ -559,7 +556,6 @@ def exceeded_message(result: Result) -> str | None:
     exceeded = result.results.get("exceeded") or []
     if not exceeded:
         return None
-    from attnaudit.analyses.influence.influence import damping_label
 
     limit = result.request.max_flip_rate
     worst = max(exceeded, key=lambda e: e["flip_rate"])

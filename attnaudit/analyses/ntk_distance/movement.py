@@ -85,6 +85,21 @@ from attnaudit.core.linalg import centered_kernel_alignment as centered_kernel_a
 from attnaudit.errors import AuditError
 from attnaudit.core.ntk import LinearizedGDConfig, kernel_gd_predict
 from attnaudit.analyses.ntk_distance.widths import KERNEL_RATE, _clean, _loglog_slope, _rms_rows, _stats, _trend
+from attnaudit.core.engine import JACOBIAN_ROWS, JACOBIAN_TRANSIENT
+from attnaudit.core.task import as_task
+from attnaudit.core.fit import Recipe, fit
+from attnaudit.core.task import as_loss
+from attnaudit.models.checkpoints import rebuild_of
+from attnaudit.models.builtin import ModelSpec, TwoLayerNet
+from attnaudit.models.vit import ViT, ViTSpec
+from attnaudit.analyses.ntk_distance.widths import slope_interval
+from attnaudit.models.builtin import image_shape_of
+from attnaudit.runtime.sweep import CellTask, ExecutorConfig, cached, clear_cache, run_cells
+from attnaudit.models.vit import default_patch
+from attnaudit.data import HoldoutRecipe
+from attnaudit.models.builtin import build_builtin
+from attnaudit.models.vit import n_parameters
+from attnaudit.models.vit import VIT_ARCHITECTURES
 
 if TYPE_CHECKING:
     from attnaudit.data import HoldoutRecipe
@@ -202,7 +217,6 @@ def _upper_blocks(engines: Sequence[Engine], X: torch.Tensor, memory_bytes: int,
     tensor per engine for each; the first k columns of a diagonal strip are the square on the
     diagonal (counted once in Frobenius sums), the rest lie above it (counted twice).
     """
-    from attnaudit.core.engine import JACOBIAN_ROWS, JACOBIAN_TRANSIENT
 
     n = X.shape[0]
     P = engines[0].n_params
@@ -331,7 +345,6 @@ class KernelMovement:
 
 
 def _as_task(model, X: torch.Tensor) -> Task:
-    from attnaudit.core.task import as_task
 
     if isinstance(model, Task):
         return model
@@ -614,7 +627,6 @@ def linearized_prediction(
     actually ran (default: the recipe's). ``train_dtype``: the linearized model's training
     dtype for ``train`` (default float64). Network outputs and kernels are float64.
     """
-    from attnaudit.core.fit import Recipe, fit
 
     if method not in LINEARIZED_METHODS:
         raise AuditError(f"unknown --linearized {method!r}; use one of {', '.join(LINEARIZED_METHODS)}")
@@ -656,7 +668,6 @@ def linearized_prediction(
             lin_tr = torch.cat([lin(eng0.rows(X_train[a:b])) for a, b in ranges(n, 1024)]).to(F64)
             lin_te = torch.cat([lin(eng0.rows(X_test[a:b])) for a, b in ranges(X_test.shape[0], 1024)]).to(F64)
         predictor = {"steps_run": result.steps_run, "diverged": result.diverged, "dtype": str(eng0.dtype).replace("torch.", "")}
-    from attnaudit.core.task import as_loss
 
     loss = as_loss(recipe.loss)
     f0_train = Engine(task_init, dtype=F64, device=device).logits(X_train)
@@ -857,9 +868,6 @@ def initial_model(loaded) -> tuple[nn.Module, dict] | None:
     keeps the checkpoint's attention context (a fixed buffer, not trained). None for other
     sources (Hugging Face, ``--factory``): give the reference checkpoint.
     """
-    from attnaudit.models.checkpoints import rebuild_of
-    from attnaudit.models.builtin import ModelSpec, TwoLayerNet
-    from attnaudit.models.vit import ViT, ViTSpec
 
     if (loaded.source or {}).get("kind") != "attnaudit":
         return None
@@ -894,7 +902,6 @@ def initial_model(loaded) -> tuple[nn.Module, dict] | None:
 
 def default_transformer_recipe():
     """The ViT defaults of ``attnaudit train``: Adam, lr 1e-3, batch 64, 5 epochs, cross-entropy."""
-    from attnaudit.core.fit import Recipe
 
     return Recipe(optimizer="adam", lr=1e-3, batch_size=64, epochs=5, loss="ce")
 
@@ -921,8 +928,6 @@ class TransformerSweepConfig:
     memory_bytes: int = DEFAULT_MEMORY_BYTES
 
     def __post_init__(self) -> None:
-        from attnaudit.core.fit import Recipe
-        from attnaudit.models.vit import VIT_ARCHITECTURES
 
         if not self.archs:
             raise AuditError("no architectures given; use --arch vit,vit-linear")
@@ -1125,7 +1130,6 @@ def _arch_summary(arch: str, cells: list[TransformerCell], widths: Sequence[int]
     # one seed gives no interval: no kernel-regime claim from it
     approaches = k > 1 and all(t.trend == "falls" for t in trends)
 
-    from attnaudit.analyses.ntk_distance.widths import slope_interval
 
     def spread(t: WidthTrend) -> str:
         if k <= 1:
@@ -1184,9 +1188,6 @@ def run_transformer_sweep(
     (:func:`transformer_cell`) run by ``executor`` (:mod:`attnaudit.runtime.sweep`); executors other
     than the in-process one need ``data``, the recipe the tensors came from.
     """
-    from attnaudit.models.builtin import image_shape_of
-    from attnaudit.runtime.sweep import CellTask, ExecutorConfig, cached, clear_cache, run_cells
-    from attnaudit.models.vit import default_patch
 
     t_start = time.perf_counter()
     if X_train.ndim != 2 or X_test.ndim != 2 or X_train.shape[1] != X_test.shape[1]:
@@ -1249,11 +1250,6 @@ def transformer_cell(payload: dict) -> dict:
     """One arch x width x seed cell of the transformer sweep (a pure function of ``payload``):
     build the ViT from the seed, train it with the recipe, measure its kernel movement and its
     distance to the linearized model. Returns {"cell": TransformerCell fields, "warnings": [...]}."""
-    from attnaudit.data import HoldoutRecipe
-    from attnaudit.core.fit import fit
-    from attnaudit.models.builtin import build_builtin
-    from attnaudit.runtime.sweep import cached
-    from attnaudit.models.vit import n_parameters
 
     def rows():
         train_ds, test_ds = HoldoutRecipe(**payload["data"]).load()

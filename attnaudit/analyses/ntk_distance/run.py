@@ -34,6 +34,27 @@ from attnaudit.analyses.result import Progress, Result, progress_or_silent
 from attnaudit.analyses.sources import DataFields, ModelFields
 from attnaudit.core.recipes import MINI_BATCH, VIT_DEFAULTS
 from attnaudit.errors import AuditError, check_seed
+from attnaudit.runtime.device import resolve_device
+from attnaudit.data import HoldoutRecipe, holdout_split
+from attnaudit.analyses.ntk_distance.widths import SCHEMA, build_tables, plot_ntk_distance, run_ntk_distance
+from attnaudit.data import data_fingerprint
+from attnaudit.models.builtin import save_model
+from attnaudit.report.envelope import build_report, check_target
+from attnaudit.runtime.sweep import ExecutorConfig
+from attnaudit.analyses.ntk_distance.movement import SCHEMA_CHECKPOINT, analyse_checkpoint, build_checkpoint_tables, initial_model, plot_checkpoints
+from attnaudit.core.task import Task
+from attnaudit.data import subset
+from attnaudit.models.checkpoints import fit_to_data, load_model_source, rebuild_of, recorded_split
+from attnaudit.analyses.ntk_distance.movement import SCHEMA_TRANSFORMERS, build_sweep_tables, plot_sweep, run_transformer_sweep
+from attnaudit.models.builtin import image_shape_of
+from attnaudit.analyses.ntk_distance.widths import NTKDistanceConfig
+from attnaudit.core.ntk import PREDICTOR_MODES
+from attnaudit.core.training import LOSSES
+from attnaudit.models.builtin import ARCHITECTURES, ATTN_SCALINGS, INITS, PARAMETRIZATIONS
+from attnaudit.runtime.device import resolve_dtype
+from attnaudit.analyses.ntk_distance.movement import TransformerSweepConfig
+from attnaudit.core.fit import Recipe
+from attnaudit.analyses.ntk_distance.movement import CheckpointKernelConfig
 
 PNG_NAME = "ntk_distance.png"
 PNG_CHECKPOINT = "ntk_checkpoint.png"
@@ -332,11 +353,6 @@ class NtkDistanceRequest(ModelFields, DataFields, Request):
 
     def sweep_config(self):
         """The 2-layer sweep's :class:`~attnaudit.analyses.ntk_distance.widths.NTKDistanceConfig` (validated)."""
-        from attnaudit.analyses.ntk_distance.widths import NTKDistanceConfig
-        from attnaudit.core.ntk import PREDICTOR_MODES
-        from attnaudit.core.training import LOSSES
-        from attnaudit.models.builtin import ARCHITECTURES, ATTN_SCALINGS, INITS, PARAMETRIZATIONS
-        from attnaudit.runtime.device import resolve_dtype
 
         r = self._values()
         assert r.preset is not None and r.models is not None and r.widths is not None and r.steps is not None
@@ -378,8 +394,6 @@ class NtkDistanceRequest(ModelFields, DataFields, Request):
     def transformer_config(self):
         """The transformer sweep's :class:`~attnaudit.analyses.ntk_distance.movement.TransformerSweepConfig`
         (validated; its recipe the ViT defaults of ``attnaudit train`` where not given)."""
-        from attnaudit.analyses.ntk_distance.movement import TransformerSweepConfig
-        from attnaudit.core.fit import Recipe
 
         r = self._values()
         self._sizes(r)
@@ -397,7 +411,6 @@ class NtkDistanceRequest(ModelFields, DataFields, Request):
 
     def checkpoint_config(self):
         """The :class:`~attnaudit.analyses.ntk_distance.movement.CheckpointKernelConfig` of a trained model (validated)."""
-        from attnaudit.analyses.ntk_distance.movement import CheckpointKernelConfig
 
         field_check("seed", check_seed, self.seed)
         r = self._values()
@@ -408,7 +421,6 @@ class NtkDistanceRequest(ModelFields, DataFields, Request):
         """The dry run: the fields, the model files (and the reference), the data."""
         super().check()
         if self.reference_checkpoint is not None:
-            from attnaudit.models.checkpoints import load_model_source
 
             load_model_source(self.reference_checkpoint, trust_pickle=self.trust_pickle)
 
@@ -437,14 +449,12 @@ def _remote(executor) -> bool:
 
 
 def _device(request: NtkDistanceRequest):
-    from attnaudit.runtime.device import resolve_device
 
     return _flagged(resolve_device, request.device)
 
 
 def _load_holdout(request: NtkDistanceRequest, n_train: int, n_test: int):
     """(train, held-out, recipe): the recipe every worker rebuilds the rows from (None for in-memory data)."""
-    from attnaudit.data import HoldoutRecipe, holdout_split
 
     if request.loaded_data is not None:
         train_ds, test_ds = holdout_split(request.loaded_data, n_train, n_test, request.seed, stratify=True)
@@ -465,11 +475,6 @@ def _holdout_error(exc: AuditError, n_train: int, n_test: int) -> AuditError:
 
 def _run_widths(request: NtkDistanceRequest, progress: Progress, executor, overwrite: bool) -> Result:
     """The 2-layer width sweep."""
-    from attnaudit.analyses.ntk_distance.widths import SCHEMA, build_tables, plot_ntk_distance, run_ntk_distance
-    from attnaudit.data import data_fingerprint
-    from attnaudit.models.builtin import save_model
-    from attnaudit.report.envelope import build_report, check_target
-    from attnaudit.runtime.sweep import ExecutorConfig
 
     r = request._values()
     config = request.sweep_config()
@@ -553,13 +558,6 @@ def _run_checkpoint(request: NtkDistanceRequest, progress: Progress, executor) -
     import torch
     from rich.text import Text
 
-    from attnaudit.analyses.ntk_distance.movement import (
-        SCHEMA_CHECKPOINT, analyse_checkpoint, build_checkpoint_tables, initial_model, plot_checkpoints,
-    )
-    from attnaudit.core.task import Task
-    from attnaudit.data import holdout_split, subset
-    from attnaudit.models.checkpoints import fit_to_data, load_model_source, rebuild_of, recorded_split
-    from attnaudit.report.envelope import build_report
 
     if _remote(executor):
         raise AuditError("--checkpoint analyses given models in this process; --executor, --jobs and --resume "
@@ -674,12 +672,6 @@ def _run_transformers(request: NtkDistanceRequest, progress: Progress, executor)
     """The kernel regime of the built-in transformers across widths."""
     from rich.text import Text
 
-    from attnaudit.analyses.ntk_distance.movement import (
-        SCHEMA_TRANSFORMERS, build_sweep_tables, plot_sweep, run_transformer_sweep,
-    )
-    from attnaudit.models.builtin import image_shape_of
-    from attnaudit.report.envelope import build_report
-    from attnaudit.runtime.sweep import ExecutorConfig
 
     r = request._values()
     config = request.transformer_config()

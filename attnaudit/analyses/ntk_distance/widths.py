@@ -51,6 +51,8 @@ from attnaudit.core.ntk import (
     kernel_gd_predict,
 )
 from attnaudit.core.training import LOSSES, require_nonzero_inputs, TrainConfig, accuracy, loss_value, one_hot_targets, train
+from attnaudit.runtime.sweep import CellTask, ExecutorConfig, cached, clear_cache, run_cells
+from attnaudit.data import HoldoutRecipe
 
 if TYPE_CHECKING:
     from attnaudit.data import HoldoutRecipe
@@ -552,7 +554,6 @@ def run_ntk_distance(
     configuration, not tensors. Cells that fail are listed in ``result.failed_cells``; the
     summaries use the cells that finished.
     """
-    from attnaudit.runtime.sweep import CellTask, ExecutorConfig, cached, clear_cache, run_cells
 
     t_start = time.perf_counter()
     ex = executor or ExecutorConfig()
@@ -730,8 +731,6 @@ class _Sweep:
 
 def _sweep_for(payload: dict) -> _Sweep:
     """This process's :class:`_Sweep` for a cell: the driver's own, or rebuilt from the data recipe."""
-    from attnaudit.data import HoldoutRecipe
-    from attnaudit.runtime.sweep import cached
 
     def build() -> _Sweep:
         recipe = HoldoutRecipe(**payload["data"])
@@ -745,7 +744,6 @@ def _sweep_for(payload: dict) -> _Sweep:
 
 def ntk_cell(payload: dict) -> dict:
     """One model x width x seed cell of the sweep (a pure function of ``payload``): the Cell as a dict."""
-    from attnaudit.runtime.sweep import cached
 
     raw = dict(payload["config"])
     for key in ("models", "widths", "seeds"):

@@ -24,6 +24,18 @@ from attnaudit.analyses.result import Progress, Result, progress_or_silent
 from attnaudit.analyses.sources import DataFields
 from attnaudit.core.recipes import MINI_BATCH, TWO_LAYER_DEFAULTS, VIT_DEFAULTS
 from attnaudit.errors import AuditError, check_seed
+from attnaudit import __version__
+from attnaudit.core.fit import build_tables, fit, plot_fit
+from attnaudit.data import data_fingerprint
+from attnaudit.models.builtin import build_builtin, image_shape_of, save_model
+from attnaudit.models.vit import default_patch, n_parameters
+from attnaudit.report.envelope import build_report, to_jsonable
+from attnaudit.runtime.device import resolve_device
+from attnaudit.models.builtin import BUILTIN_ARCHITECTURES
+from attnaudit.core.fit import Recipe
+from attnaudit.report.envelope import check_target
+from attnaudit.data import load_dataset
+from attnaudit.data import holdout_split
 
 SCHEMA = "attnaudit.train/1"
 PNG_NAME = "train.png"
@@ -109,7 +121,6 @@ class TrainRequest(DataFields, Request):
         return self.PRESETS[self.FAMILIES.get(self.arch_key, "vit")]
 
     def validate(self) -> None:
-        from attnaudit.models.builtin import BUILTIN_ARCHITECTURES
 
         arch = self.arch_key
         if arch not in BUILTIN_ARCHITECTURES:
@@ -167,7 +178,6 @@ class TrainRequest(DataFields, Request):
 
     def recipe(self):
         """The :class:`attnaudit.core.fit.Recipe` this request trains with (validated)."""
-        from attnaudit.core.fit import Recipe
 
         v = self._preset_values()
         try:
@@ -197,7 +207,6 @@ class TrainRequest(DataFields, Request):
 
     def check_out(self) -> None:
         """Refuse a checkpoint path that cannot be written, or that would replace a file unless ``overwrite``."""
-        from attnaudit.report.envelope import check_target
 
         for path in self.checkpoint_paths():
             if path.is_file() and not self.overwrite:
@@ -206,7 +215,6 @@ class TrainRequest(DataFields, Request):
 
     def check(self) -> None:
         """The dry run: the checkpoint path, the device, the data and the held-out split (nothing is trained)."""
-        from attnaudit.runtime.device import resolve_device
 
         self.check_out()
         resolve_device(self.device)
@@ -222,8 +230,6 @@ class TrainRequest(DataFields, Request):
     # ---- the data
     def _load(self):
         """(data set, its DataSpec or None for loaded data); the data must be labelled images for a ViT."""
-        from attnaudit.data import load_dataset
-        from attnaudit.models.builtin import image_shape_of
 
         spec = None
         if self.loaded_data is None:
@@ -239,7 +245,6 @@ class TrainRequest(DataFields, Request):
 
     def _split(self, ds):
         """(training rows, held-out rows) of ``ds``: the seeded, stratified holdout split."""
-        from attnaudit.data import holdout_split
 
         nte = self.n_test if self.n_test is not None else min(1000, ds.n // 5)
         if nte < 1:
@@ -260,13 +265,6 @@ def run(request: TrainRequest, *, progress: Progress | None = None, executor=Non
     import torch
     from rich.text import Text
 
-    from attnaudit import __version__
-    from attnaudit.core.fit import build_tables, fit, plot_fit
-    from attnaudit.data import data_fingerprint
-    from attnaudit.models.builtin import build_builtin, image_shape_of, save_model
-    from attnaudit.models.vit import default_patch, n_parameters
-    from attnaudit.report.envelope import build_report, to_jsonable
-    from attnaudit.runtime.device import resolve_device
 
     progress = progress_or_silent(progress)
     target, sidecar = request.checkpoint_paths()
