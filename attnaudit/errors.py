@@ -48,7 +48,7 @@ def show_value(value: object, limit: int = 60) -> str:
 
 
 def key_mismatch(missing: list, unexpected: list) -> str:
-    """"N missing key(s) (a, b ...); M unexpected key(s) (...)" for a state dict that does not fit."""
+    """ "N missing key(s) (a, b ...); M unexpected key(s) (...)" for a state dict that does not fit."""
     parts = []
     if missing:
         parts.append(f"{len(missing)} missing key(s) ({name_list(missing)})")

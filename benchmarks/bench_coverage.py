@@ -88,8 +88,7 @@ from attnaudit.core import stats
 MEAN_DISTS = ("normal", "t3", "lognorm0.5", "lognorm1")
 RATE_MUS = (0.05, 0.1, 0.3, 0.5, 0.9)
 # (mu_relu, mu_attn): ratios 1, 3, 2, 9, 2, 0.75, 2, 0.5
-RATIO_PAIRS = ((0.05, 0.05), (0.05, 0.15), (0.1, 0.2), (0.1, 0.9), (0.3, 0.6), (0.4, 0.3), (0.45, 0.9),
-               (0.9, 0.45))
+RATIO_PAIRS = ((0.05, 0.05), (0.05, 0.15), (0.1, 0.2), (0.1, 0.9), (0.3, 0.6), (0.4, 0.3), (0.45, 0.9), (0.9, 0.45))
 KS = (30, 200)
 RHOS = (0.01, 0.05, 0.2)
 CORRS = (0.0, 0.5)
@@ -103,7 +102,7 @@ def seed_values(rng: np.random.Generator, dist: str, k: int, reps: int) -> tuple
     if dist == "t3":
         return rng.standard_t(3, (reps, k)), 0.0
     if dist.startswith("lognorm"):
-        s = float(dist[len("lognorm"):])
+        s = float(dist[len("lognorm") :])
         return np.exp(s * rng.standard_normal((reps, k))), math.exp(s * s / 2)
     raise ValueError(dist)
 
@@ -116,8 +115,9 @@ def beta_ppf(u: np.ndarray, mu: float, rho: float) -> np.ndarray:
     return st.beta.ppf(u, mu * phi, (1.0 - mu) * phi)
 
 
-def seed_rates(rng: np.random.Generator, mus: tuple[float, ...], rho, corr: float, k: int, reps: int,
-               K: int) -> list[np.ndarray]:
+def seed_rates(
+    rng: np.random.Generator, mus: tuple[float, ...], rho, corr: float, k: int, reps: int, K: int
+) -> list[np.ndarray]:
     """Observed flip rates, one (reps, k) array per model: p_s from a Gaussian copula of Beta seed
     effects (latent correlation ``corr`` between the models of one seed), flips ~ Binomial(K, p_s).
     ``rho``: one dispersion for all models, or one per model."""
@@ -132,6 +132,7 @@ def seed_rates(rng: np.random.Generator, mus: tuple[float, ...], rho, corr: floa
 
 
 # ------------------------------------------------------------------ procedures: (lo, hi) arrays
+
 
 def _loop(fn, *arrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """lo, hi (with -inf / inf for an unbounded end) and 'no finite upper end' of the real stats function."""
@@ -216,14 +217,21 @@ def covered(lohi, truth: float) -> float:
 
 # ------------------------------------------------------------------ the three families
 
+
 def run_mean(reps: int, rng: np.random.Generator) -> list[dict]:
     rows = []
     for dist in MEAN_DISTS:
         for k in SEEDS:
             x, truth = seed_values(rng, dist, k, reps)
-            rows.append(dict(dist=dist, k=k, mean_t=covered(mean_t(x), truth),
-                             normal_2sd=covered(normal_2sd(x), truth),
-                             bootstrap_percentile=covered(bootstrap_percentile(x), truth)))
+            rows.append(
+                dict(
+                    dist=dist,
+                    k=k,
+                    mean_t=covered(mean_t(x), truth),
+                    normal_2sd=covered(normal_2sd(x), truth),
+                    bootstrap_percentile=covered(bootstrap_percentile(x), truth),
+                )
+            )
     return rows
 
 
@@ -234,9 +242,17 @@ def run_rate(reps: int, rng: np.random.Generator) -> list[dict]:
             for rho in RHOS:
                 for k in SEEDS:
                     (x,) = seed_rates(rng, (mu,), rho, 0.0, k, reps, K)
-                    rows.append(dict(mu=mu, K=K, rho=rho, k=k, proportion=covered(proportion(x, K), mu),
-                                     normal_2sd=covered(normal_2sd(x), mu),
-                                     bootstrap_percentile=covered(bootstrap_percentile(x), mu)))
+                    rows.append(
+                        dict(
+                            mu=mu,
+                            K=K,
+                            rho=rho,
+                            k=k,
+                            proportion=covered(proportion(x, K), mu),
+                            normal_2sd=covered(normal_2sd(x), mu),
+                            bootstrap_percentile=covered(bootstrap_percentile(x), mu),
+                        )
+                    )
     return rows
 
 
@@ -244,11 +260,17 @@ def _ratio_row(rng, mu_r, mu_a, K, rho, corr, k, reps, references=True) -> dict:
     relu, attn = seed_rates(rng, (mu_r, mu_a), rho, corr, k, reps, K)
     truth = mu_a / mu_r
     lo, hi, unb = fieller(attn, relu, K)
-    row = dict(fieller=covered((lo, hi), truth), unbounded=float(unb.mean()), above1=float(np.mean(lo > 1)),
-               difference=covered(difference(attn, relu), mu_a - mu_r))
+    row = dict(
+        fieller=covered((lo, hi), truth),
+        unbounded=float(unb.mean()),
+        above1=float(np.mean(lo > 1)),
+        difference=covered(difference(attn, relu), mu_a - mu_r),
+    )
     if references:
-        row.update(normal_2sd=covered(normal_2sd_ratio(attn, relu), truth),
-                   bootstrap_percentile=covered(bootstrap_percentile_ratio(attn, relu), truth))
+        row.update(
+            normal_2sd=covered(normal_2sd_ratio(attn, relu), truth),
+            bootstrap_percentile=covered(bootstrap_percentile_ratio(attn, relu), truth),
+        )
     return row
 
 
@@ -259,8 +281,17 @@ def run_ratio(reps: int, rng: np.random.Generator) -> list[dict]:
             for rho in RHOS:
                 for corr in CORRS:
                     for k in SEEDS:
-                        rows.append(dict(mu_relu=mu_r, mu_attn=mu_a, K=K, rho=rho, corr=corr, k=k,
-                                         **_ratio_row(rng, mu_r, mu_a, K, rho, corr, k, reps)))
+                        rows.append(
+                            dict(
+                                mu_relu=mu_r,
+                                mu_attn=mu_a,
+                                K=K,
+                                rho=rho,
+                                corr=corr,
+                                k=k,
+                                **_ratio_row(rng, mu_r, mu_a, K, rho, corr, k, reps),
+                            )
+                        )
     return rows
 
 
@@ -276,13 +307,22 @@ def run_ratio_asym(reps: int, rng: np.random.Generator) -> list[dict]:
         for K in KS:
             for rho_r, rho_a in ASYM_RHOS:
                 for k in ASYM_SEEDS:
-                    rows.append(dict(mu_relu=mu_r, mu_attn=mu_a, K=K, rho_relu=rho_r, rho_attn=rho_a, k=k,
-                                     **_ratio_row(rng, mu_r, mu_a, K, (rho_r, rho_a), 0.5, k, reps,
-                                                  references=False)))
+                    rows.append(
+                        dict(
+                            mu_relu=mu_r,
+                            mu_attn=mu_a,
+                            K=K,
+                            rho_relu=rho_r,
+                            rho_attn=rho_a,
+                            k=k,
+                            **_ratio_row(rng, mu_r, mu_a, K, (rho_r, rho_a), 0.5, k, reps, references=False),
+                        )
+                    )
     return rows
 
 
 # ------------------------------------------------------------------ output
+
 
 def _table(title: str, rows: list[dict], keys: list[str]) -> None:
     print(f"\n{title}")
@@ -318,8 +358,9 @@ def ratio_lines(mean_rows, rate_rows, ratio_rows, asym_rows) -> dict[str, float]
     # declared above 1 (the false "attention is more malleable"; nominal <= 0.025)
     for k in ASYM_SEEDS:
         out[f"fieller_asym_k{k}"] = mn(asym_rows, "fieller", k)
-        out[f"false_above1_max_fieller_asym_k{k}"] = mn(asym_rows, "above1", k,
-                                                        lambda r: r["mu_attn"] <= r["mu_relu"], max)
+        out[f"false_above1_max_fieller_asym_k{k}"] = mn(
+            asym_rows, "above1", k, lambda r: r["mu_attn"] <= r["mu_relu"], max
+        )
     for k in SEEDS:
         out[f"false_above1_max_fieller_k{k}"] = mn(ratio_rows, "above1", k, lambda r: r["mu_attn"] <= r["mu_relu"], max)
     # the reference procedures on normal seed values (where mean_t is exact), then on each family
@@ -349,20 +390,46 @@ def main(argv=None) -> int:
     t3 = time.perf_counter()
     asym_rows = run_ratio_asym(args.reps, rng)
     t4 = time.perf_counter()
-    print(f"coverage of nominal 95 % intervals, {args.reps} replications per setting "
-          f"(Monte Carlo se about {math.sqrt(0.95 * 0.05 / args.reps):.3f} at 0.95)")
-    _table(f"seed-mean family (mean_interval; {t1 - t0:.1f} s)", mean_rows,
-           ["dist", "k", "mean_t", "normal_2sd", "bootstrap_percentile"])
-    _table(f"flip-rate family (proportion_interval, trials = K; {t2 - t1:.1f} s)", rate_rows,
-           ["mu", "K", "rho", "k", "proportion", "normal_2sd", "bootstrap_percentile"])
-    _table(f"flip-rate ratio attn/relu (ratio_interval, trials = (K, K)) and difference "
-           f"(difference_interval); unbounded = share with no finite upper end, above1 = share "
-           f"whose low end > 1 ({t3 - t2:.1f} s)", ratio_rows,
-           ["mu_relu", "mu_attn", "K", "rho", "corr", "k", "fieller", "unbounded", "above1", "difference",
-            "normal_2sd", "bootstrap_percentile"])
-    _table(f"flip-rate ratio, the two models' seeds dispersed differently (corr 0.5; above1 at a true "
-           f"ratio of 1 is a false 'attention is more malleable'; {t4 - t3:.1f} s)", asym_rows,
-           ["mu_relu", "mu_attn", "K", "rho_relu", "rho_attn", "k", "fieller", "unbounded", "above1", "difference"])
+    print(
+        f"coverage of nominal 95 % intervals, {args.reps} replications per setting "
+        f"(Monte Carlo se about {math.sqrt(0.95 * 0.05 / args.reps):.3f} at 0.95)"
+    )
+    _table(
+        f"seed-mean family (mean_interval; {t1 - t0:.1f} s)",
+        mean_rows,
+        ["dist", "k", "mean_t", "normal_2sd", "bootstrap_percentile"],
+    )
+    _table(
+        f"flip-rate family (proportion_interval, trials = K; {t2 - t1:.1f} s)",
+        rate_rows,
+        ["mu", "K", "rho", "k", "proportion", "normal_2sd", "bootstrap_percentile"],
+    )
+    _table(
+        f"flip-rate ratio attn/relu (ratio_interval, trials = (K, K)) and difference "
+        f"(difference_interval); unbounded = share with no finite upper end, above1 = share "
+        f"whose low end > 1 ({t3 - t2:.1f} s)",
+        ratio_rows,
+        [
+            "mu_relu",
+            "mu_attn",
+            "K",
+            "rho",
+            "corr",
+            "k",
+            "fieller",
+            "unbounded",
+            "above1",
+            "difference",
+            "normal_2sd",
+            "bootstrap_percentile",
+        ],
+    )
+    _table(
+        f"flip-rate ratio, the two models' seeds dispersed differently (corr 0.5; above1 at a true "
+        f"ratio of 1 is a false 'attention is more malleable'; {t4 - t3:.1f} s)",
+        asym_rows,
+        ["mu_relu", "mu_attn", "K", "rho_relu", "rho_attn", "k", "fieller", "unbounded", "above1", "difference"],
+    )
     print()
     for name, v in ratio_lines(mean_rows, rate_rows, ratio_rows, asym_rows).items():
         print(f"RATIO {'' if name.startswith('false_') else 'coverage_'}{name}={v:.4f}")

@@ -167,16 +167,18 @@ def main() -> None:
         with sdpa_kernel(SDPBackend.MATH):
             loss = F.cross_entropy(ref(images), y, reduction="mean")
             g = torch.cat([t.reshape(-1) for t in torch.autograd.grad(loss, params, create_graph=True)])
-            return torch.stack([
-                torch.cat([t.reshape(-1) for t in torch.autograd.grad(g @ v, params, retain_graph=True)]) for v in V
-            ])
+            return torch.stack(
+                [torch.cat([t.reshape(-1) for t in torch.autograd.grad(g @ v, params, retain_graph=True)]) for v in V]
+            )
 
     op = engine.hvp_operator(X, T)
     HV_loop, t_hloop = best_of(loop_hvp, args.repeats)
     HV_eng, t_heng = best_of(lambda: op.matmat(V), args.repeats)
     d = rel_diff(HV_eng, HV_loop)
-    print(f"HVPs (k={args.vectors}, mean loss over B={args.batch}): loop {t_hloop:.3f}s, engine {t_heng:.3f}s "
-          f"({op.mode}), max rel diff {d:.1e}")
+    print(
+        f"HVPs (k={args.vectors}, mean loss over B={args.batch}): loop {t_hloop:.3f}s, engine {t_heng:.3f}s "
+        f"({op.mode}), max rel diff {d:.1e}"
+    )
     assert d < tol, f"engine and loop Hessian-vector products disagree: {d:.2e}"
     rr = engine.hvp_operator(X, T)
     rr.mode = "reverse-over-reverse"  # the engine's fallback, for reference (not in the RATIO)

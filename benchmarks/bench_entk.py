@@ -79,14 +79,25 @@ def bench_entk(jac_rows: int, memory_mb: int) -> None:
     scale = -(-n // chunk) / -(-rows // chunk)
     t_jac = t_rows * scale
     err = ((K_jac - K_closed[:rows]).abs().max() / K_closed[:rows].abs().max()).item()
-    how = "measured in full" if rows == n else (
-        f"measured on {rows}/{n} rows x {n} columns ({-(-rows // chunk)} chunk(s) of {chunk} rows), scaled x{scale:g}")
-    print(f"jacobian contraction, float32, chunk {chunk} rows ({memory_mb} MB budget): {t_rows:.2f} s for {rows} rows "
-          f"-> {t_jac:.1f} s ({how})", file=sys.stderr)
+    how = (
+        "measured in full"
+        if rows == n
+        else (
+            f"measured on {rows}/{n} rows x {n} columns ({-(-rows // chunk)} chunk(s) of {chunk} rows), scaled x{scale:g}"
+        )
+    )
+    print(
+        f"jacobian contraction, float32, chunk {chunk} rows ({memory_mb} MB budget): {t_rows:.2f} s for {rows} rows "
+        f"-> {t_jac:.1f} s ({how})",
+        file=sys.stderr,
+    )
     print(f"max relative difference between the two on the timed rows: {err:.2e}", file=sys.stderr)
     if rows < n:
-        print(f"no extrapolation: the Jacobian method on {rows}/{n} of the rows took {t_rows / t_closed:.1f} x the "
-              "closed form's time for the whole kernel", file=sys.stderr)
+        print(
+            f"no extrapolation: the Jacobian method on {rows}/{n} of the rows took {t_rows / t_closed:.1f} x the "
+            "closed form's time for the whole kernel",
+            file=sys.stderr,
+        )
     print(f"RATIO entk_closed_vs_jacobian={t_jac / t_closed:.1f}  ({how}; float32 both; n={n} d={d} m={m} c={c})")
 
 
@@ -97,16 +108,31 @@ def bench_paper_preset() -> None:
 
     preset = PRESETS["paper"]
     t0 = time.perf_counter()
-    ds = load_dataset(DataSpec(dataset="mnist", split="test", data_dir=str(SHARED),
-                               n=preset["n_train"] + preset["n_test"], seed=0, stratify=True))
+    ds = load_dataset(
+        DataSpec(
+            dataset="mnist",
+            split="test",
+            data_dir=str(SHARED),
+            n=preset["n_train"] + preset["n_test"],
+            seed=0,
+            stratify=True,
+        )
+    )
     train, test = holdout_split(ds, preset["n_train"], preset["n_test"], seed=0)
-    cfg = NTKDistanceConfig(widths=preset["widths"], seeds=tuple(range(preset["seeds"])), steps=preset["steps"],
-                            float32_from_width=preset["float32_from_width"])
+    cfg = NTKDistanceConfig(
+        widths=preset["widths"],
+        seeds=tuple(range(preset["seeds"])),
+        steps=preset["steps"],
+        float32_from_width=preset["float32_from_width"],
+    )
     res = run_ntk_distance(train.X, train.y, test.X, test.y, ds.n_classes, cfg)
     wall = time.perf_counter() - t0
     for row in res.summary_rows():
-        print(f"{row['model']:5s} m={row['width']:5d} distance={row['distance_rms']['mean']:.4g}"
-              f" rel={row['distance_rel']['mean']:.3%} movement={row['kernel_movement']['mean']:.3g}", file=sys.stderr)
+        print(
+            f"{row['model']:5s} m={row['width']:5d} distance={row['distance_rms']['mean']:.4g}"
+            f" rel={row['distance_rel']['mean']:.3%} movement={row['kernel_movement']['mean']:.3g}",
+            file=sys.stderr,
+        )
     for v in res.verdicts():
         print(v, file=sys.stderr)
     print(f"WALL paper_preset_mnist_s={wall:.1f}  (threads={torch.get_num_threads()})")
@@ -114,8 +140,12 @@ def bench_paper_preset() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jac-rows", type=int, default=1,
-                        help="rows of X1 timed for the Jacobian method, rounded up to whole chunks (512 = all)")
+    parser.add_argument(
+        "--jac-rows",
+        type=int,
+        default=1,
+        help="rows of X1 timed for the Jacobian method, rounded up to whole chunks (512 = all)",
+    )
     parser.add_argument("--memory-mb", type=int, default=2048, help="memory budget of the Jacobian chunks (MB)")
     parser.add_argument("--paper-preset", action="store_true", help="also time the paper preset on real MNIST")
     parser.add_argument("--skip-entk", action="store_true", help="skip item 1")

@@ -131,8 +131,16 @@ def _worker(method: str, n: int, form: str, repeats: int, memory_bytes: int, sin
         K = run(X)
         times.append(time.perf_counter() - t)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB on Linux
-    queue.put({"method": method, "times": times, "peak_mb": peak - base, "source": source,
-               "params": sum(p.numel() for p in model.parameters()), "kernel": K.cpu().numpy()})
+    queue.put(
+        {
+            "method": method,
+            "times": times,
+            "peak_mb": peak - base,
+            "source": source,
+            "params": sum(p.numel() for p in model.parameters()),
+            "kernel": K.cpu().numpy(),
+        }
+    )
 
 
 def measure(method: str, n: int, form: str, repeats: int, memory_bytes: int, single_pass: bool = False) -> dict:
@@ -148,8 +156,9 @@ def measure(method: str, n: int, form: str, repeats: int, memory_bytes: int, sin
             break
         except queue_module.Empty:
             if not proc.is_alive():
-                raise SystemExit(f"the {method} worker ended without a result (exit code {proc.exitcode}; "
-                                 "killed for memory?)") from None
+                raise SystemExit(
+                    f"the {method} worker ended without a result (exit code {proc.exitcode}; killed for memory?)"
+                ) from None
     proc.join()
     return out
 
@@ -161,13 +170,22 @@ def bench(form: str, n: int, repeats: int, memory_mb: int, single_pass: bool) ->
     t_eng, t_base = min(eng["times"]), min(base["times"])
     K1, K2 = eng["kernel"], base["kernel"]
     rel = float(abs(K1 - K2).max() / abs(K2).max())
-    print(f"[{form}] data: {eng['source']}, n={n}; ViT {eng['params']:,} parameters, float64, 1 thread; "
-          f"kernel shape {tuple(K1.shape)}", file=sys.stderr)
-    print(f"[{form}] engine (Engine.entk, budget {memory_mb} MB): best {t_eng:.2f} s of "
-          f"{', '.join(f'{t:.2f}' for t in eng['times'])}; peak +{eng['peak_mb']:.0f} MB", file=sys.stderr)
+    print(
+        f"[{form}] data: {eng['source']}, n={n}; ViT {eng['params']:,} parameters, float64, 1 thread; "
+        f"kernel shape {tuple(K1.shape)}",
+        file=sys.stderr,
+    )
+    print(
+        f"[{form}] engine (Engine.entk, budget {memory_mb} MB): best {t_eng:.2f} s of "
+        f"{', '.join(f'{t:.2f}' for t in eng['times'])}; peak +{eng['peak_mb']:.0f} MB",
+        file=sys.stderr,
+    )
     how = "one Jacobian pass" if single_pass else "Jacobians of x1 and x2, as written"
-    print(f"[{form}] materialized Jacobians (PyTorch NTK tutorial, {how}): best {t_base:.2f} s of "
-          f"{', '.join(f'{t:.2f}' for t in base['times'])}; peak +{base['peak_mb']:.0f} MB", file=sys.stderr)
+    print(
+        f"[{form}] materialized Jacobians (PyTorch NTK tutorial, {how}): best {t_base:.2f} s of "
+        f"{', '.join(f'{t:.2f}' for t in base['times'])}; peak +{base['peak_mb']:.0f} MB",
+        file=sys.stderr,
+    )
     print(f"[{form}] agreement: max |K_engine - K_jacobian| / max |K| = {rel:.2e}", file=sys.stderr)
     if rel > 1e-10:
         print(f"[{form}] WARNING: the two kernels disagree", file=sys.stderr)

@@ -94,7 +94,9 @@ def main() -> None:
     model = build_model(ModelSpec(args.arch, X.shape[1], args.width, 10, seed=0), X)
     train(model, X, y, TrainConfig(lr=4.0, steps=300))
     P_all = sum(p.numel() for p in model.parameters())
-    print(f"model {args.arch} width {args.width} on digits: n_train={args.n}, n_test={args.n_test}, params={P_all}, last layer={model.a.numel()}")
+    print(
+        f"model {args.arch} width {args.width} on digits: n_train={args.n}, n_test={args.n_test}, params={P_all}, last layer={model.a.numel()}"
+    )
 
     # Warm-up: the first torch.func / autograd call in a process pays a one-off start-up
     # cost (~2 s here); it is reported separately and kept out of the timed runs.
@@ -105,9 +107,16 @@ def main() -> None:
     print(f"one-off warm-up (torch.func start-up, not timed below): {time.perf_counter() - t0:.2f}s")
 
     damping_ll = 1e-3
-    dense_ll, t_dense_ll = timed(lambda: dense_influence(model, ["a"], X, y, Xt, yt, damping_ll, "mse")[0], args.repeats)
-    ll, t_ll = timed(lambda: compute_influence(model, X, y, Xt, yt, InfluenceConfig(estimator="last-layer", damping=damping_ll)), args.repeats)
-    print(f"last-layer ({model.a.numel()} params): dense {t_dense_ll:.3f}s, last-layer {t_ll:.3f}s, {agreement(ll.total, dense_ll)}")
+    dense_ll, t_dense_ll = timed(
+        lambda: dense_influence(model, ["a"], X, y, Xt, yt, damping_ll, "mse")[0], args.repeats
+    )
+    ll, t_ll = timed(
+        lambda: compute_influence(model, X, y, Xt, yt, InfluenceConfig(estimator="last-layer", damping=damping_ll)),
+        args.repeats,
+    )
+    print(
+        f"last-layer ({model.a.numel()} params): dense {t_dense_ll:.3f}s, last-layer {t_ll:.3f}s, {agreement(ll.total, dense_ll)}"
+    )
     generic_cfg = InfluenceConfig(estimator="last-layer", damping=damping_ll, fast_path=False)
     gen, t_gen = timed(lambda: compute_influence(model, X, y, Xt, yt, generic_cfg), args.repeats)
     print(f"last-layer paths: {ll.path} {t_ll:.3f}s, {gen.path} {t_gen:.3f}s, {agreement(ll.total, gen.total)}")
@@ -115,8 +124,13 @@ def main() -> None:
     # A damping that makes H + damping I positive definite (CG needs it): from the dense Hessian.
     H_full = dense_influence(model, ["W", "a"], X, y, Xt[:1], yt[:1], 1.0, "mse")[1]
     damping = max(0.0, -H_full) + 1e-2
-    dense_all, t_dense_all = timed(lambda: dense_influence(model, ["W", "a"], X, y, Xt, yt, damping, "mse")[0], max(1, args.repeats - 2))
-    cg, t_cg = timed(lambda: compute_influence(model, X, y, Xt, yt, InfluenceConfig(estimator="cg", damping=damping, cg_tol=1e-10)), args.repeats)
+    dense_all, t_dense_all = timed(
+        lambda: dense_influence(model, ["W", "a"], X, y, Xt, yt, damping, "mse")[0], max(1, args.repeats - 2)
+    )
+    cg, t_cg = timed(
+        lambda: compute_influence(model, X, y, Xt, yt, InfluenceConfig(estimator="cg", damping=damping, cg_tol=1e-10)),
+        args.repeats,
+    )
     d = cg.diagnostics
     print(
         f"all {P_all} params (lambda_min(H)={H_full:.3g}, damping={damping:.3g}): dense {t_dense_all:.3f}s, cg {t_cg:.3f}s "

@@ -76,7 +76,11 @@ def main() -> None:
         ours = best_of(lambda: ours_spectrum(Xt))
         lam_ours = gram_eigenvalues(Xt).numpy()
         lam_dense = np.sort(np.linalg.eigvalsh(X @ X.T))[::-1][: X.shape[1]] if n <= 4000 else None
-        agree = "" if lam_dense is None else f", max |diff|/lambda_max = {np.max(np.abs(lam_ours - lam_dense)) / lam_dense[0]:.1e}"
+        agree = (
+            ""
+            if lam_dense is None
+            else f", max |diff|/lambda_max = {np.max(np.abs(lam_ours - lam_dense)) / lam_dense[0]:.1e}"
+        )
         print(f"n={n}: dense eigvalsh {dense:.3f} s, attnaudit {ours:.4f} s, speed-up {dense / ours:.1f}{agree}")
         if n == 10_000:
             ratio_10k = dense / ours
@@ -97,8 +101,10 @@ def main() -> None:
         floor = best_of(lambda: torch.linalg.eigvalsh(Xk.T @ Xk), repeats=1)
         full = best_of(lambda: analyse_kappa(Xk), repeats=1)
         res = analyse_kappa(Xk)
-        print(f"10000 x 3072 {label}: X^T X + eigvalsh {floor:.2f} s, kappa (default, check {res.check.verdict}) "
-              f"{full:.2f} s, kappa_d {res.base.kappa_full:.3g}")
+        print(
+            f"10000 x 3072 {label}: X^T X + eigvalsh {floor:.2f} s, kappa (default, check {res.check.verdict}) "
+            f"{full:.2f} s, kappa_d {res.base.kappa_full:.3g}"
+        )
         print(f"RATIO kappa_{label}_vs_floor={full / floor:.2f}")
 
     if not args.skip_cifar:

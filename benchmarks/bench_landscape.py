@@ -64,19 +64,25 @@ def run(name: str, spec: DataSpec, width: int, grid: int, repeats: int, vmap_too
     scale = float(ref.abs().max())
     err = float((fast.loss - ref).abs().max())
     assert err <= 1e-10 * scale, f"batched and loop disagree: {err}"
-    print(f"[{name}] {ds.name}: n={X.shape[0]} d={X.shape[1]} width={width} grid={grid}x{grid} ({n_points} points), "
-          f"torch threads={torch.get_num_threads()}")
+    print(
+        f"[{name}] {ds.name}: n={X.shape[0]} d={X.shape[1]} width={width} grid={grid}x{grid} ({n_points} points), "
+        f"torch threads={torch.get_num_threads()}"
+    )
     print(f"  loop (load_state_dict per point): {t_loop:8.3f} s  ({1e3 * t_loop / n_points:.2f} ms/point)")
     print(f"  batched, {fast.path} ({fast.backend})")
-    print(f"  {'':<32s} {t_fast:8.3f} s  ({fast.points_per_batch} points x "
-          f"{fast.samples_per_batch} samples per call, max |diff| {err:.1e})")
+    print(
+        f"  {'':<32s} {t_fast:8.3f} s  ({fast.points_per_batch} points x "
+        f"{fast.samples_per_batch} samples per call, max |diff| {err:.1e})"
+    )
     out = {"batched": t_loop / t_fast}
     if vmap_too:
         t_vmap, gen = best_of(lambda: L.evaluate_points(model, X, y, "mse", [d1, d2], coeffs, fast_path=False), repeats)
         err_v = float((gen.loss - ref).abs().max())
         assert err_v <= 1e-10 * scale, f"vmap and loop disagree: {err_v}"
-        print(f"  batched, {gen.path} ({gen.backend}) {t_vmap:8.3f} s  ({gen.points_per_batch} points x "
-              f"{gen.samples_per_batch} samples per call, max |diff| {err_v:.1e})")
+        print(
+            f"  batched, {gen.path} ({gen.backend}) {t_vmap:8.3f} s  ({gen.points_per_batch} points x "
+            f"{gen.samples_per_batch} samples per call, max |diff| {err_v:.1e})"
+        )
         out["vmap"] = t_loop / t_vmap
     return out
 
@@ -101,7 +107,9 @@ def main() -> None:
         else:
             print(f"[paper] skipped: no MNIST under {args.data_dir}")
     if args.workload in ("both", "quick"):
-        ratios["quick"] = run("quick", DataSpec(dataset="digits", n=500, seed=0), 256, args.grid, args.repeats, not args.no_vmap)
+        ratios["quick"] = run(
+            "quick", DataSpec(dataset="digits", n=500, seed=0), 256, args.grid, args.repeats, not args.no_vmap
+        )
     main_key = "paper" if "paper" in ratios else "quick"
     print(f"RATIO landscape_batched_vs_loop={ratios[main_key]['batched']:.2f}")
     for key, r in ratios.items():

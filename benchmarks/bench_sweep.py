@@ -37,13 +37,15 @@ def main() -> None:
     torch.set_num_threads(1)
     recipe = HoldoutRecipe.of(DataSpec("digits", n=args.n_train + 200), args.n_train, 200, seed=0)
     train, test = recipe.load()
-    config = NTKDistanceConfig(widths=tuple(int(w) for w in args.widths.split(",")), seeds=tuple(range(args.seeds)),
-                               steps=args.steps)
+    config = NTKDistanceConfig(
+        widths=tuple(int(w) for w in args.widths.split(",")), seeds=tuple(range(args.seeds)), steps=args.steps
+    )
 
     def run(executor: ExecutorConfig):
         t0 = time.perf_counter()
-        result = run_ntk_distance(train.X, train.y, test.X, test.y, train.n_classes, config, executor=executor,
-                                  data=recipe)
+        result = run_ntk_distance(
+            train.X, train.y, test.X, test.y, train.n_classes, config, executor=executor, data=recipe
+        )
         seconds = time.perf_counter() - t0
         cells = [{k: v for k, v in c.to_dict().items() if k != "seconds"} for c in result.cells]
         return seconds, json.dumps(cells, sort_keys=True)

@@ -64,7 +64,7 @@ def plain_loop(model: ViT, X: torch.Tensor, y: torch.Tensor, shape, epochs: int,
     for _ in range(epochs):
         perm = torch.randperm(n, generator=gen)
         for a in range(0, n, batch):
-            idx = perm[a:a + batch]
+            idx = perm[a : a + batch]
             loss = F.cross_entropy(model(X[idx].reshape(-1, *shape)), y[idx])
             opt.zero_grad()
             loss.backward()
@@ -118,8 +118,10 @@ def main() -> None:
         images = X.reshape(-1, *shape)
         a, b = fit_runs[0][2](images), plain_runs[0][2](images)
     worst = float((a - b).abs().max() / b.abs().max())
-    print(f"fit {t_fit:.3f}s (loop {t_fit_loop:.3f}s), plain loop {t_plain:.3f}s (loop {t_plain_loop:.3f}s); "
-          f"trained logits differ by {worst:.1e} (relative)")
+    print(
+        f"fit {t_fit:.3f}s (loop {t_fit_loop:.3f}s), plain loop {t_plain:.3f}s (loop {t_plain_loop:.3f}s); "
+        f"trained logits differ by {worst:.1e} (relative)"
+    )
     assert worst < 1e-3, f"fit and the plain loop trained different models: {worst:.2e}"
     print(f"RATIO train_loop_only_vs_plain_loop={t_fit_loop / t_plain_loop:.3f}")
     print(f"RATIO train_vs_plain_loop={t_fit / t_plain:.3f}")

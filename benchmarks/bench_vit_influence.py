@@ -54,7 +54,11 @@ def load_rows(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, str]:
         return ds.X, ds.y, "MNIST test split"
     except Exception:  # noqa: BLE001 - no data here: random images keep the benchmark runnable
         g = torch.Generator().manual_seed(seed)
-        return torch.rand(n, 784, generator=g, dtype=torch.float64), torch.randint(0, 10, (n,), generator=g), "random images"
+        return (
+            torch.rand(n, 784, generator=g, dtype=torch.float64),
+            torch.randint(0, 10, (n,), generator=g),
+            "random images",
+        )
 
 
 def best_of(fn, repeats: int, warm_up: bool = True):
@@ -88,7 +92,7 @@ def dense_influence(model, params, X, y, Xt, yt, damping):
         s = torch.linalg.solve(H + damping * torch.eye(P, dtype=H.dtype), g_test)
         out = torch.empty(len(y), dtype=g.dtype)
         for i in range(len(y)):
-            gi = torch.autograd.grad(_loss(model, X[i:i + 1], y[i:i + 1]), params)
+            gi = torch.autograd.grad(_loss(model, X[i : i + 1], y[i : i + 1]), params)
             out[i] = -(torch.cat([t.reshape(-1) for t in gi]) @ s)
     return out
 
@@ -114,11 +118,13 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     X_all, y_all, source = load_rows(args.n_train + args.n_test, seed=0)
-    X, y, Xt, yt = X_all[: args.n_train], y_all[: args.n_train], X_all[args.n_train:], y_all[args.n_train:]
+    X, y, Xt, yt = X_all[: args.n_train], y_all[: args.n_train], X_all[args.n_train :], y_all[args.n_train :]
     print(f"data: {source}, {len(y)} train / {len(yt)} test rows; threads {args.threads}")
 
     # 1. all parameters of a small ViT: CG vs dense
-    small = ViT(ViTSpec("vit", (1, 28, 28), 10, depth=1, dim=args.small_dim, heads=2, patch=7, seed=0), dtype=torch.float64).eval()
+    small = ViT(
+        ViTSpec("vit", (1, 28, 28), 10, depth=1, dim=args.small_dim, heads=2, patch=7, seed=0), dtype=torch.float64
+    ).eval()
     params = [p for p in small.parameters()]
     P = sum(p.numel() for p in params)
     # A network's Hessian is indefinite (at this initialisation lambda_min is about -10); CG
@@ -129,22 +135,34 @@ def main() -> None:
     damping = max(args.damping, 1.5 * abs(lam_min)) if lam_min < 0 else args.damping
     print(f"small ViT: lambda_min(H) = {lam_min:.3g}, damping {damping:.3g}")
     cfg = InfluenceConfig(estimator="cg", params="all", damping=damping, cg_tol=1e-10)
-    t_ours, ours = best_of(lambda: compute_influence(small, X, y, Xt, yt, cfg, loss="ce", n_classes=10, inputs=small.audit_inputs()), args.repeats)
+    t_ours, ours = best_of(
+        lambda: compute_influence(small, X, y, Xt, yt, cfg, loss="ce", n_classes=10, inputs=small.audit_inputs()),
+        args.repeats,
+    )
     t_dense, dense = best_of(lambda: dense_influence(small, params, X, y, Xt, yt, damping), 1, warm_up=False)
-    print(f"all {P:,} parameters of a depth-1 dim-{args.small_dim} ViT: attnaudit cg {t_ours:.2f} s "
-          f"({ours.diagnostics.get('iterations')} iterations), dense baseline {t_dense:.2f} s")
+    print(
+        f"all {P:,} parameters of a depth-1 dim-{args.small_dim} ViT: attnaudit cg {t_ours:.2f} s "
+        f"({ours.diagnostics.get('iterations')} iterations), dense baseline {t_dense:.2f} s"
+    )
     agree(ours.total, dense, "cg vs dense", 1e-6)
     print(f"RATIO vit_influence_cg_vs_dense={t_dense / t_ours:.2f}")
 
     # 2. the head of the MNIST-sized ViT: last-layer (fast path) vs per-sample loop + dense head Hessian
-    vit = ViT(ViTSpec("vit", (1, 28, 28), 10, depth=args.depth, dim=args.dim, heads=4, patch=7, seed=0), dtype=torch.float64).eval()
+    vit = ViT(
+        ViTSpec("vit", (1, 28, 28), 10, depth=args.depth, dim=args.dim, heads=4, patch=7, seed=0), dtype=torch.float64
+    ).eval()
     head = [dict(vit.named_parameters())[n] for n in vit.head_parameter_names()]
     hcfg = InfluenceConfig(estimator="last-layer", damping=args.damping)
-    t_head, res = best_of(lambda: compute_influence(vit, X, y, Xt, yt, hcfg, loss="ce", n_classes=10, inputs=vit.audit_inputs()), args.repeats)
+    t_head, res = best_of(
+        lambda: compute_influence(vit, X, y, Xt, yt, hcfg, loss="ce", n_classes=10, inputs=vit.audit_inputs()),
+        args.repeats,
+    )
     t_loop, loop = best_of(lambda: dense_influence(vit, head, X, y, Xt, yt, args.damping), 1, warm_up=False)
     n_all = sum(p.numel() for p in vit.parameters())
-    print(f"head ({res.n_params:,} of {n_all:,} parameters) of a depth-{args.depth} dim-{args.dim} ViT: attnaudit "
-          f"last-layer {t_head:.3f} s ({res.path}), loop baseline {t_loop:.2f} s")
+    print(
+        f"head ({res.n_params:,} of {n_all:,} parameters) of a depth-{args.depth} dim-{args.dim} ViT: attnaudit "
+        f"last-layer {t_head:.3f} s ({res.path}), loop baseline {t_loop:.2f} s"
+    )
     agree(res.total, loop, "last-layer vs loop", 1e-8)
     print(f"RATIO vit_head_influence_vs_loop={t_loop / t_head:.2f}")
 
@@ -155,12 +173,23 @@ def main() -> None:
     lam_min = -float(lanczos_top_eigen(lambda v: -op.matvec(v), big.n_params, 1, max_steps=60).eigenvalues[0])
     damping = max(args.damping, 1.5 * abs(lam_min)) if lam_min < 0 else args.damping
     t0 = time.perf_counter()
-    full = compute_influence(vit, X, y, Xt, yt, InfluenceConfig(estimator="cg", params="all", damping=damping), loss="ce",
-                             n_classes=10, inputs=vit.audit_inputs())
-    print(f"cg over all {n_all:,} parameters (lambda_min(H) ~ {lam_min:.3g}, damping {damping:.3g}): "
-          f"{time.perf_counter() - t0:.1f} s, {full.diagnostics.get('iterations')} "
-          f"iterations, converged {full.diagnostics.get('converged')} (a dense Hessian would need "
-          f"{8 * n_all ** 2 / 2**30:.0f} GiB)")
+    full = compute_influence(
+        vit,
+        X,
+        y,
+        Xt,
+        yt,
+        InfluenceConfig(estimator="cg", params="all", damping=damping),
+        loss="ce",
+        n_classes=10,
+        inputs=vit.audit_inputs(),
+    )
+    print(
+        f"cg over all {n_all:,} parameters (lambda_min(H) ~ {lam_min:.3g}, damping {damping:.3g}): "
+        f"{time.perf_counter() - t0:.1f} s, {full.diagnostics.get('iterations')} "
+        f"iterations, converged {full.diagnostics.get('converged')} (a dense Hessian would need "
+        f"{8 * n_all**2 / 2**30:.0f} GiB)"
+    )
 
 
 if __name__ == "__main__":

@@ -226,10 +226,21 @@ def calibration_cases(quick: bool = False):
     for i, (n, d) in enumerate(shapes):
         for j, kg in enumerate(kappas):
             for decay in ("geometric", "cliff"):
-                yield f"gauss-{decay[:4]} {n}x{d} k={kg:.0e}", known_spectrum(n, d, kg, seed=100 + 10 * i + j, decay=decay)
+                yield (
+                    f"gauss-{decay[:4]} {n}x{d} k={kg:.0e}",
+                    known_spectrum(n, d, kg, seed=100 + 10 * i + j, decay=decay),
+                )
     if not quick:  # larger eigenproblems (mpmath: about 5 s at 128, 45 s at 256)
-        for i, (n, d, kg, decay) in enumerate(((128, 3072, 1e2, "cliff"), (128, 3072, 1e4, "cliff"), (128, 3072, 1e4, "geometric"),
-                                                (1500, 128, 1e3, "cliff"), (1500, 128, 1e5, "geometric"), (3000, 256, 1e2, "cliff"))):
+        for i, (n, d, kg, decay) in enumerate(
+            (
+                (128, 3072, 1e2, "cliff"),
+                (128, 3072, 1e4, "cliff"),
+                (128, 3072, 1e4, "geometric"),
+                (1500, 128, 1e3, "cliff"),
+                (1500, 128, 1e5, "geometric"),
+                (3000, 256, 1e2, "cliff"),
+            )
+        ):
             yield f"gauss-{decay[:4]} {n}x{d} k={kg:.0e}", known_spectrum(n, d, kg, seed=200 + i, decay=decay)
 
 
@@ -250,8 +261,11 @@ def fit(cases: list[Case]) -> dict:
     out = {}
     for key, f in SCALES.items():
         ratios = np.array([c.err / (EPS * c.kappa**3 * f(c.n, c.d)) for c in lin])
-        out[key] = {"worst": float(ratios.max()), "spread_log10": float(np.log10(ratios.max()) - np.median(np.log10(ratios))),
-                    "cases": int(ratios.size)}
+        out[key] = {
+            "worst": float(ratios.max()),
+            "spread_log10": float(np.log10(ratios.max()) - np.median(np.log10(ratios))),
+            "cases": int(ratios.size),
+        }
     return out
 
 
@@ -264,19 +278,26 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     cases = []
-    print(f"{'case':32s} {'n':>5s} {'d':>5s} {'r':>4s} {'kappa':>9s} {'eps k^3':>9s} {'err':>9s} "
-          f"{'err/eps k^3':>11s} {'budget':>9s} {'err/budget':>10s} {'eig err/eps l1':>14s}")
+    print(
+        f"{'case':32s} {'n':>5s} {'d':>5s} {'r':>4s} {'kappa':>9s} {'eps k^3':>9s} {'err':>9s} "
+        f"{'err/eps k^3':>11s} {'budget':>9s} {'err/budget':>10s} {'eig err/eps l1':>14s}"
+    )
     for name, X in calibration_cases(args.quick):
         c = measure(name, X)
         cases.append(c)
         b = check_budget(c.kappa, c.n, c.d)
-        print(f"{c.name:32s} {c.n:5d} {c.d:5d} {c.rank:4d} {c.kappa:9.3g} {EPS * c.kappa**3:9.2e} {c.err:9.2e} "
-              f"{c.scaled:11.3g} {b:9.2e} {c.err / b:10.3g} {c.eig_err:14.3g}", flush=True)
+        print(
+            f"{c.name:32s} {c.n:5d} {c.d:5d} {c.rank:4d} {c.kappa:9.3g} {EPS * c.kappa**3:9.2e} {c.err:9.2e} "
+            f"{c.scaled:11.3g} {b:9.2e} {c.err / b:10.3g} {c.eig_err:14.3g}",
+            flush=True,
+        )
     fits = fit(cases)
     print()
     for key, v in fits.items():
-        print(f"scale f = {key:15s}: worst err/(eps kappa^3 f) = {v['worst']:.3g}, log10 spread above the median "
-              f"{v['spread_log10']:.2f} ({v['cases']} linear-regime cases)")
+        print(
+            f"scale f = {key:15s}: worst err/(eps kappa^3 f) = {v['worst']:.3g}, log10 spread above the median "
+            f"{v['spread_log10']:.2f} ({v['cases']} linear-regime cases)"
+        )
     lin = [c for c in cases if 0 < c.err < LINEAR]
     print("worst err/(eps kappa^3) by size (f = 1: no trend means no size factor is needed):")
     for what, key in (("min(n,d)", lambda c: min(c.n, c.d)), ("max(n,d)", lambda c: max(c.n, c.d))):
@@ -288,9 +309,13 @@ def main(argv: list[str] | None = None) -> int:
     large = max(c.scaled for c in lin if c.kappa >= 10)
     print(f"  kappa < 10: {small:.3g}; kappa >= 10: {large:.3g}")
     worst = fits[CHECK_BUDGET_SCALE]["worst"]
-    print(f"chosen: f = {CHECK_BUDGET_SCALE}; C = worst x {MARGIN:g} = {worst * MARGIN:.3g} (library, rounded up: {CHECK_BUDGET_C:g})")
-    print(f"library: budget = {CHECK_BUDGET_C:g} * eps * kappa^3 * {CHECK_BUDGET_SCALE}; measured where budget < 0.1, "
-          f"i.e. kappa_r(G) < {(0.1 / (CHECK_BUDGET_C * EPS)) ** (1 / 3):.3g}")
+    print(
+        f"chosen: f = {CHECK_BUDGET_SCALE}; C = worst x {MARGIN:g} = {worst * MARGIN:.3g} (library, rounded up: {CHECK_BUDGET_C:g})"
+    )
+    print(
+        f"library: budget = {CHECK_BUDGET_C:g} * eps * kappa^3 * {CHECK_BUDGET_SCALE}; measured where budget < 0.1, "
+        f"i.e. kappa_r(G) < {(0.1 / (CHECK_BUDGET_C * EPS)) ** (1 / 3):.3g}"
+    )
     lib_worst = max(c.err / (EPS * c.kappa**3 * check_budget_scale(c.n, c.d)) for c in cases if c.err < LINEAR)
     finite = [c for c in cases if math.isfinite(c.err)]
     margin = max(c.err / check_budget(c.kappa, c.n, c.d) for c in finite)
@@ -298,9 +323,15 @@ def main(argv: list[str] | None = None) -> int:
     bad = [c for c in refused_inf if check_budget(c.kappa, c.n, c.d) < 0.1]
     eig = max(c.eig_err for c in cases)
     eig_rel = max(c.eig_err / max(c.n, c.d) for c in cases)
-    print(f"library constant over this set: worst err/(eps kappa^3 f) = {lib_worst:.3g} -> C / worst = {CHECK_BUDGET_C / lib_worst:.3g}")
-    print(f"{len(cases)} cases, {len(refused_inf)} with a non-finite measurement ({len(bad)} of them under a budget < 0.1)")
-    print(f"eigenvalues of G: worst |error| = {eig:.3g} eps lambda_1; at most {eig_rel:.3g} of the rank tolerance max(n,d) eps lambda_1 (the width interval bound)")
+    print(
+        f"library constant over this set: worst err/(eps kappa^3 f) = {lib_worst:.3g} -> C / worst = {CHECK_BUDGET_C / lib_worst:.3g}"
+    )
+    print(
+        f"{len(cases)} cases, {len(refused_inf)} with a non-finite measurement ({len(bad)} of them under a budget < 0.1)"
+    )
+    print(
+        f"eigenvalues of G: worst |error| = {eig:.3g} eps lambda_1; at most {eig_rel:.3g} of the rank tolerance max(n,d) eps lambda_1 (the width interval bound)"
+    )
     print(f"time {time.perf_counter() - t0:.0f} s")
     print(f"RATIO kappa_check_budget_margin={margin:.4g}")
     return 0 if margin < 1 and not bad else 1

@@ -72,8 +72,10 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     rng = np.random.default_rng(args.seed)
     lines: dict[str, float] = {}
-    print(f"P(95 % Fieller interval of attn/relu entirely above 1, k >= 3): rho = {args.rho}, corr = {args.corr}, "
-          f"{args.reps} replications per cell")
+    print(
+        f"P(95 % Fieller interval of attn/relu entirely above 1, k >= 3): rho = {args.rho}, corr = {args.corr}, "
+        f"{args.reps} replications per cell"
+    )
     print("unb = share of intervals with no finite upper end; low = median lower end")
     for mult in MULTIPLIERS:
         print(f"\ntrue ratio {mult}x" + ("  (a false 'supported': nominal <= 0.025)" if mult == 1 else ""))
@@ -102,8 +104,10 @@ def main(argv=None) -> int:
                     vals.append(v)
                     lines[f"power_2x_rho{rho:g}_k{k}_K{K}_p{p:g}"] = v
                 print(f"{p:>6.2f} {K:>5} " + " ".join(f"{v:>8.3f}" for v in vals))
-    print("\nfalse 'supported' at a true ratio of 1 when the two models' seeds are dispersed differently "
-          "(rho_relu, rho_attn; nominal <= 0.025)")
+    print(
+        "\nfalse 'supported' at a true ratio of 1 when the two models' seeds are dispersed differently "
+        "(rho_relu, rho_attn; nominal <= 0.025)"
+    )
     print(f"{'rate':>6} {'K':>5} {'rho_relu':>9} {'rho_attn':>9} " + " ".join(f"{'k=' + str(k):>8}" for k in SEEDS))
     for K in KS:
         for p in RELU_RATES:

@@ -56,7 +56,9 @@ def main(out: str) -> None:
     from sklearn.datasets import load_digits
 
     digits = load_digits()
-    X = torch.tensor(digits.images / 16.0, dtype=torch.float32)[:, None]  # (n, 1, 8, 8) in [0, 1], as attnaudit loads them
+    X = torch.tensor(digits.images / 16.0, dtype=torch.float32)[
+        :, None
+    ]  # (n, 1, 8, 8) in [0, 1], as attnaudit loads them
     y = torch.tensor(digits.target)
     model = build()
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)

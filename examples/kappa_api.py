@@ -19,7 +19,9 @@ for preprocess in ("raw", "center"):
     digits = load_dataset(DataSpec(dataset="digits", n=500, seed=0, preprocess=preprocess))
     r = analyse_kappa(digits.X)
     kd = "inf" if r.base.rank_deficient else f"{r.base.kappa_full:.4g}"
-    print(f"digits ({preprocess}): rank {r.base.numerical_rank}/{r.base.k}, kappa_d = {kd}, "
-          f"kappa at numerical rank = {r.base.kappa_rank:.4g}")
+    print(
+        f"digits ({preprocess}): rank {r.base.numerical_rank}/{r.base.k}, kappa_d = {kd}, "
+        f"kappa at numerical rank = {r.base.kappa_rank:.4g}"
+    )
     for w in r.widths[1::2]:
         print(f"   {w.label}: log10 m = {w.log10_width:.1f} ({w.gap_orders:.1f} orders beyond 1e12)")

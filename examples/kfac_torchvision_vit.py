@@ -33,8 +33,9 @@ from attnaudit.analyses.influence.influence import InfluenceConfig, compute_infl
 
 def build(side: int, patch: int, classes: int) -> VisionTransformer:
     torch.manual_seed(0)
-    model = VisionTransformer(image_size=side, patch_size=patch, num_layers=1, num_heads=2, hidden_dim=16,
-                              mlp_dim=32, num_classes=classes)
+    model = VisionTransformer(
+        image_size=side, patch_size=patch, num_layers=1, num_heads=2, hidden_dim=16, mlp_dim=32, num_classes=classes
+    )
     model.conv_proj = torch.nn.Conv2d(1, 16, patch, stride=patch)  # grey images: one input channel
     return model.double()
 
@@ -53,7 +54,7 @@ def main() -> None:
         side, patch = 8, 4
     X, y = data.X.double(), data.y
     n_fit = min(2000, X.shape[0] - args.n_test)
-    X_fit, y_fit, X_test, y_test = X[:n_fit], y[:n_fit], X[n_fit:n_fit + args.n_test], y[n_fit:n_fit + args.n_test]
+    X_fit, y_fit, X_test, y_test = X[:n_fit], y[:n_fit], X[n_fit : n_fit + args.n_test], y[n_fit : n_fit + args.n_test]
 
     model = build(side, patch, 10)
     optimiser = torch.optim.Adam(model.parameters(), 3e-3)
@@ -66,25 +67,33 @@ def main() -> None:
     model.eval()
     with torch.no_grad():
         accuracy = (model(X_test.view(-1, 1, side, side)).argmax(1) == y_test).double().mean().item()
-    print(f"torchvision ViT, {sum(p.numel() for p in model.parameters()):,} parameters, "
-          f"accuracy {accuracy:.1%} on {len(y_test)} held-out rows")
+    print(
+        f"torchvision ViT, {sum(p.numel() for p in model.parameters()):,} parameters, "
+        f"accuracy {accuracy:.1%} on {len(y_test)} held-out rows"
+    )
 
     task = Task(model, 10, "ce", Inputs("images", (1, side, side)))
     prefix = "encoder.layers.encoder_layer_0."
     groups = {
         "patch embedding (Conv2d)": ("conv_proj.weight", "conv_proj.bias"),
-        "attention (MultiheadAttention)": tuple(prefix + "self_attention." + n for n in
-                                                ("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias")),
+        "attention (MultiheadAttention)": tuple(
+            prefix + "self_attention." + n
+            for n in ("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias")
+        ),
         "MLP (Linear)": tuple(prefix + n for n in ("mlp.0.weight", "mlp.0.bias", "mlp.3.weight", "mlp.3.bias")),
         "head (Linear)": ("heads.head.weight", "heads.head.bias"),
     }
-    rows = (X_fit[:args.n_train], y_fit[:args.n_train], X_test, y_test)
+    rows = (X_fit[: args.n_train], y_fit[: args.n_train], X_test, y_test)
     print(f"{'parameters':32s} {'damping':>8s} {'EK-FAC':>7s} {'K-FAC':>7s} {'Hessian':>8s}   (Pearson with exact GGN)")
     for name, params in groups.items():
         for damping in (0.1, 1.0):
             scores = {}
-            for label, extra in (("ggn", dict(estimator="exact", curvature="ggn")), ("ekfac", dict(estimator="ekfac")),
-                                 ("kfac", dict(estimator="kfac")), ("hessian", dict(estimator="exact"))):
+            for label, extra in (
+                ("ggn", dict(estimator="exact", curvature="ggn")),
+                ("ekfac", dict(estimator="ekfac")),
+                ("kfac", dict(estimator="kfac")),
+                ("hessian", dict(estimator="exact")),
+            ):
                 config = InfluenceConfig(damping=damping, per_test=True, params=params, **extra)
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")

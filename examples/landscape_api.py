@@ -18,12 +18,19 @@ from attnaudit.core.training import TrainConfig
 digits = load_dataset(DataSpec(dataset="digits", n=300, seed=0))
 for arch in ("relu", "attn"):
     model, trained = train_reference_model(
-        arch, digits.X, digits.y, n_classes=digits.n_classes, width=128, seed=0,
+        arch,
+        digits.X,
+        digits.y,
+        n_classes=digits.n_classes,
+        width=128,
+        seed=0,
         train_config=TrainConfig(loss="mse", lr=4.0, steps=500),
     )
     res = analyse_landscape(model, digits.X, digits.y, LandscapeConfig(top_k=3, grid=0, points=0))
-    print(f"{arch}: training loss {trained.final_loss:.4f}, top eigenvalues {[round(v, 4) for v in res.eigen.eigenvalues]}, "
-          f"trace {res.trace.estimate:.3f} +- {res.trace.stderr:.3f}, basin width {res.basin.width:.3f} [{res.path}]")
+    print(
+        f"{arch}: training loss {trained.final_loss:.4f}, top eigenvalues {[round(v, 4) for v in res.eigen.eigenvalues]}, "
+        f"trace {res.trace.estimate:.3f} +- {res.trace.stderr:.3f}, basin width {res.basin.width:.3f} [{res.path}]"
+    )
 
 
 class RowAttention(nn.Module):
@@ -45,7 +52,11 @@ class RowAttention(nn.Module):
 net = RowAttention()
 task = Task(net, n_classes=digits.n_classes, loss="ce", inputs=Inputs("images", (1, *digits.feature_shape)))
 res = analyse_landscape(task, digits.X, digits.y, LandscapeConfig(top_k=2, grid=0, points=11, basin_directions=2))
-print(f"RowAttention ({res.n_params} parameters, untrained): loss {res.loss:.4f}, top eigenvalues "
-      f"{[round(v, 4) for v in res.eigen.eigenvalues]}, trace {res.trace.estimate:.3f} [{res.path}, HVP {res.hvp_mode}]")
-head = analyse_landscape(task, digits.X, digits.y, LandscapeConfig(params=("head",), top_k=2, grid=0, points=0, basin_directions=2))
+print(
+    f"RowAttention ({res.n_params} parameters, untrained): loss {res.loss:.4f}, top eigenvalues "
+    f"{[round(v, 4) for v in res.eigen.eigenvalues]}, trace {res.trace.estimate:.3f} [{res.path}, HVP {res.hvp_mode}]"
+)
+head = analyse_landscape(
+    task, digits.X, digits.y, LandscapeConfig(params=("head",), top_k=2, grid=0, points=0, basin_directions=2)
+)
 print(f"  head only ({', '.join(head.param_names)}): top eigenvalues {[round(v, 4) for v in head.eigen.eigenvalues]}")

@@ -9,11 +9,17 @@ from attnaudit.analyses.malleability.malleability import MalleabilityConfig, run
 
 digits = load_dataset(DataSpec(dataset="digits"))
 train, test = holdout_split(digits, n_train=200, n_test=80, seed=0)
-config = MalleabilityConfig(attacks=("pgd", "random"), eps=(0.3,), seeds=(0, 1, 2), width=32, steps=200, lr=4.0, top_k=20)
+config = MalleabilityConfig(
+    attacks=("pgd", "random"), eps=(0.3,), seeds=(0, 1, 2), width=32, steps=200, lr=4.0, top_k=20
+)
 result = run_malleability(train.X, train.y, test.X, test.y, digits.n_classes, config, value_range=digits.value_range)
 report = result.to_dict()
 for row in report["summary"]:
     f = row["flip_rate"]
-    print(f"{row['model']:>4} {row['attack']:>6}: flip rate {f['mean']:.1%} [{f['ci_low']:.1%}, {f['ci_high']:.1%}] over seeds {row['seeds']}")
+    print(
+        f"{row['model']:>4} {row['attack']:>6}: flip rate {f['mean']:.1%} [{f['ci_low']:.1%}, {f['ci_high']:.1%}] over seeds {row['seeds']}"
+    )
 for r in report["ratios"]:
-    print(f"ratio {r['numerator']}/{r['denominator']} under {r['attack']}: {r['ratio']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]")
+    print(
+        f"ratio {r['numerator']}/{r['denominator']} under {r['attack']}: {r['ratio']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
+    )

@@ -12,7 +12,9 @@ config = NTKDistanceConfig(models=("relu", "attn"), widths=(16, 64, 256), seeds=
 result = run_ntk_distance(train.X, train.y, test.X, test.y, digits.n_classes, config)
 for row in result.summary_rows():
     d, k = row["distance_rel"], row["kernel_movement"]
-    print(f"{row['model']:>4} m={row['width']:>4}: ||f_m - f_NTK|| / ||f_NTK|| = {d['mean']:.3f} +- {d['std']:.3f}, "
-          f"kernel movement {k['mean']:.3f}, net test acc {row['net_test_acc']['mean']:.2f}")
+    print(
+        f"{row['model']:>4} m={row['width']:>4}: ||f_m - f_NTK|| / ||f_NTK|| = {d['mean']:.3f} +- {d['std']:.3f}, "
+        f"kernel movement {k['mean']:.3f}, net test acc {row['net_test_acc']['mean']:.2f}"
+    )
 for sentence in result.verdicts():
     print("-", sentence)

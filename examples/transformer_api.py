@@ -58,14 +58,25 @@ def main() -> None:
     task = aa.Task(model, n_classes=10, loss="ce", inputs=aa.Inputs("images", ds.feature_shape), params="head")
     print("tracked by 'head':", task.parameter_names(probe=train.X.float()))
 
-    influence = aa.compute_influence(task, train.X, train.y, test.X, test.y, aa.InfluenceConfig(estimator="exact", damping=1e-2))
+    influence = aa.compute_influence(
+        task, train.X, train.y, test.X, test.y, aa.InfluenceConfig(estimator="exact", damping=1e-2)
+    )
     order = influence.total.argsort()
-    print(f"influence ({influence.path}): most helpful training rows {order[:5].tolist()}, most harmful {order[-5:].tolist()}")
+    print(
+        f"influence ({influence.path}): most helpful training rows {order[:5].tolist()}, most harmful {order[-5:].tolist()}"
+    )
 
     all_params = aa.Task(model, 10, "ce", aa.Inputs("images", ds.feature_shape), params="all")
-    land = aa.analyse_landscape(all_params, train.X, train.y, aa.LandscapeConfig(points=11, grid=0, top_k=3, hutchinson_samples=10, basin_directions=2))
-    print(f"landscape: loss {land.loss:.4f}, top Hessian eigenvalues {[round(v, 4) for v in land.eigen.eigenvalues]}, "
-          f"trace {land.trace.estimate:.3f} +- {land.trace.stderr:.3f}")
+    land = aa.analyse_landscape(
+        all_params,
+        train.X,
+        train.y,
+        aa.LandscapeConfig(points=11, grid=0, top_k=3, hutchinson_samples=10, basin_directions=2),
+    )
+    print(
+        f"landscape: loss {land.loss:.4f}, top Hessian eigenvalues {[round(v, 4) for v in land.eigen.eigenvalues]}, "
+        f"trace {land.trace.estimate:.3f} +- {land.trace.stderr:.3f}"
+    )
 
     ntk = aa.empirical_ntk(all_params, test.X[:16])
     trace = torch.einsum("iicc->", ntk.kernel).item()

@@ -31,8 +31,12 @@ def rows():
     X, y = load_digits(return_X_y=True)
     X = X / 16.0
     X = X - X.mean(0)
-    return (torch.from_numpy(X[:150]), torch.from_numpy(y[:150]).long(),
-            torch.from_numpy(X[200:280]), torch.from_numpy(y[200:280]).long())
+    return (
+        torch.from_numpy(X[:150]),
+        torch.from_numpy(y[:150]).long(),
+        torch.from_numpy(X[200:280]),
+        torch.from_numpy(y[200:280]).long(),
+    )
 
 
 # ----------------------------------------------------------------------------- kernel ridge
@@ -100,9 +104,9 @@ def test_attention_inputs_are_the_models_map_and_the_rms_rule(rows):
     Xn, Xtn = X.numpy(), Xt.numpy()
     C = Xn.T @ Xn
     raw = Xn @ C
-    s = np.sqrt((Xn ** 2).sum(1).mean()) / np.sqrt((raw ** 2).sum(1).mean())
+    s = np.sqrt((Xn**2).sum(1).mean()) / np.sqrt((raw**2).sum(1).mean())
     np.testing.assert_allclose(Zt.numpy(), s * Xtn @ C, rtol=1e-10, atol=1e-13)
-    np.testing.assert_allclose(np.sqrt((Z.numpy() ** 2).sum(1).mean()), np.sqrt((Xn ** 2).sum(1).mean()), rtol=1e-12)
+    np.testing.assert_allclose(np.sqrt((Z.numpy() ** 2).sum(1).mean()), np.sqrt((Xn**2).sum(1).mean()), rtol=1e-12)
     net = build_model(ModelSpec("attn", X.shape[1], 8, 1), X)
     np.testing.assert_allclose(net.features_in(Xt).detach().numpy(), Zt.numpy(), rtol=1e-10, atol=1e-13)
 
@@ -163,15 +167,19 @@ def test_targets_live_in_their_directions_and_are_normalised(rows):
     U, s, Vt = np.linalg.svd(Xn - mu, full_matrices=False)
     r = np.linalg.matrix_rank(Xn - mu)
     assert r < X.shape[1]  # digits have constant pixels: the null space exists and must be avoided
-    for kind, U_k in (("principal", U[:, :k]), ("trailing", U[:, r - k:r])):
+    for kind, U_k in (("principal", U[:, :k]), ("trailing", U[:, r - k : r])):
         t = T[kind].Y.numpy()[:, 0]
         resid = t - U_k @ (U_k.T @ t)
         assert np.linalg.norm(resid) / np.linalg.norm(t) < 1e-10, kind
         # the test target is the same linear function of the centred test rows
-        V_k = Vt[:k].T if kind == "principal" else Vt[r - k:r].T
+        V_k = Vt[:k].T if kind == "principal" else Vt[r - k : r].T
         P = V_k @ V_k.T
-        np.testing.assert_allclose(T[kind].Y_test.numpy()[:, 0], ((Xt.numpy() - mu) @ P) @ np.linalg.lstsq(
-            (Xn - mu) @ P, t, rcond=None)[0], rtol=1e-6, atol=1e-8)
+        np.testing.assert_allclose(
+            T[kind].Y_test.numpy()[:, 0],
+            ((Xt.numpy() - mu) @ P) @ np.linalg.lstsq((Xn - mu) @ P, t, rcond=None)[0],
+            rtol=1e-6,
+            atol=1e-8,
+        )
     assert min(T["trailing"].singular_values) > s[0] * max(Xn.shape) * np.finfo(float).eps * 1e3
     D = T["random"].directions.numpy()
     np.testing.assert_allclose(D.T @ D, np.eye(k), atol=1e-12)
@@ -211,11 +219,20 @@ def test_training_uses_the_projects_trainer_and_loss(rows):
 # ----------------------------------------------------------------------------- config and summaries
 
 
-@pytest.mark.parametrize("kwargs, option", [
-    ({"k": 0}, "--k"), ({"ridge": -1.0}, "--ridge"), ({"targets": ("principal", "bogus")}, "--targets"),
-    ({"match_loss": 1.5}, "--match-loss"), ({"lr_fraction": 1.0}, "--lr-fraction"), ({"n_test": 0}, "--n-test"),
-    ({"attn_scaling": "huge"}, "--attn-scaling"), ({"lr": 0.0}, "--lr"), ({"seeds": ()}, "--seeds"),
-])
+@pytest.mark.parametrize(
+    "kwargs, option",
+    [
+        ({"k": 0}, "--k"),
+        ({"ridge": -1.0}, "--ridge"),
+        ({"targets": ("principal", "bogus")}, "--targets"),
+        ({"match_loss": 1.5}, "--match-loss"),
+        ({"lr_fraction": 1.0}, "--lr-fraction"),
+        ({"n_test": 0}, "--n-test"),
+        ({"attn_scaling": "huge"}, "--attn-scaling"),
+        ({"lr": 0.0}, "--lr"),
+        ({"seeds": ()}, "--seeds"),
+    ],
+)
 def test_config_is_validated_on_construction(kwargs, option):
     with pytest.raises(AuditError, match=option):
         al.AlignmentConfig(**kwargs)
@@ -228,9 +245,19 @@ def test_summaries_are_paired_t_intervals_with_the_stated_signs():
     for s in cfg.seeds:
         for kind in cfg.targets:
             for arch in al.MODELS:
-                rows.append(al.SeedRow(seed=s, target=kind, model=arch, kernel_error=float(g.uniform(0, 1)),
-                                       kernel_train_error=0.0, cka=float(g.uniform(0, 1)), ridge_lambda=1.0,
-                                       net_error=float(g.uniform(0, 1)), net_reached_loss=not (s == 2 and arch == "attn")))
+                rows.append(
+                    al.SeedRow(
+                        seed=s,
+                        target=kind,
+                        model=arch,
+                        kernel_error=float(g.uniform(0, 1)),
+                        kernel_train_error=0.0,
+                        cka=float(g.uniform(0, 1)),
+                        ridge_lambda=1.0,
+                        net_error=float(g.uniform(0, 1)),
+                        net_reached_loss=not (s == 2 and arch == "attn"),
+                    )
+                )
     summary, contrast, _ = al.summarise(rows, cfg, cfg.targets)
 
     def val(s, kind, arch, key):
@@ -242,13 +269,19 @@ def test_summaries_are_paired_t_intervals_with_the_stated_signs():
         return v.mean() - h, v.mean() + h
 
     row = next(r for r in summary if r.quantity == "kernel_error_advantage_attn" and r.target == "principal")
-    diff = [val(s, "principal", "relu", "kernel_error") - val(s, "principal", "attn", "kernel_error") for s in cfg.seeds]
+    diff = [
+        val(s, "principal", "relu", "kernel_error") - val(s, "principal", "attn", "kernel_error") for s in cfg.seeds
+    ]
     assert row.per_seed == pytest.approx(diff) and row.estimate == pytest.approx(np.mean(diff))
     assert row.interval == pytest.approx(list(t_interval(diff)))
     assert row.null_value == 0.0 and row.n_seeds == 4 and row.interval_method == "paired student-t"
     ratio = next(r for r in summary if r.quantity == "kernel_log_error_ratio_attn" and r.target == "principal")
-    assert ratio.per_seed == pytest.approx([math.log(val(s, "principal", "relu", "kernel_error") /
-                                                     val(s, "principal", "attn", "kernel_error")) for s in cfg.seeds])
+    assert ratio.per_seed == pytest.approx(
+        [
+            math.log(val(s, "principal", "relu", "kernel_error") / val(s, "principal", "attn", "kernel_error"))
+            for s in cfg.seeds
+        ]
+    )
     cka = next(r for r in summary if r.quantity == "cka_advantage_attn" and r.target == "random")
     assert cka.per_seed[0] == pytest.approx(val(0, "random", "attn", "cka") - val(0, "random", "relu", "cka"))
     net = next(r for r in summary if r.quantity == "net_error_advantage_attn" and r.target == "principal")
@@ -286,11 +319,23 @@ def test_cli_end_to_end_writes_the_json_contract(tmp_path):
     kinds = {(r["quantity"], r["target"]) for r in res["summary"]}
     assert ("kernel_error_advantage_attn", "principal") in kinds and ("cka_advantage_attn", "labels") in kinds
     for r in res["summary"] + res["contrast"]:
-        assert set(r) >= {"quantity", "target", "estimate", "interval", "interval_method", "confidence", "n_seeds",
-                          "per_seed", "null_value", "verdict"}
+        assert set(r) >= {
+            "quantity",
+            "target",
+            "estimate",
+            "interval",
+            "interval_method",
+            "confidence",
+            "n_seeds",
+            "per_seed",
+            "null_value",
+            "verdict",
+        }
         assert len(r["interval"]) == 2 and r["null_value"] == 0.0 and r["confidence"] == 0.95
     assert {r["target"] for r in res["contrast"]} == {"principal-random", "principal-trailing"}
-    assert rep["verdicts"] and rep["verdicts"][0].startswith("alignment kernel_error_advantage_attn_contrast [principal-random]")
+    assert rep["verdicts"] and rep["verdicts"][0].startswith(
+        "alignment kernel_error_advantage_attn_contrast [principal-random]"
+    )
     # a net that missed the loss is flagged and absent from its comparison
     for r in res["per_seed"]:
         assert r["flagged"] == (r["net_reached_loss"] is False)
@@ -300,8 +345,15 @@ def test_cli_end_to_end_writes_the_json_contract(tmp_path):
             assert set(s["excluded_seeds"]) == missed
 
 
-@pytest.mark.parametrize("args, word", [(["--k", "0"], "--k"), (["--ridge", "-1"], "--ridge"),
-                                        (["--targets", "principal,nope"], "--targets"), (["--preset", "huge"], "--preset")])
+@pytest.mark.parametrize(
+    "args, word",
+    [
+        (["--k", "0"], "--k"),
+        (["--ridge", "-1"], "--ridge"),
+        (["--targets", "principal,nope"], "--targets"),
+        (["--preset", "huge"], "--preset"),
+    ],
+)
 def test_cli_bad_option_exits_2_with_one_line(args, word, capsys):
     from conftest import run_cli
 
@@ -322,8 +374,14 @@ def test_run_cell_runs_alignment_in_process():
     assert bad["kind"] == "input" and "--k" in bad["error"]
 
 
-@pytest.mark.parametrize("check", ["test_every_option_sits_in_a_panel_in_the_manual_order",
-                                   "test_plain_metavars_and_no_type_labels", "test_help_ends_with_an_example_that_parses"])
+@pytest.mark.parametrize(
+    "check",
+    [
+        "test_every_option_sits_in_a_panel_in_the_manual_order",
+        "test_plain_metavars_and_no_type_labels",
+        "test_help_ends_with_an_example_that_parses",
+    ],
+)
 def test_help_follows_the_manual_conventions(check, capsys, monkeypatch):
     """The same --help checks every other command passes (tests/test_help.py), run for alignment."""
     import test_help

@@ -33,8 +33,14 @@ def _is_submodule(name: str) -> bool:
 
 def _fresh_python(code: str) -> dict:
     """Run ``code`` in a new interpreter (nothing of attnaudit imported yet); its JSON output."""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -46,8 +52,16 @@ def test_all_dir_star_import_and_version_are_the_declared_public_api():
     assert not [n for n in attnaudit.__all__ if n.startswith("_") and n != "__version__"]
     # every name the module docstring's example uses is public (the documentation, not the mapping)
     documented = set(re.findall(r"\baa\.(\w+)", attnaudit.__doc__))
-    assert {"Task", "Inputs", "compute_influence", "InfluenceConfig", "empirical_ntk", "run", "KappaRequest",
-            "MalleabilityRequest"} <= documented
+    assert {
+        "Task",
+        "Inputs",
+        "compute_influence",
+        "InfluenceConfig",
+        "empirical_ntk",
+        "run",
+        "KappaRequest",
+        "MalleabilityRequest",
+    } <= documented
     assert documented <= set(attnaudit.__all__)
     # `from attnaudit import *` resolves every listed name (a listed name that fails raises here)
     namespace: dict = {}
@@ -145,5 +159,8 @@ def test_user_transformer_runs_influence_landscape_and_entk_without_special_case
     module.main()
     out = capsys.readouterr().out
     assert "tracked by 'head': ['head.weight', 'head.bias']" in out  # the logits layer, found structurally
-    assert "influence (fast: nn.Linear head, cached features)" in out and "empirical NTK (generic: engine): shape (16, 16, 10, 10)" in out
+    assert (
+        "influence (fast: nn.Linear head, cached features)" in out
+        and "empirical NTK (generic: engine): shape (16, 16, 10, 10)" in out
+    )
     assert "model untouched: True torch.float32" in out  # train mode and dtype as the user left them

@@ -17,8 +17,15 @@ def _blocks() -> list[str]:
 
 def test_the_page_has_an_example_for_every_command():
     text = DOC.read_text(encoding="utf-8")
-    for request in ("KappaRequest", "NtkDistanceRequest", "MalleabilityRequest", "LandscapeRequest", "TrainRequest",
-                    "AuditRequest", "ClaimsRequest"):
+    for request in (
+        "KappaRequest",
+        "NtkDistanceRequest",
+        "MalleabilityRequest",
+        "LandscapeRequest",
+        "TrainRequest",
+        "AuditRequest",
+        "ClaimsRequest",
+    ):
         assert request in text, request
 
 

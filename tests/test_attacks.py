@@ -35,7 +35,9 @@ def trained():
 def test_perturbation_stays_in_ball_and_valid_range(trained, method, norm):
     nets, X, y = trained
     eps = 0.3 if norm == "linf" else 2.0
-    res = perturb(nets["relu"], X, y, AttackConfig(method=method, eps=eps, norm=norm, steps=5, clip_min=0.0, clip_max=1.0, seed=3))
+    res = perturb(
+        nets["relu"], X, y, AttackConfig(method=method, eps=eps, norm=norm, steps=5, clip_min=0.0, clip_max=1.0, seed=3)
+    )
     delta = (res.X_adv - X).reshape(len(X), -1)
     size = delta.abs().amax(1) if norm == "linf" else delta.norm(dim=1)
     assert float(size.max()) <= eps * (1 + 1e-12)
@@ -68,7 +70,10 @@ def test_pgd_beats_random_and_fgsm(trained, arch, norm):
     nets, X, y = trained
     eps = 0.1 if norm == "linf" else 0.8
     common = dict(eps=eps, norm=norm, clip_min=0.0, clip_max=1.0, seed=0)
-    loss = {m: perturb(nets[arch], X, y, AttackConfig(method=m, steps=10, **common)) for m in ("pgd", "fgsm", "random", "mim")}
+    loss = {
+        m: perturb(nets[arch], X, y, AttackConfig(method=m, steps=10, **common))
+        for m in ("pgd", "fgsm", "random", "mim")
+    }
     clean = loss["pgd"].loss_before
     assert loss["pgd"].loss_after > loss["random"].loss_after > 0
     assert loss["pgd"].loss_after >= loss["fgsm"].loss_after  # on average over the samples
@@ -158,7 +163,9 @@ def test_deterministic_given_seed(trained):
     nets, X, y = trained
     for method in ("pgd", "random"):
         a = perturb(nets["attn"], X, y, AttackConfig(method=method, eps=0.1, seed=7, clip_min=0.0, clip_max=1.0))
-        b = perturb(nets["attn"], X, y, AttackConfig(method=method, eps=0.1, seed=7, clip_min=0.0, clip_max=1.0, chunk_size=50))
+        b = perturb(
+            nets["attn"], X, y, AttackConfig(method=method, eps=0.1, seed=7, clip_min=0.0, clip_max=1.0, chunk_size=50)
+        )
         c = perturb(nets["attn"], X, y, AttackConfig(method=method, eps=0.1, seed=8, clip_min=0.0, clip_max=1.0))
         torch.testing.assert_close(a.X_adv, b.X_adv, rtol=0, atol=1e-13)
         assert not torch.equal(a.X_adv, c.X_adv)
@@ -175,7 +182,16 @@ def test_model_parameters_untouched(trained):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(method="cw"), dict(eps=0.0), dict(eps=-1.0), dict(norm="l1"), dict(steps=0), dict(step_size=-0.1), dict(clip_min=1.0, clip_max=0.0), dict(clip_min=0.0)],
+    [
+        dict(method="cw"),
+        dict(eps=0.0),
+        dict(eps=-1.0),
+        dict(norm="l1"),
+        dict(steps=0),
+        dict(step_size=-0.1),
+        dict(clip_min=1.0, clip_max=0.0),
+        dict(clip_min=0.0),
+    ],
 )
 def test_bad_attack_config_rejected(kwargs):
     with pytest.raises(AuditError):
@@ -319,12 +335,18 @@ def test_sign_control_stays_in_ball_range_and_is_deterministic(trained, norm):
     assert float(size.max()) <= eps * (1 + 1e-12)
     assert float(res.X_adv.min()) >= 0.0 and float(res.X_adv.max()) <= 1.0
     assert torch.equal(perturb(nets["relu"], X, y, cfg).X_adv, res.X_adv)
-    assert not torch.equal(perturb(nets["relu"], X, y, AttackConfig(method="sign", eps=eps, norm=norm, seed=4,
-                                                                    clip_min=0.0, clip_max=1.0)).X_adv, res.X_adv)
+    assert not torch.equal(
+        perturb(
+            nets["relu"], X, y, AttackConfig(method="sign", eps=eps, norm=norm, seed=4, clip_min=0.0, clip_max=1.0)
+        ).X_adv,
+        res.X_adv,
+    )
     # the L-inf and L2 norms of the applied perturbation, reported whatever the attack's norm
     assert res.linf_max == pytest.approx(float(delta.abs().amax(1).max()))
     assert res.l2_mean == pytest.approx(float(delta.norm(dim=1).mean()))
     # sign noise of the same radius is bigger than uniform noise (the old control) on average
-    uni = perturb(nets["relu"], X, y, AttackConfig(method="random", eps=eps, norm=norm, clip_min=0.0, clip_max=1.0, seed=3))
+    uni = perturb(
+        nets["relu"], X, y, AttackConfig(method="random", eps=eps, norm=norm, clip_min=0.0, clip_max=1.0, seed=3)
+    )
     if norm == "linf":
         assert res.l2_mean > 1.3 * uni.l2_mean

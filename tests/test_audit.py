@@ -20,10 +20,42 @@ from conftest import run_cli
 import yaml
 
 # tiny malleability settings (relu only, 2 seeds so ci_high is a real interval bound)
-MALL = {"models": "relu", "attacks": "pgd,random", "eps": 0.1, "n-train": 40, "n-test": 20, "width": 8, "steps": 10,
-        "top-k": 10, "pgd-steps": 2, "seeds": 2, "controls": False}
-MALL_ARGS = ["--models", "relu", "--attacks", "pgd,random", "--eps", "0.1", "--n-train", "40", "--n-test", "20",
-             "--width", "8", "--steps", "10", "--top-k", "10", "--pgd-steps", "2", "--seeds", "2", "--no-controls"]
+MALL = {
+    "models": "relu",
+    "attacks": "pgd,random",
+    "eps": 0.1,
+    "n-train": 40,
+    "n-test": 20,
+    "width": 8,
+    "steps": 10,
+    "top-k": 10,
+    "pgd-steps": 2,
+    "seeds": 2,
+    "controls": False,
+}
+MALL_ARGS = [
+    "--models",
+    "relu",
+    "--attacks",
+    "pgd,random",
+    "--eps",
+    "0.1",
+    "--n-train",
+    "40",
+    "--n-test",
+    "20",
+    "--width",
+    "8",
+    "--steps",
+    "10",
+    "--top-k",
+    "10",
+    "--pgd-steps",
+    "2",
+    "--seeds",
+    "2",
+    "--no-controls",
+]
 KAPPA_N = 200
 
 
@@ -92,11 +124,24 @@ def mall_audit(tmp_path_factory):
     root = tmp_path_factory.mktemp("mall")
     other_spelling = {k.replace("-", "_"): v for k, v in MALL.items()}  # n_train == n-train
     doc = audit_doc(
-        {"name": "pgd-flip-rate", "analysis": "malleability", "description": "PGD flip rate, upper CI bound",
-         "options": dict(MALL), "metric": "flip_rate", "select": {"model": "relu", "attack": "pgd", "eps": 0.1},
-         "stat": "ci_high", "max": 1.0},
-        {"name": "pgd-over-random", "analysis": "malleability", "options": other_spelling,
-         "metric": "flip_rate_over_random", "select": {"attack": "PGD"}, "max": 1.0},
+        {
+            "name": "pgd-flip-rate",
+            "analysis": "malleability",
+            "description": "PGD flip rate, upper CI bound",
+            "options": dict(MALL),
+            "metric": "flip_rate",
+            "select": {"model": "relu", "attack": "pgd", "eps": 0.1},
+            "stat": "ci_high",
+            "max": 1.0,
+        },
+        {
+            "name": "pgd-over-random",
+            "analysis": "malleability",
+            "options": other_spelling,
+            "metric": "flip_rate_over_random",
+            "select": {"attack": "PGD"},
+            "max": 1.0,
+        },
         kappa_check("kappa-ok", max=100.0),
         kappa_check("kappa-too-strict", max=1.5),
         name="mall-gate",
@@ -116,7 +161,12 @@ def test_failing_audit_exits_1_and_reports_every_check(mall_audit):
     assert res["file"]["name"] == "mall-gate" and res["file"]["version"] == 1 and len(res["file"]["sha256"]) == 64
     assert res["model"] is None
     status = {c["name"]: c["status"] for c in res["checks"]}
-    assert status == {"pgd-flip-rate": "pass", "pgd-over-random": "pass", "kappa-ok": "pass", "kappa-too-strict": "fail"}
+    assert status == {
+        "pgd-flip-rate": "pass",
+        "pgd-over-random": "pass",
+        "kappa-ok": "pass",
+        "kappa-too-strict": "fail",
+    }
     assert res["summary"]["checks"] == 4 and res["summary"]["passed"] == 3 and res["summary"]["failed"] == 1
     assert res["summary"]["errors"] == 0 and res["summary"]["skipped"] == 0 and res["summary"]["exit_code"] == 1
     checks = by_name(report)
@@ -197,8 +247,9 @@ def test_malleability_values_equal_a_separate_cli_run(mall_audit, tmp_path):
     checks = by_name(mall_audit["report"])
     assert checks["pgd-flip-rate"]["value"] == pgd[0]["flip_rate"]["ci_high"]
     # flip rate above the random-noise floor: the PGD mean minus the random control's mean flip rate
-    assert checks["pgd-over-random"]["value"] == pytest.approx(pgd[0]["flip_rate"]["mean"] - rnd[0]["flip_rate"]["mean"],
-                                                               abs=1e-12)
+    assert checks["pgd-over-random"]["value"] == pytest.approx(
+        pgd[0]["flip_rate"]["mean"] - rnd[0]["flip_rate"]["mean"], abs=1e-12
+    )
     # the flip rates are shares of top-k = 10 points: multiples of 1/10 per seed
     assert 0.0 <= checks["pgd-flip-rate"]["value"] <= 1.0
 
@@ -251,13 +302,27 @@ def test_api_load_audit_file_raises_audit_error_with_exit_code_2(tmp_path):
 
 # ----------------------------------------------------------------------------- pass / fail / threshold flip
 def test_passing_audit_exits_0_and_a_lowered_threshold_flips_it(tmp_path, capsys):
-    path = write_audit(tmp_path / "a.yaml", audit_doc(
-        kappa_check("at-rank", max=100.0),
-        {"name": "at-rank-by-path", "analysis": "kappa", "options": {"n": KAPPA_N},
-         "metric": {"path": "results.gram.log10_kappa_at_numerical_rank"}, "max": 100.0},
-        {"name": "paper-width", "analysis": "kappa", "options": {"n": KAPPA_N}, "metric": "log10_required_width",
-         "select": {"basis": "numerical_rank"}, "max": 1000.0},
-    ))
+    path = write_audit(
+        tmp_path / "a.yaml",
+        audit_doc(
+            kappa_check("at-rank", max=100.0),
+            {
+                "name": "at-rank-by-path",
+                "analysis": "kappa",
+                "options": {"n": KAPPA_N},
+                "metric": {"path": "results.gram.log10_kappa_at_numerical_rank"},
+                "max": 100.0,
+            },
+            {
+                "name": "paper-width",
+                "analysis": "kappa",
+                "options": {"n": KAPPA_N},
+                "metric": "log10_required_width",
+                "select": {"basis": "numerical_rank"},
+                "max": 1000.0,
+            },
+        ),
+    )
     out = tmp_path / "r.json"
     assert cli("audit", path, "--json", out) == 0
     stdout = capsys.readouterr().out
@@ -293,11 +358,14 @@ def test_json_to_stdout(tmp_path, capsys):
 
 
 def test_fail_fast_leaves_later_checks_skipped(tmp_path):
-    path = write_audit(tmp_path / "a.yaml", audit_doc(
-        kappa_check("first-fails", max=1.0),
-        {**kappa_check("second", max=100.0), "options": {"n": 150}},
-        {**kappa_check("third", max=100.0), "options": {"n": 120}},
-    ))
+    path = write_audit(
+        tmp_path / "a.yaml",
+        audit_doc(
+            kappa_check("first-fails", max=1.0),
+            {**kappa_check("second", max=100.0), "options": {"n": 150}},
+            {**kappa_check("third", max=100.0), "options": {"n": 120}},
+        ),
+    )
     out, xml = tmp_path / "r.json", tmp_path / "r.xml"
     assert cli("audit", path, "--fail-fast", "--json", out, "--junit", xml, "-q") == 1
     report = json.loads(out.read_text())
@@ -316,11 +384,20 @@ def test_fail_fast_leaves_later_checks_skipped(tmp_path):
 
 
 def test_select_matching_no_row_is_an_error_naming_the_available_values(tmp_path):
-    path = write_audit(tmp_path / "a.yaml", audit_doc(
-        {"name": "width-of-nothing", "analysis": "kappa", "options": {"n": KAPPA_N}, "metric": "log10_required_width",
-         "select": {"model": "transformer"}, "max": 100.0},
-        {**kappa_check("fine", max=100.0), "options": {"n": 150}},
-    ))
+    path = write_audit(
+        tmp_path / "a.yaml",
+        audit_doc(
+            {
+                "name": "width-of-nothing",
+                "analysis": "kappa",
+                "options": {"n": KAPPA_N},
+                "metric": "log10_required_width",
+                "select": {"model": "transformer"},
+                "max": 100.0,
+            },
+            {**kappa_check("fine", max=100.0), "options": {"n": 150}},
+        ),
+    )
     out, xml = tmp_path / "r.json", tmp_path / "r.xml"
     assert cli("audit", path, "--json", out, "--junit", xml, "-q") == 2
     checks = by_name(json.loads(out.read_text()))  # the reports are still written
@@ -333,11 +410,17 @@ def test_select_matching_no_row_is_an_error_naming_the_available_values(tmp_path
 
 
 def test_check_options_that_differ_only_in_spelling_or_a_default_seed_share_one_run(tmp_path):
-    path = write_audit(tmp_path / "a.yaml", audit_doc(
-        {**kappa_check("a", max=100.0), "options": {"n": KAPPA_N, "rank-tol": 1e-10}},
-        {**kappa_check("b", max=100.0), "options": {"n": KAPPA_N, "rank_tol": 1e-10}},
-        {**kappa_check("c", max=100.0), "options": {"n": KAPPA_N, "--rank-tol": 1e-10, "seed": 0}},  # the file's seed
-    ))
+    path = write_audit(
+        tmp_path / "a.yaml",
+        audit_doc(
+            {**kappa_check("a", max=100.0), "options": {"n": KAPPA_N, "rank-tol": 1e-10}},
+            {**kappa_check("b", max=100.0), "options": {"n": KAPPA_N, "rank_tol": 1e-10}},
+            {
+                **kappa_check("c", max=100.0),
+                "options": {"n": KAPPA_N, "--rank-tol": 1e-10, "seed": 0},
+            },  # the file's seed
+        ),
+    )
     out = tmp_path / "r.json"
     assert cli("audit", path, "--json", out, "-q") == 0
     runs = json.loads(out.read_text())["results"]["runs"]
@@ -347,10 +430,13 @@ def test_check_options_that_differ_only_in_spelling_or_a_default_seed_share_one_
 def test_check_options_in_another_order_share_one_run(tmp_path):
     # spec: "same analysis, same options after defaults/data/model are merged" share one run; the
     # options are a mapping, so the order they are written in does not make them different options
-    path = write_audit(tmp_path / "a.yaml", audit_doc(
-        {**kappa_check("a", max=100.0), "options": {"n": KAPPA_N, "rank-tol": 1e-10}},
-        {**kappa_check("b", max=100.0), "options": {"rank-tol": 1e-10, "n": KAPPA_N}},
-    ))
+    path = write_audit(
+        tmp_path / "a.yaml",
+        audit_doc(
+            {**kappa_check("a", max=100.0), "options": {"n": KAPPA_N, "rank-tol": 1e-10}},
+            {**kappa_check("b", max=100.0), "options": {"rank-tol": 1e-10, "n": KAPPA_N}},
+        ),
+    )
     out = tmp_path / "r.json"
     assert cli("audit", path, "--json", out, "-q") == 0
     runs = json.loads(out.read_text())["results"]["runs"]
@@ -359,13 +445,23 @@ def test_check_options_in_another_order_share_one_run(tmp_path):
 
 def test_top_level_data_options_reach_every_check_and_check_options_override_them(tmp_path):
     # spec: data options are dataset, data, data_dir, split, n, stratify, classes, preprocess
-    path = write_audit(tmp_path / "a.yaml", {
-        "version": 1, "data": {"dataset": "digits", "n": 150, "stratify": False},
-        "checks": [
-            {"name": "from-data", "analysis": "kappa", "metric": "log10_kappa_at_rank", "max": 100.0},
-            {"name": "overridden", "analysis": "kappa", "options": {"n": KAPPA_N}, "metric": "log10_kappa_at_rank",
-             "max": 100.0},
-        ]})
+    path = write_audit(
+        tmp_path / "a.yaml",
+        {
+            "version": 1,
+            "data": {"dataset": "digits", "n": 150, "stratify": False},
+            "checks": [
+                {"name": "from-data", "analysis": "kappa", "metric": "log10_kappa_at_rank", "max": 100.0},
+                {
+                    "name": "overridden",
+                    "analysis": "kappa",
+                    "options": {"n": KAPPA_N},
+                    "metric": "log10_kappa_at_rank",
+                    "max": 100.0,
+                },
+            ],
+        },
+    )
     out = tmp_path / "r.json"
     assert cli("audit", path, "--json", out, "-q") == 0
     checks = by_name(json.loads(out.read_text()))
@@ -375,12 +471,27 @@ def test_top_level_data_options_reach_every_check_and_check_options_override_the
 
 def test_a_built_in_model_is_trained_once_and_audited_by_checkpoint(tmp_path):
     saved = tmp_path / "relu.safetensors"
-    path = write_audit(tmp_path / "a.yaml", audit_doc(
-        {"name": "sharpness", "analysis": "landscape", "metric": "lambda_max", "max": 1000.0,
-         "options": {"n-train": 40, "top-k": 1, "hutchinson-samples": 5, "basin-directions": 1, "points": 0, "grid": 0}},
-        {**kappa_check("data-only", max=100.0), "use_model": False},
-        model={"arch": "relu", "train": {"steps": 30, "width": 8}, "save": str(saved)},
-    ))
+    path = write_audit(
+        tmp_path / "a.yaml",
+        audit_doc(
+            {
+                "name": "sharpness",
+                "analysis": "landscape",
+                "metric": "lambda_max",
+                "max": 1000.0,
+                "options": {
+                    "n-train": 40,
+                    "top-k": 1,
+                    "hutchinson-samples": 5,
+                    "basin-directions": 1,
+                    "points": 0,
+                    "grid": 0,
+                },
+            },
+            {**kappa_check("data-only", max=100.0), "use_model": False},
+            model={"arch": "relu", "train": {"steps": 30, "width": 8}, "save": str(saved)},
+        ),
+    )
     out = tmp_path / "r.json"
     assert cli("audit", path, "--json", out, "-q") == 0
     res = json.loads(out.read_text())["results"]
@@ -398,10 +509,13 @@ def test_a_built_in_model_is_trained_once_and_audited_by_checkpoint(tmp_path):
 
 # ----------------------------------------------------------------------------- baselines
 def test_baseline_round_trip_then_a_worsened_value_fails(tmp_path):
-    path = write_audit(tmp_path / "a.yaml", audit_doc(
-        kappa_check("at-rank", max=100.0, tolerance=0.05),
-        {**kappa_check("not-in-baseline", max=100.0), "options": {"n": 150}},
-    ))
+    path = write_audit(
+        tmp_path / "a.yaml",
+        audit_doc(
+            kappa_check("at-rank", max=100.0, tolerance=0.05),
+            {**kappa_check("not-in-baseline", max=100.0), "options": {"n": 150}},
+        ),
+    )
     base = tmp_path / "baseline.json"
     assert cli("audit", path, "--save-baseline", base, "-q") == 0
     saved = json.loads(base.read_text())
@@ -444,8 +558,14 @@ def test_baseline_round_trip_then_a_worsened_value_fails(tmp_path):
 
 
 # ----------------------------------------------------------------------------- configuration errors: exit 2
-GOOD_CHECK = {"name": "m", "analysis": "malleability", "options": dict(MALL), "metric": "flip_rate",
-              "select": {"attack": "pgd"}, "max": 0.9}
+GOOD_CHECK = {
+    "name": "m",
+    "analysis": "malleability",
+    "options": dict(MALL),
+    "metric": "flip_rate",
+    "select": {"attack": "pgd"},
+    "max": 0.9,
+}
 
 
 def _with_check(**changes) -> dict:
@@ -464,8 +584,11 @@ CONFIG_ERRORS = {
     # id: (document, key path, words the message must hold)
     "unknown-top-level-key": ({**audit_doc(GOOD_CHECK), "sed": 3}, "sed", ["did you mean 'seed'?"]),
     "unknown-check-key": (_with_check(descripton="x"), "checks[0].descripton", ["did you mean 'description'?"]),
-    "unknown-option-epss": (_with_check(options={**MALL, "epss": 0.1}), "checks[0].options.epss",
-                            ["did you mean 'eps'?"]),
+    "unknown-option-epss": (
+        _with_check(options={**MALL, "epss": 0.1}),
+        "checks[0].options.epss",
+        ["did you mean 'eps'?"],
+    ),
     "refused-output-option": (_with_check(options={**MALL, "json": "x.json"}), "checks[0].options.json", []),
     "wrong-type-max": (_with_check(max="ten"), "checks[0].max", ["expected a number"]),
     "wrong-type-options": (_with_check(options=["eps", 0.1]), "checks[0].options", ["expected a mapping"]),
@@ -479,21 +602,29 @@ CONFIG_ERRORS = {
     "missing-checks": ({"version": 1}, "checks", []),
     "empty-checks": ({"version": 1, "checks": []}, "checks", []),
     "unknown-metric": (_with_check(metric="flip_rat"), "checks[0].metric", ["did you mean 'flip_rate'?"]),
-    "unknown-analysis": (_with_check(analysis="malleablity"), "checks[0].analysis",
-                         ["did you mean 'malleability'?"]),
+    "unknown-analysis": (_with_check(analysis="malleablity"), "checks[0].analysis", ["did you mean 'malleability'?"]),
     "unknown-stat": (_with_check(stat="ci_hi"), "checks[0].stat", ["did you mean 'ci_high'?"]),
     "bad-select-label": (_with_check(select={"atack": "pgd"}), "checks[0].select.atack", ["did you mean 'attack'?"]),
     "bad-better": (_with_check(better="lowest"), "checks[0].better", []),
     "no-threshold": (_with_check(max=_DROP), "checks[0]", []),
     "duplicate-name": (audit_doc(GOOD_CHECK, GOOD_CHECK), "checks[1].name", []),
-    "unknown-model-key": ({**audit_doc(GOOD_CHECK), "model": {"checkpont": "m.safetensors"}}, "model.checkpont",
-                          ["did you mean 'checkpoint'?"]),
+    "unknown-model-key": (
+        {**audit_doc(GOOD_CHECK), "model": {"checkpont": "m.safetensors"}},
+        "model.checkpont",
+        ["did you mean 'checkpoint'?"],
+    ),
     "wrong-type-checkpoint": ({**audit_doc(GOOD_CHECK), "model": {"checkpoint": 5}}, "model.checkpoint", []),
-    "unknown-data-option": ({**audit_doc(GOOD_CHECK), "data": {"datset": "digits"}}, "data.datset",
-                            ["did you mean 'dataset'?"]),
+    "unknown-data-option": (
+        {**audit_doc(GOOD_CHECK), "data": {"datset": "digits"}},
+        "data.datset",
+        ["did you mean 'dataset'?"],
+    ),
     # option values: caught by the command's own validation in the dry run, before anything trains
-    "bad-option-value-dry-run": (_with_check(options={**MALL, "attacks": "pgdd"}), "checks[0].options.attacks",
-                                 ["pgdd"]),
+    "bad-option-value-dry-run": (
+        _with_check(options={**MALL, "attacks": "pgdd"}),
+        "checks[0].options.attacks",
+        ["pgdd"],
+    ),
     "bad-option-value-dry-run-eps": (_with_check(options={**MALL, "eps": -0.1}), "checks[0].options.eps", []),
 }
 
@@ -543,18 +674,23 @@ def test_missing_audit_file_exit_2(tmp_path, capsys):
     one_error_line(capsys.readouterr().err)
 
 
-@pytest.mark.parametrize("tagged", [
-    '!!python/object/apply:os.system ["touch {marker}"]',
-    '!!python/object/apply:subprocess.call [["touch", "{marker}"]]',
-    '!!python/name:os.system',
-])
+@pytest.mark.parametrize(
+    "tagged",
+    [
+        '!!python/object/apply:os.system ["touch {marker}"]',
+        '!!python/object/apply:subprocess.call [["touch", "{marker}"]]',
+        "!!python/name:os.system",
+    ],
+)
 def test_hostile_yaml_with_a_python_tag_is_refused_and_never_runs(tagged, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     marker = tmp_path / "MARKER"
-    text = ("version: 1\n"
-            f"name: {tagged.format(marker=marker)}\n"
-            "checks:\n"
-            "  - {name: k, analysis: kappa, options: {n: 200}, metric: log10_kappa_at_rank, max: 100}\n")
+    text = (
+        "version: 1\n"
+        f"name: {tagged.format(marker=marker)}\n"
+        "checks:\n"
+        "  - {name: k, analysis: kappa, options: {n: 200}, metric: log10_kappa_at_rank, max: 100}\n"
+    )
     path = write_audit(tmp_path / "audit.yaml", text)
     capsys.readouterr()
     assert cli("audit", path) == 2

@@ -37,7 +37,20 @@ import pytest
 MARKER = "PWNED.marker"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 TINY_NTK = ["--n-train", "40", "--n-test", "20", "--widths", "8", "--seeds", "1", "--steps", "5", "--models", "relu"]
-TINY_LANDSCAPE = ["--n-train", "40", "--eigenvalues", "1", "--hutchinson-samples", "2", "--points", "0", "--grid", "0", "--basin-directions", "1"]
+TINY_LANDSCAPE = [
+    "--n-train",
+    "40",
+    "--eigenvalues",
+    "1",
+    "--hutchinson-samples",
+    "2",
+    "--points",
+    "0",
+    "--grid",
+    "0",
+    "--basin-directions",
+    "1",
+]
 
 
 # --------------------------------------------------------------------------- fixtures / helpers
@@ -240,7 +253,9 @@ def _truncated_safetensors(tmp: Path) -> list[str]:
     import torch
     from safetensors.torch import save_file
 
-    save_file({"X": torch.randn(200, 16, dtype=torch.float64), "y": torch.arange(200) % 2}, str(tmp / "cut.safetensors"))
+    save_file(
+        {"X": torch.randn(200, 16, dtype=torch.float64), "y": torch.arange(200) % 2}, str(tmp / "cut.safetensors")
+    )
     return ["kappa", "--data", str(_truncated(tmp / "cut.safetensors"))]
 
 
@@ -325,7 +340,20 @@ def _single_class(tmp: Path) -> list[str]:
 
 def _zero_data(tmp: Path) -> list[str]:
     path = _npz(tmp / "zeros.npz", np.zeros((60, 8)), np.array([0, 1] * 30))
-    return ["landscape", "--data", str(path), "--models", "relu", "--width", "8", "--steps", "5", *TINY_LANDSCAPE, "--device", "cpu"]
+    return [
+        "landscape",
+        "--data",
+        str(path),
+        "--models",
+        "relu",
+        "--width",
+        "8",
+        "--steps",
+        "5",
+        *TINY_LANDSCAPE,
+        "--device",
+        "cpu",
+    ]
 
 
 # ---- checkpoints (landscape --model)
@@ -494,8 +522,13 @@ def _run_subprocess(args: list[str], cwd: Path, timeout: float = 120) -> tuple[i
 
     env = {k: v for k, v in os.environ.items() if k != "FORCE_COLOR"}
     proc = subprocess.run(
-        [sys.executable, "-m", "attnaudit", *args], cwd=cwd, capture_output=True, text=True,
-        timeout=timeout, env=env, preexec_fn=limit_memory,
+        [sys.executable, "-m", "attnaudit", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        preexec_fn=limit_memory,
     )
     return proc.returncode, proc.stdout, proc.stderr
 
@@ -543,7 +576,9 @@ def test_bad_input(case: Case, cli, tmp_path: Path, monkeypatch: pytest.MonkeyPa
     added = sorted(set(after) - set(before))
     removed = sorted(set(before) - set(after))
     changed = sorted(k for k in before.keys() & after.keys() if before[k] != after[k])
-    assert not (added or removed or changed), f"files touched: added {added}, removed {removed}, changed {changed}\n{shown}"
+    assert not (added or removed or changed), (
+        f"files touched: added {added}, removed {removed}, changed {changed}\n{shown}"
+    )
 
 
 def test_case_count():
@@ -565,7 +600,11 @@ def test_ctrl_c_exits_130_without_partial_outputs(tmp_path: Path) -> None:
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", launcher, str(od)],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     try:
         assert proc.stdout.readline().strip() == "ready"

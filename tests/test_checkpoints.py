@@ -319,9 +319,34 @@ def test_cli_ekfac_covers_a_user_modules_convolution(app, user_package, monkeypa
     (nothing excluded, no warning), and the JSON records the estimator and its layers."""
     path, _ = _weights(user_package)
     monkeypatch.chdir(user_package)
-    args = ["malleability", "--factory", "userpkg.models:build", "--weights", str(path), "--loss", "ce",
-            "--attacks", "pgd", "--seeds", "2", "--n-train", "40", "--n-test", "20", "--top-k", "10",
-            "--pgd-steps", "2", "--no-controls", "--estimator", "ekfac", "--params", "all", "--json", "-"]
+    args = [
+        "malleability",
+        "--factory",
+        "userpkg.models:build",
+        "--weights",
+        str(path),
+        "--loss",
+        "ce",
+        "--attacks",
+        "pgd",
+        "--seeds",
+        "2",
+        "--n-train",
+        "40",
+        "--n-test",
+        "20",
+        "--top-k",
+        "10",
+        "--pgd-steps",
+        "2",
+        "--no-controls",
+        "--estimator",
+        "ekfac",
+        "--params",
+        "all",
+        "--json",
+        "-",
+    ]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
@@ -335,9 +360,29 @@ def test_cli_ekfac_covers_a_user_modules_convolution(app, user_package, monkeypa
 def test_cli_audits_a_user_module(app, user_package, tmp_path, monkeypatch):
     path, _ = _weights(user_package)
     monkeypatch.chdir(user_package)
-    args = ["malleability", "--factory", "userpkg.models:build", "--weights", str(path), "--loss", "ce",
-            "--attacks", "pgd,random", "--seeds", "2", "--n-train", "40", "--n-test", "20", "--top-k", "10",
-            "--pgd-steps", "2", "--json", "-"]
+    args = [
+        "malleability",
+        "--factory",
+        "userpkg.models:build",
+        "--weights",
+        str(path),
+        "--loss",
+        "ce",
+        "--attacks",
+        "pgd,random",
+        "--seeds",
+        "2",
+        "--n-train",
+        "40",
+        "--n-test",
+        "20",
+        "--top-k",
+        "10",
+        "--pgd-steps",
+        "2",
+        "--json",
+        "-",
+    ]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
@@ -346,8 +391,10 @@ def test_cli_audits_a_user_module(app, user_package, tmp_path, monkeypatch):
     assert {r["model"] for r in report["results"]["summary"]} == {"models.build"}
     diag = report["results"]["influence_diagnostics"][0]
     assert diag["n_params"] == 2 * 16 * 10 + 10  # the head: classifier.weight and .bias
-    for extra, needle in ((["--checkpoint", str(path)], "give one of them"),
-                          (["--weights", str(tmp_path / "none.safetensors")], "not found")):
+    for extra, needle in (
+        (["--checkpoint", str(path)], "give one of them"),
+        (["--weights", str(tmp_path / "none.safetensors")], "not found"),
+    ):
         bad = runner.invoke(app, [a for a in args if a != "--json" and a != "-"] + extra)
         assert bad.exit_code == 2 and needle in bad.output, bad.output
     marker = tmp_path / "pwned"
@@ -376,8 +423,13 @@ def vit_checkpoint(tmp_path_factory):
     fit(model, train_ds.X.float(), train_ds.y, recipe)
     path = tmp_path_factory.mktemp("ckpt") / "vit.safetensors"
     metadata = {
-        "training_data": {"name": "digits", "split": "train", "n": 400, "fingerprint": data_fingerprint(train_ds.X, train_ds.y),
-                          "holdout": {"n_train": 400, "n_test": 100, "seed": 5, "stratify": True}},
+        "training_data": {
+            "name": "digits",
+            "split": "train",
+            "n": 400,
+            "fingerprint": data_fingerprint(train_ds.X, train_ds.y),
+            "holdout": {"n_train": 400, "n_test": 100, "seed": 5, "stratify": True},
+        },
         "recipe": recipe.to_dict(),
     }
     save_model(model, path, metadata=metadata)
@@ -390,7 +442,9 @@ TINY_AUDIT = ["--n-train", "60", "--n-test", "30", "--top-k", "10", "--seeds", "
 def test_malleability_static_on_a_vit_checkpoint(app, vit_checkpoint):
     path, train_ds = vit_checkpoint
     before = path.read_bytes()
-    res = runner.invoke(app, ["malleability", "--checkpoint", str(path), "--attacks", "pgd,random", *TINY_AUDIT, "--json", "-"])
+    res = runner.invoke(
+        app, ["malleability", "--checkpoint", str(path), "--attacks", "pgd,random", *TINY_AUDIT, "--json", "-"]
+    )
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
     results = report["results"]
@@ -409,8 +463,23 @@ def test_malleability_static_on_a_vit_checkpoint(app, vit_checkpoint):
 
 def test_malleability_finetune_protocol_with_zero_perturbation(app, vit_checkpoint):
     path, _ = vit_checkpoint
-    res = runner.invoke(app, ["malleability", "--checkpoint", str(path), "--protocol", "finetune", "--finetune-steps", "4",
-                              "--attacks", "none,random", *TINY_AUDIT, "--json", "-"])
+    res = runner.invoke(
+        app,
+        [
+            "malleability",
+            "--checkpoint",
+            str(path),
+            "--protocol",
+            "finetune",
+            "--finetune-steps",
+            "4",
+            "--attacks",
+            "none,random",
+            *TINY_AUDIT,
+            "--json",
+            "-",
+        ],
+    )
     assert res.exit_code == 0, res.output
     results = json.loads(res.stdout)["results"]
     by_attack = {row["attack"]: row for row in results["summary"]}
@@ -419,13 +488,35 @@ def test_malleability_finetune_protocol_with_zero_perturbation(app, vit_checkpoi
     roles = {r["role"] for r in results["training"]}
     assert {"saved", "clean", "reorder"} <= roles
     assert all(r["steps_run"] == (0 if r["role"] == "saved" else 4) for r in results["training"])
-    assert results["config"]["finetune_optimizer"] == "adam" and results["config"]["finetune_lr"] == 3e-3  # recorded recipe
+    assert (
+        results["config"]["finetune_optimizer"] == "adam" and results["config"]["finetune_lr"] == 3e-3
+    )  # recorded recipe
 
 
 def test_landscape_on_a_vit_checkpoint(app, vit_checkpoint):
     path, _ = vit_checkpoint
-    res = runner.invoke(app, ["landscape", "--checkpoint", str(path), "--n-train", "50", "--grid", "0", "--points", "5",
-                              "--top-k", "2", "--hutchinson-samples", "4", "--basin-directions", "2", "--json", "-"])
+    res = runner.invoke(
+        app,
+        [
+            "landscape",
+            "--checkpoint",
+            str(path),
+            "--n-train",
+            "50",
+            "--grid",
+            "0",
+            "--points",
+            "5",
+            "--top-k",
+            "2",
+            "--hutchinson-samples",
+            "4",
+            "--basin-directions",
+            "2",
+            "--json",
+            "-",
+        ],
+    )
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
     model = report["results"]["models"]["vit"]
@@ -445,8 +536,16 @@ def test_checkpoint_on_data_of_another_shape_exits_2(app, vit_checkpoint):
 def hf_folder(tmp_path_factory):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.ViTConfig(image_size=8, patch_size=4, num_channels=1, hidden_size=16, num_hidden_layers=1,
-                                    num_attention_heads=2, intermediate_size=32, num_labels=10)
+    config = transformers.ViTConfig(
+        image_size=8,
+        patch_size=4,
+        num_channels=1,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        num_labels=10,
+    )
     model = transformers.ViTForImageClassification(config)
     folder = tmp_path_factory.mktemp("hf") / "tiny-vit"
     model.save_pretrained(folder)
@@ -455,16 +554,52 @@ def hf_folder(tmp_path_factory):
 
 def test_malleability_and_landscape_on_a_hugging_face_folder(app, hf_folder):
     folder, model = hf_folder
-    res = runner.invoke(app, ["malleability", "--checkpoint", str(folder), "--loss", "ce", "--attacks", "pgd,random",
-                              *TINY_AUDIT, "--json", "-"])
+    res = runner.invoke(
+        app,
+        [
+            "malleability",
+            "--checkpoint",
+            str(folder),
+            "--loss",
+            "ce",
+            "--attacks",
+            "pgd,random",
+            *TINY_AUDIT,
+            "--json",
+            "-",
+        ],
+    )
     assert res.exit_code == 0, res.output
     results = json.loads(res.stdout)["results"]
     source = results["checkpoints"]["tiny-vit"]
     assert source["kind"] == "huggingface" and source["architecture"] == "ViTForImageClassification"
     assert results["influence_diagnostics"][0]["n_params"] == 16 * 10 + 10  # the classifier head
-    res = runner.invoke(app, ["landscape", "--checkpoint", str(folder), "--loss", "ce", "--n-train", "40", "--grid", "0",
-                              "--points", "5", "--top-k", "2", "--hutchinson-samples", "4", "--basin-directions", "2",
-                              "--params", "model.classifier.*", "--json", "-"])
+    res = runner.invoke(
+        app,
+        [
+            "landscape",
+            "--checkpoint",
+            str(folder),
+            "--loss",
+            "ce",
+            "--n-train",
+            "40",
+            "--grid",
+            "0",
+            "--points",
+            "5",
+            "--top-k",
+            "2",
+            "--hutchinson-samples",
+            "4",
+            "--basin-directions",
+            "2",
+            "--params",
+            "model.classifier.*",
+            "--json",
+            "-",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "tiny-vit" in json.loads(res.stdout)["results"]["models"]
 
@@ -484,19 +619,50 @@ def test_hugging_face_folder_with_broken_weights_exits_2(app, hf_folder, tmp_pat
 
 def test_malleability_retrain_reruns_the_recorded_recipe(app, vit_checkpoint, tmp_path):
     path, _ = vit_checkpoint
-    res = runner.invoke(app, ["malleability", "--checkpoint", str(path), "--protocol", "retrain", "--attacks", "none",
-                              *TINY_AUDIT, "--json", "-"])
+    res = runner.invoke(
+        app,
+        [
+            "malleability",
+            "--checkpoint",
+            str(path),
+            "--protocol",
+            "retrain",
+            "--attacks",
+            "none",
+            *TINY_AUDIT,
+            "--json",
+            "-",
+        ],
+    )
     assert res.exit_code == 0, res.output
     results = json.loads(res.stdout)["results"]
     by_attack = {row["attack"]: row for row in results["summary"]}
     assert by_attack["none"]["flip_rate"]["values"] == [0.0, 0.0]  # same init, order and data: the same model
     assert "reinit" in by_attack
     rows = [r for r in results["training"] if r["role"] == "clean"]
-    assert [r["init_seed"] for r in rows] == [1, 2] and all(r["steps_run"] == 60 for r in rows)  # recorded recipe: 60 steps
+    assert [r["init_seed"] for r in rows] == [1, 2] and all(
+        r["steps_run"] == 60 for r in rows
+    )  # recorded recipe: 60 steps
     assert all(r["source"] == "recorded recipe re-run" for r in results["training"])
     # the reported loss is the one the recipe trains (cross-entropy), also when the audit's --loss is mse
-    mse = runner.invoke(app, ["malleability", "--checkpoint", str(path), "--protocol", "retrain", "--attacks", "none",
-                              *TINY_AUDIT, "--loss", "mse", "--no-controls", "--json", "-"])
+    mse = runner.invoke(
+        app,
+        [
+            "malleability",
+            "--checkpoint",
+            str(path),
+            "--protocol",
+            "retrain",
+            "--attacks",
+            "none",
+            *TINY_AUDIT,
+            "--loss",
+            "mse",
+            "--no-controls",
+            "--json",
+            "-",
+        ],
+    )
     assert mse.exit_code == 0, mse.output
     rows_mse = [r for r in json.loads(mse.stdout)["results"]["training"] if r["role"] == "clean"]
     assert all(r["loss"] == "ce" for r in rows_mse)
@@ -518,6 +684,27 @@ def test_checkpoint_with_fewer_outputs_than_labels_exits_2(app, tmp_path):
     save_model(build_model(ModelSpec("relu", 64, 8, 3)), path)
     res = runner.invoke(app, ["landscape", "--checkpoint", str(path)])
     assert res.exit_code == 2 and "3 outputs" in res.output and "labels go up to 9" in res.output, res.output
-    ok = runner.invoke(app, ["landscape", "--checkpoint", str(path), "--classes", "0,1,2", "--n-train", "30", "--grid", "0",
-                             "--points", "5", "--top-k", "1", "--hutchinson-samples", "2", "--basin-directions", "2", "-q"])
+    ok = runner.invoke(
+        app,
+        [
+            "landscape",
+            "--checkpoint",
+            str(path),
+            "--classes",
+            "0,1,2",
+            "--n-train",
+            "30",
+            "--grid",
+            "0",
+            "--points",
+            "5",
+            "--top-k",
+            "1",
+            "--hutchinson-samples",
+            "2",
+            "--basin-directions",
+            "2",
+            "-q",
+        ],
+    )
     assert ok.exit_code == 0, ok.output

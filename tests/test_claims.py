@@ -44,12 +44,24 @@ def _ntk_report(relu, attn, seeds=None, acc=None, widths=(16, 64, 256), n_train=
     """results.config.seeds, results.models[arch].slope_per_seed, results.cells, n_classes, n_train, warnings."""
     seeds = list(range(len(relu))) if seeds is None else list(seeds)
     acc = acc or {}
-    cells = [{"model": m, "width": w, "seed": s, "net_train_acc": acc.get((m, w, s), 0.9), "distance_rms": 0.1}
-             for m in ("relu", "attn") for w in widths for s in seeds]
-    return {"schema": "attnaudit.ntk_distance/1", "warnings": list(warnings),
-            "results": {"config": {"seeds": seeds, "widths": list(widths)}, "n_train": n_train, "n_test": 100,
-                        "n_classes": n_classes, "cells": cells,
-                        "models": {"relu": {"slope_per_seed": list(relu)}, "attn": {"slope_per_seed": list(attn)}}}}
+    cells = [
+        {"model": m, "width": w, "seed": s, "net_train_acc": acc.get((m, w, s), 0.9), "distance_rms": 0.1}
+        for m in ("relu", "attn")
+        for w in widths
+        for s in seeds
+    ]
+    return {
+        "schema": "attnaudit.ntk_distance/1",
+        "warnings": list(warnings),
+        "results": {
+            "config": {"seeds": seeds, "widths": list(widths)},
+            "n_train": n_train,
+            "n_test": 100,
+            "n_classes": n_classes,
+            "cells": cells,
+            "models": {"relu": {"slope_per_seed": list(relu)}, "attn": {"slope_per_seed": list(attn)}},
+        },
+    }
 
 
 RELU_FALLS = [-0.42, -0.47, -0.51, -0.45, -0.40]
@@ -67,12 +79,15 @@ def test_ntk_relu_row_is_the_t_interval_of_the_per_seed_slopes():
     assert relu.verdict == "supported"  # the whole interval is below 0
 
 
-@pytest.mark.parametrize("slopes, verdict", [
-    ([0.20, 0.25, 0.31, 0.22], "contradicted"),  # the distance grows with width
-    ([-0.30, 0.10, -0.05, 0.15], "not resolved"),  # straddles 0
-    ([-0.5, -0.5001], "not resolved"),  # 2 seeds, tiny spread: never a verdict
-    ([0.5, 0.5001], "not resolved"),
-])
+@pytest.mark.parametrize(
+    "slopes, verdict",
+    [
+        ([0.20, 0.25, 0.31, 0.22], "contradicted"),  # the distance grows with width
+        ([-0.30, 0.10, -0.05, 0.15], "not resolved"),  # straddles 0
+        ([-0.5, -0.5001], "not resolved"),  # 2 seeds, tiny spread: never a verdict
+        ([0.5, 0.5001], "not resolved"),
+    ],
+)
 def test_ntk_relu_verdicts(slopes, verdict):
     row = C.claim_ntk(_ntk_report(slopes, [0.0] * len(slopes)), "cmd")[0]
     lo, hi = t_interval(slopes)
@@ -130,8 +145,12 @@ def test_a_width_at_chance_in_one_seed_is_left_out_for_every_seed_and_named():
     widths = (16, 64, 256, 1024)
     thr = chance_threshold(10, 200)
     rng = np.random.default_rng(3)
-    dist = {(m, w, s): float(np.exp(rng.normal(scale=0.5)) * w ** (-0.4 if m == "relu" else 0.02))
-            for m in ("relu", "attn") for w in widths for s in seeds}
+    dist = {
+        (m, w, s): float(np.exp(rng.normal(scale=0.5)) * w ** (-0.4 if m == "relu" else 0.02))
+        for m in ("relu", "attn")
+        for w in widths
+        for s in seeds
+    }
     # seed 7 of relu is at chance in its narrowest cell only; attn's seed 8 is just above the threshold
     acc = {("relu", 16, 7): thr - 0.005, ("attn", 16, 8): thr + 0.005}
     rep = _ntk_report(RELU_FALLS, ATTN_FLAT, seeds=seeds, acc=acc, widths=widths)
@@ -204,7 +223,8 @@ def test_paired_slope_difference_row():
     assert t_interval(d)[0] > 0 and row.verdict == "supported"
     # the pairing matters: the paired interval is narrower than the unpaired one would be
     assert row.interval[1] - row.interval[0] < 2 * st.t.ppf(0.975, 3) * math.sqrt(
-        np.var(attn, ddof=1) / 4 + np.var(relu, ddof=1) / 4)
+        np.var(attn, ddof=1) / 4 + np.var(relu, ddof=1) / 4
+    )
     # attention falls faster than relu: contradicted
     row = C.claim_ntk(_ntk_report(attn, relu), "cmd")[2]
     assert row.verdict == "contradicted"
@@ -223,36 +243,83 @@ ATTN_FLIPS = [0.50, 0.30, 0.70, 0.45, 0.60]
 RELU_FLIPS = [0.10, 0.25, 0.15, 0.30, 0.08]
 
 
-def _mall_report(attn, relu, top_k=30, attn_beats=True, relu_beats=True, comparable=True, acc=None,
-                 n_train=300, n_classes=10, floor="sign", warnings=()):
+def _mall_report(
+    attn,
+    relu,
+    top_k=30,
+    attn_beats=True,
+    relu_beats=True,
+    comparable=True,
+    acc=None,
+    n_train=300,
+    n_classes=10,
+    floor="sign",
+    warnings=(),
+):
     """results.config, summary (flip_rate, floors), ratios (values, loss_gate), training, n_train, dataset."""
     seeds = list(range(len(attn)))
     acc = acc or {}
 
     def summary(model, vals, beats, eps=0.3):
-        return {"model": model, "attack": "pgd", "eps": eps, "damping": 0.001, "seeds": seeds, "top_k": top_k,
-                "flip_rate": {"mean": float(np.mean(vals)), "values": list(vals), "n": len(vals)},
-                "floors": {} if floor is None else {floor: {"mean": 0.01, "ci_high": 0.05, "exceeded": beats,
-                                                            "attack": floor},
-                                                    "reinit": {"mean": 0.0, "ci_high": 0.05, "exceeded": True}}}
+        return {
+            "model": model,
+            "attack": "pgd",
+            "eps": eps,
+            "damping": 0.001,
+            "seeds": seeds,
+            "top_k": top_k,
+            "flip_rate": {"mean": float(np.mean(vals)), "values": list(vals), "n": len(vals)},
+            "floors": {}
+            if floor is None
+            else {
+                floor: {"mean": 0.01, "ci_high": 0.05, "exceeded": beats, "attack": floor},
+                "reinit": {"mean": 0.0, "ci_high": 0.05, "exceeded": True},
+            },
+        }
 
     def ratio(eps, a, b):
-        return {"numerator": "attn", "denominator": "relu", "attack": "pgd", "eps": eps, "damping": 0.001,
-                "ratio": float(np.mean(a) / np.mean(b)) if np.mean(b) > 0 else None, "n": len(a),
-                "numerator_values": list(a), "denominator_values": list(b), "seeds": seeds,
-                "loss_gate": {"numerator_loss": 0.20, "denominator_loss": 0.21 if comparable else 0.60,
-                              "factor": 1.5, "comparable": comparable}}
+        return {
+            "numerator": "attn",
+            "denominator": "relu",
+            "attack": "pgd",
+            "eps": eps,
+            "damping": 0.001,
+            "ratio": float(np.mean(a) / np.mean(b)) if np.mean(b) > 0 else None,
+            "n": len(a),
+            "numerator_values": list(a),
+            "denominator_values": list(b),
+            "seeds": seeds,
+            "loss_gate": {
+                "numerator_loss": 0.20,
+                "denominator_loss": 0.21 if comparable else 0.60,
+                "factor": 1.5,
+                "comparable": comparable,
+            },
+        }
 
     decoy = [0.9] * len(attn)  # a second eps the claim must not read
-    return {"schema": "attnaudit.malleability/1", "warnings": list(warnings), "results": {
-        "config": {"attacks": ["pgd", "sign"], "eps": [0.3, 0.1], "damping": [0.001], "top_k": top_k},
-        "n_train": n_train, "dataset": {"class_counts": {str(i): n_train // n_classes for i in range(n_classes)}},
-        "summary": [summary("relu", relu, relu_beats), summary("attn", attn, attn_beats),
-                    summary("relu", decoy, True, 0.1), summary("attn", decoy, True, 0.1)],
-        "ratios": [ratio(0.1, decoy, [0.01] * len(attn)), ratio(0.3, attn, relu)],
-        "training": [{"seed": s, "model": m, "role": role, "train_accuracy": acc.get((m, s, role), 0.95)}
-                     for s in seeds for m in ("relu", "attn") for role in ("clean", "perturbed")],
-    }}
+    return {
+        "schema": "attnaudit.malleability/1",
+        "warnings": list(warnings),
+        "results": {
+            "config": {"attacks": ["pgd", "sign"], "eps": [0.3, 0.1], "damping": [0.001], "top_k": top_k},
+            "n_train": n_train,
+            "dataset": {"class_counts": {str(i): n_train // n_classes for i in range(n_classes)}},
+            "summary": [
+                summary("relu", relu, relu_beats),
+                summary("attn", attn, attn_beats),
+                summary("relu", decoy, True, 0.1),
+                summary("attn", decoy, True, 0.1),
+            ],
+            "ratios": [ratio(0.1, decoy, [0.01] * len(attn)), ratio(0.3, attn, relu)],
+            "training": [
+                {"seed": s, "model": m, "role": role, "train_accuracy": acc.get((m, s, role), 0.95)}
+                for s in seeds
+                for m in ("relu", "attn")
+                for role in ("clean", "perturbed")
+            ],
+        },
+    }
 
 
 def fieller_by_inversion(a, b, grid):
@@ -295,7 +362,7 @@ def test_the_binomial_floor_widens_identical_seeds():
     va, vb = jeffreys_floor(a, k), jeffreys_floor(b, k)
     g = st.t.ppf(0.975, 2) ** 2 / 3
     grid = np.linspace(0.0, 20.0, 20001)
-    inside = (0.3 - grid * 0.2) ** 2 <= g * (va + grid ** 2 * vb)
+    inside = (0.3 - grid * 0.2) ** 2 <= g * (va + grid**2 * vb)
     row = C.claim_malleability(_mall_report(a, b, top_k=k), "cmd")
     lo, hi = row.interval
     assert inside.any() and not inside[-1]  # bounded inside the grid
@@ -304,15 +371,18 @@ def test_the_binomial_floor_widens_identical_seeds():
     assert row.verdict == "not resolved"
 
 
-@pytest.mark.parametrize("kw, verdict", [
-    ({}, "supported"),
-    ({"attn_beats": False}, "not resolved"),  # attn's attack is inside its noise control
-    ({"attn_beats": False, "floor": "random"}, "not resolved"),  # the random control counts too
-    ({"relu_beats": False}, "supported"),  # relu's floor does not bear on "attn more malleable"
-    ({"comparable": False}, "not testable here"),
-    ({"acc": {("attn", 2, "clean"): 0.12}}, "not testable here"),  # one clean training at chance
-    ({"acc": {("attn", 2, "perturbed"): 0.12}}, "supported"),  # a perturbed retraining is no clean model
-])
+@pytest.mark.parametrize(
+    "kw, verdict",
+    [
+        ({}, "supported"),
+        ({"attn_beats": False}, "not resolved"),  # attn's attack is inside its noise control
+        ({"attn_beats": False, "floor": "random"}, "not resolved"),  # the random control counts too
+        ({"relu_beats": False}, "supported"),  # relu's floor does not bear on "attn more malleable"
+        ({"comparable": False}, "not testable here"),
+        ({"acc": {("attn", 2, "clean"): 0.12}}, "not testable here"),  # one clean training at chance
+        ({"acc": {("attn", 2, "perturbed"): 0.12}}, "supported"),  # a perturbed retraining is no clean model
+    ],
+)
 def test_malleability_verdicts(kw, verdict):
     row = C.claim_malleability(_mall_report(ATTN_FLIPS, RELU_FLIPS, **kw), "cmd")
     assert row.verdict == verdict
@@ -380,8 +450,6 @@ def test_supported_needs_a_noise_control_to_beat():
     assert row.verdict != "supported"
 
 
-
-
 def test_chance_rule_reads_the_class_count_of_a_class_subset_malleability():
     rep = _mall_report(ATTN_FLIPS, RELU_FLIPS, n_train=60, acc={("attn", 2, "clean"): 0.55})
     rep["results"]["dataset"] = {"name": "digits", "classes": [0, 1]}  # as a real --classes 0,1 report
@@ -396,21 +464,37 @@ TR_RELU = [50.0, 60.0, 45.0, 55.0, 58.0]
 TR_ATTN = [30.0, 41.0, 33.0, 29.0, 35.0]
 
 
-def _land_report(lam=(LAM_RELU, LAM_ATTN), trace=(TR_RELU, TR_ATTN), loss=None, acc=None, n_samples=500,
-                 warnings=()):
+def _land_report(lam=(LAM_RELU, LAM_ATTN), trace=(TR_RELU, TR_ATTN), loss=None, acc=None, n_samples=500, warnings=()):
     """results.models.{relu,attn}.seeds.values: [{seed, loss, accuracy, lambda_max, trace}], n_samples."""
     k = len(lam[0])
     loss = loss or {}
     acc = acc or {}
     models = {}
     for i, m in enumerate(("relu", "attn")):
-        vals = [{"seed": s, "loss": loss.get((m, s), 0.100), "accuracy": acc.get((m, s), 0.95),
-                 "lambda_max": lam[i][s], "trace": trace[i][s], "trace_stderr": 0.5} for s in range(k)]
-        models[m] = {"n_samples": n_samples, "loss": vals[0]["loss"], "accuracy": vals[0]["accuracy"],
-                     "top_eigenvalues": {"eigenvalues": [lam[i][0]]}, "trace": {"estimate": trace[i][0]},
-                     "seeds": {"n_seeds": k, "values": vals}}
-    return {"schema": "attnaudit.landscape/1", "warnings": list(warnings),
-            "results": {"dataset": {"class_counts": {str(i): 50 for i in range(10)}}, "models": models}}
+        vals = [
+            {
+                "seed": s,
+                "loss": loss.get((m, s), 0.100),
+                "accuracy": acc.get((m, s), 0.95),
+                "lambda_max": lam[i][s],
+                "trace": trace[i][s],
+                "trace_stderr": 0.5,
+            }
+            for s in range(k)
+        ]
+        models[m] = {
+            "n_samples": n_samples,
+            "loss": vals[0]["loss"],
+            "accuracy": vals[0]["accuracy"],
+            "top_eigenvalues": {"eigenvalues": [lam[i][0]]},
+            "trace": {"estimate": trace[i][0]},
+            "seeds": {"n_seeds": k, "values": vals},
+        }
+    return {
+        "schema": "attnaudit.landscape/1",
+        "warnings": list(warnings),
+        "results": {"dataset": {"class_counts": {str(i): 50 for i in range(10)}}, "models": models},
+    }
 
 
 def test_landscape_rows_are_paired_t_intervals_over_every_seed():
@@ -446,8 +530,12 @@ def test_landscape_straddling_and_two_seeds_are_not_resolved():
 
 def test_landscape_leaves_out_seeds_with_unmatched_losses_or_at_chance():
     thr = chance_threshold(10, 500)
-    loss = {("relu", 1): 0.100, ("attn", 1): 0.112,  # 12 % apart: out
-            ("relu", 4): 0.100, ("attn", 4): 0.109}  # 9 % apart: kept
+    loss = {
+        ("relu", 1): 0.100,
+        ("attn", 1): 0.112,  # 12 % apart: out
+        ("relu", 4): 0.100,
+        ("attn", 4): 0.109,
+    }  # 9 % apart: kept
     acc = {("attn", 3): thr - 0.01}  # attn at chance in seed 3 only
     rep = _land_report(loss=loss, acc=acc, warnings=[RUN_WARNING])
     lam_row, tr_row = C.claim_landscape(rep, "cmd")
@@ -479,29 +567,45 @@ def test_landscape_with_no_comparable_seed_is_not_testable():
 
 
 # ----------------------------------------------------------------------------- kappa
-def _kappa_report(kappa_d=(20.0, 19.5, 20.5), rank=(18.0, 17.9, 18.1), deficient=False, amp="verified",
-                  warnings=()):
+def _kappa_report(kappa_d=(20.0, 19.5, 20.5), rank=(18.0, 17.9, 18.1), deficient=False, amp="verified", warnings=()):
     def est(basis, v, r):
         val, lo, hi = v
-        return {"label": f"width at {basis}", "basis": basis, "rank": r, "log10_required_width": val,
-                "log10_interval": [lo, hi], "interval_method": "float64 round-off bound"}
+        return {
+            "label": f"width at {basis}",
+            "basis": basis,
+            "rank": r,
+            "log10_required_width": val,
+            "log10_interval": [lo, hi],
+            "interval_method": "float64 round-off bound",
+        }
 
-    return {"schema": "attnaudit.kappa/1", "warnings": list(warnings), "results": {
-        "amplification_check": {"verdict": amp, "log10_predicted_kappa_cubed": 9.0,
-                                "relative_error": 1e-12 if amp == "verified" else (0.5 if amp == "mismatch" else None),
-                                "error_budget": 1e-9, "top_eigenvalue_relative_error": 1e-16},
-        "gram": {"rank_deficient": deficient, "numerical_rank": 58 if deficient else 64, "min_n_d": 64},
-        "reference_width": {"log10": 12.0},
-        "width_estimates": [est("kappa_d", kappa_d, 64), est("numerical_rank", rank, 58)],
-    }}
+    return {
+        "schema": "attnaudit.kappa/1",
+        "warnings": list(warnings),
+        "results": {
+            "amplification_check": {
+                "verdict": amp,
+                "log10_predicted_kappa_cubed": 9.0,
+                "relative_error": 1e-12 if amp == "verified" else (0.5 if amp == "mismatch" else None),
+                "error_budget": 1e-9,
+                "top_eigenvalue_relative_error": 1e-16,
+            },
+            "gram": {"rank_deficient": deficient, "numerical_rank": 58 if deficient else 64, "min_n_d": 64},
+            "reference_width": {"log10": 12.0},
+            "width_estimates": [est("kappa_d", kappa_d, 64), est("numerical_rank", rank, 58)],
+        },
+    }
 
 
-@pytest.mark.parametrize("kappa_d, verdict", [
-    ((20.0, 19.5, 20.5), "supported"),
-    ((10.0, 9.5, 10.5), "contradicted"),
-    ((12.2, 11.8, 12.6), "not resolved"),
-    ((30.0, 29.0, None), "supported"),  # unbounded above, finite lower end above 12
-])
+@pytest.mark.parametrize(
+    "kappa_d, verdict",
+    [
+        ((20.0, 19.5, 20.5), "supported"),
+        ((10.0, 9.5, 10.5), "contradicted"),
+        ((12.2, 11.8, 12.6), "not resolved"),
+        ((30.0, 29.0, None), "supported"),  # unbounded above, finite lower end above 12
+    ],
+)
 def test_kappa_width_row_against_the_reference_width(kappa_d, verdict):
     row = C.claim_kappa(_kappa_report(kappa_d=kappa_d), "cmd")[1]
     assert row.null_value == 12.0
@@ -510,8 +614,7 @@ def test_kappa_width_row_against_the_reference_width(kappa_d, verdict):
 
 
 def test_rank_deficient_g_reads_the_numerical_rank_row_with_its_caveat():
-    rep = _kappa_report(kappa_d=(None, 82.0, None), rank=(10.5, 10.4, 10.6), deficient=True,
-                        warnings=[RUN_WARNING])
+    rep = _kappa_report(kappa_d=(None, 82.0, None), rank=(10.5, 10.4, 10.6), deficient=True, warnings=[RUN_WARNING])
     amp_row, width_row = C.claim_kappa(rep, "cmd")
     assert width_row.value == 10.5 and width_row.interval == [10.4, 10.6]
     assert width_row.verdict == "contradicted"  # read from the numerical-rank row, not the kappa_d one
@@ -523,8 +626,10 @@ def test_rank_deficient_g_reads_the_numerical_rank_row_with_its_caveat():
     assert width_row.value == 20.0 and not any("rank deficient" in w for w in width_row.warnings)
 
 
-@pytest.mark.parametrize("raw, verdict", [("verified", "supported"), ("mismatch", "contradicted"),
-                                          ("beyond-float64-precision", "not testable here")])
+@pytest.mark.parametrize(
+    "raw, verdict",
+    [("verified", "supported"), ("mismatch", "contradicted"), ("beyond-float64-precision", "not testable here")],
+)
 def test_kappa_amplification_row(raw, verdict):
     row = C.claim_kappa(_kappa_report(amp=raw), "cmd")[0]
     assert row.verdict == verdict and row.why
@@ -533,19 +638,34 @@ def test_kappa_amplification_row(raw, verdict):
 # ----------------------------------------------------------------------------- alignment
 def _align_report(principal, labels, contrast, warnings=()):
     def row(quantity, target, per):
-        return {"quantity": quantity, "target": target, "per_seed": list(per), "null_value": 0.0,
-                "interval_method": "paired student-t", "confidence": 0.95}
+        return {
+            "quantity": quantity,
+            "target": target,
+            "per_seed": list(per),
+            "null_value": 0.0,
+            "interval_method": "paired student-t",
+            "confidence": 0.95,
+        }
 
     far = [-5.0, -5.1, -4.9]  # rows the claims must not read
-    return {"schema": "attnaudit.alignment/1", "warnings": list(warnings), "results": {
-        "summary": [row("net_error_advantage_attn", "principal", far), row("cka_advantage_attn", "principal", far),
-                    row("kernel_error_advantage_attn", "trailing", far),
-                    row("kernel_error_advantage_attn", "principal", principal),
-                    row("kernel_error_advantage_attn", "labels", labels)],
-        "contrast": [row("kernel_error_advantage_attn_contrast", "principal-trailing", far),
-                     row("cka_advantage_attn_contrast", "principal-random", far),
-                     row("kernel_error_advantage_attn_contrast", "principal-random", contrast)],
-    }}
+    return {
+        "schema": "attnaudit.alignment/1",
+        "warnings": list(warnings),
+        "results": {
+            "summary": [
+                row("net_error_advantage_attn", "principal", far),
+                row("cka_advantage_attn", "principal", far),
+                row("kernel_error_advantage_attn", "trailing", far),
+                row("kernel_error_advantage_attn", "principal", principal),
+                row("kernel_error_advantage_attn", "labels", labels),
+            ],
+            "contrast": [
+                row("kernel_error_advantage_attn_contrast", "principal-trailing", far),
+                row("cka_advantage_attn_contrast", "principal-random", far),
+                row("kernel_error_advantage_attn_contrast", "principal-random", contrast),
+            ],
+        },
+    }
 
 
 def test_alignment_verdicts_follow_the_t_interval_of_per_seed():
@@ -622,15 +742,18 @@ def test_match_loss_reaches_malleability_and_landscape():
     assert not any("--match-loss" in r.args for r in runs if r.id in ("malleability", "landscape"))
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"mode": "medium"}, "--quick or --full"),
-    ({"n_seeds": 0}, "--seeds"),
-    ({"n_seeds": -2}, "--seeds"),
-    ({"match_loss": 0.0}, "--match-loss"),
-    ({"match_loss": -0.1}, "--match-loss"),
-    ({"match_loss": float("nan")}, "--match-loss"),
-    ({"match_loss": float("inf")}, "--match-loss"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"mode": "medium"}, "--quick or --full"),
+        ({"n_seeds": 0}, "--seeds"),
+        ({"n_seeds": -2}, "--seeds"),
+        ({"match_loss": 0.0}, "--match-loss"),
+        ({"match_loss": -0.1}, "--match-loss"),
+        ({"match_loss": float("nan")}, "--match-loss"),
+        ({"match_loss": float("inf")}, "--match-loss"),
+    ],
+)
 def test_plan_refuses_bad_settings(kwargs, match):
     args = {"mode": "quick", **kwargs}
     mode = args.pop("mode")
@@ -638,8 +761,9 @@ def test_plan_refuses_bad_settings(kwargs, match):
         C.plan(mode, [], 0, **args)
 
 
-@pytest.mark.parametrize("extra", [["--seeds", "0"], ["--match-loss", "-1"], ["--match-loss", "0"],
-                                   ["--slope-margin", "-0.1"]])
+@pytest.mark.parametrize(
+    "extra", [["--seeds", "0"], ["--match-loss", "-1"], ["--match-loss", "0"], ["--slope-margin", "-0.1"]]
+)
 def test_cli_refuses_bad_settings_before_running(extra, tmp_path, capsys):
     from attnaudit.cli import main
 
@@ -654,14 +778,41 @@ def test_cli_refuses_bad_settings_before_running(extra, tmp_path, capsys):
 SMALL = {
     "kappa": ["--n", "300"],
     "ntk-distance": ["--widths", "16,64", "--n-train", "60", "--n-test", "30", "--steps", "60"],
-    "malleability": ["--n-train", "60", "--n-test", "20", "--steps", "60", "--top-k", "10", "--width", "32",
-                     "--pgd-steps", "3", "--attacks", "pgd,random"],
+    "malleability": [
+        "--n-train",
+        "60",
+        "--n-test",
+        "20",
+        "--steps",
+        "60",
+        "--top-k",
+        "10",
+        "--width",
+        "32",
+        "--pgd-steps",
+        "3",
+        "--attacks",
+        "pgd,random",
+    ],
     "landscape": ["--n-train", "100", "--steps", "100", "--width", "32", "--points", "5", "--grid", "0"],
     "alignment": ["--n-train", "60", "--n-test", "30", "--width", "32", "--steps", "100"],
 }
-ROW_FIELDS = {"claim": str, "paper": str, "null": str, "alternative": str, "measured": str, "interval_method": str,
-              "verdict": str, "why": str, "run": str, "command": str, "confidence": float, "n_seeds": int,
-              "per_seed": list, "warnings": list}
+ROW_FIELDS = {
+    "claim": str,
+    "paper": str,
+    "null": str,
+    "alternative": str,
+    "measured": str,
+    "interval_method": str,
+    "verdict": str,
+    "why": str,
+    "run": str,
+    "command": str,
+    "confidence": float,
+    "n_seeds": int,
+    "per_seed": list,
+    "warnings": list,
+}
 
 
 def test_quick_scorecard_on_digits_end_to_end(tmp_path, monkeypatch):
@@ -687,8 +838,9 @@ def test_quick_scorecard_on_digits_end_to_end(tmp_path, monkeypatch):
     res = report["results"]
     assert res["protocol"]["n_seeds"] == 3 and res["protocol"]["seeds"] == [0, 1, 2]
     runs = {r["id"]: r for r in res["runs"]}
-    expected_runs = {"kappa", "ntk", "malleability", "landscape"} | ({"alignment"} if C._has_command("alignment")
-                                                                     else set())
+    expected_runs = {"kappa", "ntk", "malleability", "landscape"} | (
+        {"alignment"} if C._has_command("alignment") else set()
+    )
     assert expected_runs <= set(runs)
     rows = res["claims"]
     assert {r["run"] for r in rows} == expected_runs
@@ -699,8 +851,11 @@ def test_quick_scorecard_on_digits_end_to_end(tmp_path, monkeypatch):
         assert r["verdict"] in C.VERDICTS and r["why"]
         assert r["confidence"] == 0.95
         assert "null_value" in r and (r["null_value"] is None or isinstance(r["null_value"], float))
-        assert r["interval"] is None or (isinstance(r["interval"], list) and len(r["interval"]) == 2 and all(
-            x is None or isinstance(x, float) for x in r["interval"]))
+        assert r["interval"] is None or (
+            isinstance(r["interval"], list)
+            and len(r["interval"]) == 2
+            and all(x is None or isinstance(x, float) for x in r["interval"])
+        )
         assert r["command"] == runs[r["run"]]["command"]
         if r["run"] != "kappa":
             assert r["n_seeds"] <= 3
@@ -734,8 +889,10 @@ def test_quick_scorecard_on_digits_end_to_end(tmp_path, monkeypatch):
         rerun = json.loads(again.read_text())["results"]
         if rid == "kappa":
             amp = rerun["amplification_check"]
-            assert amp["log10_predicted_kappa_cubed"] == \
-                runs["kappa"]["report"]["results"]["amplification_check"]["log10_predicted_kappa_cubed"]
+            assert (
+                amp["log10_predicted_kappa_cubed"]
+                == runs["kappa"]["report"]["results"]["amplification_check"]["log10_predicted_kappa_cubed"]
+            )
             kappa_rows = [r for r in rows if r["run"] == "kappa"]
             width = kappa_rows[1]
             basis = "numerical_rank" if rerun["gram"]["rank_deficient"] else "kappa_d"
@@ -767,10 +924,16 @@ def test_over_dispersed_seeds_carry_a_warning_computed_from_the_per_seed_rates()
     from attnaudit.claims.scorecard import _dispersion_warnings
 
     # binomial-like seeds (K = 30, rates 0.30-0.37: sd 0.035 < binomial 0.085): no warning
-    assert _dispersion_warnings([{"attn": 0.30, "relu": 0.20}, {"attn": 0.33, "relu": 0.23},
-                                 {"attn": 0.37, "relu": 0.17}], 30) == []
+    assert (
+        _dispersion_warnings(
+            [{"attn": 0.30, "relu": 0.20}, {"attn": 0.33, "relu": 0.23}, {"attn": 0.37, "relu": 0.17}], 30
+        )
+        == []
+    )
     # zero-inflated relu (0, 0, 0.4): s^2 = 0.0533, m (1 - m) = 0.1156, binomial part 0.1156 / 200
     # -> rho = (0.0533 - 0.000578) / 0.1156 = 0.456
-    w = _dispersion_warnings([{"attn": 0.1, "relu": 0.0}, {"attn": 0.12, "relu": 0.0}, {"attn": 0.11, "relu": 0.4}], 200)
+    w = _dispersion_warnings(
+        [{"attn": 0.1, "relu": 0.0}, {"attn": 0.12, "relu": 0.0}, {"attn": 0.11, "relu": 0.4}], 200
+    )
     assert len(w) == 1 and w[0].startswith("relu's") and "rho ~ 0.46" in w[0]
     assert _dispersion_warnings([], 30) == [] and _dispersion_warnings([{"attn": 0.1, "relu": 0.2}], 30) == []

@@ -171,11 +171,19 @@ def test_per_sample_grads_match_an_autograd_loop(vit, data, engine):
     names, params = _ref_params(ref)
     assert engine.names == names  # default selector 'all', registration order
     assert engine.n_params == sum(p.numel() for p in params)
-    loop = torch.stack([
-        torch.cat([g.reshape(-1) for g in torch.autograd.grad(
-            F.cross_entropy(ref(X[i].reshape(1, 1, 8, 8)), y[i : i + 1], reduction="sum"), params)])
-        for i in range(N)
-    ])
+    loop = torch.stack(
+        [
+            torch.cat(
+                [
+                    g.reshape(-1)
+                    for g in torch.autograd.grad(
+                        F.cross_entropy(ref(X[i].reshape(1, 1, 8, 8)), y[i : i + 1], reduction="sum"), params
+                    )
+                ]
+            )
+            for i in range(N)
+        ]
+    )
     G = engine.per_sample_grads(X, _onehot(y))
     assert G.dtype == F64 and G.shape == loop.shape
     assert torch.allclose(G, loop, rtol=0, atol=1e-10)
@@ -233,7 +241,8 @@ def test_hvp_on_the_head_matches_the_dense_autograd_hessian(vit, data, mode):
     call, theta0 = _functional(ref, eng.names)
     with sdpa_kernel(SDPBackend.MATH):
         H = torch.autograd.functional.hessian(
-            lambda t: F.cross_entropy(call(t, X.reshape(-1, 1, 8, 8)), y, reduction="mean"), theta0)
+            lambda t: F.cross_entropy(call(t, X.reshape(-1, 1, 8, 8)), y, reduction="mean"), theta0
+        )
     op = eng.hvp_operator(X, _onehot(y))
     op.mode = mode
     HE = op.matmat(torch.eye(eng.n_params, dtype=F64))
@@ -247,10 +256,9 @@ def test_hvp_on_the_head_matches_the_dense_autograd_hessian(vit, data, mode):
 def _ref_jacobians(vit, X):
     ref = _reference(vit)
     call, theta0 = _functional(ref, [n for n, _ in ref.named_parameters()])
-    return torch.stack([
-        torch.autograd.functional.jacobian(lambda t: call(t, x.reshape(1, 1, 8, 8)).squeeze(0), theta0)
-        for x in X
-    ])  # (n, c, P)
+    return torch.stack(
+        [torch.autograd.functional.jacobian(lambda t: call(t, x.reshape(1, 1, 8, 8)).squeeze(0), theta0) for x in X]
+    )  # (n, c, P)
 
 
 def test_entk_matches_explicit_jacobian_contraction(vit, data, engine):
@@ -274,8 +282,10 @@ def test_entk_matches_explicit_jacobian_contraction(vit, data, engine):
 def test_float32_rows_are_cast_to_the_engine_dtype_everywhere(data, engine):
     X, y = data
     T = _onehot(y)
-    assert torch.allclose(engine.hvp_operator(X.float(), T).matvec(torch.ones(engine.n_params, dtype=F64)),
-                          engine.hvp_operator(engine.rows(X.float()), T).matvec(torch.ones(engine.n_params, dtype=F64)))
+    assert torch.allclose(
+        engine.hvp_operator(X.float(), T).matvec(torch.ones(engine.n_params, dtype=F64)),
+        engine.hvp_operator(engine.rows(X.float()), T).matvec(torch.ones(engine.n_params, dtype=F64)),
+    )
     G = engine.per_sample_grads(X.float(), T)
     assert torch.equal(G, engine.per_sample_grads(engine.rows(X.float()), T))
 
@@ -291,8 +301,10 @@ def test_input_grads_match_finite_differences(vit, data, engine):
     eps, i = 1e-5, 2
     E = eps * torch.eye(64, dtype=F64)
     with torch.no_grad():
+
         def losses(rows):
             return F.cross_entropy(ref(rows.reshape(-1, 1, 8, 8)), y[i].expand(rows.shape[0]), reduction="none")
+
         fd = (losses(X[i] + E) - losses(X[i] - E)) / (2 * eps)
     assert torch.allclose(G[i], fd, rtol=1e-6, atol=1e-9)
 
@@ -316,7 +328,13 @@ def test_selectors_on_the_transformer(vit):
     biases = [n for n, _ in vit.named_parameters() if n.endswith(".bias")]
     assert names("*.bias") == biases and len(biases) == 11
     # comma lists and lists, resolved in registration order, duplicates once
-    assert names("head, block.attn.q.*, pos") == ["pos", "block.attn.q.weight", "block.attn.q.bias", "head.weight", "head.bias"]
+    assert names("head, block.attn.q.*, pos") == [
+        "pos",
+        "block.attn.q.weight",
+        "block.attn.q.bias",
+        "head.weight",
+        "head.bias",
+    ]
     assert names(["head", "head.bias", "pos"]) == ["pos", "head.weight", "head.bias"]
     assert names("all") == [n for n, _ in vit.named_parameters()]
     with pytest.raises(AuditError, match=r"nope\.\*"):
@@ -517,11 +535,19 @@ def test_token_inputs():
     G = eng.per_sample_grads(X, _onehot(y))
     ref = _reference(model)
     _, params = _ref_params(ref)
-    loop = torch.stack([
-        torch.cat([g.reshape(-1) for g in torch.autograd.grad(
-            F.cross_entropy(ref(ids[i : i + 1]), y[i : i + 1], reduction="sum"), params)])
-        for i in range(N)
-    ])
+    loop = torch.stack(
+        [
+            torch.cat(
+                [
+                    g.reshape(-1)
+                    for g in torch.autograd.grad(
+                        F.cross_entropy(ref(ids[i : i + 1]), y[i : i + 1], reduction="sum"), params
+                    )
+                ]
+            )
+            for i in range(N)
+        ]
+    )
     assert torch.allclose(G, loop, rtol=0, atol=1e-12)
     with pytest.raises(AuditError, match="token"):
         eng.input_grads(X, _onehot(y))

@@ -575,16 +575,52 @@ def py2_cifar_batch(data: np.ndarray, labels: list[int]) -> bytes:
     (1, shape, dtype('u1', 0, 1) + its BUILD state, is_fortran=False, raw bytes).
     """
     n, d = data.shape
-    dtype = (b"cnumpy\ndtype\n" + py2_string(b"u1") + py2_int(0) + py2_int(1) + b"\x87R"
-             + b"(" + py2_int(3) + py2_string(b"|") + b"NNN" + b"J\xff\xff\xff\xff" * 2 + py2_int(0) + b"tb")
-    array = (b"cnumpy.core.multiarray\n_reconstruct\n" + b"cnumpy\nndarray\n" + py2_int(0) + b"\x85"
-             + py2_string(b"b") + b"\x87R" + b"(" + py2_int(1) + py2_int(n) + py2_int(d) + b"\x86" + dtype
-             + b"\x89" + py2_string(data.tobytes()) + b"tb")
+    dtype = (
+        b"cnumpy\ndtype\n"
+        + py2_string(b"u1")
+        + py2_int(0)
+        + py2_int(1)
+        + b"\x87R"
+        + b"("
+        + py2_int(3)
+        + py2_string(b"|")
+        + b"NNN"
+        + b"J\xff\xff\xff\xff" * 2
+        + py2_int(0)
+        + b"tb"
+    )
+    array = (
+        b"cnumpy.core.multiarray\n_reconstruct\n"
+        + b"cnumpy\nndarray\n"
+        + py2_int(0)
+        + b"\x85"
+        + py2_string(b"b")
+        + b"\x87R"
+        + b"("
+        + py2_int(1)
+        + py2_int(n)
+        + py2_int(d)
+        + b"\x86"
+        + dtype
+        + b"\x89"
+        + py2_string(data.tobytes())
+        + b"tb"
+    )
     label_list = b"](" + b"".join(py2_int(v) for v in labels) + b"e"
-    return (b"\x80\x02}(" + py2_string(b"batch_label") + py2_string(b"testing batch 1 of 1")
-            + py2_string(b"labels") + label_list + py2_string(b"data") + array
-            + py2_string(b"filenames") + b"](" + b"".join(py2_string(b"f%d.png" % i) for i in range(n)) + b"e"
-            + b"u.")
+    return (
+        b"\x80\x02}("
+        + py2_string(b"batch_label")
+        + py2_string(b"testing batch 1 of 1")
+        + py2_string(b"labels")
+        + label_list
+        + py2_string(b"data")
+        + array
+        + py2_string(b"filenames")
+        + b"]("
+        + b"".join(py2_string(b"f%d.png" % i) for i in range(n))
+        + b"e"
+        + b"u."
+    )
 
 
 def write_cifar_test_batch(root: Path, raw: bytes) -> None:
@@ -644,8 +680,12 @@ def test_hostile_cifar_batch_names_the_global_it_asked_for(tmp_path):
 @pytest.mark.parametrize("protocol", [0, 2, 3, 4, 5])
 def test_genuine_format_cifar_batch_still_loads(tmp_path, protocol):
     data = np.random.default_rng(3).integers(0, 256, size=(3, 3072), dtype=np.uint8)
-    batch = {b"batch_label": b"testing batch 1 of 1", b"labels": [0, 9, 4], b"data": data,
-             b"filenames": [b"a.png", b"b.png", b"c.png"]}
+    batch = {
+        b"batch_label": b"testing batch 1 of 1",
+        b"labels": [0, 9, 4],
+        b"data": data,
+        b"filenames": [b"a.png", b"b.png", b"c.png"],
+    }
     write_cifar_test_batch(tmp_path, pickle.dumps(batch, protocol=protocol))
     ds = load_cifar_test(tmp_path)
     np.testing.assert_array_equal(ds.X.numpy(), data.astype(np.float64) / 255.0)

@@ -60,7 +60,11 @@ def test_ntk_scale_reaches_every_command_through_the_data_options(app):
     res = runner.invoke(app, ["kappa", "--n", "200", "--preprocess", "ntk-scale", "--no-direct-check", "--json", "-"])
     assert res.exit_code == 0, res.output
     info = json.loads(res.stdout)["results"]["dataset"]
-    assert info["preprocess"] == "ntk-scale" and info["preprocess_scale"] > 1 and info["mean_sq_norm_after"] == pytest.approx(64)
+    assert (
+        info["preprocess"] == "ntk-scale"
+        and info["preprocess_scale"] > 1
+        and info["mean_sq_norm_after"] == pytest.approx(64)
+    )
 
 
 # --------------------------------------------------------------------------- item 9: kappa sweep
@@ -77,8 +81,9 @@ def test_kappa_sweep_reports_log10_width_per_n_with_median_and_spread(app):
         # independent recomputation of the paper's m = kappa^6 n ln n on the numerical-rank kappa
         n = summ["n"]
         for key in ("numerical_rank",):
-            vals = [6 * math.log10(c["kappa_at_numerical_rank"]) + math.log10(n) + math.log10(math.log(n))
-                    for c in cells]
+            vals = [
+                6 * math.log10(c["kappa_at_numerical_rank"]) + math.log10(n) + math.log10(math.log(n)) for c in cells
+            ]
             w = summ["log10_width"][key]
             assert w["median"] == pytest.approx(float(np.median(vals)), rel=1e-12)
             assert w["min"] == pytest.approx(min(vals)) and w["max"] == pytest.approx(max(vals))
@@ -101,14 +106,30 @@ def test_ntk_trend_no_clear_trend_when_slope_interval_includes_zero():
     mean, lo, hi, k = slope_interval([-0.02, -0.3, -0.01])
     assert k == 3 and lo < 0 < hi
     text = _verdict("MLP-Attn", "no-clear-trend", mean, 0.16, 3, 0.5, 16, 256, 1.0, 0.9, interval=(lo, hi))
-    assert "no clear trend" in text and "approaching the kernel regime" not in text.replace("no evidence of approaching", "")
+    assert "no clear trend" in text and "approaching the kernel regime" not in text.replace(
+        "no evidence of approaching", ""
+    )
     # a clear fall: interval excludes 0
     assert _trend([-0.5, -0.45, -0.55]) == "falls"
     clear = _verdict("MLP-Attn", "falls", -0.5, 0.05, 3, 0.1, 16, 256, 1.0, 0.25, interval=(-0.56, -0.44))
     assert "approaching the kernel regime" in clear
     # ... but not when some widths are at chance: the trend is stated, the regime claim withheld
-    partial = _verdict("MLP-Attn", "falls", -0.5, 0.05, 3, 0.1, 16, 256, 1.0, 0.25, interval=(-0.56, -0.44),
-                       untrained_widths=[16], train_acc={16: 0.11, 64: 0.6, 256: 0.7}, chance=0.1)
+    partial = _verdict(
+        "MLP-Attn",
+        "falls",
+        -0.5,
+        0.05,
+        3,
+        0.1,
+        16,
+        256,
+        1.0,
+        0.25,
+        interval=(-0.56, -0.44),
+        untrained_widths=[16],
+        train_acc={16: 0.11, 64: 0.6, 256: 0.7},
+        chance=0.1,
+    )
     assert "no claim about the kernel regime" in partial and "approaching the kernel regime" not in partial
 
 
@@ -132,8 +153,11 @@ def test_transformer_sweep_verdict_reads_no_clear_trend_on_noise():
     for seed in range(3):
         for w in (16, 32, 64):
             m, k, r = (float(np.exp(rng.normal(0, 0.3))) for _ in range(3))
-            cells.append(TransformerCell("vit", w, 4, seed, 1, 1, False, 0.0, 0.0, 0.0, m, m, m, k, None, None, {}, {},
-                                         10 * r, r, 0.0))
+            cells.append(
+                TransformerCell(
+                    "vit", w, 4, seed, 1, 1, False, 0.0, 0.0, 0.0, m, m, m, k, None, None, {}, {}, 10 * r, r, 0.0
+                )
+            )
     summary = _arch_summary("vit", cells, (16, 32, 64), (0, 1, 2), True)
     if any(t.trend == "no-clear-trend" for t in (summary.movement, summary.kernel_distance, summary.distance)):
         assert "no clear trend" in summary.verdict
@@ -146,8 +170,9 @@ def test_transformer_sweep_verdict_reads_no_clear_trend_on_noise():
 def _landscape_cfg():
     from attnaudit.analyses.landscape import LandscapeConfig
 
-    return LandscapeConfig(points=0, grid=0, top_k=1, hutchinson_samples=4, basin_directions=1, basin_points=6,
-                           lanczos_steps=20)
+    return LandscapeConfig(
+        points=0, grid=0, top_k=1, hutchinson_samples=4, basin_directions=1, basin_points=6, lanczos_steps=20
+    )
 
 
 def test_untrained_rule_fires_at_zero_steps_and_not_after_training():
@@ -161,7 +186,9 @@ def test_untrained_rule_fires_at_zero_steps_and_not_after_training():
     assert out["relu"]["untrained_threshold"] == pytest.approx(0.1 + max(0.05, 2 * math.sqrt(0.09 / 150)))
     assert any("no claim" in v for v in idle.verdicts)
     assert not any("consistent with the paper" in v or "contradicts" in v for v in idle.verdicts)
-    trained = run_landscape(ds, _landscape_cfg(), models=("relu",), width=16, train_config=TrainConfig(lr=4.0, steps=100))
+    trained = run_landscape(
+        ds, _landscape_cfg(), models=("relu",), width=16, train_config=TrainConfig(lr=4.0, steps=100)
+    )
     rec = trained.to_dict()["models"]["relu"]
     assert rec["untrained"] is False and rec["accuracy"] > 0.5
 
@@ -174,8 +201,9 @@ def test_ntk_distance_untrained_at_every_width_makes_no_trend_claim():
     tr, te = holdout_split(full, 100, 60, seed=0)
     # standard init: f_0 is random (the antisymmetric default starts at f_0 = 0, and one tiny GD step from 0
     # already points along Theta Y, a kernel-mean classifier well above chance)
-    cfg = NTKDistanceConfig(models=("relu",), widths=(16, 64), seeds=(0, 1), steps=1, lr=1e-9, kernel_points=20,
-                            init="standard")
+    cfg = NTKDistanceConfig(
+        models=("relu",), widths=(16, 64), seeds=(0, 1), steps=1, lr=1e-9, kernel_points=20, init="standard"
+    )
     res = run_ntk_distance(tr.X, tr.y, te.X, te.y, 10, cfg)
     summ = res.to_dict()["models"]["relu"]
     assert summ["untrained"] is True and summ["trend"] == "untrained"
@@ -219,7 +247,9 @@ def test_landscape_comparison_not_resolved_inside_the_seed_tolerance_and_gated_a
     assert "not resolved" in lam and "3 seeds" in lam and "consistent with" not in lam
     # a difference far beyond the spread is resolved
     relu_hi = [_with(base, 10.0), _with(base, 10.5), _with(base, 9.5)]
-    verdicts, _ = compare_landscapes({"relu": relu_hi[0], "attn": attn[0]}, {}, seed_results={"relu": relu_hi, "attn": attn})
+    verdicts, _ = compare_landscapes(
+        {"relu": relu_hi[0], "attn": attn[0]}, {}, seed_results={"relu": relu_hi, "attn": attn}
+    )
     assert "consistent with the paper" in next(v for v in verdicts if v.startswith("lambda_max"))
     # losses 15 % apart: not compared; 5 % apart: compared
     far = _with(base, 1.0, loss=base.loss * 1.15)
@@ -236,8 +266,25 @@ def test_landscape_comparison_not_resolved_inside_the_seed_tolerance_and_gated_a
 
 # --------------------------------------------------------------------------- item 5: landscape --seeds, --optimizer
 
-ANALYSIS = ["--n-train", "120", "--width", "16", "--steps", "40", "--points", "0", "--grid", "0", "--eigenvalues", "1",
-            "--hutchinson-samples", "4", "--basin-directions", "1", "--quiet"]
+ANALYSIS = [
+    "--n-train",
+    "120",
+    "--width",
+    "16",
+    "--steps",
+    "40",
+    "--points",
+    "0",
+    "--grid",
+    "0",
+    "--eigenvalues",
+    "1",
+    "--hutchinson-samples",
+    "4",
+    "--basin-directions",
+    "1",
+    "--quiet",
+]
 
 
 def test_landscape_seeds_give_per_seed_values_with_mean_and_sd(app):
@@ -256,8 +303,9 @@ def test_landscape_seeds_give_per_seed_values_with_mean_and_sd(app):
 
 
 def test_landscape_optimizer_adam_with_batches_is_recorded(app):
-    res = runner.invoke(app, ["landscape", *ANALYSIS, "--models", "relu", "--optimizer", "adam", "--batch-size", "32",
-                              "--json", "-"])
+    res = runner.invoke(
+        app, ["landscape", *ANALYSIS, "--models", "relu", "--optimizer", "adam", "--batch-size", "32", "--json", "-"]
+    )
     assert res.exit_code == 0, res.output
     payload = json.loads(res.stdout)
     tr = payload["results"]["models"]["relu"]["training"]

@@ -16,8 +16,23 @@ from attnaudit.cli.options import PANELS
 REPO = Path(__file__).resolve().parents[1]
 COMMANDS = ["kappa", "ntk-distance", "malleability", "landscape", "train", "audit", "claims", "report"]
 PLAIN_METAVARS = {"TEXT", "INTEGER", "FLOAT", "PATH"}
-PATH_OPTIONS = {"--json", "--png", "--html", "--out-dir", "--data", "--data-dir", "--checkpoint", "--weights", "--resume",
-                "--out", "--junit", "--save-baseline", "--baseline", "--save-models", "--reference-checkpoint"}
+PATH_OPTIONS = {
+    "--json",
+    "--png",
+    "--html",
+    "--out-dir",
+    "--data",
+    "--data-dir",
+    "--checkpoint",
+    "--weights",
+    "--resume",
+    "--out",
+    "--junit",
+    "--save-baseline",
+    "--baseline",
+    "--save-models",
+    "--reference-checkpoint",
+}
 
 
 def _group():
@@ -40,7 +55,7 @@ def _help(capsys, monkeypatch, *args: str) -> str:
 def _panel(out: str, title: str) -> str:
     """The text of one panel: from its title line to its bottom border."""
     start = out.index(f"─ {title} ─")
-    return out[start:out.index("╰", start)]
+    return out[start : out.index("╰", start)]
 
 
 def _examples(epilog: str) -> list[list[str]]:
@@ -81,7 +96,7 @@ def test_plain_metavars_and_no_type_labels(name, capsys, monkeypatch):
                 assert p.metavar == "PATH", p.opts
     out = _help(capsys, monkeypatch, name)
     assert "<bool>" not in out
-    options_part = out[out.index("─ Options ─"):]  # arguments keep typer's own labels
+    options_part = out[out.index("─ Options ─") :]  # arguments keep typer's own labels
     assert re.findall(r"<(?:str|int|float|bool|list\[\w+\])>", options_part) == []
     for p in _options(name):  # a value option's row: its flag, then its metavar
         if not p.is_flag:
@@ -119,8 +134,13 @@ def _run_cli(*args: str):
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-m", "attnaudit", *args], capture_output=True, text=True, timeout=120,
-                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.run(
+        [sys.executable, "-m", "attnaudit", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
 def test_dash_h_is_help_for_the_program_and_every_command():
@@ -145,7 +165,9 @@ def test_threads_works_after_the_command_name_too():
 
 
 def test_usage_lines_write_positional_arguments_plainly():
-    for name, usage in (("audit", "Usage: attnaudit audit [OPTIONS] AUDIT.yaml"),
-                        ("report", "Usage: attnaudit report [OPTIONS] RUN.json...")):
+    for name, usage in (
+        ("audit", "Usage: attnaudit audit [OPTIONS] AUDIT.yaml"),
+        ("report", "Usage: attnaudit report [OPTIONS] RUN.json..."),
+    ):
         out = _run_cli(name, "-h").stdout
         assert usage in out and "{" not in out.split("\n\n")[0], out[:300]

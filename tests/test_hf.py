@@ -25,8 +25,14 @@ STD = [0.2, 0.25, 0.3]
 def _vit(channels: int, size: int, seed: int):
     torch.manual_seed(seed)
     config = transformers.ViTConfig(
-        image_size=size, patch_size=4, num_channels=channels, hidden_size=16, num_hidden_layers=1,
-        num_attention_heads=2, intermediate_size=32, num_labels=10,
+        image_size=size,
+        patch_size=4,
+        num_channels=channels,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        num_labels=10,
     )
     return transformers.ViTForImageClassification(config).eval()
 
@@ -46,11 +52,20 @@ def vit3(tmp_path_factory):
     folder = tmp_path_factory.mktemp("hf") / "vit3"
     model = _vit(3, 16, 1)
     model.save_pretrained(folder)
-    (folder / "preprocessor_config.json").write_text(json.dumps({
-        "do_normalize": True, "do_rescale": True, "rescale_factor": 1 / 255, "do_resize": True,
-        "image_mean": MEAN, "image_std": STD, "size": {"height": 16, "width": 16},
-        "image_processor_type": "ViTImageProcessor",
-    }))
+    (folder / "preprocessor_config.json").write_text(
+        json.dumps(
+            {
+                "do_normalize": True,
+                "do_rescale": True,
+                "rescale_factor": 1 / 255,
+                "do_resize": True,
+                "image_mean": MEAN,
+                "image_std": STD,
+                "size": {"height": 16, "width": 16},
+                "image_processor_type": "ViTImageProcessor",
+            }
+        )
+    )
     return folder, model
 
 
@@ -153,8 +168,14 @@ def test_adapt_to_data_refuses_what_cannot_fit(vit1, vit3):
     "edit, message",
     [
         (lambda c: {**c, "model_type": "no-such-model"}, "unknown model_type 'no-such-model'"),
-        (lambda c: {**c, "architectures": ["ViTForMaskedImageModeling"]}, "ForImageClassification or ForSequenceClassification"),
-        (lambda c: {**c, "architectures": ["NoSuchForImageClassification"]}, "no model class NoSuchForImageClassification"),
+        (
+            lambda c: {**c, "architectures": ["ViTForMaskedImageModeling"]},
+            "ForImageClassification or ForSequenceClassification",
+        ),
+        (
+            lambda c: {**c, "architectures": ["NoSuchForImageClassification"]},
+            "no model class NoSuchForImageClassification",
+        ),
         (lambda c: {k: v for k, v in c.items() if k != "architectures"}, "no architectures"),
         (lambda c: {**c, "auto_map": {"AutoModel": "evil.Model"}}, "custom modelling code"),
         (lambda c: {**c, "architectures": ["BertForSequenceClassification"]}, "does not take model_type 'vit'"),
@@ -197,11 +218,15 @@ def test_weights_that_do_not_fit(vit1, tmp_path):
 
     shutil.copy(tmp_path / "saved.safetensors", folder / "model.safetensors")
     _edit_weights(folder, renamed)
-    with pytest.raises(AuditError, match=r"missing key\(s\) \(classifier\.weight\).*unexpected key\(s\) \(classifier\.kernel\)"):
+    with pytest.raises(
+        AuditError, match=r"missing key\(s\) \(classifier\.weight\).*unexpected key\(s\) \(classifier\.kernel\)"
+    ):
         load_hf_directory(folder)
 
     def renamed_layer(t):
-        t["vit.encoder.layer.0.attention.attention.query.w"] = t.pop("vit.encoder.layer.0.attention.attention.query.weight")
+        t["vit.encoder.layer.0.attention.attention.query.w"] = t.pop(
+            "vit.encoder.layer.0.attention.attention.query.weight"
+        )
         return t
 
     shutil.copy(tmp_path / "saved.safetensors", folder / "model.safetensors")
@@ -215,7 +240,10 @@ def test_weights_that_do_not_fit(vit1, tmp_path):
 
     shutil.copy(tmp_path / "saved.safetensors", folder / "model.safetensors")
     _edit_weights(folder, reshaped)
-    with pytest.raises(AuditError, match=r"tensor vit\.encoder\.layer\.0\.intermediate\.dense\.weight .*shape \(31, 16\) in the file but the model expects \(32, 16\)"):
+    with pytest.raises(
+        AuditError,
+        match=r"tensor vit\.encoder\.layer\.0\.intermediate\.dense\.weight .*shape \(31, 16\) in the file but the model expects \(32, 16\)",
+    ):
         load_hf_directory(folder)
 
     def poisoned(t):
@@ -276,7 +304,10 @@ def test_sharded_safetensors(vit1, tmp_path):
     tensors = load_file(str(folder / "model.safetensors"))
     (folder / "model.safetensors").unlink()
     keys = sorted(tensors)
-    halves = {"model-00001-of-00002.safetensors": keys[: len(keys) // 2], "model-00002-of-00002.safetensors": keys[len(keys) // 2:]}
+    halves = {
+        "model-00001-of-00002.safetensors": keys[: len(keys) // 2],
+        "model-00002-of-00002.safetensors": keys[len(keys) // 2 :],
+    }
     for name, part in halves.items():
         save_file({k: tensors[k] for k in part}, str(folder / name))
     index = {"metadata": {}, "weight_map": {k: name for name, part in halves.items() for k in part}}
@@ -316,7 +347,7 @@ def test_engine_per_sample_grads_and_hvp(vit3):
     loop = []
     for i in range(4):
         logits = module(X[i].reshape(1, 1, 8, 8))
-        loss = torch.nn.functional.cross_entropy(logits, y[i: i + 1])
+        loss = torch.nn.functional.cross_entropy(logits, y[i : i + 1])
         loop.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)]))
     loop = torch.stack(loop)
     assert G.shape == (4, sum(p.numel() for p in params))
@@ -341,13 +372,24 @@ def test_sequence_classifier(tmp_path, name):
     torch.manual_seed(0)
     if name == "bert":
         config = transformers.BertConfig(
-            vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
-            max_position_embeddings=16, num_labels=3,
+            vocab_size=40,
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            max_position_embeddings=16,
+            num_labels=3,
         )
         model = transformers.BertForSequenceClassification(config).eval()
     else:
         config = transformers.DistilBertConfig(
-            vocab_size=40, dim=16, n_layers=1, n_heads=2, hidden_dim=32, max_position_embeddings=16, num_labels=3,
+            vocab_size=40,
+            dim=16,
+            n_layers=1,
+            n_heads=2,
+            hidden_dim=32,
+            max_position_embeddings=16,
+            num_labels=3,
         )
         model = transformers.DistilBertForSequenceClassification(config).eval()
     model.save_pretrained(tmp_path / name)
@@ -370,8 +412,10 @@ def test_sequence_classifier(tmp_path, name):
     G = engine.per_sample_grads(X, engine.targets(y))
     params = [p for _, p in loaded.module.named_parameters()]
     for i in range(3):
-        loss = torch.nn.functional.cross_entropy(loaded.module(ids[i: i + 1]), y[i: i + 1])
-        g = torch.cat([t.reshape(-1) for t in torch.autograd.grad(loss, params, allow_unused=True, materialize_grads=True)])
+        loss = torch.nn.functional.cross_entropy(loaded.module(ids[i : i + 1]), y[i : i + 1])
+        g = torch.cat(
+            [t.reshape(-1) for t in torch.autograd.grad(loss, params, allow_unused=True, materialize_grads=True)]
+        )
         assert torch.allclose(G[i], g, atol=1e-5, rtol=1e-4)
 
 
@@ -380,7 +424,11 @@ def test_tied_weights_written_once_are_filled(tmp_path):
     from attnaudit.models.hf import _match_weights
 
     config = transformers.BertConfig(
-        vocab_size=30, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        vocab_size=30,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
         max_position_embeddings=16,
     )
     model = transformers.BertForMaskedLM(config).eval()
@@ -399,8 +447,14 @@ def test_tied_weights_written_once_are_filled(tmp_path):
 
 def test_base_model_without_head_is_refused(tmp_path):
     config = transformers.ViTConfig(
-        image_size=8, patch_size=4, num_channels=1, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-        intermediate_size=32, num_labels=10,
+        image_size=8,
+        patch_size=4,
+        num_channels=1,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        num_labels=10,
     )
     transformers.ViTModel(config, add_pooling_layer=False).save_pretrained(tmp_path / "base")
     _edit_config(tmp_path / "base", lambda c: {**c, "architectures": ["ViTForImageClassification"]})
@@ -416,7 +470,11 @@ def test_weights_are_checked_on_a_meta_skeleton_before_the_model_is_built(vit1, 
     _edit_config(folder, lambda c: {**c, "hidden_size": 4096, "intermediate_size": 16384, "num_hidden_layers": 48})
     calls = []
     real_build = hf._build
-    monkeypatch.setattr(hf, "_build", lambda cls, config, *, meta, where=None: calls.append(meta) or real_build(cls, config, meta=meta, where=where))
+    monkeypatch.setattr(
+        hf,
+        "_build",
+        lambda cls, config, *, meta, where=None: calls.append(meta) or real_build(cls, config, meta=meta, where=where),
+    )
     with pytest.raises(AuditError, match="missing key"):
         load_hf_directory(folder)
     assert calls == [True]

@@ -24,11 +24,57 @@ from attnaudit.report.html import flatten, summary_of
 
 TINY = {
     "kappa": ["--n", "200"],
-    "ntk-distance": ["--n-train", "40", "--n-test", "20", "--widths", "8,16", "--seeds", "1", "--steps", "5", "--models", "relu"],
-    "malleability": ["--models", "relu", "--attacks", "pgd", "--eps", "0.1", "--n-train", "40", "--n-test", "20",
-                     "--width", "8", "--steps", "10", "--top-k", "10", "--pgd-steps", "2", "--seeds", "2", "--no-controls"],
-    "landscape": ["--n-train", "40", "--eigenvalues", "1", "--hutchinson-samples", "2", "--points", "0", "--grid", "0",
-                  "--basin-directions", "1"],
+    "ntk-distance": [
+        "--n-train",
+        "40",
+        "--n-test",
+        "20",
+        "--widths",
+        "8,16",
+        "--seeds",
+        "1",
+        "--steps",
+        "5",
+        "--models",
+        "relu",
+    ],
+    "malleability": [
+        "--models",
+        "relu",
+        "--attacks",
+        "pgd",
+        "--eps",
+        "0.1",
+        "--n-train",
+        "40",
+        "--n-test",
+        "20",
+        "--width",
+        "8",
+        "--steps",
+        "10",
+        "--top-k",
+        "10",
+        "--pgd-steps",
+        "2",
+        "--seeds",
+        "2",
+        "--no-controls",
+    ],
+    "landscape": [
+        "--n-train",
+        "40",
+        "--eigenvalues",
+        "1",
+        "--hutchinson-samples",
+        "2",
+        "--points",
+        "0",
+        "--grid",
+        "0",
+        "--basin-directions",
+        "1",
+    ],
 }
 
 
@@ -166,11 +212,25 @@ def test_report_command_renders_two_runs_without_recomputing_and_refuses_unknown
 
 def test_audit_page_has_one_row_per_check_linking_to_its_section(tmp_path):
     doc = {
-        "version": 1, "name": "html <audit>", "seed": 0,
+        "version": 1,
+        "name": "html <audit>",
+        "seed": 0,
         "data": {"dataset": "digits"},
         "checks": [
-            {"name": "kappa finite", "analysis": "kappa", "options": {"n": 200}, "metric": "log10_kappa_at_rank", "max": 100},
-            {"name": "kappa too strict", "analysis": "kappa", "options": {"n": 200}, "metric": "log10_kappa_at_rank", "max": 0.5},
+            {
+                "name": "kappa finite",
+                "analysis": "kappa",
+                "options": {"n": 200},
+                "metric": "log10_kappa_at_rank",
+                "max": 100,
+            },
+            {
+                "name": "kappa too strict",
+                "analysis": "kappa",
+                "options": {"n": 200},
+                "metric": "log10_kappa_at_rank",
+                "max": 0.5,
+            },
         ],
     }
     path = tmp_path / "audit.yaml"
@@ -200,8 +260,10 @@ def _chromium() -> str | None:
 
 
 # In CI (.ci/run installs Chromium) a missing browser is a failure, never a silent skip.
-@pytest.mark.skipif(_chromium() is None and not os.environ.get("CI"),
-                    reason="no headless Chromium on this machine (apt-get install chromium)")
+@pytest.mark.skipif(
+    _chromium() is None and not os.environ.get("CI"),
+    reason="no headless Chromium on this machine (apt-get install chromium)",
+)
 @pytest.mark.parametrize("command", list(TINY))
 def test_a_real_browser_renders_each_page(tmp_path, command):
     """Headless Chromium draws the page: a screenshot that is not blank, and no console errors."""
@@ -210,9 +272,20 @@ def test_a_real_browser_renders_each_page(tmp_path, command):
     assert cli("--threads", "1", command, *TINY[command], "-q", "--html", html) == 0
     shot = tmp_path / "shot.png"
     proc = subprocess.run(
-        [_chromium(), "--headless", "--disable-gpu", "--no-sandbox", "--enable-logging=stderr", "--v=0",
-         f"--screenshot={shot}", "--window-size=1280,2000", html.as_uri()],
-        capture_output=True, text=True, timeout=120,
+        [
+            _chromium(),
+            "--headless",
+            "--disable-gpu",
+            "--no-sandbox",
+            "--enable-logging=stderr",
+            "--v=0",
+            f"--screenshot={shot}",
+            "--window-size=1280,2000",
+            html.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     # Chromium logs every console message as "...:INFO:CONSOLE:<line>] ..." (an uncaught error included)

@@ -98,8 +98,13 @@ def test_influence_predicts_leave_one_out_logistic_regression(estimator):
         model.weight.copy_(torch.from_numpy(W))
     # L2 regularisation lam/2 ||W||^2 adds lam I to the Hessian: exactly the damping.
     res = compute_influence(
-        model, torch.from_numpy(X), torch.from_numpy(y), torch.from_numpy(Xt), torch.from_numpy(yt),
-        InfluenceConfig(estimator=estimator, damping=lam, cg_tol=1e-12), loss="ce",
+        model,
+        torch.from_numpy(X),
+        torch.from_numpy(y),
+        torch.from_numpy(Xt),
+        torch.from_numpy(yt),
+        InfluenceConfig(estimator=estimator, damping=lam, cg_tol=1e-12),
+        loss="ce",
     )
     infl = res.total.numpy()
     base = _ce_sum(Xt, yt, W)
@@ -145,11 +150,17 @@ def test_last_layer_predicts_leave_one_out_with_frozen_features(loss):
 
         def refit(w):
             return _ridge(F, Y, lam, weights=w)
+
     with torch.no_grad():
         net.a.copy_(torch.from_numpy(A))
     res = compute_influence(
-        net, Xtr_t, torch.from_numpy(y), torch.from_numpy(Xt), torch.from_numpy(yt),
-        InfluenceConfig(estimator="last-layer", damping=lam), loss=loss,
+        net,
+        Xtr_t,
+        torch.from_numpy(y),
+        torch.from_numpy(Xt),
+        torch.from_numpy(yt),
+        InfluenceConfig(estimator="last-layer", damping=lam),
+        loss=loss,
     )
     infl = res.total.numpy()
     top = np.argsort(-np.abs(infl))[:20]
@@ -179,7 +190,9 @@ def test_exact_last_layer_cg_agree_when_only_the_last_layer_exists():
     model = nn.Linear(4, 3, bias=False).double()
     train(model, X, y, TrainConfig(loss="ce", lr=0.5, steps=100))
     out = {
-        est: compute_influence(model, X, y, Xt, yt, InfluenceConfig(estimator=est, damping=0.01, per_test=True, cg_tol=1e-12), loss="ce")
+        est: compute_influence(
+            model, X, y, Xt, yt, InfluenceConfig(estimator=est, damping=0.01, per_test=True, cg_tol=1e-12), loss="ce"
+        )
         for est in ("exact", "last-layer", "cg")
     }
     for est in ("last-layer", "cg"):
@@ -214,7 +227,9 @@ def test_cg_converges_to_exact_on_small_network(arch):
     probe = compute_influence(net, X, y, Xt, yt, InfluenceConfig(estimator="exact", damping=0.0 + 1e-3))
     damping = max(0.0, -probe.diagnostics["min_eigenvalue"]) + 0.02  # positive definite by construction
     ex = compute_influence(net, X, y, Xt, yt, InfluenceConfig(estimator="exact", damping=damping, per_test=True))
-    cg = compute_influence(net, X, y, Xt, yt, InfluenceConfig(estimator="cg", damping=damping, per_test=True, cg_tol=1e-10))
+    cg = compute_influence(
+        net, X, y, Xt, yt, InfluenceConfig(estimator="cg", damping=damping, per_test=True, cg_tol=1e-10)
+    )
     assert cg.diagnostics["converged"] and cg.diagnostics["relative_residual_max"] <= 1e-9
     assert cg.diagnostics["iterations"] <= cg.n_params
     torch.testing.assert_close(cg.per_test, ex.per_test, rtol=1e-6, atol=1e-9)
@@ -251,7 +266,13 @@ def test_copy_of_the_test_point_is_helpful_for_every_estimator(estimator):
     probe = compute_influence(net, X, y, x0, y0, InfluenceConfig(estimator="exact", damping=1e-3))
     damping = max(0.0, -probe.diagnostics["min_eigenvalue"]) + 0.02
     res = compute_influence(
-        net, X, y, x0, y0, InfluenceConfig(estimator=estimator, damping=damping), checkpoints=tr.checkpoints,
+        net,
+        X,
+        y,
+        x0,
+        y0,
+        InfluenceConfig(estimator=estimator, damping=damping),
+        checkpoints=tr.checkpoints,
         checkpoint_weights=tracin_weights(len(tr.checkpoints), 25, tr.steps_run, 1.0),
     )
     assert res.total[0] < 0  # negative = helpful: up-weighting it lowers its own loss
@@ -263,7 +284,16 @@ def test_tracin_matches_autograd_loop():
     net, X, y, Xt, yt, tr = _small_net("attn", steps=60)
     weights = tracin_weights(len(tr.checkpoints), 25, tr.steps_run, 1.0)
     assert weights == [25.0, 25.0, 10.0, 0.0]  # steps 0-24, 25-49, 50-59; the final snapshot (step 60) weighs 0
-    res = compute_influence(net, X, y, Xt, yt, InfluenceConfig(estimator="tracin", per_test=True), checkpoints=tr.checkpoints, checkpoint_weights=weights)
+    res = compute_influence(
+        net,
+        X,
+        y,
+        Xt,
+        yt,
+        InfluenceConfig(estimator="tracin", per_test=True),
+        checkpoints=tr.checkpoints,
+        checkpoint_weights=weights,
+    )
     import copy
 
     from attnaudit.core.training import per_sample_loss
@@ -292,15 +322,26 @@ def test_tracin_weights_edge_cases():
 # ---------------------------------------------------------------- memory, chunks, refusals
 def test_chunks_and_memory_budget_do_not_change_the_answer():
     net, X, y, Xt, yt, _ = _small_net("relu")
-    ref = compute_influence(net, X, y, Xt, yt, InfluenceConfig(estimator="cg", damping=0.05, per_test=True, cg_tol=1e-12))
-    small = compute_influence(net, X, y, Xt, yt, InfluenceConfig(estimator="cg", damping=0.05, per_test=True, cg_tol=1e-12, chunk_size=3))
+    ref = compute_influence(
+        net, X, y, Xt, yt, InfluenceConfig(estimator="cg", damping=0.05, per_test=True, cg_tol=1e-12)
+    )
+    small = compute_influence(
+        net, X, y, Xt, yt, InfluenceConfig(estimator="cg", damping=0.05, per_test=True, cg_tol=1e-12, chunk_size=3)
+    )
     P = ref.n_params
     fixed = influence_memory("cg", P, len(X), len(Xt), True, 1)["total"] - P * 8
     mem = ref.diagnostics["memory_estimate_bytes"]
     act = mem["activations"] / min(ref.diagnostics["chunk_size"], len(X))  # measured activation bytes per sample
     assert act > 0  # the generic path measures the model's own activations
     tight_mb = (fixed + 4 * (2 * 8 * P + act)) / 2**20  # leaves room for a chunk of 4 samples
-    budget = compute_influence(net, X, y, Xt, yt, InfluenceConfig(estimator="cg", damping=0.05, per_test=True, cg_tol=1e-12, memory_budget_mb=tight_mb))
+    budget = compute_influence(
+        net,
+        X,
+        y,
+        Xt,
+        yt,
+        InfluenceConfig(estimator="cg", damping=0.05, per_test=True, cg_tol=1e-12, memory_budget_mb=tight_mb),
+    )
     assert small.diagnostics["chunk_size"] == 3 and budget.diagnostics["chunk_size"] == 4
     for r in (small, budget):
         torch.testing.assert_close(r.per_test, ref.per_test, rtol=1e-8, atol=1e-11)
@@ -354,7 +395,14 @@ def test_damping_sweep_reuses_one_decomposition():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(estimator="newton"), dict(damping=-1.0), dict(damping=float("nan")), dict(cg_tol=0.0), dict(estimator="last-layer", params="all"), dict(chunk_size=0)],
+    [
+        dict(estimator="newton"),
+        dict(damping=-1.0),
+        dict(damping=float("nan")),
+        dict(cg_tol=0.0),
+        dict(estimator="last-layer", params="all"),
+        dict(chunk_size=0),
+    ],
 )
 def test_bad_config_rejected(kwargs):
     with pytest.raises(AuditError):
@@ -366,11 +414,17 @@ def test_bad_config_rejected(kwargs):
 def test_generic_path_equals_fast_path_for_every_estimator(arch, loss):
     net, X, y, Xt, yt, tr = _small_net(arch)
     weights = tracin_weights(len(tr.checkpoints), 25, tr.steps_run, 1.0)
-    for est in (e for e in ESTIMATORS if e not in ("kfac", "ekfac")):  # K-FAC needs nn.Linear layers: tests/test_kfac.py
+    for est in (
+        e for e in ESTIMATORS if e not in ("kfac", "ekfac")
+    ):  # K-FAC needs nn.Linear layers: tests/test_kfac.py
         out = {}
         for fast in (True, False):
-            cfg = InfluenceConfig(estimator=est, params="head", damping=0.05, per_test=True, cg_tol=1e-13, fast_path=fast)
-            out[fast] = compute_influence(net, X, y, Xt, yt, cfg, loss=loss, checkpoints=tr.checkpoints, checkpoint_weights=weights)
+            cfg = InfluenceConfig(
+                estimator=est, params="head", damping=0.05, per_test=True, cg_tol=1e-13, fast_path=fast
+            )
+            out[fast] = compute_influence(
+                net, X, y, Xt, yt, cfg, loss=loss, checkpoints=tr.checkpoints, checkpoint_weights=weights
+            )
         assert out[True].path == PATH_FAST_TWOLAYER_HEAD and out[False].path == PATH_GENERIC, est
         assert out[True].tracked == out[False].tracked == ["a"] and out[True].n_params == 6 * 3
         torch.testing.assert_close(out[True].per_test, out[False].per_test, rtol=1e-8, atol=1e-13)
@@ -404,7 +458,10 @@ def test_head_of_a_sequential_is_its_last_linear_layer_and_last_layer_influence_
     assert res.tracked == ["2.weight", "2.bias"] and res.n_params == 10
     report = res.to_dict()
     assert report["tracked_parameters"] == ["2.weight", "2.bias"] and report["n_params"] == 10
-    assert report["diagnostics"]["parameter_selector"] == "head" and report["path"] == "fast: nn.Linear head, cached features"
+    assert (
+        report["diagnostics"]["parameter_selector"] == "head"
+        and report["path"] == "fast: nn.Linear head, cached features"
+    )
     generic = compute_influence(net, X, y, Xt, yt, dataclasses.replace(cfg, fast_path=False))
     assert generic.path == PATH_GENERIC
     # by hand (numpy): f = h W2^T + b2 with h = tanh(X W1^T + b1); MSE Hessian over (W2, b2) = mean J^T J
@@ -447,7 +504,9 @@ def test_dropout_model_is_audited_in_eval_mode_and_left_in_training_mode():
     assert net.training and all(m.training for m in net.modules())
     # eval mode = dropout is the identity: the same numbers as the net without the dropout layer
     plain = nn.Sequential(net[0], net[1], net[3])
-    torch.testing.assert_close(first.per_test, compute_influence(plain, X, y, Xt, yt, cfg).per_test, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(
+        first.per_test, compute_influence(plain, X, y, Xt, yt, cfg).per_test, rtol=1e-12, atol=1e-14
+    )
 
 
 def test_float32_module_is_not_modified_by_float64_influence():
@@ -522,7 +581,9 @@ def test_every_estimator_on_an_image_attention_module_against_a_hand_written_ref
 
     H = torch.autograd.functional.hessian(lambda th: ce(th, X, y).mean(), theta0)
     damping = max(0.0, -float(torch.linalg.eigvalsh(H)[0])) + 0.05
-    G = torch.stack([torch.func.grad(lambda th: ce(th, X[i : i + 1], y[i : i + 1]).sum())(theta0) for i in range(len(X))])
+    G = torch.stack(
+        [torch.func.grad(lambda th: ce(th, X[i : i + 1], y[i : i + 1]).sum())(theta0) for i in range(len(X))]
+    )
     g_test = torch.func.grad(lambda th: ce(th, Xt, yt).sum())(theta0)
     expected = -G @ torch.linalg.solve(H + damping * torch.eye(len(theta0), dtype=F64), g_test)
 
@@ -543,11 +604,15 @@ def test_every_estimator_on_an_image_attention_module_against_a_hand_written_ref
 
     # tracin over two hand-made checkpoints
     ckpts = [{n: p.detach() + 0.1 * j for n, p in model.named_parameters()} for j in (1, 2)]
-    tr = compute_influence(task, X, y, Xt, yt, InfluenceConfig(estimator="tracin"), checkpoints=ckpts, checkpoint_weights=[0.5, 2.0])
+    tr = compute_influence(
+        task, X, y, Xt, yt, InfluenceConfig(estimator="tracin"), checkpoints=ckpts, checkpoint_weights=[0.5, 2.0]
+    )
     ref = torch.zeros(len(X), dtype=F64)
     for ck, w in zip(ckpts, [0.5, 2.0]):
         th = torch.cat([ck[n].reshape(-1) for n in names])
-        Gc = torch.stack([torch.func.grad(lambda t: ce(t, X[i : i + 1], y[i : i + 1]).sum())(th) for i in range(len(X))])
+        Gc = torch.stack(
+            [torch.func.grad(lambda t: ce(t, X[i : i + 1], y[i : i + 1]).sum())(th) for i in range(len(X))]
+        )
         ref -= w * Gc @ torch.func.grad(lambda t: ce(t, Xt, yt).sum())(th)
     torch.testing.assert_close(tr.total, ref, rtol=1e-9, atol=1e-12)
     assert torch.equal(torch.cat([p.detach().reshape(-1) for p in model.parameters()]), theta0)  # module untouched
@@ -586,7 +651,12 @@ def _tiny_data(n=24, seed=0):
 
 @pytest.mark.parametrize("estimator", ["exact", "cg"])
 def test_linear_head_fast_path_matches_generic(estimator):
-    from attnaudit.analyses.influence.influence import PATH_FAST_LINEAR_HEAD, PATH_GENERIC, InfluenceConfig, compute_influence
+    from attnaudit.analyses.influence.influence import (
+        PATH_FAST_LINEAR_HEAD,
+        PATH_GENERIC,
+        InfluenceConfig,
+        compute_influence,
+    )
 
     net = _TinyAttentionNet()
     X, y = _tiny_data()
@@ -610,9 +680,15 @@ def test_linear_head_fast_path_declines(variant):
 
     X, y = _tiny_data()
     Xt, yt = _tiny_data(6, seed=2)
-    net = _TinyAttentionNet(after=torch.nn.Softmax(-1)) if variant == "softmax after the head" else _TinyAttentionNet(tie=variant == "tied weights")
+    net = (
+        _TinyAttentionNet(after=torch.nn.Softmax(-1))
+        if variant == "softmax after the head"
+        else _TinyAttentionNet(tie=variant == "tied weights")
+    )
     params = "head.*,norm.*" if variant == "not only the head" else "head"
-    res = compute_influence(net, X, y, Xt, yt, InfluenceConfig(estimator="exact", params=params), loss="ce", n_classes=3)
+    res = compute_influence(
+        net, X, y, Xt, yt, InfluenceConfig(estimator="exact", params=params), loss="ce", n_classes=3
+    )
     assert res.path == PATH_GENERIC
 
 
@@ -636,8 +712,12 @@ def test_cholesky_and_eigh_solvers_agree_on_a_positive_definite_system():
     net, X, y, Xt, yt, _ = _small_net("relu")
     probe = compute_influence(net, X, y, Xt, yt, InfluenceConfig(estimator="exact", damping=1e-3, solver="eigh"))
     damping = max(0.0, -probe.diagnostics["min_eigenvalue"]) + 0.02
-    runs = {s: compute_influence(net, X, y, Xt, yt, InfluenceConfig(estimator="exact", damping=damping, per_test=True, solver=s))
-            for s in ("cholesky", "eigh", "auto")}
+    runs = {
+        s: compute_influence(
+            net, X, y, Xt, yt, InfluenceConfig(estimator="exact", damping=damping, per_test=True, solver=s)
+        )
+        for s in ("cholesky", "eigh", "auto")
+    }
     assert runs["cholesky"].diagnostics["solver"] == runs["auto"].diagnostics["solver"] == "cholesky"
     assert runs["eigh"].diagnostics["solver"] == "eigh"
     torch.testing.assert_close(runs["cholesky"].per_test, runs["eigh"].per_test, rtol=1e-10, atol=1e-13)

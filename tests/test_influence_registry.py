@@ -50,8 +50,9 @@ def _grads(model, X, y):
 
 def test_a_registered_toy_estimator_runs_through_influence_sweep(toy):
     model, X, y, Xt, yt = _data()
-    results = I.influence_sweep(model, X, y, Xt, yt, I.InfluenceConfig(estimator=toy.name, per_test=True), loss="ce",
-                                dampings=[0.0, 1.0])
+    results = I.influence_sweep(
+        model, X, y, Xt, yt, I.InfluenceConfig(estimator=toy.name, per_test=True), loss="ce", dampings=[0.0, 1.0]
+    )
     G_tr, G_te = _grads(model, X, y), _grads(model, Xt, yt)
     expected = -(G_tr @ G_te.T)  # (n_train, n_test)
     assert [r.damping for r in results] == [0.0, 1.0]
@@ -71,7 +72,9 @@ def test_every_registered_estimator_is_accepted_by_influence_config(toy):
     for name, cls in ESTIMATORS.items():
         assert cls.name == name
         assert I.InfluenceConfig(estimator=name).estimator == name
-    with pytest.raises(AuditError, match=f"use one of exact, last-layer, cg, tracin, kfac, ekfac, projected, {toy.name}"):
+    with pytest.raises(
+        AuditError, match=f"use one of exact, last-layer, cg, tracin, kfac, ekfac, projected, {toy.name}"
+    ):
         I.InfluenceConfig(estimator="no-such-estimator")
 
 

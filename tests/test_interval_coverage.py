@@ -48,12 +48,13 @@ LOW, HIGH = 0.90, 0.99
 
 # ---------------------------------------------------------------- data-generating processes
 
+
 def seed_values(rng, dist: str, k: int, reps: int):
     if dist == "normal":
         return rng.standard_normal((reps, k)), 0.0
     if dist == "t3":
         return rng.standard_t(3, (reps, k)), 0.0
-    s = float(dist[len("lognorm"):])
+    s = float(dist[len("lognorm") :])
     return np.exp(s * rng.standard_normal((reps, k))), math.exp(s * s / 2)
 
 
@@ -73,9 +74,14 @@ def seed_rates(rng, mus, rho, corr: float, k: int, reps: int, K: int):
 
 # ---------------------------------------------------------------- procedures: (lo, hi) per replication
 
+
 def _loop(fn, *arrays):
     ivs = [fn(*(a[i].tolist() for a in arrays)) for i in range(arrays[0].shape[0])]
-    return np.array([iv.lo() for iv in ivs]), np.array([iv.hi() for iv in ivs]), np.array([iv.high is None for iv in ivs])
+    return (
+        np.array([iv.lo() for iv in ivs]),
+        np.array([iv.hi() for iv in ivs]),
+        np.array([iv.high is None for iv in ivs]),
+    )
 
 
 def t_mean(x, K=None):
@@ -141,6 +147,7 @@ def coverage(lohi, truth) -> float:
 
 # ---------------------------------------------------------------- the simulations
 
+
 def mean_coverages(procedure, dists=("normal", "t3", "lognorm0.5", "lognorm1"), seed=11):
     rng = np.random.default_rng(seed)
     out = {}
@@ -151,8 +158,9 @@ def mean_coverages(procedure, dists=("normal", "t3", "lognorm0.5", "lognorm1"), 
     return out
 
 
-RATE_SETTINGS = [(mu, K, rho, k) for mu in (0.05, 0.1, 0.3, 0.5, 0.9) for K in (30, 200)
-                 for rho in (0.01, 0.05) for k in (3, 5)]
+RATE_SETTINGS = [
+    (mu, K, rho, k) for mu in (0.05, 0.1, 0.3, 0.5, 0.9) for K in (30, 200) for rho in (0.01, 0.05) for k in (3, 5)
+]
 
 
 def rate_coverages(procedure, settings=RATE_SETTINGS, seed=12):
@@ -185,6 +193,7 @@ def _failing(cov: dict, low=LOW) -> dict:
 
 # ---------------------------------------------------------------- (a) seed means
 
+
 def test_mean_interval_covers_normal_seeds_and_is_not_conservative():
     cov = mean_coverages(t_mean, dists=("normal",))
     assert all(LOW <= c <= HIGH for c in cov.values()), cov  # 2,000 reps: 0.952 (k = 3), 0.948 (k = 5)
@@ -208,6 +217,7 @@ def test_the_seed_mean_check_fails_the_wrong_procedures():
 
 
 # ---------------------------------------------------------------- (b) flip-rate ratio, and the difference
+
 
 def test_fieller_ratio_interval_covers_the_ratio_of_mean_flip_rates():
     cov = pair_coverages(fieller)
@@ -236,9 +246,12 @@ def test_fieller_rarely_declares_a_ratio_of_one_above_one():
             assert np.mean(lo > 1) <= 0.05, (mu, K, k, np.mean(lo > 1))
 
 
-@pytest.mark.xfail(strict=False, reason="known weakness of stats.ratio_interval: a skewed, zero-inflated "
-                   "denominator (relu seeds dispersed with rho 0.2, attn with rho 0.01) gives a false 'above 1' "
-                   "at a true ratio of 1 in up to 20 % of runs (benchmarks/bench_coverage.py, family 3)")
+@pytest.mark.xfail(
+    strict=False,
+    reason="known weakness of stats.ratio_interval: a skewed, zero-inflated "
+    "denominator (relu seeds dispersed with rho 0.2, attn with rho 0.01) gives a false 'above 1' "
+    "at a true ratio of 1 in up to 20 % of runs (benchmarks/bench_coverage.py, family 3)",
+)
 def test_fieller_false_above_one_when_only_the_denominator_is_overdispersed():
     """A true ratio of 1, relu and attn at 10 % and 5 %, K = 200 (paper preset), 5 seeds, relu
     seeds zero-inflated (rho 0.2), attn seeds near binomial (rho 0.01). Measured with 2,000
@@ -301,6 +314,6 @@ def test_the_rate_check_fails_the_wrong_procedures():
 def test_exact_bootstrap_weights(k):
     """The reference bootstrap enumerates all k^k resamples: every weight row sums to 1, each seed's mean weight is 1/k."""
     w = _weights(k)
-    assert w.shape == (k ** k, k)
+    assert w.shape == (k**k, k)
     np.testing.assert_allclose(w.sum(1), 1.0)
     np.testing.assert_allclose(w.mean(0), 1.0 / k)

@@ -70,7 +70,21 @@ def test_json_to_stdout_is_the_only_stdout(tmp_path):
 def test_real_mnist_sweep_json_has_finite_kappa_and_width():
     result = runner.invoke(
         app,
-        ["kappa", "--dataset", "mnist", "--split", "test", "--data-dir", str(SHARED), "--n", "128", "--seeds", "3", "--json", "-"],
+        [
+            "kappa",
+            "--dataset",
+            "mnist",
+            "--split",
+            "test",
+            "--data-dir",
+            str(SHARED),
+            "--n",
+            "128",
+            "--seeds",
+            "3",
+            "--json",
+            "-",
+        ],
     )
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
@@ -98,13 +112,17 @@ def test_real_mnist_sweep_json_has_finite_kappa_and_width():
     for w in rows:
         assert w["rank"] == 128
         assert w["log10_required_width"] == pytest.approx(expected, abs=1e-7)
-        assert w["orders_beyond_reference"] == pytest.approx(math.log10(kappas[0] ** 6 * n * math.log(n) / 1e12), abs=1e-7)
+        assert w["orders_beyond_reference"] == pytest.approx(
+            math.log10(kappas[0] ** 6 * n * math.log(n) / 1e12), abs=1e-7
+        )
         lo, hi = w["log10_interval"]
         assert lo == pytest.approx(math.log10(((lam[0] - err) / (lam[-1] + err)) ** 6 * n * math.log(n)), abs=1e-6)
         assert hi == pytest.approx(math.log10(((lam[0] + err) / (lam[-1] - err)) ** 6 * n * math.log(n)), abs=1e-6)
         assert w["interval_method"] == "float64 round-off bound"
     summ = res["sweep"]["summary"][0]["log10_width"]["kappa_d"]
-    assert summ["median"] == pytest.approx(float(np.median([math.log10(k**6 * n * math.log(n)) for k in kappas])), abs=1e-7)
+    assert summ["median"] == pytest.approx(
+        float(np.median([math.log10(k**6 * n * math.log(n)) for k in kappas])), abs=1e-7
+    )
     cells = res["sweep"]["cells"]
     assert [c["seed"] for c in cells] == [0, 1, 2]
     np.testing.assert_allclose([c["kappa_d"] for c in cells], kappas, rtol=1e-8)

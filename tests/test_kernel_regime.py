@@ -44,8 +44,9 @@ def digits():
 
 
 def tiny_vit(seed: int = 0, dim: int = 8, arch: str = "vit") -> ViT:
-    return ViT(ViTSpec(arch, (1, 8, 8), 10, depth=2, dim=dim, heads=2, patch=4, mlp_ratio=2, seed=seed),
-               dtype=torch.float64)
+    return ViT(
+        ViTSpec(arch, (1, 8, 8), 10, depth=2, dim=dim, heads=2, patch=4, mlp_ratio=2, seed=seed), dtype=torch.float64
+    )
 
 
 def trained(steps: int, lr: float = 0.05, seed: int = 0, rows: int = 60, data=None, optimizer: str = "gd"):
@@ -105,6 +106,7 @@ def _explicit_group_kernel(model: ViT, X: torch.Tensor, names: list[str]) -> tor
         def f(*tensors):
             state = {**fixed, **dict(zip(names, tensors))}
             return functional_call(model, state, (x.reshape(1, 1, 8, 8),)).squeeze(0)
+
         jac = torch.autograd.functional.jacobian(f, tuple(params[k].detach() for k in names))
         return torch.cat([j.reshape(j.shape[0], -1) for j in jac], dim=1)  # (c, P_g)
 
@@ -169,8 +171,9 @@ def test_memory_budget_changes_the_plan_not_the_numbers(digits):
     assert panels.cka_trained == pytest.approx(whole.cka_trained, rel=1e-12)
     engine = Engine(Task(net, 10, inputs=net.audit_inputs()), dtype=torch.float64)
     for form in ("full", "trace"):
-        assert torch.allclose(engine.entk(X, form=form, memory_bytes=6_000_000), engine.entk(X, form=form),
-                              rtol=1e-12, atol=1e-14)
+        assert torch.allclose(
+            engine.entk(X, form=form, memory_bytes=6_000_000), engine.entk(X, form=form), rtol=1e-12, atol=1e-14
+        )
     with pytest.raises(AuditError, match="budget"):
         kernel_movement(init, net, X, y, memory_bytes=1000)
 
@@ -280,8 +283,23 @@ def test_cli_checkpoint_movement_per_block_and_against_itself(tmp_path, digits):
     recipe = Recipe("gd", 0.05, steps=10, loss="mse")
     ckpt = _save_checkpoint(tmp_path / "vit.safetensors", net, {"recipe": recipe.to_dict(), "init_seed": 0})
     out = tmp_path / "r.json"
-    res = runner.invoke(app, ["ntk-distance", "--checkpoint", str(ckpt), "--kernel-points", "16", "--n-test", "20",
-                              "--json", str(out), "--png", str(tmp_path / "f.png"), "--quiet"])
+    res = runner.invoke(
+        app,
+        [
+            "ntk-distance",
+            "--checkpoint",
+            str(ckpt),
+            "--kernel-points",
+            "16",
+            "--n-test",
+            "20",
+            "--json",
+            str(out),
+            "--png",
+            str(tmp_path / "f.png"),
+            "--quiet",
+        ],
+    )
     assert res.exit_code == 0, res.output
     payload = json.loads(out.read_text())
     assert payload["schema"] == SCHEMA_CHECKPOINT
@@ -295,14 +313,44 @@ def test_cli_checkpoint_movement_per_block_and_against_itself(tmp_path, digits):
     assert (tmp_path / "f.png").stat().st_size > 1000
     # the rebuilt initialization is the model's real initialization: against a saved copy of it, the same numbers
     init_ckpt = _save_checkpoint(tmp_path / "init.safetensors", init, {})
-    res = runner.invoke(app, ["ntk-distance", "--checkpoint", str(ckpt), "--reference-checkpoint", str(init_ckpt),
-                              "--kernel-points", "16", "--n-test", "20", "--json", "-", "--quiet"])
+    res = runner.invoke(
+        app,
+        [
+            "ntk-distance",
+            "--checkpoint",
+            str(ckpt),
+            "--reference-checkpoint",
+            str(init_ckpt),
+            "--kernel-points",
+            "16",
+            "--n-test",
+            "20",
+            "--json",
+            "-",
+            "--quiet",
+        ],
+    )
     assert res.exit_code == 0, res.output
     again = json.loads(res.stdout)["results"]["models"]["vit"]["movement"]
     assert again["movement"] == pytest.approx(mv["movement"], rel=1e-12)
     # a checkpoint against itself: exactly zero, overall and per group
-    res = runner.invoke(app, ["ntk-distance", "--checkpoint", str(ckpt), "--reference-checkpoint", str(ckpt),
-                              "--kernel-points", "16", "--n-test", "20", "--json", "-", "--quiet"])
+    res = runner.invoke(
+        app,
+        [
+            "ntk-distance",
+            "--checkpoint",
+            str(ckpt),
+            "--reference-checkpoint",
+            str(ckpt),
+            "--kernel-points",
+            "16",
+            "--n-test",
+            "20",
+            "--json",
+            "-",
+            "--quiet",
+        ],
+    )
     assert res.exit_code == 0, res.output
     same = json.loads(res.stdout)["results"]["models"]["vit"]["movement"]
     assert same["movement"] == 0.0 and all(g["movement"] == 0.0 for g in same["groups"])
@@ -310,12 +358,51 @@ def test_cli_checkpoint_movement_per_block_and_against_itself(tmp_path, digits):
 
 def test_cli_checkpoint_from_attnaudit_train_has_the_linearized_distance(tmp_path):
     ckpt = tmp_path / "vit.safetensors"
-    res = runner.invoke(app, ["train", "--arch", "vit", "--dataset", "digits", "--dim", "8", "--heads", "2",
-                              "--depth", "1", "--optimizer", "gd", "--lr", "0.1", "--steps", "5", "--n-train", "120",
-                              "--n-test", "40", "--out", str(ckpt), "--quiet"])
+    res = runner.invoke(
+        app,
+        [
+            "train",
+            "--arch",
+            "vit",
+            "--dataset",
+            "digits",
+            "--dim",
+            "8",
+            "--heads",
+            "2",
+            "--depth",
+            "1",
+            "--optimizer",
+            "gd",
+            "--lr",
+            "0.1",
+            "--steps",
+            "5",
+            "--n-train",
+            "120",
+            "--n-test",
+            "40",
+            "--out",
+            str(ckpt),
+            "--quiet",
+        ],
+    )
     assert res.exit_code == 0, res.output
-    res = runner.invoke(app, ["ntk-distance", "--checkpoint", str(ckpt), "--kernel-points", "16", "--n-test", "30",
-                              "--json", "-", "--quiet"])
+    res = runner.invoke(
+        app,
+        [
+            "ntk-distance",
+            "--checkpoint",
+            str(ckpt),
+            "--kernel-points",
+            "16",
+            "--n-test",
+            "30",
+            "--json",
+            "-",
+            "--quiet",
+        ],
+    )
     assert res.exit_code == 0, res.output
     model = json.loads(res.stdout)["results"]["models"]["vit"]
     assert model["rows"]["rows"] == "checkpoint split"
@@ -327,15 +414,38 @@ def test_cli_checkpoint_from_attnaudit_train_has_the_linearized_distance(tmp_pat
 
 def test_cli_transformer_width_sweep(tmp_path):
     out = tmp_path / "s.json"
-    res = runner.invoke(app, ["ntk-distance", "--arch", "vit,vit-linear", "--widths", "8,16", "--seeds", "2",
-                              "--n-train", "100", "--n-test", "40", "--steps", "4", "--kernel-points", "12",
-                              "--json", str(out), "--png", str(tmp_path / "s.png"), "--quiet"])
+    res = runner.invoke(
+        app,
+        [
+            "ntk-distance",
+            "--arch",
+            "vit,vit-linear",
+            "--widths",
+            "8,16",
+            "--seeds",
+            "2",
+            "--n-train",
+            "100",
+            "--n-test",
+            "40",
+            "--steps",
+            "4",
+            "--kernel-points",
+            "12",
+            "--json",
+            str(out),
+            "--png",
+            str(tmp_path / "s.png"),
+            "--quiet",
+        ],
+    )
     assert res.exit_code == 0, res.output
     payload = json.loads(out.read_text())
     assert payload["schema"] == SCHEMA_TRANSFORMERS
     res_ = payload["results"]
     assert {(c["arch"], c["width"], c["seed"]) for c in res_["cells"]} == {
-        (a, w, s) for a in ("vit", "vit-linear") for w in (8, 16) for s in (0, 1)}
+        (a, w, s) for a in ("vit", "vit-linear") for w in (8, 16) for s in (0, 1)
+    }
     for arch in ("vit", "vit-linear"):
         summary = res_["archs"][arch]
         for measure in ("movement", "kernel_distance", "distance"):
@@ -379,8 +489,9 @@ def test_cli_checkpoint_refusals(tmp_path, digits):
     other = _save_checkpoint(tmp_path / "wide.safetensors", tiny_vit(0, dim=16), {})
     cases.append((["--reference-checkpoint", str(other)], "same parameters"))
     for extra, message in cases:
-        res = runner.invoke(app, ["ntk-distance", "--checkpoint", str(ckpt), "--kernel-points", "8", "--n-test", "5",
-                                  *extra])
+        res = runner.invoke(
+            app, ["ntk-distance", "--checkpoint", str(ckpt), "--kernel-points", "8", "--n-test", "5", *extra]
+        )
         assert res.exit_code == 2, (extra, res.output)
         assert message in res.output and "Traceback" not in res.output, (extra, res.output)
 
@@ -392,8 +503,31 @@ def test_sweep_verdict_needs_every_scale_free_measure_to_fall():
         out = []
         for seed, wobble in ((0, 1.0), (1, 1.1), (2, 0.95)):
             for w, m, k, r in zip((16, 32, 64), move, shape, rel):
-                out.append(TransformerCell("vit", w, 4, seed, 1, 1, False, 0.0, 0.0, 0.0, m * wobble, m, m, k * wobble,
-                                           None, None, {}, {}, 10 * r, r * wobble, 0.0))
+                out.append(
+                    TransformerCell(
+                        "vit",
+                        w,
+                        4,
+                        seed,
+                        1,
+                        1,
+                        False,
+                        0.0,
+                        0.0,
+                        0.0,
+                        m * wobble,
+                        m,
+                        m,
+                        k * wobble,
+                        None,
+                        None,
+                        {},
+                        {},
+                        10 * r,
+                        r * wobble,
+                        0.0,
+                    )
+                )
         return out
 
     widths, seeds = (16, 32, 64), (0, 1, 2)

@@ -48,7 +48,7 @@ def _ggn_block(model, X, y, loss, params):
         start = 0
         for name in params:
             k = named[name].numel()
-            state[name] = theta[start:start + k].view_as(named[name])
+            state[name] = theta[start : start + k].view_as(named[name])
             start += k
         return torch.func.functional_call(model, state, (x[None],))[0]
 
@@ -119,7 +119,9 @@ def test_mlp_scores_correlate_with_exact_and_ekfac_keeps_up_with_kfac():
     model = nn.Sequential(nn.Linear(64, 24), nn.Tanh(), nn.Linear(24, 10)).to(F64)
     train(model, X, y, TrainConfig(loss="ce", lr=0.5, steps=300))
     cfg = dict(damping=0.1, per_test=True)
-    exact = compute_influence(model, X, y, Xt, yt, InfluenceConfig(estimator="exact", **cfg), loss="ce").per_test.flatten()
+    exact = compute_influence(
+        model, X, y, Xt, yt, InfluenceConfig(estimator="exact", **cfg), loss="ce"
+    ).per_test.flatten()
     scores = {}
     for est in ("kfac", "ekfac"):
         r = compute_influence(model, X, y, Xt, yt, InfluenceConfig(estimator=est, **cfg), loss="ce").per_test.flatten()
@@ -145,8 +147,9 @@ def test_vit_tokens_are_covered_and_parameters_outside_linear_layers_are_named()
     assert torch.isfinite(res.per_test).all()
     # scores against exact influence over the same (linear-layer) parameters
     names = [n for n in dict(model.named_parameters()) if n not in res.diagnostics["excluded_parameters"]]
-    exact = compute_influence(task, X[:40], y[:40], X[40:], y[40:],
-                              InfluenceConfig(estimator="exact", params=tuple(names), **train_cfg))
+    exact = compute_influence(
+        task, X[:40], y[:40], X[40:], y[40:], InfluenceConfig(estimator="exact", params=tuple(names), **train_cfg)
+    )
     p = pearsonr(res.per_test.flatten(), exact.per_test.flatten())[0]
     assert p > 0.5, p
 
@@ -157,8 +160,11 @@ def _rotated_ggn_diagonal(model, X, y, block):
     vec(W) then the bias; the factors order (d_out, d_in + 1) row-major, bias last."""
     G = _ggn_block(model, X, y, "ce", [block.weight] + ([block.bias] if block.bias else []))
     width = block.d_in + (1 if block.bias else 0)
-    order = [o * block.d_in + i if i < block.d_in else block.d_out * block.d_in + o
-             for o in range(block.d_out) for i in range(width)]
+    order = [
+        o * block.d_in + i if i < block.d_in else block.d_out * block.d_in + o
+        for o in range(block.d_out)
+        for i in range(width)
+    ]
     G = G[order][:, order]
     Q = torch.kron(block.QS, block.QA)
     return torch.diagonal(Q.T @ G @ Q).reshape(block.d_out, width)
@@ -221,8 +227,9 @@ def test_multihead_attention_factors_track_exact_influence_and_unsupported_forms
     assert pearsonr(res.per_test.flatten(), exact.per_test.flatten())[0] > 0.5
     # extra key/value biases change the computation: listed as excluded, with a warning
     model = _Tokens(add_bias_kv=True).eval()
-    res = compute_influence(Task(model, 3, "ce"), X[:30], y[:30], X[30:], y[30:],
-                            InfluenceConfig(estimator="kfac", **cfg))
+    res = compute_influence(
+        Task(model, 3, "ce"), X[:30], y[:30], X[30:], y[30:], InfluenceConfig(estimator="kfac", **cfg)
+    )
     assert res.diagnostics["layers"] == ["embed", "head"] and res.warnings
     assert {"mha.in_proj_weight", "mha.out_proj.weight", "mha.bias_k"} <= set(res.diagnostics["excluded_parameters"])
 
@@ -274,8 +281,9 @@ def test_conv2d_factors_give_ekfac_eigenvalues_of_the_gauss_newton_block(padding
     torch.testing.assert_close(f.blocks[0].A, patches.T @ patches / 40, rtol=1e-12, atol=1e-14)
 
 
-@pytest.mark.parametrize("options", [dict(padding="same"), dict(padding="valid", stride=2),
-                                     dict(padding=(1, 2), stride=(2, 1), dilation=2)])
+@pytest.mark.parametrize(
+    "options", [dict(padding="same"), dict(padding="valid", stride=2), dict(padding=(1, 2), stride=(2, 1), dilation=2)]
+)
 def test_conv_patches_times_the_weight_reproduce_the_convolution(options):
     """The unfolded patches are the convolution's linear-layer inputs: patches @ W^T + b must
     be torch's own conv output (an even kernel under "same" pads one more on the right)."""
@@ -298,8 +306,14 @@ def test_exact_gauss_newton_influence_matches_an_independent_solve():
     torch.manual_seed(0)
     model = _Tokens(masked=True).eval()
     names = [n for n, _ in model.named_parameters()]
-    res = compute_influence(Task(model, 3, "ce"), X[:24], y[:24], X[24:], y[24:],
-                            InfluenceConfig(estimator="exact", curvature="ggn", damping=0.05, per_test=True))
+    res = compute_influence(
+        Task(model, 3, "ce"),
+        X[:24],
+        y[:24],
+        X[24:],
+        y[24:],
+        InfluenceConfig(estimator="exact", curvature="ggn", damping=0.05, per_test=True),
+    )
     assert res.diagnostics["curvature"] == "ggn"
     G = _ggn_block(model, X[:24], y[:24], "ce", names).numpy()
     named = dict(model.named_parameters())
@@ -308,6 +322,7 @@ def test_exact_gauss_newton_influence_matches_an_independent_solve():
         def loss(params):
             out = torch.func.functional_call(model, params, (x[None],))
             return torch.nn.functional.cross_entropy(out, t[None])
+
         g = torch.func.grad(loss)({k: v.detach() for k, v in named.items()})
         return torch.cat([g[n].reshape(-1) for n in names]).numpy()
 
@@ -344,17 +359,27 @@ def test_ekfac_tracks_the_gauss_newton_influence_it_approximates():
     train(model, X[:48], y[:48], TrainConfig(loss="ce", lr=0.2, steps=60))
     task = Task(model, 3, "ce")
     run = {}
-    for name, kw in {"ekfac": dict(estimator="ekfac"), "kfac": dict(estimator="kfac"),
-                     "ggn": dict(estimator="exact", curvature="ggn"), "hessian": dict(estimator="exact")}.items():
-        run[name] = compute_influence(task, X[:48], y[:48], X[48:], y[48:],
-                                      InfluenceConfig(damping=0.05, per_test=True, **kw)).per_test.flatten()
+    for name, kw in {
+        "ekfac": dict(estimator="ekfac"),
+        "kfac": dict(estimator="kfac"),
+        "ggn": dict(estimator="exact", curvature="ggn"),
+        "hessian": dict(estimator="exact"),
+    }.items():
+        run[name] = compute_influence(
+            task, X[:48], y[:48], X[48:], y[48:], InfluenceConfig(damping=0.05, per_test=True, **kw)
+        ).per_test.flatten()
     r = {k: pearsonr(run[k], run["ggn"])[0] for k in ("ekfac", "kfac", "hessian")}
     assert r["ekfac"] > 0.75 and r["kfac"] > 0.65 and r["ekfac"] > r["kfac"], r
 
 
-@pytest.mark.parametrize("estimator,curvature,match", [
-    ("exact", "fisher", "exact takes the Hessian .auto. or the exact Gauss-Newton"),
-    ("cg", "ggn", "not cg"), ("projected", "empirical", "not projected")])
+@pytest.mark.parametrize(
+    "estimator,curvature,match",
+    [
+        ("exact", "fisher", "exact takes the Hessian .auto. or the exact Gauss-Newton"),
+        ("cg", "ggn", "not cg"),
+        ("projected", "empirical", "not projected"),
+    ],
+)
 def test_a_curvature_the_estimator_does_not_use_is_refused(estimator, curvature, match):
     with pytest.raises(AuditError, match=match):
         InfluenceConfig(estimator=estimator, curvature=curvature)
@@ -446,7 +471,9 @@ def test_projected_equals_exact_at_full_dimension_and_its_error_falls_with_k():
     exact = compute_influence(model, X, y, Xt, yt, InfluenceConfig(estimator="exact", **cfg), loss="ce").per_test
     errors = []
     for k in (32, 128, 400, P, P + 50):
-        res = compute_influence(model, X, y, Xt, yt, InfluenceConfig(estimator="projected", proj_dim=k, **cfg), loss="ce")
+        res = compute_influence(
+            model, X, y, Xt, yt, InfluenceConfig(estimator="projected", proj_dim=k, **cfg), loss="ce"
+        )
         errors.append(float((res.per_test - exact).norm() / exact.norm()))
         assert res.diagnostics["proj_dim_used"] == min(k, P)
     assert errors[0] > errors[1] > errors[2] > 1e-3
@@ -475,8 +502,9 @@ def test_factor_cache_round_trip_and_refusal_of_another_models_factors(tmp_path)
         load_factors(files[0], factors_fingerprint(eng, eng.rows(X), "ekfac", "ggn", 0))
     # other training rows: another fingerprint too
     eng_first = Engine(as_task(model, loss="ce", n_classes=10), dtype=F64)
-    assert factors_fingerprint(eng_first, eng_first.rows(X), "ekfac", "ggn", 0) != \
-        factors_fingerprint(eng_first, eng_first.rows(X[:-1]), "ekfac", "ggn", 0)
+    assert factors_fingerprint(eng_first, eng_first.rows(X), "ekfac", "ggn", 0) != factors_fingerprint(
+        eng_first, eng_first.rows(X[:-1]), "ekfac", "ggn", 0
+    )
     (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(AuditError, match="not a factors file"):
         load_factors(tmp_path / "junk.safetensors", "x")
@@ -488,10 +516,28 @@ def test_audit_and_malleability_accept_the_new_estimators_and_record_which_ran(t
     import yaml
     from conftest import run_cli
 
-    mall = {"models": "relu", "attacks": "pgd", "eps": 0.1, "n-train": 40, "n-test": 20, "width": 8, "steps": 10,
-            "top-k": 10, "pgd-steps": 2, "seeds": 2, "controls": False, "estimator": "projected", "proj-dim": 16}
-    doc = {"version": 1, "name": "projected", "seed": 0, "data": {"dataset": "digits"},
-           "checks": [{"name": "flip", "analysis": "malleability", "options": mall, "metric": "flip_rate", "max": 1.0}]}
+    mall = {
+        "models": "relu",
+        "attacks": "pgd",
+        "eps": 0.1,
+        "n-train": 40,
+        "n-test": 20,
+        "width": 8,
+        "steps": 10,
+        "top-k": 10,
+        "pgd-steps": 2,
+        "seeds": 2,
+        "controls": False,
+        "estimator": "projected",
+        "proj-dim": 16,
+    }
+    doc = {
+        "version": 1,
+        "name": "projected",
+        "seed": 0,
+        "data": {"dataset": "digits"},
+        "checks": [{"name": "flip", "analysis": "malleability", "options": mall, "metric": "flip_rate", "max": 1.0}],
+    }
     path = tmp_path / "audit.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     out = tmp_path / "a.json"
@@ -529,11 +575,23 @@ def test_agrees_with_kronfluence_ekfac_on_the_empirical_fisher(layers):
     if layers == "mlp":
         model = nn.Sequential(nn.Linear(64, 12), nn.Tanh(), nn.Linear(12, 10)).to(F64)
     else:  # a strided, padded convolution: its output positions are tokens on both sides
-        model = nn.Sequential(nn.Unflatten(1, (1, 8, 8)), nn.Conv2d(1, 4, 3, stride=2, padding=1), nn.Tanh(),
-                              nn.Flatten(), nn.Linear(64, 10)).to(F64)
+        model = nn.Sequential(
+            nn.Unflatten(1, (1, 8, 8)),
+            nn.Conv2d(1, 4, 3, stride=2, padding=1),
+            nn.Tanh(),
+            nn.Flatten(),
+            nn.Linear(64, 10),
+        ).to(F64)
     train(model, X, y, TrainConfig(loss="ce", lr=0.5, steps=100))
-    ours = compute_influence(model, X, y, Xt, yt, InfluenceConfig(estimator="ekfac", damping="0.1x", per_test=True,
-                                                                  curvature="empirical"), loss="ce").per_test
+    ours = compute_influence(
+        model,
+        X,
+        y,
+        Xt,
+        yt,
+        InfluenceConfig(estimator="ekfac", damping="0.1x", per_test=True, curvature="empirical"),
+        loss="ce",
+    ).per_test
     import copy
     import tempfile
 
@@ -541,14 +599,26 @@ def test_agrees_with_kronfluence_ekfac_on_the_empirical_fisher(layers):
     with tempfile.TemporaryDirectory() as tmp:
         analyzer = Analyzer("t", kmodel, Classification(), output_dir=tmp, disable_tqdm=True, disable_model_save=True)
         train_ds, test_ds = torch.utils.data.TensorDataset(X, y), torch.utils.data.TensorDataset(Xt, yt)
-        args = FactorArguments(strategy="ekfac", use_empirical_fisher=True, activation_covariance_dtype=F64,
-                               gradient_covariance_dtype=F64, lambda_dtype=F64)
+        args = FactorArguments(
+            strategy="ekfac",
+            use_empirical_fisher=True,
+            activation_covariance_dtype=F64,
+            gradient_covariance_dtype=F64,
+            lambda_dtype=F64,
+        )
         analyzer.fit_all_factors("f", train_ds, per_device_batch_size=40, factor_args=args, overwrite_output_dir=True)
-        analyzer.compute_pairwise_scores("s", "f", test_ds, train_ds, per_device_query_batch_size=15,
-                                         per_device_train_batch_size=40, overwrite_output_dir=True,
-                                         score_args=ScoreArguments(damping_factor=None, score_dtype=F64,
-                                                                   per_sample_gradient_dtype=F64,
-                                                                   precondition_dtype=F64))
+        analyzer.compute_pairwise_scores(
+            "s",
+            "f",
+            test_ds,
+            train_ds,
+            per_device_query_batch_size=15,
+            per_device_train_batch_size=40,
+            overwrite_output_dir=True,
+            score_args=ScoreArguments(
+                damping_factor=None, score_dtype=F64, per_sample_gradient_dtype=F64, precondition_dtype=F64
+            ),
+        )
         theirs = -analyzer.load_pairwise_scores("s")["all_modules"].T.to(F64)
     rel = float((ours - theirs).norm() / theirs.norm())
     assert rel < 1e-7  # measured 1.05e-8 (mlp), 2.1e-8 (conv); kronfluence 1.0.1, float64 throughout
@@ -561,5 +631,12 @@ def test_a_budget_that_cannot_hold_the_factors_is_refused_with_the_alternatives(
     with pytest.raises(AuditError, match=r"kronecker factors.*--params.*projected"):
         compute_influence(model, X, y, Xt, yt, cfg, loss="ce")
     with pytest.raises(AuditError, match=r"projected curvature.*--proj-dim"):
-        compute_influence(model, X, y, Xt, yt, InfluenceConfig(estimator="projected", proj_dim=4000, damping=0.1,
-                                                                memory_budget_mb=1), loss="ce")
+        compute_influence(
+            model,
+            X,
+            y,
+            Xt,
+            yt,
+            InfluenceConfig(estimator="projected", proj_dim=4000, damping=0.1, memory_budget_mb=1),
+            loss="ce",
+        )

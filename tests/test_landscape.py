@@ -200,7 +200,10 @@ def test_zero_weight_rows_give_zero_direction_rows():
 # --------------------------------------------------------------------------- surfaces
 
 
-@pytest.mark.parametrize("arch,loss,backend", [("relu", "mse", "structured"), ("attn", "ce", "structured"), ("attn", "mse", "vmap"), ("relu", "ce", "loop")])
+@pytest.mark.parametrize(
+    "arch,loss,backend",
+    [("relu", "mse", "structured"), ("attn", "ce", "structured"), ("attn", "mse", "vmap"), ("relu", "ce", "loop")],
+)
 def test_batched_evaluation_matches_state_dict_reload(arch, loss, backend):
     model, X, y = _trained(arch, loss, steps=30)
     params = _params(model)
@@ -276,7 +279,9 @@ def test_basin_width_matches_quadratic_closed_form():
 def test_basin_censored_when_threshold_not_reached():
     model, X, y = _trained("relu", "mse", steps=0)
     params = _params(model)
-    res = L.basin_width(L.build_evaluator(model, X, y, "mse"), [L.random_direction(params, 0)], factor=1e6, max_radius=0.01)
+    res = L.basin_width(
+        L.build_evaluator(model, X, y, "mse"), [L.random_direction(params, 0)], factor=1e6, max_radius=0.01
+    )
     assert res.censored == 2 and res.radii == (0.01, 0.01)
 
 
@@ -287,8 +292,16 @@ def test_analyse_landscape_end_to_end_and_hessian_direction_curvature():
     model, X, y = _trained("relu", "mse")
     before = {k: v.clone() for k, v in model.state_dict().items()}
     cfg = L.LandscapeConfig(
-        directions="hessian", points=3, span=1e-5, grid=3, top_k=3, lanczos_tol=1e-9,
-        hutchinson_samples=30, basin_directions=2, basin_points=8, seed=4,
+        directions="hessian",
+        points=3,
+        span=1e-5,
+        grid=3,
+        top_k=3,
+        lanczos_tol=1e-9,
+        hutchinson_samples=30,
+        basin_directions=2,
+        basin_points=8,
+        seed=4,
     )
     ticks = []
     res = L.analyse_landscape(model, X, y, cfg, progress=ticks.append)
@@ -336,8 +349,15 @@ def test_top_share_and_progress_against_dense_spectrum_and_counted_work(monkeypa
     lam = np.linalg.eigvalsh(H)[::-1]
     assert H.shape == (16, 16) and lam[0] > 0
     cfg = L.LandscapeConfig(
-        points=3, grid=3, top_k=16, lanczos_steps=16, lanczos_tol=1e-12, hutchinson_samples=2,
-        basin_directions=1, basin_points=4, seed=2,
+        points=3,
+        grid=3,
+        top_k=16,
+        lanczos_steps=16,
+        lanczos_tol=1e-12,
+        hutchinson_samples=2,
+        basin_directions=1,
+        basin_points=4,
+        seed=2,
     )
     phase = ["before"]
     ticks: dict[str, int] = {}
@@ -351,6 +371,7 @@ def test_top_share_and_progress_against_dense_spectrum_and_counted_work(monkeypa
                 return fn(*args, **kwargs)
             finally:
                 phase[0] = "after"
+
         return wrapped
 
     from attnaudit.analyses.landscape import analysis
@@ -401,8 +422,15 @@ def test_top_share_and_progress_against_dense_spectrum_and_counted_work(monkeypa
 
 def test_config_validation_and_loss_mismatch():
     for bad in (
-        dict(directions="sideways"), dict(points=2), dict(grid=-1), dict(span=0.0), dict(top_k=0),
-        dict(hutchinson_samples=1), dict(basin_factor=1.0), dict(loss="hinge"), dict(memory_mb=0),
+        dict(directions="sideways"),
+        dict(points=2),
+        dict(grid=-1),
+        dict(span=0.0),
+        dict(top_k=0),
+        dict(hutchinson_samples=1),
+        dict(basin_factor=1.0),
+        dict(loss="hinge"),
+        dict(memory_mb=0),
     ):
         with pytest.raises(AuditError):
             L.LandscapeConfig(**bad)
@@ -421,8 +449,19 @@ def test_generic_engine_path_equals_structured_fast_path(arch, loss):
     """Both built-in nets: the generic engine path (vmap over functional_call) gives the fast path's surfaces,
     basin, eigenvalues and trace to float64 round-off, with the same seeds; each result says which path ran."""
     model, X, y = _trained(arch, loss, steps=60)
-    cfg = dict(loss=loss, points=5, span=0.7, grid=5, top_k=3, lanczos_tol=1e-10, hutchinson_samples=6,
-               basin_directions=2, basin_points=8, seed=3, samples_per_batch=17)  # 3 sample chunks, last one short
+    cfg = dict(
+        loss=loss,
+        points=5,
+        span=0.7,
+        grid=5,
+        top_k=3,
+        lanczos_tol=1e-10,
+        hutchinson_samples=6,
+        basin_directions=2,
+        basin_points=8,
+        seed=3,
+        samples_per_batch=17,
+    )  # 3 sample chunks, last one short
     fast = L.analyse_landscape(model, X, y, L.LandscapeConfig(**cfg))
     slow = L.analyse_landscape(model, X, y, L.LandscapeConfig(fast_path=False, **cfg))
     assert (fast.path, fast.backend) == ("fast: TwoLayerNet structured evaluation", "structured")
@@ -441,11 +480,37 @@ def test_generic_engine_path_equals_structured_fast_path(arch, loss):
 
 def test_selector_keywords_and_structured_declaration():
     X, y = _data(n=30, d=4)
-    res = L.analyse_landscape(MLP(), X, y, L.LandscapeConfig(
-        loss="ce", params=("head",), points=3, grid=0, top_k=1, hutchinson_samples=2, basin_directions=1, basin_points=4))
+    res = L.analyse_landscape(
+        MLP(),
+        X,
+        y,
+        L.LandscapeConfig(
+            loss="ce",
+            params=("head",),
+            points=3,
+            grid=0,
+            top_k=1,
+            hutchinson_samples=2,
+            basin_directions=1,
+            basin_points=4,
+        ),
+    )
     assert res.param_names == ("net.2.weight", "net.2.bias") and res.path == L.GENERIC_PATH
-    res = L.analyse_landscape(MLP(), X, y, L.LandscapeConfig(
-        loss="ce", params=("net.0",), points=3, grid=0, top_k=1, hutchinson_samples=2, basin_directions=1, basin_points=4))
+    res = L.analyse_landscape(
+        MLP(),
+        X,
+        y,
+        L.LandscapeConfig(
+            loss="ce",
+            params=("net.0",),
+            points=3,
+            grid=0,
+            top_k=1,
+            hutchinson_samples=2,
+            basin_directions=1,
+            basin_points=4,
+        ),
+    )
     assert res.param_names == ("net.0.weight", "net.0.bias")
     model, X, y = _trained("relu", "mse", steps=5)
     ev = L.build_evaluator(model, X, y, "mse", params="head")
@@ -487,7 +552,9 @@ def _dense_ce_hessian(module, X, y):
 
     def f(t):
         parts = torch.split(t, [int(np.prod(s)) for s in shapes])
-        out = torch.func.functional_call(ref, {k: v.view(s) for k, v, s in zip(names, parts, shapes)}, (X.reshape(-1, 1, 4, 4),))
+        out = torch.func.functional_call(
+            ref, {k: v.view(s) for k, v, s in zip(names, parts, shapes)}, (X.reshape(-1, 1, 4, 4),)
+        )
         return torch.nn.functional.cross_entropy(out, y)
 
     with sdpa_kernel(SDPBackend.MATH):  # the fused kernels have no double backward
@@ -503,16 +570,29 @@ def test_any_module_images_and_sdpa_against_dense_hessian_and_module_untouched()
     module = ImageAttention()
     before = {k: v.clone() for k, v in module.state_dict().items()}
     task = Task(module, n_classes=3, loss="ce", inputs=Inputs("images", (1, 4, 4)))
-    cfg = L.LandscapeConfig(points=5, span=0.5, grid=3, top_k=2, lanczos_steps=40, lanczos_tol=1e-10,
-                            hutchinson_samples=4, basin_directions=1, basin_points=6)
+    cfg = L.LandscapeConfig(
+        points=5,
+        span=0.5,
+        grid=3,
+        top_k=2,
+        lanczos_steps=40,
+        lanczos_tol=1e-10,
+        hutchinson_samples=4,
+        basin_directions=1,
+        basin_points=6,
+    )
     res = L.analyse_landscape(task, X, y, cfg)
     H, loss0 = _dense_ce_hessian(module, X, y)
     assert res.n_params == H.shape[0] == 3 * 12 + 12 and res.dtype == "float64" and res.path == L.GENERIC_PATH
-    assert res.backend == "vmap" and res.hvp_mode == "reverse-over-reverse"  # the math kernel: batched, twice differentiable
+    assert (
+        res.backend == "vmap" and res.hvp_mode == "reverse-over-reverse"
+    )  # the math kernel: batched, twice differentiable
     assert res.eigen.converged
     np.testing.assert_allclose(res.eigen.eigenvalues, torch.linalg.eigvalsh(H).flip(0)[:2].numpy(), rtol=1e-8)
     assert res.loss == pytest.approx(loss0, rel=1e-12)
-    assert res.surface_1d.loss[2] == pytest.approx(loss0, rel=1e-12) and res.surface_2d.loss[1][1] == pytest.approx(loss0, rel=1e-12)
+    assert res.surface_1d.loss[2] == pytest.approx(loss0, rel=1e-12) and res.surface_2d.loss[1][1] == pytest.approx(
+        loss0, rel=1e-12
+    )
     assert module.training and all(p.dtype == torch.float32 for p in module.parameters())
     for k, v in module.state_dict().items():
         assert torch.equal(v, before[k])
@@ -524,7 +604,9 @@ def test_dropout_model_runs_in_eval_mode_and_keeps_its_flag():
         torch.manual_seed(1)
         model = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Tanh(), nn.Linear(8, 3)).double()
     assert model.training
-    cfg = L.LandscapeConfig(loss="ce", points=3, grid=3, top_k=2, hutchinson_samples=3, basin_directions=1, basin_points=4)
+    cfg = L.LandscapeConfig(
+        loss="ce", points=3, grid=3, top_k=2, hutchinson_samples=3, basin_directions=1, basin_points=4
+    )
     a = L.analyse_landscape(model, X, y, cfg).to_dict()
     b = L.analyse_landscape(model, X, y, cfg).to_dict()
     for key in ("loss", "top_eigenvalues", "trace", "surface_1d", "surface_2d", "basin"):
@@ -540,8 +622,14 @@ def test_float32_module_unchanged_by_float64_analysis():
     X, y = _data(n=25, d=4)
     model = MLP().float()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    res = L.analyse_landscape(model, X, y, L.LandscapeConfig(
-        loss="ce", points=3, grid=0, top_k=1, hutchinson_samples=2, basin_directions=1, basin_points=4))
+    res = L.analyse_landscape(
+        model,
+        X,
+        y,
+        L.LandscapeConfig(
+            loss="ce", points=3, grid=0, top_k=1, hutchinson_samples=2, basin_directions=1, basin_points=4
+        ),
+    )
     assert res.dtype == "float64" and all(p.dtype == torch.float32 for p in model.parameters())
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k])
@@ -561,7 +649,9 @@ def test_run_landscape_resolves_the_selector_before_training(monkeypatch):
 
     monkeypatch.setattr(training, "train", no_training)
     with pytest.raises(L.ParameterSelectionError, match="nothing"):
-        L.run_landscape(ds, L.LandscapeConfig(params=("nothing*",)), width=4, train_config=training.TrainConfig(steps=1))
+        L.run_landscape(
+            ds, L.LandscapeConfig(params=("nothing*",)), width=4, train_config=training.TrainConfig(steps=1)
+        )
 
 
 # --------------------------------------------------------------------------- CLI
@@ -584,8 +674,22 @@ def app():
 
     return app
 
-ANALYSIS = ["--n-train", "120", "--points", "5", "--grid", "5", "--eigenvalues", "2", "--hutchinson-samples", "4",
-            "--basin-directions", "2", "--quiet"]
+
+ANALYSIS = [
+    "--n-train",
+    "120",
+    "--points",
+    "5",
+    "--grid",
+    "5",
+    "--eigenvalues",
+    "2",
+    "--hutchinson-samples",
+    "4",
+    "--basin-directions",
+    "2",
+    "--quiet",
+]
 TINY = ["--width", "16", "--steps", "40", *ANALYSIS]
 
 
@@ -629,11 +733,15 @@ def test_cli_saved_model_and_match_loss(app, tmp_path):
     with torch.no_grad():
         assert rec["loss"] == pytest.approx(float(loss_value(net(ds.X), ds.y, "mse")), rel=1e-12)
     # a reachable target stops early; an unreachable one is reported, not hidden
-    res = runner.invoke(app, ["landscape", *TINY, "--models", "relu", "--steps", "500", "--match-loss", "0.3", "--json", "-"])
+    res = runner.invoke(
+        app, ["landscape", *TINY, "--models", "relu", "--steps", "500", "--match-loss", "0.3", "--json", "-"]
+    )
     assert res.exit_code == 0, res.output
     tr = json.loads(res.stdout)["results"]["models"]["relu"]["training"]
     assert tr["reached_match_loss"] is True and tr["steps_run"] < 500 and tr["final_loss"] <= 0.3
-    res = runner.invoke(app, ["landscape", *TINY, "--models", "relu", "--steps", "3", "--match-loss", "1e-6", "--json", "-"])
+    res = runner.invoke(
+        app, ["landscape", *TINY, "--models", "relu", "--steps", "3", "--match-loss", "1e-6", "--json", "-"]
+    )
     payload = json.loads(res.stdout)
     assert any("did not reach --match-loss" in w for w in payload["warnings"])
 
@@ -645,7 +753,10 @@ def test_cli_saved_model_and_match_loss(app, tmp_path):
         (["--points", "2"], ["--points"]),
         (["--preset", "huge"], ["--preset", "huge"]),
         (["--models", "relu,gpt"], ["--models", "gpt"]),
-        (["--checkpoint", "nowhere.safetensors"], ["--checkpoint", "nowhere.safetensors", "not found"]),  # --model: alias
+        (
+            ["--checkpoint", "nowhere.safetensors"],
+            ["--checkpoint", "nowhere.safetensors", "not found"],
+        ),  # --model: alias
         (["--checkpoint", "x.safetensors", "--models", "relu"], ["--checkpoint", "--models", "give one of them"]),
         (["--checkpoint", "x.safetensors", "--width", "8"], ["--width", "do not apply to --checkpoint"]),
         (["--span", "-1"], ["--span"]),
@@ -670,8 +781,23 @@ def test_cli_bad_options_exit_2(app, args, needles):
 
 def test_cli_subprocess_json_stdout():
     proc = subprocess.run(
-        [sys.executable, "-m", "attnaudit", "landscape", *TINY, "--models", "relu", "--directions", "hessian", "--json", "-"],
-        capture_output=True, text=True, cwd=REPO, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "attnaudit",
+            "landscape",
+            *TINY,
+            "--models",
+            "relu",
+            "--directions",
+            "hessian",
+            "--json",
+            "-",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     payload = json.loads(proc.stdout)  # nothing else on stdout
@@ -681,7 +807,9 @@ def test_cli_subprocess_json_stdout():
 
 @pytest.mark.skipif(not HAS_MNIST, reason="../shared/data/MNIST not present")
 def test_cli_paper_preset_path_on_real_mnist(app):
-    res = runner.invoke(app, ["landscape", "--preset", "paper", "--split", "test", "--data-dir", str(SHARED), *TINY, "--json", "-"])
+    res = runner.invoke(
+        app, ["landscape", "--preset", "paper", "--split", "test", "--data-dir", str(SHARED), *TINY, "--json", "-"]
+    )
     assert res.exit_code == 0, res.output
     payload = json.loads(res.stdout)
     assert payload["inputs"]["dataset"] == "mnist" and payload["inputs"]["split"] == "test"
@@ -722,22 +850,30 @@ def test_compare_landscapes_gates_verdicts_on_comparable_loss():
     base = L.analyse_landscape(model, X, y, cfg)
     sharp = dataclasses.replace(base, eigen=dataclasses.replace(base.eigen, eigenvalues=(2.0, 1.0)))
     flat = dataclasses.replace(base, eigen=dataclasses.replace(base.eigen, eigenvalues=(1.0, 0.5)))
+
     def seeds(top):  # three seeds whose lambda_max spread is +-5 % around ``top``
-        return [dataclasses.replace(base, eigen=dataclasses.replace(base.eigen, eigenvalues=(top * f, 0.1)))
-                for f in (0.95, 1.0, 1.05)]
+        return [
+            dataclasses.replace(base, eigen=dataclasses.replace(base.eigen, eigenvalues=(top * f, 0.1)))
+            for f in (0.95, 1.0, 1.05)
+        ]
 
     # one seed: a clear difference is still "not resolved" (the spread over seeds is not measured)
     verdicts, warnings = compare_landscapes({"relu": sharp, "attn": flat}, {})
     assert not any("differ" in w for w in warnings) and "not resolved" in verdicts[0] and "attn/relu 0.5" in verdicts[0]
     assert "consistent" not in verdicts[0] and "contradicts" not in verdicts[0]
     # three seeds: the Student-t tolerance t(0.975, 2) SE of the difference decides
-    verdicts, warnings = compare_landscapes({"relu": sharp, "attn": flat}, {},
-                                            seed_results={"relu": seeds(2.0), "attn": seeds(1.0)})
+    verdicts, warnings = compare_landscapes(
+        {"relu": sharp, "attn": flat}, {}, seed_results={"relu": seeds(2.0), "attn": seeds(1.0)}
+    )
     assert "consistent with the paper" in verdicts[0] and "t(0.975, 2) = 4.30" in verdicts[0]
-    verdicts, _ = compare_landscapes({"relu": flat, "attn": sharp}, {}, seed_results={"relu": seeds(1.0), "attn": seeds(2.0)})
+    verdicts, _ = compare_landscapes(
+        {"relu": flat, "attn": sharp}, {}, seed_results={"relu": seeds(1.0), "attn": seeds(2.0)}
+    )
     assert "contradicts" in verdicts[0]
     # the same means with a spread that t(0.975, 2) = 4.30 SE cannot separate: not resolved
-    wide = [dataclasses.replace(base, eigen=dataclasses.replace(base.eigen, eigenvalues=(v, 0.1))) for v in (1.0, 2.0, 3.0)]
+    wide = [
+        dataclasses.replace(base, eigen=dataclasses.replace(base.eigen, eigenvalues=(v, 0.1))) for v in (1.0, 2.0, 3.0)
+    ]
     verdicts, _ = compare_landscapes({"relu": flat, "attn": sharp}, {}, seed_results={"relu": seeds(1.0), "attn": wide})
     assert "not resolved" in verdicts[0]
     far = dataclasses.replace(flat, loss=base.loss * 10)
@@ -756,9 +892,28 @@ def test_cli_saved_model_provenance_warns_only_on_other_data(app, tmp_path):
     model = build_model(ModelSpec("relu", 64, 8, 10, seed=0))
     train(model, ds.X, ds.y, TrainConfig(lr=4.0, steps=30))
     path = tmp_path / "relu.safetensors"
-    save_model(model, path, metadata={"training_data": {"name": "digits", "n": 60, "fingerprint": data_fingerprint(ds.X, ds.y)}})
-    base = ["landscape", "--checkpoint", str(path), "--grid", "0", "--points", "0", "--eigenvalues", "2", "--hutchinson-samples", "4",
-            "--basin-directions", "2", "--json", "-"]
+    save_model(
+        model,
+        path,
+        metadata={"training_data": {"name": "digits", "n": 60, "fingerprint": data_fingerprint(ds.X, ds.y)}},
+    )
+    base = [
+        "landscape",
+        "--checkpoint",
+        str(path),
+        "--grid",
+        "0",
+        "--points",
+        "0",
+        "--eigenvalues",
+        "2",
+        "--hutchinson-samples",
+        "4",
+        "--basin-directions",
+        "2",
+        "--json",
+        "-",
+    ]
     same = runner.invoke(app, base + ["--n-train", "60"])
     assert same.exit_code == 0, same.output
     assert not any("other data" in w for w in json.loads(same.stdout)["warnings"])

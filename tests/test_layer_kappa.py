@@ -144,7 +144,7 @@ def test_builtin_vit_layers_match_hand_computation(arch):
         k = h @ attn.k.weight.detach().numpy().T + attn.k.bias.detach().numpy()
         assert layer.heads is not None and len(layer.heads) == 2
         for head in range(2):
-            qh, kh = q[:, :, head * 4:(head + 1) * 4], k[:, :, head * 4:(head + 1) * 4]
+            qh, kh = q[:, :, head * 4 : (head + 1) * 4], k[:, :, head * 4 : (head + 1) * 4]
             scores = qh @ kh.transpose(0, 2, 1)
             A = scores / (2.0 * 16) if arch == "vit-linear" else softmax(scores / 2.0)
             expected = [np_matrix_kappa(A[i]) for i in range(12)]
@@ -223,8 +223,14 @@ def test_tiny_hugging_face_vit(tmp_path):
 
     torch.manual_seed(0)
     config = transformers.ViTConfig(
-        image_size=8, patch_size=4, num_channels=1, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-        intermediate_size=32, num_labels=10,
+        image_size=8,
+        patch_size=4,
+        num_channels=1,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        num_labels=10,
     )
     hf = transformers.ViTForImageClassification(config).eval()
     with torch.no_grad():  # maps far from uniform
@@ -329,11 +335,15 @@ def explicit_entk(model: nn.Module, X: torch.Tensor) -> np.ndarray:
     params = [p for p in twin.parameters() if p.requires_grad]
     J = []
     for i in range(X.shape[0]):
-        logits = twin(X[i:i + 1].reshape(1, 1, 8, 8))[0]
-        J.append(torch.stack([
-            torch.cat([g.reshape(-1) for g in torch.autograd.grad(logits[a], params, retain_graph=True)])
-            for a in range(logits.shape[0])
-        ]))
+        logits = twin(X[i : i + 1].reshape(1, 1, 8, 8))[0]
+        J.append(
+            torch.stack(
+                [
+                    torch.cat([g.reshape(-1) for g in torch.autograd.grad(logits[a], params, retain_graph=True)])
+                    for a in range(logits.shape[0])
+                ]
+            )
+        )
     J = torch.stack(J).numpy()  # (n, c, P)
     return np.einsum("iap,jap->ij", J, J) / J.shape[1]
 
@@ -395,11 +405,23 @@ def test_detection_nesting_patterns_and_errors():
 
     net = Net()
     assert [(f.name, f.kind) for f in find_attention_layers(net)] == [
-        ("a.inner", "builtin"), ("b", "projections"), ("c", "multihead")]
+        ("a.inner", "builtin"),
+        ("b", "projections"),
+        ("c", "multihead"),
+    ]
     assert [(f.name, f.kind) for f in find_attention_layers(net, ["a.inner", "a.m*", "c"])] == [
-        ("a.inner", "builtin"), ("a.mlp", "selected"), ("c", "multihead")]
+        ("a.inner", "builtin"),
+        ("a.mlp", "selected"),
+        ("c", "multihead"),
+    ]
     assert [f.name for f in find_attention_layers(net, ["a.*"])] == [  # fnmatch: * crosses dots
-        "a.inner", "a.inner.q", "a.inner.k", "a.inner.v", "a.inner.proj", "a.mlp"]
+        "a.inner",
+        "a.inner.q",
+        "a.inner.k",
+        "a.inner.v",
+        "a.inner.proj",
+        "a.mlp",
+    ]
     with pytest.raises(AuditError, match="no module matches 'blocks"):
         find_attention_layers(net, ["blocks.*"])
     with pytest.raises(AuditError, match=r"no attention layer found.*candidates: 0, 1"):
@@ -427,8 +449,9 @@ def test_cli_checkpoint_table_json_and_figure(tiny_checkpoint, tmp_path):
 
     path, model = tiny_checkpoint
     png = tmp_path / "layers.png"
-    result = runner.invoke(app, ["kappa", "--checkpoint", str(path), "--n", "40", "--gram", "entk", "--json", "-",
-                                 "--png", str(png)])
+    result = runner.invoke(
+        app, ["kappa", "--checkpoint", str(path), "--n", "40", "--gram", "entk", "--json", "-", "--png", str(png)]
+    )
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
     assert payload["schema"] == "attnaudit.kappa-layers/1"
@@ -447,22 +470,28 @@ def test_cli_checkpoint_table_json_and_figure(tiny_checkpoint, tmp_path):
         assert la["input_gram"]["rank_deficient_samples"] == sum(math.isinf(k[0]) for k in kin) == 40
         assert la["input_gram"]["log10_kappa"]["nonfinite"] == {"median": "+inf", "p10": "+inf", "p90": "+inf"}
         assert la["input_gram"]["log10_kappa_at_numerical_rank"]["median"] == pytest.approx(
-            np.median(np.log10([k[1] for k in kin])), rel=1e-8)
+            np.median(np.log10([k[1] for k in kin])), rel=1e-8
+        )
         assert la["output_gram"]["rank_deficient_samples"] == sum(math.isinf(k[0]) for k in kout)
         assert la["input_gram"]["per_sample"]["numerical_rank"] == [k[2] for k in kin]
 
     # the per-layer table is printed for people
     shown = runner.invoke(app, ["kappa", "--checkpoint", str(path), "--n", "16", "--layers", "blocks.1.*"])
     assert shown.exit_code == 0, shown.output
-    assert "per-layer kappa" in shown.stdout and "blocks.1.attn.q" in shown.stdout and "blocks.0.attn " not in shown.stdout
+    assert (
+        "per-layer kappa" in shown.stdout and "blocks.1.attn.q" in shown.stdout and "blocks.0.attn " not in shown.stdout
+    )
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--layers", "nothing.*"], "candidates"),
-    (["--gram", "hessian"], "--gram"),
-    (["--n", "8,16"], "one batch size"),
-    (["--seeds", "2"], "--seeds"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--layers", "nothing.*"], "candidates"),
+        (["--gram", "hessian"], "--gram"),
+        (["--n", "8,16"], "one batch size"),
+        (["--seeds", "2"], "--seeds"),
+    ],
+)
 def test_cli_bad_options_exit_2(tiny_checkpoint, args, message):
     path, _ = tiny_checkpoint
     result = runner.invoke(app, ["kappa", "--checkpoint", str(path), "--n", "8", *args])

@@ -135,7 +135,9 @@ def test_attn_training_shortcut_equals_training_the_mlp_on_transformed_inputs(di
 @pytest.mark.parametrize("protocol", ["retrain", "static"])
 def test_no_perturbation_gives_zero_flips_and_full_structure(digits, protocol):
     X, y, Xt, yt = digits
-    cfg = MalleabilityConfig(attacks=("none", "pgd", "random"), seeds=(0, 1), damping=(1e-3, 1e-1), protocol=protocol, **SMALL)
+    cfg = MalleabilityConfig(
+        attacks=("none", "pgd", "random"), seeds=(0, 1), damping=(1e-3, 1e-1), protocol=protocol, **SMALL
+    )
     ticks = []
     res = run_malleability(X, y, Xt, yt, 10, cfg, value_range=(0.0, 1.0), progress=lambda k=1: ticks.append(k))
     assert sum(ticks) == progress_total(cfg) == 2 * 2 * (1 + 1 + 1 + 2)
@@ -162,7 +164,9 @@ def test_attn_context_option_changes_the_retrained_model(digits):
     X, y, Xt, yt = digits
     out = {}
     for ctx in ("perturbed", "clean"):
-        cfg = MalleabilityConfig(models=("attn",), attacks=("pgd",), seeds=(0,), controls=False, attn_context=ctx, **SMALL)
+        cfg = MalleabilityConfig(
+            models=("attn",), attacks=("pgd",), seeds=(0,), controls=False, attn_context=ctx, **SMALL
+        )
         out[ctx] = run_malleability(X, y, Xt, yt, 10, cfg, value_range=(0.0, 1.0))
     # the protocol written out by hand: train on clean data, attack it (PGD, eps 0.3, 3 steps, seed 0,
     # clipped to [0, 1]), retrain from the same seed on the attacked data with the attention context
@@ -176,21 +180,33 @@ def test_attn_context_option_changes_the_retrained_model(digits):
     for ctx, context in (("perturbed", X_adv), ("clean", X)):
         expected[ctx] = train(build_model(spec, context), X_adv, y, recipe).final_loss
         rows = {t["role"]: t["final_loss"] for t in out[ctx].training}
-        assert rows == {"clean": pytest.approx(clean_loss, rel=1e-10), "pgd@0.3": pytest.approx(expected[ctx], rel=1e-10)}
+        assert rows == {
+            "clean": pytest.approx(clean_loss, rel=1e-10),
+            "pgd@0.3": pytest.approx(expected[ctx], rel=1e-10),
+        }
     # a different attention context is a different model, by more than the tolerance above
     assert abs(expected["perturbed"] - expected["clean"]) > 1e-6 * expected["clean"]
 
 
 def test_match_loss_stops_training_and_reports(digits):
     X, y, Xt, yt = digits
-    cfg = MalleabilityConfig(models=("relu", "attn"), attacks=("random",), seeds=(0,), controls=False, match_loss=0.45, **{**SMALL, "steps": 40})
+    cfg = MalleabilityConfig(
+        models=("relu", "attn"),
+        attacks=("random",),
+        seeds=(0,),
+        controls=False,
+        match_loss=0.45,
+        **{**SMALL, "steps": 40},
+    )
     res = run_malleability(X, y, Xt, yt, 10, cfg, value_range=(0.0, 1.0))
     for t in res.training:
         if t["reached_match_loss"]:
             assert t["final_loss"] <= 0.45 and t["steps_run"] < 40
         else:
             assert t["steps_run"] == 40
-    unreachable = MalleabilityConfig(models=("relu",), attacks=("random",), seeds=(0,), controls=False, match_loss=1e-6, **SMALL)
+    unreachable = MalleabilityConfig(
+        models=("relu",), attacks=("random",), seeds=(0,), controls=False, match_loss=1e-6, **SMALL
+    )
     res2 = run_malleability(X, y, Xt, yt, 10, unreachable, value_range=(0.0, 1.0))
     assert any("did not reach --match-loss" in w for w in res2.warnings)
 
@@ -229,9 +245,21 @@ def test_tables_and_figure(digits, tmp_path):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(models=("relu", "gpt")), dict(attacks=("pgd", "cw")), dict(eps=(0.0,)), dict(damping=(-1.0,)), dict(top_k=0),
-     dict(protocol="replay"), dict(attn_context="both"), dict(max_flip_rate=1.5), dict(match_loss=-1.0),
-     dict(estimator="tracin", damping=(0.1, 0.01)), dict(seeds=(0, 0)), dict(lr=-1.0), dict(norm="l1")],
+    [
+        dict(models=("relu", "gpt")),
+        dict(attacks=("pgd", "cw")),
+        dict(eps=(0.0,)),
+        dict(damping=(-1.0,)),
+        dict(top_k=0),
+        dict(protocol="replay"),
+        dict(attn_context="both"),
+        dict(max_flip_rate=1.5),
+        dict(match_loss=-1.0),
+        dict(estimator="tracin", damping=(0.1, 0.01)),
+        dict(seeds=(0, 0)),
+        dict(lr=-1.0),
+        dict(norm="l1"),
+    ],
 )
 def test_bad_config_rejected(kwargs):
     with pytest.raises(AuditError):
@@ -253,7 +281,22 @@ def app():
     return app
 
 
-TINY = ["--n-train", "50", "--n-test", "20", "--width", "8", "--steps", "20", "--top-k", "10", "--pgd-steps", "3", "--seeds", "2"]
+TINY = [
+    "--n-train",
+    "50",
+    "--n-test",
+    "20",
+    "--width",
+    "8",
+    "--steps",
+    "20",
+    "--top-k",
+    "10",
+    "--pgd-steps",
+    "3",
+    "--seeds",
+    "2",
+]
 
 
 def test_cli_json_and_exit_codes(app, tmp_path):
@@ -267,22 +310,35 @@ def test_cli_json_and_exit_codes(app, tmp_path):
     assert any(s["attack"] == "reinit" for s in res["summary"])
     top = max(s["flip_rate"]["mean"] for s in res["summary"] if s["attack"] in ("pgd", "random"))
     # gate below the worst measured flip rate: exit 1 naming the model and attack
-    fail = runner.invoke(app, ["malleability", *TINY, "--attacks", "pgd,random", "--max-flip-rate", str(max(top - 1e-9, 0.0)), "--quiet"])
+    fail = runner.invoke(
+        app, ["malleability", *TINY, "--attacks", "pgd,random", "--max-flip-rate", str(max(top - 1e-9, 0.0)), "--quiet"]
+    )
     assert top > 0  # seeded, so this holds for this configuration; the gate below is then live
     assert fail.exit_code == 1, fail.output
     assert "under pgd" in fail.output or "under random" in fail.output
-    passing = runner.invoke(app, ["malleability", *TINY, "--attacks", "pgd,random", "--max-flip-rate", "1.0", "--quiet"])
+    passing = runner.invoke(
+        app, ["malleability", *TINY, "--attacks", "pgd,random", "--max-flip-rate", "1.0", "--quiet"]
+    )
     assert passing.exit_code == 0, passing.output
 
 
 @pytest.mark.parametrize(
     "args,needles",
-    [(["--attacks", "pgd,cw"], ["--attacks", "cw"]), (["--eps", "0"], ["--eps"]), (["--eps", "a,b"], ["--eps", "'a'"]),
-     (["--models", "relu,bert"], ["--models", "bert"]), (["--max-flip-rate", "2"], ["--max-flip-rate"]),
-     (["--estimator", "newton"], ["--estimator", "newton"]), (["--protocol", "replay"], ["--protocol", "replay"]),
-     (["--preset", "huge"], ["--preset", "huge"]), (["--n-train", "5000"], ["--n-train", "5000"]),
-     (["--top-k", "500"], ["--top-k", "500"]), (["--damping", "-1"], ["--damping"]), (["--norm", "l3"], ["--norm", "l3"]),
-     (["--seeds", "0"], ["--seeds"])],
+    [
+        (["--attacks", "pgd,cw"], ["--attacks", "cw"]),
+        (["--eps", "0"], ["--eps"]),
+        (["--eps", "a,b"], ["--eps", "'a'"]),
+        (["--models", "relu,bert"], ["--models", "bert"]),
+        (["--max-flip-rate", "2"], ["--max-flip-rate"]),
+        (["--estimator", "newton"], ["--estimator", "newton"]),
+        (["--protocol", "replay"], ["--protocol", "replay"]),
+        (["--preset", "huge"], ["--preset", "huge"]),
+        (["--n-train", "5000"], ["--n-train", "5000"]),
+        (["--top-k", "500"], ["--top-k", "500"]),
+        (["--damping", "-1"], ["--damping"]),
+        (["--norm", "l3"], ["--norm", "l3"]),
+        (["--seeds", "0"], ["--seeds"]),
+    ],
 )
 def test_cli_bad_options_exit_2(app, args, needles):
     result = runner.invoke(app, ["malleability", *TINY, "--quiet", *args])
@@ -294,7 +350,21 @@ def test_cli_bad_options_exit_2(app, args, needles):
 
 
 def test_cli_files_and_refusal_to_overwrite(app, tmp_path):
-    args = ["malleability", *TINY, "--attacks", "fgsm", "--out-dir", str(tmp_path), "--quiet", "--estimator", "cg", "--norm", "l2", "--eps", "1.0"]
+    args = [
+        "malleability",
+        *TINY,
+        "--attacks",
+        "fgsm",
+        "--out-dir",
+        str(tmp_path),
+        "--quiet",
+        "--estimator",
+        "cg",
+        "--norm",
+        "l2",
+        "--eps",
+        "1.0",
+    ]
     first = runner.invoke(app, args)
     assert first.exit_code == 0, first.output
     assert (tmp_path / "report.json").exists() and (tmp_path / "malleability.png").exists()
@@ -308,7 +378,10 @@ def test_cli_files_and_refusal_to_overwrite(app, tmp_path):
 def test_cli_subprocess_table():
     proc = subprocess.run(
         [sys.executable, "-m", "attnaudit", "malleability", *TINY, "--attacks", "pgd", "--no-controls", "--seeds", "1"],
-        capture_output=True, text=True, cwd=REPO, timeout=300,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     assert "influence malleability" in proc.stdout and "flip rate" in proc.stdout
@@ -318,9 +391,35 @@ def test_cli_subprocess_table():
 def test_cli_real_mnist_small(app):
     result = runner.invoke(
         app,
-        ["malleability", "--dataset", "mnist", "--split", "test", "--data-dir", str(SHARED), "--n-train", "80", "--n-test", "40",
-         "--width", "8", "--steps", "15", "--top-k", "10", "--pgd-steps", "3", "--seeds", "1", "--attacks", "pgd,random",
-         "--no-controls", "--json", "-", "--quiet"],
+        [
+            "malleability",
+            "--dataset",
+            "mnist",
+            "--split",
+            "test",
+            "--data-dir",
+            str(SHARED),
+            "--n-train",
+            "80",
+            "--n-test",
+            "40",
+            "--width",
+            "8",
+            "--steps",
+            "15",
+            "--top-k",
+            "10",
+            "--pgd-steps",
+            "3",
+            "--seeds",
+            "1",
+            "--attacks",
+            "pgd,random",
+            "--no-controls",
+            "--json",
+            "-",
+            "--quiet",
+        ],
     )
     assert result.exit_code == 0, result.output
     res = json.loads(result.stdout)["results"]
@@ -336,8 +435,15 @@ def test_cli_real_mnist_small(app):
 @pytest.mark.parametrize("estimator", ["exact", "tracin", "cg"])
 def test_other_estimators_run_and_no_perturbation_is_stable(digits, estimator):
     X, y, Xt, yt = digits
-    cfg = MalleabilityConfig(models=("relu", "attn"), attacks=("none",), seeds=(0,), controls=False, estimator=estimator,
-                             damping=(0.05,), **{**SMALL, "width": 4})
+    cfg = MalleabilityConfig(
+        models=("relu", "attn"),
+        attacks=("none",),
+        seeds=(0,),
+        controls=False,
+        estimator=estimator,
+        damping=(0.05,),
+        **{**SMALL, "width": 4},
+    )
     res = run_malleability(X, y, Xt, yt, 10, cfg, value_range=(0.0, 1.0))
     assert all(r["flip_rate"] == 0.0 and r["spearman"] == pytest.approx(1.0) for r in res.runs)
     assert {d["estimator"] for d in res.influence_diagnostics} == {estimator}
@@ -350,14 +456,20 @@ def test_exact_over_budget_fails_before_training(digits):
     X, y, Xt, yt = digits
     cfg = MalleabilityConfig(estimator="exact", width=200, seeds=(0,), max_exact_params=1000)
     with pytest.raises(AuditError, match="last-layer or cg"):
-        run_malleability(X, y, Xt, yt, 10, cfg, value_range=(0.0, 1.0), progress=lambda k=1: pytest.fail("trained first"))
+        run_malleability(
+            X, y, Xt, yt, 10, cfg, value_range=(0.0, 1.0), progress=lambda k=1: pytest.fail("trained first")
+        )
 
 
-@pytest.mark.parametrize("estimator,per_model", [("last-layer", 8 * 10), ("exact", 8 * (64 + 10)), ("cg", 8 * (64 + 10))])
+@pytest.mark.parametrize(
+    "estimator,per_model", [("last-layer", 8 * 10), ("exact", 8 * (64 + 10)), ("cg", 8 * (64 + 10))]
+)
 def test_memory_estimate_counts_the_parameters_of_the_models_built(estimator, per_model):
     from attnaudit.analyses.malleability.malleability import influence_memory_estimate
 
-    cfg = MalleabilityConfig(estimator=estimator, seeds=(0,), damping=(0.05,), **SMALL)  # width 8, digits: d 64, 10 classes
+    cfg = MalleabilityConfig(
+        estimator=estimator, seeds=(0,), damping=(0.05,), **SMALL
+    )  # width 8, digits: d 64, 10 classes
     est = influence_memory_estimate(cfg, 64, 10, 60, 30)
     assert est["tracked_parameters"] == per_model
     names = ["a"] if estimator == "last-layer" else ["W", "a"]
@@ -393,8 +505,25 @@ def test_cli_audits_a_saved_checkpoint_statically(app, tmp_path):
     path = tmp_path / "relu.safetensors"
     save_model(model, path)
     weights_before = model.W.detach().clone()
-    args = ["malleability", "--checkpoint", str(path), "--attacks", "pgd", "--seeds", "2", "--n-train", "60", "--n-test", "20",
-            "--top-k", "10", "--pgd-steps", "3", "--json", "-"]
+    args = [
+        "malleability",
+        "--checkpoint",
+        str(path),
+        "--attacks",
+        "pgd",
+        "--seeds",
+        "2",
+        "--n-train",
+        "60",
+        "--n-test",
+        "20",
+        "--top-k",
+        "10",
+        "--pgd-steps",
+        "3",
+        "--json",
+        "-",
+    ]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
     report = _json.loads(res.stdout)
@@ -405,8 +534,12 @@ def test_cli_audits_a_saved_checkpoint_statically(app, tmp_path):
     from attnaudit.models.builtin import load_model
 
     torch.testing.assert_close(load_model(path).W, weights_before)  # the checkpoint is untouched
-    for extra, needle in ((["--protocol", "retrain"], "--protocol static"), (["--width", "8"], "--width"),
-                          (["--models", "relu"], "--models"), (["--estimator", "tracin"], "tracin")):
+    for extra, needle in (
+        (["--protocol", "retrain"], "--protocol static"),
+        (["--width", "8"], "--width"),
+        (["--models", "relu"], "--models"),
+        (["--estimator", "tracin"], "tracin"),
+    ):
         bad = runner.invoke(app, args + extra)
         assert bad.exit_code == 2 and needle in bad.output, bad.output
     wrong = tmp_path / "wide.safetensors"
@@ -423,10 +556,14 @@ def test_the_flip_rate_gate_counts_attacks_not_controls_and_ratios_carry_the_los
     sign_flips = [s for s in res.summary if s["attack"] == "sign" and (s["flip_rate"]["mean"] or 0) > 0]
     assert sign_flips, "the test needs a control with flips to show the gate ignores it"
     assert res.exceeded and {e["attack"] for e in res.exceeded} == {"pgd"}
-    clean = {m: np.mean([t["final_loss"] for t in res.training if t["role"] == "clean" and t["model"] == m])
-             for m in ("relu", "attn")}
+    clean = {
+        m: np.mean([t["final_loss"] for t in res.training if t["role"] == "clean" and t["model"] == m])
+        for m in ("relu", "attn")
+    }
     for r in res.ratios:
         gate = r["loss_gate"]
-        assert gate["numerator_loss"] == pytest.approx(clean["attn"]) and gate["denominator_loss"] == pytest.approx(clean["relu"])
+        assert gate["numerator_loss"] == pytest.approx(clean["attn"]) and gate["denominator_loss"] == pytest.approx(
+            clean["relu"]
+        )
         assert gate["comparable"] == (max(clean.values()) / min(clean.values()) <= 1.5)
         assert r["interval_method"].startswith("fieller") and len(r["numerator_values"]) == 2

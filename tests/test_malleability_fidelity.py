@@ -31,8 +31,23 @@ from attnaudit.models.builtin import ModelSpec, build_model
 from attnaudit.core.training import TrainConfig, loss_value, train
 
 runner = CliRunner()
-TINY = ["--n-train", "60", "--n-test", "20", "--width", "8", "--steps", "20", "--pgd-steps", "2", "--seeds", "2",
-        "--quiet", "--json", "-"]
+TINY = [
+    "--n-train",
+    "60",
+    "--n-test",
+    "20",
+    "--width",
+    "8",
+    "--steps",
+    "20",
+    "--pgd-steps",
+    "2",
+    "--seeds",
+    "2",
+    "--quiet",
+    "--json",
+    "-",
+]
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +55,6 @@ def app():
     from attnaudit.cli import app
 
     return app
-
-
 
 
 SMALL = dict(width=8, steps=25, lr=2.0, top_k=10, pgd_steps=2)
@@ -77,9 +90,11 @@ def test_sign_noise_is_eps_on_every_unclipped_coordinate(digits, clip):
     share = np.mean(delta[interior] > 0)
     assert 0.4 < share < 0.6
     # the reported norms are those of the perturbation actually applied
-    linf, l2 = mag.max(1), np.sqrt((delta ** 2).sum(1))
+    linf, l2 = mag.max(1), np.sqrt((delta**2).sum(1))
     d = res.to_dict()
-    assert d["perturbation_linf_mean"] == pytest.approx(linf.mean()) and d["perturbation_linf_max"] == pytest.approx(linf.max())
+    assert d["perturbation_linf_mean"] == pytest.approx(linf.mean()) and d["perturbation_linf_max"] == pytest.approx(
+        linf.max()
+    )
     assert d["perturbation_l2_mean"] == pytest.approx(l2.mean()) and d["perturbation_l2_max"] == pytest.approx(l2.max())
     if not clip:
         assert d["perturbation_l2_mean"] == pytest.approx(eps * math.sqrt(X.shape[1]))
@@ -143,8 +158,9 @@ def test_relative_damping_is_the_multiple_of_lambda_max(digits, estimator):
     assert rel.damping == pytest.approx(1e-2 * lam_max, rel=1e-6)
     assert rel.diagnostics["damping_abs"] == rel.damping and rel.diagnostics["damping_given"] == "0.01x"
     # the same numbers as the absolute damping it resolves to
-    ab = compute_influence(model, X, y, Xt, yt, InfluenceConfig(estimator=estimator, damping=1e-2 * lam_max,
-                                                                params=cfg.params))
+    ab = compute_influence(
+        model, X, y, Xt, yt, InfluenceConfig(estimator=estimator, damping=1e-2 * lam_max, params=cfg.params)
+    )
     assert torch.allclose(rel.total, ab.total, rtol=1e-5, atol=1e-12)
 
 
@@ -170,7 +186,9 @@ def test_relative_damping_in_malleability_rows(digits):
     assert {r["damping"] for r in res.summary} == {"0.001x", 0.01}
     run = next(r for r in res.runs if r["damping"] == "0.001x")
     pert = next(d for d in rel if d["role"].startswith("pgd"))
-    assert run["damping_abs"] == pytest.approx(pert["damping_abs"]) and run["damping_abs_clean"] == pytest.approx(clean["damping_abs"])
+    assert run["damping_abs"] == pytest.approx(pert["damping_abs"]) and run["damping_abs_clean"] == pytest.approx(
+        clean["damping_abs"]
+    )
 
 
 def test_parse_damping():
@@ -211,8 +229,15 @@ def test_gd_path_equals_plain_training(digits):
 
 def test_adam_is_deterministic_and_match_loss_stops_it(digits):
     X, y, Xt, yt = digits
-    kw = dict(models=("relu",), attacks=("none",), seeds=(0,), controls=False, optimizer="adam", batch_size=16,
-              **{**SMALL, "lr": 1e-2})
+    kw = dict(
+        models=("relu",),
+        attacks=("none",),
+        seeds=(0,),
+        controls=False,
+        optimizer="adam",
+        batch_size=16,
+        **{**SMALL, "lr": 1e-2},
+    )
     a = run_malleability(X, y, Xt, yt, 10, MalleabilityConfig(**kw), value_range=(0.0, 1.0))
     b = run_malleability(X, y, Xt, yt, 10, MalleabilityConfig(**kw), value_range=(0.0, 1.0))
     assert a.training == b.training and a.runs == b.runs
@@ -228,7 +253,9 @@ def test_per_model_lr_is_parsed_recorded_and_applied(digits, app):
     assert parse_per_model("relu=10,attn=8", "--lr") == {"relu": 10.0, "attn": 8.0}
     assert parse_per_model("0.5", "--lr") == 0.5
     X, y, Xt, yt = digits
-    both = MalleabilityConfig(attacks=("none",), seeds=(0,), controls=False, **{**SMALL, "lr": {"relu": 2.0, "attn": 1.0}})
+    both = MalleabilityConfig(
+        attacks=("none",), seeds=(0,), controls=False, **{**SMALL, "lr": {"relu": 2.0, "attn": 1.0}}
+    )
     res = run_malleability(X, y, Xt, yt, 10, both, value_range=(0.0, 1.0))
     assert {t["model"]: t["lr"] for t in res.training} == {"relu": 2.0, "attn": 1.0}
     assert res.to_dict()["config"]["lr_per_model"] == {"relu": 2.0, "attn": 1.0}
@@ -236,7 +263,9 @@ def test_per_model_lr_is_parsed_recorded_and_applied(digits, app):
         alone = MalleabilityConfig(models=(arch,), attacks=("none",), seeds=(0,), controls=False, **{**SMALL, "lr": lr})
         one = run_malleability(X, y, Xt, yt, 10, alone, value_range=(0.0, 1.0))
         assert one.training[0]["final_loss"] == next(t for t in res.training if t["model"] == arch)["final_loss"]
-    payload = _cli(app, "--attacks", "none", "--no-controls", "--lr", "relu=3,attn=1.5", "--match-loss", "relu=0.3,attn=0.4")
+    payload = _cli(
+        app, "--attacks", "none", "--no-controls", "--lr", "relu=3,attn=1.5", "--match-loss", "relu=0.3,attn=0.4"
+    )
     lrs = {t["model"]: t["lr"] for t in payload["results"]["training"]}
     assert lrs == {"relu": 3.0, "attn": 1.5}
     assert {t["model"]: t["match_loss"] for t in payload["results"]["training"]} == {"relu": 0.3, "attn": 0.4}
@@ -265,8 +294,10 @@ def test_untrained_rule_fires_for_a_zero_step_model_only(digits):
     assert chance == 0.1 and thr == pytest.approx(0.1 + max(0.05, 2 * math.sqrt(0.09 / 60)))
     zero = MalleabilityConfig(attacks=("pgd", "sign"), seeds=(0, 1), **{**SMALL, "steps": 0})
     res = run_malleability(X, y, Xt, yt, 10, zero, value_range=(0.0, 1.0))
-    accs = {m: np.mean([t["train_accuracy"] for t in res.training if t["model"] == m and t["role"] == "clean"])
-            for m in ("relu", "attn")}
+    accs = {
+        m: np.mean([t["train_accuracy"] for t in res.training if t["model"] == m and t["role"] == "clean"])
+        for m in ("relu", "attn")
+    }
     assert all(a < thr for a in accs.values())
     assert res.to_dict()["untrained"] == {"relu": True, "attn": True}
     assert all(r["untrained"] for r in res.summary) and all(r["untrained"] == ["attn", "relu"] for r in res.ratios)
@@ -302,12 +333,21 @@ def test_top_k_list_gives_one_value_per_k(digits):
 
 
 # ---------------------------------------------------------------- bad values
-@pytest.mark.parametrize("args, needle", [
-    (["--damping", "1e-3y"], "--damping"), (["--lr", "relu=x"], "--lr"), (["--lr", "gpt=1,relu=1,attn=1"], "--lr"),
-    (["--match-loss", "relu=-1"], "--match-loss"), (["--top-k", "10,x"], "--top-k"), (["--optimizer", "lbfgs"], "--optimizer"),
-    (["--batch-size", "8"], "--batch-size"), (["--batch-size", "0", "--optimizer", "sgd"], "--batch-size"),
-    (["--top-k", "10,10"], "--top-k"), (["--damping", "0x"], "--damping"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--damping", "1e-3y"], "--damping"),
+        (["--lr", "relu=x"], "--lr"),
+        (["--lr", "gpt=1,relu=1,attn=1"], "--lr"),
+        (["--match-loss", "relu=-1"], "--match-loss"),
+        (["--top-k", "10,x"], "--top-k"),
+        (["--optimizer", "lbfgs"], "--optimizer"),
+        (["--batch-size", "8"], "--batch-size"),
+        (["--batch-size", "0", "--optimizer", "sgd"], "--batch-size"),
+        (["--top-k", "10,10"], "--top-k"),
+        (["--damping", "0x"], "--damping"),
+    ],
+)
 def test_bad_values_exit_2_with_one_line(app, args, needle):
     res = runner.invoke(app, ["malleability", "--n-train", "40", "--n-test", "10", "--quiet", *args])
     assert res.exit_code == 2, res.output

@@ -9,7 +9,14 @@ import pytest
 import torch
 
 from attnaudit.errors import AuditError
-from attnaudit.models.builtin import ModelSpec, attention_context, build_model, load_model, save_model, training_data_mismatch
+from attnaudit.models.builtin import (
+    ModelSpec,
+    attention_context,
+    build_model,
+    load_model,
+    save_model,
+    training_data_mismatch,
+)
 from attnaudit.core.training import TrainConfig, loss_value, per_sample_loss, train
 
 
@@ -139,7 +146,9 @@ def test_training_data_provenance_round_trip_and_mismatch_warning(tmp_path):
     fp = data_fingerprint(X, y)
     assert fp == data_fingerprint(X.clone(), y.clone()) and len(fp) == 16
     assert fp != data_fingerprint(X[:-1], y[:-1]) and fp != data_fingerprint(X, (y + 1) % 3)
-    save_model(model, tmp_path / "m.safetensors", metadata={"training_data": {"name": "toy", "n": 40, "fingerprint": fp}})
+    save_model(
+        model, tmp_path / "m.safetensors", metadata={"training_data": {"name": "toy", "n": 40, "fingerprint": fp}}
+    )
     loaded = load_model(tmp_path / "m.safetensors")
     assert training_data_mismatch(loaded, "m", fp) is None
     other = data_fingerprint(X * 2, y)
@@ -205,7 +214,10 @@ def _bad_tensors():
         "wrong n_out": ({"W": W, "a": a[:, :2]}, "tensor a has shape (16, 2)"),
         "1-D a": ({"W": W, "a": a[:, 0].contiguous()}, "tensor a has shape (16,)"),
         "extra tensor": ({"W": W, "a": a, "bias": torch.zeros(3, dtype=torch.float64)}, "unexpected tensor(s) bias"),
-        "context on relu": ({"W": W, "a": a, "context": torch.eye(12, dtype=torch.float64)}, "unexpected tensor(s) context"),
+        "context on relu": (
+            {"W": W, "a": a, "context": torch.eye(12, dtype=torch.float64)},
+            "unexpected tensor(s) context",
+        ),
     }
 
 
@@ -279,7 +291,7 @@ def test_bad_side_car_documents_are_audit_errors(tmp_path):
         (json.dumps(dict(side, dtype="int64")).encode(), "dtype"),
         (json.dumps(dict(side, dtype="float32")).encode(), "records dtype float32 but the tensors are float64"),
         (b"\xff\xfe\x00 not utf-8 \x80", "not UTF-8"),
-        (b"{\"schema\": ", "not valid JSON"),
+        (b'{"schema": ', "not valid JSON"),
         (b"", "not valid JSON"),
         (b"[" * 200_000 + b"]" * 200_000, "side-car"),
         (b" " * 1_000_001 + b"{}", "bytes"),

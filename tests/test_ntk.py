@@ -266,8 +266,7 @@ def test_engine_entk_on_sdpa_attention_with_images_equals_explicit_jacobians():
         out = []
         for row in rows:
             image = row.reshape(1, 1, 4, 4)
-            parts = torch.autograd.functional.jacobian(
-                lambda *ps: _sdpa_net(image, dict(zip(names, ps)))[0], params)
+            parts = torch.autograd.functional.jacobian(lambda *ps: _sdpa_net(image, dict(zip(names, ps)))[0], params)
             out.append(torch.cat([j.reshape(3, -1) for j in parts], dim=1))
         return torch.stack(out)  # (n, c, P)
 
@@ -336,8 +335,9 @@ def test_predictor_reproduces_gd_of_linear_model_full_kernel(loss):
     Kt = entk_jacobian(model, phit, phi)
     lam_max = torch.linalg.eigvalsh(flatten_kernel(K))[-1].item()
     lr, steps = 0.9 * n / lam_max, 40
-    pred = kernel_gd_predict(K, one_hot_targets(y, c), LinearizedGDConfig(lr=lr, steps=steps, loss=loss),
-                             K_test=Kt, f0_train=f0, f0_test=f0t)
+    pred = kernel_gd_predict(
+        K, one_hot_targets(y, c), LinearizedGDConfig(lr=lr, steps=steps, loss=loss), K_test=Kt, f0_train=f0, f0_test=f0t
+    )
     result = train(model, phi, y, TrainConfig(loss=loss, lr=lr, steps=steps))
     assert result.steps_run == steps
     with torch.no_grad():
@@ -367,12 +367,14 @@ def test_predictor_shared_kernel_discrete_and_continuous():
     assert pred.stability_ratio == pytest.approx(0.5)
     assert not pred.diverges
     # continuous form: GD with a k-times smaller step and k-times more steps converges to it (error O(lr))
-    cont = kernel_gd_predict(K, Y, LinearizedGDConfig(lr=lr, steps=steps, mode="continuous"),
-                             K_test=Kt, f0_train=f0, f0_test=f0t)
+    cont = kernel_gd_predict(
+        K, Y, LinearizedGDConfig(lr=lr, steps=steps, mode="continuous"), K_test=Kt, f0_train=f0, f0_test=f0t
+    )
     errs = []
     for k in (10, 100):
-        fine = kernel_gd_predict(K, Y, LinearizedGDConfig(lr=lr / k, steps=steps * k), K_test=Kt,
-                                 f0_train=f0, f0_test=f0t)
+        fine = kernel_gd_predict(
+            K, Y, LinearizedGDConfig(lr=lr / k, steps=steps * k), K_test=Kt, f0_train=f0, f0_test=f0t
+        )
         errs.append((fine.f_test - cont.f_test).abs().max().item())
     assert errs[1] < 1e-3 and 7 < errs[0] / errs[1] < 13
 

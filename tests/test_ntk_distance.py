@@ -122,9 +122,11 @@ def test_kernel_metrics_match_full_kernel():
     assert got["kernel_movement"] == pytest.approx(((KT - K0).norm() / K0.norm()).item(), rel=1e-10)
     assert got["kernel_init_error"] == pytest.approx(((K0 - A).norm() / A.norm()).item(), rel=1e-10)
     assert got["kernel_movement_complement"] == pytest.approx(
-        ((Q @ (KT - K0) @ Q).norm() / (Q @ K0 @ Q).norm()).item(), rel=1e-10)
+        ((Q @ (KT - K0) @ Q).norm() / (Q @ K0 @ Q).norm()).item(), rel=1e-10
+    )
     assert got["kernel_init_error_complement"] == pytest.approx(
-        ((Q @ (K0 - A) @ Q).norm() / (Q @ A @ Q).norm()).item(), rel=1e-10)
+        ((Q @ (K0 - A) @ Q).norm() / (Q @ A @ Q).norm()).item(), rel=1e-10
+    )
 
 
 def test_attn_shortcut_equals_training_the_attn_model(tmp_path):
@@ -185,8 +187,21 @@ runner = CliRunner()
 
 def test_cli_tiny_run_writes_json_png_and_models(tmp_path):
     out = tmp_path / "r.json"
-    result = runner.invoke(app, [*TINY, "--seeds", "2", "--json", str(out), "--png", str(tmp_path / "f.png"),
-                                 "--save-models", str(tmp_path / "models"), "--quiet"])
+    result = runner.invoke(
+        app,
+        [
+            *TINY,
+            "--seeds",
+            "2",
+            "--json",
+            str(out),
+            "--png",
+            str(tmp_path / "f.png"),
+            "--save-models",
+            str(tmp_path / "models"),
+            "--quiet",
+        ],
+    )
     assert result.exit_code == 0, result.output
     payload = json.loads(out.read_text())
     assert payload["schema"] == SCHEMA
@@ -230,9 +245,11 @@ def test_cli_rejects_bad_options(extra, message):
 
 def test_cli_json_stdout_in_a_subprocess():
     proc = subprocess.run(
-        [sys.executable, "-m", "attnaudit", *TINY, "--models", "relu", "--seeds", "1", "--loss", "ce",
-         "--json", "-"],
-        capture_output=True, text=True, cwd=REPO, timeout=300,
+        [sys.executable, "-m", "attnaudit", *TINY, "--models", "relu", "--seeds", "1", "--loss", "ce", "--json", "-"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     payload = json.loads(proc.stdout)
@@ -243,7 +260,10 @@ def test_cli_json_stdout_in_a_subprocess():
 def test_cli_too_many_points_is_a_clear_error_in_a_subprocess():
     proc = subprocess.run(
         [sys.executable, "-m", "attnaudit", "ntk-distance", "--n-train", "1400", "--n-test", "400"],
-        capture_output=True, text=True, cwd=REPO, timeout=300,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
     )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "--n-train" in proc.stderr
@@ -251,9 +271,31 @@ def test_cli_too_many_points_is_a_clear_error_in_a_subprocess():
 
 @pytest.mark.skipif(not HAS_MNIST, reason="../shared/data/MNIST not present")
 def test_cli_real_mnist_small():
-    result = runner.invoke(app, ["ntk-distance", "--dataset", "mnist", "--data-dir", str(SHARED), "--split", "test",
-                                 "--n-train", "60", "--n-test", "40", "--widths", "16,256", "--seeds", "1",
-                                 "--steps", "20", "--json", "-", "--quiet"])
+    result = runner.invoke(
+        app,
+        [
+            "ntk-distance",
+            "--dataset",
+            "mnist",
+            "--data-dir",
+            str(SHARED),
+            "--split",
+            "test",
+            "--n-train",
+            "60",
+            "--n-test",
+            "40",
+            "--widths",
+            "16,256",
+            "--seeds",
+            "1",
+            "--steps",
+            "20",
+            "--json",
+            "-",
+            "--quiet",
+        ],
+    )
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
     res = payload["results"]

@@ -86,8 +86,16 @@ def test_emit_writes_report_and_figure(tmp_path):
         (lambda t: {"json": str(t / "existing.json")}, "--overwrite"),
         (lambda t: {"png": str(t / "fig.jpg")}, "ending in .png"),
     ],
-    ids=["json-in-out-dir", "json-equals-png", "parent-is-file", "out-dir-is-file", "out-dir-under-file",
-         "missing-folder", "existing-without-overwrite", "png-suffix"],
+    ids=[
+        "json-in-out-dir",
+        "json-equals-png",
+        "parent-is-file",
+        "out-dir-is-file",
+        "out-dir-under-file",
+        "missing-folder",
+        "existing-without-overwrite",
+        "png-suffix",
+    ],
 )
 def test_check_writable_refuses_before_compute(tmp_path, kwargs, expected):
     (tmp_path / "afile").write_text("mine")

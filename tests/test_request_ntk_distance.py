@@ -6,7 +6,11 @@ from __future__ import annotations
 import pytest
 
 from attnaudit.analyses.ntk_distance.run import (
-    CHECKPOINT_DEFAULTS, PRESETS, TRANSFORMER_DEFAULTS, NtkDistanceRequest, run,
+    CHECKPOINT_DEFAULTS,
+    PRESETS,
+    TRANSFORMER_DEFAULTS,
+    NtkDistanceRequest,
+    run,
 )
 from attnaudit.analyses.request import FieldError, fields_named
 from attnaudit.errors import AuditError
@@ -74,18 +78,64 @@ def test_presets_and_mode_defaults_explicit_beats_preset():
 
 def test_presets_are_the_documented_sizes():
     assert PRESETS["quick"]["widths"] == (16, 64, 256, 1024) and PRESETS["paper"]["widths"][-1] == 4096
-    assert (PRESETS["paper"]["n_train"], PRESETS["paper"]["seeds"], PRESETS["paper"]["float32_from_width"]) == (500, 3, 1024)
+    assert (PRESETS["paper"]["n_train"], PRESETS["paper"]["seeds"], PRESETS["paper"]["float32_from_width"]) == (
+        500,
+        3,
+        1024,
+    )
 
 
-@pytest.mark.parametrize("argv", [
-    [],
-    ["--preset", "paper", "--models", "relu", "--widths", "16,64", "--lr", "0.25", "--dtype", "float32", "--seed", "3"],
-    ["--checkpoint", "a.safetensors", "--checkpoint", "b.safetensors", "--n-test", "30", "--kernel-points", "16",
-     "--reference-checkpoint", "init.safetensors"],
-    ["--arch", "vit,vit-linear", "--widths", "16,32", "--seeds", "3", "--steps", "4", "--lr", "0.1", "--linearized",
-     "off", "--optimizer", "sgd", "--batch-size", "8"],
-    ["--n-train", "40", "--n-test", "20", "--save-models", "models", "--device", "cpu"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        [
+            "--preset",
+            "paper",
+            "--models",
+            "relu",
+            "--widths",
+            "16,64",
+            "--lr",
+            "0.25",
+            "--dtype",
+            "float32",
+            "--seed",
+            "3",
+        ],
+        [
+            "--checkpoint",
+            "a.safetensors",
+            "--checkpoint",
+            "b.safetensors",
+            "--n-test",
+            "30",
+            "--kernel-points",
+            "16",
+            "--reference-checkpoint",
+            "init.safetensors",
+        ],
+        [
+            "--arch",
+            "vit,vit-linear",
+            "--widths",
+            "16,32",
+            "--seeds",
+            "3",
+            "--steps",
+            "4",
+            "--lr",
+            "0.1",
+            "--linearized",
+            "off",
+            "--optimizer",
+            "sgd",
+            "--batch-size",
+            "8",
+        ],
+        ["--n-train", "40", "--n-test", "20", "--save-models", "models", "--device", "cpu"],
+    ],
+)
 def test_argv_round_trip(argv):
     request = R.from_argv(argv)
     assert sorted(request.to_argv()) == sorted(argv)
@@ -97,8 +147,7 @@ def test_a_sweep_on_in_memory_data_runs_locally():
     from attnaudit.data import DataSpec, load_dataset
 
     ds = load_dataset(DataSpec(dataset="digits", n=120, seed=0))
-    request = R(loaded_data=ds, models=("relu",), widths=(8,), seeds=1, n_train=30, n_test=20, steps=3,
-                device="cpu")
+    request = R(loaded_data=ds, models=("relu",), widths=(8,), seeds=1, n_train=30, n_test=20, steps=3, device="cpu")
     result = run(request)
     assert result.to_dict()["command"] is None and result.failed_cells == []
     assert {(c["model"], c["width"]) for c in result.results["cells"]} == {("relu", 8)}

@@ -16,20 +16,23 @@ def test_registry_and_default_request():
     assert r.to_argv() == [] and TrainRequest.from_argv([]) == r
 
 
-@pytest.mark.parametrize("kwargs, field, text", [
-    (dict(arch="lstm"), "arch", "unknown arch 'lstm'"),
-    (dict(arch="relu", dim=8, patch=4), "dim", "dim, --patch set(s) the size of the transformers"),
-    (dict(arch="vit", width=8), "width", "width set(s) the size of the 2-layer nets"),
-    (dict(optimizer="sgd"), "lr", "--optimizer sgd needs lr"),
-    (dict(lr=-1.0), "lr", "lr must be a positive number"),
-    (dict(epochs=1, steps=2), "epochs", "exactly one of epochs and --steps"),
-    (dict(arch="relu", batch_size=8), "batch_size", "batch_size does not apply to --optimizer gd"),
-    (dict(momentum=0.9), "momentum", "momentum applies to --optimizer sgd"),
-    (dict(dtype="float16"), "dtype", "unknown dtype 'float16'"),
-    (dict(seed=-3), "seed", "seed must be an integer"),
-    (dict(n_test=0), "n_test", "n_test must be a positive integer"),
-    (dict(out_path="m.pt"), "out_path", "out_path m.pt: checkpoints are safetensors files"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field, text",
+    [
+        (dict(arch="lstm"), "arch", "unknown arch 'lstm'"),
+        (dict(arch="relu", dim=8, patch=4), "dim", "dim, --patch set(s) the size of the transformers"),
+        (dict(arch="vit", width=8), "width", "width set(s) the size of the 2-layer nets"),
+        (dict(optimizer="sgd"), "lr", "--optimizer sgd needs lr"),
+        (dict(lr=-1.0), "lr", "lr must be a positive number"),
+        (dict(epochs=1, steps=2), "epochs", "exactly one of epochs and --steps"),
+        (dict(arch="relu", batch_size=8), "batch_size", "batch_size does not apply to --optimizer gd"),
+        (dict(momentum=0.9), "momentum", "momentum applies to --optimizer sgd"),
+        (dict(dtype="float16"), "dtype", "unknown dtype 'float16'"),
+        (dict(seed=-3), "seed", "seed must be an integer"),
+        (dict(n_test=0), "n_test", "n_test must be a positive integer"),
+        (dict(out_path="m.pt"), "out_path", "out_path m.pt: checkpoints are safetensors files"),
+    ],
+)
 def test_errors_name_the_field(kwargs, field, text):
     with pytest.raises(FieldError) as err:
         TrainRequest(**kwargs)
@@ -41,21 +44,68 @@ def test_errors_name_the_field(kwargs, field, text):
 def test_family_presets_explicit_beats_preset():
     vit = TrainRequest().resolved()
     assert (vit.optimizer, vit.lr, vit.batch_size, vit.epochs, vit.steps, vit.loss, vit.dtype) == (
-        "adam", 1e-3, 64, 5, None, "ce", "float32")
+        "adam",
+        1e-3,
+        64,
+        5,
+        None,
+        "ce",
+        "float32",
+    )
     assert (vit.depth, vit.dim, vit.heads, vit.mlp_ratio, vit.patch, vit.width) == (2, 64, 4, 2, None, None)
     relu = TrainRequest(arch="RELU", steps=20, width=8).resolved()
     assert (relu.arch, relu.optimizer, relu.lr, relu.batch_size, relu.steps, relu.epochs, relu.loss, relu.width) == (
-        "relu", "gd", 4.0, None, 20, None, "mse", 8)
+        "relu",
+        "gd",
+        4.0,
+        None,
+        20,
+        None,
+        "mse",
+        8,
+    )
     sgd = TrainRequest(arch="attn", optimizer="sgd", lr=0.1)
     assert sgd.recipe().batch_size == 64 and sgd.recipe().steps == 300
 
 
-@pytest.mark.parametrize("argv", [
-    ["--out", "m.safetensors", "--arch", "relu", "--width", "8", "--lr", "0.5", "--steps", "20"],
-    ["--dataset", "mnist", "--split", "test", "--classes", "0,1", "--out", "v.safetensors", "--arch", "vit-linear",
-     "--patch", "4", "--optimizer", "sgd", "--lr", "0.01", "--batch-size", "32", "--epochs", "2", "--momentum", "0.9",
-     "--seed", "3", "--n-test", "100", "--dtype", "float64", "--device", "cpu"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--out", "m.safetensors", "--arch", "relu", "--width", "8", "--lr", "0.5", "--steps", "20"],
+        [
+            "--dataset",
+            "mnist",
+            "--split",
+            "test",
+            "--classes",
+            "0,1",
+            "--out",
+            "v.safetensors",
+            "--arch",
+            "vit-linear",
+            "--patch",
+            "4",
+            "--optimizer",
+            "sgd",
+            "--lr",
+            "0.01",
+            "--batch-size",
+            "32",
+            "--epochs",
+            "2",
+            "--momentum",
+            "0.9",
+            "--seed",
+            "3",
+            "--n-test",
+            "100",
+            "--dtype",
+            "float64",
+            "--device",
+            "cpu",
+        ],
+    ],
+)
 def test_argv_round_trip(argv):
     r = TrainRequest.from_argv(argv)
     assert r.to_argv() == argv and TrainRequest.from_argv(r.to_argv()) == r
@@ -74,7 +124,8 @@ def test_overwrite_is_internal_and_required_to_replace(tmp_path):
     with pytest.raises(FieldError) as err:
         run(TrainRequest(out_path=str(target), arch="relu", steps=1, width=4, n_train=20, n_test=10))
     assert err.value.field == "overwrite" and "already exists" in str(err.value) and not target.exists()
-    result = run(TrainRequest(out_path=str(target), arch="relu", steps=1, width=4, n_train=20, n_test=10,
-                              overwrite=True))
+    result = run(
+        TrainRequest(out_path=str(target), arch="relu", steps=1, width=4, n_train=20, n_test=10, overwrite=True)
+    )
     assert target.exists() and result.report["request"]["options"]["out_path"] == str(target)
     assert result.results["fit"]["steps_run"] == 1

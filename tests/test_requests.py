@@ -18,10 +18,34 @@ SAMPLES = {
     "kappa": [
         [],
         ["--n", "64,128", "--seeds", "3", "--stratify", "--no-direct-check", "--seed", "7"],
-        ["--dataset", "synthetic", "--split", "test", "--classes", "0,1,7", "--preprocess", "center", "--n", "100",
-         "--rank-tol", "1e-08"],
-        ["--checkpoint", "a.safetensors", "--checkpoint", "b.safetensors", "--n", "32", "--layers", "blocks.*.attn,head",
-         "--gram", "entk", "--device", "cpu"],
+        [
+            "--dataset",
+            "synthetic",
+            "--split",
+            "test",
+            "--classes",
+            "0,1,7",
+            "--preprocess",
+            "center",
+            "--n",
+            "100",
+            "--rank-tol",
+            "1e-08",
+        ],
+        [
+            "--checkpoint",
+            "a.safetensors",
+            "--checkpoint",
+            "b.safetensors",
+            "--n",
+            "32",
+            "--layers",
+            "blocks.*.attn,head",
+            "--gram",
+            "entk",
+            "--device",
+            "cpu",
+        ],
     ],
     "ntk-distance": [
         [],
@@ -59,8 +83,11 @@ def test_every_registered_command_has_samples():
     assert set(SAMPLES) == set(COMMANDS)
 
 
-@pytest.mark.parametrize("command,argv", [(c, a) for c, samples in SAMPLES.items() for a in samples]
-                         + [("claims", a) for a in ([], ["--full", "--seeds", "3"], ["--preset", "quick", "--match-loss", "0.5"])])
+@pytest.mark.parametrize(
+    "command,argv",
+    [(c, a) for c, samples in SAMPLES.items() for a in samples]
+    + [("claims", a) for a in ([], ["--full", "--seeds", "3"], ["--preset", "quick", "--match-loss", "0.5"])],
+)
 def test_argv_request_argv_round_trips_through_the_cli(command, argv):
     from attnaudit.cli import request_of
 
@@ -86,13 +113,25 @@ def test_the_cli_options_are_the_request_fields(command):
     for name, option in cls.options().items():
         missing = {*option.flags, *([option.negative] if option.negative else [])} - cli_flags
         assert not missing, f"{command}: field {name} has no CLI option {missing}"
-    request_flags = {f for o in cls.options().values()
-                     for f in (*o.flags, *o.deprecated, *([o.negative] if o.negative else []))}
+    request_flags = {
+        f for o in cls.options().values() for f in (*o.flags, *o.deprecated, *([o.negative] if o.negative else []))
+    }
     extra = cli_flags - request_flags
     from attnaudit.cli.options import ExecutorOptions, OutputBundle
 
-    allowed = {"--help", "-h", "--quiet", "-q", "--json", "--png", "--html", "--out-dir", "--overwrite", "--debug",
-               "--save-models"}
+    allowed = {
+        "--help",
+        "-h",
+        "--quiet",
+        "-q",
+        "--json",
+        "--png",
+        "--html",
+        "--out-dir",
+        "--overwrite",
+        "--debug",
+        "--save-models",
+    }
     allowed |= {f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(ExecutorOptions)}
     allowed |= {f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(OutputBundle)}
     assert extra <= allowed, f"{command}: CLI options outside the request: {sorted(extra - allowed)}"
@@ -143,7 +182,9 @@ def test_a_request_holding_in_memory_data_runs_and_says_no_command_line_reproduc
         request.command_line()
     # the same rows read from the data set give the same numbers
     again = run(KappaRequest(dataset="digits", n=(80,)))
-    assert again.results["gram"]["kappa_at_numerical_rank"] == pytest.approx(result.results["gram"]["kappa_at_numerical_rank"], rel=1e-10)
+    assert again.results["gram"]["kappa_at_numerical_rank"] == pytest.approx(
+        result.results["gram"]["kappa_at_numerical_rank"], rel=1e-10
+    )
 
 
 def test_requests_are_frozen_and_replace_validates():
@@ -165,7 +206,9 @@ def test_an_older_spelling_is_accepted_warned_about_and_reproduced_in_the_new_on
 
     LandscapeRequest = request_type("landscape")
     old = request_of(["landscape", "--top-k", "3", "--dtype", "float32", "--model", "m.safetensors"])
-    assert old == LandscapeRequest.from_argv(["--eigenvalues", "3", "--precision", "float32", "--checkpoint", "m.safetensors"])
+    assert old == LandscapeRequest.from_argv(
+        ["--eigenvalues", "3", "--precision", "float32", "--checkpoint", "m.safetensors"]
+    )
     assert old == LandscapeRequest.from_argv(["--top-k", "3", "--dtype", "float32", "--model", "m.safetensors"])
     assert old.to_argv() == ["--checkpoint", "m.safetensors", "--eigenvalues", "3", "--precision", "float32"]
     err = capsys.readouterr().err

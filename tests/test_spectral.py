@@ -163,8 +163,16 @@ def _numpy_width(kappa: float, n: int) -> float:
     return float(6 * np.log10(kappa) + np.log10(n) + np.log10(np.log(n)))
 
 
-WIDTH_KEYS = {"label", "formula", "basis", "rank", "log10_required_width", "log10_interval", "interval_method",
-              "orders_beyond_reference"}
+WIDTH_KEYS = {
+    "label",
+    "formula",
+    "basis",
+    "rank",
+    "log10_required_width",
+    "log10_interval",
+    "interval_method",
+    "orders_beyond_reference",
+}
 
 
 @pytest.mark.parametrize("n,d", [(60, 200), (300, 25)])

@@ -33,8 +33,27 @@ def _without_timings(results: dict) -> dict:
 
 def _tiny_ntk(tmp_path, name, *extra):
     path = tmp_path / f"{name}.json"
-    code = _cli(["--threads", "1", "ntk-distance", "--widths", "8,16", "--seeds", "2", "--n-train", "40",
-                 "--n-test", "20", "--steps", "20", "-q", "--json", str(path), *extra])
+    code = _cli(
+        [
+            "--threads",
+            "1",
+            "ntk-distance",
+            "--widths",
+            "8,16",
+            "--seeds",
+            "2",
+            "--n-train",
+            "40",
+            "--n-test",
+            "20",
+            "--steps",
+            "20",
+            "-q",
+            "--json",
+            str(path),
+            *extra,
+        ]
+    )
     assert code == 0
     return json.loads(path.read_text())
 
@@ -75,7 +94,10 @@ def test_the_cells_really_ran_in_other_processes():
 def test_a_failing_cell_does_not_lose_the_others(jobs):
     from attnaudit.runtime.sweep import CellTask, ExecutorConfig, run_cells
 
-    tasks = [CellTask("attnaudit.runtime.sweep:check_cell", {"i": i, "seed": i, "fail": i == 1}, f"cell {i}") for i in range(4)]
+    tasks = [
+        CellTask("attnaudit.runtime.sweep:check_cell", {"i": i, "seed": i, "fail": i == 1}, f"cell {i}")
+        for i in range(4)
+    ]
     seen = []
     out = run_cells(tasks, ExecutorConfig(jobs=jobs, threads=1), on_done=lambda o: seen.append(o.task.label))
     assert [o.ok for o in out] == [True, False, True, True]
@@ -96,8 +118,26 @@ def test_a_failed_ntk_cell_gives_partial_results_and_exit_1(tmp_path, monkeypatc
 
     monkeypatch.setattr(nd, "_run_cell", flaky)
     path = tmp_path / "partial.json"
-    code = _cli(["--threads", "1", "ntk-distance", "--widths", "8,16", "--seeds", "2", "--n-train", "40",
-                 "--n-test", "20", "--steps", "20", "-q", "--json", str(path)])
+    code = _cli(
+        [
+            "--threads",
+            "1",
+            "ntk-distance",
+            "--widths",
+            "8,16",
+            "--seeds",
+            "2",
+            "--n-train",
+            "40",
+            "--n-test",
+            "20",
+            "--steps",
+            "20",
+            "-q",
+            "--json",
+            str(path),
+        ]
+    )
     assert code == 1
     results = json.loads(path.read_text())["results"]
     assert len(results["cells"]) == 7
@@ -155,14 +195,34 @@ def test_a_changed_configuration_is_not_resumed(tmp_path):
     from attnaudit.runtime.sweep import CellTask, ExecutorConfig, run_cells
 
     folder = tmp_path / "cells"
-    run_cells([CellTask("attnaudit.runtime.sweep:check_cell", {"i": 0, "seed": 0}, "a")], ExecutorConfig(resume_dir=str(folder)))
-    out = run_cells([CellTask("attnaudit.runtime.sweep:check_cell", {"i": 0, "seed": 1}, "a")], ExecutorConfig(resume_dir=str(folder)))
+    run_cells(
+        [CellTask("attnaudit.runtime.sweep:check_cell", {"i": 0, "seed": 0}, "a")],
+        ExecutorConfig(resume_dir=str(folder)),
+    )
+    out = run_cells(
+        [CellTask("attnaudit.runtime.sweep:check_cell", {"i": 0, "seed": 1}, "a")],
+        ExecutorConfig(resume_dir=str(folder)),
+    )
     assert not out[0].resumed
 
 
 def test_malleability_jobs_match_local(tmp_path):
-    args = ["--threads", "1", "malleability", "--seeds", "2", "--n-train", "60", "--n-test", "20", "--attacks",
-            "pgd,random", "--steps", "50", "-q"]
+    args = [
+        "--threads",
+        "1",
+        "malleability",
+        "--seeds",
+        "2",
+        "--n-train",
+        "60",
+        "--n-test",
+        "20",
+        "--attacks",
+        "pgd,random",
+        "--steps",
+        "50",
+        "-q",
+    ]
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     assert _cli([*args, "--json", str(a)]) == 0
     assert _cli([*args, "--json", str(b), "--jobs", "2"]) == 0
@@ -181,12 +241,15 @@ def test_missing_ray_is_one_line_with_the_install_command(tmp_path, monkeypatch,
     assert len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--executor", "dask"], "unknown --executor"),
-    (["--jobs", "0"], "--jobs must be a positive integer"),
-    (["--gpus-per-cell", "1"], "use it with --executor ray"),
-    (["--ray-address", "auto"], "use it with --executor ray"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--executor", "dask"], "unknown --executor"),
+        (["--jobs", "0"], "--jobs must be a positive integer"),
+        (["--gpus-per-cell", "1"], "use it with --executor ray"),
+        (["--ray-address", "auto"], "use it with --executor ray"),
+    ],
+)
 def test_bad_executor_options_exit_2(args, message, capsys):
     code = _cli(["ntk-distance", "--widths", "8", "--seeds", "1", "-q", *args])
     assert code == 2
@@ -194,6 +257,8 @@ def test_bad_executor_options_exit_2(args, message, capsys):
 
 
 def test_save_models_needs_the_local_executor(tmp_path, capsys):
-    code = _cli(["ntk-distance", "--widths", "8", "--seeds", "1", "-q", "--jobs", "2", "--save-models", str(tmp_path / "m")])
+    code = _cli(
+        ["ntk-distance", "--widths", "8", "--seeds", "1", "-q", "--jobs", "2", "--save-models", str(tmp_path / "m")]
+    )
     assert code == 2
     assert "--save-models" in capsys.readouterr().err

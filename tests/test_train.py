@@ -38,24 +38,27 @@ def one_line(fn, *match):
 # --------------------------------------------------------------------------- Recipe
 
 
-@pytest.mark.parametrize("kwargs, expected", [
-    (dict(optimizer="lbfgs", lr=0.1, steps=1), "--optimizer"),
-    (dict(optimizer="adam", lr=0.0, steps=1), "--lr"),
-    (dict(optimizer="adam", lr=float("nan"), steps=1), "--lr"),
-    (dict(optimizer="adam", lr="0.1", steps=1), "--lr"),
-    (dict(optimizer="adam", lr=True, steps=1), "--lr"),
-    (dict(optimizer="adam", lr=0.1), "--epochs or --steps"),
-    (dict(optimizer="adam", lr=0.1, epochs=1, steps=1), "exactly one of --epochs and --steps"),
-    (dict(optimizer="adam", lr=0.1, epochs=-1), "--epochs"),
-    (dict(optimizer="adam", lr=0.1, steps=2.5), "--steps"),
-    (dict(optimizer="gd", lr=0.1, steps=1, batch_size=8), "--batch-size does not apply to --optimizer gd"),
-    (dict(optimizer="sgd", lr=0.1, steps=1, batch_size=0), "--batch-size"),
-    (dict(optimizer="adam", lr=0.1, steps=1, loss="hinge"), "--loss"),
-    (dict(optimizer="adam", lr=0.1, steps=1, seed=-1), "--seed"),
-    (dict(optimizer="adam", lr=0.1, steps=1, momentum=0.9), "--momentum applies to --optimizer sgd"),
-    (dict(optimizer="sgd", lr=0.1, steps=1, momentum=1.0), "--momentum"),
-    (dict(optimizer="sgd", lr=0.1, steps=1, weight_decay=-1e-4), "--weight-decay"),
-])
+@pytest.mark.parametrize(
+    "kwargs, expected",
+    [
+        (dict(optimizer="lbfgs", lr=0.1, steps=1), "--optimizer"),
+        (dict(optimizer="adam", lr=0.0, steps=1), "--lr"),
+        (dict(optimizer="adam", lr=float("nan"), steps=1), "--lr"),
+        (dict(optimizer="adam", lr="0.1", steps=1), "--lr"),
+        (dict(optimizer="adam", lr=True, steps=1), "--lr"),
+        (dict(optimizer="adam", lr=0.1), "--epochs or --steps"),
+        (dict(optimizer="adam", lr=0.1, epochs=1, steps=1), "exactly one of --epochs and --steps"),
+        (dict(optimizer="adam", lr=0.1, epochs=-1), "--epochs"),
+        (dict(optimizer="adam", lr=0.1, steps=2.5), "--steps"),
+        (dict(optimizer="gd", lr=0.1, steps=1, batch_size=8), "--batch-size does not apply to --optimizer gd"),
+        (dict(optimizer="sgd", lr=0.1, steps=1, batch_size=0), "--batch-size"),
+        (dict(optimizer="adam", lr=0.1, steps=1, loss="hinge"), "--loss"),
+        (dict(optimizer="adam", lr=0.1, steps=1, seed=-1), "--seed"),
+        (dict(optimizer="adam", lr=0.1, steps=1, momentum=0.9), "--momentum applies to --optimizer sgd"),
+        (dict(optimizer="sgd", lr=0.1, steps=1, momentum=1.0), "--momentum"),
+        (dict(optimizer="sgd", lr=0.1, steps=1, weight_decay=-1e-4), "--weight-decay"),
+    ],
+)
 def test_recipe_validation_names_the_option(kwargs, expected):
     one_line(lambda: Recipe(**kwargs), expected)
 
@@ -63,7 +66,9 @@ def test_recipe_validation_names_the_option(kwargs, expected):
 def test_recipe_dict_round_trip_and_untrusted_dicts():
     import numpy as np
 
-    recipe = Recipe("sgd", np.float32(0.5), batch_size=np.int64(16), epochs=np.int64(2), loss="ce", seed=3, momentum=0.9)
+    recipe = Recipe(
+        "sgd", np.float32(0.5), batch_size=np.int64(16), epochs=np.int64(2), loss="ce", seed=3, momentum=0.9
+    )
     assert type(recipe.batch_size) is int and type(recipe.lr) is float
     d = json.loads(json.dumps(recipe.to_dict()))
     assert Recipe.from_dict(d) == recipe
@@ -112,7 +117,7 @@ def test_adam_fit_equals_a_plain_torch_loop():
     for _ in range(3):
         perm = torch.randperm(50, generator=gen)
         for a in range(0, 50, 16):
-            idx = perm[a:a + 16]
+            idx = perm[a : a + 16]
             loss = nn.functional.cross_entropy(plain(Xf[idx].reshape(-1, 1, 4, 4)), y[idx])
             losses.append(loss.item())
             opt.zero_grad()
@@ -202,12 +207,22 @@ def test_final_metrics_and_validation_are_measured_independently():
     assert result.final_train_loss == pytest.approx(nn.functional.cross_entropy(out, y).item(), rel=1e-12)
     assert result.val_loss == pytest.approx(nn.functional.cross_entropy(outv, yv).item(), rel=1e-12)
     assert evaluate(model, Xv, yv, "mse")[0] == pytest.approx(
-        0.5 * ((outv - nn.functional.one_hot(yv, 3)) ** 2).sum(1).mean().item())
+        0.5 * ((outv - nn.functional.one_hot(yv, 3)) ** 2).sum(1).mean().item()
+    )
     plain = fit(model, X, y, Recipe("gd", 2.0, steps=1))
     assert plain.val_loss is None and plain.val_accuracy is None
     d = plain.to_dict()
-    assert set(d) >= {"steps_run", "epochs_run", "loss_curve", "final_train_loss", "train_accuracy", "val_loss",
-                      "val_accuracy", "diverged", "seconds"} and isinstance(plain, FitResult)
+    assert set(d) >= {
+        "steps_run",
+        "epochs_run",
+        "loss_curve",
+        "final_train_loss",
+        "train_accuracy",
+        "val_loss",
+        "val_accuracy",
+        "diverged",
+        "seconds",
+    } and isinstance(plain, FitResult)
 
 
 def test_fit_refuses_bad_data():
@@ -237,8 +252,27 @@ def run(cli, *args):
     return result.exit_code, result.stdout, result.stderr
 
 
-TINY_VIT = ["--dataset", "digits", "--patch", "4", "--dim", "16", "--heads", "2", "--depth", "1", "--n-train", "200",
-            "--n-test", "100", "--epochs", "2", "--batch-size", "32", "--quiet"]
+TINY_VIT = [
+    "--dataset",
+    "digits",
+    "--patch",
+    "4",
+    "--dim",
+    "16",
+    "--heads",
+    "2",
+    "--depth",
+    "1",
+    "--n-train",
+    "200",
+    "--n-test",
+    "100",
+    "--epochs",
+    "2",
+    "--batch-size",
+    "32",
+    "--quiet",
+]
 
 
 def test_train_vit_writes_an_auditable_checkpoint(cli, tmp_path):
@@ -246,15 +280,25 @@ def test_train_vit_writes_an_auditable_checkpoint(cli, tmp_path):
     from attnaudit.data import DataSpec, data_fingerprint, holdout_split, load_dataset
 
     out = tmp_path / "vit.safetensors"
-    code, stdout, stderr = run(cli, *TINY_VIT, "--seed", 3, "--out", out, "--json", tmp_path / "r.json",
-                               "--png", tmp_path / "loss.png")
+    code, stdout, stderr = run(
+        cli, *TINY_VIT, "--seed", 3, "--out", out, "--json", tmp_path / "r.json", "--png", tmp_path / "loss.png"
+    )
     assert code == 0, stderr
     side = json.loads(out.with_suffix(".safetensors.json").read_text())
     meta = side["metadata"]
     assert side["arch"] == "vit" and side["spec"]["patch"] == 4 and side["spec"]["seed"] == 3
     assert side["input"] == {"kind": "images", "shape": [1, 8, 8]} and side["dtype"] == "float32"
-    assert meta["recipe"] == {"optimizer": "adam", "lr": 1e-3, "batch_size": 32, "epochs": 2, "steps": None,
-                              "loss": "ce", "seed": 3, "momentum": 0.0, "weight_decay": 0.0}
+    assert meta["recipe"] == {
+        "optimizer": "adam",
+        "lr": 1e-3,
+        "batch_size": 32,
+        "epochs": 2,
+        "steps": None,
+        "loss": "ce",
+        "seed": 3,
+        "momentum": 0.0,
+        "weight_decay": 0.0,
+    }
     assert meta["init_seed"] == 3 and "loss_curve" not in meta["metrics"] and meta["metrics"]["steps_run"] == 14
     data = meta["training_data"]
     assert data["holdout"] == {"n_train": 200, "n_test": 100, "seed": 3, "stratify": True}
@@ -305,8 +349,23 @@ def test_same_seed_same_weights_and_no_silent_overwrite(cli, tmp_path):
 def test_train_two_layer_nets(cli, tmp_path):
     for arch in ("relu", "attn"):
         out = tmp_path / f"{arch}.safetensors"
-        code, stdout, stderr = run(cli, "--arch", arch, "--dataset", "digits", "--n-train", 100, "--n-test", 50,
-                                   "--steps", 20, "--width", 8, "--out", out)
+        code, stdout, stderr = run(
+            cli,
+            "--arch",
+            arch,
+            "--dataset",
+            "digits",
+            "--n-train",
+            100,
+            "--n-test",
+            50,
+            "--steps",
+            20,
+            "--width",
+            8,
+            "--out",
+            out,
+        )
         assert code == 0, stderr
         assert "attnaudit train" in stdout and arch in stdout
         model = load_model(out)
@@ -359,8 +418,13 @@ def test_main_without_out_is_one_usage_line(tmp_path):
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "attnaudit", "train", "--dataset", "digits"], capture_output=True,
-                          text=True, cwd=tmp_path, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "attnaudit", "train", "--dataset", "digits"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert proc.returncode == 2 and proc.stderr.startswith("error:") and "--out" in proc.stderr
     assert proc.stderr.count("\n") == 1
 
@@ -371,8 +435,22 @@ def test_mnist_default_recipe_learns(cli, tmp_path, arch):
     if not (MNIST_DIR / "MNIST" / "raw" / "t10k-images-idx3-ubyte.gz").exists():
         pytest.skip("real MNIST test split not present in ../shared/data")
     out = tmp_path / "m.safetensors"
-    code, _, stderr = run(cli, "--arch", arch, "--dataset", "mnist", "--split", "test", "--data-dir", MNIST_DIR,
-                          "--out", out, "--json", tmp_path / "r.json", "--quiet")
+    code, _, stderr = run(
+        cli,
+        "--arch",
+        arch,
+        "--dataset",
+        "mnist",
+        "--split",
+        "test",
+        "--data-dir",
+        MNIST_DIR,
+        "--out",
+        out,
+        "--json",
+        tmp_path / "r.json",
+        "--quiet",
+    )
     assert code == 0, stderr
     fit_result = json.loads((tmp_path / "r.json").read_text())["results"]["fit"]
     assert fit_result["steps_run"] == 705 and fit_result["val_accuracy"] > 0.85

@@ -87,11 +87,13 @@ def np_vit(model: ViT, x: np.ndarray) -> np.ndarray:
         tokens = []
         for r in range(H // p):  # row-major over the patch grid, channel-major inside a patch
             for c in range(W // p):
-                tokens.append(img[:, r * p:(r + 1) * p, c * p:(c + 1) * p].reshape(-1))
+                tokens.append(img[:, r * p : (r + 1) * p, c * p : (c + 1) * p].reshape(-1))
         h = np_linear(np.stack(tokens), P, "embed") + P["pos_embed"]
         for b in range(spec.depth):
             pre = f"blocks.{b}"
-            h = h + np_attention(np_layernorm(h, P, f"{pre}.norm1"), P, f"{pre}.attn", spec.heads, spec.arch == "vit-linear")
+            h = h + np_attention(
+                np_layernorm(h, P, f"{pre}.norm1"), P, f"{pre}.attn", spec.heads, spec.arch == "vit-linear"
+            )
             z = np_linear(np_layernorm(h, P, f"{pre}.norm2"), P, f"{pre}.mlp.fc1")
             z = 0.5 * z * (1 + erf(z / math.sqrt(2)))
             h = h + np_linear(z, P, f"{pre}.mlp.fc2")
@@ -214,7 +216,7 @@ def test_per_sample_grads_and_hvp_through_the_engine(arch):
     params = [dict(ref.named_parameters())[n] for n in engine.names]
     loop = []
     for i in range(4):
-        loss = torch.nn.functional.cross_entropy(ref(x[i:i + 1]), y[i:i + 1], reduction="sum")
+        loss = torch.nn.functional.cross_entropy(ref(x[i : i + 1]), y[i : i + 1], reduction="sum")
         loop.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)]))
     torch.testing.assert_close(G, torch.stack(loop), rtol=1e-10, atol=1e-12)
     # the Hessian-vector product (reverse-over-reverse, no fallback needed) against double backward
@@ -282,8 +284,9 @@ def test_build_builtin_for_every_architecture():
 
 def saved_model(tmp_path, arch, dtype=None):
     X = torch.rand(20, 64, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    model = build_builtin(arch, n_out=3, feature_shape=(1, 8, 8), X_train=X, seed=2, width=6, patch=4, dim=16,
-                          heads=2, dtype=dtype)
+    model = build_builtin(
+        arch, n_out=3, feature_shape=(1, 8, 8), X_train=X, seed=2, width=6, patch=4, dim=16, heads=2, dtype=dtype
+    )
     with torch.no_grad():  # move off the initialisation so a silent re-init would be caught
         for p in model.parameters():
             p.add_(0.1 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel()), dtype=p.dtype))
@@ -328,8 +331,11 @@ def test_old_schema_1_side_cars_still_load(tmp_path, arch):
     sidecar = path.with_suffix(".safetensors.json")
     side = json.loads(sidecar.read_text())
     # exactly what the version-1 writer produced: schema, spec, dtype, metadata
-    sidecar.write_text(json.dumps({"schema": "attnaudit.model/1", "spec": side["spec"], "dtype": side["dtype"],
-                                   "metadata": side["metadata"]}))
+    sidecar.write_text(
+        json.dumps(
+            {"schema": "attnaudit.model/1", "spec": side["spec"], "dtype": side["dtype"], "metadata": side["metadata"]}
+        )
+    )
     loaded = load_model(path)
     torch.testing.assert_close(loaded(X), model(X), rtol=0, atol=0)
     del side["metadata"]
@@ -437,7 +443,9 @@ def test_vit_checkpoint_mismatches_are_one_line_audit_errors(tmp_path, case):
 def test_save_model_refuses_foreign_models_and_odd_dtypes(tmp_path):
     _one_line_error(lambda: save_model(torch.nn.Linear(2, 2), tmp_path / "x.safetensors"), "TwoLayerNet, ViT")
     _one_line_error(lambda: save_model(ViT(tiny_spec()).half(), tmp_path / "x.safetensors"), "float16")
-    _one_line_error(lambda: save_model(ViT(tiny_spec()), tmp_path / "x.safetensors", metadata={"a": object()}), "not JSON")
+    _one_line_error(
+        lambda: save_model(ViT(tiny_spec()), tmp_path / "x.safetensors", metadata={"a": object()}), "not JSON"
+    )
     assert not list(tmp_path.iterdir())
     relu = build_model(ModelSpec("relu", 4, 3, 2))
     assert save_model(relu, tmp_path / "r.safetensors").exists()

@@ -14,6 +14,7 @@ from attnaudit.analyses.request import COMMANDS as COMMANDS, Request, request_ty
 from attnaudit.analyses.result import Progress, Result
 from attnaudit.errors import AuditError
 
+
 def run(request: Request, *, progress: Progress | None = None, executor: Any = None) -> Result:
     """Run any analysis request (dispatch to its module's ``run``)."""
     module = importlib.import_module(type(request).__module__)
@@ -46,8 +47,10 @@ def run_argv(command: str, args: list[str], progress: Progress | None = None) ->
     result = run(request_from_argv(command, args), progress=progress)
     if result.failed_cells:
         failed = result.failed_cells
-        raise AuditError(f"{len(failed)} sweep cell(s) failed; the report holds the others and lists these under "
-                         "failed_cells: " + "; ".join(f"{f['cell']}: {f['error']}" for f in failed[:5]))
+        raise AuditError(
+            f"{len(failed)} sweep cell(s) failed; the report holds the others and lists these under "
+            "failed_cells: " + "; ".join(f"{f['cell']}: {f['error']}" for f in failed[:5])
+        )
     return result.to_dict()
 
 

@@ -86,14 +86,34 @@ class Option:
         return self.flags[0]
 
 
-def option(default: Any, *flags: str, help: str, panel: str, kind: type | None = None, negative: str | None = None,
-           multiple: bool = False, metavar: str | None = None, parse: Callable[[Any, str], Any] | None = None,
-           show: Callable[[Any], str] | None = None, deprecated: tuple[str, ...] = ()) -> Any:
+def option(
+    default: Any,
+    *flags: str,
+    help: str,
+    panel: str,
+    kind: type | None = None,
+    negative: str | None = None,
+    multiple: bool = False,
+    metavar: str | None = None,
+    parse: Callable[[Any, str], Any] | None = None,
+    show: Callable[[Any], str] | None = None,
+    deprecated: tuple[str, ...] = (),
+) -> Any:
     """A request field with its command-line option (see :class:`Option`)."""
     if kind is None:
         kind = type(default) if isinstance(default, (bool, int, float)) else str
-    meta = Option(flags=tuple(flags), help=help, panel=panel, kind=kind, negative=negative, multiple=multiple,
-                  metavar=metavar, parse=parse, show=show, deprecated=tuple(deprecated))
+    meta = Option(
+        flags=tuple(flags),
+        help=help,
+        panel=panel,
+        kind=kind,
+        negative=negative,
+        multiple=multiple,
+        metavar=metavar,
+        parse=parse,
+        show=show,
+        deprecated=tuple(deprecated),
+    )
     if isinstance(default, (list, dict, set)):
         raise TypeError("request defaults are immutable (use a tuple)")
     return field(default=default, metadata={_OPTION: meta})
@@ -147,8 +167,11 @@ def list_of(kind: type) -> Callable[[Any, str], tuple]:
                 out.append(_scalar(item, kind, name))
             except FieldError:
                 what = {int: "an integer", float: "a number"}.get(kind, "a value")
-                raise FieldError(name, "{name}: " + f"{clip_text(repr(item), 60)} is not {what}; "
-                                 "give a comma-separated list such as {name} 1,2,3") from None
+                raise FieldError(
+                    name,
+                    "{name}: " + f"{clip_text(repr(item), 60)} is not {what}; "
+                    "give a comma-separated list such as {name} 1,2,3",
+                ) from None
         return tuple(out)
 
     return parse
@@ -241,8 +264,10 @@ class Request:
             name = cls.field_of(key)
             if name is None:
                 known = [n.replace("_", "-") for n in cls.options()]
-                raise AuditError(f"{cls.COMMAND} has no option --{normalise_key(key).replace('_', '-')}"
-                                 f"{hint(normalise_key(key).replace('_', '-'), known)}")
+                raise AuditError(
+                    f"{cls.COMMAND} has no option --{normalise_key(key).replace('_', '-')}"
+                    f"{hint(normalise_key(key).replace('_', '-'), known)}"
+                )
             negated = cls.options()[name].negative
             if negated and normalise_key(key) == normalise_key(negated) and isinstance(value, bool):
                 value = not value
@@ -301,8 +326,10 @@ class Request:
             value = getattr(self, f.name)
             if _OPTION not in f.metadata:
                 if value is not None and value is not defaults[f.name]:
-                    raise AuditError(f"this {self.COMMAND} request holds an in-memory {f.name} "
-                                     f"({type(value).__name__}); no command line reproduces it")
+                    raise AuditError(
+                        f"this {self.COMMAND} request holds an in-memory {f.name} "
+                        f"({type(value).__name__}); no command line reproduces it"
+                    )
                 continue
             if value == defaults[f.name]:
                 continue
@@ -317,7 +344,9 @@ class Request:
                 for item in value:
                     argv.extend([opt.flag, _show_scalar(item)])
                 continue
-            text = opt.show(value) if opt.show else (show_list(value) if isinstance(value, tuple) else _show_scalar(value))
+            text = (
+                opt.show(value) if opt.show else (show_list(value) if isinstance(value, tuple) else _show_scalar(value))
+            )
             argv.extend([opt.flag, text])
         return argv
 

@@ -83,9 +83,10 @@ class Result:
     def figure(self, path: str | Path) -> Path:
         """Write the figure (PNG) to ``path``; a restored result has none to draw."""
         if self.plot is None:
-
-            raise AuditError("this result has no figure (a result restored from a report keeps numbers, "
-                             "not the arrays a figure is drawn from); run the request again")
+            raise AuditError(
+                "this result has no figure (a result restored from a report keeps numbers, "
+                "not the arrays a figure is drawn from); run the request again"
+            )
         import matplotlib
 
         matplotlib.use("Agg")

@@ -33,39 +33,73 @@ class DataFields:
     """Where the data come from (``dataset`` or ``data``) and how they are filtered and preprocessed."""
 
     dataset: str | None = option(
-        "digits", "--dataset", panel=DATA,
+        "digits",
+        "--dataset",
+        panel=DATA,
         help="Built-in data set: digits (embedded, offline), mnist, fashion-mnist, cifar10, synthetic.",
     )
     data: str | None = option(
-        None, "--data", panel=DATA, metavar="PATH",
+        None,
+        "--data",
+        panel=DATA,
+        metavar="PATH",
         help="User data: .npz, .npy, .safetensors, .pt, .csv (label column) or an image folder (one sub-folder per class).",
     )
     data_dir: str | None = option(
-        None, "--data-dir", panel=DATA, metavar="PATH",
+        None,
+        "--data-dir",
+        panel=DATA,
+        metavar="PATH",
         help="Root of torchvision-format data sets (default: $ATTNAUDIT_DATA_DIR, else ~/.cache/attnaudit/data).",
     )
     split: str | None = option("train", "--split", panel=DATA, help="train or test.")
-    classes: str | None = option(None, "--classes", panel=DATA, parse=_classes, help="Keep only these labels, e.g. 0,1,7.")
+    classes: str | None = option(
+        None, "--classes", panel=DATA, parse=_classes, help="Keep only these labels, e.g. 0,1,7."
+    )
     preprocess: str = option(
-        "raw", "--preprocess", panel=DATA,
+        "raw",
+        "--preprocess",
+        panel=DATA,
         help="raw, center, standardize, unit-norm or ntk-scale (one global scale so that mean ||x||^2 = d, the NTK convention).",
     )
-    download: bool = option(False, "--download", panel=DATA,
-                            help="Allow torchvision to download a missing data set (needs a network).")
+    download: bool = option(
+        False, "--download", panel=DATA, help="Allow torchvision to download a missing data set (needs a network)."
+    )
     loaded_data: Any = internal()
 
-    def data_spec(self, seed: int, *, n: int | None = None, stratify: bool = False,
-                  dataset: str | None = None, split: str | None = None):
+    def data_spec(
+        self,
+        seed: int,
+        *,
+        n: int | None = None,
+        stratify: bool = False,
+        dataset: str | None = None,
+        split: str | None = None,
+    ):
         """A validated :class:`attnaudit.data.DataSpec`; ``dataset``/``split`` fill options left unset."""
 
         return DataSpec(
-            dataset=self.dataset or dataset or "digits", data=self.data, data_dir=self.data_dir,
-            split=self.split or split or "train", n=n, classes=parse_classes(self.classes),
-            preprocess=self.preprocess, seed=seed, stratify=stratify, download=self.download,
+            dataset=self.dataset or dataset or "digits",
+            data=self.data,
+            data_dir=self.data_dir,
+            split=self.split or split or "train",
+            n=n,
+            classes=parse_classes(self.classes),
+            preprocess=self.preprocess,
+            seed=seed,
+            stratify=stratify,
+            download=self.download,
         )
 
-    def load_data(self, seed: int, *, n: int | None = None, stratify: bool = False,
-                  dataset: str | None = None, split: str | None = None):
+    def load_data(
+        self,
+        seed: int,
+        *,
+        n: int | None = None,
+        stratify: bool = False,
+        dataset: str | None = None,
+        split: str | None = None,
+    ):
         """The :class:`attnaudit.data.Dataset` to analyse: ``loaded_data`` (subset to ``n`` rows
         with ``seed`` when asked), else read as :meth:`data_spec` describes."""
 
@@ -85,17 +119,24 @@ class DataFields:
         """Read the data as the run would (fails here, before any work, on a bad source)."""
         super().check()  # type: ignore[misc]
         if self.loaded_data is None:
-
             load_dataset(self.data_spec(int(getattr(self, "seed", 0) or 0)))
 
     def data_inputs(self) -> dict:
         """The data options as given, for the report's ``inputs``."""
         if self.loaded_data is not None:
-            return {"dataset": getattr(self.loaded_data, "name", "in-memory"), "data": None, "split": None,
-                    "classes": None, "preprocess": None}
+            return {
+                "dataset": getattr(self.loaded_data, "name", "in-memory"),
+                "data": None,
+                "split": None,
+                "classes": None,
+                "preprocess": None,
+            }
         return {
-            "dataset": self.dataset if self.data is None else None, "data": self.data, "split": self.split,
-            "classes": self.classes, "preprocess": self.preprocess,
+            "dataset": self.dataset if self.data is None else None,
+            "data": self.data,
+            "split": self.split,
+            "classes": self.classes,
+            "preprocess": self.preprocess,
         }
 
 
@@ -110,23 +151,39 @@ class ModelFields:
     """Which trained model to audit (``checkpoint``, or ``factory`` + ``weights``)."""
 
     checkpoint: tuple[str, ...] | None = option(
-        None, "--checkpoint", panel=MODEL, metavar="PATH", multiple=True, deprecated=("--model",),
+        None,
+        "--checkpoint",
+        panel=MODEL,
+        metavar="PATH",
+        multiple=True,
+        deprecated=("--model",),
         help="Audit a trained model: an attnaudit .safetensors (its .json side-car beside it) or a Hugging Face model "
-             "folder (config.json + model.safetensors; needs attnaudit[hf]). Repeat to compare several. (--model is its "
-             "older spelling, easily confused with --models, the built-in nets.)",
+        "folder (config.json + model.safetensors; needs attnaudit[hf]). Repeat to compare several. (--model is its "
+        "older spelling, easily confused with --models, the built-in nets.)",
     )
     factory: str | None = option(
-        None, "--factory", panel=MODEL,
+        None,
+        "--factory",
+        panel=MODEL,
         help="Your own torch.nn.Module: package.module:function that returns it (called without arguments).",
     )
-    weights: str | None = option(None, "--weights", panel=MODEL, metavar="PATH",
-                                 help="Weights for --factory (.safetensors; pickle files need --trust-pickle).")
+    weights: str | None = option(
+        None,
+        "--weights",
+        panel=MODEL,
+        metavar="PATH",
+        help="Weights for --factory (.safetensors; pickle files need --trust-pickle).",
+    )
     trust_pickle: bool = option(
-        False, "--trust-pickle", panel=MODEL,
+        False,
+        "--trust-pickle",
+        panel=MODEL,
         help="Allow pickle-based weights (.pt/.pth/.bin/.ckpt), read with torch.load(weights_only=True). Only for files you trust.",
     )
     inputs: str = option(
-        "auto", "--inputs", panel=MODEL,
+        "auto",
+        "--inputs",
+        panel=MODEL,
         help="How data rows reach a --factory model: auto (its audit_inputs(), else images for image data), flat, images or tokens.",
     )
     loaded_models: Any = internal()
@@ -158,9 +215,14 @@ class ModelFields:
         if self.factory is not None or self.weights is not None:
             if self.checkpoint:
                 raise AuditError("--checkpoint and --factory both name a model; give one of them")
-            loaded = [load_model_source(factory=self.factory, weights=self.weights, trust_pickle=self.trust_pickle,
-                                        inputs=self.inputs)]
+            loaded = [
+                load_model_source(
+                    factory=self.factory, weights=self.weights, trust_pickle=self.trust_pickle, inputs=self.inputs
+                )
+            ]
         else:
-            loaded = [load_model_source(path, trust_pickle=self.trust_pickle, inputs=self.inputs)
-                      for path in self.checkpoint or []]
+            loaded = [
+                load_model_source(path, trust_pickle=self.trust_pickle, inputs=self.inputs)
+                for path in self.checkpoint or []
+            ]
         return dict(zip(unique_labels([m.label for m in loaded]), loaded))

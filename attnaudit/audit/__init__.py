@@ -11,7 +11,30 @@ one CI gate with a combined JSON report, JUnit XML and baselines. See docs/audit
 from attnaudit.audit.file import FILE_SCHEMA, AuditPlan, CheckSpec, load_audit_file, parse_audit
 from attnaudit.audit.junit import junit_xml, write_junit
 from attnaudit.audit.metrics import METRICS
-from attnaudit.audit.runner import BASELINE_SCHEMA, SCHEMA, AuditResult, CheckResult, baseline_payload, read_baseline, run_audit
+from attnaudit.audit.runner import (
+    BASELINE_SCHEMA,
+    SCHEMA,
+    AuditResult,
+    CheckResult,
+    baseline_payload,
+    read_baseline,
+    run_audit,
+)
 
-__all__ = ["FILE_SCHEMA", "SCHEMA", "BASELINE_SCHEMA", "AuditPlan", "CheckSpec", "AuditResult", "CheckResult", "METRICS",
-           "load_audit_file", "parse_audit", "run_audit", "junit_xml", "write_junit", "baseline_payload", "read_baseline"]
+__all__ = [
+    "FILE_SCHEMA",
+    "SCHEMA",
+    "BASELINE_SCHEMA",
+    "AuditPlan",
+    "CheckSpec",
+    "AuditResult",
+    "CheckResult",
+    "METRICS",
+    "load_audit_file",
+    "parse_audit",
+    "run_audit",
+    "junit_xml",
+    "write_junit",
+    "baseline_payload",
+    "read_baseline",
+]

@@ -16,14 +16,36 @@ from typing import Any
 
 from attnaudit.errors import AuditError
 from attnaudit.audit import metrics as M
-from attnaudit.audit.commands import ANALYSES, DATA_OPTIONS, MODEL_OPTIONS, REFUSED, field_name, hint, normalise, option_params
+from attnaudit.audit.commands import (
+    ANALYSES,
+    DATA_OPTIONS,
+    MODEL_OPTIONS,
+    REFUSED,
+    field_name,
+    hint,
+    normalise,
+    option_params,
+)
 
 FILE_SCHEMA = "attnaudit.audit-file/1"
 VERSION = 1
 MAX_FILE_BYTES = 1 << 20
 TOP_KEYS = ("version", "name", "seed", "data", "model", "checks")
-CHECK_KEYS = ("name", "analysis", "description", "options", "use_model", "metric", "select", "stat", "max", "min",
-              "better", "tolerance", "tolerance_rel")
+CHECK_KEYS = (
+    "name",
+    "analysis",
+    "description",
+    "options",
+    "use_model",
+    "metric",
+    "select",
+    "stat",
+    "max",
+    "min",
+    "better",
+    "tolerance",
+    "tolerance_rel",
+)
 MODEL_KEYS = (*MODEL_OPTIONS, "arch", "train", "save")
 SUBSET_OPTIONS = ("n", "stratify")  # data options only some commands take (kappa)
 BETTER = ("lower", "higher")
@@ -87,11 +109,18 @@ class AuditPlan:
     checks: list[CheckSpec]
 
     def file_info(self) -> dict:
-        return {"path": self.path, "sha256": self.sha256, "name": self.name, "version": self.version,
-                "schema": FILE_SCHEMA}
+        return {
+            "path": self.path,
+            "sha256": self.sha256,
+            "name": self.name,
+            "version": self.version,
+            "schema": FILE_SCHEMA,
+        }
 
 
-_STANDARD_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "map", "seq", "merge", "timestamp")}
+_STANDARD_TAGS = {
+    f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "map", "seq", "merge", "timestamp")
+}
 
 
 def _safe_load(text: str, where: str) -> Any:
@@ -109,8 +138,10 @@ def _safe_load(text: str, where: str) -> Any:
                 continue
             seen.add(id(node))
             if node.tag not in _STANDARD_TAGS:
-                raise AuditError(f"line {node.start_mark.line + 1}: the YAML tag {node.tag} is not allowed (an audit file "
-                                 "is plain data: mappings, lists, strings, numbers, booleans); remove the tag")
+                raise AuditError(
+                    f"line {node.start_mark.line + 1}: the YAML tag {node.tag} is not allowed (an audit file "
+                    "is plain data: mappings, lists, strings, numbers, booleans); remove the tag"
+                )
             if isinstance(node, yaml.SequenceNode):
                 stack.extend(node.value)
             elif isinstance(node, yaml.MappingNode):
@@ -127,8 +158,14 @@ def _safe_load(text: str, where: str) -> Any:
 def _kind(value: Any) -> str:
     if value is None:
         return "nothing (null)"
-    return {bool: "true/false", int: "an integer", float: "a number", str: "a string", list: "a list",
-            dict: "a mapping"}.get(type(value), type(value).__name__)
+    return {
+        bool: "true/false",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "a mapping",
+    }.get(type(value), type(value).__name__)
 
 
 def _expect(value: Any, types: tuple, what: str, where: str) -> Any:
@@ -151,8 +188,9 @@ def _unknown_keys(mapping: dict, allowed: tuple, where: str) -> None:
         if not isinstance(key, str):
             raise AuditError(f"{where}: keys must be strings, got {key!r}")
         if key not in allowed:
-            raise AuditError(f"{where + '.' if where else ''}{key}: unknown key{hint(key, allowed)} "
-                             f"(allowed: {', '.join(allowed)})")
+            raise AuditError(
+                f"{where + '.' if where else ''}{key}: unknown key{hint(key, allowed)} (allowed: {', '.join(allowed)})"
+            )
 
 
 def _options(raw: Any, command: str, where: str, refused: dict[str, str]) -> dict[str, Any]:
@@ -169,8 +207,10 @@ def _options(raw: Any, command: str, where: str, refused: dict[str, str]) -> dic
             name = name if name in refused else normalise(key)
             raise AuditError(f"{where}.{key}: --{name.replace('_', '-')} is not set in a check: {refused[name]}")
         if name not in params:
-            raise AuditError(f"{where}.{key}: {command} has no option --{name.replace('_', '-')}"
-                             f"{hint(name.replace('_', '-'), usable)}")
+            raise AuditError(
+                f"{where}.{key}: {command} has no option --{name.replace('_', '-')}"
+                f"{hint(name.replace('_', '-'), usable)}"
+            )
         if isinstance(value, dict):
             raise AuditError(f"{where}.{key}: expected a value or a list of values, got a mapping")
         out[name] = value
@@ -195,8 +235,10 @@ def _model(raw: Any, where: str = "model") -> ModelSection | None:
     _unknown_keys(raw, MODEL_KEYS, where)
     given = [k for k in ("checkpoint", "factory", "arch") if raw.get(k) is not None]
     if len(given) != 1:
-        raise AuditError(f"{where}: give exactly one of checkpoint, factory or arch "
-                         f"({'none given' if not given else ', '.join(given) + ' given'})")
+        raise AuditError(
+            f"{where}: give exactly one of checkpoint, factory or arch "
+            f"({'none given' if not given else ', '.join(given) + ' given'})"
+        )
     kind = {"checkpoint": "checkpoint", "factory": "factory", "arch": "trained"}[given[0]]
     for key in ("factory", "weights", "inputs", "arch", "save"):
         if raw.get(key) is not None:
@@ -207,8 +249,12 @@ def _model(raw: Any, where: str = "model") -> ModelSection | None:
         extra = [k for k in MODEL_OPTIONS if raw.get(k) is not None]
         if extra:
             raise AuditError(f"{where}.{extra[0]}: a model the audit trains (arch:) takes no {extra[0]}; drop it")
-        train = _options(raw.get("train"), "train", f"{where}.train",
-                         {**REFUSED, "arch": "it is model.arch", "seed": "the audit's seed: trains it"})
+        train = _options(
+            raw.get("train"),
+            "train",
+            f"{where}.train",
+            {**REFUSED, "arch": "it is model.arch", "seed": "the audit's seed: trains it"},
+        )
         return ModelSection(kind, {}, arch=raw["arch"], train=train, save=raw.get("save"))
     if raw.get("train") is not None or raw.get("save") is not None:
         raise AuditError(f"{where}: train: and save: belong to a model the audit trains (arch:); drop them")
@@ -247,8 +293,10 @@ def _metric(raw: Any, schema: str, analysis: str, where: str) -> tuple[str | Non
     if raw not in available:
         others = sorted({n for table in M.METRICS.values() for n in table} - set(available))
         elsewhere = f" ({raw} belongs to another analysis or mode)" if raw in others else ""
-        raise AuditError(f"{where}.metric: unknown metric {raw!r} for {analysis} (report {schema}){elsewhere}"
-                         f"{hint(raw, available)}; available: {', '.join(available)}")
+        raise AuditError(
+            f"{where}.metric: unknown metric {raw!r} for {analysis} (report {schema}){elsewhere}"
+            f"{hint(raw, available)}; available: {', '.join(available)}"
+        )
     return raw, None
 
 
@@ -267,21 +315,27 @@ def _check(raw: Any, index: int, plan_data: dict, model: ModelSection | None, na
     names.add(name)
     analysis = _expect(raw["analysis"], (str,), "a string", f"{where}.analysis").strip().lower()
     if analysis not in ANALYSES:
-        raise AuditError(f"{where}.analysis: unknown analysis {raw['analysis']!r}{hint(analysis, ANALYSES)}; "
-                         f"use one of {', '.join(ANALYSES)}")
+        raise AuditError(
+            f"{where}.analysis: unknown analysis {raw['analysis']!r}{hint(analysis, ANALYSES)}; "
+            f"use one of {', '.join(ANALYSES)}"
+        )
     own = _options(raw.get("options"), analysis, f"{where}.options", REFUSED)
     params = option_params(analysis)
     for key in plan_data:
         if key in SUBSET_OPTIONS and key not in params and key not in own:
-            raise AuditError(f"data.{key}: {analysis} (checks[{index}]) has no --{key} option; move {key} into the "
-                             "options of the checks that take it")
+            raise AuditError(
+                f"data.{key}: {analysis} (checks[{index}]) has no --{key} option; move {key} into the "
+                "options of the checks that take it"
+            )
     options = {**plan_data, **own}
     use_model = raw.get("use_model", True)
     _expect(use_model, (bool,), "true or false", f"{where}.use_model")
     with_model = bool(use_model and model is not None)
     if with_model and analysis == "ntk-distance" and options.get("arch"):
-        raise AuditError(f"{where}.options.arch: the ntk-distance transformer sweep trains new models; set "
-                         "use_model: false for this check")
+        raise AuditError(
+            f"{where}.options.arch: the ntk-distance transformer sweep trains new models; set "
+            "use_model: false for this check"
+        )
     schema = report_schema(analysis, options, with_model)
     metric, path = _metric(raw.get("metric"), schema, analysis, where)
     spec = M.METRICS[schema][metric] if metric else None
@@ -289,14 +343,18 @@ def _check(raw: Any, index: int, plan_data: dict, model: ModelSection | None, na
     stat = raw.get("stat", stats[0])
     _expect(stat, (str,), "a string", f"{where}.stat")
     if stat not in stats:
-        raise AuditError(f"{where}.stat: {metric or 'a path metric'} has no statistic {stat!r}{hint(stat, stats)}; "
-                         f"use one of {', '.join(stats)}")
+        raise AuditError(
+            f"{where}.stat: {metric or 'a path metric'} has no statistic {stat!r}{hint(stat, stats)}; "
+            f"use one of {', '.join(stats)}"
+        )
     select = raw.get("select") or {}
     _expect(select, (dict,), "a mapping of label: value", f"{where}.select")
     for key, value in select.items():
         if spec is not None and key not in spec.labels:
-            raise AuditError(f"{where}.select.{key}: {metric} rows have no label {key!r}{hint(key, spec.labels)}"
-                             f"{'; labels: ' + ', '.join(spec.labels) if spec.labels else '; it has a single row'}")
+            raise AuditError(
+                f"{where}.select.{key}: {metric} rows have no label {key!r}{hint(key, spec.labels)}"
+                f"{'; labels: ' + ', '.join(spec.labels) if spec.labels else '; it has a single row'}"
+            )
         if isinstance(value, (dict, list)):
             raise AuditError(f"{where}.select.{key}: expected a single value, got {_kind(value)}")
     lo = None if raw.get("min") is None else _number(raw["min"], f"{where}.min")
@@ -306,7 +364,9 @@ def _check(raw: Any, index: int, plan_data: dict, model: ModelSection | None, na
     better = raw.get("better")
     if better is None:
         if hi is None and lo is None:
-            raise AuditError(f"{where}: give a threshold (max: or min:), or better: lower|higher for a baseline-only check")
+            raise AuditError(
+                f"{where}: give a threshold (max: or min:), or better: lower|higher for a baseline-only check"
+            )
         better = "lower" if hi is not None else "higher"
     _expect(better, (str,), "lower or higher", f"{where}.better")
     if better not in BETTER:
@@ -318,8 +378,24 @@ def _check(raw: Any, index: int, plan_data: dict, model: ModelSection | None, na
     description = raw.get("description")
     if description is not None:
         _expect(description, (str,), "a string", f"{where}.description")
-    return CheckSpec(index, name, analysis, options, with_model, metric, path, schema, dict(select), stat, hi, lo,
-                     better, tol, tol_rel, description)
+    return CheckSpec(
+        index,
+        name,
+        analysis,
+        options,
+        with_model,
+        metric,
+        path,
+        schema,
+        dict(select),
+        stat,
+        hi,
+        lo,
+        better,
+        tol,
+        tol_rel,
+        description,
+    )
 
 
 def parse_audit(data: Any, path: str, sha256: str = "") -> AuditPlan:
@@ -353,8 +429,10 @@ def _parse(data: Any, path: str, sha256: str) -> AuditPlan:
         key_name = normalise(key)
         allowed = (*DATA_OPTIONS, *SUBSET_OPTIONS)
         if key_name not in allowed:
-            raise AuditError(f"data.{key}: unknown data option{hint(key_name, allowed)} (allowed: "
-                             f"{', '.join(allowed)}; other options go into each check's options)")
+            raise AuditError(
+                f"data.{key}: unknown data option{hint(key_name, allowed)} (allowed: "
+                f"{', '.join(allowed)}; other options go into each check's options)"
+            )
         plan_data[key_name] = value
     model = _model(data.get("model"))
     checks = data.get("checks")

@@ -28,11 +28,15 @@ class AuditRequest(Request):
 
     file: str = internal("")
     baseline: str | None = option(
-        None, "--baseline", panel=ANALYSIS, metavar="PATH",
+        None,
+        "--baseline",
+        panel=ANALYSIS,
+        metavar="PATH",
         help="Fail a check whose value got worse than in this baseline file by more than its tolerance.",
     )
-    fail_fast: bool = option(False, "--fail-fast", panel=EXECUTION,
-                             help="Stop at the first failed check (the rest are reported as skipped).")
+    fail_fast: bool = option(
+        False, "--fail-fast", panel=EXECUTION, help="Stop at the first failed check (the rest are reported as skipped)."
+    )
     overwrite: bool = internal(False)  # model.save may replace an existing file
 
     def validate(self) -> None:
@@ -50,25 +54,41 @@ class AuditRequest(Request):
         return [self.file, *argv]
 
 
-def run(request: AuditRequest, *, progress: Progress | None = None, executor: Any = None,
-        on_check: Callable[[Any], None] | None = None) -> Result:
+def run(
+    request: AuditRequest,
+    *,
+    progress: Progress | None = None,
+    executor: Any = None,
+    on_check: Callable[[Any], None] | None = None,
+) -> Result:
     """Run the audit; ``on_check(check)`` is called as each check is judged."""
 
     executor = executor or ExecutorConfig()
     t0 = time.perf_counter()
     plan = load_audit_file(request.file)
     with progress_or_silent(progress)("audit", len(plan.checks), "checks") as advance:
+
         def done(check: Any) -> None:
             advance(1)
             if on_check is not None:
                 on_check(check)
 
-        result = run_audit(plan, baseline=request.baseline, fail_fast=request.fail_fast,
-                           overwrite=request.overwrite, progress=done, executor=executor)
+        result = run_audit(
+            plan,
+            baseline=request.baseline,
+            fail_fast=request.fail_fast,
+            overwrite=request.overwrite,
+            progress=done,
+            executor=executor,
+        )
     report = build_report(
         SCHEMA,
-        inputs={"file": request.file, "baseline": request.baseline, "fail_fast": request.fail_fast,
-                "execution": executor.to_dict()},
+        inputs={
+            "file": request.file,
+            "baseline": request.baseline,
+            "fail_fast": request.fail_fast,
+            "execution": executor.to_dict(),
+        },
         seeds={"seed": plan.seed, "checks": {c.name: _seed_of(c) for c in result.checks}},
         device=None,
         dtype="as each command records in its report",
@@ -101,8 +121,16 @@ def _tables(result: Any) -> list:
         d = c.to_dict()
         base = "" if c.baseline is None else f"{c.baseline['value_text']} ({'ok' if c.baseline['passed'] else 'worse'})"
         run_text = c.run + (f" (shared with {', '.join(c.shared_with)})" if c.shared_with else "")
-        table.add_row(c.name, c.spec.analysis, c.spec.metric_label, d["value_text"], c.threshold_text, base,
-                      Text(c.status.upper(), style=style[c.status]), run_text)
+        table.add_row(
+            c.name,
+            c.spec.analysis,
+            c.spec.metric_label,
+            d["value_text"],
+            c.threshold_text,
+            base,
+            Text(c.status.upper(), style=style[c.status]),
+            run_text,
+        )
     lines: list = [table]
     for c in result.checks:
         if c.status in ("fail", "error"):

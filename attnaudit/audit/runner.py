@@ -71,15 +71,34 @@ class CheckResult:
     def to_dict(self) -> dict:
         s = self.spec
         return {
-            "name": s.name, "analysis": s.analysis, "description": s.description, "metric": s.metric, "path": s.path,
-            "report_schema": s.schema, "select": s.select, "stat": s.stat, "max": s.max, "min": s.min,
-            "better": s.better, "tolerance": s.tolerance, "tolerance_rel": s.tolerance_rel,
-            "value": _finite_or_none(self.value), "value_text": format_value(self.value),
-            "values": [{"labels": v["labels"], "value": _finite_or_none(v["value"]), "value_text": format_value(v["value"])}
-                       for v in self.values],
-            "status": self.status, "message": self.message, "failure_type": self.failure_type,
-            "error_kind": self.error_kind, "baseline": self.baseline, "command": self.command, "run": self.run,
-            "shared_with": self.shared_with, "uses_model": s.use_model,
+            "name": s.name,
+            "analysis": s.analysis,
+            "description": s.description,
+            "metric": s.metric,
+            "path": s.path,
+            "report_schema": s.schema,
+            "select": s.select,
+            "stat": s.stat,
+            "max": s.max,
+            "min": s.min,
+            "better": s.better,
+            "tolerance": s.tolerance,
+            "tolerance_rel": s.tolerance_rel,
+            "value": _finite_or_none(self.value),
+            "value_text": format_value(self.value),
+            "values": [
+                {"labels": v["labels"], "value": _finite_or_none(v["value"]), "value_text": format_value(v["value"])}
+                for v in self.values
+            ],
+            "status": self.status,
+            "message": self.message,
+            "failure_type": self.failure_type,
+            "error_kind": self.error_kind,
+            "baseline": self.baseline,
+            "command": self.command,
+            "run": self.run,
+            "shared_with": self.shared_with,
+            "uses_model": s.use_model,
         }
 
 
@@ -102,8 +121,15 @@ class Run:
         return shell_line(self.analysis, self.shown_args if self.shown_args is not None else self.args)
 
     def to_dict(self) -> dict:
-        return {"id": self.id, "analysis": self.analysis, "command": self.command, "checks": self.checks,
-                "seconds": self.seconds, "error": self.error, "report": self.report}
+        return {
+            "id": self.id,
+            "analysis": self.analysis,
+            "command": self.command,
+            "checks": self.checks,
+            "seconds": self.seconds,
+            "error": self.error,
+            "report": self.report,
+        }
 
 
 @dataclass
@@ -131,20 +157,35 @@ class AuditResult:
 
     def verdicts(self) -> list[str]:
         n = self.counts
-        line = (f"{self.plan.name}: {n['pass']} of {len(self.checks)} checks passed"
-                + (f", {n['fail']} failed" if n["fail"] else "") + (f", {n['error']} errored" if n["error"] else "")
-                + (f", {n['skipped']} skipped" if n["skipped"] else "") + f" (exit {self.exit_code})")
-        return [line] + [f"{c.name}: {c.status.upper()}: {c.message}" for c in self.checks if c.status in ("fail", "error")]
+        line = (
+            f"{self.plan.name}: {n['pass']} of {len(self.checks)} checks passed"
+            + (f", {n['fail']} failed" if n["fail"] else "")
+            + (f", {n['error']} errored" if n["error"] else "")
+            + (f", {n['skipped']} skipped" if n["skipped"] else "")
+            + f" (exit {self.exit_code})"
+        )
+        return [line] + [
+            f"{c.name}: {c.status.upper()}: {c.message}" for c in self.checks if c.status in ("fail", "error")
+        ]
 
     def to_dict(self) -> dict:
         shared = [r.id for r in self.runs if len(r.checks) > 1]
         return {
-            "file": self.plan.file_info(), "model": self.model,
-            "checks": [c.to_dict() for c in self.checks], "runs": [r.to_dict() for r in self.runs],
+            "file": self.plan.file_info(),
+            "model": self.model,
+            "checks": [c.to_dict() for c in self.checks],
+            "runs": [r.to_dict() for r in self.runs],
             "shared_runs": shared,
-            "summary": {"checks": len(self.checks), "passed": self.counts["pass"], "failed": self.counts["fail"],
-                        "errors": self.counts["error"], "skipped": self.counts["skipped"], "exit_code": self.exit_code,
-                        "runs": len(self.runs), "seconds": self.seconds},
+            "summary": {
+                "checks": len(self.checks),
+                "passed": self.counts["pass"],
+                "failed": self.counts["fail"],
+                "errors": self.counts["error"],
+                "skipped": self.counts["skipped"],
+                "exit_code": self.exit_code,
+                "runs": len(self.runs),
+                "seconds": self.seconds,
+            },
         }
 
 
@@ -166,8 +207,9 @@ def read_baseline(path: str | Path) -> dict[str, dict]:
 
     data = read_json_file(path, f"--baseline {path}", "write a baseline with --save-baseline first")
     if not isinstance(data, dict) or data.get("schema") != BASELINE_SCHEMA or not isinstance(data.get("checks"), dict):
-        raise AuditError(f"--baseline {path}: not an attnaudit baseline (schema {BASELINE_SCHEMA}); write one with "
-                         "--save-baseline")
+        raise AuditError(
+            f"--baseline {path}: not an attnaudit baseline (schema {BASELINE_SCHEMA}); write one with --save-baseline"
+        )
     out = {}
     for name, entry in data["checks"].items():
         value = entry.get("value") if isinstance(entry, dict) else None
@@ -186,8 +228,13 @@ def baseline_payload(result: AuditResult) -> dict:
         if c.value is None:
             continue
         value = c.value if math.isfinite(c.value) else format_value(c.value)
-        checks[c.name] = {"value": value, "metric": c.spec.metric or f"path {c.spec.path}", "select": c.spec.select,
-                          "stat": c.spec.stat, "better": c.spec.better}
+        checks[c.name] = {
+            "value": value,
+            "metric": c.spec.metric or f"path {c.spec.path}",
+            "select": c.spec.select,
+            "stat": c.spec.stat,
+            "better": c.spec.better,
+        }
     return {"schema": BASELINE_SCHEMA, "file": result.plan.file_info(), "seed": result.plan.seed, "checks": checks}
 
 
@@ -196,8 +243,10 @@ def observe(spec: CheckSpec, report: dict) -> list[dict]:
     """The check's metric in a run's report: [{labels, value}] after select (AuditError when nothing fits)."""
     schema = str(report.get("schema", "")).split("/")[0]
     if schema != spec.schema:
-        raise AuditError(f"{spec.where}: the run produced a {schema} report, not the {spec.schema} report its metric "
-                         "reads; check the options")
+        raise AuditError(
+            f"{spec.where}: the run produced a {schema} report, not the {spec.schema} report its metric "
+            "reads; check the options"
+        )
     results = report.get("results") or {}
     if spec.path is not None:
         obs = M.path_observations(results, spec.path)
@@ -216,21 +265,27 @@ def observe(spec: CheckSpec, report: dict) -> list[dict]:
                 if value not in available[key]:
                     available[key].append(value)
         offer = "; ".join(f"{k}: {', '.join(map(str, v))}" for k, v in available.items())
-        raise AuditError(f"{spec.where}.select: no {spec.metric or 'path'} row matches "
-                         f"{', '.join(f'{k}={v}' for k, v in spec.select.items())} (available {offer})")
+        raise AuditError(
+            f"{spec.where}.select: no {spec.metric or 'path'} row matches "
+            f"{', '.join(f'{k}={v}' for k, v in spec.select.items())} (available {offer})"
+        )
     out = []
     missing = [labels for labels, value in kept if value is None]
     if len(missing) == len(kept):
         where = "; ".join(", ".join(f"{k}={v}" for k, v in labels.items()) or "the report" for labels in missing[:4])
-        raise AuditError(f"{spec.where}: {spec.metric or spec.path} was not measured (null in the report) for {where}; "
-                         "select rows where it is defined")
+        raise AuditError(
+            f"{spec.where}: {spec.metric or spec.path} was not measured (null in the report) for {where}; "
+            "select rows where it is defined"
+        )
     for labels, value in kept:
         where = ", ".join(f"{k}={v}" for k, v in labels.items()) or "the report"
         if value is None:  # undefined for this row (e.g. a 0/0 ratio): listed, not judged
             out.append({"labels": labels, "value": None})
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise AuditError(f"{spec.where}: {spec.metric or spec.path} for {where} is {type(value).__name__}, not a number")
+            raise AuditError(
+                f"{spec.where}: {spec.metric or spec.path} for {where} is {type(value).__name__}, not a number"
+            )
         if math.isnan(value):
             raise AuditError(f"{spec.where}: {spec.metric or spec.path} for {where} is NaN")
         out.append({"labels": labels, "value": float(value)})
@@ -265,11 +320,18 @@ def judge(check: CheckResult, values: list[dict], baseline: dict | None) -> None
             worse = 0.0  # inf against inf: unchanged
         allowed = spec.tolerance if spec.tolerance_rel is None else spec.tolerance_rel * abs(base)
         passed = worse <= allowed
-        check.baseline = {"value": _finite_or_none(base), "value_text": format_value(base),
-                          "worse_by": _finite_or_none(worse), "allowed": _finite_or_none(allowed), "passed": passed}
+        check.baseline = {
+            "value": _finite_or_none(base),
+            "value_text": format_value(base),
+            "worse_by": _finite_or_none(worse),
+            "allowed": _finite_or_none(allowed),
+            "passed": passed,
+        }
         if not passed:
-            problems.append(f"{what} = {format_value(check.value)} is worse than the baseline {format_value(base)} by "
-                            f"{format_value(worse)} (tolerance {format_value(allowed)}; {spec.better} is better)")
+            problems.append(
+                f"{what} = {format_value(check.value)} is worse than the baseline {format_value(base)} by "
+                f"{format_value(worse)} (tolerance {format_value(allowed)}; {spec.better} is better)"
+            )
             check.failure_type = check.failure_type or "baseline"
     check.status = "fail" if problems else "pass"
     if problems:
@@ -302,8 +364,15 @@ def _train_args(plan: AuditPlan, out: str, stand_in: bool) -> list[str]:
     if stand_in:  # one step: a model of the right architecture to validate the checks against
         options = {k: v for k, v in options.items() if k not in ("steps", "epochs")}
         options["steps"] = 1
-    return ["--arch", plan.model.arch, *to_args("train", options, "model.train"), "--seed", str(plan.seed),
-            "--out", out]
+    return [
+        "--arch",
+        plan.model.arch,
+        *to_args("train", options, "model.train"),
+        "--seed",
+        str(plan.seed),
+        "--out",
+        out,
+    ]
 
 
 def _train_request(args: list[str]):
@@ -365,8 +434,10 @@ def run_audit(
     ex = executor or ExecutorConfig()
     parallel = ex.kind != "local" or ex.jobs > 1 or ex.resume_dir is not None
     if fail_fast and parallel:
-        raise AuditError("--fail-fast stops a sequential audit at its first failure; drop it, or run without "
-                         "--executor ray / --jobs / --resume")
+        raise AuditError(
+            "--fail-fast stops a sequential audit at its first failure; drop it, or run without "
+            "--executor ray / --jobs / --resume"
+        )
     ex.check_available()
     t0 = time.perf_counter()
     base = read_baseline(baseline) if isinstance(baseline, (str, Path)) else (baseline or {})
@@ -376,7 +447,6 @@ def run_audit(
         model_path = shown_model = None
         model_info = None
         if plan.model is not None and plan.model.kind == "trained":
-
             if plan.model.save:
                 try:
                     check_target(plan.model.save, overwrite)
@@ -410,7 +480,9 @@ def run_audit(
                     _dry(spec.analysis, args, "")
                 except AuditError as exc:
                     message = str(exc).removeprefix(": ")
-                    raise AuditError(f"{plan.path}: {_option_key(message, spec)}: {message} (check {spec.name!r})") from None
+                    raise AuditError(
+                        f"{plan.path}: {_option_key(message, spec)}: {message} (check {spec.name!r})"
+                    ) from None
             run = runs[key]
             run.checks.append(spec.name)
             checks.append(CheckResult(spec, run.command, run.id))
@@ -429,9 +501,14 @@ def run_audit(
             train_report = _train(_train_args(plan, model_path, stand_in=False))
             if plan.model.save:
                 _keep_model(model_path, plan.model.save)
-            model_info = {"kind": "trained", "arch": plan.model.arch, "saved_to": plan.model.save,
-                          "command": shell_line("train", _train_args(plan, shown_model, stand_in=False)),
-                          "seconds": time.perf_counter() - tt, "train_report": train_report}
+            model_info = {
+                "kind": "trained",
+                "arch": plan.model.arch,
+                "saved_to": plan.model.save,
+                "command": shell_line("train", _train_args(plan, shown_model, stand_in=False)),
+                "seconds": time.perf_counter() - tt,
+                "train_report": train_report,
+            }
 
         if parallel:
             _run_parallel(list(runs.values()), ex)
@@ -475,7 +552,9 @@ def run_audit(
 def _run_parallel(runs: list[Run], ex: "ExecutorConfig") -> None:
     """Every run as one cell on the executor; reports (or errors) stored on the runs."""
 
-    tasks = [CellTask("attnaudit.analyses.registry:run_cell", {"analysis": r.analysis, "args": r.args}, r.id) for r in runs]
+    tasks = [
+        CellTask("attnaudit.analyses.registry:run_cell", {"analysis": r.analysis, "args": r.args}, r.id) for r in runs
+    ]
     for run, outcome in zip(runs, run_cells(tasks, ex)):
         run.seconds = outcome.seconds
         if not outcome.ok:

@@ -48,36 +48,54 @@ class ClaimsRequest(DataFields, Request):
     COMMAND = "claims"
 
     dataset: str | None = option(
-        None, "--dataset", panel="Data",
+        None,
+        "--dataset",
+        panel="Data",
         help="Built-in data set: digits (embedded, offline), mnist, fashion-mnist, cifar10, synthetic. "
-             "Default: digits (quick) or mnist (paper).",
+        "Default: digits (quick) or mnist (paper).",
     )
     split: str | None = option(None, "--split", panel="Data", help="train or test (default train).")
     preset: str | None = option(
-        None, "--preset", panel=PROTOCOL,
+        None,
+        "--preset",
+        panel=PROTOCOL,
         help="quick (default): the commands' quick presets on digits; paper: their paper presets (MNIST-size), "
-             "as in every other command.",
+        "as in every other command.",
     )
-    quick: bool | None = option(None, "--quick", panel=PROTOCOL, kind=bool, negative="--full",
-                                help="Older spelling of --preset quick / --preset paper (kept for one release).")
+    quick: bool | None = option(
+        None,
+        "--quick",
+        panel=PROTOCOL,
+        kind=bool,
+        negative="--full",
+        help="Older spelling of --preset quick / --preset paper (kept for one release).",
+    )
     seed: int = option(0, "--seed", panel=PROTOCOL, help="Base random seed (recorded in the report).")
     device: str = option("auto", "--device", panel=EXECUTION, help="auto, cpu, cuda or cuda:<i>.")
     n_seeds: int = option(
-        5, "--seeds", panel=PROTOCOL,
+        5,
+        "--seeds",
+        panel=PROTOCOL,
         help="Seeds of every stochastic run (seed, seed+1, ...); intervals are Student t / Fieller over them, and "
-             "fewer than 3 never give supported or contradicted.",
+        "fewer than 3 never give supported or contradicted.",
     )
     match_loss: float | str | None = option(
-        None, "--match-loss", panel=PROTOCOL, parse=_match_loss, show=_show_match_loss,
+        None,
+        "--match-loss",
+        panel=PROTOCOL,
+        parse=_match_loss,
+        show=_show_match_loss,
         help="Train malleability's and landscape's models to this common training loss (full-batch GD stops there); "
-             "auto: to the largest loss any model reaches in the step budget; none: fixed steps. Default: the "
-             "presets' own choice (quick: auto; paper: fixed steps, the paper's protocol). The protocol-variant "
-             "table also shows the other choice.",
+        "auto: to the largest loss any model reaches in the step budget; none: fixed steps. Default: the "
+        "presets' own choice (quick: auto; paper: fixed steps, the paper's protocol). The protocol-variant "
+        "table also shows the other choice.",
     )
     slope_margin: float = option(
-        0.1, "--slope-margin", panel=PROTOCOL,
+        0.1,
+        "--slope-margin",
+        panel=PROTOCOL,
         help="Log-log slopes above -margin count as 'no fall with width' in the MLP-Attn claim (tested against "
-             "the margin, never against 0).",
+        "the margin, never against 0).",
     )
 
     def validate(self) -> None:
@@ -89,7 +107,9 @@ class ClaimsRequest(DataFields, Request):
             raise FieldError("slope_margin", "{name} must be a non-negative number, got " + str(self.slope_margin))
         ml = self.match_loss
         if isinstance(ml, str) and ml.strip().lower() not in ("auto", "none"):
-            raise FieldError("match_loss", "{name}: " + repr(ml) + " is not a training loss; give a number, auto or none")
+            raise FieldError(
+                "match_loss", "{name}: " + repr(ml) + " is not a training loss; give a number, auto or none"
+            )
         if isinstance(ml, float) and not (math.isfinite(ml) and ml > 0):
             raise FieldError("match_loss", "{name} must be a positive training loss, got " + str(ml))
 
@@ -101,14 +121,21 @@ class ClaimsRequest(DataFields, Request):
             if key not in MODES:
                 raise FieldError("preset", "unknown {name} " + repr(self.preset) + "; use quick or paper")
             if self.quick is not None and self.quick != (key == "quick"):
-                raise FieldError("preset", "{name} " + key + " and --" + ("quick" if self.quick else "full")
-                                 + " disagree; give {name} alone")
+                raise FieldError(
+                    "preset",
+                    "{name} " + key + " and --" + ("quick" if self.quick else "full") + " disagree; give {name} alone",
+                )
             return MODES[key]
         return "quick" if self.quick is None or self.quick else "full"
 
     def data_args(self) -> list[str]:
         """The data options every run gets: as given, else the mode's defaults (digits or mnist; the train split)."""
-        args = ["--dataset", self.dataset or ("digits" if self.mode == "quick" else "mnist"), "--split", self.split or "train"]
+        args = [
+            "--dataset",
+            self.dataset or ("digits" if self.mode == "quick" else "mnist"),
+            "--split",
+            self.split or "train",
+        ]
         for flag, value in (("--data", self.data), ("--data-dir", self.data_dir), ("--classes", self.classes)):
             if value is not None:
                 args += [flag, str(value)]
@@ -125,7 +152,9 @@ class ClaimsRequest(DataFields, Request):
     def check(self) -> None:
         """Every run's command line checked (options, model files, data) before anything trains."""
 
-        runs, _ = scorecard.plan(self.mode, self.data_args(), self.seed, n_seeds=self.n_seeds, match_loss=self.match_loss)
+        runs, _ = scorecard.plan(
+            self.mode, self.data_args(), self.seed, n_seeds=self.n_seeds, match_loss=self.match_loss
+        )
         for r in runs:
             try:
                 check_argv(r.command, list(r.args))
@@ -145,8 +174,10 @@ def run(request: ClaimsRequest, *, progress: Progress | None = None, executor: A
     commands = {r.id: shell_line(r.command, list(r.args)) for r in runs}
     request.check()
     t0 = time.perf_counter()
-    tasks = [CellTask("attnaudit.analyses.registry:run_cell", {"analysis": r.command, "args": list(r.args)}, r.id)
-             for r in runs]
+    tasks = [
+        CellTask("attnaudit.analyses.registry:run_cell", {"analysis": r.command, "args": list(r.args)}, r.id)
+        for r in runs
+    ]
     with progress_or_silent(progress)("claims", len(tasks), "runs") as advance:
         outcomes = run_cells(tasks, executor, on_done=lambda o: advance(1))
     reports: dict[str, dict | None] = {}
@@ -158,31 +189,69 @@ def run(request: ClaimsRequest, *, progress: Progress | None = None, executor: A
         else:
             errors[r.id] = o.error if not o.ok else o.result.get("error")
             reports[r.id] = None
-        run_info.append({"id": r.id, "purpose": r.purpose, "command": commands[r.id], "seconds": o.seconds,
-                         "error": errors.get(r.id), "report": reports[r.id]})
-    match_loss_text = None if request.match_loss is None else _show_match_loss(request.match_loss) \
-        if isinstance(request.match_loss, str) else f"{request.match_loss:g}"
+        run_info.append(
+            {
+                "id": r.id,
+                "purpose": r.purpose,
+                "command": commands[r.id],
+                "seconds": o.seconds,
+                "error": errors.get(r.id),
+                "report": reports[r.id],
+            }
+        )
+    match_loss_text = (
+        None
+        if request.match_loss is None
+        else _show_match_loss(request.match_loss)
+        if isinstance(request.match_loss, str)
+        else f"{request.match_loss:g}"
+    )
     result = scorecard.score(mode, reports, errors, commands, variants, slope_margin=request.slope_margin)
     result.runs = run_info
-    result.protocol = {"n_seeds": n_seeds, "seeds": list(range(seed, seed + n_seeds)), "match_loss": match_loss_text,
-                       "slope_margin": request.slope_margin, "confidence": 0.95}
+    result.protocol = {
+        "n_seeds": n_seeds,
+        "seeds": list(range(seed, seed + n_seeds)),
+        "match_loss": match_loss_text,
+        "slope_margin": request.slope_margin,
+        "confidence": 0.95,
+    }
     result.warnings = [f"{rid}: {err}" for rid, err in errors.items()]
     for rid, rep in reports.items():  # every sub-run's warnings reach the scorecard, named by run
         for w in (rep or {}).get("warnings") or []:
             result.warnings.append(f"{rid}: {w}")
     report = build_report(
         scorecard.SCHEMA,
-        inputs={"mode": mode, "data": data_args, "seed": seed, "n_seeds": n_seeds, "match_loss": match_loss_text,
-                "slope_margin": request.slope_margin, "execution": executor.to_dict()},
-        seeds={"base_seed": seed, "n_seeds": n_seeds, "runs": {r.id: list(range(seed, seed + n_seeds))
-                                                               if "--seeds" in r.args else [seed] for r in runs}},
-        device=None, dtype="as each run records",
+        inputs={
+            "mode": mode,
+            "data": data_args,
+            "seed": seed,
+            "n_seeds": n_seeds,
+            "match_loss": match_loss_text,
+            "slope_margin": request.slope_margin,
+            "execution": executor.to_dict(),
+        },
+        seeds={
+            "base_seed": seed,
+            "n_seeds": n_seeds,
+            "runs": {r.id: list(range(seed, seed + n_seeds)) if "--seeds" in r.args else [seed] for r in runs},
+        },
+        device=None,
+        dtype="as each run records",
         timings={"total": time.perf_counter() - t0, **{f"run:{x['id']}": x["seconds"] for x in run_info}},
-        results=result.to_dict(), warnings=result.warnings, verdicts=result.verdicts(), request=request,
+        results=result.to_dict(),
+        warnings=result.warnings,
+        verdicts=result.verdicts(),
+        request=request,
     )
     failed = [{"cell": rid, "error": err} for rid, err in errors.items()]
-    return Result(report, request, renderables=_tables(result), plot=lambda p: _plot(result, p), png_name=PNG_NAME,
-                  failed_cells=failed)
+    return Result(
+        report,
+        request,
+        renderables=_tables(result),
+        plot=lambda p: _plot(result, p),
+        png_name=PNG_NAME,
+        failed_cells=failed,
+    )
 
 
 def _tables(result) -> list:
@@ -196,12 +265,27 @@ def _tables(result) -> list:
     for c in result.claims:
         null = c.null + ("" if c.null_value is None else f" (boundary {c.null_value:g})")
         why = c.why + (f"\nwarnings: {len(c.warnings)} (see JSON)" if c.warnings else "")
-        claims.add_row(c.claim, null, f"{c.measured}\n({c.interval_method})", str(c.n_seeds),
-                       Text(c.verdict, style=style[c.verdict]), why)
-    variants = Table(title="Malleability under protocol variants (attn / relu flip-rate ratio, Fieller interval)",
-                     title_justify="left")
-    for col in ("variant", "flip relu", "flip attn", "ratio [interval]", "beats noise (relu / attn)", "losses comparable",
-                "reading"):
+        claims.add_row(
+            c.claim,
+            null,
+            f"{c.measured}\n({c.interval_method})",
+            str(c.n_seeds),
+            Text(c.verdict, style=style[c.verdict]),
+            why,
+        )
+    variants = Table(
+        title="Malleability under protocol variants (attn / relu flip-rate ratio, Fieller interval)",
+        title_justify="left",
+    )
+    for col in (
+        "variant",
+        "flip relu",
+        "flip attn",
+        "ratio [interval]",
+        "beats noise (relu / attn)",
+        "losses comparable",
+        "reading",
+    ):
         variants.add_column(col)
 
     def pct(x):
@@ -217,8 +301,15 @@ def _tables(result) -> list:
         iv = v.interval or [None, None]
         ratio = ("undefined" if v.ratio is None else f"{v.ratio:.2f}") + f" [{end(iv[0], '-')}, {end(iv[1], '+inf')}]"
         beats = " / ".join({True: "yes", False: "no", None: "-"}[v.above_floor.get(m)] for m in ("relu", "attn"))
-        variants.add_row(v.variant, pct(v.flip_relu), pct(v.flip_attn), ratio, beats,
-                         {True: "yes", False: "no", None: "-"}[v.losses_comparable], v.reading)
+        variants.add_row(
+            v.variant,
+            pct(v.flip_relu),
+            pct(v.flip_attn),
+            ratio,
+            beats,
+            {True: "yes", False: "no", None: "-"}[v.losses_comparable],
+            v.reading,
+        )
     lines = [claims, variants]
     lines += [Text(line) for line in result.verdicts()[:1]]
     lines += [Text("commands that reproduce each row:")] + [Text(f"  {r['id']}: {r['command']}") for r in result.runs]

@@ -65,18 +65,24 @@ DEFAULT_SEEDS = 5
 LANDSCAPE_LOSS_RATIO = 1.1
 
 RULES = {
-    "verdict": (f"supported / contradicted only when the whole {int(100 * CONFIDENCE)} % interval lies on one side of "
-                f"null_value and (seed-based intervals) rests on >= {MIN_SEEDS} seeds; otherwise not resolved"),
-    "intervals": ("seed means and slopes: Student t with k - 1 degrees of freedom; paired differences: paired Student t; "
-                  "flip-rate ratios: Fieller's interval for a ratio of paired means (binomial variance floor of the "
-                  "top-k; unbounded above, reported as null, when the denominator is not clearly above 0); kappa rows: "
-                  "deterministic computations with their float64 round-off bound"),
+    "verdict": (
+        f"supported / contradicted only when the whole {int(100 * CONFIDENCE)} % interval lies on one side of "
+        f"null_value and (seed-based intervals) rests on >= {MIN_SEEDS} seeds; otherwise not resolved"
+    ),
+    "intervals": (
+        "seed means and slopes: Student t with k - 1 degrees of freedom; paired differences: paired Student t; "
+        "flip-rate ratios: Fieller's interval for a ratio of paired means (binomial variance floor of the "
+        "top-k; unbounded above, reported as null, when the denominator is not clearly above 0); kappa rows: "
+        "deterministic computations with their float64 round-off bound"
+    ),
     "chance": "a model whose training accuracy is below 1/c + max(0.05, 2 sqrt((1/c)(1 - 1/c)/n)) learned nothing; "
-              "claims are read only from cells (model, width, seed) above it, each judged on its own accuracy; a width "
-              "at which any seed is at chance is left out for every seed and the slopes are refitted over the other "
-              "widths (at least 3), so every seed is kept",
-    "comparable": ("malleability ratios need the models' mean training losses within the run's loss-gap factor; "
-                   "landscape comparisons within 10 %, seed by seed"),
+    "claims are read only from cells (model, width, seed) above it, each judged on its own accuracy; a width "
+    "at which any seed is at chance is left out for every seed and the slopes are refitted over the other "
+    "widths (at least 3), so every seed is kept",
+    "comparable": (
+        "malleability ratios need the models' mean training losses within the run's loss-gap factor; "
+        "landscape comparisons within 10 %, seed by seed"
+    ),
     "no_effect": f"a claim of 'no fall' is tested against the margin -{SLOPE_MARGIN} (log-log slope), not against 0",
 }
 
@@ -152,16 +158,26 @@ class ClaimsResult:
         head = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
         robust = [v for v in self.variants if v.error is None]
         orders = {v.reading for v in robust}
-        tail = (f"; the malleability ordering reads the same under all {len(robust)} protocol variants ({orders.pop()})"
-                if len(orders) == 1 and robust else
-                f"; the malleability reading changes across the {len(robust)} protocol variants" if robust else "")
-        return [f"claims scorecard ({self.mode}): {head}{tail}"] + [f"{c.claim}: {c.verdict.upper()}: {c.why}"
-                                                                   for c in self.claims]
+        tail = (
+            f"; the malleability ordering reads the same under all {len(robust)} protocol variants ({orders.pop()})"
+            if len(orders) == 1 and robust
+            else f"; the malleability reading changes across the {len(robust)} protocol variants"
+            if robust
+            else ""
+        )
+        return [f"claims scorecard ({self.mode}): {head}{tail}"] + [
+            f"{c.claim}: {c.verdict.upper()}: {c.why}" for c in self.claims
+        ]
 
     def to_dict(self) -> dict:
-        return {"mode": self.mode, "rules": RULES, "protocol": self.protocol,
-                "claims": [c.to_dict() for c in self.claims],
-                "protocol_variants": [v.to_dict() for v in self.variants], "runs": self.runs}
+        return {
+            "mode": self.mode,
+            "rules": RULES,
+            "protocol": self.protocol,
+            "claims": [c.to_dict() for c in self.claims],
+            "protocol_variants": [v.to_dict() for v in self.variants],
+            "runs": self.runs,
+        }
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -170,13 +186,13 @@ def _has_choice(command: str, option: str, value: str) -> bool:
     if not _has_option(command, option):
         return False
     if option == "preprocess":
-
         return value in PREPROCESS
     return True
 
 
-def plan(mode: str, data_args: list[str], seed: int, n_seeds: int = DEFAULT_SEEDS,
-         match_loss: float | str | None = None) -> tuple[list[RunSpec], list[tuple[str, str]]]:
+def plan(
+    mode: str, data_args: list[str], seed: int, n_seeds: int = DEFAULT_SEEDS, match_loss: float | str | None = None
+) -> tuple[list[RunSpec], list[tuple[str, str]]]:
     """The scorecard's runs, and (variant name, run id) of the protocol variants.
 
     ``n_seeds``: seeds of every stochastic run (ntk-distance, malleability, landscape,
@@ -200,19 +216,36 @@ def plan(mode: str, data_args: list[str], seed: int, n_seeds: int = DEFAULT_SEED
     runs = [
         RunSpec("kappa", "kappa", (*common,), "amplification kappa(G~) = kappa(G)^3 and the paper's width requirement"),
         RunSpec("ntk", "ntk-distance", ("--preset", preset, *common, *seeds), "distance to the NTK predictor vs width"),
-        RunSpec("malleability", "malleability", ("--preset", preset, *common, *seeds, *matched),
-                "attn / relu flip-rate ratio with controls"),
-        RunSpec("landscape", "landscape", ("--preset", preset, *common, *seeds, *matched),
-                "relative sharpness of the minima"),
+        RunSpec(
+            "malleability",
+            "malleability",
+            ("--preset", preset, *common, *seeds, *matched),
+            "attn / relu flip-rate ratio with controls",
+        ),
+        RunSpec(
+            "landscape",
+            "landscape",
+            ("--preset", preset, *common, *seeds, *matched),
+            "relative sharpness of the minima",
+        ),
     ]
     if _has_command("alignment"):
-        runs.append(RunSpec("alignment", "alignment", ("--preset", preset, *common, *seeds)
-                            if _has_option("alignment", "preset") else (*common, *seeds),
-                            "approximation error on principal-direction targets (the dual implication)"))
+        runs.append(
+            RunSpec(
+                "alignment",
+                "alignment",
+                ("--preset", preset, *common, *seeds) if _has_option("alignment", "preset") else (*common, *seeds),
+                "approximation error on principal-direction targets (the dual implication)",
+            )
+        )
 
     main_match = ml_text if ml_text is not None else (MALL_PRESETS.get(preset, {}).get("match_loss") or "none")
-    variants = [("preset protocol, " + ("fixed steps" if main_match == "none" else f"matched training loss ({main_match})"),
-                 "malleability")]
+    variants = [
+        (
+            "preset protocol, " + ("fixed steps" if main_match == "none" else f"matched training loss ({main_match})"),
+            "malleability",
+        )
+    ]
     extra: list[tuple[str, tuple[str, ...]]] = [
         ("eps 0.1", ("--eps", "0.1")),
         ("damping x100 (0.1)", ("--damping", "0.1")),
@@ -223,15 +256,20 @@ def plan(mode: str, data_args: list[str], seed: int, n_seeds: int = DEFAULT_SEED
         extra.append(("inputs scaled to mean ||x||^2 = d", ("--preprocess", "ntk-scale")))
     for i, (name, args) in enumerate(extra):
         rid = f"malleability-v{i + 1}"
-        runs.append(RunSpec(rid, "malleability", ("--preset", preset, *common, *seeds, *matched, *args),
-                            f"protocol variant: {name}"))
+        runs.append(
+            RunSpec(
+                rid, "malleability", ("--preset", preset, *common, *seeds, *matched, *args), f"protocol variant: {name}"
+            )
+        )
         variants.append((name, rid))
     # loss matching as a protocol variant: the other choice from the main run's
     other = _loss_matching_variant(preset, match_loss)
     if other is not None:
         name, args = other
         rid = f"malleability-v{len(extra) + 1}"
-        runs.append(RunSpec(rid, "malleability", ("--preset", preset, *common, *seeds, *args), f"protocol variant: {name}"))
+        runs.append(
+            RunSpec(rid, "malleability", ("--preset", preset, *common, *seeds, *args), f"protocol variant: {name}")
+        )
         variants.append((name, rid))
     return runs, variants
 
@@ -284,17 +322,42 @@ def _n_classes(results: dict) -> int:
     return int(results.get("n_classes") or ds.get("n_classes") or 10)
 
 
-def _row(claim: str, paper: str, null: str, alternative: str, null_value: float | None, measured: str,
-         iv: Interval | None, verdict: str, why: str, run: str, command: str, warnings: list,
-         per_seed: list | None = None, value: float | None = None, n_seeds: int | None = None) -> ClaimRow:
+def _row(
+    claim: str,
+    paper: str,
+    null: str,
+    alternative: str,
+    null_value: float | None,
+    measured: str,
+    iv: Interval | None,
+    verdict: str,
+    why: str,
+    run: str,
+    command: str,
+    warnings: list,
+    per_seed: list | None = None,
+    value: float | None = None,
+    n_seeds: int | None = None,
+) -> ClaimRow:
     return ClaimRow(
-        claim=claim, paper=paper, null=null, alternative=alternative, null_value=null_value, measured=measured,
+        claim=claim,
+        paper=paper,
+        null=null,
+        alternative=alternative,
+        null_value=null_value,
+        measured=measured,
         value=value if value is not None else (None if iv is None else iv.estimate),
         interval=None if iv is None else iv.bounds,
         interval_method="none" if iv is None else iv.method,
         confidence=CONFIDENCE if iv is None else iv.confidence,
         n_seeds=(0 if iv is None else iv.n) if n_seeds is None else n_seeds,
-        per_seed=list(per_seed or []), verdict=verdict, why=why, run=run, command=command, warnings=list(warnings))
+        per_seed=list(per_seed or []),
+        verdict=verdict,
+        why=why,
+        run=run,
+        command=command,
+        warnings=list(warnings),
+    )
 
 
 def _run_warnings(report: dict) -> list[str]:
@@ -308,9 +371,13 @@ def claim_kappa(report: dict, command: str) -> list[ClaimRow]:
     amp = r.get("amplification_check") or {}
     gram = r.get("gram") or {}
     deficient = bool(gram.get("rank_deficient"))
-    rank_note = (f"G is numerically rank deficient (rank {gram.get('numerical_rank')} of min(n, d) = "
-                 f"{gram.get('min_n_d')}): kappa_d(G) is infinite and every finite number here is read at the numerical "
-                 "rank" if deficient else "")
+    rank_note = (
+        f"G is numerically rank deficient (rank {gram.get('numerical_rank')} of min(n, d) = "
+        f"{gram.get('min_n_d')}): kappa_d(G) is infinite and every finite number here is read at the numerical "
+        "rank"
+        if deficient
+        else ""
+    )
     row_warns = warns + ([rank_note] if rank_note else [])
     rows = []
     verdict_raw = amp.get("verdict")
@@ -324,16 +391,37 @@ def claim_kappa(report: dict, command: str) -> list[ClaimRow]:
     if verdict_raw in ("verified", "mismatch") and rel is not None:
         iv = Interval(rel, rel, rel, det, CONFIDENCE, 0)
         verdict = SUPPORTED if verdict_raw == "verified" else CONTRADICTED
-        why = (f"measured directly: relative error {_fmt(rel)} {'within' if verdict == SUPPORTED else 'beyond'} the "
-               f"calibrated round-off budget {_fmt(budget)}")
-        rows.append(_row(name, paper, null, alt, budget, measured, iv, verdict, why, "kappa", command, row_warns,
-                         n_seeds=0))
+        why = (
+            f"measured directly: relative error {_fmt(rel)} {'within' if verdict == SUPPORTED else 'beyond'} the "
+            f"calibrated round-off budget {_fmt(budget)}"
+        )
+        rows.append(
+            _row(name, paper, null, alt, budget, measured, iv, verdict, why, "kappa", command, row_warns, n_seeds=0)
+        )
     else:
-        why = (f"kappa^3 = {_fmt(amp.get('predicted_kappa_cubed'))} is beyond what a float64 measurement of G~ resolves "
-               "(calibrated budget), so the identity is not measured directly here; it is exact algebra (top "
-               f"eigenvalue agrees to {_fmt(amp.get('top_eigenvalue_relative_error'))})")
-        rows.append(_row(name, paper, null, alt, budget, measured, None, NOT_TESTABLE, why, "kappa", command, row_warns,
-                         value=amp.get("log10_predicted_kappa_cubed"), n_seeds=0))
+        why = (
+            f"kappa^3 = {_fmt(amp.get('predicted_kappa_cubed'))} is beyond what a float64 measurement of G~ resolves "
+            "(calibrated budget), so the identity is not measured directly here; it is exact algebra (top "
+            f"eigenvalue agrees to {_fmt(amp.get('top_eigenvalue_relative_error'))})"
+        )
+        rows.append(
+            _row(
+                name,
+                paper,
+                null,
+                alt,
+                budget,
+                measured,
+                None,
+                NOT_TESTABLE,
+                why,
+                "kappa",
+                command,
+                row_warns,
+                value=amp.get("log10_predicted_kappa_cubed"),
+                n_seeds=0,
+            )
+        )
     rows.append(_width_row(r, command, row_warns, deficient))
     return rows
 
@@ -348,18 +436,47 @@ def _width_row(r: dict, command: str, warns: list, deficient: bool) -> ClaimRow:
     basis = "numerical_rank" if deficient else "kappa_d"
     w = next((x for x in rows if x.get("basis") == basis), None) or (rows[-1] if rows else None)
     if w is None or w.get("log10_required_width") is None:
-        return _row(name, paper, null, alt, ref, "n/a", None, NOT_TESTABLE,
-                    "the width requirement is undefined here (no finite condition number)", "kappa", command, warns,
-                    n_seeds=0)
+        return _row(
+            name,
+            paper,
+            null,
+            alt,
+            ref,
+            "n/a",
+            None,
+            NOT_TESTABLE,
+            "the width requirement is undefined here (no finite condition number)",
+            "kappa",
+            command,
+            warns,
+            n_seeds=0,
+        )
     val = float(w["log10_required_width"])
-    lo, hi = (w.get("log10_interval") or [val, val])
+    lo, hi = w.get("log10_interval") or [val, val]
     iv = Interval(val, lo, hi, w.get("interval_method") or "float64 round-off bound", CONFIDENCE, 0)
     verdict, reason = decide(iv, ref, "above", 0, seed_based=False)
-    where = (f"at the numerical rank {w.get('rank')} (kappa_d itself is infinite: G is rank deficient, so the formula "
-             "at min(n, d) asks for an infinite width)" if deficient else "at kappa_d")
+    where = (
+        f"at the numerical rank {w.get('rank')} (kappa_d itself is infinite: G is rank deficient, so the formula "
+        "at min(n, d) asks for an infinite width)"
+        if deficient
+        else "at kappa_d"
+    )
     why = f"log10 m = {val:.1f} {where}, {val - ref:.1f} orders beyond 1e{ref:g}; {reason}"
-    return _row(name, paper, null, alt, ref, f"log10 m = {_fmt(val)} ({w.get('label')})", iv, verdict, why, "kappa",
-                command, warns, n_seeds=0)
+    return _row(
+        name,
+        paper,
+        null,
+        alt,
+        ref,
+        f"log10 m = {_fmt(val)} ({w.get('label')})",
+        iv,
+        verdict,
+        why,
+        "kappa",
+        command,
+        warns,
+        n_seeds=0,
+    )
 
 
 # ----------------------------------------------------------------------------- ntk-distance
@@ -407,18 +524,25 @@ def _slopes(r: dict, arch: str, drop: frozenset = frozenset()) -> tuple[list, li
 
 
 def _over(chance_cells: list, widths: list) -> str:
-    """", widths a, b, c" when widths were left out (the slopes span only these), else ""."""
+    """ ", widths a, b, c" when widths were left out (the slopes span only these), else ""."""
     return f", widths {', '.join(map(str, widths))}" if chance_cells else ""
 
 
 def _chance_text(arch: str, cells: list, widths: list) -> str:
     dropped = sorted({x.get("width") for x in cells})
-    return (f"{len(cells)} {arch} cell(s) trained to chance accuracy: "
-            + ", ".join(f"width {x.get('width')} seed {x.get('seed')} ({100 * (x.get('net_train_acc') or 0):.0f} %)"
-                        for x in cells[:6])
-            + f"; width(s) {', '.join(map(str, dropped))} left out for every seed"
-            + (f", slopes refitted over widths {', '.join(map(str, widths))}" if len(widths) >= MIN_SLOPE_WIDTHS
-               else f", too few widths left (fewer than {MIN_SLOPE_WIDTHS}) for a slope"))
+    return (
+        f"{len(cells)} {arch} cell(s) trained to chance accuracy: "
+        + ", ".join(
+            f"width {x.get('width')} seed {x.get('seed')} ({100 * (x.get('net_train_acc') or 0):.0f} %)"
+            for x in cells[:6]
+        )
+        + f"; width(s) {', '.join(map(str, dropped))} left out for every seed"
+        + (
+            f", slopes refitted over widths {', '.join(map(str, widths))}"
+            if len(widths) >= MIN_SLOPE_WIDTHS
+            else f", too few widths left (fewer than {MIN_SLOPE_WIDTHS}) for a slope"
+        )
+    )
 
 
 def claim_ntk(report: dict, command: str, slope_margin: float = SLOPE_MARGIN) -> list[ClaimRow]:
@@ -434,16 +558,43 @@ def claim_ntk(report: dict, command: str, slope_margin: float = SLOPE_MARGIN) ->
     name = "2L-ReLU approaches its NTK predictor as width grows"
     null, alt = "log-log slope of the distance vs width >= 0 (no approach)", "slope < 0 (the distance falls with width)"
     if not rv:
-        rows.append(_row(name, "distance falls monotonically with width", null, alt, 0.0, "n/a", None, NOT_TESTABLE,
-                         f"fewer than {MIN_SLOPE_WIDTHS} widths where every seed of 2L-ReLU trained above chance"
-                         if rchance else
-                         "no finished cells for 2L-ReLU", "ntk", command, w1))
+        rows.append(
+            _row(
+                name,
+                "distance falls monotonically with width",
+                null,
+                alt,
+                0.0,
+                "n/a",
+                None,
+                NOT_TESTABLE,
+                f"fewer than {MIN_SLOPE_WIDTHS} widths where every seed of 2L-ReLU trained above chance"
+                if rchance
+                else "no finished cells for 2L-ReLU",
+                "ntk",
+                command,
+                w1,
+            )
+        )
     else:
         verdict, reason = decide(iv, 0.0, "below", iv.n)
-        rows.append(_row(name, "distance falls monotonically with width", null, alt, 0.0,
-                         f"slope {iv.text()} over {iv.n} of {n_total} seeds{_over(rchance, rwidths)} (kernel regime about "
-                         "-0.5)", iv, verdict,
-                         reason, "ntk", command, w1, per_seed=rv))
+        rows.append(
+            _row(
+                name,
+                "distance falls monotonically with width",
+                null,
+                alt,
+                0.0,
+                f"slope {iv.text()} over {iv.n} of {n_total} seeds{_over(rchance, rwidths)} (kernel regime about -0.5)",
+                iv,
+                verdict,
+                reason,
+                "ntk",
+                command,
+                w1,
+                per_seed=rv,
+            )
+        )
     # 2. MLP-Attn does not approach (tested against a margin, never against 0)
     w2 = warns + ([_chance_text("attn", achance, awidths)] if achance else [])
     iva = mean_interval(av)
@@ -451,17 +602,44 @@ def claim_ntk(report: dict, command: str, slope_margin: float = SLOPE_MARGIN) ->
     null = f"slope <= -{slope_margin:g} (it approaches at a non-negligible rate)"
     alt = f"slope > -{slope_margin:g} (flat or rising: no approach)"
     if not av:
-        rows.append(_row(name, "non-monotone on MNIST, rising on CIFAR-10", null, alt, -slope_margin, "n/a", None,
-                         NOT_TESTABLE, f"fewer than {MIN_SLOPE_WIDTHS} widths where every seed of MLP-Attn trained above "
-                         "chance (a flat distance of a model that learned nothing is no evidence)" if achance
-                         else "no finished cells for MLP-Attn",
-                         "ntk", command, w2))
+        rows.append(
+            _row(
+                name,
+                "non-monotone on MNIST, rising on CIFAR-10",
+                null,
+                alt,
+                -slope_margin,
+                "n/a",
+                None,
+                NOT_TESTABLE,
+                f"fewer than {MIN_SLOPE_WIDTHS} widths where every seed of MLP-Attn trained above "
+                "chance (a flat distance of a model that learned nothing is no evidence)"
+                if achance
+                else "no finished cells for MLP-Attn",
+                "ntk",
+                command,
+                w2,
+            )
+        )
     else:
         verdict, reason = decide(iva, -slope_margin, "above", iva.n)
-        rows.append(_row(name, "non-monotone on MNIST, rising on CIFAR-10", null, alt, -slope_margin,
-                         f"slope {iva.text()} over {iva.n} of {n_total} seeds{_over(achance, awidths)}", iva, verdict,
-                         reason, "ntk", command, w2,
-                         per_seed=av))
+        rows.append(
+            _row(
+                name,
+                "non-monotone on MNIST, rising on CIFAR-10",
+                null,
+                alt,
+                -slope_margin,
+                f"slope {iva.text()} over {iva.n} of {n_total} seeds{_over(achance, awidths)}",
+                iva,
+                verdict,
+                reason,
+                "ntk",
+                command,
+                w2,
+                per_seed=av,
+            )
+        )
     # 3. attention approaches more slowly than ReLU (paired by seed, over the widths both keep)
     both_drop = frozenset({x.get("width") for x in rchance + achance})
     if both_drop:
@@ -474,17 +652,46 @@ def claim_ntk(report: dict, command: str, slope_margin: float = SLOPE_MARGIN) ->
     name = "MLP-Attn approaches its NTK predictor more slowly than 2L-ReLU"
     null, alt = "slope(attn) - slope(relu) <= 0", "slope(attn) - slope(relu) > 0"
     if not common:
-        rows.append(_row(name, "attention stays farther from its kernel regime", null, alt, 0.0, "n/a", None,
-                         NOT_TESTABLE, f"fewer than {MIN_SLOPE_WIDTHS} widths where both models trained above chance in "
-                         "every seed", "ntk", command,
-                         w1 + [w for w in w2 if w not in w1]))
+        rows.append(
+            _row(
+                name,
+                "attention stays farther from its kernel regime",
+                null,
+                alt,
+                0.0,
+                "n/a",
+                None,
+                NOT_TESTABLE,
+                f"fewer than {MIN_SLOPE_WIDTHS} widths where both models trained above chance in every seed",
+                "ntk",
+                command,
+                w1 + [w for w in w2 if w not in w1],
+            )
+        )
     else:
         verdict, reason = decide(ivd, 0.0, "above", ivd.n)
-        rows.append(_row(name, "attention stays farther from its kernel regime", null, alt, 0.0,
-                         f"slope difference {ivd.text()} over {ivd.n} paired seeds"
-                         + (f", widths {', '.join(map(str, sorted({x.get('width') for x in r.get('cells') or []} - both_drop)))}"
-                            if both_drop else ""), ivd, verdict, reason, "ntk", command,
-                         w1 + [w for w in w2 if w not in w1], per_seed=[a - b for a, b in zip(da, dr)]))
+        rows.append(
+            _row(
+                name,
+                "attention stays farther from its kernel regime",
+                null,
+                alt,
+                0.0,
+                f"slope difference {ivd.text()} over {ivd.n} paired seeds"
+                + (
+                    f", widths {', '.join(map(str, sorted({x.get('width') for x in r.get('cells') or []} - both_drop)))}"
+                    if both_drop
+                    else ""
+                ),
+                ivd,
+                verdict,
+                reason,
+                "ntk",
+                command,
+                w1 + [w for w in w2 if w not in w1],
+                per_seed=[a - b for a, b in zip(da, dr)],
+            )
+        )
     return rows
 
 
@@ -505,20 +712,38 @@ def _malleability_numbers(report: dict) -> dict:
     damping = ((r.get("config") or {}).get("damping") or [None])[0]
 
     def match(row):
-        return (row.get("attack") == attack and row.get("eps") is not None and eps is not None
-                and math.isclose(float(row["eps"]), float(eps)) and row.get("damping") == damping)
+        return (
+            row.get("attack") == attack
+            and row.get("eps") is not None
+            and eps is not None
+            and math.isclose(float(row["eps"]), float(eps))
+            and row.get("damping") == damping
+        )
 
     flips = {row["model"]: row for row in r.get("summary") or [] if match(row)}
-    ratio = next((row for row in r.get("ratios") or [] if match(row) and row.get("numerator") == "attn"
-                  and row.get("denominator") == "relu"), None)
+    ratio = next(
+        (
+            row
+            for row in r.get("ratios") or []
+            if match(row) and row.get("numerator") == "attn" and row.get("denominator") == "relu"
+        ),
+        None,
+    )
     n, c = r.get("n_train"), _n_classes(r)
     at_chance = []  # each clean training judged on its own accuracy
     for row in r.get("training") or []:
         if row.get("role") == "clean" and _chance(row.get("train_accuracy"), c, n or 0):
             at_chance.append(f"{row['model']} seed {row.get('seed')} ({100 * row['train_accuracy']:.0f} %)")
     top_k = (r.get("config") or {}).get("top_k")
-    return {"attack": attack, "eps": eps, "damping": damping, "flips": flips, "ratio": ratio, "at_chance": at_chance,
-            "top_k": top_k}
+    return {
+        "attack": attack,
+        "eps": eps,
+        "damping": damping,
+        "flips": flips,
+        "ratio": ratio,
+        "at_chance": at_chance,
+        "top_k": top_k,
+    }
 
 
 def _floor_reading(row: dict) -> bool | None:
@@ -550,26 +775,66 @@ def claim_malleability(report: dict, command: str) -> ClaimRow:
     paper = "MNIST PGD eps 0.3: MLP-Attn 28.9 %, 2L-ReLU 3.3 %; 2-9x overall"
     null, alt = "attn / relu ratio of mean flip rates <= 1", "ratio > 1, and attn's attack beats the noise control"
     if "error" in nums:
-        return _row(name, paper, null, alt, 1.0, "n/a", None, NOT_TESTABLE, nums["error"], "malleability", command, warns)
+        return _row(
+            name, paper, null, alt, 1.0, "n/a", None, NOT_TESTABLE, nums["error"], "malleability", command, warns
+        )
     iv, per_seed = _ratio_interval_of(nums)
     fr = {m: (nums["flips"].get(m) or {}).get("flip_rate", {}).get("mean") for m in ("relu", "attn")}
-    measured = (f"{nums['attack']} eps {nums['eps']}: attn {_fmt(fr['attn'])}, relu {_fmt(fr['relu'])}, ratio "
-                f"{'n/a' if iv is None else iv.text()}")
+    measured = (
+        f"{nums['attack']} eps {nums['eps']}: attn {_fmt(fr['attn'])}, relu {_fmt(fr['relu'])}, ratio "
+        f"{'n/a' if iv is None else iv.text()}"
+    )
     gate = (nums["ratio"] or {}).get("loss_gate") or {}
     above = {m: _floor_reading(nums["flips"].get(m)) for m in ("relu", "attn")}
     if nums["at_chance"]:
-        return _row(name, paper, null, alt, 1.0, measured, iv, NOT_TESTABLE,
-                    f"trained to chance accuracy: {', '.join(nums['at_chance'][:6])}", "malleability", command, warns,
-                    per_seed=per_seed)
+        return _row(
+            name,
+            paper,
+            null,
+            alt,
+            1.0,
+            measured,
+            iv,
+            NOT_TESTABLE,
+            f"trained to chance accuracy: {', '.join(nums['at_chance'][:6])}",
+            "malleability",
+            command,
+            warns,
+            per_seed=per_seed,
+        )
     if gate.get("comparable") is False:
-        return _row(name, paper, null, alt, 1.0, measured, iv, NOT_TESTABLE,
-                    f"the models' mean training losses ({_fmt(gate.get('numerator_loss'))} attn vs "
-                    f"{_fmt(gate.get('denominator_loss'))} relu) differ by more than {gate.get('factor')}x: the ratio "
-                    "compares two training outcomes; rerun with --match-loss", "malleability", command, warns,
-                    per_seed=per_seed)
+        return _row(
+            name,
+            paper,
+            null,
+            alt,
+            1.0,
+            measured,
+            iv,
+            NOT_TESTABLE,
+            f"the models' mean training losses ({_fmt(gate.get('numerator_loss'))} attn vs "
+            f"{_fmt(gate.get('denominator_loss'))} relu) differ by more than {gate.get('factor')}x: the ratio "
+            "compares two training outcomes; rerun with --match-loss",
+            "malleability",
+            command,
+            warns,
+            per_seed=per_seed,
+        )
     if iv is None:
-        return _row(name, paper, null, alt, 1.0, measured, None, NOT_RESOLVED, "no per-seed flip rates to build an "
-                    "interval from", "malleability", command, warns)
+        return _row(
+            name,
+            paper,
+            null,
+            alt,
+            1.0,
+            measured,
+            None,
+            NOT_RESOLVED,
+            "no per-seed flip rates to build an interval from",
+            "malleability",
+            command,
+            warns,
+        )
     if iv.estimate is None and iv.low is not None:
         # the denominator's mean is 0: no point estimate, but the interval still carries the verdict
         iv = Interval(math.inf, iv.low, iv.high, iv.method, iv.confidence, iv.n, iv.note)
@@ -581,14 +846,33 @@ def claim_malleability(report: dict, command: str) -> ClaimRow:
     elif verdict == CONTRADICTED and above["relu"] is None:
         verdict, reason = NOT_RESOLVED, reason + ", but the run has no noise control for relu's attack to beat"
     elif verdict == SUPPORTED and above["attn"] is False:
-        verdict, reason = NOT_RESOLVED, reason + ", but attn's attacked flip rate is not beyond its random-noise control"
+        verdict, reason = (
+            NOT_RESOLVED,
+            reason + ", but attn's attacked flip rate is not beyond its random-noise control",
+        )
     elif verdict == CONTRADICTED and above["relu"] is False:
-        verdict, reason = NOT_RESOLVED, reason + ", but relu's attacked flip rate is not beyond its random-noise control"
+        verdict, reason = (
+            NOT_RESOLVED,
+            reason + ", but relu's attacked flip rate is not beyond its random-noise control",
+        )
     if iv.note:
         reason += f" ({iv.note})"
     row_warns = warns + _dispersion_warnings(per_seed, nums.get("top_k"))
-    return _row(name, paper, null, alt, 1.0, measured, iv, verdict, reason, "malleability", command, row_warns,
-                per_seed=per_seed)
+    return _row(
+        name,
+        paper,
+        null,
+        alt,
+        1.0,
+        measured,
+        iv,
+        verdict,
+        reason,
+        "malleability",
+        command,
+        row_warns,
+        per_seed=per_seed,
+    )
 
 
 #: Seed dispersion rho = Var(p_seed) / (mu (1 - mu)) above which the flip-rate intervals were
@@ -614,10 +898,12 @@ def _dispersion_warnings(per_seed: list, top_k: int | None) -> list[str]:
         s2 = sum((v - m) ** 2 for v in vals) / (len(vals) - 1)
         rho = (s2 - m * (1 - m) / top_k) / (m * (1 - m))
         if rho > RHO_WARN:
-            out.append(f"{model}'s per-seed flip rates ({', '.join(f'{v:.3g}' for v in vals)}) vary far beyond binomial "
-                       f"noise (dispersion rho ~ {rho:.2f} > {RHO_WARN:g}); in simulation Fieller's interval covers only "
-                       "0.78-0.86 there and a true ratio of 1 can read as above 1 in up to 20 % of runs "
-                       "(docs/findings.md): read this row's interval as optimistic")
+            out.append(
+                f"{model}'s per-seed flip rates ({', '.join(f'{v:.3g}' for v in vals)}) vary far beyond binomial "
+                f"noise (dispersion rho ~ {rho:.2f} > {RHO_WARN:g}); in simulation Fieller's interval covers only "
+                "0.78-0.86 there and a true ratio of 1 can read as above 1 in up to 20 % of runs "
+                "(docs/findings.md): read this row's interval as optimistic"
+            )
     return out
 
 
@@ -631,9 +917,14 @@ def _landscape_pairs(r: dict) -> tuple[list[dict], list[str]]:
     for m in ("relu", "attn"):
         entry = models.get(m) or {}
         vals = ((entry.get("seeds") or {}).get("values")) or [
-            {"seed": 0, "loss": entry.get("loss"), "accuracy": entry.get("accuracy"),
-             "lambda_max": ((entry.get("top_eigenvalues") or {}).get("eigenvalues") or [None])[0],
-             "trace": (entry.get("trace") or {}).get("estimate")}]
+            {
+                "seed": 0,
+                "loss": entry.get("loss"),
+                "accuracy": entry.get("accuracy"),
+                "lambda_max": ((entry.get("top_eigenvalues") or {}).get("eigenvalues") or [None])[0],
+                "trace": (entry.get("trace") or {}).get("estimate"),
+            }
+        ]
         recs[m] = {v.get("seed"): (v, entry.get("n_samples")) for v in vals}
     pairs, dropped = [], []
     for s in sorted(set(recs.get("relu", {})) & set(recs.get("attn", {})), key=lambda x: (x is None, x)):
@@ -644,7 +935,9 @@ def _landscape_pairs(r: dict) -> tuple[list[dict], list[str]]:
             continue
         lr_, la = vr.get("loss"), va.get("loss")
         if lr_ is None or la is None or min(lr_, la) <= 0 or max(lr_, la) / min(lr_, la) > LANDSCAPE_LOSS_RATIO:
-            dropped.append(f"seed {s}: training losses {_fmt(lr_)} (relu) vs {_fmt(la)} (attn) differ by more than 10 %")
+            dropped.append(
+                f"seed {s}: training losses {_fmt(lr_)} (relu) vs {_fmt(la)} (attn) differ by more than 10 %"
+            )
             continue
         pairs.append({"seed": s, "relu": vr, "attn": va})
     return pairs, dropped
@@ -655,39 +948,81 @@ def claim_landscape(report: dict, command: str) -> list[ClaimRow]:
     warns = _run_warnings(report)
     paper = "2L-ReLU sharp, narrow minima; MLP-Attn wider, flatter basins"
     models = r.get("models") or {}
-    names = ("2L-ReLU ends in sharper minima than MLP-Attn: higher top Hessian eigenvalue",
-             "2L-ReLU ends in sharper minima than MLP-Attn: higher Hessian trace")
-    nulls = (("log(lambda_max relu / lambda_max attn) <= 0", "log ratio > 0"),
-             ("trace(relu) - trace(attn) <= 0", "trace difference > 0"))
+    names = (
+        "2L-ReLU ends in sharper minima than MLP-Attn: higher top Hessian eigenvalue",
+        "2L-ReLU ends in sharper minima than MLP-Attn: higher Hessian trace",
+    )
+    nulls = (
+        ("log(lambda_max relu / lambda_max attn) <= 0", "log ratio > 0"),
+        ("trace(relu) - trace(attn) <= 0", "trace difference > 0"),
+    )
     if models.get("relu") is None or models.get("attn") is None:
-        return [_row(n, paper, h0, h1, 0.0, "n/a", None, NOT_TESTABLE, "the run did not train both models", "landscape",
-                     command, warns) for n, (h0, h1) in zip(names, nulls)]
+        return [
+            _row(
+                n,
+                paper,
+                h0,
+                h1,
+                0.0,
+                "n/a",
+                None,
+                NOT_TESTABLE,
+                "the run did not train both models",
+                "landscape",
+                command,
+                warns,
+            )
+            for n, (h0, h1) in zip(names, nulls)
+        ]
     pairs, dropped = _landscape_pairs(r)
     row_warns = warns + [f"left out of the comparison: {d}" for d in dropped]
     out = []
     for name, (h0, h1), key in zip(names, nulls, ("lambda_max", "trace")):
         if not pairs:
-            out.append(_row(name, paper, h0, h1, 0.0, "n/a", None, NOT_TESTABLE,
-                            "no seed where both models trained above chance to training losses within 10 % of each "
-                            "other (sharpness at different losses is not comparable; rerun with --match-loss)"
-                            + (f": {'; '.join(dropped[:3])}" if dropped else ""), "landscape", command, row_warns))
+            out.append(
+                _row(
+                    name,
+                    paper,
+                    h0,
+                    h1,
+                    0.0,
+                    "n/a",
+                    None,
+                    NOT_TESTABLE,
+                    "no seed where both models trained above chance to training losses within 10 % of each "
+                    "other (sharpness at different losses is not comparable; rerun with --match-loss)"
+                    + (f": {'; '.join(dropped[:3])}" if dropped else ""),
+                    "landscape",
+                    command,
+                    row_warns,
+                )
+            )
             continue
         if key == "lambda_max":
-            per = [math.log(p["relu"]["lambda_max"] / p["attn"]["lambda_max"]) for p in pairs
-                   if (p["relu"].get("lambda_max") or 0) > 0 and (p["attn"].get("lambda_max") or 0) > 0]
+            per = [
+                math.log(p["relu"]["lambda_max"] / p["attn"]["lambda_max"])
+                for p in pairs
+                if (p["relu"].get("lambda_max") or 0) > 0 and (p["attn"].get("lambda_max") or 0) > 0
+            ]
             iv = mean_interval(per)
             iv = Interval(iv.estimate, iv.low, iv.high, "paired student-t (log ratio)", iv.confidence, iv.n, iv.note)
-            measured = (f"log(lambda_max relu / attn) {iv.text()} (ratio {_fmt(math.exp(iv.estimate)) if iv.estimate is not None else 'n/a'}) "
-                        f"over {iv.n} seeds")
+            measured = (
+                f"log(lambda_max relu / attn) {iv.text()} (ratio {_fmt(math.exp(iv.estimate)) if iv.estimate is not None else 'n/a'}) "
+                f"over {iv.n} seeds"
+            )
         else:
-            per = [p["relu"]["trace"] - p["attn"]["trace"] for p in pairs
-                   if p["relu"].get("trace") is not None and p["attn"].get("trace") is not None]
+            per = [
+                p["relu"]["trace"] - p["attn"]["trace"]
+                for p in pairs
+                if p["relu"].get("trace") is not None and p["attn"].get("trace") is not None
+            ]
             iv = mean_interval(per)
             iv = Interval(iv.estimate, iv.low, iv.high, "paired student-t", iv.confidence, iv.n, iv.note)
             measured = f"trace(relu) - trace(attn) {iv.text()} over {iv.n} seeds"
         verdict, reason = decide(iv, 0.0, "above", iv.n)
-        out.append(_row(name, paper, h0, h1, 0.0, measured, iv, verdict, reason, "landscape", command, row_warns,
-                        per_seed=per))
+        out.append(
+            _row(name, paper, h0, h1, 0.0, measured, iv, verdict, reason, "landscape", command, row_warns, per_seed=per)
+        )
     return out
 
 
@@ -705,30 +1040,75 @@ def claim_alignment(report: dict, command: str) -> list[ClaimRow]:
     def interval_of(row: dict) -> Interval:
         per = row.get("per_seed") or []
         iv = mean_interval(per)
-        return Interval(iv.estimate, iv.low, iv.high, row.get("interval_method") or "paired student-t", iv.confidence,
-                        iv.n, iv.note)
+        return Interval(
+            iv.estimate, iv.low, iv.high, row.get("interval_method") or "paired student-t", iv.confidence, iv.n, iv.note
+        )
 
     specs = [
-        ("contrast", "kernel", "attention's kernel-regression advantage is larger on principal-direction targets than on "
-         "random-direction ones", "advantage(principal) - advantage(random) <= 0", "the contrast > 0"),
-        ("summary", "principal", "on principal-direction targets MLP-Attn's kernel has the lower approximation error",
-         "err(relu) - err(attn) <= 0", "err(relu) - err(attn) > 0"),
-        ("summary", "labels", "on the real labels MLP-Attn's kernel has the lower approximation error",
-         "err(relu) - err(attn) <= 0", "err(relu) - err(attn) > 0"),
+        (
+            "contrast",
+            "kernel",
+            "attention's kernel-regression advantage is larger on principal-direction targets than on "
+            "random-direction ones",
+            "advantage(principal) - advantage(random) <= 0",
+            "the contrast > 0",
+        ),
+        (
+            "summary",
+            "principal",
+            "on principal-direction targets MLP-Attn's kernel has the lower approximation error",
+            "err(relu) - err(attn) <= 0",
+            "err(relu) - err(attn) > 0",
+        ),
+        (
+            "summary",
+            "labels",
+            "on the real labels MLP-Attn's kernel has the lower approximation error",
+            "err(relu) - err(attn) <= 0",
+            "err(relu) - err(attn) > 0",
+        ),
     ]
     for kind, which, name, h0, h1 in specs:
         table = contrasts if kind == "contrast" else summary
         row = _find_alignment_row(table, which, kind)
         if row is None:
-            out.append(_row(name, paper, h0, h1, 0.0, "n/a", None, NOT_TESTABLE, "the run reported no such quantity",
-                            "alignment", command, warns))
+            out.append(
+                _row(
+                    name,
+                    paper,
+                    h0,
+                    h1,
+                    0.0,
+                    "n/a",
+                    None,
+                    NOT_TESTABLE,
+                    "the run reported no such quantity",
+                    "alignment",
+                    command,
+                    warns,
+                )
+            )
             continue
         iv = interval_of(row)
         verdict, reason = decide(iv, float(row.get("null_value") or 0.0), "above", iv.n)
         extra = row.get("warnings") or []
-        out.append(_row(name, paper, h0, h1, float(row.get("null_value") or 0.0),
-                        f"{row.get('quantity')} ({row.get('target')}): {iv.text()} over {iv.n} seeds", iv, verdict,
-                        reason, "alignment", command, warns + list(extra), per_seed=row.get("per_seed") or []))
+        out.append(
+            _row(
+                name,
+                paper,
+                h0,
+                h1,
+                float(row.get("null_value") or 0.0),
+                f"{row.get('quantity')} ({row.get('target')}): {iv.text()} over {iv.n} seeds",
+                iv,
+                verdict,
+                reason,
+                "alignment",
+                command,
+                warns + list(extra),
+                per_seed=row.get("per_seed") or [],
+            )
+        )
     return out
 
 
@@ -749,8 +1129,9 @@ def _find_alignment_row(table: dict, which: str, kind: str) -> dict | None:
 # ----------------------------------------------------------------------------- variants and scoring
 def variant_row(name: str, report: dict | None, command: str, error: str | None) -> VariantRow:
     if report is None:
-        return VariantRow(name, command.split(" --seed ")[-1], None, None, None, None, "none", 0, {}, None, "n/a",
-                          command, [], error)
+        return VariantRow(
+            name, command.split(" --seed ")[-1], None, None, None, None, "none", 0, {}, None, "n/a", command, [], error
+        )
     nums = _malleability_numbers(report)
     warns = _run_warnings(report)
     if "error" in nums:
@@ -768,43 +1149,91 @@ def variant_row(name: str, report: dict | None, command: str, error: str | None)
     elif iv.n < MIN_SEEDS:
         reading = f"fewer than {MIN_SEEDS} seeds"
     elif iv.side(1.0) == "above":
-        reading = {True: "attn more malleable", False: "within the noise control",
-                   None: "attn more sensitive (no noise control)"}[above["attn"]]
+        reading = {
+            True: "attn more malleable",
+            False: "within the noise control",
+            None: "attn more sensitive (no noise control)",
+        }[above["attn"]]
     elif iv.side(1.0) == "below":
-        reading = {True: "relu more malleable", False: "within the noise control",
-                   None: "relu more sensitive (no noise control)"}[above["relu"]]
+        reading = {
+            True: "relu more malleable",
+            False: "within the noise control",
+            None: "relu more sensitive (no noise control)",
+        }[above["relu"]]
     else:
         reading = "not resolved"
-    return VariantRow(name, "", fr["relu"], fr["attn"], None if iv is None else iv.estimate,
-                      None if iv is None else iv.bounds, "none" if iv is None else iv.method,
-                      0 if iv is None else iv.n, above, comparable, reading, command, warns)
+    return VariantRow(
+        name,
+        "",
+        fr["relu"],
+        fr["attn"],
+        None if iv is None else iv.estimate,
+        None if iv is None else iv.bounds,
+        "none" if iv is None else iv.method,
+        0 if iv is None else iv.n,
+        above,
+        comparable,
+        reading,
+        command,
+        warns,
+    )
 
 
 TITLES = {
     "kappa": ["kappa(G~) = kappa(G)^3", "the width linearized attention needs is beyond any trainable width"],
-    "ntk": ["2L-ReLU approaches its NTK predictor", "MLP-Attn does not approach its NTK predictor",
-            "MLP-Attn approaches its NTK predictor more slowly than 2L-ReLU"],
+    "ntk": [
+        "2L-ReLU approaches its NTK predictor",
+        "MLP-Attn does not approach its NTK predictor",
+        "MLP-Attn approaches its NTK predictor more slowly than 2L-ReLU",
+    ],
     "malleability": ["attention is more malleable"],
     "landscape": ["2L-ReLU sharper: top Hessian eigenvalue", "2L-ReLU sharper: Hessian trace"],
-    "alignment": ["attention's kernel advantage is larger on principal-direction targets",
-                  "MLP-Attn's kernel has the lower error on principal-direction targets",
-                  "MLP-Attn's kernel has the lower error on the real labels"],
+    "alignment": [
+        "attention's kernel advantage is larger on principal-direction targets",
+        "MLP-Attn's kernel has the lower error on principal-direction targets",
+        "MLP-Attn's kernel has the lower error on the real labels",
+    ],
 }
 
 
-def score(mode: str, reports: dict[str, dict | None], errors: dict[str, str], commands: dict[str, str],
-          variants: list[tuple[str, str]], slope_margin: float = SLOPE_MARGIN) -> ClaimsResult:
+def score(
+    mode: str,
+    reports: dict[str, dict | None],
+    errors: dict[str, str],
+    commands: dict[str, str],
+    variants: list[tuple[str, str]],
+    slope_margin: float = SLOPE_MARGIN,
+) -> ClaimsResult:
     """Every claim row and variant row from the runs' reports (a failed run gives 'not testable here')."""
     claims: list[ClaimRow] = []
-    readers = {"kappa": claim_kappa, "ntk": lambda rep, cmd: claim_ntk(rep, cmd, slope_margin),
-               "malleability": claim_malleability, "landscape": claim_landscape, "alignment": claim_alignment}
+    readers = {
+        "kappa": claim_kappa,
+        "ntk": lambda rep, cmd: claim_ntk(rep, cmd, slope_margin),
+        "malleability": claim_malleability,
+        "landscape": claim_landscape,
+        "alignment": claim_alignment,
+    }
     for rid, read in readers.items():
         if rid not in commands:
             continue
         if reports.get(rid) is None:
             for title in TITLES[rid]:
-                claims.append(_row(title, "", "", "", None, "n/a", None, NOT_TESTABLE,
-                                   f"the run failed: {errors.get(rid)}", rid, commands[rid], []))
+                claims.append(
+                    _row(
+                        title,
+                        "",
+                        "",
+                        "",
+                        None,
+                        "n/a",
+                        None,
+                        NOT_TESTABLE,
+                        f"the run failed: {errors.get(rid)}",
+                        rid,
+                        commands[rid],
+                        [],
+                    )
+                )
             continue
         got = read(reports[rid], commands[rid])
         claims.extend(got if isinstance(got, list) else [got])

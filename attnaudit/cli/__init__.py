@@ -40,10 +40,14 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
     threads: int = typer.Option(
-        0, "--threads", help="CPU threads for torch. 0 = auto (idle cores, see docs/performance.md#threads; "
-        "ATTNAUDIT_THREADS=N overrides it); N pins N threads."
+        0,
+        "--threads",
+        help="CPU threads for torch. 0 = auto (idle cores, see docs/performance.md#threads; "
+        "ATTNAUDIT_THREADS=N overrides it); N pins N threads.",
     ),
 ) -> None:
     """Audit attention models through the neural tangent kernel (NTK) lens."""
@@ -77,11 +81,18 @@ def _hoist_global_options(args: list[str]) -> list[str]:
     ``attnaudit kappa --threads 1`` means ``attnaudit --threads 1 kappa``. Arguments after
     ``--`` are left alone; a global option without its value stays where it is (the parser
     then reports it)."""
-    command_at = next((i for i, a in enumerate(args) if not a.startswith("-") and (i == 0 or args[i - 1] not in GLOBAL_VALUE_OPTIONS)), None)
+    command_at = next(
+        (
+            i
+            for i, a in enumerate(args)
+            if not a.startswith("-") and (i == 0 or args[i - 1] not in GLOBAL_VALUE_OPTIONS)
+        ),
+        None,
+    )
     if command_at is None:
         return args
-    head, rest, moved = args[:command_at + 1], [], []
-    tail = args[command_at + 1:]
+    head, rest, moved = args[: command_at + 1], [], []
+    tail = args[command_at + 1 :]
     i = 0
     while i < len(tail):
         a = tail[i]
@@ -91,7 +102,7 @@ def _hoist_global_options(args: list[str]) -> list[str]:
         name = a.split("=", 1)[0]
         if name in GLOBAL_VALUE_OPTIONS and ("=" in a or i + 1 < len(tail)):
             take = 1 if "=" in a else 2
-            moved.extend(tail[i:i + take])
+            moved.extend(tail[i : i + take])
             i += take
             continue
         rest.append(a)

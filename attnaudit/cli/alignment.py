@@ -18,8 +18,11 @@ from attnaudit.analyses.alignment.run import run
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("alignment", cls=ManualCommand,
-                 epilog="Example: attnaudit alignment --preset quick --json alignment.json --png alignment.png")
+    @app.command(
+        "alignment",
+        cls=ManualCommand,
+        epilog="Example: attnaudit alignment --preset quick --json alignment.json --png alignment.png",
+    )
     @bundled(out=OutputBundle)
     @with_request(AlignmentRequest)
     def alignment_command(request: RequestOptions, out: OutputBundle) -> None:

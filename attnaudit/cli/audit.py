@@ -26,21 +26,78 @@ HELP = (
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("audit", help=HELP, cls=ManualCommand,
-                 epilog="Example: attnaudit audit examples/audit_digits.yaml --junit audit-junit.xml --json audit.json")
+    @app.command(
+        "audit",
+        help=HELP,
+        cls=ManualCommand,
+        epilog="Example: attnaudit audit examples/audit_digits.yaml --junit audit-junit.xml --json audit.json",
+    )
     @bundled(execution=ExecutorOptions)
     def audit_command(
         execution: ExecutorOptions,
         file: Annotated[str, typer.Argument(help="The audit file (YAML).", show_default=False, metavar="AUDIT.yaml")],
-        json: Annotated[Optional[str], typer.Option("--json", help="Write the combined JSON report (schema attnaudit.audit/1) here ('-' = standard output).", metavar="PATH", rich_help_panel="Output")] = None,
-        junit: Annotated[Optional[str], typer.Option("--junit", help="Write JUnit XML here: one test case per check.", metavar="PATH", rich_help_panel="Output")] = None,
-        html: Annotated[Optional[str], typer.Option("--html", help="Write a self-contained HTML report here: one row per check (pass/fail, value, threshold) linking to its section.", metavar="PATH", rich_help_panel="Output")] = None,
-        save_baseline: Annotated[Optional[str], typer.Option("--save-baseline", help="Store every check's measured value here (JSON), for a later --baseline.", metavar="PATH", rich_help_panel="Output")] = None,
-        baseline: Annotated[Optional[str], typer.Option("--baseline", help="Fail a check whose value got worse than in this baseline file by more than its tolerance.", metavar="PATH", rich_help_panel="Attack / analysis")] = None,
-        fail_fast: Annotated[bool, typer.Option("--fail-fast", help="Stop at the first failed check (the rest are reported as skipped).", rich_help_panel="Execution")] = False,
-        quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No table, no progress.", rich_help_panel="Output")] = False,
-        overwrite: Annotated[bool, typer.Option("--overwrite", help="Allow replacing existing output files.", rich_help_panel="Output")] = False,
-        debug: Annotated[bool, typer.Option("--debug", help="Show the full traceback on errors.", rich_help_panel="Output")] = False,
+        json: Annotated[
+            Optional[str],
+            typer.Option(
+                "--json",
+                help="Write the combined JSON report (schema attnaudit.audit/1) here ('-' = standard output).",
+                metavar="PATH",
+                rich_help_panel="Output",
+            ),
+        ] = None,
+        junit: Annotated[
+            Optional[str],
+            typer.Option(
+                "--junit",
+                help="Write JUnit XML here: one test case per check.",
+                metavar="PATH",
+                rich_help_panel="Output",
+            ),
+        ] = None,
+        html: Annotated[
+            Optional[str],
+            typer.Option(
+                "--html",
+                help="Write a self-contained HTML report here: one row per check (pass/fail, value, threshold) linking to its section.",
+                metavar="PATH",
+                rich_help_panel="Output",
+            ),
+        ] = None,
+        save_baseline: Annotated[
+            Optional[str],
+            typer.Option(
+                "--save-baseline",
+                help="Store every check's measured value here (JSON), for a later --baseline.",
+                metavar="PATH",
+                rich_help_panel="Output",
+            ),
+        ] = None,
+        baseline: Annotated[
+            Optional[str],
+            typer.Option(
+                "--baseline",
+                help="Fail a check whose value got worse than in this baseline file by more than its tolerance.",
+                metavar="PATH",
+                rich_help_panel="Attack / analysis",
+            ),
+        ] = None,
+        fail_fast: Annotated[
+            bool,
+            typer.Option(
+                "--fail-fast",
+                help="Stop at the first failed check (the rest are reported as skipped).",
+                rich_help_panel="Execution",
+            ),
+        ] = False,
+        quiet: Annotated[
+            bool, typer.Option("--quiet", "-q", help="No table, no progress.", rich_help_panel="Output")
+        ] = False,
+        overwrite: Annotated[
+            bool, typer.Option("--overwrite", help="Allow replacing existing output files.", rich_help_panel="Output")
+        ] = False,
+        debug: Annotated[
+            bool, typer.Option("--debug", help="Show the full traceback on errors.", rich_help_panel="Output")
+        ] = False,
     ) -> None:
 
         with cli_errors(debug, AuditRequest):
@@ -50,10 +107,12 @@ def register(app: typer.Typer) -> None:
             opts.check_writable((), extra=extra)
             executor = execution.config()
             if not opts.quiet:
-
                 plan = load_audit_file(file)
-                opts.console.print(f"audit {plan.name}: {len(plan.checks)} checks from {file}; validating each "
-                                   "(a dry run of its command) before anything runs", highlight=False)
+                opts.console.print(
+                    f"audit {plan.name}: {len(plan.checks)} checks from {file}; validating each "
+                    "(a dry run of its command) before anything runs",
+                    highlight=False,
+                )
 
             def done(check) -> None:
                 if not opts.quiet and not opts.console.is_terminal:
@@ -75,5 +134,3 @@ def register(app: typer.Typer) -> None:
                         opts.console.print(f"{flag} written to {p}", highlight=False)
         if result.exit_code:
             raise typer.Exit(result.exit_code)
-
-

@@ -20,7 +20,9 @@ HELP = (
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("claims", help=HELP, cls=ManualCommand, epilog="Example: attnaudit claims --preset quick --json claims.json")
+    @app.command(
+        "claims", help=HELP, cls=ManualCommand, epilog="Example: attnaudit claims --preset quick --json claims.json"
+    )
     @bundled(out=OutputBundle, execution=ExecutorOptions)
     @with_request(ClaimsRequest)
     def claims_command(request: RequestOptions, out: OutputBundle, execution: ExecutorOptions) -> None:
@@ -32,8 +34,9 @@ def register(app: typer.Typer) -> None:
             executor.check_available()
             opts.check_writable((PNG_NAME,))
             if not opts.quiet:
-                opts.console.print(f"claims ({req.mode}): on {' '.join(req.data_args())}, executor {executor.name}",
-                                   highlight=False)
+                opts.console.print(
+                    f"claims ({req.mode}): on {' '.join(req.data_args())}, executor {executor.name}", highlight=False
+                )
             result = run(req, progress=lambda *a: progress(opts, *a), executor=executor)
             emit_result(opts, result)
         if result.failed_cells:

@@ -175,7 +175,9 @@ class OutputOptions:
                 while not ancestor.exists() and ancestor != ancestor.parent:
                     ancestor = ancestor.parent
                 if not ancestor.is_dir():
-                    raise AuditError(f"--out-dir {out}: {ancestor} is a file, so the folder cannot be created; choose another folder")
+                    raise AuditError(
+                        f"--out-dir {out}: {ancestor} is a file, so the folder cannot be created; choose another folder"
+                    )
                 problem = folder_problem(ancestor)
                 if problem:
                     raise AuditError(f"--out-dir {out}: {problem}")
@@ -235,7 +237,6 @@ def emit(
             written.append(f"figure written to {png}")
         html_targets = opts.html_targets()
         if html_targets:
-
             figures = [(png_name, png_bytes(plot, png_name))] if plot is not None else []
             page = render_run(RunPage(report, list(renderables), figures))
             for target in html_targets:
@@ -260,8 +261,10 @@ def exit_if_cells_failed(failed: list[dict]) -> None:
     """After the partial report is written: one line per failed sweep cell (up to 5) and exit 1."""
     if not failed:
         return
-    message = (f"{len(failed)} sweep cell(s) failed; the report holds the others and lists these under failed_cells: "
-               + "; ".join(f"{f['cell']}: {f['error']}" for f in failed[:5]))
+    message = (
+        f"{len(failed)} sweep cell(s) failed; the report holds the others and lists these under failed_cells: "
+        + "; ".join(f"{f['cell']}: {f['error']}" for f in failed[:5])
+    )
     error_line("error", message)
     raise typer.Exit(1)
 

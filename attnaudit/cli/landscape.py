@@ -12,8 +12,11 @@ from attnaudit.analyses.landscape.run import run
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("landscape", cls=ManualCommand,
-                 epilog="Example: attnaudit landscape --preset quick --json landscape.json --png landscape.png")
+    @app.command(
+        "landscape",
+        cls=ManualCommand,
+        epilog="Example: attnaudit landscape --preset quick --json landscape.json --png landscape.png",
+    )
     @bundled(out=OutputBundle)
     @with_request(LandscapeRequest)
     def landscape_command(request: RequestOptions, out: OutputBundle) -> None:

@@ -12,7 +12,11 @@ from attnaudit.analyses.malleability.run import exceeded_message, run
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("malleability", cls=ManualCommand, epilog="Example: attnaudit malleability --preset quick --json malleability.json")
+    @app.command(
+        "malleability",
+        cls=ManualCommand,
+        epilog="Example: attnaudit malleability --preset quick --json malleability.json",
+    )
     @bundled(out=OutputBundle, execution=ExecutorOptions)
     @with_request(MalleabilityRequest)
     def malleability_command(request: RequestOptions, out: OutputBundle, execution: ExecutorOptions) -> None:

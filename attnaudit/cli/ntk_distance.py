@@ -13,8 +13,11 @@ from attnaudit.analyses.ntk_distance.run import run
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("ntk-distance", cls=ManualCommand,
-                 epilog="Example: attnaudit ntk-distance --dataset digits --preset quick --json ntk.json --png ntk.png")
+    @app.command(
+        "ntk-distance",
+        cls=ManualCommand,
+        epilog="Example: attnaudit ntk-distance --dataset digits --preset quick --json ntk.json --png ntk.png",
+    )
     @bundled(out=OutputBundle, execution=ExecutorOptions)
     @with_request(NtkDistanceRequest)
     def ntk_distance_command(request: RequestOptions, out: OutputBundle, execution: ExecutorOptions) -> None:

@@ -38,7 +38,9 @@ _METAVARS = {str: "TEXT", int: "INTEGER", float: "FLOAT"}
 
 def _field(default: Any, annotation: Any, *decls: str, help: str, metavar: Optional[str] = None) -> Any:
     """A bundle field; its option lands in the bundle's ``PANEL`` of --help."""
-    return dataclasses.field(default=default, metadata={_OPTION: (annotation, typer.Option(*decls, help=help, metavar=metavar))})
+    return dataclasses.field(
+        default=default, metadata={_OPTION: (annotation, typer.Option(*decls, help=help, metavar=metavar))}
+    )
 
 
 @dataclass
@@ -48,14 +50,27 @@ class OutputBundle:
     PANEL: ClassVar[str] = OUTPUT
 
     json: Optional[str] = _field(
-        None, Optional[str], "--json", metavar="PATH", help="Write the JSON report here ('-' = standard output, nothing else printed there)."
+        None,
+        Optional[str],
+        "--json",
+        metavar="PATH",
+        help="Write the JSON report here ('-' = standard output, nothing else printed there).",
     )
     png: Optional[str] = _field(None, Optional[str], "--png", metavar="PATH", help="Write the figure here (PNG).")
     html: Optional[str] = _field(
-        None, Optional[str], "--html", metavar="PATH",
+        None,
+        Optional[str],
+        "--html",
+        metavar="PATH",
         help="Write a self-contained HTML report here: verdicts first, then tables, figures, the protocol and the command that reproduces the run.",
     )
-    out_dir: Optional[str] = _field(None, Optional[str], "--out-dir", metavar="PATH", help="Write report.json, report.html and figures into this folder.")
+    out_dir: Optional[str] = _field(
+        None,
+        Optional[str],
+        "--out-dir",
+        metavar="PATH",
+        help="Write report.json, report.html and figures into this folder.",
+    )
     quiet: bool = _field(False, bool, "--quiet", "-q", help="No table and no progress bar.")
     overwrite: bool = _field(False, bool, "--overwrite", help="Allow replacing existing output files.")
     debug: bool = _field(False, bool, "--debug", help="Show the full traceback on errors.")
@@ -63,8 +78,14 @@ class OutputBundle:
     def options(self):
         """The :class:`attnaudit.cli.common.OutputOptions` these flags describe."""
 
-        return OutputOptions(json=self.json, png=self.png, out_dir=self.out_dir, quiet=self.quiet, overwrite=self.overwrite,
-                             html=self.html)
+        return OutputOptions(
+            json=self.json,
+            png=self.png,
+            out_dir=self.out_dir,
+            quiet=self.quiet,
+            overwrite=self.overwrite,
+            html=self.html,
+        )
 
 
 @dataclass
@@ -74,24 +95,37 @@ class ExecutorOptions:
     PANEL: ClassVar[str] = EXECUTION
 
     executor: str = _field(
-        "local", str, "--executor",
+        "local",
+        str,
+        "--executor",
         help="local (cells in this process, or --jobs N worker processes) or ray (Ray tasks; needs attnaudit[ray]).",
     )
     jobs: int = _field(1, int, "--jobs", help="Local worker processes (or the CPUs of a Ray started for the run).")
     ray_address: Optional[str] = _field(
-        None, Optional[str], "--ray-address", help="Join this running Ray cluster (default: start a local Ray for the run)."
+        None,
+        Optional[str],
+        "--ray-address",
+        help="Join this running Ray cluster (default: start a local Ray for the run).",
     )
     gpus_per_cell: float = _field(0.0, float, "--gpus-per-cell", help="GPUs Ray reserves for each cell.")
     resume: Optional[str] = _field(
-        None, Optional[str], "--resume", metavar="PATH",
+        None,
+        Optional[str],
+        "--resume",
+        metavar="PATH",
         help="Folder that keeps every finished cell; a rerun skips the cells already there (same configuration and version).",
     )
 
     def config(self):
         """The :class:`attnaudit.runtime.sweep.ExecutorConfig` these flags describe (validated)."""
 
-        return ExecutorConfig(kind=self.executor, jobs=self.jobs, ray_address=self.ray_address,
-                              gpus_per_cell=self.gpus_per_cell, resume_dir=self.resume)
+        return ExecutorConfig(
+            kind=self.executor,
+            jobs=self.jobs,
+            ray_address=self.ray_address,
+            gpus_per_cell=self.gpus_per_cell,
+            resume_dir=self.resume,
+        )
 
 
 def _parameters(bundle: type) -> list[inspect.Parameter]:
@@ -101,7 +135,9 @@ def _parameters(bundle: type) -> list[inspect.Parameter]:
         option = copy.copy(option)
         option.rich_help_panel = bundle.PANEL
         params.append(
-            inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=Annotated[annotation, option])
+            inspect.Parameter(
+                f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=Annotated[annotation, option]
+            )
         )
     return params
 
@@ -142,7 +178,6 @@ def bundled(**bundles: type) -> Callable[[Callable], Callable]:
     return decorate
 
 
-
 class ManualCommand(TyperCommand):
     """A command whose ``--help`` reads like a manual (``@app.command(..., cls=ManualCommand)``).
 
@@ -156,7 +191,9 @@ class ManualCommand(TyperCommand):
         super().__init__(*args, **kwargs)
         rank = {name: i for i, name in enumerate(PANELS)}
         # stable: arguments keep their order, options keep theirs within a panel
-        self.params.sort(key=lambda p: rank.get(getattr(p, "rich_help_panel", None), -1) if isinstance(p, TyperOption) else -1)
+        self.params.sort(
+            key=lambda p: rank.get(getattr(p, "rich_help_panel", None), -1) if isinstance(p, TyperOption) else -1
+        )
         for param in self.params:
             if param.help:
                 from rich.markup import escape
@@ -235,21 +272,38 @@ def request_parameters(request_type: type) -> list[inspect.Parameter]:
         elif opt.parse is not None:
             annotation = Optional[str]
             if isinstance(default, tuple):
-
                 default = show_list(default)
         else:
             annotation = Optional[opt.kind] if default is None else opt.kind
-        option = typer.Option(*decls, help=opt.help, rich_help_panel=opt.panel, metavar=opt.metavar,
-                              show_default=default is not None and default is not False)
-        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
-                                        annotation=Annotated[annotation, option]))
+        option = typer.Option(
+            *decls,
+            help=opt.help,
+            rich_help_panel=opt.panel,
+            metavar=opt.metavar,
+            show_default=default is not None and default is not False,
+        )
+        params.append(
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[annotation, option]
+            )
+        )
         for i, old in enumerate(opt.deprecated):  # hidden: accepted, warned about, never shown
-            hidden = typer.Option(old, hidden=True, help=f"Deprecated spelling of {opt.flag}.", rich_help_panel=opt.panel,
-                                  metavar=opt.metavar)
+            hidden = typer.Option(
+                old,
+                hidden=True,
+                help=f"Deprecated spelling of {opt.flag}.",
+                rich_help_panel=opt.panel,
+                metavar=opt.metavar,
+            )
             old_annotation = bool if annotation is bool else (annotation if opt.multiple else Optional[str])
-            params.append(inspect.Parameter(f"{name}{_DEPRECATED}{i}", inspect.Parameter.KEYWORD_ONLY,
-                                            default=False if annotation is bool else None,
-                                            annotation=Annotated[old_annotation, hidden]))
+            params.append(
+                inspect.Parameter(
+                    f"{name}{_DEPRECATED}{i}",
+                    inspect.Parameter.KEYWORD_ONLY,
+                    default=False if annotation is bool else None,
+                    annotation=Annotated[old_annotation, hidden],
+                )
+            )
     return params
 
 
@@ -275,8 +329,11 @@ class RequestOptions:
             opt = self.request_type.options()[name]
             import sys
 
-            print(f"warning: {opt.deprecated[int(index)]} is deprecated; use {opt.flag} (the old spelling goes in the "
-                  "next release)", file=sys.stderr)
+            print(
+                f"warning: {opt.deprecated[int(index)]} is deprecated; use {opt.flag} (the old spelling goes in the "
+                "next release)",
+                file=sys.stderr,
+            )
             if given.get(name) == defaults[name]:
                 given[name] = value
         try:

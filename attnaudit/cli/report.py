@@ -32,7 +32,6 @@ MAX_REPORT_BYTES = 512 * 2**20  # a JSON report is a few MB at most; refuse absu
 def load_reports(paths: list[str]) -> list[tuple[str, dict]]:
     """(file name, report) for every path, each a JSON report of a known schema."""
 
-
     out = []
     for raw in paths:
         report = read_json_file(raw, raw, "give JSON reports written by --json", MAX_REPORT_BYTES)
@@ -43,11 +42,27 @@ def load_reports(paths: list[str]) -> list[tuple[str, dict]]:
 def register(app: typer.Typer) -> None:
     @app.command("report", help=HELP, epilog=EPILOG, cls=ManualCommand)
     def report_command(
-        reports: Annotated[list[str], typer.Argument(help="JSON reports written by --json (one or more).", show_default=False, metavar="RUN.json")],
-        html: Annotated[str, typer.Option("--html", help="Write the HTML page here.", show_default=False, metavar="PATH", rich_help_panel="Output")],
-        overwrite: Annotated[bool, typer.Option("--overwrite", help="Allow replacing an existing file.", rich_help_panel="Output")] = False,
-        quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on success.", rich_help_panel="Output")] = False,
-        debug: Annotated[bool, typer.Option("--debug", help="Show the full traceback on errors.", rich_help_panel="Output")] = False,
+        reports: Annotated[
+            list[str],
+            typer.Argument(
+                help="JSON reports written by --json (one or more).", show_default=False, metavar="RUN.json"
+            ),
+        ],
+        html: Annotated[
+            str,
+            typer.Option(
+                "--html", help="Write the HTML page here.", show_default=False, metavar="PATH", rich_help_panel="Output"
+            ),
+        ],
+        overwrite: Annotated[
+            bool, typer.Option("--overwrite", help="Allow replacing an existing file.", rich_help_panel="Output")
+        ] = False,
+        quiet: Annotated[
+            bool, typer.Option("--quiet", "-q", help="Print nothing on success.", rich_help_panel="Output")
+        ] = False,
+        debug: Annotated[
+            bool, typer.Option("--debug", help="Show the full traceback on errors.", rich_help_panel="Output")
+        ] = False,
     ) -> None:
 
         with cli_errors(debug):

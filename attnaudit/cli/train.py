@@ -21,7 +21,12 @@ HELP = (
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("train", help=HELP, cls=ManualCommand, epilog="Example: attnaudit train --arch vit --dataset digits --out vit.safetensors")
+    @app.command(
+        "train",
+        help=HELP,
+        cls=ManualCommand,
+        epilog="Example: attnaudit train --arch vit --dataset digits --out vit.safetensors",
+    )
     @bundled(out=OutputBundle)
     @with_request(TrainRequest)
     def train_command(request: RequestOptions, out: OutputBundle) -> None:

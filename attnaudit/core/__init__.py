@@ -19,7 +19,23 @@ from attnaudit.core.task import (
 )
 
 __all__ = [
-    "CrossEntropyLoss", "EigenResult", "Engine", "HessianVectorProduct", "Inputs", "Loss", "MSELoss", "Task",
-    "TraceResult", "as_loss", "as_task", "batched_cg", "eval_mode", "head_parameter_names", "hutchinson_trace",
-    "lanczos_top_eigen", "math_attention", "select_parameter_names", "to_logits",
+    "CrossEntropyLoss",
+    "EigenResult",
+    "Engine",
+    "HessianVectorProduct",
+    "Inputs",
+    "Loss",
+    "MSELoss",
+    "Task",
+    "TraceResult",
+    "as_loss",
+    "as_task",
+    "batched_cg",
+    "eval_mode",
+    "head_parameter_names",
+    "hutchinson_trace",
+    "lanczos_top_eigen",
+    "math_attention",
+    "select_parameter_names",
+    "to_logits",
 ]

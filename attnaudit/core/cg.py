@@ -64,4 +64,3 @@ def batched_cg(
         "negative_curvature": bool(negative.any()),
     }
     return X, diag
-

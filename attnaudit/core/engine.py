@@ -96,8 +96,9 @@ class Engine:
         self.frozen.update({k: copy(v) for k, v in self.module.named_buffers()})
         originals = {**named, **dict(self.module.named_buffers())}
         # True when no frozen tensor had to be converted (then each is the module's own storage)
-        self._frozen_shared = all(v.data_ptr() == originals[k].data_ptr() and v.dtype == originals[k].dtype
-                                  for k, v in self.frozen.items())
+        self._frozen_shared = all(
+            v.data_ptr() == originals[k].data_ptr() and v.dtype == originals[k].dtype for k, v in self.frozen.items()
+        )
 
     # ----------------------------------------------------------------- basics
     @property
@@ -182,7 +183,9 @@ class Engine:
         with self.context():
             return torch.cat([fn(th, rows[a:b], T[a:b]) for a, b in ranges(rows.shape[0], size)])
 
-    def summed_grad(self, rows: torch.Tensor, T: torch.Tensor, chunk: int = 512, theta: torch.Tensor | None = None) -> torch.Tensor:
+    def summed_grad(
+        self, rows: torch.Tensor, T: torch.Tensor, chunk: int = 512, theta: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Gradient (P,) of sum_i l(z_i), accumulated in chunks."""
         th = self.theta if theta is None else theta
         rows, T = self.rows(rows), self._as_targets(T)
@@ -217,7 +220,9 @@ class Engine:
         return g, logits.detach()
 
     # ----------------------------------------------------------------- Hessian
-    def hvp_operator(self, rows: torch.Tensor, T: torch.Tensor, chunk: int = 4096, theta: torch.Tensor | None = None) -> "HessianVectorProduct":
+    def hvp_operator(
+        self, rows: torch.Tensor, T: torch.Tensor, chunk: int = 4096, theta: torch.Tensor | None = None
+    ) -> "HessianVectorProduct":
         """v -> H v, H the Hessian of the mean loss (1/n) sum_i l(z_i) over ``rows``."""
         return HessianVectorProduct(self, rows, T, chunk, self.theta if theta is None else theta)
 
@@ -259,7 +264,7 @@ class Engine:
                     out = torch.empty((n, c, self.n_params), dtype=parts[0].dtype, device=parts[0].device)
                 offset = 0
                 for part, numel in zip(parts, self.numels):
-                    out[a:b, :, offset:offset + numel] = part.reshape(b - a, c, numel)
+                    out[a:b, :, offset : offset + numel] = part.reshape(b - a, c, numel)
                     offset += numel
                 del parts
         if out is None:  # no rows
@@ -267,7 +272,11 @@ class Engine:
         return out
 
     def entk(
-        self, X1: torch.Tensor, X2: torch.Tensor | None = None, *, form: str = "full",
+        self,
+        X1: torch.Tensor,
+        X2: torch.Tensor | None = None,
+        *,
+        form: str = "full",
         memory_bytes: int = _DEFAULT_MEMORY_BYTES,
     ) -> torch.Tensor:
         """Empirical NTK by Jacobian contraction: K[i, j, a, b] = J_a(x_i) . J_b(x_j).
@@ -343,7 +352,7 @@ class Engine:
             J1 = self.jacobian(X1[a1:b1])
             if same:
                 diagonal(J1, a1)
-            for a2, b2 in cols[i + 1:] if same else cols:
+            for a2, b2 in cols[i + 1 :] if same else cols:
                 put(a1, a2, product(J1, self.jacobian(X2[a2:b2])), both=same)
         return result()
 

@@ -64,8 +64,6 @@ def _show(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
-
-
 def _is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
@@ -124,7 +122,8 @@ class Recipe:
                 )
         if (self.epochs is None) == (self.steps is None):
             raise AuditError(
-                "give exactly one of --epochs and --steps (how long to train)" if self.epochs is not None
+                "give exactly one of --epochs and --steps (how long to train)"
+                if self.epochs is not None
                 else "say how long to train: give --epochs or --steps"
             )
         for name in ("epochs", "steps"):
@@ -159,8 +158,10 @@ class Recipe:
         known = [f.name for f in fields(cls)]
         unknown = sorted(str(k) for k in d if k not in known)
         if unknown:
-            raise AuditError(f"the training recipe has unknown field(s) {_clip(', '.join(unknown), 120)}; "
-                             f"a recipe holds {', '.join(known)}")
+            raise AuditError(
+                f"the training recipe has unknown field(s) {_clip(', '.join(unknown), 120)}; "
+                f"a recipe holds {', '.join(known)}"
+            )
         missing = [k for k in ("optimizer", "lr") if k not in d]
         if missing:
             raise AuditError(f"the training recipe lacks field(s) {', '.join(missing)}")
@@ -214,8 +215,14 @@ def _check_data(X: torch.Tensor, y: torch.Tensor, what: str) -> None:
         raise AuditError(f"{what} labels must be class indices >= 0, got {int(y.min())}")
 
 
-def evaluate(model: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: str, inputs: Inputs | None = None,
-             chunk: int = _EVAL_CHUNK) -> tuple[float, float]:
+def evaluate(
+    model: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    loss: str,
+    inputs: Inputs | None = None,
+    chunk: int = _EVAL_CHUNK,
+) -> tuple[float, float]:
     """(mean loss, accuracy) of ``model`` on rows X with labels y, in eval mode, without gradients."""
     inputs = inputs if inputs is not None else _default_inputs(model)
     ref = _model_reference(model)
@@ -225,8 +232,8 @@ def evaluate(model: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: str, inpu
         return float("nan"), float("nan")
     with torch.no_grad(), eval_mode(model):
         for a in range(0, n, chunk):
-            rows = X[a:a + chunk].to(device=ref.device, dtype=ref.dtype)
-            labels = y[a:a + chunk].to(ref.device).long()
+            rows = X[a : a + chunk].to(device=ref.device, dtype=ref.dtype)
+            labels = y[a : a + chunk].to(ref.device).long()
             logits = to_logits(inputs.call(model, inputs(rows)))
             target = torch.nn.functional.one_hot(labels, logits.shape[-1]).to(logits.dtype)
             total += float(loss_fn.per_sample(logits, target).sum())
@@ -336,7 +343,7 @@ def fit(
                 if order is None:
                     xb, yb = Xd, yd
                 else:
-                    idx = order[a:a + batch]
+                    idx = order[a : a + batch]
                     xb, yb = Xd.index_select(0, idx), yd.index_select(0, idx)
                 logits = forward(xb) if forward is not None else to_logits(inputs.call(model, inputs(xb)))
                 loss = loss_fn.per_sample(logits, eye.index_select(0, yb)).mean()
@@ -392,12 +399,25 @@ def build_tables(result: FitResult, model_info: dict) -> list:
         return "-" if v is None or not math.isfinite(v) else f"{v:.4g}"
 
     table = Table(title="attnaudit train")
-    for name in ("arch", "parameters", "steps", "epochs", "final train loss", "train accuracy",
-                 "held-out accuracy", "seconds"):
+    for name in (
+        "arch",
+        "parameters",
+        "steps",
+        "epochs",
+        "final train loss",
+        "train accuracy",
+        "held-out accuracy",
+        "seconds",
+    ):
         table.add_column(name, justify="left" if name == "arch" else "right")
     table.add_row(
-        str(model_info.get("arch")), f"{int(model_info.get('parameters', 0)):,}", str(result.steps_run),
-        f"{result.epochs_run:.2f}", num(result.final_train_loss), pct(result.train_accuracy), pct(result.val_accuracy),
+        str(model_info.get("arch")),
+        f"{int(model_info.get('parameters', 0)):,}",
+        str(result.steps_run),
+        f"{result.epochs_run:.2f}",
+        num(result.final_train_loss),
+        pct(result.train_accuracy),
+        pct(result.val_accuracy),
         f"{result.seconds:.1f}",
     )
     out: list = [table]
@@ -420,7 +440,7 @@ def plot_fit(result: FitResult, path: str | Path, title: str) -> None:
             k = max(5, len(result.loss_curve) // 50)
             curve = torch.tensor(result.loss_curve, dtype=torch.float64)
             smooth = torch.nn.functional.avg_pool1d(curve[None, None], k, stride=1).flatten().tolist()
-            ax.plot(steps[k - 1:], smooth, lw=2.0, label=f"running mean ({k} steps)")
+            ax.plot(steps[k - 1 :], smooth, lw=2.0, label=f"running mean ({k} steps)")
         finite = [v for v in result.loss_curve if math.isfinite(v)]
         if finite and min(finite) > 0:
             ax.set_yscale("log")

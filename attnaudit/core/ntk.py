@@ -170,7 +170,7 @@ def _pair_geometry(r1: _UnitRows, r2: _UnitRows, mu2: float) -> tuple[torch.Tens
     S = torch.addcmul(h, h, c).sqrt_()  # sqrt(h (1 + c)) = sin(theta) (cancelled entries: fixed below)
     idx = cand.nonzero(as_tuple=False)
     for start in range(0, idx.shape[0], 65536):
-        i, j = idx[start:start + 65536, 0], idx[start:start + 65536, 1]
+        i, j = idx[start : start + 65536, 0], idx[start : start + 65536, 1]
         bad = (h[i, j] < 0.5 * RECOMPUTE_BELOW * (r1.s[i] + r2.s[j])) | S[i, j].isnan()
         if opposite_possible:
             bad |= c[i, j] < RECOMPUTE_BELOW - 1.0
@@ -232,13 +232,11 @@ def _arccos_combinations(
             if symmetric:
                 diag = out[a:b, a:b]
                 diag.copy_(diag.triu() + diag.triu(1).T)
-                out[b:, a:b] = view[:, b - a:].T
+                out[b:, a:b] = view[:, b - a :].T
     return outs
 
 
-def analytic_ntk_parts(
-    X1: torch.Tensor, X2: torch.Tensor | None = None, *, chunk_size: int = 1024
-) -> AnalyticNTKParts:
+def analytic_ntk_parts(X1: torch.Tensor, X2: torch.Tensor | None = None, *, chunk_size: int = 1024) -> AnalyticNTKParts:
     """Infinite-width NTK pieces of f(x) = a^T relu(W x / sqrt(d)) / sqrt(m) on rows of X1, X2.
 
     Inputs are the MLP's inputs: for MLP-Attn pass f_att(X) (``model.features_in(X)``).
@@ -533,8 +531,13 @@ class EmpiricalNTK:
     form: str
 
     def to_dict(self) -> dict:
-        return {"path": self.path, "fast_path_reason": self.fast_path_reason, "params": list(self.names),
-                "form": self.form, "shape": list(self.kernel.shape)}
+        return {
+            "path": self.path,
+            "fast_path_reason": self.fast_path_reason,
+            "params": list(self.names),
+            "form": self.form,
+            "shape": list(self.kernel.shape),
+        }
 
 
 def empirical_ntk(
@@ -568,8 +571,9 @@ def empirical_ntk(
     if reason is None:
         module = engine.module
         place = {"device": module.W.device, "dtype": module.W.dtype}
-        kernel = entk_two_layer(module, X1.to(**place), None if X2 is None else X2.to(**place), form=form,
-                                memory_bytes=memory_bytes)
+        kernel = entk_two_layer(
+            module, X1.to(**place), None if X2 is None else X2.to(**place), form=form, memory_bytes=memory_bytes
+        )
         return EmpiricalNTK(kernel, PATH_FAST_ENTK, None, list(engine.names), form)
     kernel = engine.entk(X1, X2, form=form, memory_bytes=memory_bytes)
     return EmpiricalNTK(kernel, PATH_GENERIC_ENTK, reason, list(engine.names), form)

@@ -66,14 +66,18 @@ def gram_matrix(X: torch.Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> torch.
     return cross_gram(X, chunk_rows)
 
 
-def gram_eigenvalues(X: torch.Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS, gram: torch.Tensor | None = None) -> torch.Tensor:
+def gram_eigenvalues(
+    X: torch.Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS, gram: torch.Tensor | None = None
+) -> torch.Tensor:
     """The min(n, d) largest eigenvalues of G = X X^T, descending, float64 (may hold round-off).
     ``gram``: :func:`gram_matrix` of X when already computed."""
     M = gram_matrix(X, chunk_rows) if gram is None else gram
     return torch.linalg.eigvalsh(M).flip(0)
 
 
-def attention_gram_matrix(X: torch.Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS, gram: torch.Tensor | None = None) -> torch.Tensor:
+def attention_gram_matrix(
+    X: torch.Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS, gram: torch.Tensor | None = None
+) -> torch.Tensor:
     """The smaller Gram of F = f_att(X) = X X^T X in float64, formed from matrix products
     (never from the eigenvalue identity lambda(G~) = lambda(G)^3).
 
@@ -90,12 +94,16 @@ def attention_gram_matrix(X: torch.Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS,
     return M @ (M @ M)
 
 
-def attention_gram_eigenvalues(X: torch.Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS, gram: torch.Tensor | None = None) -> torch.Tensor:
+def attention_gram_eigenvalues(
+    X: torch.Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS, gram: torch.Tensor | None = None
+) -> torch.Tensor:
     """The min(n, d) largest eigenvalues of G~ = f_att(X) f_att(X)^T, measured directly."""
     return torch.linalg.eigvalsh(attention_gram_matrix(X, chunk_rows, gram)).flip(0)
 
 
-def attention_gram_top_eigenvalue(X: torch.Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS, gram: torch.Tensor | None = None) -> float:
+def attention_gram_top_eigenvalue(
+    X: torch.Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS, gram: torch.Tensor | None = None
+) -> float:
     """lambda_1(G~) measured by Lanczos on v -> M (M (M v)) (M the smaller Gram of X; for
     n <= d, v -> F F^T v with F = G X): the top of the spectrum, always resolvable, without
     forming G~. Converges fast: the top gap of G~ is that of G cubed."""
@@ -108,8 +116,10 @@ def attention_gram_top_eigenvalue(X: torch.Tensor, chunk_rows: int = DEFAULT_CHU
         def op(v: torch.Tensor) -> torch.Tensor:
             return F @ (F.T @ v)
     else:
+
         def op(v: torch.Tensor) -> torch.Tensor:
             return M @ (M @ (M @ v))
+
     eig = lanczos_top_eigen(op, M.shape[0], 1, max_steps=min(M.shape[0], 100), tol=1e-14, device=M.device)
     return float(eig.eigenvalues[0])
 
@@ -158,13 +168,17 @@ class ConditionReport:
         return out
 
 
-def condition_report(eigenvalues: torch.Tensor | np.ndarray, n: int, d: int, rank_tol: float | None = None) -> ConditionReport:
+def condition_report(
+    eigenvalues: torch.Tensor | np.ndarray, n: int, d: int, rank_tol: float | None = None
+) -> ConditionReport:
     """Numerical rank and condition numbers from a descending eigenvalue list of a Gram matrix.
 
     ``rank_tol`` is relative to lambda_max; the default ``max(n, d) * eps`` is numpy's
     ``matrix_rank`` rule for the Gram matrix.
     """
-    lam = np.asarray(eigenvalues.detach().cpu().numpy() if isinstance(eigenvalues, torch.Tensor) else eigenvalues, dtype=np.float64)
+    lam = np.asarray(
+        eigenvalues.detach().cpu().numpy() if isinstance(eigenvalues, torch.Tensor) else eigenvalues, dtype=np.float64
+    )
     if lam.ndim != 1 or lam.size == 0:
         raise AuditError("empty spectrum: the data have no rows or no columns; check the input")
     if rank_tol is not None and not (0 < rank_tol < 1):
@@ -271,7 +285,9 @@ def amplification_resolvable(base: ConditionReport) -> bool:
     return budget < CHECK_RESOLVABLE_MAX
 
 
-def amplification_check(base: ConditionReport, transformed_eigenvalues: torch.Tensor | np.ndarray | float) -> AmplificationCheck:
+def amplification_check(
+    base: ConditionReport, transformed_eigenvalues: torch.Tensor | np.ndarray | float
+) -> AmplificationCheck:
     """Compare the directly measured spectrum of G~ with the identity lambda(G~) = lambda(G)^3.
 
     ``transformed_eigenvalues``: the measured spectrum of G~, or only its top eigenvalue (a
@@ -280,7 +296,14 @@ def amplification_check(base: ConditionReport, transformed_eigenvalues: torch.Te
     if isinstance(transformed_eigenvalues, float):
         lam_t = np.array([transformed_eigenvalues])
     else:
-        lam_t = np.sort(np.asarray(transformed_eigenvalues.detach().cpu().numpy() if isinstance(transformed_eigenvalues, torch.Tensor) else transformed_eigenvalues, dtype=np.float64))[::-1]
+        lam_t = np.sort(
+            np.asarray(
+                transformed_eigenvalues.detach().cpu().numpy()
+                if isinstance(transformed_eigenvalues, torch.Tensor)
+                else transformed_eigenvalues,
+                dtype=np.float64,
+            )
+        )[::-1]
     r = base.numerical_rank
     lam = base.eigenvalues
     top_err = abs(lam_t[0] - lam[0] ** 3) / lam[0] ** 3
@@ -306,14 +329,20 @@ def amplification_check(base: ConditionReport, transformed_eigenvalues: torch.Te
     measured = lam_t[0] / lam_t[r - 1] if lam_t[r - 1] > 0 else math.inf
     rel_err = abs(measured - predicted) / predicted if math.isfinite(measured) else math.inf
     if rel_err <= budget:
-        verdict, text = "verified", (
-            f"kappa(G~) measured directly = {measured:.6g}, kappa(G)^3 = {predicted:.6g}: "
-            f"relative difference {rel_err:.2e} is within the calibrated round-off budget {budget:.2e}"
+        verdict, text = (
+            "verified",
+            (
+                f"kappa(G~) measured directly = {measured:.6g}, kappa(G)^3 = {predicted:.6g}: "
+                f"relative difference {rel_err:.2e} is within the calibrated round-off budget {budget:.2e}"
+            ),
         )
     else:
-        verdict, text = "mismatch", (
-            f"kappa(G~) measured directly = {measured:.6g} differs from kappa(G)^3 = {predicted:.6g} by "
-            f"{rel_err:.2e}, more than round-off ({budget:.2e}) explains"
+        verdict, text = (
+            "mismatch",
+            (
+                f"kappa(G~) measured directly = {measured:.6g} differs from kappa(G)^3 = {predicted:.6g} by "
+                f"{rel_err:.2e}, more than round-off ({budget:.2e}) explains"
+            ),
         )
     return AmplificationCheck(
         rank=r,
@@ -418,16 +447,41 @@ def _log10_interval(lam1: float, lam_i: float, err: float, n: int) -> tuple[floa
     return lo, hi
 
 
-def width_estimate(kappa: float, n: int, label: str, *, basis: str = "kappa_d", rank: int | None = None,
-                   formula: str = PAPER_FORMULA, interval: tuple | None = None,
-                   interval_method: str = "not computed", caveat: str | None = None) -> WidthEstimate:
+def width_estimate(
+    kappa: float,
+    n: int,
+    label: str,
+    *,
+    basis: str = "kappa_d",
+    rank: int | None = None,
+    formula: str = PAPER_FORMULA,
+    interval: tuple | None = None,
+    interval_method: str = "not computed",
+    caveat: str | None = None,
+) -> WidthEstimate:
     """Required width m ~ kappa^6 n ln n of one kappa, as log10 (no interval unless given)."""
-    return WidthEstimate(label, kappa, n, log10_width_scale(kappa, n), basis, rank, formula,
-                         interval, interval_method if interval is None else INTERVAL_METHOD, caveat)
+    return WidthEstimate(
+        label,
+        kappa,
+        n,
+        log10_width_scale(kappa, n),
+        basis,
+        rank,
+        formula,
+        interval,
+        interval_method if interval is None else INTERVAL_METHOD,
+        caveat,
+    )
 
 
-def width_rows(base: ConditionReport, label: str = PAPER_LABEL, rank_label: str = PAPER_RANK_LABEL,
-               formula: str = PAPER_FORMULA, rank_formula: str = PAPER_RANK_FORMULA, what: str = "G") -> list[WidthEstimate]:
+def width_rows(
+    base: ConditionReport,
+    label: str = PAPER_LABEL,
+    rank_label: str = PAPER_RANK_LABEL,
+    formula: str = PAPER_FORMULA,
+    rank_formula: str = PAPER_RANK_FORMULA,
+    what: str = "G",
+) -> list[WidthEstimate]:
     """The paper's width requirement of linearized attention, m ~ kappa(G)^6 n ln n
     (= kappa(G~)^2 n ln n), at kappa_d (index min(n, d)) and at the numerical rank r, each with
     its float64 round-off interval (:func:`eigenvalue_error_bound`). ``label``... and ``what``
@@ -437,17 +491,41 @@ def width_rows(base: ConditionReport, label: str = PAPER_LABEL, rank_label: str 
     err = eigenvalue_error_bound(base.lambda_max, n, d)
     lam1 = float(lam[0])
     if base.rank_deficient:
-        cav_d = (f"{what} is numerically rank deficient (rank {r} < min(n, d) = {k}): lambda_{k} is below the rank "
-                 f"tolerance (round-off level), so kappa_d({what}) and the requirement are unbounded; the interval "
-                 "gives the lower end")
-        cav_r = (f"{what} is numerically rank deficient (rank {r} < min(n, d) = {k}): kappa_r drops the {k - r} "
-                 "direction(s) below round-off, so this understates the kappa_d-based requirement")
+        cav_d = (
+            f"{what} is numerically rank deficient (rank {r} < min(n, d) = {k}): lambda_{k} is below the rank "
+            f"tolerance (round-off level), so kappa_d({what}) and the requirement are unbounded; the interval "
+            "gives the lower end"
+        )
+        cav_r = (
+            f"{what} is numerically rank deficient (rank {r} < min(n, d) = {k}): kappa_r drops the {k - r} "
+            "direction(s) below round-off, so this understates the kappa_d-based requirement"
+        )
     else:
         cav_d = None
         cav_r = f"full rank: r = min(n, d) = {k}, the same as the kappa_d row"
     return [
-        WidthEstimate(label, base.kappa_full, n, log10_width_scale(base.kappa_full, n), "kappa_d", k,
-                      formula, _log10_interval(lam1, float(lam[k - 1]), err, n), INTERVAL_METHOD, cav_d),
-        WidthEstimate(rank_label, base.kappa_rank, n, log10_width_scale(base.kappa_rank, n), "numerical_rank", r,
-                      rank_formula, _log10_interval(lam1, float(lam[r - 1]), err, n), INTERVAL_METHOD, cav_r),
+        WidthEstimate(
+            label,
+            base.kappa_full,
+            n,
+            log10_width_scale(base.kappa_full, n),
+            "kappa_d",
+            k,
+            formula,
+            _log10_interval(lam1, float(lam[k - 1]), err, n),
+            INTERVAL_METHOD,
+            cav_d,
+        ),
+        WidthEstimate(
+            rank_label,
+            base.kappa_rank,
+            n,
+            log10_width_scale(base.kappa_rank, n),
+            "numerical_rank",
+            r,
+            rank_formula,
+            _log10_interval(lam1, float(lam[r - 1]), err, n),
+            INTERVAL_METHOD,
+            cav_r,
+        ),
     ]

@@ -67,7 +67,7 @@ class Interval:
         return math.inf if self.high is None else self.high
 
     def side(self, null: float) -> str:
-        """"above" / "below" when the whole interval lies strictly on one side of ``null``, else "straddles"."""
+        """ "above" / "below" when the whole interval lies strictly on one side of ``null``, else "straddles"."""
         if self.lo() > null:
             return "above"
         if self.hi() < null:
@@ -112,8 +112,11 @@ def mean_interval(values: Sequence, confidence: float = CONFIDENCE) -> Interval:
 
 def difference_interval(a: Sequence, b: Sequence, confidence: float = CONFIDENCE) -> Interval:
     """Paired Student-t interval of mean(a_i - b_i) over the seeds where both are finite."""
-    pairs = [(float(x), float(y)) for x, y in zip(a, b)
-             if x is not None and y is not None and math.isfinite(float(x)) and math.isfinite(float(y))]
+    pairs = [
+        (float(x), float(y))
+        for x, y in zip(a, b)
+        if x is not None and y is not None and math.isfinite(float(x)) and math.isfinite(float(y))
+    ]
     iv = mean_interval([x - y for x, y in pairs], confidence)
     return Interval(iv.estimate, iv.low, iv.high, "paired student-t", confidence, iv.n, iv.note)
 
@@ -144,8 +147,13 @@ def proportion_interval(rates: Sequence, trials: int | None, confidence: float =
     return Interval(m, max(0.0, m - half), min(1.0, m + half), method, confidence, len(v))
 
 
-def ratio_interval(num: Sequence, den: Sequence, confidence: float = CONFIDENCE,
-                   trials: tuple[int | None, int | None] | None = None, nonnegative: bool = True) -> Interval:
+def ratio_interval(
+    num: Sequence,
+    den: Sequence,
+    confidence: float = CONFIDENCE,
+    trials: tuple[int | None, int | None] | None = None,
+    nonnegative: bool = True,
+) -> Interval:
     """Fieller's interval for mean(num) / mean(den), one (num_i, den_i) pair per seed.
 
     The set {theta : (a - theta b)^2 <= t^2 Var(a_i - theta b_i) / k} with a, b the means
@@ -153,8 +161,11 @@ def ratio_interval(num: Sequence, den: Sequence, confidence: float = CONFIDENCE,
     its binomial variance. ``nonnegative``: both quantities are >= 0 (rates), so the set is
     cut to theta >= 0. Where the set is unbounded (the denominator is not clearly above 0)
     ``high`` is None; where it is two rays its convex hull is reported (conservative)."""
-    pairs = [(float(x), float(y)) for x, y in zip(num, den)
-             if x is not None and y is not None and math.isfinite(float(x)) and math.isfinite(float(y))]
+    pairs = [
+        (float(x), float(y))
+        for x, y in zip(num, den)
+        if x is not None and y is not None and math.isfinite(float(x)) and math.isfinite(float(y))
+    ]
     k = len(pairs)
     method = "fieller" + (", binomial variance floor" if trials and any(trials) else "")
     if k == 0:
@@ -208,8 +219,9 @@ def ratio_interval(num: Sequence, den: Sequence, confidence: float = CONFIDENCE,
     return Interval(est, low, high, method, confidence, k, note)
 
 
-def decide(interval: Interval | None, null: float, claim_side: str, n_seeds: int | None,
-           seed_based: bool = True) -> tuple[str, str]:
+def decide(
+    interval: Interval | None, null: float, claim_side: str, n_seeds: int | None, seed_based: bool = True
+) -> tuple[str, str]:
     """(verdict, reason) for a claim that the quantity lies ``claim_side`` ("above" / "below") of ``null``.
 
     Supported / contradicted only when the interval lies entirely on one side of ``null`` and,
@@ -217,8 +229,10 @@ def decide(interval: Interval | None, null: float, claim_side: str, n_seeds: int
     if interval is None or interval.estimate is None:
         return NOT_RESOLVED, "no estimate"
     if seed_based and (n_seeds or 0) < MIN_SEEDS:
-        return NOT_RESOLVED, (f"{n_seeds or 0} seed(s): fewer than {MIN_SEEDS}, too few for an interval to carry a "
-                              "verdict; run more seeds")
+        return NOT_RESOLVED, (
+            f"{n_seeds or 0} seed(s): fewer than {MIN_SEEDS}, too few for an interval to carry a "
+            "verdict; run more seeds"
+        )
     side = interval.side(null)
     other = "below" if claim_side == "above" else "above"
     ci = f"{int(round(100 * interval.confidence))} % {interval.method} interval {interval.text()}"

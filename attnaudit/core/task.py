@@ -171,7 +171,9 @@ def _trainable(module: nn.Module) -> list[str]:
     return [name for name, p in module.named_parameters() if p.requires_grad]
 
 
-def head_parameter_names(module: nn.Module, probe: torch.Tensor | None = None, inputs: Inputs | None = None) -> list[str]:
+def head_parameter_names(
+    module: nn.Module, probe: torch.Tensor | None = None, inputs: Inputs | None = None
+) -> list[str]:
     """Weight and bias of the layer that produces the logits, found from the module's structure.
 
     A module may declare them (``head_parameter_names()`` method, as the built-in nets do).
@@ -184,7 +186,8 @@ def head_parameter_names(module: nn.Module, probe: torch.Tensor | None = None, i
     if callable(declared):
         return list(declared())
     holders = [
-        (name, sub) for name, sub in module.named_modules()
+        (name, sub)
+        for name, sub in module.named_modules()
         if any(p.requires_grad for p in sub.parameters(recurse=False))
     ]
     if not holders:
@@ -193,7 +196,8 @@ def head_parameter_names(module: nn.Module, probe: torch.Tensor | None = None, i
     # token on the root) finishes its forward after its children, so it is never the head
     # while a parameter-holding descendant exists.
     leaves = [
-        (name, sub) for name, sub in holders
+        (name, sub)
+        for name, sub in holders
         if not any(other != name and (name == "" or other.startswith(name + ".")) for other, _ in holders)
     ] or holders
     chosen = leaves[-1]
@@ -215,7 +219,9 @@ def head_parameter_names(module: nn.Module, probe: torch.Tensor | None = None, i
 
 
 def select_parameter_names(
-    module: nn.Module, selector: str | Sequence[str] = "all", probe: torch.Tensor | None = None,
+    module: nn.Module,
+    selector: str | Sequence[str] = "all",
+    probe: torch.Tensor | None = None,
     inputs: Inputs | None = None,
 ) -> list[str]:
     """Resolve a parameter selector to names, in registration order.

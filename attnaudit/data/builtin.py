@@ -44,7 +44,9 @@ def _find_file(folder: Path, stem: str, suffixes: tuple[str, ...]) -> Path | Non
     return None
 
 
-def _missing(name: str, split: str, root: Path, searched: list[str], layout: str, other_present: bool = False) -> AuditError:
+def _missing(
+    name: str, split: str, root: Path, searched: list[str], layout: str, other_present: bool = False
+) -> AuditError:
     other = "test" if split == "train" else "train"
     hint = f" (the {other} split is there: pass --split {other} to use it)" if other_present else ""
     return AuditError(
@@ -111,7 +113,11 @@ def _load_idx_dataset(name: str, root: Path, split: str, download: bool) -> _Sou
         folder = _IDX_FOLDERS[name]
         other_images, other_labels, _ = _locate_idx(name, root, "test" if split == "train" else "train")
         raise _missing(
-            name, split, root, searched, f"{folder}/raw/{_IDX_STEMS[split]}-*-ubyte[.gz]",
+            name,
+            split,
+            root,
+            searched,
+            f"{folder}/raw/{_IDX_STEMS[split]}-*-ubyte[.gz]",
             other_present=other_images is not None and other_labels is not None,
         )
     X = read_idx(images, expect_ndim=3)
@@ -147,7 +153,11 @@ def _load_cifar10(root: Path, split: str, download: bool) -> _Source:
     if missing:
         other = _CIFAR_FILES["test" if split == "train" else "train"]
         raise _missing(
-            "cifar10", split, root, missing, f"{_CIFAR_FOLDER}/{{data_batch_1..5,test_batch}}",
+            "cifar10",
+            split,
+            root,
+            missing,
+            f"{_CIFAR_FOLDER}/{{data_batch_1..5,test_batch}}",
             other_present=all((folder / f).is_file() for f in other),
         )
     parts = [_read_cifar_batch(f) for f in files]

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attnaudit.data.builtin import _IDX_FOLDERS, _load_cifar10, _load_digits, _load_idx_dataset, _load_synthetic, default_data_dir
+from attnaudit.data.builtin import (
+    _IDX_FOLDERS,
+    _load_cifar10,
+    _load_digits,
+    _load_idx_dataset,
+    _load_synthetic,
+    default_data_dir,
+)
 from attnaudit.data.readers import _load_user
 from attnaudit.data.selection import _finish
 from attnaudit.data.spec import Dataset, DataSpec

@@ -62,8 +62,7 @@ def _check_labels(y: Any, n_rows: int, where: str) -> np.ndarray:
     if len(y) and y.min() < 0:
         first = int(np.flatnonzero(y < 0)[0])
         raise AuditError(
-            f"{where}: labels must be non-negative class indices 0..K-1; found {_clip(int(y[first]))} at row "
-            f"{first}"
+            f"{where}: labels must be non-negative class indices 0..K-1; found {_clip(int(y[first]))} at row {first}"
         )
     if len(y) and y.max() >= MAX_CLASSES:
         first = int(np.flatnonzero(y >= MAX_CLASSES)[0])
@@ -275,9 +274,16 @@ def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         labels = np.asarray(labels, dtype=np.int64).reshape(-1)
     except OverflowError:
-        raise AuditError(f"{path}: b'labels' holds a label outside int64; the file is corrupt, fetch it again") from None
-    if type(data) is not np.ndarray or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32 \
-            or len(labels) != len(data):
+        raise AuditError(
+            f"{path}: b'labels' holds a label outside int64; the file is corrupt, fetch it again"
+        ) from None
+    if (
+        type(data) is not np.ndarray
+        or data.dtype != np.uint8
+        or data.ndim != 2
+        or data.shape[1] != 3 * 32 * 32
+        or len(labels) != len(data)
+    ):
         what = f"{data.dtype} {data.shape}" if isinstance(data, np.ndarray) else type(data).__name__
         raise AuditError(
             f"{path}: expected uint8 data of shape (k, 3072) and k labels, got data {_clip(what)} "
@@ -371,7 +377,7 @@ def _torch_load_reason(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines()]
     kept = [line for line in lines if line and not line.lower().startswith(_TORCH_BOILERPLATE)]
     if kept and kept[0].startswith("WeightsUnpickler error:"):
-        kept[0] = kept[0][len("WeightsUnpickler error:"):].strip()
+        kept[0] = kept[0][len("WeightsUnpickler error:") :].strip()
     text = " ".join(line for line in kept if line)
     return _clip(f"{type(exc).__name__}: {text}" if text else type(exc).__name__, 200)
 
@@ -394,9 +400,7 @@ def _read_pt(path: Path) -> tuple[Any, Any]:
         return obj[0], obj[1]
     if isinstance(obj, dict):
         return _pick({str(k): v for k, v in obj.items()}, str(path))
-    raise AuditError(
-        f"{path} holds a {type(obj).__name__}; expected a tensor, an (X, y) tuple, or a dict with X and y"
-    )
+    raise AuditError(f"{path} holds a {type(obj).__name__}; expected a tensor, an (X, y) tuple, or a dict with X and y")
 
 
 def _read_csv(path: Path) -> tuple[Any, Any]:
@@ -410,9 +414,7 @@ def _read_csv(path: Path) -> tuple[Any, Any]:
     names = [h.strip() for h in header]
     label_cols = [i for i, h in enumerate(names) if h.lower() in CSV_LABEL_COLUMNS]
     if len(label_cols) > 1:
-        raise AuditError(
-            f"{path}: several label columns ({', '.join(names[i] for i in label_cols)}); keep one of them"
-        )
+        raise AuditError(f"{path}: several label columns ({', '.join(names[i] for i in label_cols)}); keep one of them")
     try:
         # numpy's C parser is fast on large files; the slow loop below only runs to find the bad cell.
         with warnings.catch_warnings():

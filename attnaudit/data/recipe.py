@@ -29,8 +29,13 @@ class HoldoutRecipe:
 
     @classmethod
     def of(cls, spec: DataSpec, n_train: int, n_test: int, seed: int, stratify: bool = True) -> "HoldoutRecipe":
-        return cls({k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(spec).items()},
-                   int(n_train), int(n_test), int(seed), bool(stratify))
+        return cls(
+            {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(spec).items()},
+            int(n_train),
+            int(n_test),
+            int(seed),
+            bool(stratify),
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -55,9 +55,7 @@ def _choose(
     return np.sort(np.concatenate(chosen))
 
 
-def holdout_split(
-    ds: Dataset, n_train: int, n_test: int, seed: int, stratify: bool = True
-) -> tuple[Dataset, Dataset]:
+def holdout_split(ds: Dataset, n_train: int, n_test: int, seed: int, stratify: bool = True) -> tuple[Dataset, Dataset]:
     """Two disjoint row subsets of ``ds`` of sizes n_train and n_test (each in original order).
 
     Stratified by label when ``stratify`` and ``ds`` is labelled (unlabelled data falls back

@@ -134,9 +134,7 @@ class DataSpec:
         object.__setattr__(self, "split", split)
         preprocess = str(self.preprocess).strip().lower()
         if preprocess not in PREPROCESS:
-            raise AuditError(
-                f"unknown preprocessing {_show(self.preprocess)}; choose one of {', '.join(PREPROCESS)}"
-            )
+            raise AuditError(f"unknown preprocessing {_show(self.preprocess)}; choose one of {', '.join(PREPROCESS)}")
         object.__setattr__(self, "preprocess", preprocess)
         if self.n is not None and (not _is_int(self.n) or self.n < 1):
             raise AuditError(f"--n must be a positive integer, got {_show(self.n)}")

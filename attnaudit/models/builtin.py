@@ -70,8 +70,6 @@ _WEIGHT_DTYPES = (torch.float32, torch.float64)
 _TORCH_SEED_RANGE = (-(2**63), 2**64 - 1)
 
 
-
-
 @dataclass(frozen=True)
 class ModelSpec:
     """Everything needed to rebuild a reference model (the JSON side-car)."""
@@ -236,9 +234,7 @@ def two_layer_fast_path_blocker(module: nn.Module, inputs) -> str | None:
     return None
 
 
-def build_model(
-    spec: ModelSpec, X_train: torch.Tensor | None = None, dtype=torch.float64, device=None
-) -> TwoLayerNet:
+def build_model(spec: ModelSpec, X_train: torch.Tensor | None = None, dtype=torch.float64, device=None) -> TwoLayerNet:
     """Build a reference model; ``attn`` takes its context from ``X_train``."""
     context = None
     if spec.arch == "attn":
@@ -293,13 +289,24 @@ def build_builtin(
     if not isinstance(arch, str) or arch not in BUILTIN_ARCHITECTURES:
         raise AuditError(f"unknown --arch {_show(arch)}; use one of {', '.join(BUILTIN_ARCHITECTURES)}")
     if arch in VIT_ARCHITECTURES:
-        spec = ViTSpec(arch, image_shape_of(feature_shape, arch), n_out, depth=depth, dim=dim, heads=heads,
-                       patch=patch, mlp_ratio=mlp_ratio, seed=seed)
+        spec = ViTSpec(
+            arch,
+            image_shape_of(feature_shape, arch),
+            n_out,
+            depth=depth,
+            dim=dim,
+            heads=heads,
+            patch=patch,
+            mlp_ratio=mlp_ratio,
+            seed=seed,
+        )
         return ViT(spec, dtype=dtype or torch.float32, device=device)
     d_in = math.prod(int(s) for s in feature_shape)
     if arch == "attn" and X_train is None:
         raise AuditError("--arch attn needs the training inputs to build its attention context")
-    return build_model(ModelSpec(arch, d_in, width, n_out, seed=seed), X_train, dtype=dtype or torch.float64, device=device)
+    return build_model(
+        ModelSpec(arch, d_in, width, n_out, seed=seed), X_train, dtype=dtype or torch.float64, device=device
+    )
 
 
 def training_data_mismatch(model: nn.Module, label: str, fingerprint: str) -> str | None:
@@ -332,7 +339,9 @@ def _input_record(model: nn.Module) -> dict:
     return {"kind": "flat", "shape": [model.spec.d_in]}
 
 
-def save_model(model: TwoLayerNet | ViT, path: str | Path, overwrite: bool = False, metadata: dict | None = None) -> Path:
+def save_model(
+    model: TwoLayerNet | ViT, path: str | Path, overwrite: bool = False, metadata: dict | None = None
+) -> Path:
     """Write ``path`` (.safetensors) and ``path`` + ``.json`` side-car; refuse to overwrite unless asked.
 
     ``model``: a built-in :class:`TwoLayerNet` or :class:`~attnaudit.models.vit.ViT` with float32
@@ -399,8 +408,11 @@ def _sidecar_document(path: Path, sidecar: Path) -> dict:
     try:
         size = sidecar.stat().st_size
         if size > MAX_SIDECAR_BYTES:
-            raise _bad_model(path, f"side-car {sidecar.name} is {size} bytes, far more than a side-car holds "
-                                   f"(at most {MAX_SIDECAR_BYTES}); it is not an attnaudit side-car")
+            raise _bad_model(
+                path,
+                f"side-car {sidecar.name} is {size} bytes, far more than a side-car holds "
+                f"(at most {MAX_SIDECAR_BYTES}); it is not an attnaudit side-car",
+            )
         side = json.loads(sidecar.read_bytes().decode("utf-8"))
     except AuditError:
         raise
@@ -409,7 +421,9 @@ def _sidecar_document(path: Path, sidecar: Path) -> dict:
     except (ValueError, RecursionError) as exc:
         raise _bad_model(path, f"side-car {sidecar.name} is not valid JSON ({_clip(exc, 120)})") from None
     except OSError as exc:
-        raise _bad_model(path, f"cannot read side-car {sidecar.name} ({type(exc).__name__}: {_clip(exc, 120)})") from None
+        raise _bad_model(
+            path, f"cannot read side-car {sidecar.name} ({type(exc).__name__}: {_clip(exc, 120)})"
+        ) from None
     if not isinstance(side, dict):
         raise _bad_model(path, f"side-car {sidecar.name} holds a JSON {type(side).__name__}, not an object")
     return side
@@ -446,31 +460,45 @@ def _read_sidecar(path: Path, sidecar: Path) -> tuple[ModelSpec | ViTSpec, dict,
     if schema == LEGACY_SIDECAR_SCHEMA:
         raw = side.get("spec")
         if isinstance(raw, dict) and isinstance(raw.get("arch"), str) and raw["arch"] in VIT_ARCHITECTURES:
-            raise _bad_model(path, f"side-car schema {LEGACY_SIDECAR_SCHEMA} holds only the 2-layer nets "
-                                   f"({', '.join(ARCHITECTURES)}), but its spec's arch is {raw['arch']!r}")
+            raise _bad_model(
+                path,
+                f"side-car schema {LEGACY_SIDECAR_SCHEMA} holds only the 2-layer nets "
+                f"({', '.join(ARCHITECTURES)}), but its spec's arch is {raw['arch']!r}",
+            )
         spec = _typed_spec(path, side.get("spec"), ModelSpec, _REQUIRED[ModelSpec])
     elif schema == SIDECAR_SCHEMA:
         unknown = sorted(str(k) for k in side if k not in _SIDECAR_FIELDS)
         if unknown:
-            raise _bad_model(path, f"side-car has unknown field(s) {_clip(', '.join(unknown), 120)} "
-                                   f"(an {SIDECAR_SCHEMA} side-car holds {', '.join(_SIDECAR_FIELDS)})")
+            raise _bad_model(
+                path,
+                f"side-car has unknown field(s) {_clip(', '.join(unknown), 120)} "
+                f"(an {SIDECAR_SCHEMA} side-car holds {', '.join(_SIDECAR_FIELDS)})",
+            )
         arch = side.get("arch")
         if not isinstance(arch, str) or arch not in BUILTIN_ARCHITECTURES:
-            raise _bad_model(path, f"side-car 'arch' is {_show(arch)}; expected one of {', '.join(BUILTIN_ARCHITECTURES)}")
+            raise _bad_model(
+                path, f"side-car 'arch' is {_show(arch)}; expected one of {', '.join(BUILTIN_ARCHITECTURES)}"
+            )
         cls = ViTSpec if arch in VIT_ARCHITECTURES else ModelSpec
         spec = _typed_spec(path, side.get("spec"), cls, _REQUIRED[cls])
         if spec.arch != arch:
             raise _bad_model(path, f"side-car 'arch' is {arch!r} but its spec describes a {spec.arch!r} model")
         record = side.get("input")
         if record is not None:
-            expected = {"kind": "images", "shape": list(spec.image_shape)} if cls is ViTSpec else \
-                {"kind": "flat", "shape": [spec.d_in]}
+            expected = (
+                {"kind": "images", "shape": list(spec.image_shape)}
+                if cls is ViTSpec
+                else {"kind": "flat", "shape": [spec.d_in]}
+            )
             if record != expected:
-                raise _bad_model(path, f"side-car 'input' is {_show(record, 100)} but its spec needs "
-                                       f"{_show(expected, 100)}")
+                raise _bad_model(
+                    path, f"side-car 'input' is {_show(record, 100)} but its spec needs {_show(expected, 100)}"
+                )
     else:
-        raise _bad_model(path, f"side-car schema is {_show(schema)}, expected {SIDECAR_SCHEMA!r} "
-                               f"(or the older {LEGACY_SIDECAR_SCHEMA!r})")
+        raise _bad_model(
+            path,
+            f"side-car schema is {_show(schema)}, expected {SIDECAR_SCHEMA!r} (or the older {LEGACY_SIDECAR_SCHEMA!r})",
+        )
     metadata = side.get("metadata")
     if metadata is None:
         metadata = {}
@@ -490,30 +518,45 @@ def _check_tensors(path: Path, spec: ModelSpec, tensors: dict, recorded_dtype: s
         expected["context"] = (d, d)
     missing = [k for k in expected if k not in tensors]
     if missing:
-        raise _bad_model(path, f"the weights file has no tensor {', '.join(missing)} "
-                               f"(a {spec.arch} model holds {', '.join(expected)})")
+        raise _bad_model(
+            path,
+            f"the weights file has no tensor {', '.join(missing)} (a {spec.arch} model holds {', '.join(expected)})",
+        )
     extra = sorted(k for k in tensors if k not in expected)
     if extra:
-        raise _bad_model(path, f"the weights file holds unexpected tensor(s) {_clip(', '.join(extra), 120)} "
-                               f"(a {spec.arch} model holds only {', '.join(expected)})")
+        raise _bad_model(
+            path,
+            f"the weights file holds unexpected tensor(s) {_clip(', '.join(extra), 120)} "
+            f"(a {spec.arch} model holds only {', '.join(expected)})",
+        )
     for name in expected:
         if tensors[name].dtype not in _WEIGHT_DTYPES:
-            raise _bad_model(path, f"tensor {name} has dtype {str(tensors[name].dtype).replace('torch.', '')}; "
-                                   "expected float32 or float64")
+            raise _bad_model(
+                path,
+                f"tensor {name} has dtype {str(tensors[name].dtype).replace('torch.', '')}; "
+                "expected float32 or float64",
+            )
     dtype = tensors["W"].dtype
     for name in expected:
         if tensors[name].dtype != dtype:
-            raise _bad_model(path, f"tensors W and {name} have different dtypes "
-                                   f"({str(dtype).replace('torch.', '')} and {str(tensors[name].dtype).replace('torch.', '')})")
+            raise _bad_model(
+                path,
+                f"tensors W and {name} have different dtypes "
+                f"({str(dtype).replace('torch.', '')} and {str(tensors[name].dtype).replace('torch.', '')})",
+            )
     if recorded_dtype is not None and recorded_dtype != str(dtype).replace("torch.", ""):
-        raise _bad_model(path, f"the side-car records dtype {recorded_dtype} but the tensors are "
-                               f"{str(dtype).replace('torch.', '')}")
+        raise _bad_model(
+            path, f"the side-car records dtype {recorded_dtype} but the tensors are {str(dtype).replace('torch.', '')}"
+        )
     for name, shape in expected.items():
         got = tuple(tensors[name].shape)
         if got != shape:
-            raise _bad_model(path, f"tensor {name} has shape {got} but the side-car spec (width {_clip(m)}, "
-                                   f"d_in {_clip(d)}, n_out {_clip(c)}) needs {_show(shape, 120)}; the two files "
-                                   "do not belong together")
+            raise _bad_model(
+                path,
+                f"tensor {name} has shape {got} but the side-car spec (width {_clip(m)}, "
+                f"d_in {_clip(d)}, n_out {_clip(c)}) needs {_show(shape, 120)}; the two files "
+                "do not belong together",
+            )
     for name in expected:
         if not bool(torch.isfinite(tensors[name]).all()):
             raise _bad_model(path, f"tensor {name} holds non-finite values (NaN or inf)")
@@ -562,10 +605,12 @@ def load_model(path: str | Path, device=None) -> TwoLayerNet | ViT:
     try:
         tensors = load_file(str(path))
     except Exception as exc:  # noqa: BLE001 - any parse failure is the user's file
-        raise _bad_model(path, f"the weights are not a readable .safetensors file ({type(exc).__name__}: "
-                               f"{_clip(' '.join(str(exc).split()), 160)})") from None
+        raise _bad_model(
+            path,
+            f"the weights are not a readable .safetensors file ({type(exc).__name__}: "
+            f"{_clip(' '.join(str(exc).split()), 160)})",
+        ) from None
     if isinstance(spec, ViTSpec):
-
         dtype = _check_vit_tensors(path, spec, tensors, recorded_dtype)
         model = load_into(ViT(spec, dtype=dtype), tensors, where=f"cannot load model {path}", fix=_FIX)
     else:

@@ -121,7 +121,10 @@ def load_checkpoint(path: str | Path, *, trust_pickle: bool = False) -> LoadedMo
         n_features=n_features,
         label=path.name.removesuffix(".safetensors") or arch,
         source={
-            "kind": "attnaudit", "path": str(path), "sha256": _sha256(path), "arch": arch,
+            "kind": "attnaudit",
+            "path": str(path),
+            "sha256": _sha256(path),
+            "arch": arch,
             "spec": dataclasses.asdict(spec) if dataclasses.is_dataclass(spec) else None,
             "parameters": int(sum(p.numel() for p in module.parameters())),
         },
@@ -134,7 +137,9 @@ def _import_factory(factory: str):
     text = str(factory).strip()
     module_name, sep, attr = text.partition(":")
     if not sep or not module_name or not attr:
-        raise AuditError(f"--factory {text!r} must look like package.module:function (a module path, a colon, a callable)")
+        raise AuditError(
+            f"--factory {text!r} must look like package.module:function (a module path, a colon, a callable)"
+        )
     # Like `python -m`, look in the working directory first: users keep their model code there.
     cwd = os.getcwd()
     if cwd not in sys.path:
@@ -147,19 +152,27 @@ def _import_factory(factory: str):
             "it or install it"
         ) from None
     except Exception as exc:  # noqa: BLE001 - the user's module failed while importing
-        raise AuditError(f"--factory {text}: importing {module_name!r} failed ({type(exc).__name__}: {_clip(exc)})") from None
+        raise AuditError(
+            f"--factory {text}: importing {module_name!r} failed ({type(exc).__name__}: {_clip(exc)})"
+        ) from None
     target = mod
     for part in attr.split("."):
         if not hasattr(target, part):
             raise AuditError(f"--factory {text}: module {module_name!r} has no attribute {attr!r}")
         target = getattr(target, part)
     if not callable(target):
-        raise AuditError(f"--factory {text}: {attr!r} is a {type(target).__name__}, not a function that builds the model")
+        raise AuditError(
+            f"--factory {text}: {attr!r} is a {type(target).__name__}, not a function that builds the model"
+        )
     return target
 
 
 def load_factory(
-    factory: str, weights: str | Path | None = None, *, trust_pickle: bool = False, inputs: str = "auto",
+    factory: str,
+    weights: str | Path | None = None,
+    *,
+    trust_pickle: bool = False,
+    inputs: str = "auto",
 ) -> LoadedModel:
     """A user's own ``torch.nn.Module`` from ``--factory package.module:function`` (called
     without arguments), with the weights of ``--weights`` (safetensors; pickle only with
@@ -186,7 +199,12 @@ def load_factory(
             f"--factory {factory} returned a {type(module).__name__}, not a torch.nn.Module; return the model itself"
         )
     if tensors is not None:
-        load_into(module, tensors, where=f"--weights {weights}", fix="check that --factory builds the model these weights belong to")
+        load_into(
+            module,
+            tensors,
+            where=f"--weights {weights}",
+            fix="check that --factory builds the model these weights belong to",
+        )
     module.eval()
     declared = module.audit_inputs() if inputs == "auto" and hasattr(module, "audit_inputs") else None
     module_name, _, attr = str(factory).partition(":")
@@ -198,7 +216,9 @@ def load_factory(
         n_features=None,
         label=label,
         source={
-            "kind": "factory", "factory": str(factory), "weights": None if weights is None else str(weights),
+            "kind": "factory",
+            "factory": str(factory),
+            "weights": None if weights is None else str(weights),
             "sha256": None if weights is None else _sha256(Path(weights)),
             "inputs": "declared" if declared is not None else inputs,
             "parameters": int(sum(p.numel() for p in module.parameters())),
@@ -216,12 +236,10 @@ def fit_to_data(loaded: LoadedModel, dataset) -> LoadedModel:
     and that its logits cover every label.
     """
 
-
     shape = tuple(int(s) for s in dataset.feature_shape)
     images = image_shape(shape)
     d = int(dataset.X.shape[1])
     if loaded.source.get("kind") == "huggingface":
-
         if images is None:
             raise AuditError(
                 f"model {loaded.label} is an image model but {dataset.name} has flat rows of {d} features; give image data"
@@ -246,7 +264,11 @@ def fit_to_data(loaded: LoadedModel, dataset) -> LoadedModel:
     if expected is None and loaded.inputs.kind == "flat" and loaded.n_features is not None:
         expected = loaded.n_features
     if expected is not None and expected != d:
-        what = f"images of shape {tuple(loaded.inputs.shape)}" if loaded.inputs.kind == "images" else f"{expected} features"
+        what = (
+            f"images of shape {tuple(loaded.inputs.shape)}"
+            if loaded.inputs.kind == "images"
+            else f"{expected} features"
+        )
         raise AuditError(
             f"model {loaded.label} expects {what} ({expected} values per sample), but {dataset.name} has {d} per sample "
             f"(shape {shape}); audit it on data of the shape it was trained on"
@@ -278,15 +300,21 @@ def fit_to_data(loaded: LoadedModel, dataset) -> LoadedModel:
 
 
 def load_model_source(
-    checkpoint: str | Path | None = None, *, factory: str | None = None, weights: str | Path | None = None,
-    trust_pickle: bool = False, inputs: str = "auto",
+    checkpoint: str | Path | None = None,
+    *,
+    factory: str | None = None,
+    weights: str | Path | None = None,
+    trust_pickle: bool = False,
+    inputs: str = "auto",
 ) -> LoadedModel:
     """One model from the CLI's model options: ``--checkpoint`` or ``--factory`` (+ ``--weights``)."""
     if checkpoint is not None and factory is not None:
         raise AuditError("--checkpoint and --factory both name a model; give one of them")
     if weights is not None and factory is None:
-        raise AuditError("--weights goes with --factory (the function that builds the model); for an attnaudit or "
-                         "Hugging Face checkpoint use --checkpoint alone")
+        raise AuditError(
+            "--weights goes with --factory (the function that builds the model); for an attnaudit or "
+            "Hugging Face checkpoint use --checkpoint alone"
+        )
     if factory is not None:
         return load_factory(factory, weights, trust_pickle=trust_pickle, inputs=inputs)
     if checkpoint is None:
@@ -294,8 +322,6 @@ def load_model_source(
     if inputs != "auto":
         raise AuditError("--inputs applies to --factory models; a checkpoint records its own input layout")
     return load_checkpoint(checkpoint, trust_pickle=trust_pickle)
-
-
 
 
 def unique_labels(labels: list[str]) -> list[str]:
@@ -325,8 +351,15 @@ def recorded_split(dataset, models: dict[str, LoadedModel]):
         if not isinstance(hold, dict):
             return None
         try:
-            keys.add((int(hold["n_train"]), int(hold["n_test"]), int(hold["seed"]), bool(hold.get("stratify", True)),
-                      str(data.get("fingerprint"))))
+            keys.add(
+                (
+                    int(hold["n_train"]),
+                    int(hold["n_test"]),
+                    int(hold["seed"]),
+                    bool(hold.get("stratify", True)),
+                    str(data.get("fingerprint")),
+                )
+            )
         except (KeyError, TypeError, ValueError):
             return None
     if len(keys) != 1:
@@ -357,12 +390,16 @@ def audit_split(dataset, models: dict[str, LoadedModel], n_train: int, n_test: i
             raise AuditError(f"--n-test {n_test} exceeds the checkpoint's {held_all.n} held-out rows; lower --n-test")
         train = subset(train_all, min(n_train, train_all.n), seed)
         test = subset(held_all, n_test, seed)
-        return train, test, {
-            "rows": "checkpoint split",
-            "detail": f"{train.n} of the checkpoint's {train_all.n} training rows and {test.n} of its {held_all.n} "
-                      f"held-out rows (its split rebuilt; training-data fingerprint {rec['fingerprint']} matched)",
-            "recorded_split": rec,
-        }
+        return (
+            train,
+            test,
+            {
+                "rows": "checkpoint split",
+                "detail": f"{train.n} of the checkpoint's {train_all.n} training rows and {test.n} of its {held_all.n} "
+                f"held-out rows (its split rebuilt; training-data fingerprint {rec['fingerprint']} matched)",
+                "recorded_split": rec,
+            },
+        )
     train, test = holdout_split(dataset, n_train, n_test, seed=seed, stratify=True)
     return train, test, {"rows": "fresh split", "detail": f"a seeded holdout split of the data (seed {seed})"}
 
@@ -385,8 +422,9 @@ class Rebuild:
         context from ``X_context``)."""
 
         if isinstance(self.spec, ModelSpec):
-            return build_model(dataclasses.replace(self.spec, seed=seed), X_context, dtype=torch.float64,
-                               device=X_context.device)
+            return build_model(
+                dataclasses.replace(self.spec, seed=seed), X_context, dtype=torch.float64, device=X_context.device
+            )
         if isinstance(self.spec, ViTSpec):
             return ViT(dataclasses.replace(self.spec, seed=seed), dtype=torch.float64, device=X_context.device)
         raise AuditError(f"cannot rebuild a {type(self.spec).__name__}")  # pragma: no cover - guarded by rebuild_of

@@ -92,10 +92,6 @@ _OTHER_FRAMEWORKS = ("tf_model.h5", "flax_model.msgpack", "model.ckpt.index")
 # --------------------------------------------------------------------------- helpers
 
 
-
-
-
-
 def _read_json_object(path: Path, what: str, limit: int) -> dict[str, Any]:
     """A JSON object from a small file, or one AuditError line saying what is wrong with it."""
     size = path.stat().st_size
@@ -113,7 +109,9 @@ def _read_json_object(path: Path, what: str, limit: int) -> dict[str, Any]:
             f"{what} {path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); fix or re-save it"
         ) from None
     if not isinstance(data, dict):
-        raise AuditError(f"{what} {path} holds a JSON {type(data).__name__}, not an object; re-save it with save_pretrained")
+        raise AuditError(
+            f"{what} {path} holds a JSON {type(data).__name__}, not an object; re-save it with save_pretrained"
+        )
     return data
 
 
@@ -143,7 +141,8 @@ def _classifier_head(model: nn.Module, prefix: str = "model.") -> list[str] | No
         if not isinstance(head, nn.Module):
             continue
         leaves = [
-            (name, sub) for name, sub in head.named_modules()
+            (name, sub)
+            for name, sub in head.named_modules()
             if any(p.requires_grad for p in sub.parameters(recurse=False))
         ]
         if not leaves:
@@ -289,7 +288,7 @@ def _choose_mask(model: nn.Module, pad: int | None, vocab: int | None, length: i
     size = max(2, min(8, length if isinstance(length, int) and length > 0 else 8))
     tokens = [c for c in range(min(vocab, size + 1)) if c != pad]
     ids = torch.tensor([[tokens[i % len(tokens)] for i in range(size)]] * 2)
-    ids[0, size // 2:] = pad
+    ids[0, size // 2 :] = pad
     try:
         with torch.no_grad():
             ref = HFSequenceClassifier(model, pad_token_id=pad, mask="2d")(ids)
@@ -323,7 +322,7 @@ def _check_config(raw: dict[str, Any], path: Path, transformers) -> tuple[Any, t
     archs = raw.get("architectures")
     if not isinstance(archs, list) or not archs or not all(isinstance(a, str) and a for a in archs):
         raise AuditError(
-            f"{where} has no architectures list naming the model class (e.g. [\"ViTForImageClassification\"]); "
+            f'{where} has no architectures list naming the model class (e.g. ["ViTForImageClassification"]); '
             "re-save the model with save_pretrained"
         )
     arch = archs[0]
@@ -350,7 +349,9 @@ def _check_config(raw: dict[str, Any], path: Path, transformers) -> tuple[Any, t
     try:
         config = config_class.from_dict(clean)
     except Exception as exc:  # noqa: BLE001 - the user's config
-        raise AuditError(f"{where} is not a valid {model_type} config ({type(exc).__name__}: {_clip(exc)}); fix it") from None
+        raise AuditError(
+            f"{where} is not a valid {model_type} config ({type(exc).__name__}: {_clip(exc)}); fix it"
+        ) from None
     if getattr(config, "use_pretrained_backbone", False):
         config.use_pretrained_backbone = False  # never download a backbone: the folder's weights are loaded
     kind = "images" if arch.endswith("ForImageClassification") else "tokens"
@@ -362,10 +363,14 @@ def _check_config(raw: dict[str, Any], path: Path, transformers) -> tuple[Any, t
 
 def _safe_member(folder: Path, name: object, index: Path) -> Path:
     if not isinstance(name, str) or not name or Path(name).name != name or name.startswith("."):
-        raise AuditError(f"index {index} names shard {name!r}, which is not a plain file name in the folder; fix the index")
+        raise AuditError(
+            f"index {index} names shard {name!r}, which is not a plain file name in the folder; fix the index"
+        )
     path = folder / name
     if not path.is_file():
-        raise AuditError(f"index {index} names shard {name}, which is not in {folder}; copy every shard into the folder")
+        raise AuditError(
+            f"index {index} names shard {name}, which is not in {folder}; copy every shard into the folder"
+        )
     return path
 
 
@@ -394,7 +399,9 @@ def _read_folder_weights(folder: Path, trust_pickle: bool) -> tuple[dict[str, to
             extra = [k for k in part if weight_map.get(k) != shard]
             if absent or extra:
                 what = f"lacks {_names(absent)}" if absent else f"holds {_names(extra)}, which the index puts elsewhere"
-                raise AuditError(f"weights shard {shard_path} {what}; the index and the shards disagree: re-save the model")
+                raise AuditError(
+                    f"weights shard {shard_path} {what}; the index and the shards disagree: re-save the model"
+                )
             tensors.update(part)
         return tensors, sorted(shards), fmt
     others = [n for n in _OTHER_FRAMEWORKS if (folder / n).exists()]
@@ -420,11 +427,12 @@ def _renamer(model: nn.Module):
         from transformers.conversion_mapping import get_model_conversion_mapping
         from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
     except ImportError:  # older transformers: the module's names are the file's (up to the base-model prefix)
+
         def plain(key: str) -> tuple[str, bool]:
             if key in state:
                 return key, False
-            if prefix and key.startswith(prefix + ".") and key[len(prefix) + 1:] in state:
-                return key[len(prefix) + 1:], False
+            if prefix and key.startswith(prefix + ".") and key[len(prefix) + 1 :] in state:
+                return key[len(prefix) + 1 :], False
             if prefix and f"{prefix}.{key}" in state:
                 return f"{prefix}.{key}", False
             return key, False
@@ -530,8 +538,10 @@ def _match_weights(
             "classifier; fine-tune it and save the classifier with save_pretrained"
         )
     if missing or unexpected:
-        raise AuditError(f"{where}: the weights do not fit the model: "
-                         f"{key_mismatch([saved_as.get(k, k) for k in missing], unexpected)}; {fix}")
+        raise AuditError(
+            f"{where}: the weights do not fit the model: "
+            f"{key_mismatch([saved_as.get(k, k) for k in missing], unexpected)}; {fix}"
+        )
     for key, ref in state.items():
         got = native.get(key)
         if got is not None and tuple(got.shape) != tuple(ref.shape):
@@ -593,7 +603,8 @@ def _normalisation(processor: dict[str, Any] | None, channels: int, path: Path) 
         value = processor.get(name)
         value = [value] if isinstance(value, (int, float)) and not isinstance(value, bool) else value
         if (
-            not isinstance(value, list) or len(value) not in (1, channels)
+            not isinstance(value, list)
+            or len(value) not in (1, channels)
             or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value)
         ):
             raise AuditError(
@@ -614,7 +625,7 @@ def _normalisation(processor: dict[str, Any] | None, channels: int, path: Path) 
 def _build(cls: type, config, *, meta: bool, where: Path | None = None) -> nn.Module:
     """``cls`` built from ``config`` in float32 (on the meta device: a shape-only skeleton)."""
     try:
-        with torch.random.fork_rng(devices=[]), (torch.device("meta") if meta else contextlib.nullcontext()):
+        with torch.random.fork_rng(devices=[]), torch.device("meta") if meta else contextlib.nullcontext():
             try:
                 model = cls._from_config(copy.deepcopy(config), dtype=torch.float32)
             except TypeError:
@@ -696,18 +707,23 @@ def load_hf_directory(path: str | Path, *, trust_pickle: bool = False) -> Loaded
     if kind == "images":
         norm = preprocessing.get("normalize")
         module: nn.Module = HFImageClassifier(
-            model, num_channels=num_channels, image_size=image_size,
-            image_mean=norm["mean"] if norm else None, image_std=norm["std"] if norm else None,
+            model,
+            num_channels=num_channels,
+            image_size=image_size,
+            image_mean=norm["mean"] if norm else None,
+            image_std=norm["std"] if norm else None,
         )
         native_hw = image_size or (224, 224)
         inputs = Inputs(kind="images", shape=(num_channels, *native_hw))
         preprocessing = {
             "channels": (
-                f"{num_channels} as is; " + ("3 -> 1 by the mean" if num_channels == 1 else f"1 -> {num_channels} by repetition")
+                f"{num_channels} as is; "
+                + ("3 -> 1 by the mean" if num_channels == 1 else f"1 -> {num_channels} by repetition")
             ),
             "resize": (
                 f"bilinear (align_corners=False, no antialias) to {image_size[0]}x{image_size[1]} when the data differs"
-                if image_size else "none"
+                if image_size
+                else "none"
             ),
             "image_size_from": size_from,
             **preprocessing,
@@ -721,7 +737,9 @@ def load_hf_directory(path: str | Path, *, trust_pickle: bool = False) -> Loaded
     else:
         pad = getattr(config, "pad_token_id", None)
         pad = pad if isinstance(pad, int) and not isinstance(pad, bool) else None
-        mask = _choose_mask(model, pad, getattr(config, "vocab_size", None), getattr(config, "max_position_embeddings", None))
+        mask = _choose_mask(
+            model, pad, getattr(config, "vocab_size", None), getattr(config, "max_position_embeddings", None)
+        )
         module = HFSequenceClassifier(model, pad_token_id=pad, mask=mask)
         inputs = Inputs(kind="tokens", shape=None, keyword="input_ids")
         extra = {
@@ -783,7 +801,11 @@ def adapt_to_data(loaded: LoadedModel, feature_shape: Sequence[int] | None) -> L
     source = dict(loaded.source)
     if loaded.inputs.kind == "images":
         size = source.get("image_size")
-        native = f"{source.get('num_channels')}x{size[0]}x{size[1]}" if size else f"{source.get('num_channels')} channels, any size"
+        native = (
+            f"{source.get('num_channels')}x{size[0]}x{size[1]}"
+            if size
+            else f"{source.get('num_channels')} channels, any size"
+        )
         wants = f"images (C, H, W) with C = 1 or 3 (natively {native}, resized when different)"
         if shape is None or len(shape) != 3 or any(s < 1 for s in shape):
             raise AuditError(
@@ -800,8 +822,10 @@ def adapt_to_data(loaded: LoadedModel, feature_shape: Sequence[int] | None) -> L
         source["data_shape"] = list(shape)
         source["data_channels"] = mapping
         return dataclasses.replace(
-            loaded, inputs=Inputs(kind="images", shape=shape, keyword=loaded.inputs.keyword),
-            n_features=math.prod(shape), source=source,
+            loaded,
+            inputs=Inputs(kind="images", shape=shape, keyword=loaded.inputs.keyword),
+            n_features=math.prod(shape),
+            source=source,
         )
     if loaded.inputs.kind == "tokens":
         if shape is None or len(shape) != 1 or shape[0] < 1:

@@ -37,7 +37,11 @@ class LoadedModel:
         """The :class:`~attnaudit.core.task.Task` that audits this model with ``loss``
         (default: the recorded training loss, else ``mse``) over ``params``."""
         return Task(
-            self.module, self.n_classes, loss if loss is not None else (self.loss or "mse"), self.inputs, params,
+            self.module,
+            self.n_classes,
+            loss if loss is not None else (self.loss or "mse"),
+            self.inputs,
+            params,
             name=self.label,
         )
 

@@ -263,7 +263,11 @@ class ViT(nn.Module):
                 leaf = name.rsplit(".", 1)[-1]
                 owner = self.get_submodule(name.rsplit(".", 1)[0]) if "." in name else self
                 if isinstance(owner, nn.LayerNorm):
-                    value = torch.ones(p.shape, dtype=torch.float64) if leaf == "weight" else torch.zeros(p.shape, dtype=torch.float64)
+                    value = (
+                        torch.ones(p.shape, dtype=torch.float64)
+                        if leaf == "weight"
+                        else torch.zeros(p.shape, dtype=torch.float64)
+                    )
                 elif leaf == "bias":
                     value = torch.zeros(p.shape, dtype=torch.float64)
                 else:  # Linear weights and the position embedding

@@ -27,10 +27,6 @@ SAFE_SUFFIXES = (".safetensors",)
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-
-
-
-
 def pickle_refusal(path: Path, what: str = "weights") -> AuditError:
     """The one message for a pickle-based file given without ``--trust-pickle``."""
     return AuditError(
@@ -91,7 +87,9 @@ def _read_trusted_pickle(path: Path, what: str) -> dict[str, torch.Tensor]:
             obj = obj[key]
             break
     if not isinstance(obj, Mapping):
-        raise AuditError(f"{what} {path} holds a {type(obj).__name__}, not a mapping of names to tensors (a state_dict)")
+        raise AuditError(
+            f"{what} {path} holds a {type(obj).__name__}, not a mapping of names to tensors (a state_dict)"
+        )
     bad = [str(k) for k, v in obj.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
     if bad:
         raise AuditError(f"{what} {path}: entries {_names(bad)} are not named tensors; save the model's state_dict")
@@ -99,7 +97,11 @@ def _read_trusted_pickle(path: Path, what: str) -> dict[str, torch.Tensor]:
 
 
 def match_state_dict(
-    module: nn.Module, tensors: Mapping[str, torch.Tensor], *, where: str, fix: str = "check that the weights belong to this model"
+    module: nn.Module,
+    tensors: Mapping[str, torch.Tensor],
+    *,
+    where: str,
+    fix: str = "check that the weights belong to this model",
 ) -> None:
     """Raise one :class:`AuditError` line unless ``tensors`` fit ``module.state_dict()`` exactly.
 
@@ -127,7 +129,13 @@ def match_state_dict(
             raise AuditError(f"{where}: tensor {name} holds non-finite values (NaN or inf); the checkpoint is damaged")
 
 
-def load_into(module: nn.Module, tensors: Mapping[str, torch.Tensor], *, where: str, fix: str = "check that the weights belong to this model") -> nn.Module:
+def load_into(
+    module: nn.Module,
+    tensors: Mapping[str, torch.Tensor],
+    *,
+    where: str,
+    fix: str = "check that the weights belong to this model",
+) -> nn.Module:
     """Check ``tensors`` against ``module`` (:func:`match_state_dict`) and load them (strict)."""
     match_state_dict(module, tensors, where=where, fix=fix)
     module.load_state_dict(dict(tensors), strict=True)

@@ -67,7 +67,6 @@ def environment_info(device: torch.device | str | None = None, dtype: str | None
     that count, see attnaudit/runtime/threads.py), for reproducibility."""
     import scipy
 
-
     info: dict[str, Any] = {
         "python": sys.version.split()[0],
         "platform": platform.platform(),

@@ -28,14 +28,37 @@ from attnaudit.errors import AuditError
 
 #: The report schemas a page can be rendered from (``attnaudit report`` refuses others).
 KNOWN_SCHEMAS = (
-    "attnaudit.kappa/1", "attnaudit.kappa-layers/1", "attnaudit.ntk-distance/1", "attnaudit.ntk-checkpoint/1",
-    "attnaudit.ntk-transformers/1", "attnaudit.malleability/1", "attnaudit.landscape/1", "attnaudit.train/1",
-    "attnaudit.audit/1", "attnaudit.claims/1", "attnaudit.claims/2", "attnaudit.alignment/1",
+    "attnaudit.kappa/1",
+    "attnaudit.kappa-layers/1",
+    "attnaudit.ntk-distance/1",
+    "attnaudit.ntk-checkpoint/1",
+    "attnaudit.ntk-transformers/1",
+    "attnaudit.malleability/1",
+    "attnaudit.landscape/1",
+    "attnaudit.train/1",
+    "attnaudit.audit/1",
+    "attnaudit.claims/1",
+    "attnaudit.claims/2",
+    "attnaudit.alignment/1",
 )
 
 #: The fields of a claims row shown in the page's claims table, in order.
-CLAIM_FIELDS = ("claim", "null", "alternative", "null_value", "measured", "interval", "interval_method", "confidence",
-                "n_seeds", "per_seed", "verdict", "why", "warnings", "command")
+CLAIM_FIELDS = (
+    "claim",
+    "null",
+    "alternative",
+    "null_value",
+    "measured",
+    "interval",
+    "interval_method",
+    "confidence",
+    "n_seeds",
+    "per_seed",
+    "verdict",
+    "why",
+    "warnings",
+    "command",
+)
 
 _STYLE = """
 body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,Helvetica,Arial,sans-serif;margin:2em auto;max-width:78em;
@@ -105,7 +128,7 @@ def flatten(value: Any, prefix: str = "", limit: int = 4000) -> list[tuple[str, 
 
 
 def _kv_table(pairs: Iterable[tuple[str, Any]], caption: str | None = None) -> str:
-    rows = "".join(f"<tr><th>{esc(k)}</th><td class=\"v\">{_number(v)}</td></tr>" for k, v in pairs)
+    rows = "".join(f'<tr><th>{esc(k)}</th><td class="v">{_number(v)}</td></tr>' for k, v in pairs)
     if not rows:
         return '<p class="none">(none recorded)</p>'
     cap = f"<caption>{esc(caption)}</caption>" if caption else ""
@@ -118,8 +141,16 @@ def rich_to_html(renderables: Sequence) -> str:
         return ""
     from rich.console import Console
 
-    console = Console(record=True, width=160, file=io.StringIO(), highlight=False, markup=False, emoji=False,
-                      color_system="truecolor", force_terminal=True)
+    console = Console(
+        record=True,
+        width=160,
+        file=io.StringIO(),
+        highlight=False,
+        markup=False,
+        emoji=False,
+        color_system="truecolor",
+        force_terminal=True,
+    )
     for item in renderables:
         console.print(item)
     return console.export_html(inline_styles=True, code_format='<pre class="rich">{code}</pre>')
@@ -188,13 +219,19 @@ def _run_sections(page: RunPage, level: int = 2) -> str:
     parts = [
         f'<section id="{esc(a)}-verdicts"><{h}>Verdicts</{h}>',
         _list(r.get("verdicts", []), "verdicts", "No verdict recorded for this run."),
-        f'<{h}>Warnings</{h}>', _list(r.get("warnings", []), "warnings", "No warnings."),
+        f"<{h}>Warnings</{h}>",
+        _list(r.get("warnings", []), "warnings", "No warnings."),
         "</section>",
     ]
-    claim_rows = (r.get("results") or {}).get("claims") if str(r.get("schema", "")).startswith("attnaudit.claims") else None
+    claim_rows = (
+        (r.get("results") or {}).get("claims") if str(r.get("schema", "")).startswith("attnaudit.claims") else None
+    )
     if claim_rows:
-        parts += [f'<section id="{esc(a)}-claims"><{h}>Claims: null, interval, verdict</{h}>', _claims_table(claim_rows),
-                  "</section>"]
+        parts += [
+            f'<section id="{esc(a)}-claims"><{h}>Claims: null, interval, verdict</{h}>',
+            _claims_table(claim_rows),
+            "</section>",
+        ]
     tables = rich_to_html(page.renderables)
     if tables:
         parts += [f'<section id="{esc(a)}-tables"><{h}>Tables</{h}>', tables, "</section>"]
@@ -207,7 +244,8 @@ def _run_sections(page: RunPage, level: int = 2) -> str:
         # folded when tables and figures already show the run; open on pages rendered from JSON alone
         f"<details{'' if (tables or page.figures) else ' open'}><summary>Every number of the report's summary, "
         "under its JSON path, as the JSON holds it</summary>",
-        _kv_table(flatten(summary_of(r))), "</details></section>",
+        _kv_table(flatten(summary_of(r))),
+        "</details></section>",
     ]
     parts += [
         f'<section id="{esc(a)}-protocol"><{h}>Protocol</{h}>',
@@ -220,7 +258,9 @@ def _run_sections(page: RunPage, level: int = 2) -> str:
         f'<section id="{esc(a)}-reproduce"><{h}>Reproduce</{h}>',
     ]
     cmd = command_of(r)
-    parts.append(f'<pre class="cmd">{esc(cmd)}</pre>' if cmd else '<p class="none">The command line was not recorded.</p>')
+    parts.append(
+        f'<pre class="cmd">{esc(cmd)}</pre>' if cmd else '<p class="none">The command line was not recorded.</p>'
+    )
     parts.append("</section>")
     return "\n".join(parts)
 
@@ -242,23 +282,26 @@ def _claim_cell(key: str, value: Any) -> str:
 def _claims_table(rows: Sequence[dict]) -> str:
     """Every claim row with its null, interval (null ends shown as unbounded), method, seeds and warnings."""
     head = "".join(f"<th>{esc(k)}</th>" for k in CLAIM_FIELDS)
-    body = "".join("<tr>" + "".join(f"<td>{_claim_cell(k, row.get(k))}</td>" for k in CLAIM_FIELDS) + "</tr>"
-                   for row in rows)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{_claim_cell(k, row.get(k))}</td>" for k in CLAIM_FIELDS) + "</tr>" for row in rows
+    )
     return f'<table class="checks"><tr>{head}</tr>{body}</table>'
 
 
 def _document(title: str, body: str) -> str:
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-        f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{esc(title)}</title>"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{esc(title)}</title>'
         f"<style>{_STYLE}</style></head><body>\n{body}\n</body></html>\n"
     )
 
 
 def _header(report: dict, title: str) -> str:
-    meta = (f"schema {report.get('schema', '?')} · attnaudit {report.get('attnaudit_version', '?')} · "
-            f"created {report.get('created', '?')}")
-    return f"<header><h1>{esc(title)}</h1><p class=\"meta\">{esc(meta)}</p></header>"
+    meta = (
+        f"schema {report.get('schema', '?')} · attnaudit {report.get('attnaudit_version', '?')} · "
+        f"created {report.get('created', '?')}"
+    )
+    return f'<header><h1>{esc(title)}</h1><p class="meta">{esc(meta)}</p></header>'
 
 
 def _title(report: dict) -> str:
@@ -292,17 +335,27 @@ def render_audit(report: dict, renderables: Sequence = ()) -> str:
     for i, c in enumerate(checks):
         threshold = ", ".join(f"{k} {c[k]}" for k in ("max", "min") if c.get(k) is not None) or "-"
         rows.append(
-            f"<tr><td><a href=\"#check-{i}\">{esc(c.get('name', f'check {i}'))}</a></td>{_status_cell(str(c.get('status', '?')))}"
+            f'<tr><td><a href="#check-{i}">{esc(c.get("name", f"check {i}"))}</a></td>{_status_cell(str(c.get("status", "?")))}'
             f"<td>{esc(c.get('analysis', ''))}</td><td>{esc(c.get('metric', ''))}</td>"
-            f"<td class=\"v\">{_number(c.get('value'))}</td><td>{esc(threshold)}</td><td>{esc(c.get('message', ''))}</td></tr>"
+            f'<td class="v">{_number(c.get("value"))}</td><td>{esc(threshold)}</td><td>{esc(c.get("message", ""))}</td></tr>'
         )
-    table = ('<table class="checks"><tr><th>check</th><th>status</th><th>analysis</th><th>metric</th><th>value</th>'
-             "<th>threshold</th><th>message</th></tr>" + "".join(rows) + "</table>") if rows else '<p class="none">No checks.</p>'
-    body = [_header(report, title),
-            "<section id=\"verdicts\"><h2>Verdicts</h2>",
-            _list(report.get("verdicts", []), "verdicts", "No verdict recorded."),
-            "<h2>Warnings</h2>", _list(report.get("warnings", []), "warnings", "No warnings."), "</section>",
-            f"<section id=\"checks\"><h2>Checks</h2>{table}</section>"]
+    table = (
+        (
+            '<table class="checks"><tr><th>check</th><th>status</th><th>analysis</th><th>metric</th><th>value</th>'
+            "<th>threshold</th><th>message</th></tr>" + "".join(rows) + "</table>"
+        )
+        if rows
+        else '<p class="none">No checks.</p>'
+    )
+    body = [
+        _header(report, title),
+        '<section id="verdicts"><h2>Verdicts</h2>',
+        _list(report.get("verdicts", []), "verdicts", "No verdict recorded."),
+        "<h2>Warnings</h2>",
+        _list(report.get("warnings", []), "warnings", "No warnings."),
+        "</section>",
+        f'<section id="checks"><h2>Checks</h2>{table}</section>',
+    ]
     for i, c in enumerate(checks):
         body.append(f'<section id="check-{i}"><h2>Check: {esc(c.get("name", i))}</h2>')
         body.append(_kv_table([(k, v) for k, v in c.items() if not isinstance(v, (dict, list))]))
@@ -313,13 +366,17 @@ def render_audit(report: dict, renderables: Sequence = ()) -> str:
         body.append("</section>")
     tables = rich_to_html(renderables)
     if tables:
-        body.append(f"<section id=\"tables\"><h2>Tables</h2>{tables}</section>")
-    body.append(f"<section id=\"protocol\"><h2>Protocol</h2>{_kv_table(flatten(report.get('inputs', {})), 'inputs')}"
-                f"{_kv_table(flatten(report.get('environment', {})), 'environment')}</section>")
+        body.append(f'<section id="tables"><h2>Tables</h2>{tables}</section>')
+    body.append(
+        f'<section id="protocol"><h2>Protocol</h2>{_kv_table(flatten(report.get("inputs", {})), "inputs")}'
+        f"{_kv_table(flatten(report.get('environment', {})), 'environment')}</section>"
+    )
     cmd = command_of(report)
-    body.append("<section id=\"reproduce\"><h2>Reproduce</h2>"
-                + (f'<pre class="cmd">{esc(cmd)}</pre>' if cmd else '<p class="none">The command line was not recorded.</p>')
-                + "</section>")
+    body.append(
+        '<section id="reproduce"><h2>Reproduce</h2>'
+        + (f'<pre class="cmd">{esc(cmd)}</pre>' if cmd else '<p class="none">The command line was not recorded.</p>')
+        + "</section>"
+    )
     return _document(title, "\n".join(body))
 
 
@@ -341,16 +398,25 @@ def render_reports(reports: Sequence[tuple[str, dict]]) -> str:
         return render_audit(reports[0][1])
     title = "attnaudit report" + (f": {len(reports)} runs" if len(reports) > 1 else "")
     nav = "".join(f'<a href="#run-{i}">{esc(name)}</a>' for i, (name, _) in enumerate(reports))
-    body = [f"<header><h1>{esc(title)}</h1><nav>{nav}</nav>"
-            "<p class=\"meta\">Rendered from the JSON reports named below; nothing was recomputed, so the "
-            "figures (not stored in JSON) are absent: rerun a command with --html to embed them.</p></header>"]
+    body = [
+        f"<header><h1>{esc(title)}</h1><nav>{nav}</nav>"
+        '<p class="meta">Rendered from the JSON reports named below; nothing was recomputed, so the '
+        "figures (not stored in JSON) are absent: rerun a command with --html to embed them.</p></header>"
+    ]
     for i, (name, report) in enumerate(reports):
         body.append(f'<section id="run-{i}"><h2>{esc(name)} — {esc(_title(report))}</h2>')
-        body.append(f"<p class=\"meta\">{esc(report.get('schema'))} · created {esc(report.get('created', '?'))}</p>")
+        body.append(f'<p class="meta">{esc(report.get("schema"))} · created {esc(report.get("created", "?"))}</p>')
         if report.get("schema") == "attnaudit.audit/1":
             res = report.get("results", {})
-            body.append(_kv_table([(c.get("name"), f"{str(c.get('status', '?')).upper()}: {c.get('value')}")
-                                   for c in res.get("checks", [])], "checks"))
+            body.append(
+                _kv_table(
+                    [
+                        (c.get("name"), f"{str(c.get('status', '?')).upper()}: {c.get('value')}")
+                        for c in res.get("checks", [])
+                    ],
+                    "checks",
+                )
+            )
         body.append(_run_sections(RunPage(report, anchor=f"run-{i}"), level=3))
         body.append("</section>")
     return _document(title, "\n".join(body))

@@ -68,8 +68,9 @@ class CellTask:
     def key(self) -> str:
         """Hash of the function, the configuration and the toolkit version (the resume key)."""
 
-        text = json.dumps({"fn": self.fn, "config": self.config, "version": __version__}, sort_keys=True,
-                          default=_json_default)
+        text = json.dumps(
+            {"fn": self.fn, "config": self.config, "version": __version__}, sort_keys=True, default=_json_default
+        )
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -103,7 +104,9 @@ class ExecutorConfig:
     def __post_init__(self) -> None:
         self.kind = str(self.kind).strip().lower()
         if self.kind not in EXECUTORS:
-            raise AuditError(f"unknown --executor {self.kind!r}; use local (default; --jobs N for worker processes) or ray")
+            raise AuditError(
+                f"unknown --executor {self.kind!r}; use local (default; --jobs N for worker processes) or ray"
+            )
         if isinstance(self.jobs, bool) or int(self.jobs) != self.jobs or self.jobs < 1:
             raise AuditError(f"--jobs must be a positive integer, got {self.jobs}")
         if self.gpus_per_cell < 0:
@@ -134,8 +137,14 @@ class ExecutorConfig:
                 raise AuditError(f"--executor ray needs Ray, which is not installed; install it with {RAY_INSTALL}")
 
     def to_dict(self) -> dict:
-        return {"executor": self.kind, "jobs": self.jobs, "ray_address": self.ray_address,
-                "gpus_per_cell": self.gpus_per_cell, "threads_per_cell": self.threads, "resume_dir": self.resume_dir}
+        return {
+            "executor": self.kind,
+            "jobs": self.jobs,
+            "ray_address": self.ray_address,
+            "gpus_per_cell": self.gpus_per_cell,
+            "threads_per_cell": self.threads,
+            "resume_dir": self.resume_dir,
+        }
 
 
 # ----------------------------------------------------------------------------- the worker side
@@ -184,8 +193,13 @@ def _load_resumed(folder: Path, task: CellTask, decode: Callable[[Any], Any]) ->
         data = json.loads(path.read_text(encoding="utf-8"), object_hook=_json_hook)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError, TypeError):
         return None  # unreadable: recomputed (and rewritten)
-    if (not isinstance(data, dict) or data.get("schema") != RESUME_SCHEMA or data.get("key") != task.key
-            or data.get("fn") != task.fn or data.get("version") != __version__):
+    if (
+        not isinstance(data, dict)
+        or data.get("schema") != RESUME_SCHEMA
+        or data.get("key") != task.key
+        or data.get("fn") != task.fn
+        or data.get("version") != __version__
+    ):
         return None
     return CellOutcome(task, decode(data.get("result")), None, float(data.get("seconds", 0.0)), resumed=True)
 
@@ -193,8 +207,16 @@ def _load_resumed(folder: Path, task: CellTask, decode: Callable[[Any], Any]) ->
 def _save_resumed(folder: Path, outcome: CellOutcome, encode: Callable[[Any], Any]) -> None:
 
     task = outcome.task
-    payload = {"schema": RESUME_SCHEMA, "key": task.key, "fn": task.fn, "version": __version__, "label": task.label,
-               "config": task.config, "seconds": outcome.seconds, "result": encode(outcome.result)}
+    payload = {
+        "schema": RESUME_SCHEMA,
+        "key": task.key,
+        "fn": task.fn,
+        "version": __version__,
+        "label": task.label,
+        "config": task.config,
+        "seconds": outcome.seconds,
+        "result": encode(outcome.result),
+    }
     # NaN / inf kept as JSON's NaN / Infinity tokens: this file is read back by Python only
     write_text_atomic(_resume_path(folder, task), json.dumps(payload, allow_nan=True, default=_json_default))
 
@@ -277,8 +299,9 @@ def _run_processes(todo, ex: ExecutorConfig, threads: int, finished) -> None:
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     ctx = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(max_workers=min(ex.jobs, len(todo)), mp_context=ctx, initializer=_worker_init,
-                               initargs=(threads,))
+    pool = ProcessPoolExecutor(
+        max_workers=min(ex.jobs, len(todo)), mp_context=ctx, initializer=_worker_init, initargs=(threads,)
+    )
     try:
         pending = {pool.submit(execute_cell, task.fn, task.config, threads): (i, task) for i, task in todo}
         while pending:
@@ -307,12 +330,18 @@ def _run_ray(todo, ex: ExecutorConfig, threads: int, finished) -> None:
             ray.init(address=ex.ray_address, log_to_driver=False, logging_level=logging.ERROR)
         else:
             cpus = ex.jobs if ex.jobs > 1 else (os.cpu_count() or 1)
-            ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
-                     configure_logging=False)
+            ray.init(
+                num_cpus=cpus,
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level=logging.ERROR,
+                configure_logging=False,
+            )
         started = True
     try:
-        remote = ray.remote(execute_cell).options(num_cpus=min(threads, _ray_cpus(ray)), num_gpus=ex.gpus_per_cell,
-                                                  max_retries=0)
+        remote = ray.remote(execute_cell).options(
+            num_cpus=min(threads, _ray_cpus(ray)), num_gpus=ex.gpus_per_cell, max_retries=0
+        )
         refs = {remote.remote(task.fn, task.config, threads): (i, task) for i, task in todo}
         pending = list(refs)
         while pending:
@@ -322,7 +351,11 @@ def _run_ray(todo, ex: ExecutorConfig, threads: int, finished) -> None:
                 try:
                     result, error, seconds = ray.get(ref)
                 except Exception as exc:  # noqa: BLE001 - the task or its worker failed inside Ray
-                    result, error, seconds = None, f"ray task failed: {exc.__class__.__name__}: {str(exc).splitlines()[0]}", 0.0
+                    result, error, seconds = (
+                        None,
+                        f"ray task failed: {exc.__class__.__name__}: {str(exc).splitlines()[0]}",
+                        0.0,
+                    )
                 finished(i, CellOutcome(task, result, error, seconds))
     finally:
         if started:

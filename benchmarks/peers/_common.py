@@ -85,8 +85,10 @@ def require(module: str, package: str):
     try:
         return importlib.import_module(module)
     except Exception as exc:  # noqa: BLE001 - any import failure means the peer is unusable here
-        print(f"SKIP {package} is not importable ({exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-              f"install the peers with: pip install -e '.[bench]'")
+        print(
+            f"SKIP {package} is not importable ({exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+            f"install the peers with: pip install -e '.[bench]'"
+        )
         sys.exit(0)
 
 

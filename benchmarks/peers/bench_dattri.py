@@ -72,14 +72,20 @@ def run(name: str, X, y, Xt, yt, c: int, width: int, repeats: int) -> None:
     train(model, X, y, TrainConfig(loss="mse", lr=1.0, steps=50))
     model.eval()
     P = sum(p.numel() for p in model.parameters())
-    print(f"{name}: n_train={X.shape[0]} n_test={Xt.shape[0]} d={X.shape[1]} width={width} P={P} "
-          f"threads={torch.get_num_threads()}")
+    print(
+        f"{name}: n_train={X.shape[0]} n_test={Xt.shape[0]} d={X.shape[1]} width={width} P={P} "
+        f"threads={torch.get_num_threads()}"
+    )
     config = InfluenceConfig(estimator="exact", per_test=True, damping=DAMPING)
     t_ours, ours = best_time(lambda: compute_influence(model, X, y, Xt, yt, config, loss="mse", n_classes=c), repeats)
     t_peer, theirs = best_time(lambda: dattri_scores(model, X, y, Xt, yt, c), repeats)
     agree = rel_err(-ours.per_test, theirs)
-    report("influence_exact_vs_dattri", t_ours, t_peer,
-           f"max |attnaudit + dattri| / max |dattri| = {agree:.1e} (solver: {ours.diagnostics.get('solver', 'eigh')})")
+    report(
+        "influence_exact_vs_dattri",
+        t_ours,
+        t_peer,
+        f"max |attnaudit + dattri| / max |dattri| = {agree:.1e} (solver: {ours.diagnostics.get('solver', 'eigh')})",
+    )
     check(f"{name}/influence_rel_diff", agree, TOL)
 
 

@@ -88,12 +88,14 @@ def run(name: str, n: int | None, width: int, repeats: int) -> None:
     if P <= 5000:
         exact = float(torch.diagonal(ours_hvp().dense(block=64)).sum())
         z_ours, z_peer = (tr.estimate - exact) / tr.stderr, (ptr.estimate - exact) / ptr.stderr
-        agreement = (f"exact trace {exact:.6g}; attnaudit {tr.estimate:.6g} +- {tr.stderr:.2g} ({z_ours:+.2f} SE), "
-                     f"peer {ptr.estimate:.6g} +- {ptr.stderr:.2g} ({z_peer:+.2f} SE)")
+        agreement = (
+            f"exact trace {exact:.6g}; attnaudit {tr.estimate:.6g} +- {tr.stderr:.2g} ({z_ours:+.2f} SE), "
+            f"peer {ptr.estimate:.6g} +- {ptr.stderr:.2g} ({z_peer:+.2f} SE)"
+        )
     else:
         agreement = f"attnaudit {tr.estimate:.6g} +- {tr.stderr:.2g}, peer {ptr.estimate:.6g} +- {ptr.stderr:.2g}; HVP rel diff {hv_err:.1e}"
     report("hutchinson_vs_hessian_eigenthings", t_ours, t_peer, agreement)
-    check(f"{name}/hutchinson_diff_se", abs(tr.estimate - ptr.estimate) / (tr.stderr ** 2 + ptr.stderr ** 2) ** 0.5, TOL_SE)
+    check(f"{name}/hutchinson_diff_se", abs(tr.estimate - ptr.estimate) / (tr.stderr**2 + ptr.stderr**2) ** 0.5, TOL_SE)
     if exact is not None:
         check(f"{name}/hutchinson_se_from_exact", abs(z_ours), TOL_SE)
 

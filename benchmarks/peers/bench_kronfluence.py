@@ -101,9 +101,16 @@ def main() -> None:
     print(f"MNIST ViT: P={P}, 500 train x 100 test, threads={torch.get_num_threads()}")
 
     def ours(curvature):
-        return compute_influence(task, Xtr, ytr, Xte, yte,
-                                 InfluenceConfig(estimator="ekfac", params="all", damping="0.1x", per_test=True,
-                                                 dtype="float32", curvature=curvature))
+        return compute_influence(
+            task,
+            Xtr,
+            ytr,
+            Xte,
+            yte,
+            InfluenceConfig(
+                estimator="ekfac", params="all", damping="0.1x", per_test=True, dtype="float32", curvature=curvature
+            ),
+        )
 
     t0 = time.perf_counter()
     res = ours("fisher")  # kronfluence's curvature: one label per sample drawn from the model
@@ -116,18 +123,30 @@ def main() -> None:
     train_ds = torch.utils.data.TensorDataset(images(Xtr), ytr)
     test_ds = torch.utils.data.TensorDataset(images(Xte), yte)
     kmodel = prepare_model(model=load_model_source(ckpt).module.eval(), task=Classification())
-    analyzer = Analyzer(analysis_name="bench", model=kmodel, task=Classification(), output_dir=str(tmp / "kron"),
-                        disable_tqdm=True)
+    analyzer = Analyzer(
+        analysis_name="bench", model=kmodel, task=Classification(), output_dir=str(tmp / "kron"), disable_tqdm=True
+    )
 
     def peer(empirical: bool):
         name = "emp" if empirical else "ekfac"
-        analyzer.fit_all_factors(factors_name=name, dataset=train_ds, per_device_batch_size=100,
-                                 factor_args=FactorArguments(strategy="ekfac", use_empirical_fisher=empirical),
-                                 overwrite_output_dir=True)
+        analyzer.fit_all_factors(
+            factors_name=name,
+            dataset=train_ds,
+            per_device_batch_size=100,
+            factor_args=FactorArguments(strategy="ekfac", use_empirical_fisher=empirical),
+            overwrite_output_dir=True,
+        )
         # damping_factor=None: 0.1 x the mean eigenvalue per module, attnaudit's "0.1x"
-        analyzer.compute_pairwise_scores(scores_name=name, factors_name=name, query_dataset=test_ds, train_dataset=train_ds,
-                                         per_device_query_batch_size=100, per_device_train_batch_size=100,
-                                         score_args=ScoreArguments(damping_factor=None), overwrite_output_dir=True)
+        analyzer.compute_pairwise_scores(
+            scores_name=name,
+            factors_name=name,
+            query_dataset=test_ds,
+            train_dataset=train_ds,
+            per_device_query_batch_size=100,
+            per_device_train_batch_size=100,
+            score_args=ScoreArguments(damping_factor=None),
+            overwrite_output_dir=True,
+        )
         return analyzer.load_pairwise_scores(name)["all_modules"].T.double()  # (n_train, n_test)
 
     t0 = time.perf_counter()
@@ -135,37 +154,55 @@ def main() -> None:
     t_peer = time.perf_counter() - t0
     a, b = res.per_test.double().flatten().numpy(), (-theirs).flatten().numpy()
     g = res_ggn.per_test.double().flatten().numpy()
-    report("ekfac_vs_kronfluence", t_ours, t_peer,
-           f"Pearson {pearsonr(a, b)[0]:.3f}, Spearman {spearmanr(a, b)[0]:.3f} over 500 x 100 scores (both sampled "
-           f"Fisher, independent draws); layers {len(res.diagnostics['layers'])}, excluded "
-           f"{len(res.diagnostics['excluded_parameters'])} non-linear parameters")
+    report(
+        "ekfac_vs_kronfluence",
+        t_ours,
+        t_peer,
+        f"Pearson {pearsonr(a, b)[0]:.3f}, Spearman {spearmanr(a, b)[0]:.3f} over 500 x 100 scores (both sampled "
+        f"Fisher, independent draws); layers {len(res.diagnostics['layers'])}, excluded "
+        f"{len(res.diagnostics['excluded_parameters'])} non-linear parameters",
+    )
     # the deterministic comparison: the empirical Fisher (true labels) on both sides
     emp_ours = ours("empirical").per_test.double()
     emp_theirs = -peer(True)
     scale = float((emp_ours * emp_theirs).sum() / (emp_theirs * emp_theirs).sum())
     rel = float((emp_ours - scale * emp_theirs).norm() / emp_ours.norm())
-    print(f"  empirical Fisher on both sides: Pearson {pearsonr(emp_ours.flatten(), emp_theirs.flatten())[0]:.6f}, "
-          f"relative difference {rel:.1e} after a common scale ({scale:.4g}: the factors' normalisation)")
-    print(f"  attnaudit with the exact Gauss-Newton columns (curvature=ggn): {t_ggn:.2f} s "
-          f"(RATIO ekfac_ggn_vs_kronfluence={t_ggn / t_peer:.3f}); Pearson with kronfluence {pearsonr(g, b)[0]:.3f}, "
-          f"with attnaudit's sampled Fisher {pearsonr(g, a)[0]:.3f}")
+    print(
+        f"  empirical Fisher on both sides: Pearson {pearsonr(emp_ours.flatten(), emp_theirs.flatten())[0]:.6f}, "
+        f"relative difference {rel:.1e} after a common scale ({scale:.4g}: the factors' normalisation)"
+    )
+    print(
+        f"  attnaudit with the exact Gauss-Newton columns (curvature=ggn): {t_ggn:.2f} s "
+        f"(RATIO ekfac_ggn_vs_kronfluence={t_ggn / t_peer:.3f}); Pearson with kronfluence {pearsonr(g, b)[0]:.3f}, "
+        f"with attnaudit's sampled Fisher {pearsonr(g, a)[0]:.3f}"
+    )
 
     t0 = time.perf_counter()
-    tot = compute_influence(task, Xtr, ytr, Xte, yte,
-                            InfluenceConfig(estimator="ekfac", params="all", damping="0.1x", dtype="float32")).total
+    tot = compute_influence(
+        task, Xtr, ytr, Xte, yte, InfluenceConfig(estimator="ekfac", params="all", damping="0.1x", dtype="float32")
+    ).total
     t_e = time.perf_counter() - t0
     # the ViT's Hessian is indefinite: CG needs a damping above |lambda_min| to converge, so it
     # runs at 0.1 lambda_max (Lanczos), and says whether it met negative curvature anyway
     t0 = time.perf_counter()
-    cg = compute_influence(task, Xtr, ytr, Xte, yte,
-                           InfluenceConfig(estimator="cg", params="all", damping="0.1x", dtype="float32",
-                                           cg_tol=1e-6, cg_max_iter=200))
+    cg = compute_influence(
+        task,
+        Xtr,
+        ytr,
+        Xte,
+        yte,
+        InfluenceConfig(estimator="cg", params="all", damping="0.1x", dtype="float32", cg_tol=1e-6, cg_max_iter=200),
+    )
     t_cg = time.perf_counter() - t0
     d = cg.diagnostics
-    report("ekfac_vs_cg", t_e, t_cg,
-           f"Pearson {pearsonr(tot.numpy(), cg.total.numpy())[0]:.3f} of the 500 summed-test scores; CG at damping "
-           f"{d.get('damping_abs'):.3g} (0.1 lambda_max), {d.get('iterations')} iterations, converged "
-           f"{d.get('converged')}, negative curvature {d.get('negative_curvature')}")
+    report(
+        "ekfac_vs_cg",
+        t_e,
+        t_cg,
+        f"Pearson {pearsonr(tot.numpy(), cg.total.numpy())[0]:.3f} of the 500 summed-test scores; CG at damping "
+        f"{d.get('damping_abs'):.3g} (0.1 lambda_max), {d.get('iterations')} iterations, converged "
+        f"{d.get('converged')}, negative curvature {d.get('negative_curvature')}",
+    )
     check("ekfac_empirical_fisher_rel_diff", rel, TOL_EMPIRICAL)
     check("ekfac_empirical_fisher_scale_minus_1", abs(scale - 1.0), TOL_SCALE)
     check("ekfac_sampled_fisher_1_minus_pearson", 1.0 - pearsonr(a, b)[0], TOL_PEARSON_PEER)

@@ -76,8 +76,9 @@ def run(name: str, X: torch.Tensor, repeats: int) -> None:
     X = X.to(torch.float64).contiguous()
     Xn = np.asarray(X.numpy())
     print(f"{name}: n={X.shape[0]} d={X.shape[1]} threads={torch.get_num_threads()}")
-    _, _, kernel_fn = nt.stax.serial(nt.stax.Dense(512, W_std=1.0, b_std=None), nt.stax.Relu(),
-                                     nt.stax.Dense(1, W_std=1.0, b_std=None))
+    _, _, kernel_fn = nt.stax.serial(
+        nt.stax.Dense(512, W_std=1.0, b_std=None), nt.stax.Relu(), nt.stax.Dense(1, W_std=1.0, b_std=None)
+    )
     kfn = jax.jit(kernel_fn, static_argnames="get")
 
     def peer():
@@ -101,9 +102,13 @@ def run(name: str, X: torch.Tensor, repeats: int) -> None:
     ref = reference(Xn, pairs)
     e_ours = float(np.max(np.abs(ours[pairs[:, 0], pairs[:, 1]] - ref) / np.abs(ref)))
     e_peer = float(np.max(np.abs(theirs[pairs[:, 0], pairs[:, 1]] - ref) / np.abs(ref)))
-    report("analytic_ntk_vs_neural_tangents", t_ours, t_peer,
-           f"max rel diff between them {mutual:.1e}; vs 200-bit reference on {len(pairs)} pairs: "
-           f"attnaudit {e_ours:.1e}, neural-tangents {e_peer:.1e}")
+    report(
+        "analytic_ntk_vs_neural_tangents",
+        t_ours,
+        t_peer,
+        f"max rel diff between them {mutual:.1e}; vs 200-bit reference on {len(pairs)} pairs: "
+        f"attnaudit {e_ours:.1e}, neural-tangents {e_peer:.1e}",
+    )
     check(f"{name}/ntk_attnaudit_vs_reference", e_ours, TOL_REFERENCE)
     check(f"{name}/ntk_rel_diff", mutual, TOL_MUTUAL)
 

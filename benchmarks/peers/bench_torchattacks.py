@@ -54,16 +54,24 @@ def run(name: str, n: int | None, width: int, repeats: int) -> None:
     t_peer, theirs = best_time(lambda: attack(X, y), repeats)
     t_eval, evaluated = best_time(lambda: perturb(engine, X, y, config), repeats)
     t_bare, _ = best_time(lambda: perturb(model, X, y, config, loss="ce", evaluate=False), repeats)
-    print(f"  attnaudit with the set-up inside the timed call (perturb(model, ...)): {t_bare:.4f} s "
-          f"(RATIO fgsm_with_setup_vs_torchattacks={t_bare / t_peer:.3f})")
+    print(
+        f"  attnaudit with the set-up inside the timed call (perturb(model, ...)): {t_bare:.4f} s "
+        f"(RATIO fgsm_with_setup_vs_torchattacks={t_bare / t_peer:.3f})"
+    )
     diff = float((ours.X_adv - theirs).abs().max())
     changed = float(((ours.X_adv - theirs).abs() > 0).double().mean())
-    report("fgsm_vs_torchattacks", t_ours, t_peer,
-           f"adversarial inputs max |diff| {diff:.1e} ({changed:.1e} of entries differ)")
+    report(
+        "fgsm_vs_torchattacks",
+        t_ours,
+        t_peer,
+        f"adversarial inputs max |diff| {diff:.1e} ({changed:.1e} of entries differ)",
+    )
     # what the malleability command runs: the attack plus the model's loss and accuracy
     # before (from the gradient pass) and after (one more forward pass)
-    print(f"  with evaluation: {t_eval:.4f} s (loss {evaluated.loss_before:.4f} -> {evaluated.loss_after:.4f}, "
-          f"accuracy {evaluated.accuracy_before:.3f} -> {evaluated.accuracy_after:.3f})")
+    print(
+        f"  with evaluation: {t_eval:.4f} s (loss {evaluated.loss_before:.4f} -> {evaluated.loss_after:.4f}, "
+        f"accuracy {evaluated.accuracy_before:.3f} -> {evaluated.accuracy_after:.3f})"
+    )
     print(f"RATIO fgsm_evaluated_vs_torchattacks={t_eval / t_peer:.3f}")
     check(f"{name}/fgsm_fraction_differing", float(((ours.X_adv - theirs).abs() > 1e-12).double().mean()), TOL)
 

@@ -99,12 +99,12 @@ F64 = torch.float64
 SIGN_CONVENTION = {
     "kernel_error_advantage_attn": "err_relu - err_attn (kernel ridge, relative test MSE); positive = MLP-Attn lower error",
     "net_error_advantage_attn": "err_relu - err_attn (trained nets at matched training loss, relative test MSE); "
-                                "positive = MLP-Attn lower error; only seeds where both nets reached the loss",
+    "positive = MLP-Attn lower error; only seeds where both nets reached the loss",
     "kernel_log_error_ratio_attn": "ln(err_relu / err_attn) (kernel ridge); positive = MLP-Attn lower error, as a "
-                                   "factor: reads errors of very different sizes (principal ~1e-4, random ~1e-1) alike",
+    "factor: reads errors of very different sizes (principal ~1e-4, random ~1e-1) alike",
     "cka_advantage_attn": "CKA_attn - CKA_relu (training rows); positive = attention kernel better aligned",
     "contrast": "advantage on principal - advantage on the other target (random or trailing), per seed; positive = "
-                "attention's advantage is larger on the principal target (the paper's claim)",
+    "attention's advantage is larger on the principal target (the paper's claim)",
 }
 
 # Sizes per preset; explicit options override every entry (see docs/alignment.md).
@@ -158,8 +158,13 @@ class AlignmentConfig:
 
     def __post_init__(self) -> None:
 
-        for name, option, low in (("k", "--k", 1), ("n_train", "--n-train", 2), ("n_test", "--n-test", 1),
-                                  ("width", "--width", 1), ("steps", "--steps", 0)):
+        for name, option, low in (
+            ("k", "--k", 1),
+            ("n_train", "--n-train", 2),
+            ("n_test", "--n-test", 1),
+            ("width", "--width", 1),
+            ("steps", "--steps", 0),
+        ):
             value = getattr(self, name)
             if not _is_int(value) or value < low:
                 raise AuditError(f"{option} must be an integer >= {low}, got {value!r}")
@@ -170,10 +175,14 @@ class AlignmentConfig:
                 raise AuditError(f"{option} must be a positive number, got {value!r}")
             object.__setattr__(self, name, float(value))
         if self.lr_fraction >= 1:
-            raise AuditError(f"--lr-fraction must be below 1 (GD diverges at lr = 2n / lambda_max), got {self.lr_fraction:g}")
+            raise AuditError(
+                f"--lr-fraction must be below 1 (GD diverges at lr = 2n / lambda_max), got {self.lr_fraction:g}"
+            )
         if self.match_loss >= 1:
-            raise AuditError(f"--match-loss is a relative training MSE and must be below 1 (the loss at f = 0), "
-                             f"got {self.match_loss:g}")
+            raise AuditError(
+                f"--match-loss is a relative training MSE and must be below 1 (the loss at f = 0), "
+                f"got {self.match_loss:g}"
+            )
         if self.lr is not None:
             if not _is_real(self.lr) or not math.isfinite(self.lr) or not self.lr > 0:
                 raise AuditError(f"--lr must be a positive number, got {self.lr!r}")
@@ -222,10 +231,15 @@ class AlignmentConfig:
 
     def to_dict(self) -> dict:
         out = asdict(self)
-        out.update(loss_tol=self.loss_tol, target_norm=TARGET_NORM, task="regression (MSE), no classes",
-                   lr_rule="lr, else lr_fraction * 2 n / lambda_max(analytic NTK of the model on the training rows)",
-                   ridge_rule="lambda = ridge * trace(K) / n_train (ridge relative to the kernel's mean eigenvalue)",
-                   parametrization="ntk", init="antisymmetric (f_0 = 0)")
+        out.update(
+            loss_tol=self.loss_tol,
+            target_norm=TARGET_NORM,
+            task="regression (MSE), no classes",
+            lr_rule="lr, else lr_fraction * 2 n / lambda_max(analytic NTK of the model on the training rows)",
+            ridge_rule="lambda = ridge * trace(K) / n_train (ridge relative to the kernel's mean eigenvalue)",
+            parametrization="ntk",
+            init="antisymmetric (f_0 = 0)",
+        )
         return out
 
 
@@ -275,8 +289,10 @@ class Target:
 def _scaled(kind: str, Y: torch.Tensor, Yt: torch.Tensor, **extra) -> Target:
     ms = float(Y.pow(2).sum(1).mean())
     if not ms > 0:
-        raise AuditError(f"the {kind} target is zero on every training row; there is nothing to fit "
-                         "(check the data and --preprocess)")
+        raise AuditError(
+            f"the {kind} target is zero on every training row; there is nothing to fit "
+            "(check the data and --preprocess)"
+        )
     scale = math.sqrt(TARGET_NORM / ms)
     return Target(kind, Y * scale, Yt * scale, scale, **extra)
 
@@ -303,8 +319,10 @@ def design_targets(
     Xc, Xtc = X - spec.mean, Xt - spec.mean
     d = X.shape[1]
     if any(t in DESIGNED for t in kinds) and k > spec.rank:
-        raise AuditError(f"--k {k} exceeds the numerical rank {spec.rank} of the centred training rows; "
-                         f"lower --k to at most {spec.rank}")
+        raise AuditError(
+            f"--k {k} exceeds the numerical rank {spec.rank} of the centred training rows; "
+            f"lower --k to at most {spec.rank}"
+        )
     rng = np.random.default_rng([int(seed), 0xA11])
     w = torch.from_numpy(rng.standard_normal(k)).to(X.device, F64)
     Q, _ = np.linalg.qr(rng.standard_normal((d, k)))
@@ -327,21 +345,28 @@ def design_targets(
         if kind == "principal":
             V, sv = spec.Vt[:k].T, spec.singular_values[:k]
         elif kind == "trailing":
-            V, sv = spec.Vt[spec.rank - k:spec.rank].T, spec.singular_values[spec.rank - k:spec.rank]
+            V, sv = spec.Vt[spec.rank - k : spec.rank].T, spec.singular_values[spec.rank - k : spec.rank]
         elif kind == "random":
             V, sv = torch.from_numpy(Q).to(X.device, F64), None
         else:
             raise AuditError(f"unknown target {kind!r}; use some of {', '.join(TARGETS)}")
         proj = V @ w
-        out[kind] = _scaled(kind, (Xc @ proj)[:, None], (Xtc @ proj)[:, None], directions=V,
-                            singular_values=None if sv is None else [float(v) for v in sv])
+        out[kind] = _scaled(
+            kind,
+            (Xc @ proj)[:, None],
+            (Xtc @ proj)[:, None],
+            directions=V,
+            singular_values=None if sv is None else [float(v) for v in sv],
+        )
     return out
 
 
 # ----------------------------------------------------------------------------- kernels
 
 
-def attention_inputs(X_train: torch.Tensor, X_test: torch.Tensor, scaling: str = "rms") -> tuple[torch.Tensor, torch.Tensor]:
+def attention_inputs(
+    X_train: torch.Tensor, X_test: torch.Tensor, scaling: str = "rms"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(f_att(X_train), f_att(X_test)) with the training set as context: rows x -> C x, C = s X^T X
     (:func:`attnaudit.models.builtin.attention_context`, as MLP-Attn's ``features_in``)."""
 
@@ -350,7 +375,9 @@ def attention_inputs(X_train: torch.Tensor, X_test: torch.Tensor, scaling: str =
     return X @ C, X_test.to(X.device, F64) @ C
 
 
-def model_inputs(arch: str, X_train: torch.Tensor, X_test: torch.Tensor, scaling: str = "rms") -> tuple[torch.Tensor, torch.Tensor]:
+def model_inputs(
+    arch: str, X_train: torch.Tensor, X_test: torch.Tensor, scaling: str = "rms"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The MLP's inputs of ``arch`` on the training and test rows (float64)."""
     if arch == "attn":
         return attention_inputs(X_train, X_test, scaling)
@@ -374,7 +401,9 @@ class RidgeSolver:
         n = K.shape[0]
         self.lam = self.ridge * float(K.diagonal().sum()) / n
         if not self.lam > 0:
-            raise AuditError("the kernel is zero on the training rows (all-zero inputs?); check the data and --preprocess")
+            raise AuditError(
+                "the kernel is zero on the training rows (all-zero inputs?); check the data and --preprocess"
+            )
         A = K + self.lam * torch.eye(n, dtype=K.dtype, device=K.device)
         L, info = torch.linalg.cholesky_ex(A)
         if int(info) == 0:
@@ -397,7 +426,9 @@ class RidgeSolver:
         return self.K @ alpha, self.K_test @ alpha
 
 
-def kernel_ridge_predict(K: torch.Tensor, K_test: torch.Tensor, Y: torch.Tensor, ridge: float) -> tuple[torch.Tensor, float]:
+def kernel_ridge_predict(
+    K: torch.Tensor, K_test: torch.Tensor, Y: torch.Tensor, ridge: float
+) -> tuple[torch.Tensor, float]:
     """Test predictions K_test (K + lambda I)^{-1} Y with lambda = ridge * trace(K) / n, and lambda."""
     solver = RidgeSolver(K.to(F64), K_test.to(F64), ridge)
     return solver.predict(Y.to(F64))[1], solver.lam
@@ -451,30 +482,60 @@ class NetFit:
     seconds: float
 
 
-def train_matched(arch: str, X_train: torch.Tensor, X_test: torch.Tensor, target: Target, *, width: int, seed: int,
-                  lr: float, steps: int, loss_tol: float, attn_scaling: str = "rms") -> NetFit:
+def train_matched(
+    arch: str,
+    X_train: torch.Tensor,
+    X_test: torch.Tensor,
+    target: Target,
+    *,
+    width: int,
+    seed: int,
+    lr: float,
+    steps: int,
+    loss_tol: float,
+    attn_scaling: str = "rms",
+) -> NetFit:
     """Build the reference net ``arch`` (NTK parametrization, antisymmetric init, ``seed``) and train it
     by full-batch GD on MSE until its training loss is <= ``loss_tol`` or ``steps`` ran."""
 
     t0 = time.perf_counter()
     X = X_train.to(F64)
-    spec = ModelSpec(arch, X.shape[1], width, target.n_outputs, parametrization="ntk", init="antisymmetric",
-                     attn_scaling=attn_scaling, seed=seed)
+    spec = ModelSpec(
+        arch,
+        X.shape[1],
+        width,
+        target.n_outputs,
+        parametrization="ntk",
+        init="antisymmetric",
+        attn_scaling=attn_scaling,
+        seed=seed,
+    )
     net = build_model(spec, X, dtype=F64, device=X.device)
     with torch.no_grad():
         Z = net.features_in(X)  # MLP-Attn: f_att of the rows with the training context (a fixed buffer)
     labels = torch.zeros(X.shape[0], dtype=torch.long, device=X.device)
-    result = train(_RegressionResidual(net, target.Y.to(X)), Z, labels,
-                   TrainConfig(loss="mse", lr=lr, steps=steps, loss_tol=loss_tol, record_every=max(1, steps)))
+    result = train(
+        _RegressionResidual(net, target.Y.to(X)),
+        Z,
+        labels,
+        TrainConfig(loss="mse", lr=lr, steps=steps, loss_tol=loss_tol, record_every=max(1, steps)),
+    )
     with torch.no_grad():
         f_train = net(X)
         f_test = net(X_test.to(X))
     train_err = relative_error(f_train, target.Y.to(X))
     test_err = relative_error(f_test, target.Y_test.to(X))
     diverged = bool(result.diverged or not math.isfinite(train_err))
-    return NetFit(train_error=train_err, test_error=test_err if not diverged else float("nan"),
-                  reached=bool(result.reached_tol) and not diverged, diverged=diverged, steps_run=result.steps_run,
-                  lr=lr, final_loss=result.final_loss, seconds=time.perf_counter() - t0)
+    return NetFit(
+        train_error=train_err,
+        test_error=test_err if not diverged else float("nan"),
+        reached=bool(result.reached_tol) and not diverged,
+        diverged=diverged,
+        steps_run=result.steps_run,
+        lr=lr,
+        final_loss=result.final_loss,
+        seconds=time.perf_counter() - t0,
+    )
 
 
 # ----------------------------------------------------------------------------- one run
@@ -580,7 +641,11 @@ class AlignmentResult:
     def verdicts(self) -> list[str]:
         """Headline first: the kernel contrast principal - random (the paper's claim), then every row."""
         rows = self.contrast + self.summary
-        head = [r for r in self.contrast if r.quantity == "kernel_error_advantage_attn_contrast" and r.target == "principal-random"]
+        head = [
+            r
+            for r in self.contrast
+            if r.quantity == "kernel_error_advantage_attn_contrast" and r.target == "principal-random"
+        ]
         rest = [r for r in rows if r not in head]
         return [r.sentence() for r in head + rest]
 
@@ -603,22 +668,31 @@ def auto_lr(K: torch.Tensor, n: int, fraction: float) -> float:
     return fraction * 2.0 * n / top
 
 
-def run_alignment(ds, config: AlignmentConfig, *, device: torch.device | str | None = None,
-                  progress: Callable[[int], None] | None = None) -> AlignmentResult:
+def run_alignment(
+    ds,
+    config: AlignmentConfig,
+    *,
+    device: torch.device | str | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> AlignmentResult:
     """The protocol of the module docstring on the rows of ``ds`` (an :class:`attnaudit.data.Dataset`).
 
     ``progress(1)`` after each (seed, target). Every number is float64."""
 
     if config.n_train + config.n_test > ds.n:
-        raise AuditError(f"--n-train {config.n_train} + --n-test {config.n_test} = {config.n_train + config.n_test} rows, "
-                         f"but {ds.name} has {ds.n}; lower --n-train/--n-test")
+        raise AuditError(
+            f"--n-train {config.n_train} + --n-test {config.n_test} = {config.n_train + config.n_test} rows, "
+            f"but {ds.name} has {ds.n}; lower --n-train/--n-test"
+        )
     warnings: list[str] = []
     kinds = config.targets
     if "labels" in kinds and ds.y is None:
         kinds = tuple(t for t in kinds if t != "labels")
         warnings.append(f"{ds.name} has no labels: the labels target is left out")
         if not kinds:
-            raise AuditError(f"{ds.name} has no labels, and --targets asks only for labels; add principal, trailing or random")
+            raise AuditError(
+                f"{ds.name} has no labels, and --targets asks only for labels; add principal, trailing or random"
+            )
     classes = sorted(set(ds.y.tolist())) if ds.y is not None else None
     dev = torch.device(device) if device is not None else ds.X.device
     timings = {"targets": 0.0, "kernels": 0.0, "nets": 0.0}
@@ -631,16 +705,29 @@ def run_alignment(ds, config: AlignmentConfig, *, device: torch.device | str | N
         t0 = time.perf_counter()
         spec = centered_spectrum(X, config.rank_tol)
         if spec.rank < 2 * config.k and "trailing" in kinds and "principal" in kinds and not overlap_warned:
-            warnings.append(f"the numerical rank {spec.rank} is below 2k = {2 * config.k}: the principal and trailing "
-                            "directions overlap; lower --k")
+            warnings.append(
+                f"the numerical rank {spec.rank} is below 2k = {2 * config.k}: the principal and trailing "
+                "directions overlap; lower --k"
+            )
             overlap_warned = True
-        targets = design_targets(X, Xt, kinds, config.k, seed, y_train=train_ds.y, y_test=test_ds.y, classes=classes,
-                                 spectrum=spec)
+        targets = design_targets(
+            X, Xt, kinds, config.k, seed, y_train=train_ds.y, y_test=test_ds.y, classes=classes, spectrum=spec
+        )
         lin = X @ X.T
         for kind, tg in targets.items():
             ratio = float(tg.Y_test.pow(2).sum(1).mean()) / float(tg.Y.pow(2).sum(1).mean())
-            target_rows.append(TargetRow(seed, kind, tg.n_outputs, kernel_alignment(lin, tg.Y), ratio, tg.singular_values,
-                                         spec.rank, float(spec.singular_values[0])))
+            target_rows.append(
+                TargetRow(
+                    seed,
+                    kind,
+                    tg.n_outputs,
+                    kernel_alignment(lin, tg.Y),
+                    ratio,
+                    tg.singular_values,
+                    spec.rank,
+                    float(spec.singular_values[0]),
+                )
+            )
         timings["targets"] += time.perf_counter() - t0
         for arch in MODELS:
             t1 = time.perf_counter()
@@ -651,24 +738,45 @@ def run_alignment(ds, config: AlignmentConfig, *, device: torch.device | str | N
             lr = config.lr if config.lr is not None else auto_lr(K, X.shape[0], config.lr_fraction)
             for kind, tg in targets.items():
                 f_tr, f_te = solver.predict(tg.Y)
-                per_seed.append(SeedRow(seed=seed, target=kind, model=arch, kernel_error=relative_error(f_te, tg.Y_test),
-                                        kernel_train_error=relative_error(f_tr, tg.Y), cka=kernel_alignment(K, tg.Y),
-                                        ridge_lambda=solver.lam))
+                per_seed.append(
+                    SeedRow(
+                        seed=seed,
+                        target=kind,
+                        model=arch,
+                        kernel_error=relative_error(f_te, tg.Y_test),
+                        kernel_train_error=relative_error(f_tr, tg.Y),
+                        cka=kernel_alignment(K, tg.Y),
+                        ridge_lambda=solver.lam,
+                    )
+                )
             timings["kernels"] += time.perf_counter() - t1
             if config.nets:
                 t2 = time.perf_counter()
                 for kind, tg in targets.items():
-                    fit = train_matched(arch, X, Xt, tg, width=config.width, seed=seed, lr=lr, steps=config.steps,
-                                        loss_tol=config.loss_tol, attn_scaling=config.attn_scaling)
+                    fit = train_matched(
+                        arch,
+                        X,
+                        Xt,
+                        tg,
+                        width=config.width,
+                        seed=seed,
+                        lr=lr,
+                        steps=config.steps,
+                        loss_tol=config.loss_tol,
+                        attn_scaling=config.attn_scaling,
+                    )
                     row = next(r for r in per_seed if r.seed == seed and r.target == kind and r.model == arch)
                     row.net_error, row.net_train_error = fit.test_error, fit.train_error
                     row.net_reached_loss, row.net_diverged = fit.reached, fit.diverged
                     row.net_steps, row.net_lr = fit.steps_run, fit.lr
                     if not fit.reached:
                         row.flagged = True
-                        row.flag = ("diverged" if fit.diverged else
-                                    f"did not reach the matched training loss (relative training MSE {fit.train_error:.3g} > "
-                                    f"{config.match_loss:g} after {fit.steps_run} steps); left out of the net comparison")
+                        row.flag = (
+                            "diverged"
+                            if fit.diverged
+                            else f"did not reach the matched training loss (relative training MSE {fit.train_error:.3g} > "
+                            f"{config.match_loss:g} after {fit.steps_run} steps); left out of the net comparison"
+                        )
                 timings["nets"] += time.perf_counter() - t2
         if progress is not None:
             progress(1)
@@ -684,9 +792,11 @@ def _flag_warnings(rows: list[SeedRow], config: AlignmentConfig) -> list[str]:
             mine = [r for r in rows if r.target == kind and r.model == arch and r.net_reached_loss is not None]
             missed = [r.seed for r in mine if not r.net_reached_loss]
             if missed:
-                out.append(f"{MODEL_LABELS[arch]} did not reach the matched training loss (relative MSE {config.match_loss:g}) "
-                           f"on the {kind} target in {len(missed)} of {len(mine)} seeds ({', '.join(map(str, missed))}, "
-                           f"{config.steps} steps); those seeds are left out of the net comparisons")
+                out.append(
+                    f"{MODEL_LABELS[arch]} did not reach the matched training loss (relative MSE {config.match_loss:g}) "
+                    f"on the {kind} target in {len(missed)} of {len(mine)} seeds ({', '.join(map(str, missed))}, "
+                    f"{config.steps} steps); those seeds are left out of the net comparisons"
+                )
     return out
 
 
@@ -707,17 +817,31 @@ def _sub(a, b):
     return None if a is None or b is None else a - b
 
 
-def _summary_row(quantity: str, target: str, a: list, b: list, seeds: tuple, meaning: str,
-                 confidence: float) -> SummaryRow:
+def _summary_row(
+    quantity: str, target: str, a: list, b: list, seeds: tuple, meaning: str, confidence: float
+) -> SummaryRow:
     """The paired interval of mean(a_i - b_i) over the seeds where both exist, and its verdict (null 0, above)."""
 
     per_seed = [_sub(x, y) for x, y in zip(a, b)]
     iv = difference_interval(a, b, confidence)
     verdict, reason = decide(iv, 0.0, "above", iv.n)
-    return SummaryRow(quantity=quantity, target=target, estimate=iv.estimate, interval=iv.bounds,
-                      interval_method=iv.method, confidence=confidence, n_seeds=iv.n, per_seed=per_seed,
-                      null_value=0.0, claim_side="above", verdict=verdict, reason=reason, meaning=meaning,
-                      seeds=list(seeds), excluded_seeds=[s for s, v in zip(seeds, per_seed) if v is None])
+    return SummaryRow(
+        quantity=quantity,
+        target=target,
+        estimate=iv.estimate,
+        interval=iv.bounds,
+        interval_method=iv.method,
+        confidence=confidence,
+        n_seeds=iv.n,
+        per_seed=per_seed,
+        null_value=0.0,
+        claim_side="above",
+        verdict=verdict,
+        reason=reason,
+        meaning=meaning,
+        seeds=list(seeds),
+        excluded_seeds=[s for s, v in zip(seeds, per_seed) if v is None],
+    )
 
 
 def _log(v):
@@ -773,10 +897,21 @@ def summarise(rows: list[SeedRow], config: AlignmentConfig, kinds: tuple[str, ..
             if other not in kinds:
                 continue
             for q in quantities:
-                meaning = (f"({_MEANING[q].split(';')[0]}) on principal minus on {other}; > 0: attention's advantage "
-                           "larger on the principal target")
-                contrast.append(_summary_row(f"{q}_contrast", f"principal-{other}", adv[(q, "principal")],
-                                             adv[(q, other)], seeds, meaning, config.confidence))
+                meaning = (
+                    f"({_MEANING[q].split(';')[0]}) on principal minus on {other}; > 0: attention's advantage "
+                    "larger on the principal target"
+                )
+                contrast.append(
+                    _summary_row(
+                        f"{q}_contrast",
+                        f"principal-{other}",
+                        adv[(q, "principal")],
+                        adv[(q, other)],
+                        seeds,
+                        meaning,
+                        config.confidence,
+                    )
+                )
     levels = []
     metrics = ["kernel_error", "cka"] + (["net_error"] if config.nets else [])
     for metric in metrics:
@@ -812,21 +947,38 @@ def build_tables(result: AlignmentResult, title: str = "attnaudit alignment") ->
     level = {(r.metric, r.target, r.model): r for r in result.levels}
     summ = {(r.quantity, r.target): r for r in result.summary}
     kinds = [t for t in TARGETS if any(r.target == t for r in result.summary)]
-    kt = Table(title=f"{title}: kernel ridge (relative test MSE ||f - y||^2/||y||^2) and CKA; "
-                     "every difference > 0 = attention better")
-    for c in ("target", "err relu", "err attn", "Δ err relu-attn [95 % CI]", "ln(err relu/attn) [95 % CI]",
-              "CKA relu", "CKA attn", "Δ CKA attn-relu [95 % CI]"):
+    kt = Table(
+        title=f"{title}: kernel ridge (relative test MSE ||f - y||^2/||y||^2) and CKA; "
+        "every difference > 0 = attention better"
+    )
+    for c in (
+        "target",
+        "err relu",
+        "err attn",
+        "Δ err relu-attn [95 % CI]",
+        "ln(err relu/attn) [95 % CI]",
+        "CKA relu",
+        "CKA attn",
+        "Δ CKA attn-relu [95 % CI]",
+    ):
         kt.add_column(c, justify="left" if c == "target" else "right")
     for kind in kinds:
-        kt.add_row(kind, _num(level[("kernel_error", kind, "relu")].estimate),
-                   _num(level[("kernel_error", kind, "attn")].estimate),
-                   _ci(summ.get(("kernel_error_advantage_attn", kind))), _ci(summ.get(("kernel_log_error_ratio_attn", kind))),
-                   _num(level[("cka", kind, "relu")].estimate), _num(level[("cka", kind, "attn")].estimate),
-                   _ci(summ.get(("cka_advantage_attn", kind))))
+        kt.add_row(
+            kind,
+            _num(level[("kernel_error", kind, "relu")].estimate),
+            _num(level[("kernel_error", kind, "attn")].estimate),
+            _ci(summ.get(("kernel_error_advantage_attn", kind))),
+            _ci(summ.get(("kernel_log_error_ratio_attn", kind))),
+            _num(level[("cka", kind, "relu")].estimate),
+            _num(level[("cka", kind, "attn")].estimate),
+            _ci(summ.get(("cka_advantage_attn", kind))),
+        )
     out: list = [kt]
     if cfg.nets:
-        nt = Table(title=f"trained nets, width {cfg.width}, GD to relative training MSE {cfg.match_loss:g} "
-                         f"(<= {cfg.steps} steps): relative test MSE; only seeds where both reached it are compared")
+        nt = Table(
+            title=f"trained nets, width {cfg.width}, GD to relative training MSE {cfg.match_loss:g} "
+            f"(<= {cfg.steps} steps): relative test MSE; only seeds where both reached it are compared"
+        )
         for c in ("target", "err relu", "err attn", "reached relu", "reached attn", "Δ err relu-attn [95 % CI]"):
             nt.add_column(c, justify="left" if c == "target" else "right")
         for kind in kinds:
@@ -834,12 +986,18 @@ def build_tables(result: AlignmentResult, title: str = "attnaudit alignment") ->
             for arch in MODELS:
                 mine = [r for r in result.per_seed if r.target == kind and r.model == arch]
                 reached.append(f"{sum(bool(r.net_reached_loss) for r in mine)}/{len(mine)}")
-            nt.add_row(kind, _num(level[("net_error", kind, "relu")].estimate),
-                       _num(level[("net_error", kind, "attn")].estimate), *reached,
-                       _ci(summ.get(("net_error_advantage_attn", kind))))
+            nt.add_row(
+                kind,
+                _num(level[("net_error", kind, "relu")].estimate),
+                _num(level[("net_error", kind, "attn")].estimate),
+                *reached,
+                _ci(summ.get(("net_error_advantage_attn", kind))),
+            )
         out.append(nt)
     if result.contrast:
-        ct = Table(title="contrast: attention's advantage on principal minus on the other target (> 0 = the paper's claim)")
+        ct = Table(
+            title="contrast: attention's advantage on principal minus on the other target (> 0 = the paper's claim)"
+        )
         for c in ("quantity", "targets", "estimate [95 % CI]", "seeds", "verdict"):
             ct.add_column(c, justify="left" if c in ("quantity", "targets", "verdict") else "right")
         for r in result.contrast:
@@ -877,16 +1035,30 @@ def plot_alignment(result: AlignmentResult, path, title: str) -> None:
                         if v is None or not math.isfinite(v) or (metric != "cka" and v <= 0):
                             continue
                         hollow = metric == "net_error" and not r.net_reached_loss
-                        ax.scatter([xs + np.random.default_rng(r.seed).uniform(-0.05, 0.05)], [v], s=14,
-                                   facecolors="none" if hollow else colors[arch], edgecolors=colors[arch], alpha=0.7)
+                        ax.scatter(
+                            [xs + np.random.default_rng(r.seed).uniform(-0.05, 0.05)],
+                            [v],
+                            s=14,
+                            facecolors="none" if hollow else colors[arch],
+                            edgecolors=colors[arch],
+                            alpha=0.7,
+                        )
                     if lv.estimate is not None:
                         lo, hi = lv.interval
                         err = None
                         if lo is not None and hi is not None:
                             low = lv.estimate - lo if metric == "cka" or lo > 0 else 0.0  # log axes: no bar below 0
                             err = [[low], [hi - lv.estimate]]
-                        ax.errorbar([xs], [lv.estimate], yerr=err, fmt="s", color=colors[arch], capsize=4, ms=6,
-                                    label=MODEL_LABELS[arch] if i == 0 else None)
+                        ax.errorbar(
+                            [xs],
+                            [lv.estimate],
+                            yerr=err,
+                            fmt="s",
+                            color=colors[arch],
+                            capsize=4,
+                            ms=6,
+                            label=MODEL_LABELS[arch] if i == 0 else None,
+                        )
             ax.set_xticks(range(len(kinds)))
             ax.set_xticklabels(kinds)
             ax.set_title(label, fontsize=10)
@@ -894,13 +1066,20 @@ def plot_alignment(result: AlignmentResult, path, title: str) -> None:
             if metric != "cka":
                 ax.set_yscale("log")
             if metric == "net_error":
-                ax.text(0.01, 0.99, "hollow: did not reach the loss (not compared)", transform=ax.transAxes, va="top",
-                        fontsize=8)
+                ax.text(
+                    0.01,
+                    0.99,
+                    "hollow: did not reach the loss (not compared)",
+                    transform=ax.transAxes,
+                    va="top",
+                    fontsize=8,
+                )
         # the differences themselves: per-target advantages and the contrasts, > 0 = attention better
         ax = axes[-1]
         errs = ("kernel_error_advantage_attn", "net_error_advantage_attn")
-        shown = [r for r in result.summary if r.quantity in errs] + \
-                [r for r in result.contrast if r.quantity.removesuffix("_contrast") in errs]
+        shown = [r for r in result.summary if r.quantity in errs] + [
+            r for r in result.contrast if r.quantity.removesuffix("_contrast") in errs
+        ]
         labels_x = []
         for i, r in enumerate(shown):
             color = "tab:green" if r.quantity.startswith("kernel") else "tab:purple"
@@ -911,7 +1090,9 @@ def plot_alignment(result: AlignmentResult, path, title: str) -> None:
                 lo, hi = r.interval
                 err = None if lo is None or hi is None else [[r.estimate - lo], [hi - r.estimate]]
                 ax.errorbar([i], [r.estimate], yerr=err, fmt="D", color=color, capsize=4, ms=5)
-            labels_x.append(("K " if r.quantity.startswith("kernel") else "net ") + r.target.replace("principal-", "P-"))
+            labels_x.append(
+                ("K " if r.quantity.startswith("kernel") else "net ") + r.target.replace("principal-", "P-")
+            )
         ax.axhline(0.0, color="black", lw=0.8)
         ax.set_yscale("symlog", linthresh=1e-3)
         ax.set_xticks(range(len(shown)))

@@ -21,7 +21,15 @@ from typing import Any, ClassVar
 
 from attnaudit.analyses.alignment.alignment import PRESETS, TARGETS, _is_int, _is_real
 from attnaudit.analyses.request import (
-    ANALYSIS, DATA, EXECUTION, PROTOCOL, FieldError, Request, field_check, list_of, option,
+    ANALYSIS,
+    DATA,
+    EXECUTION,
+    PROTOCOL,
+    FieldError,
+    Request,
+    field_check,
+    list_of,
+    option,
 )
 from attnaudit.analyses.result import Progress, Result, progress_or_silent
 from attnaudit.analyses.sources import DataFields
@@ -52,60 +60,109 @@ class AlignmentRequest(DataFields, Request):
 
     # the preset chooses the data set and split when none is given; the data are centred by default
     dataset: str | None = option(
-        None, "--dataset", panel=DATA,
+        None,
+        "--dataset",
+        panel=DATA,
         help="Built-in data set: digits (embedded, offline), mnist, fashion-mnist, cifar10, synthetic.",
     )
     split: str | None = option(None, "--split", panel=DATA, help="train or test.")
     preprocess: str = option(
-        "center", "--preprocess", panel=DATA,
+        "center",
+        "--preprocess",
+        panel=DATA,
         help="raw, center, standardize, unit-norm or ntk-scale (one global scale so that mean ||x||^2 = d, the NTK convention).",
     )
 
     preset: str = option(
-        "quick", "--preset", panel=PROTOCOL,
+        "quick",
+        "--preset",
+        panel=PROTOCOL,
         help="quick (default; digits, n_train 500, about a minute on 2 CPU cores) or paper (MNIST train split, "
-             "n_train 1000; pass --split test for the test-only copy). Explicit options override it.",
+        "n_train 1000; pass --split test for the test-only copy). Explicit options override it.",
     )
     n_train: int | None = option(
-        None, "--n-train", panel=PROTOCOL, kind=int,
+        None,
+        "--n-train",
+        panel=PROTOCOL,
+        kind=int,
         help="Training rows per seed (a seeded, stratified split; default from --preset).",
     )
     n_test: int | None = option(
-        None, "--n-test", panel=PROTOCOL, kind=int,
+        None,
+        "--n-test",
+        panel=PROTOCOL,
+        kind=int,
         help="Test rows per seed, disjoint from the training rows (default from --preset).",
     )
     seeds: int = option(
-        5, "--seeds", panel=PROTOCOL,
+        5,
+        "--seeds",
+        panel=PROTOCOL,
         help="Seeds seed, seed+1, ...: each sets the split, the target's random weights and directions, and the nets' init.",
     )
-    width: int | None = option(None, "--width", panel=PROTOCOL, kind=int,
-                               help="Hidden width of the trained nets (default from --preset).")
-    steps: int | None = option(None, "--steps", panel=PROTOCOL, kind=int,
-                               help="Full-batch GD step budget to reach the matched loss (default from --preset).")
+    width: int | None = option(
+        None, "--width", panel=PROTOCOL, kind=int, help="Hidden width of the trained nets (default from --preset)."
+    )
+    steps: int | None = option(
+        None,
+        "--steps",
+        panel=PROTOCOL,
+        kind=int,
+        help="Full-batch GD step budget to reach the matched loss (default from --preset).",
+    )
     lr: float | None = option(
-        None, "--lr", panel=PROTOCOL, kind=float,
+        None,
+        "--lr",
+        panel=PROTOCOL,
+        kind=float,
         help="GD learning rate of both nets (default: --lr-fraction * 2n / lambda_max of each model's analytic NTK).",
     )
-    lr_fraction: float = option(0.5, "--lr-fraction", panel=PROTOCOL,
-                                help="Fraction of GD's stability bound 2n / lambda_max used when --lr is not given.")
-    match_loss: float | None = option(
-        None, "--match-loss", panel=PROTOCOL, kind=float,
-        help="Matched training loss: GD stops at this relative training MSE ||f - y||^2/||y||^2; a net that does not "
-             "reach it is flagged and left out of the net comparisons (default from --preset: 0.1).",
+    lr_fraction: float = option(
+        0.5,
+        "--lr-fraction",
+        panel=PROTOCOL,
+        help="Fraction of GD's stability bound 2n / lambda_max used when --lr is not given.",
     )
-    nets: bool = option(True, "--nets", panel=PROTOCOL, negative="--no-nets",
-                        help="Train the finite nets too (--no-nets: kernel regression and CKA only).")
+    match_loss: float | None = option(
+        None,
+        "--match-loss",
+        panel=PROTOCOL,
+        kind=float,
+        help="Matched training loss: GD stops at this relative training MSE ||f - y||^2/||y||^2; a net that does not "
+        "reach it is flagged and left out of the net comparisons (default from --preset: 0.1).",
+    )
+    nets: bool = option(
+        True,
+        "--nets",
+        panel=PROTOCOL,
+        negative="--no-nets",
+        help="Train the finite nets too (--no-nets: kernel regression and CKA only).",
+    )
     targets: tuple[str, ...] | None = option(
-        None, "--targets", panel=ANALYSIS, parse=list_of(str),
+        None,
+        "--targets",
+        panel=ANALYSIS,
+        parse=list_of(str),
         help="Targets, comma-separated: principal, trailing, random, labels (default all).",
     )
     k: int = option(5, "--k", panel=ANALYSIS, help="Directions per designed target (top-k, trailing-k or k random).")
-    ridge: float = option(1e-3, "--ridge", panel=ANALYSIS,
-                          help="Kernel ridge relative to the kernel's mean eigenvalue: lambda = ridge * trace(K) / n.")
-    attn_scaling: str = option("rms", "--attn-scaling", panel=ANALYSIS,
-                               help="MLP-Attn context scaling: rms (default, as the models), spectral or none.")
+    ridge: float = option(
+        1e-3,
+        "--ridge",
+        panel=ANALYSIS,
+        help="Kernel ridge relative to the kernel's mean eigenvalue: lambda = ridge * trace(K) / n.",
+    )
+    attn_scaling: str = option(
+        "rms",
+        "--attn-scaling",
+        panel=ANALYSIS,
+        help="MLP-Attn context scaling: rms (default, as the models), spectral or none.",
+    )
     rank_tol: float | None = option(
-        None, "--rank-tol", panel=ANALYSIS, kind=float,
+        None,
+        "--rank-tol",
+        panel=ANALYSIS,
+        kind=float,
         help="Relative tolerance of the numerical rank that bounds the trailing directions (default max(n,d)*eps).",
     )
     seed: int = option(0, "--seed", panel=PROTOCOL, help="Base random seed (recorded in the report).")
@@ -139,29 +196,54 @@ class AlignmentRequest(DataFields, Request):
                 fill[name] = p[name]
         return dataclasses.replace(self, **fill) if fill else self
 
-    def data_spec(self, seed: int, *, n: int | None = None, stratify: bool = False,
-                  dataset: str | None = None, split: str | None = None):
+    def data_spec(
+        self,
+        seed: int,
+        *,
+        n: int | None = None,
+        stratify: bool = False,
+        dataset: str | None = None,
+        split: str | None = None,
+    ):
         """As :meth:`DataFields.data_spec`, the preset's data set and split filling those left unset."""
         p = self.preset_values()
-        return DataFields.data_spec(self, seed, n=n, stratify=stratify,
-                                    dataset=dataset or (None if self.data is not None else p["dataset"]),
-                                    split=split or p["split"])
+        return DataFields.data_spec(
+            self,
+            seed,
+            n=n,
+            stratify=stratify,
+            dataset=dataset or (None if self.data is not None else p["dataset"]),
+            split=split or p["split"],
+        )
 
     def config(self):
         """The :class:`~attnaudit.analyses.alignment.alignment.AlignmentConfig` this request runs."""
 
         r = self.resolved()
         return AlignmentConfig(
-            k=r.k, ridge=r.ridge, targets=r.target_list, seeds=tuple(range(r.seed, r.seed + r.seeds)),
-            n_train=r.n_train, n_test=r.n_test, width=r.width, steps=r.steps, lr=r.lr, lr_fraction=r.lr_fraction,
-            match_loss=r.match_loss, nets=r.nets, attn_scaling=str(r.attn_scaling).strip().lower(), rank_tol=r.rank_tol,
+            k=r.k,
+            ridge=r.ridge,
+            targets=r.target_list,
+            seeds=tuple(range(r.seed, r.seed + r.seeds)),
+            n_train=r.n_train,
+            n_test=r.n_test,
+            width=r.width,
+            steps=r.steps,
+            lr=r.lr,
+            lr_fraction=r.lr_fraction,
+            match_loss=r.match_loss,
+            nets=r.nets,
+            attn_scaling=str(r.attn_scaling).strip().lower(),
+            rank_tol=r.rank_tol,
         )
 
     # ---- validation (before anything is read)
     def validate(self) -> None:
 
         if self.preset_key not in self.PRESETS:
-            raise FieldError("preset", "unknown {name} " + _esc(repr(self.preset)) + f"; use {' or '.join(self.PRESETS)}")
+            raise FieldError(
+                "preset", "unknown {name} " + _esc(repr(self.preset)) + f"; use {' or '.join(self.PRESETS)}"
+            )
         if not _is_int(self.seeds) or self.seeds < 1:
             raise FieldError("seeds", "{name} must be a positive integer, got " + _esc(self.seeds))
         field_check("seed", check_seed, self.seed, count=self.seeds)
@@ -170,8 +252,9 @@ class AlignmentRequest(DataFields, Request):
             raise FieldError("targets", "{name} is empty; give some of " + ", ".join(TARGETS))
         bad = [t for t in targets if t not in TARGETS]
         if bad:
-            raise FieldError("targets", "{name}: unknown target " + _esc(repr(bad[0])) + "; use some of "
-                             + ", ".join(TARGETS))
+            raise FieldError(
+                "targets", "{name}: unknown target " + _esc(repr(bad[0])) + "; use some of " + ", ".join(TARGETS)
+            )
         if len(set(targets)) != len(targets):
             raise FieldError("targets", "{name} lists a target twice; give each once")
         for name, low in (("k", 1), ("n_train", 2), ("n_test", 1), ("width", 1), ("steps", 0)):
@@ -183,18 +266,25 @@ class AlignmentRequest(DataFields, Request):
             if value is not None and (not _is_real(value) or not math.isfinite(value) or not value > 0):
                 raise FieldError(name, "{name} must be a positive number, got " + _esc(repr(value)))
         if self.lr_fraction >= 1:
-            raise FieldError("lr_fraction", "{name} must be below 1 (GD diverges at lr = 2n / lambda_max), got "
-                             + f"{self.lr_fraction:g}")
+            raise FieldError(
+                "lr_fraction",
+                "{name} must be below 1 (GD diverges at lr = 2n / lambda_max), got " + f"{self.lr_fraction:g}",
+            )
         if self.match_loss is not None and self.match_loss >= 1:
-            raise FieldError("match_loss", "{name} is a relative training MSE and must be below 1 (the loss at f = 0), "
-                             "got " + f"{self.match_loss:g}")
-        if self.rank_tol is not None and (not _is_real(self.rank_tol) or not math.isfinite(self.rank_tol)
-                                          or not 0 < self.rank_tol < 1):
+            raise FieldError(
+                "match_loss",
+                "{name} is a relative training MSE and must be below 1 (the loss at f = 0), "
+                "got " + f"{self.match_loss:g}",
+            )
+        if self.rank_tol is not None and (
+            not _is_real(self.rank_tol) or not math.isfinite(self.rank_tol) or not 0 < self.rank_tol < 1
+        ):
             raise FieldError("rank_tol", "{name} must be a number in (0, 1), got " + _esc(repr(self.rank_tol)))
         scaling = str(self.attn_scaling).strip().lower()
         if scaling not in ATTN_SCALINGS:
-            raise FieldError("attn_scaling", "unknown {name} " + _esc(repr(scaling)) + "; use one of "
-                             + ", ".join(ATTN_SCALINGS))
+            raise FieldError(
+                "attn_scaling", "unknown {name} " + _esc(repr(scaling)) + "; use one of " + ", ".join(ATTN_SCALINGS)
+            )
 
 
 def run(request: AlignmentRequest, *, progress: Progress | None = None, executor=None) -> Result:
@@ -203,7 +293,6 @@ def run(request: AlignmentRequest, *, progress: Progress | None = None, executor
     ``executor`` is accepted for the common signature; the seeds run in this process."""
     from rich.text import Text
 
-
     progress = progress_or_silent(progress)
     r = request.resolved()
     config = request.config()
@@ -211,11 +300,16 @@ def run(request: AlignmentRequest, *, progress: Progress | None = None, executor
     t0 = time.perf_counter()
     ds = r.load_data(r.seed, n=None)
     load_s = time.perf_counter() - t0
-    header = (f"alignment: {ds.name} ({r.split}), {ds.n} rows, d={ds.d}; n_train {config.n_train}, n_test "
-              f"{config.n_test}, k {config.k}, ridge {config.ridge:g}, "
-              + (f"nets width {config.width}, <= {config.steps} GD steps to relative MSE {config.match_loss:g}, "
-                 if config.nets else "kernels only, ")
-              + f"{r.seeds} seed(s)")
+    header = (
+        f"alignment: {ds.name} ({r.split}), {ds.n} rows, d={ds.d}; n_train {config.n_train}, n_test "
+        f"{config.n_test}, k {config.k}, ridge {config.ridge:g}, "
+        + (
+            f"nets width {config.width}, <= {config.steps} GD steps to relative MSE {config.match_loss:g}, "
+            if config.nets
+            else "kernels only, "
+        )
+        + f"{r.seeds} seed(s)"
+    )
     with progress("alignment", len(config.seeds), "seeds") as advance:
         result = run_alignment(ds, config, device=dev, progress=advance)
     timings = {"load": load_s, **result.timings, "total": time.perf_counter() - t0}
@@ -232,9 +326,12 @@ def run(request: AlignmentRequest, *, progress: Progress | None = None, executor
             "seeds": r.seeds,
             **{k_: v for k_, v in config.to_dict().items() if k_ not in ("n_train", "n_test", "seeds")},
         },
-        seeds={"base_seed": r.seed, "seeds": list(config.seeds),
-               "rule": "seed s: holdout split seed s, target weights/directions numpy default_rng([s, 0xA11]), "
-                       "net init seed s (both models)"},
+        seeds={
+            "base_seed": r.seed,
+            "seeds": list(config.seeds),
+            "rule": "seed s: holdout split seed s, target weights/directions numpy default_rng([s, 0xA11]), "
+            "net init seed s (both models)",
+        },
         device=dev,
         dtype="float64",
         timings=timings,
@@ -243,7 +340,14 @@ def run(request: AlignmentRequest, *, progress: Progress | None = None, executor
         verdicts=result.verdicts(),
         request=request,
     )
-    title = (f"{ds.name}: n_train {config.n_train}, n_test {config.n_test}, k {config.k}, ridge {config.ridge:g}, "
-             f"{len(config.seeds)} seeds")
-    return Result(report, request, renderables=[Text(header), *build_tables(result)],
-                  plot=lambda path: plot_alignment(result, path, title), png_name=PNG_NAME)
+    title = (
+        f"{ds.name}: n_train {config.n_train}, n_test {config.n_test}, k {config.k}, ridge {config.ridge:g}, "
+        f"{len(config.seeds)} seeds"
+    )
+    return Result(
+        report,
+        request,
+        renderables=[Text(header), *build_tables(result)],
+        plot=lambda path: plot_alignment(result, path, title),
+        png_name=PNG_NAME,
+    )

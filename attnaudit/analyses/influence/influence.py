@@ -99,14 +99,40 @@ from attnaudit.analyses.influence.estimators.exact import count_negative_eigenva
 from attnaudit.analyses.influence.estimators.tracin import tracin_weights
 from attnaudit.core.cg import batched_cg
 from attnaudit.core.engine import Engine, math_attention, ranges
-from attnaudit.core.task import LOSSES as LOSS_TABLE, Inputs, Task, as_task, eval_mode, select_parameter_names, to_logits
+from attnaudit.core.task import (
+    LOSSES as LOSS_TABLE,
+    Inputs,
+    Task,
+    as_task,
+    eval_mode,
+    select_parameter_names,
+    to_logits,
+)
 from attnaudit.errors import AuditError
 from attnaudit.models.builtin import TwoLayerNet
 
 __all__ = [
-    "parse_damping", "damping_label", "count_negative_eigenvalues", "SOLVERS", "ESTIMATORS", "SIGN_CONVENTION", "PATH_FAST_LINEAR_HEAD", "PATH_FAST_TWOLAYER_HEAD", "PATH_GENERIC", "FastPath", "InfluenceConfig",
-    "InfluenceResult", "batched_cg", "check_exact_budget", "compute_influence", "influence_memory",
-    "influence_sweep", "linear_head_fast_path", "resolve_tracked", "tracin_weights", "twolayer_head_fast_path",
+    "parse_damping",
+    "damping_label",
+    "count_negative_eigenvalues",
+    "SOLVERS",
+    "ESTIMATORS",
+    "SIGN_CONVENTION",
+    "PATH_FAST_LINEAR_HEAD",
+    "PATH_FAST_TWOLAYER_HEAD",
+    "PATH_GENERIC",
+    "FastPath",
+    "InfluenceConfig",
+    "InfluenceResult",
+    "batched_cg",
+    "check_exact_budget",
+    "compute_influence",
+    "influence_memory",
+    "influence_sweep",
+    "linear_head_fast_path",
+    "resolve_tracked",
+    "tracin_weights",
+    "twolayer_head_fast_path",
 ]
 
 SOLVERS = ("auto", "cholesky", "eigh")  # how exact / last-layer solve (see InfluenceConfig)
@@ -128,7 +154,9 @@ def parse_damping(value, option: str = "--damping") -> float | str:
     if isinstance(value, (int, float)):
         v = float(value)
         if not (math.isfinite(v) and v >= 0):
-            raise AuditError(f"{option} values must be numbers >= 0 (or multiples of lambda_max such as 1e-3x), got {value}")
+            raise AuditError(
+                f"{option} values must be numbers >= 0 (or multiples of lambda_max such as 1e-3x), got {value}"
+            )
         return v
     text = str(value).strip().lower()
     relative = text.endswith("x")
@@ -141,10 +169,14 @@ def parse_damping(value, option: str = "--damping") -> float | str:
         ) from None
     if relative:
         if not (math.isfinite(v) and v > 0):
-            raise AuditError(f"{option}: relative damping {value!r} must be a positive multiple of lambda_max(H), e.g. 1e-3x")
+            raise AuditError(
+                f"{option}: relative damping {value!r} must be a positive multiple of lambda_max(H), e.g. 1e-3x"
+            )
         return f"{v:g}x"
     if not (math.isfinite(v) and v >= 0):
-        raise AuditError(f"{option} values must be numbers >= 0 (or multiples of lambda_max such as 1e-3x), got {value}")
+        raise AuditError(
+            f"{option} values must be numbers >= 0 (or multiples of lambda_max such as 1e-3x), got {value}"
+        )
     return v
 
 
@@ -214,13 +246,18 @@ class InfluenceConfig:
             if not params:
                 raise AuditError("params is empty; use head, all, a module name, glob patterns or parameter names")
             if params == "last":
-                warnings.warn("params='last' is deprecated; it means 'head' (the layer that produces the logits)",
-                              DeprecationWarning, stacklevel=3)
+                warnings.warn(
+                    "params='last' is deprecated; it means 'head' (the layer that produces the logits)",
+                    DeprecationWarning,
+                    stacklevel=3,
+                )
                 params = "head"
         elif params is not None:
             params = tuple(str(p) for p in params)
             if not params:
-                raise AuditError("params is an empty list; use head, all, a module name, glob patterns or parameter names")
+                raise AuditError(
+                    "params is an empty list; use head, all, a module name, glob patterns or parameter names"
+                )
         object.__setattr__(self, "params", params)
         ESTIMATORS[self.estimator]().check_params(params)
         if isinstance(self.dtype, torch.dtype):
@@ -483,8 +520,12 @@ def linear_head_fast_path(
                 logits = to_logits(task.inputs.call(work, task.inputs(rows)))
         finally:
             hook.remove()
-        ok = (len(captured) == 1 and captured[0][0].ndim == 2 and captured[0][1].shape == logits.shape
-              and torch.equal(captured[0][1], logits))
+        ok = (
+            len(captured) == 1
+            and captured[0][0].ndim == 2
+            and captured[0][1].shape == logits.shape
+            and torch.equal(captured[0][1], logits)
+        )
         return (captured[0][0] if captured else logits), ok
 
     try:
@@ -523,9 +564,12 @@ class _View(NamedTuple):
 def _load_state(engine: Engine, state: dict[str, torch.Tensor]) -> None:
     """Point ``engine`` at the parameter values in ``state`` (names it lacks keep their values)."""
     current = engine.unflatten(engine.theta)
-    engine.theta = torch.cat([
-        (state[n] if n in state else current[n]).detach().to(engine.device, engine.dtype).reshape(-1) for n in engine.names
-    ]).clone()
+    engine.theta = torch.cat(
+        [
+            (state[n] if n in state else current[n]).detach().to(engine.device, engine.dtype).reshape(-1)
+            for n in engine.names
+        ]
+    ).clone()
     for name in list(engine.frozen):
         if name in state:
             t = state[name].detach()
@@ -533,7 +577,10 @@ def _load_state(engine: Engine, state: dict[str, torch.Tensor]) -> None:
 
 
 def _view(
-    task: Task, names: list[str], config: InfluenceConfig, state: dict[str, torch.Tensor] | None = None,
+    task: Task,
+    names: list[str],
+    config: InfluenceConfig,
+    state: dict[str, torch.Tensor] | None = None,
     probe: torch.Tensor | None = None,
 ) -> _View:
     """The first fast path that applies (when allowed; ``probe``: rows to check it on), else the generic engine."""
@@ -578,16 +625,19 @@ def influence_memory(
     est = ESTIMATORS.get(estimator, Estimator)
     k = (n_test if per_test else 1) * (n_dampings if est.uses_damping else 1)
     rows = min(chunk, max(n_train, n_test))
-    query = MemoryQuery(n_params=P, k=k, hvp_batch=hvp_batch, itemsize=itemsize, factor_bytes=factor_bytes,
-                        proj_dim=proj_dim)
+    query = MemoryQuery(
+        n_params=P, k=k, hvp_batch=hvp_batch, itemsize=itemsize, factor_bytes=factor_bytes, proj_dim=proj_dim
+    )
     parts = {key: 0 for cls in ESTIMATORS.values() for key in cls().memory_parts(query)}
     parts.update(est().memory_parts(query))
-    parts.update({
-        "transformed_test_gradients": P * k * itemsize,
-        "gradient_chunk": rows * P * itemsize,
-        "activations": rows * int(activation_bytes_per_sample),
-        "influence_output": n_train * k * itemsize,
-    })
+    parts.update(
+        {
+            "transformed_test_gradients": P * k * itemsize,
+            "gradient_chunk": rows * P * itemsize,
+            "activations": rows * int(activation_bytes_per_sample),
+            "influence_output": n_train * k * itemsize,
+        }
+    )
     parts["total"] = sum(parts.values())
     return parts
 
@@ -606,8 +656,20 @@ def _plan(config: InfluenceConfig, view: _View, P: int, X_train, n_train: int, n
     act = 0 if view.path != PATH_GENERIC else view.engine.probe_bytes_per_sample(X_train)
     est, hvp_batch = config.estimator, config.hvp_batch
     factors = estimator_class(est)().factor_bytes(view.engine)
-    mem = influence_memory(est, P, n_train, n_test, config.per_test, config.chunk_size, hvp_batch, n_dampings, itemsize, act,
-                           factors, config.proj_dim)
+    mem = influence_memory(
+        est,
+        P,
+        n_train,
+        n_test,
+        config.per_test,
+        config.chunk_size,
+        hvp_batch,
+        n_dampings,
+        itemsize,
+        act,
+        factors,
+        config.proj_dim,
+    )
     fixed = mem["total"] - mem["gradient_chunk"] - mem["activations"]
     chunk = _budget_chunk(config, P, fixed, itemsize, act)
     if chunk == 0:
@@ -618,8 +680,9 @@ def _plan(config: InfluenceConfig, view: _View, P: int, X_train, n_train: int, n
             f"{largest.replace('_', ' ')}: {mem[largest] / 2**20:,.1f} MB), above the memory budget of "
             f"{config.memory_budget_mb:,g} MB; {alternatives}, or raise the budget"
         )
-    return chunk, influence_memory(est, P, n_train, n_test, config.per_test, chunk, hvp_batch, n_dampings, itemsize, act,
-                                   factors, config.proj_dim)
+    return chunk, influence_memory(
+        est, P, n_train, n_test, config.per_test, chunk, hvp_batch, n_dampings, itemsize, act, factors, config.proj_dim
+    )
 
 
 # --------------------------------------------------------------------------- the interface
@@ -684,7 +747,9 @@ def influence_sweep(
     names = resolve_tracked(task, config, X_train)
     est = estimator_class(config.estimator)()
     if est.uses_checkpoints:
-        res = _checkpoint_sweep(est, task, names, X_train, y_train, X_test, y_test, config, checkpoints, checkpoint_weights)
+        res = _checkpoint_sweep(
+            est, task, names, X_train, y_train, X_test, y_test, config, checkpoints, checkpoint_weights
+        )
         return [res for _ in given]
     t0 = time.perf_counter()
     # K-FAC needs the real module's linear layers: the generic engine, never a feature-cached fast path
@@ -758,13 +823,18 @@ def _test_gradients(view: _View, X_test, y_test, per_test: bool, chunk: int) -> 
     return eng.summed_grad(U_te, T_te, chunk)[None]
 
 
-def _checkpoint_sweep(est: Estimator, task: Task, names, X_train, y_train, X_test, y_test, config, checkpoints,
-                      weights) -> InfluenceResult:
+def _checkpoint_sweep(
+    est: Estimator, task: Task, names, X_train, y_train, X_test, y_test, config, checkpoints, weights
+) -> InfluenceResult:
     """-sum_t w_t train_map(g_train(theta_t)) . solve(g_test(theta_t)) over weighted checkpoints (``tracin``)."""
     if not checkpoints:
-        raise AuditError(f"{est.name} needs checkpoints saved during training (TrainConfig.checkpoint_every); none were given")
+        raise AuditError(
+            f"{est.name} needs checkpoints saved during training (TrainConfig.checkpoint_every); none were given"
+        )
     if weights is None:
-        raise AuditError(f"{est.name} needs one weight per checkpoint (learning rate x steps it stands for); see tracin_weights")
+        raise AuditError(
+            f"{est.name} needs one weight per checkpoint (learning rate x steps it stands for); see tracin_weights"
+        )
     if len(weights) != len(checkpoints):
         raise AuditError(f"{est.name} got {len(checkpoints)} checkpoints but {len(weights)} weights")
     t0 = time.perf_counter()
@@ -781,8 +851,13 @@ def _checkpoint_sweep(est: Estimator, task: Task, names, X_train, y_train, X_tes
     for ckpt, w in zip(checkpoints, weights):
         if w == 0:
             continue
-        view = _view(task, names, config if est.allows_fast_path else replace(config, fast_path=False), state=ckpt,
-                     probe=X_train[:2])
+        view = _view(
+            task,
+            names,
+            config if est.allows_fast_path else replace(config, fast_path=False),
+            state=ckpt,
+            probe=X_train[:2],
+        )
         eng = view.engine
         if out is None:
             P, path = eng.n_params, view.path

@@ -108,17 +108,17 @@ class KroneckerFactors:
         offsets = dict(zip(engine.names, _offsets(engine)))
         for b in self.blocks:
             o_w, n_w = offsets[b.weight]
-            V = grads[:, o_w:o_w + n_w].to(torch.float64).reshape(-1, b.d_out, b.d_in)
+            V = grads[:, o_w : o_w + n_w].to(torch.float64).reshape(-1, b.d_out, b.d_in)
             if b.bias:
                 o_b, n_b = offsets[b.bias]
-                V = torch.cat([V, grads[:, o_b:o_b + n_b].to(torch.float64)[:, :, None]], 2)
+                V = torch.cat([V, grads[:, o_b : o_b + n_b].to(torch.float64)[:, :, None]], 2)
             lam = b.eigenvalues(self.kind)
             d = resolve_damping(damping, lam)
             rotated = b.QS.T @ V @ b.QA
             solved = b.QS @ (rotated / (lam + d)) @ b.QA.T
-            out[:, o_w:o_w + n_w] = solved[:, :, : b.d_in].reshape(-1, n_w)
+            out[:, o_w : o_w + n_w] = solved[:, :, : b.d_in].reshape(-1, n_w)
             if b.bias:
-                out[:, o_b:o_b + n_b] = solved[:, :, b.d_in]
+                out[:, o_b : o_b + n_b] = solved[:, :, b.d_in]
         return out.to(grads.dtype)
 
 
@@ -160,20 +160,50 @@ def linear_modules(module: nn.Module, names: Sequence[str]) -> tuple[list[Linear
 
     for path, sub in module.named_modules():
         if type(sub) is nn.Linear:
-            add(LinearBlock(path, prefixed(path, "weight"), prefixed(path, "bias") if sub.bias is not None else None,
-                            sub.in_features, sub.out_features))
+            add(
+                LinearBlock(
+                    path,
+                    prefixed(path, "weight"),
+                    prefixed(path, "bias") if sub.bias is not None else None,
+                    sub.in_features,
+                    sub.out_features,
+                )
+            )
         elif type(sub) is nn.Conv2d and sub.groups == 1 and sub.padding_mode == "zeros":
-            add(LinearBlock(path, prefixed(path, "weight"), prefixed(path, "bias") if sub.bias is not None else None,
-                            sub.in_channels * sub.kernel_size[0] * sub.kernel_size[1], sub.out_channels,
-                            source="conv2d"))
+            add(
+                LinearBlock(
+                    path,
+                    prefixed(path, "weight"),
+                    prefixed(path, "bias") if sub.bias is not None else None,
+                    sub.in_channels * sub.kernel_size[0] * sub.kernel_size[1],
+                    sub.out_channels,
+                    source="conv2d",
+                )
+            )
         elif isinstance(sub, nn.MultiheadAttention) and _factorable_attention(sub):
             E = sub.embed_dim
-            add(LinearBlock(prefixed(path, "in_proj"), prefixed(path, "in_proj_weight"),
-                            prefixed(path, "in_proj_bias") if sub.in_proj_bias is not None else None, E, 3 * E,
-                            source="mha-in", module=path))
-            add(LinearBlock(prefixed(path, "out_proj"), prefixed(path, "out_proj.weight"),
-                            prefixed(path, "out_proj.bias") if sub.out_proj.bias is not None else None, E, E,
-                            source="mha-out", module=path))
+            add(
+                LinearBlock(
+                    prefixed(path, "in_proj"),
+                    prefixed(path, "in_proj_weight"),
+                    prefixed(path, "in_proj_bias") if sub.in_proj_bias is not None else None,
+                    E,
+                    3 * E,
+                    source="mha-in",
+                    module=path,
+                )
+            )
+            add(
+                LinearBlock(
+                    prefixed(path, "out_proj"),
+                    prefixed(path, "out_proj.weight"),
+                    prefixed(path, "out_proj.bias") if sub.out_proj.bias is not None else None,
+                    E,
+                    E,
+                    source="mha-out",
+                    module=path,
+                )
+            )
     excluded = [n for n in names if n not in covered]
     return blocks, excluded
 
@@ -184,8 +214,10 @@ def _conv_patches(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     import torch.nn.functional as F
 
     if x.dim() != 4:
-        raise AuditError(f"K-FAC covers batched nn.Conv2d inputs (4-D), got shape {tuple(x.shape)}; leave the "
-                         "layer's parameters out with --params, or use --estimator cg")
+        raise AuditError(
+            f"K-FAC covers batched nn.Conv2d inputs (4-D), got shape {tuple(x.shape)}; leave the "
+            "layer's parameters out with --params, or use --estimator cg"
+        )
     padding = conv.padding
     if isinstance(padding, str):  # "valid", or "same" (stride 1), which may pad one more on the right
         if padding == "same":
@@ -213,20 +245,32 @@ def _attention_with_visible_projections(mha: nn.MultiheadAttention, args: tuple,
     tensor), batched inputs, eval mode (no dropout)."""
     import torch.nn.functional as F
 
-    names = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask", "average_attn_weights",
-             "is_causal")
+    names = (
+        "query",
+        "key",
+        "value",
+        "key_padding_mask",
+        "need_weights",
+        "attn_mask",
+        "average_attn_weights",
+        "is_causal",
+    )
     defaults = (None, None, None, None, True, None, True, False)
     bound = dict(zip(names, defaults))
     bound.update(zip(names, args))
     bound.update(kwargs)
     q, k, v = bound["query"], bound["key"], bound["value"]
     if not (q is k and k is v):
-        raise AuditError("K-FAC covers nn.MultiheadAttention as self-attention (query, key and value the same "
-                         "tensor); this model calls it with different ones: leave its parameters out with --params, "
-                         "or use --estimator cg")
+        raise AuditError(
+            "K-FAC covers nn.MultiheadAttention as self-attention (query, key and value the same "
+            "tensor); this model calls it with different ones: leave its parameters out with --params, "
+            "or use --estimator cg"
+        )
     if q.dim() != 3:
-        raise AuditError(f"K-FAC covers batched nn.MultiheadAttention inputs (3-D), got shape {tuple(q.shape)}; leave "
-                         "its parameters out with --params, or use --estimator cg")
+        raise AuditError(
+            f"K-FAC covers batched nn.MultiheadAttention inputs (3-D), got shape {tuple(q.shape)}; leave "
+            "its parameters out with --params, or use --estimator cg"
+        )
     x = q if mha.batch_first else q.transpose(0, 1)  # (B, T, E)
     B, T, E = x.shape
     H = mha.num_heads
@@ -323,15 +367,18 @@ def _capture(engine: Engine, blocks: list[LinearBlock], rows: torch.Tensor):
         # a layer applied twice in one forward (shared weights) has a sum of two Kronecker
         # products as its block; keeping only the last call's activations would be wrong
         if path in inputs:
-            raise AuditError(f"K-FAC: the layer {path or 'at the model root'!r} runs more than once per forward pass "
-                             "(shared weights), which its Kronecker factors cannot represent; leave its parameters "
-                             "out with --params, or use --estimator cg")
+            raise AuditError(
+                f"K-FAC: the layer {path or 'at the model root'!r} runs more than once per forward pass "
+                "(shared weights), which its Kronecker factors cannot represent; leave its parameters "
+                "out with --params, or use --estimator cg"
+            )
 
     def hook_for(path: str, source: str):
         def hook(module, args, out):
             once(path)
             inputs[path] = _conv_patches(module, args[0]) if source == "conv2d" else args[0]
             outputs[path] = out
+
         return hook
 
     def attention_hook_for(path: str, parts: dict[str, LinearBlock]):
@@ -343,14 +390,17 @@ def _capture(engine: Engine, blocks: list[LinearBlock], rows: torch.Tensor):
             tol = 1e-10 if theirs.dtype == torch.float64 else 1e-4
             gap = float((mine - theirs).detach().abs().max()) if mine.shape == theirs.shape else math.inf
             if not gap <= tol * (1.0 + float(theirs.detach().abs().max())):
-                raise AuditError(f"K-FAC could not reproduce the nn.MultiheadAttention at {path or 'the model root'!r} "
-                                 f"(largest difference {gap:.3g}); leave its parameters out with --params, or use "
-                                 "--estimator cg")
+                raise AuditError(
+                    f"K-FAC could not reproduce the nn.MultiheadAttention at {path or 'the model root'!r} "
+                    f"(largest difference {gap:.3g}); leave its parameters out with --params, or use "
+                    "--estimator cg"
+                )
             if "mha-in" in parts:
                 inputs[parts["mha-in"].path], outputs[parts["mha-in"].path] = x, qkv
             if "mha-out" in parts:
                 inputs[parts["mha-out"].path], outputs[parts["mha-out"].path] = attended, projected
             return replaced
+
         return hook
 
     attention: dict[str, dict[str, LinearBlock]] = {}
@@ -389,7 +439,13 @@ EXACT_COLUMNS_UP_TO = 32
 
 
 def fit_factors(
-    engine: Engine, X: torch.Tensor, kind: str = "ekfac", *, chunk: int = 256, curvature: str = "auto", seed: int = 0,
+    engine: Engine,
+    X: torch.Tensor,
+    kind: str = "ekfac",
+    *,
+    chunk: int = 256,
+    curvature: str = "auto",
+    seed: int = 0,
     targets: torch.Tensor | None = None,
 ) -> KroneckerFactors:
     """Fit the Kronecker factors (and, for EK-FAC, the corrected eigenvalues) of the linear
@@ -414,9 +470,11 @@ def fit_factors(
     targets_all = None if targets is None else engine._as_targets(targets)
     blocks, excluded = linear_blocks(engine)
     if not blocks:
-        raise AuditError("K-FAC covers nn.Linear, nn.Conv2d and nn.MultiheadAttention layers, and none of the "
-                         "tracked parameters belongs to one; use --estimator cg or exact, or track such layers with "
-                         "--params")
+        raise AuditError(
+            "K-FAC covers nn.Linear, nn.Conv2d and nn.MultiheadAttention layers, and none of the "
+            "tracked parameters belongs to one; use --estimator cg or exact, or track such layers with "
+            "--params"
+        )
     rows_all = engine.rows(X)
     n = rows_all.shape[0]
     for b in blocks:
@@ -487,12 +545,19 @@ def fit_factors(
         for b in blocks:
             b.corrected /= n
     covered = [nm for nm in engine.names if nm not in set(excluded)]
-    return KroneckerFactors(kind, blocks, excluded, n, covered, {
-        "curvature": curvature,
-        "seed": int(seed) if curvature == "fisher" else None,
-        "layers": [b.path for b in blocks],
-        "factor_shapes": {b.path: [b.width_in, b.d_out] for b in blocks},
-    })
+    return KroneckerFactors(
+        kind,
+        blocks,
+        excluded,
+        n,
+        covered,
+        {
+            "curvature": curvature,
+            "seed": int(seed) if curvature == "fisher" else None,
+            "layers": [b.path for b in blocks],
+            "factor_shapes": {b.path: [b.width_in, b.d_out] for b in blocks},
+        },
+    )
 
 
 def kfac_memory_bytes(blocks: Sequence[LinearBlock]) -> int:
@@ -529,17 +594,33 @@ def save_factors(factors: KroneckerFactors, path: str | Path, fingerprint: str) 
 
     from safetensors.torch import save
 
-
     tensors, layers = {}, []
     for i, b in enumerate(factors.blocks):
         for key in ("A", "S", "QA", "QS", "lamA", "lamS", "corrected"):
             value = getattr(b, key)
             if value is not None:
                 tensors[f"{i}.{key}"] = value.detach().cpu().contiguous()
-        layers.append({"path": b.path, "weight": b.weight, "bias": b.bias, "d_in": b.d_in, "d_out": b.d_out,
-                       "source": b.source, "module": b.module})
-    meta = {"format": CACHE_FORMAT, "fingerprint": fingerprint, "kind": factors.kind, "n_samples": factors.n_samples,
-            "excluded": factors.excluded, "names": factors.names, "layers": layers, "diagnostics": factors.diagnostics}
+        layers.append(
+            {
+                "path": b.path,
+                "weight": b.weight,
+                "bias": b.bias,
+                "d_in": b.d_in,
+                "d_out": b.d_out,
+                "source": b.source,
+                "module": b.module,
+            }
+        )
+    meta = {
+        "format": CACHE_FORMAT,
+        "fingerprint": fingerprint,
+        "kind": factors.kind,
+        "n_samples": factors.n_samples,
+        "excluded": factors.excluded,
+        "names": factors.names,
+        "layers": layers,
+        "diagnostics": factors.diagnostics,
+    }
     write_bytes_atomic(path, save(tensors, metadata={"attnaudit": json.dumps(meta)}))
 
 
@@ -555,29 +636,50 @@ def load_factors(path: str | Path, fingerprint: str, device: torch.device | str 
             meta = json.loads((f.metadata() or {}).get("attnaudit", "{}"))
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as exc:  # noqa: BLE001 - any unreadable file is refused the same way
-        raise AuditError(f"K-FAC cache {path} is not a factors file ({exc.__class__.__name__}); delete it or use "
-                         "another --cache folder") from None
+        raise AuditError(
+            f"K-FAC cache {path} is not a factors file ({exc.__class__.__name__}); delete it or use "
+            "another --cache folder"
+        ) from None
     if meta.get("format") != CACHE_FORMAT:
         raise AuditError(f"K-FAC cache {path} has format {meta.get('format')!r}, not {CACHE_FORMAT}; delete it")
     if meta.get("fingerprint") != fingerprint:
-        raise AuditError(f"K-FAC cache {path} was fitted for another model or data (fingerprint "
-                         f"{str(meta.get('fingerprint'))[:12]} vs {fingerprint[:12]}); it is not used: delete it or "
-                         "use another --cache folder")
+        raise AuditError(
+            f"K-FAC cache {path} was fitted for another model or data (fingerprint "
+            f"{str(meta.get('fingerprint'))[:12]} vs {fingerprint[:12]}); it is not used: delete it or "
+            "use another --cache folder"
+        )
     blocks = []
     for i, layer in enumerate(meta["layers"]):
-        b = LinearBlock(layer["path"], layer["weight"], layer["bias"], int(layer["d_in"]), int(layer["d_out"]),
-                        source=str(layer.get("source", "linear")), module=str(layer.get("module", "")))
+        b = LinearBlock(
+            layer["path"],
+            layer["weight"],
+            layer["bias"],
+            int(layer["d_in"]),
+            int(layer["d_out"]),
+            source=str(layer.get("source", "linear")),
+            module=str(layer.get("module", "")),
+        )
         for key in ("A", "S", "QA", "QS", "lamA", "lamS", "corrected"):
             if f"{i}.{key}" in tensors:
                 setattr(b, key, tensors[f"{i}.{key}"].to(device))
         blocks.append(b)
     diagnostics = dict(meta.get("diagnostics", {}), cache="loaded")
-    return KroneckerFactors(meta["kind"], blocks, list(meta["excluded"]), int(meta["n_samples"]), list(meta["names"]),
-                            diagnostics)
+    return KroneckerFactors(
+        meta["kind"], blocks, list(meta["excluded"]), int(meta["n_samples"]), list(meta["names"]), diagnostics
+    )
 
 
-def cached_factors(engine: Engine, rows: torch.Tensor, kind: str, *, chunk: int, curvature: str, seed: int,
-                   cache_dir: str | Path | None, targets: torch.Tensor | None = None) -> KroneckerFactors:
+def cached_factors(
+    engine: Engine,
+    rows: torch.Tensor,
+    kind: str,
+    *,
+    chunk: int,
+    curvature: str,
+    seed: int,
+    cache_dir: str | Path | None,
+    targets: torch.Tensor | None = None,
+) -> KroneckerFactors:
     """:func:`fit_factors`, reading and writing ``cache_dir`` when given (one file per fingerprint)."""
     if cache_dir is None:
         return fit_factors(engine, rows, kind, chunk=chunk, curvature=curvature, seed=seed, targets=targets)

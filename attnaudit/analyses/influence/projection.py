@@ -20,8 +20,15 @@ from attnaudit.errors import AuditError
 class SignProjection:
     """R in R^{P x k}, entries +-1/sqrt(k), drawn in column blocks of ``block``."""
 
-    def __init__(self, P: int, k: int, seed: int = 0, block: int = 64,
-                 dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        P: int,
+        k: int,
+        seed: int = 0,
+        block: int = 64,
+        dtype: torch.dtype = torch.float64,
+        device: torch.device | str = "cpu",
+    ):
         if k < 1:
             raise AuditError(f"--proj-dim must be >= 1, got {k}")
         self.P, self.k, self.seed, self.block = int(P), int(k), int(seed), max(1, int(block))

@@ -227,14 +227,28 @@ def _width_spread(group: list[SweepCell]) -> dict:
     for key, label, _ in WIDTH_SCALES:
         vals = np.array([w[key] for w in per_cell if w[key] is not None], dtype=float)
         if vals.size == 0:
-            out[key] = {"label": label, "median": None, "min": None, "max": None, "iqr": None, "std": None,
-                        "finite_seeds": 0, "seeds": len(group), "orders_beyond_reference_median": None}
+            out[key] = {
+                "label": label,
+                "median": None,
+                "min": None,
+                "max": None,
+                "iqr": None,
+                "std": None,
+                "finite_seeds": 0,
+                "seeds": len(group),
+                "orders_beyond_reference_median": None,
+            }
             continue
         q1, q3 = np.percentile(vals, [25, 75])
         out[key] = {
-            "label": label, "median": float(np.median(vals)), "min": float(vals.min()), "max": float(vals.max()),
-            "iqr": float(q3 - q1), "std": float(vals.std(ddof=1)) if vals.size > 1 else 0.0,
-            "finite_seeds": int(vals.size), "seeds": len(group),
+            "label": label,
+            "median": float(np.median(vals)),
+            "min": float(vals.min()),
+            "max": float(vals.max()),
+            "iqr": float(q3 - q1),
+            "std": float(vals.std(ddof=1)) if vals.size > 1 else 0.0,
+            "finite_seeds": int(vals.size),
+            "seeds": len(group),
             "orders_beyond_reference_median": float(np.median(vals)) - REFERENCE_WIDTH_LOG10,
         }
     return out
@@ -256,12 +270,16 @@ def sweep_verdicts(summary: list[SweepSummary]) -> list[str]:
         if w.get("median") is None:
             part = "undefined"
         else:
-            part = (f"{w['median']:.1f} [{w['min']:.1f}, {w['max']:.1f}] at {basis}, "
-                    f"{w['median'] - REFERENCE_WIDTH_LOG10:.1f} orders beyond 1e{REFERENCE_WIDTH_LOG10:.0f}")
+            part = (
+                f"{w['median']:.1f} [{w['min']:.1f}, {w['max']:.1f}] at {basis}, "
+                f"{w['median'] - REFERENCE_WIDTH_LOG10:.1f} orders beyond 1e{REFERENCE_WIDTH_LOG10:.0f}"
+            )
             if basis == "numerical rank":
                 part += " (rank deficient seeds: kappa_d infinite, this understates the requirement)"
-        out.append(f"width requirement of linearized attention (paper, kappa^6 n ln n) at n={s.n}, "
-                   f"log10 m median [min, max] over {s.seeds} seed(s): {part}")
+        out.append(
+            f"width requirement of linearized attention (paper, kappa^6 n ln n) at n={s.n}, "
+            f"log10 m median [min, max] over {s.seeds} seed(s): {part}"
+        )
     return out
 
 
@@ -289,11 +307,15 @@ def _main_tables(result: KappaResult, ds_name: str) -> list:
     t.add_row("kappa(G~) = kappa(G)^3 at rank r", _fmt(base.kappa_rank**3))
     if result.check is not None:
         c = result.check
-        t.add_row("kappa(G~) measured directly", _fmt(c.measured_kappa) if c.measured_kappa is not None else "not resolvable")
+        t.add_row(
+            "kappa(G~) measured directly", _fmt(c.measured_kappa) if c.measured_kappa is not None else "not resolvable"
+        )
         t.add_row("amplification check", c.verdict)
     ref = f"1e{REFERENCE_WIDTH_LOG10:.0f}"
-    w = Table(title=f"width requirement of linearized attention (paper): m ~ kappa_d(G)^6 n ln n = kappa(G~)^2 n ln n "
-                    f"(constant omitted; reference {ref}, about the largest trained models)")
+    w = Table(
+        title=f"width requirement of linearized attention (paper): m ~ kappa_d(G)^6 n ln n = kappa(G~)^2 n ln n "
+        f"(constant omitted; reference {ref}, about the largest trained models)"
+    )
     w.add_column("estimate")
     w.add_column("index", justify="right")
     w.add_column("log10 m", justify="right")
@@ -308,8 +330,13 @@ def _main_tables(result: KappaResult, ds_name: str) -> list:
         else:
             lo, hi = est.interval
             iv = f"-{m - lo:.2g} / +{'inf' if hi is None else f'{hi - m:.2g}'}"
-        w.add_row(est.label, str(est.rank), _fmt(est.log10_width, 5) if est.log10_width is not None else "inf", iv,
-                  _fmt(est.gap_orders, 4) if est.gap_orders is not None else "inf")
+        w.add_row(
+            est.label,
+            str(est.rank),
+            _fmt(est.log10_width, 5) if est.log10_width is not None else "inf",
+            iv,
+            _fmt(est.gap_orders, 4) if est.gap_orders is not None else "inf",
+        )
     out = [t, w]
     out.extend(f"- width row at {est.basis}: {est.caveat}" for est in result.widths if est.caveat)
     return out
@@ -319,8 +346,17 @@ def _sweep_table(summary: list[SweepSummary]):
     from rich.table import Table
 
     t = Table(title="kappa vs n (mean +- std over seeds); log10 m: median [min, max] over seeds")
-    for col in ("n", "seeds", "rank-deficient", "mean rank", "kappa_d(G)", "kappa at numerical rank", "log10 kappa_r",
-                "log10 m (paper, kappa^6 n ln n)", f"orders beyond 1e{REFERENCE_WIDTH_LOG10:.0f}"):
+    for col in (
+        "n",
+        "seeds",
+        "rank-deficient",
+        "mean rank",
+        "kappa_d(G)",
+        "kappa at numerical rank",
+        "log10 kappa_r",
+        "log10 m (paper, kappa^6 n ln n)",
+        f"orders beyond 1e{REFERENCE_WIDTH_LOG10:.0f}",
+    ):
         t.add_column(col, justify="right")
 
     def med(s: SweepSummary, key: str) -> str:
@@ -386,7 +422,14 @@ def plot_kappa(result: KappaResult, sweep: list[SweepSummary] | None, path: Path
     if result.transformed_measured is not None:
         meas = result.transformed_measured
         keep = meas > tol_t
-        ax.semilogy(idx[keep], meas[keep], label="G~ measured directly (above its tolerance)", color="tab:red", alpha=0.4, linewidth=4)
+        ax.semilogy(
+            idx[keep],
+            meas[keep],
+            label="G~ measured directly (above its tolerance)",
+            color="tab:red",
+            alpha=0.4,
+            linewidth=4,
+        )
     ax.axhline(base.tolerance, color="tab:blue", linestyle=":", linewidth=1, label="rank tolerance of G")
     ax.axhline(tol_t, color="tab:red", linestyle=":", linewidth=1, label="rank tolerance of G~")
     if r < lam.size:
@@ -405,7 +448,15 @@ def plot_kappa(result: KappaResult, sweep: list[SweepSummary] | None, path: Path
         ax2.errorbar(ns, centre, yerr=[lo, hi], marker="o", capsize=3, label="kappa at numerical rank")
         deficient = [s for s in sweep if s.rank_deficient_seeds]
         if deficient:
-            ax2.scatter([s.n for s in deficient], [10**s.log10_kappa_rank_mean for s in deficient], marker="x", s=80, color="black", zorder=3, label="rank deficient (kappa_d infinite)")
+            ax2.scatter(
+                [s.n for s in deficient],
+                [10**s.log10_kappa_rank_mean for s in deficient],
+                marker="x",
+                s=80,
+                color="black",
+                zorder=3,
+                label="rank deficient (kappa_d infinite)",
+            )
         ax2.set_xscale("log")
         ax2.set_yscale("log")
         ax2.set_xlabel("n (subset size)")

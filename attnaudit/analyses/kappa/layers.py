@@ -76,7 +76,15 @@ import torch
 from torch import nn
 
 from attnaudit.errors import AuditError
-from attnaudit.core.spectral import EPS64, ConditionReport, WidthEstimate, condition_report, reference_width, width_estimate, width_rows
+from attnaudit.core.spectral import (
+    EPS64,
+    ConditionReport,
+    WidthEstimate,
+    condition_report,
+    reference_width,
+    width_estimate,
+    width_rows,
+)
 from attnaudit.models.vit import Attention
 from attnaudit.models.checkpoints import LoadedModel
 from attnaudit.core.task import Inputs, Task, as_task
@@ -180,7 +188,9 @@ def attention_kind(module: nn.Module) -> str | None:
 
 
 def _candidates(module: nn.Module, limit: int = 12) -> str:
-    names = [n for n, m in module.named_modules() if n and re.search(r"att|attn|attention", f"{n} {type(m).__name__}", re.I)]
+    names = [
+        n for n, m in module.named_modules() if n and re.search(r"att|attn|attention", f"{n} {type(m).__name__}", re.I)
+    ]
     if not names:
         names = [n for n, _ in module.named_modules() if n]
     shown = ", ".join(names[:limit]) + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
@@ -266,7 +276,9 @@ class Spread:
         plus, minus = int(np.isposinf(vals).sum()), int(np.isneginf(vals).sum())
         if vals.size == 0:
             return cls(math.nan, math.nan, math.nan, 0, 0, 0, undefined)
-        return cls(_quantile(vals, 0.5), _quantile(vals, 0.1), _quantile(vals, 0.9), int(vals.size), plus, minus, undefined)
+        return cls(
+            _quantile(vals, 0.5), _quantile(vals, 0.1), _quantile(vals, 0.9), int(vals.size), plus, minus, undefined
+        )
 
     def to_dict(self) -> dict:
         out: dict[str, Any] = {}
@@ -276,8 +288,13 @@ class Spread:
             out[key] = v if math.isfinite(v) else None
             if math.isinf(v):
                 nonfinite[key] = "+inf" if v > 0 else "-inf"
-        out.update(n=self.n, n_plus_infinite=self.n_plus_infinite, n_minus_infinite=self.n_minus_infinite,
-                   n_undefined=self.n_undefined, nonfinite=nonfinite)
+        out.update(
+            n=self.n,
+            n_plus_infinite=self.n_plus_infinite,
+            n_minus_infinite=self.n_minus_infinite,
+            n_undefined=self.n_undefined,
+            nonfinite=nonfinite,
+        )
         return out
 
 
@@ -457,7 +474,9 @@ class LayerKappa:
             "features_out": self.features_out,
             "input_gram": self.input.to_dict(per_sample),
             "output_gram": self.output.to_dict(per_sample),
-            "attention": None if self.heads is None else {
+            "attention": None
+            if self.heads is None
+            else {
                 "spectrum": "singular values of the attention matrix; kappa = s_max / s_min",
                 "heads": [{"head": i, **h.to_dict(per_sample)} for i, h in enumerate(self.heads)],
                 "all_heads_log10_kappa": self.attention_all_heads.to_dict(),
@@ -528,7 +547,9 @@ class LayerKappaResult:
 def _as_tokens(t: Any, name: str, role: str, multihead: bool = False, batch_first: bool = True) -> torch.Tensor:
     """The (batch, tokens, features) tensor of a layer's input or output."""
     if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-        raise AuditError(f"layer {name}: no floating-point token tensor in its {role}; choose attention layers with --layers")
+        raise AuditError(
+            f"layer {name}: no floating-point token tensor in its {role}; choose attention layers with --layers"
+        )
     if multihead:
         t = t.unsqueeze(0) if t.ndim == 2 else (t if batch_first else t.transpose(0, 1))
     if t.ndim != 3:
@@ -568,7 +589,9 @@ def _mha_weights(mod: nn.MultiheadAttention, args: tuple, kwargs: dict) -> torch
     return w.unsqueeze(0) if w.ndim == 3 else w
 
 
-def _attention_maps(layer: AttentionLayer, args: tuple, kwargs: dict, output: Any, tokens_in: torch.Tensor) -> tuple[torch.Tensor | None, str]:
+def _attention_maps(
+    layer: AttentionLayer, args: tuple, kwargs: dict, output: Any, tokens_in: torch.Tensor
+) -> tuple[torch.Tensor | None, str]:
     mod = layer.module
     if layer.kind == "builtin":
         return mod.weights(tokens_in), "attnaudit.models.vit.Attention.weights(h): the module's own maps"
@@ -704,7 +727,9 @@ def _draw(X: torch.Tensor, n: int, seed: int) -> tuple[torch.Tensor, list[int] |
 # --------------------------------------------------------------------------- the analysis
 
 
-def entk_gram(task: Any, X: torch.Tensor, memory_bytes: int = 1 << 30, device: str | torch.device | None = None) -> tuple[np.ndarray, int, int, int]:
+def entk_gram(
+    task: Any, X: torch.Tensor, memory_bytes: int = 1 << 30, device: str | torch.device | None = None
+) -> tuple[np.ndarray, int, int, int]:
     """(K, P, c, chunk): the empirical NTK Gram K = (1/c) sum_a J_a J_a^T (n x n, float64) of all
     trainable parameters, from the engine's per-sample Jacobians (:meth:`Engine.jacobian`).
 
@@ -745,7 +770,7 @@ def entk_gram(task: Any, X: torch.Tensor, memory_bytes: int = 1 << 30, device: s
         for i, (a1, b1) in enumerate(blocks):
             J1 = engine.jacobian(rows[a1:b1])
             K[a1:b1, a1:b1] = gram(J1, J1)
-            for a2, b2 in blocks[i + 1:]:
+            for a2, b2 in blocks[i + 1 :]:
                 block = gram(J1, engine.jacobian(rows[a2:b2]))
                 K[a1:b1, a2:b2] = block
                 K[a2:b2, a1:b1] = block.T
@@ -753,7 +778,9 @@ def entk_gram(task: Any, X: torch.Tensor, memory_bytes: int = 1 << 30, device: s
     return K.numpy(), P, c, chunk
 
 
-def analyse_layers(model: Any, X: torch.Tensor, config: LayerKappaConfig = LayerKappaConfig(), label: str | None = None) -> LayerKappaResult:
+def analyse_layers(
+    model: Any, X: torch.Tensor, config: LayerKappaConfig = LayerKappaConfig(), label: str | None = None
+) -> LayerKappaResult:
     """Per-layer kappa of ``model`` (a :class:`~attnaudit.core.task.Task`, a
     :class:`~attnaudit.models.checkpoints.LoadedModel` or a module) on flat rows ``X`` (n, d).
 
@@ -763,12 +790,16 @@ def analyse_layers(model: Any, X: torch.Tensor, config: LayerKappaConfig = Layer
     """
 
     if not isinstance(X, torch.Tensor) or X.ndim != 2 or X.shape[0] < 1:
-        raise AuditError(f"X must be a non-empty (n, d) matrix of flat rows, got {getattr(X, 'shape', type(X).__name__)}")
+        raise AuditError(
+            f"X must be a non-empty (n, d) matrix of flat rows, got {getattr(X, 'shape', type(X).__name__)}"
+        )
     t0 = time.perf_counter()
     task = _as_task(model, X)
     X, rows = _draw(X, config.n, config.seed)
     first = next((t for t in (*task.module.parameters(), *task.module.buffers()) if t.is_floating_point()), None)
-    device = torch.device(config.device) if config.device else (first.device if first is not None else torch.device("cpu"))
+    device = (
+        torch.device(config.device) if config.device else (first.device if first is not None else torch.device("cpu"))
+    )
     twin = _float64_copy(task.module, device)
     layers = find_attention_layers(twin, config.layers)
     records = {layer.name: _Record(layer) for layer in layers}
@@ -800,7 +831,9 @@ def analyse_layers(model: Any, X: torch.Tensor, config: LayerKappaConfig = Layer
                 for name, rec in records.items():
                     ran = rec.calls - before[name]
                     if ran == 0:
-                        raise AuditError(f"layer {name} did not run in the model's forward pass; choose layers that run with --layers")
+                        raise AuditError(
+                            f"layer {name} did not run in the model's forward pass; choose layers that run with --layers"
+                        )
                     if ran > 1:
                         raise AuditError(
                             f"layer {name} runs {ran} times per forward pass (shared weights); per-layer kappa needs one call "
@@ -824,7 +857,8 @@ def analyse_layers(model: Any, X: torch.Tensor, config: LayerKappaConfig = Layer
             L, S = rec.maps_shape
             heads = [SpectrumSummary.of(sv[:, h, :], L, S, config.rank_tol) for h in range(sv.shape[1])]
         amp = Amplification(
-            s_in.log10_kappa, s_out.log10_kappa,
+            s_in.log10_kappa,
+            s_out.log10_kappa,
             precision_limit_log10=-math.log10(max(No, Do) * EPS64),
         )
         med_in, med_out = s_in.spread(), s_out.spread()
@@ -836,21 +870,58 @@ def analyse_layers(model: Any, X: torch.Tensor, config: LayerKappaConfig = Layer
         median_note = "not computed: median kappa over samples"
         tok = "m ~ kappa^6 N ln N of the token Gram (the paper's formula, N = tokens; Omega constant omitted)"
         widths = [
-            width_estimate(kappa_of(med_in.median), N, "input token Gram, median kappa_d: kappa^6 N ln N (N = tokens)",
-                           basis="kappa_d", formula=tok, interval_method=median_note),
-            width_estimate(kappa_of(med_in_r.median), N, "input token Gram, median kappa at numerical rank (N = tokens)",
-                           basis="numerical_rank", formula=tok, interval_method=median_note),
-            width_estimate(kappa_of(med_out.median), No, "output token Gram, median kappa_d (N = tokens)",
-                           basis="kappa_d", formula=tok, interval_method=median_note),
-            width_estimate(kappa_of(med_out_r.median), No, "output token Gram, median kappa at numerical rank (N = tokens)",
-                           basis="numerical_rank", formula=tok, interval_method=median_note),
+            width_estimate(
+                kappa_of(med_in.median),
+                N,
+                "input token Gram, median kappa_d: kappa^6 N ln N (N = tokens)",
+                basis="kappa_d",
+                formula=tok,
+                interval_method=median_note,
+            ),
+            width_estimate(
+                kappa_of(med_in_r.median),
+                N,
+                "input token Gram, median kappa at numerical rank (N = tokens)",
+                basis="numerical_rank",
+                formula=tok,
+                interval_method=median_note,
+            ),
+            width_estimate(
+                kappa_of(med_out.median),
+                No,
+                "output token Gram, median kappa_d (N = tokens)",
+                basis="kappa_d",
+                formula=tok,
+                interval_method=median_note,
+            ),
+            width_estimate(
+                kappa_of(med_out_r.median),
+                No,
+                "output token Gram, median kappa at numerical rank (N = tokens)",
+                basis="numerical_rank",
+                formula=tok,
+                interval_method=median_note,
+            ),
         ]
-        results.append(LayerKappa(
-            name=layer.name, kind=layer.kind, class_name=layer.class_name, depth=len(results), tokens=N,
-            features_in=D, features_out=Do, input=s_in, output=s_out, heads=heads,
-            attention_note=rec.note if layer.kind != "selected" or heads is not None else "selected by --layers: token Grams only",
-            amplification=amp, widths=widths,
-        ))
+        results.append(
+            LayerKappa(
+                name=layer.name,
+                kind=layer.kind,
+                class_name=layer.class_name,
+                depth=len(results),
+                tokens=N,
+                features_in=D,
+                features_out=Do,
+                input=s_in,
+                output=s_out,
+                heads=heads,
+                attention_note=rec.note
+                if layer.kind != "selected" or heads is not None
+                else "selected by --layers: token Grams only",
+                amplification=amp,
+                widths=widths,
+            )
+        )
     timings = {"layers": t_layers - t0, "spectra": time.perf_counter() - t_layers}
 
     entk = None
@@ -862,13 +933,22 @@ def analyse_layers(model: Any, X: torch.Tensor, config: LayerKappaConfig = Layer
         rep = condition_report(lam, n, c * P, config.rank_tol)
         secs = time.perf_counter() - te
         entk = EntkResult(
-            n=n, n_params=P, n_outputs=c, report=rep,
+            n=n,
+            n_params=P,
+            n_outputs=c,
+            report=rep,
             widths=width_rows(
-                rep, "eNTK Gram kappa_d: kappa^6 n ln n (n = samples)", "eNTK Gram at numerical rank (n = samples)",
+                rep,
+                "eNTK Gram kappa_d: kappa^6 n ln n (n = samples)",
+                "eNTK Gram at numerical rank (n = samples)",
                 "m ~ kappa_d(K)^6 n ln n: the paper's formula evaluated on the eNTK Gram K (the paper's kappa is "
                 "the input Gram's); Omega constant omitted",
-                "m ~ kappa_r(K)^6 n ln n at the numerical rank r of K; Omega constant omitted", what="K"),
-            seconds=secs, chunk=chunk, matrix=K,
+                "m ~ kappa_r(K)^6 n ln n at the numerical rank r of K; Omega constant omitted",
+                what="K",
+            ),
+            seconds=secs,
+            chunk=chunk,
+            matrix=K,
         )
         timings["entk"] = secs
     timings["total"] = time.perf_counter() - t0
@@ -903,11 +983,15 @@ def _verdicts(result: LayerKappaResult) -> list[str]:
             f"{_fmt_log(so.median)} (output), exponent {_fmt_log(ex.median)}{over} (linearized prediction 3)"
         )
         if layer.input.rank_deficient or layer.output.rank_deficient:
-            text += (f"; rank deficient in {layer.input.rank_deficient}/{layer.input.samples} inputs and "
-                     f"{layer.output.rank_deficient}/{layer.output.samples} outputs (kappa infinite there)")
+            text += (
+                f"; rank deficient in {layer.input.rank_deficient}/{layer.input.samples} inputs and "
+                f"{layer.output.rank_deficient}/{layer.output.samples} outputs (kappa infinite there)"
+            )
         if layer.amplification.beyond_precision:
-            text += (f"; kappa(in)^3 beyond float64 precision for {layer.amplification.beyond_precision} samples "
-                     "(the output Gram cannot resolve it)")
+            text += (
+                f"; kappa(in)^3 beyond float64 precision for {layer.amplification.beyond_precision} samples "
+                "(the output Gram cannot resolve it)"
+            )
         if layer.heads:
             att = layer.attention_all_heads
             deficient = sum(h.rank_deficient for h in layer.heads)
@@ -936,11 +1020,23 @@ def build_tables(result: LayerKappaResult | Sequence[LayerKappaResult]) -> list:
     results = [result] if isinstance(result, LayerKappaResult) else list(result)
     out: list = []
     for res in results:
-        t = Table(title=Text(f"per-layer kappa: {res.label} on {res.samples} samples "
-                        "(log10 kappa of token Grams, median [p10, p90] over samples; float64)"))
-        for col, just in (("layer", "left"), ("N x D", "right"), ("input", "right"), ("output", "right"),
-                          ("predicted 3*in", "right"), ("exponent", "right"), ("rank-def. in/out", "right"),
-                          ("attention A", "right"), ("log10 m (in)", "right")):
+        t = Table(
+            title=Text(
+                f"per-layer kappa: {res.label} on {res.samples} samples "
+                "(log10 kappa of token Grams, median [p10, p90] over samples; float64)"
+            )
+        )
+        for col, just in (
+            ("layer", "left"),
+            ("N x D", "right"),
+            ("input", "right"),
+            ("output", "right"),
+            ("predicted 3*in", "right"),
+            ("exponent", "right"),
+            ("rank-def. in/out", "right"),
+            ("attention A", "right"),
+            ("log10 m (in)", "right"),
+        ):
             t.add_column(col, justify=just)
         for layer in res.layers:
             amp = layer.amplification
@@ -964,9 +1060,14 @@ def build_tables(result: LayerKappaResult | Sequence[LayerKappaResult]) -> list:
                 h.add_column(col, justify="left" if col == "layer" else "right")
             for layer in with_heads:
                 for i, head in enumerate(layer.heads):
-                    h.add_row(Text(layer.name), str(i), _spread_text(head.spread()), _spread_text(head.spread_rank()),
-                              f"{head.rank_deficient}/{head.samples}",
-                              f"{int(head.rank.min())}/{float(np.median(head.rank)):g} of {head.k}")
+                    h.add_row(
+                        Text(layer.name),
+                        str(i),
+                        _spread_text(head.spread()),
+                        _spread_text(head.spread_rank()),
+                        f"{head.rank_deficient}/{head.samples}",
+                        f"{int(head.rank.min())}/{float(np.median(head.rank)):g} of {head.k}",
+                    )
             out.append(h)
         if res.entk is not None:
             r = res.entk.report
@@ -1006,14 +1107,25 @@ def plot_layer_kappa(result: LayerKappaResult | Sequence[LayerKappaResult], path
         rows = {
             "input Gram": ([layer.input.spread() for layer in res.layers], "tab:blue", "-"),
             "output Gram": ([layer.output.spread() for layer in res.layers], "tab:red", "-"),
-            "predicted 3 log10 kappa(in)": ([Spread.of(layer.amplification.predicted_log10_out) for layer in res.layers], "tab:red", "--"),
-            "attention matrix (all heads)": ([layer.attention_all_heads or Spread.of([]) for layer in res.layers], "tab:green", ":"),
+            "predicted 3 log10 kappa(in)": (
+                [Spread.of(layer.amplification.predicted_log10_out) for layer in res.layers],
+                "tab:red",
+                "--",
+            ),
+            "attention matrix (all heads)": (
+                [layer.attention_all_heads or Spread.of([]) for layer in res.layers],
+                "tab:green",
+                ":",
+            ),
         }
         for which, color in (("input", "tab:blue"), ("output", "tab:red")):
             spreads = rows[f"{which} Gram"][0]
             if any(math.isinf(sp.median) for sp in spreads):  # kappa_d infinite: show kappa at the numerical rank too
                 rows[f"{which} Gram at numerical rank"] = (
-                    [getattr(layer, which).spread_rank() for layer in res.layers], color, "-.")
+                    [getattr(layer, which).spread_rank() for layer in res.layers],
+                    color,
+                    "-.",
+                )
         for name, (spreads, color, style) in rows.items():
             series.append((depth, spreads, color, style, marker, prefix + name))
             finite_tops.extend(s.p90 for s in spreads if math.isfinite(s.p90))
@@ -1024,22 +1136,46 @@ def plot_layer_kappa(result: LayerKappaResult | Sequence[LayerKappaResult], path
         if ok.any():
             lo = med - np.array([s.p10 for s in ex])
             hi = np.array([s.p90 for s in ex]) - med
-            ax2.errorbar(depth[ok], med[ok], yerr=[np.where(np.isfinite(lo), lo, 0)[ok], np.where(np.isfinite(hi), hi, 0)[ok]],
-                         marker=marker, capsize=3, label=f"{prefix}measured", color="tab:purple")
+            ax2.errorbar(
+                depth[ok],
+                med[ok],
+                yerr=[np.where(np.isfinite(lo), lo, 0)[ok], np.where(np.isfinite(hi), hi, 0)[ok]],
+                marker=marker,
+                capsize=3,
+                label=f"{prefix}measured",
+                color="tab:purple",
+            )
     top = max(finite_tops) * 1.1 + 0.5
     for k, (depth, spreads, color, style, marker, label) in enumerate(series):
         med = np.array([s.median for s in spreads])
         fin = np.isfinite(med)
         if fin.any():
             lo = np.array([s.median - s.p10 if math.isfinite(s.p10) else 0.0 for s in spreads])
-            hi = np.array([s.p90 - s.median if math.isfinite(s.p90) and math.isfinite(s.median) else 0.0 for s in spreads])
-            ax.errorbar(depth[fin], med[fin], yerr=[lo[fin], hi[fin]], color=color, linestyle=style, marker=marker,
-                        capsize=3, label=label)
+            hi = np.array(
+                [s.p90 - s.median if math.isfinite(s.p90) and math.isfinite(s.median) else 0.0 for s in spreads]
+            )
+            ax.errorbar(
+                depth[fin],
+                med[fin],
+                yerr=[lo[fin], hi[fin]],
+                color=color,
+                linestyle=style,
+                marker=marker,
+                capsize=3,
+                label=label,
+            )
         inf = np.isposinf(med)
         if inf.any():
             shift = 0.04 * (k - (len(series) - 1) / 2)  # side by side, not on top of each other
-            ax.scatter(depth[inf] + shift, np.full(inf.sum(), top), marker="^", s=80, color=color, zorder=3,
-                       label=f"{label}: infinite (rank deficient)")
+            ax.scatter(
+                depth[inf] + shift,
+                np.full(inf.sum(), top),
+                marker="^",
+                s=80,
+                color=color,
+                zorder=3,
+                label=f"{label}: infinite (rank deficient)",
+            )
     names = results[0].layers
     for a in (ax, ax2):
         a.set_xlim(-0.5, max(len(r.layers) for r in results) - 0.5)
@@ -1055,9 +1191,13 @@ def plot_layer_kappa(result: LayerKappaResult | Sequence[LayerKappaResult], path
     ax2.set_ylabel("log10 kappa(out) / log10 kappa(in)")
     ax2.set_title("measured amplification exponent")
     ax2.legend(fontsize=7)
-    entk = [(f"{r.label}: " if len(results) > 1 else "") + "eNTK kappa_d "
-            + ("inf (rank deficient)" if r.entk.report.rank_deficient else f"{r.entk.report.kappa_full:.3g}")
-            for r in results if r.entk is not None]
+    entk = [
+        (f"{r.label}: " if len(results) > 1 else "")
+        + "eNTK kappa_d "
+        + ("inf (rank deficient)" if r.entk.report.rank_deficient else f"{r.entk.report.kappa_full:.3g}")
+        for r in results
+        if r.entk is not None
+    ]
     full_title = " | ".join([t for t in [title, *entk] if t])
     if full_title:
         fig.suptitle(full_title, fontsize=10)

@@ -16,7 +16,16 @@ from attnaudit.analyses.request import ANALYSIS, PROTOCOL, FieldError, Request, 
 from attnaudit.analyses.result import Progress, Result, progress_or_silent
 from attnaudit.analyses.sources import DataFields, ModelFields
 from attnaudit.errors import check_seed
-from attnaudit.analyses.kappa.dataset import SCHEMA, KappaConfig, analyse_kappa, build_tables, plot_kappa, summarise_sweep, sweep_cell, sweep_verdicts
+from attnaudit.analyses.kappa.dataset import (
+    SCHEMA,
+    KappaConfig,
+    analyse_kappa,
+    build_tables,
+    plot_kappa,
+    summarise_sweep,
+    sweep_cell,
+    sweep_verdicts,
+)
 from attnaudit.report.envelope import build_report
 from attnaudit.runtime.device import resolve_device
 from attnaudit.errors import AuditError
@@ -36,26 +45,42 @@ class KappaRequest(ModelFields, DataFields, Request):
     COMMAND = "kappa"
 
     n: tuple[int, ...] | None = option(
-        None, "--n", panel=PROTOCOL, parse=_n_values,
+        None,
+        "--n",
+        panel=PROTOCOL,
+        parse=_n_values,
         help="Subset size, or a list (64,128,256) for a sweep; default: all rows (with a model: the batch, default 256).",
     )
     seeds: int = option(1, "--seeds", panel=PROTOCOL, help="Number of random subsets per n (seeds seed, seed+1, ...).")
     stratify: bool = option(False, "--stratify", panel=PROTOCOL, help="Draw subsets stratified by class.")
     rank_tol: float | None = option(
-        None, "--rank-tol", panel=ANALYSIS, kind=float,
+        None,
+        "--rank-tol",
+        panel=ANALYSIS,
+        kind=float,
         help="Relative rank tolerance (default max(n,d)*eps, numpy's matrix_rank rule).",
     )
-    direct_check: bool = option(True, "--direct-check", panel=ANALYSIS, negative="--no-direct-check",
-                                help="Measure kappa(G~) from f_att(X) directly.")
+    direct_check: bool = option(
+        True,
+        "--direct-check",
+        panel=ANALYSIS,
+        negative="--no-direct-check",
+        help="Measure kappa(G~) from f_att(X) directly.",
+    )
     layers: tuple[str, ...] | None = option(
-        None, "--layers", panel=ANALYSIS, parse=list_of(str),
+        None,
+        "--layers",
+        panel=ANALYSIS,
+        parse=list_of(str),
         help="With a model: analyse these modules (names or glob patterns, comma-separated, e.g. 'blocks.*.attn'); "
-             "default: every attention layer found.",
+        "default: every attention layer found.",
     )
     gram: str | None = option(
-        None, "--gram", panel=ANALYSIS,
+        None,
+        "--gram",
+        panel=ANALYSIS,
         help="With a model: tokens (per-layer token Grams, default) or entk (also the empirical-NTK Gram of the "
-             "whole model on the batch).",
+        "whole model on the batch).",
     )
     seed: int = option(0, "--seed", panel=PROTOCOL, help="Base random seed (recorded in the report).")
     device: str = option("auto", "--device", panel="Execution", help="auto, cpu, cuda or cuda:<i>.")
@@ -63,8 +88,9 @@ class KappaRequest(ModelFields, DataFields, Request):
     def validate(self) -> None:
         if self.model_given:
             if self.seeds != 1:
-                raise FieldError("seeds", "{name} sweeps subsets of the data alone; with a model the batch is one "
-                                 "draw (--n, --seed)")
+                raise FieldError(
+                    "seeds", "{name} sweeps subsets of the data alone; with a model the batch is one draw (--n, --seed)"
+                )
             if self.n is not None and len(self.n) != 1:
                 raise FieldError("n", "with a model {name} is one batch size (e.g. {name} 256), not a list")
             if self.gram is not None and self.gram.strip().lower() not in GRAMS:
@@ -72,8 +98,10 @@ class KappaRequest(ModelFields, DataFields, Request):
             field_check("seed", check_seed, self.seed)
             return
         if self.layers is not None or self.gram is not None:
-            raise FieldError("layers" if self.layers is not None else "gram",
-                             "--layers and --gram analyse a model's layers; give the model with --checkpoint (or --factory)")
+            raise FieldError(
+                "layers" if self.layers is not None else "gram",
+                "--layers and --gram analyse a model's layers; give the model with --checkpoint (or --factory)",
+            )
         if self.seeds < 1:
             raise FieldError("seeds", "{name} must be >= 1, got " + str(self.seeds))
         ns = self.n or (None,)
@@ -133,25 +161,52 @@ def _run_data(request: KappaRequest, progress: Progress) -> Result:
         results["sweep"] = {"cells": [c.to_dict() for c in cells], "summary": [s.to_dict() for s in summary or []]}
     report = build_report(
         SCHEMA,
-        inputs={**request.data_inputs(), "n": ns, "seeds": request.seeds, "stratify": request.stratify,
-                "rank_tol": request.rank_tol, "direct_check": request.direct_check},
+        inputs={
+            **request.data_inputs(),
+            "n": ns,
+            "seeds": request.seeds,
+            "stratify": request.stratify,
+            "rank_tol": request.rank_tol,
+            "direct_check": request.direct_check,
+        },
         seeds={"base_seed": request.seed, "subset_seeds": seed_list},
-        device=dev, dtype="float64", timings=timings, results=results, verdicts=result.verdicts, request=request,
+        device=dev,
+        dtype="float64",
+        timings=timings,
+        results=results,
+        verdicts=result.verdicts,
+        request=request,
     )
     title = f"{detail_ds.name} (n={result.base.n}, d={result.base.d})"
-    return Result(report, request, renderables=build_tables(result, summary, detail_ds.name),
-                  plot=lambda p: plot_kappa(result, summary, p, title), png_name="kappa.png")
+    return Result(
+        report,
+        request,
+        renderables=build_tables(result, summary, detail_ds.name),
+        plot=lambda p: plot_kappa(result, summary, p, title),
+        png_name="kappa.png",
+    )
 
 
 def _run_layers(request: KappaRequest, progress: Progress) -> Result:
     """Per-layer conditioning of saved models on a batch of the data."""
     from attnaudit.analyses.kappa.layers import (
-        PNG_NAME, SCHEMA, LayerKappaConfig, analyse_layers, build_tables, find_attention_layers, plot_layer_kappa,
+        PNG_NAME,
+        SCHEMA,
+        LayerKappaConfig,
+        analyse_layers,
+        build_tables,
+        find_attention_layers,
+        plot_layer_kappa,
     )
 
     n = request.n[0] if request.n is not None else 256
-    config = LayerKappaConfig(n=n, layers=request.layers, gram=(request.gram or "tokens").strip().lower(),
-                              rank_tol=request.rank_tol, seed=request.seed)
+    config = LayerKappaConfig(
+        n=n,
+        layers=request.layers,
+        gram=(request.gram or "tokens").strip().lower(),
+        rank_tol=request.rank_tol,
+        seed=request.seed,
+    )
     dev = resolve_device(request.device)
     config = dataclasses.replace(config, device=str(dev))
 
@@ -180,15 +235,31 @@ def _run_layers(request: KappaRequest, progress: Progress) -> Result:
 
     report = build_report(
         SCHEMA,
-        inputs={**request.data_inputs(), "models": request.model_sources(), "n": config.n,
-                "stratify": request.stratify, "layers": list(request.layers) if request.layers else None,
-                "gram": config.gram, "rank_tol": request.rank_tol},
+        inputs={
+            **request.data_inputs(),
+            "models": request.model_sources(),
+            "n": config.n,
+            "stratify": request.stratify,
+            "layers": list(request.layers) if request.layers else None,
+            "gram": config.gram,
+            "rank_tol": request.rank_tol,
+        },
         seeds={"base_seed": request.seed, "subset_seeds": [request.seed]},
-        device=dev, dtype="float64", timings=timings,
-        results={"dataset": ds.info,
-                 "models": {r.label: {"source": fitted[r.label].source, **r.to_dict()} for r in results}},
-        verdicts=[v for r in results for v in r.verdicts], request=request,
+        device=dev,
+        dtype="float64",
+        timings=timings,
+        results={
+            "dataset": ds.info,
+            "models": {r.label: {"source": fitted[r.label].source, **r.to_dict()} for r in results},
+        },
+        verdicts=[v for r in results for v in r.verdicts],
+        request=request,
     )
     title = f"{ds.name}, {ds.n} samples: " + ", ".join(r.label for r in results)
-    return Result(report, request, renderables=build_tables(results),
-                  plot=lambda p: plot_layer_kappa(results, p, title), png_name=PNG_NAME)
+    return Result(
+        report,
+        request,
+        renderables=build_tables(results),
+        plot=lambda p: plot_layer_kappa(results, p, title),
+        png_name=PNG_NAME,
+    )

@@ -31,7 +31,12 @@ from attnaudit.core.linalg import EigenResult, TraceResult, hutchinson_trace, la
 from attnaudit.core.task import LOSSES, Task
 from attnaudit.errors import AuditError
 from attnaudit.analyses.landscape.basin import BasinResult, basin_width
-from attnaudit.analyses.landscape.directions import DIRECTION_KINDS, eigenvector_direction, params_norm, random_direction
+from attnaudit.analyses.landscape.directions import (
+    DIRECTION_KINDS,
+    eigenvector_direction,
+    params_norm,
+    random_direction,
+)
 from attnaudit.analyses.landscape.evaluate import BACKENDS, SurfaceEvaluator, loss_and_accuracy
 from attnaudit.analyses.landscape.setup import DTYPES, check_labels, landscape_engine, landscape_task
 from attnaudit.analyses.landscape.surfaces import Surface1D, Surface2D, loss_surface_1d, loss_surface_2d
@@ -120,7 +125,9 @@ class LandscapeConfig:
         if not (0 < self.lanczos_tol < 1):
             raise AuditError(f"Lanczos tolerance must be in (0, 1), got {self.lanczos_tol}")
         if self.hutchinson_samples < 2:
-            raise AuditError(f"--hutchinson-samples must be >= 2 (a standard error needs two), got {self.hutchinson_samples}")
+            raise AuditError(
+                f"--hutchinson-samples must be >= 2 (a standard error needs two), got {self.hutchinson_samples}"
+            )
         if self.basin_directions < 1:
             raise AuditError(f"--basin-directions must be >= 1, got {self.basin_directions}")
         if not (self.basin_factor > 1 and math.isfinite(self.basin_factor)):
@@ -274,15 +281,27 @@ def analyse_landscape(
     # when basis and products together stay within that same 4 x budget
     basis_bytes = steps * hvp.size * engine.theta.element_size()
     eig = lanczos_top_eigen(
-        hvp, hvp.size, config.lanczos_k, max_steps=steps,
-        tol=config.lanczos_tol, seed=seeds["lanczos_start"], device=engine.device, dtype=engine.dtype, progress=advance,
+        hvp,
+        hvp.size,
+        config.lanczos_k,
+        max_steps=steps,
+        tol=config.lanczos_tol,
+        seed=seeds["lanczos_start"],
+        device=engine.device,
+        dtype=engine.dtype,
+        progress=advance,
         keep_products_bytes=max(0, int(4 * budget) - basis_bytes),
     )
     timings["lanczos"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     tr = hutchinson_trace(
-        hvp, hvp.size, config.hutchinson_samples, seed=seeds["hutchinson"], device=engine.device, dtype=engine.dtype,
+        hvp,
+        hvp.size,
+        config.hutchinson_samples,
+        seed=seeds["hutchinson"],
+        device=engine.device,
+        dtype=engine.dtype,
         deflate=eig.eigenvectors[:, : config.top_k] if config.hutchinson_deflate else None,
         deflate_products=eig.h_eigenvectors[:, : config.top_k] if config.hutchinson_deflate else None,
         progress=advance,
@@ -300,22 +319,36 @@ def analyse_landscape(
         d1 = random_direction(params, seeds["direction_1"], config.keep_1d_params)
         d2 = random_direction(params, seeds["direction_2"], config.keep_1d_params) if config.grid else None
         dir_info = {
-            "kind": "random", "normalization": "filter", "keep_1d_params": config.keep_1d_params,
+            "kind": "random",
+            "normalization": "filter",
+            "keep_1d_params": config.keep_1d_params,
             "seeds": [seeds["direction_1"], seeds["direction_2"]],
         }
     else:
         d1 = eigenvector_direction(eig.eigenvectors[:, 0], params)
-        d2 = eigenvector_direction(eig.eigenvectors[:, 1], params) if config.grid and eig.eigenvectors.shape[1] > 1 else None
+        d2 = (
+            eigenvector_direction(eig.eigenvectors[:, 1], params)
+            if config.grid and eig.eigenvectors.shape[1] > 1
+            else None
+        )
         dir_info = {
-            "kind": "hessian", "normalization": "global: ||d|| = ||theta||", "eigen_index": [0, 1],
+            "kind": "hessian",
+            "normalization": "global: ||d|| = ||theta||",
+            "eigen_index": [0, 1],
             "lanczos_seed": seeds["lanczos_start"],
         }
     dir_info["theta_norm"] = params_norm(params)
     timings["directions"] = time.perf_counter() - t0
 
     evaluate = SurfaceEvaluator(
-        engine, X, y, fast_path=config.fast_path, backend=config.backend, memory_mb=config.memory_mb,
-        points_per_batch=config.points_per_batch, samples_per_batch=config.samples_per_batch,
+        engine,
+        X,
+        y,
+        fast_path=config.fast_path,
+        backend=config.backend,
+        memory_mb=config.memory_mb,
+        points_per_batch=config.points_per_batch,
+        samples_per_batch=config.samples_per_batch,
     )
     surf1 = surf2 = None
     t0 = time.perf_counter()
@@ -330,8 +363,13 @@ def analyse_landscape(
     t0 = time.perf_counter()
     bdirs = [random_direction(params, s, config.keep_1d_params) for s in seeds["basin_directions"]]
     basin = basin_width(
-        evaluate, bdirs, factor=config.basin_factor, max_radius=config.basin_max, points=config.basin_points,
-        direction_seeds=seeds["basin_directions"], progress=advance,
+        evaluate,
+        bdirs,
+        factor=config.basin_factor,
+        max_radius=config.basin_max,
+        points=config.basin_points,
+        direction_seeds=seeds["basin_directions"],
+        progress=advance,
     )
     timings["basin"] = time.perf_counter() - t0
     advance.finish()
@@ -364,6 +402,9 @@ def analyze_landscape(*args, **kwargs):  # noqa: D103 - deprecated alias
     """Deprecated spelling of :func:`analyse_landscape` (one spelling for every analysis); goes in the next release."""
     import warnings
 
-    warnings.warn("analyze_landscape is now analyse_landscape; the old name goes in the next release",
-                  DeprecationWarning, stacklevel=2)
+    warnings.warn(
+        "analyze_landscape is now analyse_landscape; the old name goes in the next release",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     return analyse_landscape(*args, **kwargs)

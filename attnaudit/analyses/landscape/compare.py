@@ -63,11 +63,18 @@ def untrained_status(accuracies: Mapping[str, Sequence[float]], n_classes: int |
             out[label] = {"chance": None, "threshold": None, "train_accuracy": mean, "untrained": None}
             continue
         chance, threshold = untrained_threshold(n_classes, n_train)
-        out[label] = {"chance": chance, "threshold": threshold, "train_accuracy": mean, "untrained": bool(mean < threshold)}
+        out[label] = {
+            "chance": chance,
+            "threshold": threshold,
+            "train_accuracy": mean,
+            "untrained": bool(mean < threshold),
+        }
     return out
 
 
-def loss_mismatch_warning(losses: dict[str, float], ratio: float = LOSS_MISMATCH_RATIO, saved: bool = False) -> str | None:
+def loss_mismatch_warning(
+    losses: dict[str, float], ratio: float = LOSS_MISMATCH_RATIO, saved: bool = False
+) -> str | None:
     """A warning when the models' training losses differ by more than ``ratio`` (larger / smaller; else None)."""
     finite = {k: v for k, v in losses.items() if math.isfinite(v)}
     if len(finite) < 2:
@@ -80,14 +87,18 @@ def loss_mismatch_warning(losses: dict[str, float], ratio: float = LOSS_MISMATCH
         return (
             f"training losses differ {r}x ({hi_k} {hi:.4g} vs {lo_k} {lo:.4g}), more than the {100 * (ratio - 1):.0f} % "
             f"within which sharpness is comparable; "
-            + ("train the checkpoints to comparable losses" if saved
-               else "rerun with --match-loss L (full-batch GD), or adjust --steps/--lr")
+            + (
+                "train the checkpoints to comparable losses"
+                if saved
+                else "rerun with --match-loss L (full-batch GD), or adjust --steps/--lr"
+            )
         )
     return None
 
 
-def _seed_values(label: str, results: Mapping[str, LandscapeResult],
-                 seed_results: Mapping[str, Sequence[LandscapeResult]] | None) -> list[LandscapeResult]:
+def _seed_values(
+    label: str, results: Mapping[str, LandscapeResult], seed_results: Mapping[str, Sequence[LandscapeResult]] | None
+) -> list[LandscapeResult]:
     runs = list((seed_results or {}).get(label) or [])
     return runs if runs else [results[label]]
 
@@ -115,30 +126,50 @@ def measure_stats(runs: Sequence[LandscapeResult]) -> dict[str, tuple[float, flo
     }
 
 
-def _compare(name: str, r_stat: tuple[float, float], a_stat: tuple[float, float], k: int, sharper_if_larger: bool,
-             what: str, fmt: str = "{:.4g}", extra: str = "") -> str:
+def _compare(
+    name: str,
+    r_stat: tuple[float, float],
+    a_stat: tuple[float, float],
+    k: int,
+    sharper_if_larger: bool,
+    what: str,
+    fmt: str = "{:.4g}",
+    extra: str = "",
+) -> str:
     (mr, se_r), (ma, se_a) = r_stat, a_stat
     factor = t_quantile(CONFIDENCE, k - 1) if k > 1 else RESOLVE_SE
     tol = factor * math.hypot(se_r, se_a)
     diff = mr - ma
     where = "mean over %d seeds" % k if k > 1 else "1 seed"
-    basis = (f"t(0.975, {k - 1}) = {factor:.2f} SE of the difference, SE = sd over seeds / sqrt(k)" if k > 1
-             else "2 SE of the difference from the estimator's own error; one seed: the spread over initialisations is not measured, use --seeds")
-    head = (f"{name} ({where}{extra}): relu {fmt.format(mr)} +- {se_r:.2g}, attn {fmt.format(ma)} +- {se_a:.2g}; "
-            f"difference {diff:+.4g}, tolerance {tol:.2g} ({basis}); ")
+    basis = (
+        f"t(0.975, {k - 1}) = {factor:.2f} SE of the difference, SE = sd over seeds / sqrt(k)"
+        if k > 1
+        else "2 SE of the difference from the estimator's own error; one seed: the spread over initialisations is not measured, use --seeds"
+    )
+    head = (
+        f"{name} ({where}{extra}): relu {fmt.format(mr)} +- {se_r:.2g}, attn {fmt.format(ma)} +- {se_a:.2g}; "
+        f"difference {diff:+.4g}, tolerance {tol:.2g} ({basis}); "
+    )
     if abs(diff) <= tol:
         return head + "difference within the tolerance: not resolved"
     if k < MIN_SEEDS:
-        return head + (f"beyond the tolerance, but {k} seed{'s' if k > 1 else ''} cannot carry a verdict (at least "
-                       f"{MIN_SEEDS}; pass --seeds {MIN_SEEDS}): not resolved")
+        return head + (
+            f"beyond the tolerance, but {k} seed{'s' if k > 1 else ''} cannot carry a verdict (at least "
+            f"{MIN_SEEDS}; pass --seeds {MIN_SEEDS}): not resolved"
+        )
     holds = (diff > 0) if sharper_if_larger else (diff < 0)
     return head + _support(holds, what)
 
 
 def compare_landscapes(
-    results: dict[str, LandscapeResult], training: dict[str, dict], lr: float | None = None,
-    match_loss: float | None = None, saved: bool = False, *,
-    seed_results: Mapping[str, Sequence[LandscapeResult]] | None = None, n_classes: int | None = None,
+    results: dict[str, LandscapeResult],
+    training: dict[str, dict],
+    lr: float | None = None,
+    match_loss: float | None = None,
+    saved: bool = False,
+    *,
+    seed_results: Mapping[str, Sequence[LandscapeResult]] | None = None,
+    n_classes: int | None = None,
     loss_ratio: float = LOSS_MISMATCH_RATIO,
 ) -> tuple[list[str], list[str]]:
     """(verdicts, warnings) comparing the models' sharpness, read with its diagnostics.
@@ -214,13 +245,24 @@ def compare_landscapes(
         else:
             sr, sa = measure_stats(runs["relu"]), measure_stats(runs["attn"])
             lam_r, lam_a = sr["lambda_max"][0], sa["lambda_max"][0]
-            verdicts.append(_compare("lambda_max", sr["lambda_max"], sa["lambda_max"], k, True, "relu sharper",
-                                     extra=f"; attn/relu {_ratio(lam_a, lam_r)}"))
+            verdicts.append(
+                _compare(
+                    "lambda_max",
+                    sr["lambda_max"],
+                    sa["lambda_max"],
+                    k,
+                    True,
+                    "relu sharper",
+                    extra=f"; attn/relu {_ratio(lam_a, lam_r)}",
+                )
+            )
             verdicts.append(_compare("trace", sr["trace"], sa["trace"], k, True, "relu sharper"))
             width = f"basin width (alpha at {r.basin.factor:g}x loss)"
             if r.basin.censored or a.basin.censored:
-                verdicts.append(_compare(width, sr["basin"], sa["basin"], k, False, "attn wider").split("; difference")[0]
-                                + "; not resolved (censored half-lines: the widths are lower bounds)")
+                verdicts.append(
+                    _compare(width, sr["basin"], sa["basin"], k, False, "attn wider").split("; difference")[0]
+                    + "; not resolved (censored half-lines: the widths are lower bounds)"
+                )
             else:
                 verdicts.append(_compare(width, sr["basin"], sa["basin"], k, False, "attn wider", "{:.3g}"))
             verdicts.append(
@@ -231,8 +273,12 @@ def compare_landscapes(
         base = list(results)[0]
         for label, text in zip(list(results)[1:], _pairwise(results, bool(mismatch))):
             idle = [m for m in (label, base) if m in untrained]
-            verdicts.append(f"{label} vs {base}: no claim — {' and '.join(idle)} untrained (training accuracy within a "
-                            "few points of chance; see warnings)" if idle else text)
+            verdicts.append(
+                f"{label} vs {base}: no claim — {' and '.join(idle)} untrained (training accuracy within a "
+                "few points of chance; see warnings)"
+                if idle
+                else text
+            )
     return verdicts, warnings
 
 
@@ -262,7 +308,11 @@ def _pairwise(results: dict[str, LandscapeResult], mismatch: bool) -> list[str]:
             f"trace {r.trace.estimate:.4g} vs {base.trace.estimate:.4g} "
             + (f"({'larger' if diff > 0 else 'smaller'}, {z:.1f} SE)" if z >= 2 else "(within 2 SE)")
             + f"; basin width {width}"
-            + ("; the training losses differ (see warnings), so sharpness is not comparable as it stands" if mismatch else "")
+            + (
+                "; the training losses differ (see warnings), so sharpness is not comparable as it stands"
+                if mismatch
+                else ""
+            )
         )
     return out
 
@@ -278,15 +328,19 @@ def _support(holds: bool, what: str) -> str:
 SEED_FIELDS = ("loss", "accuracy", "lambda_max", "trace", "trace_stderr", "basin_width", "basin_stderr")
 
 
-
-
 def seed_record(seed: int, r: LandscapeResult) -> dict:
     """The headline numbers of one seed's analysis (per-seed values of the per-model JSON)."""
     return {
-        "seed": seed, "loss": r.loss, "accuracy": r.accuracy,
+        "seed": seed,
+        "loss": r.loss,
+        "accuracy": r.accuracy,
         "lambda_max": r.eigen.eigenvalues[0] if r.eigen.eigenvalues else float("nan"),
-        "top_eigenvalues": list(r.eigen.eigenvalues), "trace": r.trace.estimate, "trace_stderr": r.trace.stderr,
-        "basin_width": r.basin.width, "basin_stderr": r.basin.stderr, "basin_censored": r.basin.censored,
+        "top_eigenvalues": list(r.eigen.eigenvalues),
+        "trace": r.trace.estimate,
+        "trace_stderr": r.trace.stderr,
+        "basin_width": r.basin.width,
+        "basin_stderr": r.basin.stderr,
+        "basin_censored": r.basin.censored,
     }
 
 
@@ -303,6 +357,11 @@ def seed_summary(records: Sequence[dict]) -> dict:
         m = sum(vals) / len(vals)
         mean[key] = m
         sd[key] = math.sqrt(sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
-    return {"n_seeds": len(records), "values": list(records), "mean": mean, "sd": sd,
-            "note": "the model's other fields (loss, accuracy, top_eigenvalues, trace, basin, surfaces) are the first "
-                    "seed's; the comparison uses the mean over seeds with its standard error"}
+    return {
+        "n_seeds": len(records),
+        "values": list(records),
+        "mean": mean,
+        "sd": sd,
+        "note": "the model's other fields (loss, accuracy, top_eigenvalues, trace, basin, surfaces) are the first "
+        "seed's; the comparison uses the mean over seeds with its standard error",
+    }

@@ -58,8 +58,18 @@ class PointEval:
 
 
 def plan_chunks(
-    n_samples: int, n_points: int, *, act: float, tables: float, per_point_fixed: float, temporaries: float,
-    element_size: int, on_cpu: bool, memory_mb: float, points_per_batch: int | None, samples_per_batch: int | None,
+    n_samples: int,
+    n_points: int,
+    *,
+    act: float,
+    tables: float,
+    per_point_fixed: float,
+    temporaries: float,
+    element_size: int,
+    on_cpu: bool,
+    memory_mb: float,
+    points_per_batch: int | None,
+    samples_per_batch: int | None,
 ) -> tuple[int, int]:
     """(points, samples) per call: cache-sized blocks on CPU, never above ``memory_mb``.
 
@@ -109,8 +119,16 @@ class SurfaceEvaluator:
     """
 
     def __init__(
-        self, engine: Engine, X: torch.Tensor, y: torch.Tensor, *, fast_path: bool = True, backend: str = "auto",
-        memory_mb: float = 512.0, points_per_batch: int | None = None, samples_per_batch: int | None = None,
+        self,
+        engine: Engine,
+        X: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        fast_path: bool = True,
+        backend: str = "auto",
+        memory_mb: float = 512.0,
+        points_per_batch: int | None = None,
+        samples_per_batch: int | None = None,
     ):
         if backend not in BACKENDS:
             raise AuditError(f"unknown evaluation backend {backend!r}; use one of {', '.join(BACKENDS)}")
@@ -164,9 +182,17 @@ class SurfaceEvaluator:
                 self._probe_elements = eng.probe_bytes_per_sample(self.X) / eng.theta.element_size()
             act, tables, fixed, temporaries = self._probe_elements, 0, 2 * eng.n_params, 1
         return plan_chunks(
-            int(self.X.shape[0]), n_points, act=act, tables=tables, per_point_fixed=fixed, temporaries=temporaries,
-            element_size=eng.theta.element_size(), on_cpu=eng.device.type == "cpu", memory_mb=self.memory_mb,
-            points_per_batch=self.points_per_batch, samples_per_batch=self.samples_per_batch,
+            int(self.X.shape[0]),
+            n_points,
+            act=act,
+            tables=tables,
+            per_point_fixed=fixed,
+            temporaries=temporaries,
+            element_size=eng.theta.element_size(),
+            on_cpu=eng.device.type == "cpu",
+            memory_mb=self.memory_mb,
+            points_per_batch=self.points_per_batch,
+            samples_per_batch=self.samples_per_batch,
         )
 
     def __call__(self, directions: Sequence[Direction], coeffs: torch.Tensor, progress: Progress = None) -> PointEval:
@@ -208,8 +234,12 @@ class SurfaceEvaluator:
                     if progress is not None and start + s >= n:
                         progress(len(cb))
         return PointEval(
-            loss=(loss_sum / n).cpu(), accuracy=(correct / n).cpu(), backend=self.backend,
-            points_per_batch=b, samples_per_batch=s, path=self.path,
+            loss=(loss_sum / n).cpu(),
+            accuracy=(correct / n).cpu(),
+            backend=self.backend,
+            points_per_batch=b,
+            samples_per_batch=s,
+            path=self.path,
         )
 
     @staticmethod
@@ -219,8 +249,14 @@ class SurfaceEvaluator:
 
 
 def build_evaluator(
-    model: nn.Module | Task, X: torch.Tensor, y: torch.Tensor, loss: str | None = None, *,
-    names: Sequence[str] | None = None, params: Sequence[str] | str | None = None, dtype: torch.dtype | str | None = None,
+    model: nn.Module | Task,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    loss: str | None = None,
+    *,
+    names: Sequence[str] | None = None,
+    params: Sequence[str] | str | None = None,
+    dtype: torch.dtype | str | None = None,
     **options,
 ) -> SurfaceEvaluator:
     """A :class:`SurfaceEvaluator` for a module or task (``options``: fast_path, backend, chunking).
@@ -233,8 +269,16 @@ def build_evaluator(
 
 
 def evaluate_points(
-    model: nn.Module | Task, X: torch.Tensor, y: torch.Tensor, loss: str | None, directions: Sequence[Direction],
-    coeffs: torch.Tensor, *, names: Sequence[str] | None = None, progress: Progress = None, **options,
+    model: nn.Module | Task,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    loss: str | None,
+    directions: Sequence[Direction],
+    coeffs: torch.Tensor,
+    *,
+    names: Sequence[str] | None = None,
+    progress: Progress = None,
+    **options,
 ) -> PointEval:
     """One-shot :class:`SurfaceEvaluator` call; the tracked parameters default to the directions' keys."""
     if names is None and directions and isinstance(directions[0], dict):

@@ -48,34 +48,54 @@ def build_tables(results: dict[str, LandscapeResult], training: dict[str, dict],
     row("trace / lambda_1", lambda r, tr: _g(r.trace_over_top, 3))
     row(
         f"basin width (alpha at {first.basin.factor:g}x loss)",
-        lambda r, tr: f"{_g(r.basin.width, 3)} +- {_g(r.basin.stderr, 2)}" + (f" ({r.basin.censored} cens.)" if r.basin.censored else ""),
+        lambda r, tr: (
+            f"{_g(r.basin.width, 3)} +- {_g(r.basin.stderr, 2)}"
+            + (f" ({r.basin.censored} cens.)" if r.basin.censored else "")
+        ),
     )
     if lr is not None:
         t.add_row("GD stability bound 2/lr", *[_g(2.0 / lr) if k in training else "-" for k in labels])
     if run is not None and run.status:
+
         def flag(k: str) -> str:
             st = run.status.get(k) or {}
             if st.get("untrained") is None:
                 return "-"
-            return (f"UNTRAINED (< {100 * st['threshold']:.1f}%)" if st["untrained"]
-                    else f"no (chance {100 * st['chance']:.0f}%)")
+            return (
+                f"UNTRAINED (< {100 * st['threshold']:.1f}%)"
+                if st["untrained"]
+                else f"no (chance {100 * st['chance']:.0f}%)"
+            )
+
         t.add_row("at chance (untrained)?", *[flag(k) for k in labels])
     tables = [t]
     if run is not None and len(run.seeds) > 1 and run.seed_results:
-
         st = Table(title=f"over {len(run.seeds)} seeds ({', '.join(str(s) for s in run.seeds)}): mean +- sd")
         st.add_column("quantity")
         for label in labels:
             st.add_column(label, justify="right")
-        summaries = {k: seed_summary([seed_record(s, r) for s, r in zip(run.seeds, run.seed_results.get(k, []))])
-                     for k in labels}
-        for key, name in (("loss", "training loss"), ("accuracy", "training accuracy"), ("lambda_max", "lambda_max"),
-                          ("trace", "trace(H)"), ("basin_width", "basin width")):
+        summaries = {
+            k: seed_summary([seed_record(s, r) for s, r in zip(run.seeds, run.seed_results.get(k, []))]) for k in labels
+        }
+        for key, name in (
+            ("loss", "training loss"),
+            ("accuracy", "training accuracy"),
+            ("lambda_max", "lambda_max"),
+            ("trace", "trace(H)"),
+            ("basin_width", "basin width"),
+        ):
             if key == "accuracy":
-                st.add_row(name, *[f"{100 * summaries[k]['mean'][key]:.1f}% +- {100 * summaries[k]['sd'][key]:.1f}%"
-                                   for k in labels])
+                st.add_row(
+                    name,
+                    *[
+                        f"{100 * summaries[k]['mean'][key]:.1f}% +- {100 * summaries[k]['sd'][key]:.1f}%"
+                        for k in labels
+                    ],
+                )
             else:
-                st.add_row(name, *[f"{_g(summaries[k]['mean'][key])} +- {_g(summaries[k]['sd'][key], 2)}" for k in labels])
+                st.add_row(
+                    name, *[f"{_g(summaries[k]['mean'][key])} +- {_g(summaries[k]['sd'][key], 2)}" for k in labels]
+                )
         tables.append(st)
     return tables
 
@@ -134,7 +154,9 @@ def plot_landscape(results: dict[str, LandscapeResult], path: str | Path, title:
             axk.set_ylabel("beta (direction 2)")
             axk.set_aspect("equal")
         if cs is not None:
-            cb = fig.colorbar(cs, ax=axes[0, 1:].tolist(), shrink=0.85, label="log10 training loss" if use_log else "training loss")
+            cb = fig.colorbar(
+                cs, ax=axes[0, 1:].tolist(), shrink=0.85, label="log10 training loss" if use_log else "training loss"
+            )
             cb.locator = matplotlib.ticker.MaxNLocator(7)
             cb.formatter = matplotlib.ticker.FormatStrFormatter("%.3g")
             cb.update_ticks()

@@ -26,7 +26,15 @@ from attnaudit.analyses.landscape.compare import compare_landscapes
 from attnaudit.analyses.landscape.directions import DIRECTION_KINDS
 from attnaudit.analyses.landscape.setup import DTYPES, ParameterSelectionError, landscape_task, parameter_names
 from attnaudit.analyses.request import (
-    ANALYSIS, DATA, EXECUTION, PROTOCOL, FieldError, Request, field_check, list_of, option,
+    ANALYSIS,
+    DATA,
+    EXECUTION,
+    PROTOCOL,
+    FieldError,
+    Request,
+    field_check,
+    list_of,
+    option,
 )
 from attnaudit.analyses.result import Progress as RunProgress, Result, progress_or_silent
 from attnaudit.analyses.sources import DataFields, ModelFields
@@ -57,13 +65,15 @@ PRESETS: dict[str, dict] = {
     # digits, both models trained and analysed in well under 2 minutes on 2 CPU cores
     # compared at matched training loss (auto: the larger of the models' losses after the budget),
     # since with fixed steps MLP-Attn ends at ~5x 2L-ReLU's loss and the comparison gate refuses
-    "quick": dict(dataset="digits", split="train", n_train=500, width=256, steps=1000, lr=4.0, match_loss="auto",
-                  seeds=3),
+    "quick": dict(
+        dataset="digits", split="train", n_train=500, width=256, steps=1000, lr=4.0, match_loss="auto", seeds=3
+    ),
     # real MNIST, training split like every paper preset (pass --split test where only the
     # test split exists, as in ../shared/data); about 5 minutes on 2 CPU cores
     # the paper's protocol: GD for a fixed time (its losses may not be comparable: the gate says so)
-    "paper": dict(dataset="mnist", split="train", n_train=2000, width=256, steps=1000, lr=4.0, match_loss=None,
-                  seeds=1),
+    "paper": dict(
+        dataset="mnist", split="train", n_train=2000, width=256, steps=1000, lr=4.0, match_loss=None, seeds=1
+    ),
 }
 
 
@@ -151,9 +161,13 @@ def _saved_checks(label: str, net: nn.Module | Task, X: torch.Tensor, y: torch.T
     if spec is None:
         return
     if getattr(spec, "d_in", X.shape[1]) != X.shape[1]:
-        raise AuditError(f"saved model {label} takes {spec.d_in} input features but the data have {X.shape[1]}; use the data it was trained on")
+        raise AuditError(
+            f"saved model {label} takes {spec.d_in} input features but the data have {X.shape[1]}; use the data it was trained on"
+        )
     if int(y.max()) >= getattr(spec, "n_out", int(y.max()) + 1):
-        raise AuditError(f"saved model {label} has {spec.n_out} outputs but the labels go up to {int(y.max())}; select matching classes")
+        raise AuditError(
+            f"saved model {label} has {spec.n_out} outputs but the labels go up to {int(y.max())}; select matching classes"
+        )
 
 
 def run_landscape(
@@ -213,8 +227,11 @@ def run_landscape(
             if dataclasses.is_dataclass(spec):
                 training[label]["spec"] = dataclasses.asdict(spec)
         # models whose audited rows were drawn from their own recorded training split need no warning
-        own_rows = {label for label, info in (saved_info or {}).items()
-                    if (info.get("audit_rows") or {}).get("rows") == "checkpoint split"}
+        own_rows = {
+            label
+            for label, info in (saved_info or {}).items()
+            if (info.get("audit_rows") or {}).get("rows") == "checkpoint split"
+        }
         provenance = _provenance({k: v for k, v in nets.items() if k not in own_rows}, X, y)
         train_config = None
     else:
@@ -232,15 +249,19 @@ def run_landscape(
     if saved and len(seed_list) > 1:
         raise AuditError("--seeds trains independent copies of the built-in models; a saved model is one model")
     if recipe is not None and saved:
-        raise AuditError("--optimizer and --batch-size say how to train the built-in models; a saved model is trained already")
+        raise AuditError(
+            "--optimizer and --batch-size say how to train the built-in models; a saved model is trained already"
+        )
     for net in nets.values():  # a selector that matches nothing fails now, before training or analysis
         parameter_names(landscape_task(net, X, config.loss, config.params), X)
 
     resolution = None
     if match_loss_auto:
         if train_config is None or recipe is not None:
-            raise AuditError("--match-loss auto trains the built-in models with full-batch GD; drop it for saved models "
-                             "or --optimizer sgd/adam")
+            raise AuditError(
+                "--match-loss auto trains the built-in models with full-batch GD; drop it for saved models "
+                "or --optimizer sgd/adam"
+            )
         budget = dataclasses.replace(train_config, loss_tol=None)
         runs = []
         for label in nets:
@@ -251,9 +272,13 @@ def run_landscape(
                 runs.append({"model": label, "seed": s, "final_loss": float(tr.final_loss), "steps_run": tr.steps_run})
         slowest = max(runs, key=lambda r: r["final_loss"])
         train_config = dataclasses.replace(train_config, loss_tol=slowest["final_loss"])
-        resolution = {"rule": "auto: the largest training loss any model reaches within the step budget",
-                      "target": slowest["final_loss"], "set_by": f"{slowest['model']} seed {slowest['seed']}",
-                      "budget_steps": budget.steps, "budget_runs": runs}
+        resolution = {
+            "rule": "auto: the largest training loss any model reaches within the step budget",
+            "target": slowest["final_loss"],
+            "set_by": f"{slowest['model']} seed {slowest['seed']}",
+            "budget_steps": budget.steps,
+            "budget_runs": runs,
+        }
 
     results: dict[str, LandscapeResult] = {}
     seed_results: dict[str, list[LandscapeResult]] = {label: [] for label in nets}
@@ -281,33 +306,61 @@ def run_landscape(
     lr = None if train_config is None or recipe is not None else train_config.lr
     n_present = int(torch.unique(y).numel())
     verdicts, warnings = compare_landscapes(
-        results, training if train_config is not None else {}, lr=lr,
-        match_loss=None if train_config is None else train_config.loss_tol, saved=bool(saved),
-        seed_results=seed_results, n_classes=n_present,
+        results,
+        training if train_config is not None else {},
+        lr=lr,
+        match_loss=None if train_config is None else train_config.loss_tol,
+        saved=bool(saved),
+        seed_results=seed_results,
+        n_classes=n_present,
         **({} if loss_ratio is None else {"loss_ratio": loss_ratio}),
     )
 
     status = untrained_status({k: [r.accuracy for r in v] for k, v in seed_results.items()}, n_present, int(X.shape[0]))
     return LandscapeRun(
-        results=results, training=training, verdicts=tuple(verdicts), warnings=tuple(provenance + list(warnings)),
-        lr=lr, timings=timings, seed_results=seed_results if not saved else {},
-        seed_training=seed_training if len(seed_list) > 1 else {}, seeds=seed_list, status=status,
+        results=results,
+        training=training,
+        verdicts=tuple(verdicts),
+        warnings=tuple(provenance + list(warnings)),
+        lr=lr,
+        timings=timings,
+        seed_results=seed_results if not saved else {},
+        seed_training=seed_training if len(seed_list) > 1 else {},
+        seeds=seed_list,
+        status=status,
         match_loss_resolution=resolution,
-        optimizer=None if train_config is None else (
-            recipe.to_dict() if recipe is not None else {"optimizer": "gd", "lr": train_config.lr, "batch_size": None,
-                                                         "steps": train_config.steps, "loss": train_config.loss}),
+        optimizer=None
+        if train_config is None
+        else (
+            recipe.to_dict()
+            if recipe is not None
+            else {
+                "optimizer": "gd",
+                "lr": train_config.lr,
+                "batch_size": None,
+                "steps": train_config.steps,
+                "loss": train_config.loss,
+            }
+        ),
     )
 
 
-def _train_one(label: str, net: nn.Module, X: torch.Tensor, y: torch.Tensor, train_config, recipe, seed: int, gd) -> dict:
+def _train_one(
+    label: str, net: nn.Module, X: torch.Tensor, y: torch.Tensor, train_config, recipe, seed: int, gd
+) -> dict:
     """Train one built-in model (full-batch GD, or :func:`attnaudit.core.fit.fit` with ``recipe``); its training record."""
     if recipe is None:
         tr = gd.train(net, X, y, train_config)
         if tr.diverged:
             raise AuditError(f"training {label} diverged (loss {tr.final_loss}); lower the learning rate")
         return {
-            "steps_run": tr.steps_run, "final_loss": tr.final_loss, "reached_match_loss": tr.reached_tol,
-            "loss_curve_every_10": tr.loss_curve, "model_seed": seed, "optimizer": "gd", "_units": train_config.steps,
+            "steps_run": tr.steps_run,
+            "final_loss": tr.final_loss,
+            "reached_match_loss": tr.reached_tol,
+            "loss_curve_every_10": tr.loss_curve,
+            "model_seed": seed,
+            "optimizer": "gd",
+            "_units": train_config.steps,
         }
 
     rec = dataclasses.replace(recipe, seed=int(seed))
@@ -316,9 +369,16 @@ def _train_one(label: str, net: nn.Module, X: torch.Tensor, y: torch.Tensor, tra
         raise AuditError(f"training {label} diverged ({res.notes[0] if res.notes else 'non-finite loss'}); lower --lr")
     reached = None if train_config.loss_tol is None else bool(res.final_train_loss <= train_config.loss_tol)
     return {
-        "steps_run": res.steps_run, "final_loss": res.final_train_loss, "reached_match_loss": reached,
-        "loss_curve_every_10": res.loss_curve[::10], "model_seed": seed, "optimizer": rec.optimizer,
-        "batch_size": rec.batch_size, "lr": rec.lr, "train_accuracy": res.train_accuracy, "path": res.path,
+        "steps_run": res.steps_run,
+        "final_loss": res.final_train_loss,
+        "reached_match_loss": reached,
+        "loss_curve_every_10": res.loss_curve[::10],
+        "model_seed": seed,
+        "optimizer": rec.optimizer,
+        "batch_size": rec.batch_size,
+        "lr": rec.lr,
+        "train_accuracy": res.train_accuracy,
+        "path": res.path,
         "_units": rec.total_steps(int(X.shape[0])),
     }
 
@@ -363,13 +423,16 @@ def _match_loss(value: Any, name: str) -> float | str | None:
         try:
             number = float(text)
         except ValueError:
-            raise FieldError(name, "{name}: " + _esc(repr(value)) + " is not a number; give a training loss such "
-                             "as 0.2, auto or none") from None
+            raise FieldError(
+                name,
+                "{name}: " + _esc(repr(value)) + " is not a number; give a training loss such as 0.2, auto or none",
+            ) from None
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         number = float(value)
     else:
-        raise FieldError(name, "{name}: " + _esc(repr(value)) + " is not a number; give a training loss such as 0.2, "
-                         "auto or none")
+        raise FieldError(
+            name, "{name}: " + _esc(repr(value)) + " is not a number; give a training loss such as 0.2, auto or none"
+        )
     if not (math.isfinite(number) and number > 0):
         raise FieldError(name, "{name} must be a positive training loss, got " + f"{number:g}")
     return number
@@ -390,82 +453,134 @@ class LandscapeRequest(ModelFields, DataFields, Request):
 
     # the preset chooses the data set and split when none is given
     dataset: str | None = option(
-        None, "--dataset", panel=DATA,
+        None,
+        "--dataset",
+        panel=DATA,
         help="Built-in data set: digits (embedded, offline), mnist, fashion-mnist, cifar10, synthetic.",
     )
     split: str | None = option(None, "--split", panel=DATA, help="train or test.")
 
     preset: str = option(
-        "quick", "--preset", panel=PROTOCOL,
+        "quick",
+        "--preset",
+        panel=PROTOCOL,
         help="quick (default; digits, < 2 min on 2 CPU cores) or paper (MNIST train split, n_train 2000, ~5 min). "
-             "Explicit options override it.",
+        "Explicit options override it.",
     )
     models: tuple[str, ...] | None = option(
-        None, "--models", panel=PROTOCOL, parse=list_of(str),
+        None,
+        "--models",
+        panel=PROTOCOL,
+        parse=list_of(str),
         help="Models to train and compare: relu (2L-ReLU), attn (MLP-Attn), comma-separated (default relu,attn).",
     )
     n_train: int | None = option(
-        None, "--n-train", panel=PROTOCOL, kind=int,
+        None,
+        "--n-train",
+        panel=PROTOCOL,
+        kind=int,
         help="Training samples: the loss, Hessian and surfaces are over these (default from --preset).",
     )
-    width: int | None = option(None, "--width", panel=PROTOCOL, kind=int, help="Hidden width m (default from --preset).")
-    steps: int | None = option(None, "--steps", panel=PROTOCOL, kind=int,
-                               help="Full-batch GD steps (the budget under --match-loss).")
-    lr: float | None = option(None, "--lr", panel=PROTOCOL, kind=float, help="GD learning rate (default from --preset).")
+    width: int | None = option(
+        None, "--width", panel=PROTOCOL, kind=int, help="Hidden width m (default from --preset)."
+    )
+    steps: int | None = option(
+        None, "--steps", panel=PROTOCOL, kind=int, help="Full-batch GD steps (the budget under --match-loss)."
+    )
+    lr: float | None = option(
+        None, "--lr", panel=PROTOCOL, kind=float, help="GD learning rate (default from --preset)."
+    )
     loss: str | None = option(
-        None, "--loss", panel=PROTOCOL,
+        None,
+        "--loss",
+        panel=PROTOCOL,
         help="mse or ce: the training loss whose landscape is measured (default mse; a checkpoint's recorded training loss).",
     )
     match_loss: float | str | None = option(
-        None, "--match-loss", panel=PROTOCOL, parse=_match_loss,
+        None,
+        "--match-loss",
+        panel=PROTOCOL,
+        parse=_match_loss,
         help="Train each model until its training loss reaches this value (or say it could not), so sharpness is "
-             "compared at equal loss (full-batch GD only); auto: every model to the largest loss any reaches within "
-             "--steps (default of --preset quick); none: fixed steps (default of --preset paper). Models are compared "
-             "only when their losses are within 10 %.",
+        "compared at equal loss (full-batch GD only); auto: every model to the largest loss any reaches within "
+        "--steps (default of --preset quick); none: fixed steps (default of --preset paper). Models are compared "
+        "only when their losses are within 10 %.",
     )
     seeds: int | None = option(
-        None, "--seeds", panel=PROTOCOL, kind=int,
+        None,
+        "--seeds",
+        panel=PROTOCOL,
+        kind=int,
         help="Independent initialisations, trainings and analyses per built-in model (seeds seed, seed+1, ...; default "
-             "3 for --preset quick, 1 for paper); the JSON gains per-seed values with mean/sd, and the comparison uses "
-             "the mean with its Student-t tolerance (fewer than 3 seeds never resolve it).",
+        "3 for --preset quick, 1 for paper); the JSON gains per-seed values with mean/sd, and the comparison uses "
+        "the mean with its Student-t tolerance (fewer than 3 seeds never resolve it).",
     )
     optimizer: str | None = option(
-        None, "--optimizer", panel=PROTOCOL,
+        None,
+        "--optimizer",
+        panel=PROTOCOL,
         help="How the built-in models are trained: gd (full-batch gradient descent, default), sgd or adam "
-             "(attnaudit.core.fit).",
+        "(attnaudit.core.fit).",
     )
-    batch_size: int | None = option(None, "--batch-size", panel=PROTOCOL, kind=int,
-                                    help="Rows per step of --optimizer sgd/adam (default: full batch).")
-    eigenvalues: int = option(5, "--eigenvalues", panel=ANALYSIS, deprecated=("--top-k",),
-                              help="Number of top Hessian eigenvalues (Lanczos). (--top-k is its older spelling: "
-                                   "in malleability --top-k is the list of k of the top-k overlap.)")
-    hutchinson_samples: int = option(30, "--hutchinson-samples", panel=ANALYSIS,
-                                     help="Rademacher probes for the Hessian trace.")
+    batch_size: int | None = option(
+        None,
+        "--batch-size",
+        panel=PROTOCOL,
+        kind=int,
+        help="Rows per step of --optimizer sgd/adam (default: full batch).",
+    )
+    eigenvalues: int = option(
+        5,
+        "--eigenvalues",
+        panel=ANALYSIS,
+        deprecated=("--top-k",),
+        help="Number of top Hessian eigenvalues (Lanczos). (--top-k is its older spelling: "
+        "in malleability --top-k is the list of k of the top-k overlap.)",
+    )
+    hutchinson_samples: int = option(
+        30, "--hutchinson-samples", panel=ANALYSIS, help="Rademacher probes for the Hessian trace."
+    )
     directions: str = option(
-        "random", "--directions", panel=ANALYSIS,
+        "random",
+        "--directions",
+        panel=ANALYSIS,
         help="random (filter-normalized Gaussian) or hessian (top eigenvectors) for the surfaces.",
     )
     points: int = option(51, "--points", panel=ANALYSIS, help="Points of the 1-D curve (0 = skip).")
-    span: float = option(1.0, "--span", panel=ANALYSIS,
-                         help="Surfaces cover alpha in [-span, span] (relative distance).")
+    span: float = option(
+        1.0, "--span", panel=ANALYSIS, help="Surfaces cover alpha in [-span, span] (relative distance)."
+    )
     grid: int = option(31, "--grid", panel=ANALYSIS, help="Grid size of the 2-D surface (0 = skip).")
     keep_1d_params: bool = option(
-        False, "--keep-1d-params", panel=ANALYSIS,
+        False,
+        "--keep-1d-params",
+        panel=ANALYSIS,
         help="Perturb biases/1-D parameters too (one filter each) instead of zeroing them in random directions.",
     )
-    basin_directions: int = option(8, "--basin-directions", panel=ANALYSIS,
-                                   help="Random directions (both signs) averaged for the basin width.")
-    basin_factor: float = option(2.0, "--basin-factor", panel=ANALYSIS,
-                                 help="The basin ends where the loss first reaches this factor times its minimum.")
+    basin_directions: int = option(
+        8, "--basin-directions", panel=ANALYSIS, help="Random directions (both signs) averaged for the basin width."
+    )
+    basin_factor: float = option(
+        2.0,
+        "--basin-factor",
+        panel=ANALYSIS,
+        help="The basin ends where the loss first reaches this factor times its minimum.",
+    )
     params: tuple[str, ...] | None = option(
-        None, "--params", panel=ANALYSIS, parse=list_of(str),
+        None,
+        "--params",
+        panel=ANALYSIS,
+        parse=list_of(str),
         help="Only these parameters: all, head (the logits layer), module names or glob patterns, comma-separated "
-             "(e.g. W or 'layers.0.*'); default all.",
+        "(e.g. W or 'layers.0.*'); default all.",
     )
     precision: str = option(
-        "float64", "--precision", panel=ANALYSIS, deprecated=("--dtype",),
+        "float64",
+        "--precision",
+        panel=ANALYSIS,
+        deprecated=("--dtype",),
         help="Precision of the analysis: float64 (default) or float32. The engine works on copies; a saved model "
-             "keeps its own dtype. (--dtype is its older spelling: elsewhere --dtype is the training dtype.)",
+        "keeps its own dtype. (--dtype is its older spelling: elsewhere --dtype is the training dtype.)",
     )
     seed: int = option(0, "--seed", panel=PROTOCOL, help="Base random seed (recorded in the report).")
     device: str = option("auto", "--device", panel=EXECUTION, help="auto, cpu, cuda or cuda:<i>.")
@@ -518,41 +633,63 @@ class LandscapeRequest(ModelFields, DataFields, Request):
                 if getattr(self, name) is None:
                     fill[name] = p[name]
             if self.lr is None:
-
                 fill["lr"] = DEFAULT_ADAM_LR if self.optimizer_name == "adam" else p["lr"]
             if self.match_loss is None:
                 chosen = p.get("match_loss") if self.optimizer_name == "gd" else None
                 fill["match_loss"] = "none" if chosen is None else chosen
         return dataclasses.replace(self, **fill) if fill else self
 
-    def data_spec(self, seed: int, *, n: int | None = None, stratify: bool = False,
-                  dataset: str | None = None, split: str | None = None):
+    def data_spec(
+        self,
+        seed: int,
+        *,
+        n: int | None = None,
+        stratify: bool = False,
+        dataset: str | None = None,
+        split: str | None = None,
+    ):
         """As :meth:`DataFields.data_spec`, the preset's data set and split filling those left unset."""
         p = self.preset_values()
-        return DataFields.data_spec(self, seed, n=n, stratify=stratify,
-                                    dataset=dataset or (None if self.data is not None else p["dataset"]),
-                                    split=split or p["split"])
+        return DataFields.data_spec(
+            self,
+            seed,
+            n=n,
+            stratify=stratify,
+            dataset=dataset or (None if self.data is not None else p["dataset"]),
+            split=split or p["split"],
+        )
 
     # ---- validation (before anything is read)
     def validate(self) -> None:
         if self.preset_key not in self.PRESETS:
-            raise FieldError("preset", "unknown {name} " + _esc(repr(self.preset)) + f"; use {' or '.join(self.PRESETS)}")
+            raise FieldError(
+                "preset", "unknown {name} " + _esc(repr(self.preset)) + f"; use {' or '.join(self.PRESETS)}"
+            )
         p = self.preset_values()
         field_check("seed", check_seed, self.seed)
         saved = self.model_given
         if saved and self.models is not None:
-            raise FieldError("models", "--checkpoint (--model) analyses saved models and {name} trains new ones; "
-                             "give one of them")
+            raise FieldError(
+                "models", "--checkpoint (--model) analyses saved models and {name} trains new ones; give one of them"
+            )
         if saved:
-            given = [n for n in ("width", "steps", "lr", "match_loss", "optimizer", "batch_size")
-                     if getattr(self, n) is not None]
+            given = [
+                n
+                for n in ("width", "steps", "lr", "match_loss", "optimizer", "batch_size")
+                if getattr(self, n) is not None
+            ]
             if given:
                 others = "".join(f", {self.flag_of(n)}" for n in given[1:])
-                raise FieldError(given[0], "{name}" + others + " set how new models are trained and do not apply to "
-                                 "--checkpoint (a saved model); drop them")
+                raise FieldError(
+                    given[0],
+                    "{name}" + others + " set how new models are trained and do not apply to "
+                    "--checkpoint (a saved model); drop them",
+                )
             if self.seeds is not None and self.seeds != 1:
-                raise FieldError("seeds", "{name} trains independent copies of the built-in models; a saved model is "
-                                 "one model, drop {name}")
+                raise FieldError(
+                    "seeds",
+                    "{name} trains independent copies of the built-in models; a saved model is one model, drop {name}",
+                )
         n_seeds = 1 if saved else (self.seeds if self.seeds is not None else p["seeds"])
         if n_seeds < 1:
             raise FieldError("seeds", "{name} must be a positive integer, got " + str(n_seeds))
@@ -560,16 +697,20 @@ class LandscapeRequest(ModelFields, DataFields, Request):
         if self.optimizer_name not in OPTIMIZER_NAMES:
             raise FieldError("optimizer", "unknown {name} " + _esc(repr(self.optimizer)) + "; use gd, sgd or adam")
         if self.match_target is not None and self.optimizer_name != "gd":
-            raise FieldError("match_loss", "{name} stops full-batch GD at a training loss; with --optimizer sgd/adam "
-                             "train for --steps and compare (models are compared when their losses are within 10 %)")
+            raise FieldError(
+                "match_loss",
+                "{name} stops full-batch GD at a training loss; with --optimizer sgd/adam "
+                "train for --steps and compare (models are compared when their losses are within 10 %)",
+            )
         if self.models is not None:
             archs = tuple(str(a).strip().lower() for a in self.models)
             if not archs:
                 raise FieldError("models", "{name} is empty; use relu, attn or both (relu,attn)")
             bad = [a for a in archs if a not in ARCHS]
             if bad:
-                raise FieldError("models", "{name}: unknown model " + _esc(repr(bad[0])) + "; use relu, attn or both "
-                                 "(relu,attn)")
+                raise FieldError(
+                    "models", "{name}: unknown model " + _esc(repr(bad[0])) + "; use relu, attn or both (relu,attn)"
+                )
             if len(set(archs)) != len(archs):
                 raise FieldError("models", "{name} lists a model twice; give each once")
         if self.n_train is not None and self.n_train < 2:
@@ -582,13 +723,15 @@ class LandscapeRequest(ModelFields, DataFields, Request):
             raise FieldError("lr", "{name} must be a positive number, got " + f"{self.lr:g}")
         if self.batch_size is not None:
             if self.optimizer_name == "gd":
-                raise FieldError("batch_size", "{name} applies to --optimizer sgd or adam (gd uses every row at every "
-                                 "step); drop it")
+                raise FieldError(
+                    "batch_size", "{name} applies to --optimizer sgd or adam (gd uses every row at every step); drop it"
+                )
             if self.batch_size < 1:
                 raise FieldError("batch_size", "{name} must be a positive integer, got " + str(self.batch_size))
         if self.loss is not None and self.loss.strip().lower() not in LOSSES:
-            raise FieldError("loss", "unknown {name} " + _esc(repr(self.loss.strip().lower()))
-                             + f"; use one of {', '.join(LOSSES)}")
+            raise FieldError(
+                "loss", "unknown {name} " + _esc(repr(self.loss.strip().lower())) + f"; use one of {', '.join(LOSSES)}"
+            )
         for name, kinds in (("directions", DIRECTION_KINDS), ("precision", tuple(DTYPES))):
             value = str(getattr(self, name)).strip().lower()
             if value not in kinds:
@@ -602,8 +745,10 @@ class LandscapeRequest(ModelFields, DataFields, Request):
         if self.eigenvalues < 1:
             raise FieldError("eigenvalues", "{name} must be >= 1, got " + str(self.eigenvalues))
         if self.hutchinson_samples < 2:
-            raise FieldError("hutchinson_samples", "{name} must be >= 2 (a standard error needs two), got "
-                             + str(self.hutchinson_samples))
+            raise FieldError(
+                "hutchinson_samples",
+                "{name} must be >= 2 (a standard error needs two), got " + str(self.hutchinson_samples),
+            )
         if self.basin_directions < 1:
             raise FieldError("basin_directions", "{name} must be >= 1, got " + str(self.basin_directions))
         if not (self.basin_factor > 1 and math.isfinite(self.basin_factor)):
@@ -630,25 +775,33 @@ def _load_rows(request: LandscapeRequest, r: LandscapeRequest, saved_models: dic
         if request.loaded_data is not None:
             full = request.loaded_data
         else:
-            full = load_dataset(dataclasses.replace(r.data_spec(r.seed, n=r.n_train, stratify=True), n=None,
-                                                    stratify=False))
+            full = load_dataset(
+                dataclasses.replace(r.data_spec(r.seed, n=r.n_train, stratify=True), n=None, stratify=False)
+            )
         rebuilt = recorded_split(full, saved_models)
         if rebuilt is not None:
             ds = subset(rebuilt[0], min(r.n_train, rebuilt[0].n), r.seed)
-            note = {"rows": "checkpoint split", "detail": f"{ds.n} of the checkpoint's {rebuilt[0].n} training rows "
-                    "(its split rebuilt; training-data fingerprint matched)", "recorded_split": rebuilt[2]}
+            note = {
+                "rows": "checkpoint split",
+                "detail": f"{ds.n} of the checkpoint's {rebuilt[0].n} training rows "
+                "(its split rebuilt; training-data fingerprint matched)",
+                "recorded_split": rebuilt[2],
+            }
             return ds, note
     if request.loaded_data is not None:  # a stratified draw, recorded in the data set's info, as from a file
         full = request.loaded_data
         if r.n_train > full.n:
-            raise FieldError("n_train", "{name} " + f"{r.n_train} is more than the {full.n} rows of the loaded data set")
+            raise FieldError(
+                "n_train", "{name} " + f"{r.n_train} is more than the {full.n} rows of the loaded data set"
+            )
         return subset(full, r.n_train, r.seed, stratify=True), None
     try:
         return r.load_data(r.seed, n=r.n_train, stratify=True), None
     except AuditError as exc:
         if "--n " in str(exc):
-            raise FieldError("n_train", _esc(str(exc)).replace("--n ", "{name} ").replace("lower --n", "lower {name}")
-                             ) from None
+            raise FieldError(
+                "n_train", _esc(str(exc)).replace("--n ", "{name} ").replace("lower --n", "lower {name}")
+            ) from None
         raise
 
 
@@ -657,7 +810,6 @@ def run(request: LandscapeRequest, *, progress: RunProgress | None = None, execu
 
     ``executor`` is accepted for the common signature; the models run in this process."""
     from rich.text import Text
-
 
     progress = progress_or_silent(progress)
     r = request.resolved()
@@ -675,16 +827,27 @@ def run(request: LandscapeRequest, *, progress: RunProgress | None = None, execu
     loss_name = loss.strip().lower()
     train_cfg = recipe = None
     if not model:
-        train_cfg = TrainConfig(loss=loss_name, lr=r.lr, steps=r.steps, loss_tol=None if match_auto else match_target,
-                                record_every=10)
+        train_cfg = TrainConfig(
+            loss=loss_name, lr=r.lr, steps=r.steps, loss_tol=None if match_auto else match_target, record_every=10
+        )
         if opt_name != "gd":
-
-            recipe = Recipe(optimizer=opt_name, lr=r.lr, batch_size=r.batch_size, steps=train_cfg.steps,
-                            loss=loss_name, seed=r.seed)
+            recipe = Recipe(
+                optimizer=opt_name, lr=r.lr, batch_size=r.batch_size, steps=train_cfg.steps, loss=loss_name, seed=r.seed
+            )
     config = LandscapeConfig(
-        loss=loss_name, directions=r.directions.strip().lower(), points=r.points, span=r.span, grid=r.grid,
-        keep_1d_params=r.keep_1d_params, params=r.params, top_k=r.eigenvalues, hutchinson_samples=r.hutchinson_samples,
-        basin_directions=r.basin_directions, basin_factor=r.basin_factor, seed=r.seed, dtype=r.precision.strip().lower(),
+        loss=loss_name,
+        directions=r.directions.strip().lower(),
+        points=r.points,
+        span=r.span,
+        grid=r.grid,
+        keep_1d_params=r.keep_1d_params,
+        params=r.params,
+        top_k=r.eigenvalues,
+        hutchinson_samples=r.hutchinson_samples,
+        basin_directions=r.basin_directions,
+        basin_factor=r.basin_factor,
+        seed=r.seed,
+        dtype=r.precision.strip().lower(),
     )
     dev = resolve_device(r.device)
     labels = list(saved_models) if model else list(arch_list)
@@ -697,13 +860,16 @@ def run(request: LandscapeRequest, *, progress: RunProgress | None = None, execu
         if ds.y is None:
             raise AuditError(f"{ds.name} has no labels; the loss landscape needs labelled data")
         if saved_models:
-
             fitted = {label: fit_to_data(lm, ds) for label, lm in saved_models.items()}
             saved_tasks = {label: _on_device(lm.task(loss=loss_name), dev) for label, lm in fitted.items()}
         load_time = time.perf_counter() - t0
-        what = (f"saved model(s) {', '.join(labels)}" if model else
-                f"models {','.join(labels)}, width {r.width}, {opt_name} {train_cfg.steps} steps, lr {train_cfg.lr:g}"
-                + (f", batch {r.batch_size}" if r.batch_size else "") + (f", {n_seeds} seeds" if n_seeds > 1 else ""))
+        what = (
+            f"saved model(s) {', '.join(labels)}"
+            if model
+            else f"models {','.join(labels)}, width {r.width}, {opt_name} {train_cfg.steps} steps, lr {train_cfg.lr:g}"
+            + (f", batch {r.batch_size}" if r.batch_size else "")
+            + (f", {n_seeds} seeds" if n_seeds > 1 else "")
+        )
         header = f"landscape: {ds.name} ({r.split}), n={ds.n}, {what}"
         steps_per_model = 0 if model else (recipe.total_steps(ds.n) if recipe is not None else train_cfg.steps)
         total = run_work_units(config, len(labels) * n_seeds, steps_per_model)
@@ -711,13 +877,24 @@ def run(request: LandscapeRequest, *, progress: RunProgress | None = None, execu
         unit = "Hessian/loss evaluations" if model else f"{trainer} steps and Hessian/loss evaluations"
         with progress("landscape", total, unit) as advance:
             out_run = run_landscape(
-                dataclasses.replace(ds, X=ds.X.to(dev), y=ds.y.to(dev)), config,
-                models=None if model else arch_list, width=r.width, train_config=train_cfg,
-                seed=r.seed, saved=saved_tasks, seeds=None if model else tuple(range(r.seed, r.seed + n_seeds)),
-                recipe=recipe, match_loss_auto=match_auto,
-                saved_info={label: {"source": lm.source.get("path") or lm.source.get("factory"), "checkpoint": lm.source,
-                                    **({"audit_rows": rows_note} if rows_note else {})}
-                            for label, lm in saved_models.items()},
+                dataclasses.replace(ds, X=ds.X.to(dev), y=ds.y.to(dev)),
+                config,
+                models=None if model else arch_list,
+                width=r.width,
+                train_config=train_cfg,
+                seed=r.seed,
+                saved=saved_tasks,
+                seeds=None if model else tuple(range(r.seed, r.seed + n_seeds)),
+                recipe=recipe,
+                match_loss_auto=match_auto,
+                saved_info={
+                    label: {
+                        "source": lm.source.get("path") or lm.source.get("factory"),
+                        "checkpoint": lm.source,
+                        **({"audit_rows": rows_note} if rows_note else {}),
+                    }
+                    for label, lm in saved_models.items()
+                },
                 progress=advance,
             )
     except ParameterSelectionError as exc:
@@ -728,8 +905,13 @@ def run(request: LandscapeRequest, *, progress: RunProgress | None = None, execu
     if request.loaded_data is not None:
         data_in = request.data_inputs()
     else:
-        data_in = {"dataset": r.dataset if request.data is None else None, "data": request.data, "split": r.split,
-                   "classes": request.classes, "preprocess": request.preprocess}
+        data_in = {
+            "dataset": r.dataset if request.data is None else None,
+            "data": request.data,
+            "split": r.split,
+            "classes": request.classes,
+            "preprocess": request.preprocess,
+        }
     report = build_report(
         SCHEMA,
         inputs={
@@ -740,21 +922,41 @@ def run(request: LandscapeRequest, *, progress: RunProgress | None = None, execu
             "saved_models": model,
             "width": None if model else r.width,
             "training": None if model else dataclasses.asdict(train_cfg),
-            "optimizer": None if model else (recipe.to_dict() if recipe is not None else {
-                "optimizer": "gd", "lr": train_cfg.lr, "batch_size": None, "steps": train_cfg.steps, "loss": loss_name}),
+            "optimizer": None
+            if model
+            else (
+                recipe.to_dict()
+                if recipe is not None
+                else {
+                    "optimizer": "gd",
+                    "lr": train_cfg.lr,
+                    "batch_size": None,
+                    "steps": train_cfg.steps,
+                    "loss": loss_name,
+                }
+            ),
             "seeds": None if model else n_seeds,
             "match_loss": match_target,
             "match_loss_resolution": out_run.match_loss_resolution,
             "loss_comparable_within": LOSS_COMPARABLE_WITHIN,
             "landscape": dataclasses.asdict(config),
         },
-        seeds={"base_seed": r.seed, "model_seed": None if model else r.seed, "subset_seed": r.seed,
-               "landscape": config.seeds(), "model_seeds": None if model else list(range(r.seed, r.seed + n_seeds))},
+        seeds={
+            "base_seed": r.seed,
+            "model_seed": None if model else r.seed,
+            "subset_seed": r.seed,
+            "landscape": config.seeds(),
+            "model_seeds": None if model else list(range(r.seed, r.seed + n_seeds)),
+        },
         device=dev,
         dtype=config.dtype,
         timings=timings,
-        results={"dataset": ds.info, "models": out["models"], "gd_stability_bound": out["gd_stability_bound"],
-                 "optimizer": out["optimizer"]},
+        results={
+            "dataset": ds.info,
+            "models": out["models"],
+            "gd_stability_bound": out["gd_stability_bound"],
+            "optimizer": out["optimizer"],
+        },
         warnings=list(out_run.warnings),
         verdicts=list(out_run.verdicts),
         request=request,
@@ -764,5 +966,10 @@ def run(request: LandscapeRequest, *, progress: RunProgress | None = None, execu
     renderables.extend(Text(f"- {v}") for v in out_run.verdicts)
     renderables.extend(Text(f"warning: {w}", style="yellow") for w in out_run.warnings)
     title = f"{ds.name}: n={ds.n}, {loss_name}, directions {config.directions}, seed {r.seed}"
-    return Result(report, request, renderables=renderables,
-                  plot=lambda path: plot_landscape(out_run.results, path, title), png_name=PNG_NAME)
+    return Result(
+        report,
+        request,
+        renderables=renderables,
+        plot=lambda path: plot_landscape(out_run.results, path, title),
+        png_name=PNG_NAME,
+    )

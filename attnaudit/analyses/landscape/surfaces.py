@@ -58,7 +58,11 @@ def loss_surface_1d(
 
 
 def loss_surface_2d(
-    evaluate: SurfaceEvaluator, dir1: Direction, dir2: Direction, grid: int = 31, span: float = 1.0,
+    evaluate: SurfaceEvaluator,
+    dir1: Direction,
+    dir2: Direction,
+    grid: int = 31,
+    span: float = 1.0,
     progress: Progress = None,
 ) -> Surface2D:
     """L(theta + a d1 + b d2) on a ``grid`` x ``grid`` mesh over [-span, span]^2."""
@@ -71,6 +75,8 @@ def loss_surface_2d(
     L = ev.loss.reshape(grid, grid)
     acc = ev.accuracy.reshape(grid, grid)
     return Surface2D(
-        tuple(ax.tolist()), tuple(ax.tolist()),
-        tuple(tuple(r) for r in L.tolist()), tuple(tuple(r) for r in acc.tolist()),
+        tuple(ax.tolist()),
+        tuple(ax.tolist()),
+        tuple(tuple(r) for r in L.tolist()),
+        tuple(tuple(r) for r in acc.tolist()),
     )

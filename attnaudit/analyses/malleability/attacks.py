@@ -128,7 +128,9 @@ class AttackResult:
             "method": self.config.method,
             "eps": self.config.eps if self.config.method != "none" else 0.0,
             "norm": self.config.norm,
-            "steps": self.config.steps if self.config.method in ("pgd", "mim") else (1 if self.config.method == "fgsm" else 0),
+            "steps": self.config.steps
+            if self.config.method in ("pgd", "mim")
+            else (1 if self.config.method == "fgsm" else 0),
             "step_size": self.config.resolved_step_size,
             "random_start": self.config.random_start if self.config.method == "pgd" else None,
             "momentum": self.config.momentum if self.config.method == "mim" else None,
@@ -205,7 +207,9 @@ def _input_grad_and_logits(engine: Engine, x: torch.Tensor, y: torch.Tensor) -> 
     return g.to(device=x.device, dtype=x.dtype), logits
 
 
-def _attack_chunk(engine: Engine, x, y, config: AttackConfig, noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _attack_chunk(
+    engine: Engine, x, y, config: AttackConfig, noise: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(perturbed rows, the clean rows' logits when the attack computed them anyway, else None)."""
     eps, norm, method = config.eps, config.norm, config.method
     if method == "none":
@@ -235,7 +239,9 @@ def _attack_chunk(engine: Engine, x, y, config: AttackConfig, noise: torch.Tenso
     return x + delta, None
 
 
-def attack_engine(model: Task | nn.Module, X: torch.Tensor, loss: str | Loss = "mse", dtype: torch.dtype | None = None) -> Engine:
+def attack_engine(
+    model: Task | nn.Module, X: torch.Tensor, loss: str | Loss = "mse", dtype: torch.dtype | None = None
+) -> Engine:
     """The engine an attack differentiates through: ``model`` as a Task (a bare module is
     wrapped with ``loss``, flat inputs and its logits' width as ``n_classes``).
 
@@ -277,8 +283,15 @@ def _check_value_range(X: torch.Tensor, lo_valid: float, hi_valid: float) -> Non
 
 
 def perturb(
-    model: Task | nn.Module | Engine, X: torch.Tensor, y: torch.Tensor, config: AttackConfig, loss: str | Loss = "mse",
-    *, dtype: torch.dtype | None = None, inputs: Inputs | None = None, evaluate: bool = True,
+    model: Task | nn.Module | Engine,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    config: AttackConfig,
+    loss: str | Loss = "mse",
+    *,
+    dtype: torch.dtype | None = None,
+    inputs: Inputs | None = None,
+    evaluate: bool = True,
 ) -> AttackResult:
     """Perturb every row of X against ``model``, a Task or a module (left untouched, never
     put in training mode). A module is wrapped with ``loss`` and ``inputs`` (default flat
@@ -304,7 +317,11 @@ def perturb(
     gen = torch.Generator().manual_seed(int(config.seed))
     need_noise = config.method == "random" or (config.method == "pgd" and config.random_start)
     # One draw for the whole set (not per chunk), so the result does not depend on chunk_size.
-    noise = _noise(tuple(X.shape), config.eps, config.norm, config.method == "pgd", gen).to(X.device, X.dtype) if need_noise else None
+    noise = (
+        _noise(tuple(X.shape), config.eps, config.norm, config.method == "pgd", gen).to(X.device, X.dtype)
+        if need_noise
+        else None
+    )
     if config.method == "sign":
         noise = _sign_noise(tuple(X.shape), config.eps, config.norm, gen).to(X.device, X.dtype)
     parts, clean = [], []
@@ -314,7 +331,9 @@ def perturb(
         parts.append(x_adv.detach())
         clean.append(logits)
     X_adv = parts[0] if len(parts) == 1 else torch.cat(parts)
-    evaluated: dict[str, float | None] = dict.fromkeys(("loss_before", "loss_after", "accuracy_before", "accuracy_after"))
+    evaluated: dict[str, float | None] = dict.fromkeys(
+        ("loss_before", "loss_after", "accuracy_before", "accuracy_after")
+    )
     if evaluate:
         if any(c is None for c in clean):
             out_clean = engine.logits(engine.rows(X), chunk=config.chunk_size)
@@ -345,7 +364,10 @@ def perturb(
             **evaluated,
             radius_mean=float(radius.mean()) if radius.numel() else 0.0,
             radius_max=float(radius.max()) if radius.numel() else 0.0,
-            linf_mean=stat(linf, "mean"), linf_max=stat(linf, "max"), l2_mean=stat(l2, "mean"), l2_max=stat(l2, "max"),
+            linf_mean=stat(linf, "mean"),
+            linf_max=stat(linf, "max"),
+            l2_mean=stat(l2, "mean"),
+            l2_max=stat(l2, "max"),
         )
 
 

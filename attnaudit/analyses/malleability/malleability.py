@@ -197,7 +197,9 @@ class MalleabilityConfig:
         if any(not (math.isfinite(e) and e > 0) for e in self.eps):
             raise AuditError(f"--eps values must be positive numbers, got {','.join(map(str, self.eps))}")
         if self.estimator == "tracin" and any(isinstance(d, str) for d in self.damping):
-            raise AuditError("relative --damping (a multiple of lambda_max) does not apply to --estimator tracin (no Hessian)")
+            raise AuditError(
+                "relative --damping (a multiple of lambda_max) does not apply to --estimator tracin (no Hessian)"
+            )
         if self.estimator not in ESTIMATORS:
             raise AuditError(f"unknown --estimator {self.estimator!r}; use one of {', '.join(ESTIMATORS)}")
         if self.estimator in ("kfac", "ekfac") and not self.saved_models:
@@ -224,7 +226,9 @@ class MalleabilityConfig:
             raise AuditError(f"--width must be >= 1, got {self.width}")
         object.__setattr__(self, "lr", self._per_model("lr", "--lr", self.lr, allow_none=False))
         if self.match_loss != AUTO_MATCH:
-            object.__setattr__(self, "match_loss", self._per_model("match_loss", "--match-loss", self.match_loss, allow_none=True))
+            object.__setattr__(
+                self, "match_loss", self._per_model("match_loss", "--match-loss", self.match_loss, allow_none=True)
+            )
         for arch in self.models:
             v = self.match_loss_for(arch)
             if v is not None and not (math.isfinite(v) and v > 0):
@@ -236,12 +240,20 @@ class MalleabilityConfig:
             raise AuditError(f"unknown --optimizer {self.optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
         if self.optimizer != "gd" and self.estimator == "tracin":
             raise AuditError("--estimator tracin weights checkpoints by GD steps; use it with --optimizer gd")
-        if self.batch_size is not None and (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, (int, np.integer)) or self.batch_size < 1):
+        if self.batch_size is not None and (
+            isinstance(self.batch_size, bool)
+            or not isinstance(self.batch_size, (int, np.integer))
+            or self.batch_size < 1
+        ):
             raise AuditError(f"--batch-size must be a positive integer, got {self.batch_size}")
         if self.batch_size is not None and self.optimizer == "gd":
-            raise AuditError("--batch-size does not apply to --optimizer gd (full-batch gradient descent); use --optimizer sgd or adam")
+            raise AuditError(
+                "--batch-size does not apply to --optimizer gd (full-batch gradient descent); use --optimizer sgd or adam"
+            )
         if self.resample_data and self.saved_models:
-            raise AuditError("--resample-data draws new training rows per seed, which a saved model was not trained on; drop it")
+            raise AuditError(
+                "--resample-data draws new training rows per seed, which a saved model was not trained on; drop it"
+            )
         if self.optimizer != "gd" and not self.saved_models:
             self.recipe(self.models[0], 0)  # validates the recipe now
         if self.max_flip_rate is not None and not (0 <= self.max_flip_rate <= 1):
@@ -269,11 +281,16 @@ class MalleabilityConfig:
         if isinstance(value, dict):
             unknown = [k for k in value if k not in self.models]
             if unknown:
-                raise AuditError(f"{option} names model(s) {', '.join(map(str, unknown))} not in --models ({', '.join(self.models)})")
+                raise AuditError(
+                    f"{option} names model(s) {', '.join(map(str, unknown))} not in --models ({', '.join(self.models)})"
+                )
             missing = [m for m in self.models if m not in value]
             if missing and not allow_none:
-                raise AuditError(f"{option} gives no value for {', '.join(missing)}; give every model (e.g. {option} "
-                                 + ",".join(f"{m}=1" for m in self.models) + ") or one number")
+                raise AuditError(
+                    f"{option} gives no value for {', '.join(missing)}; give every model (e.g. {option} "
+                    + ",".join(f"{m}=1" for m in self.models)
+                    + ") or one number"
+                )
             out = {}
             for k in self.models:
                 if k in value:
@@ -303,14 +320,26 @@ class MalleabilityConfig:
         """Full-batch GD settings of model ``arch`` (default: the first model)."""
         arch = self.models[0] if arch is None else arch
         every = max(1, self.steps // self.tracin_checkpoints) if self.estimator == "tracin" else None
-        return TrainConfig(loss=self.loss, lr=self.lr_for(arch), steps=self.steps, loss_tol=self.match_loss_for(arch),
-                           checkpoint_every=every)
+        return TrainConfig(
+            loss=self.loss,
+            lr=self.lr_for(arch),
+            steps=self.steps,
+            loss_tol=self.match_loss_for(arch),
+            checkpoint_every=every,
+        )
 
     def recipe(self, arch: str, order_seed: int):
         """The :class:`attnaudit.core.fit.Recipe` of ``--optimizer sgd|adam`` for model ``arch`` (data order from ``order_seed``)."""
 
-        return Recipe(optimizer=self.optimizer, lr=self.lr_for(arch), batch_size=self.batch_size, epochs=None,
-                      steps=self.steps, loss=self.loss, seed=order_seed)
+        return Recipe(
+            optimizer=self.optimizer,
+            lr=self.lr_for(arch),
+            batch_size=self.batch_size,
+            epochs=None,
+            steps=self.steps,
+            loss=self.loss,
+            seed=order_seed,
+        )
 
     @property
     def random_control(self) -> str | None:
@@ -323,11 +352,17 @@ class MalleabilityConfig:
         if not isinstance(self.finetune_steps, int) or self.finetune_steps < 1:
             raise AuditError(f"--finetune-steps must be a positive integer, got {self.finetune_steps}")
         if self.finetune_optimizer not in FINETUNE_OPTIMIZERS:
-            raise AuditError(f"unknown --finetune-optimizer {self.finetune_optimizer!r}; use one of {', '.join(FINETUNE_OPTIMIZERS)}")
+            raise AuditError(
+                f"unknown --finetune-optimizer {self.finetune_optimizer!r}; use one of {', '.join(FINETUNE_OPTIMIZERS)}"
+            )
         return Recipe(
-            optimizer=self.finetune_optimizer, lr=self.finetune_lr,
+            optimizer=self.finetune_optimizer,
+            lr=self.finetune_lr,
             batch_size=None if self.finetune_optimizer == "gd" else self.finetune_batch_size,
-            epochs=None, steps=self.finetune_steps, loss=self.loss, seed=seed,
+            epochs=None,
+            steps=self.finetune_steps,
+            loss=self.loss,
+            seed=seed,
         )
 
     def influence_config(self) -> InfluenceConfig:
@@ -346,8 +381,14 @@ class MalleabilityConfig:
     def attack_config(self, method: str, eps: float, seed: int, value_range) -> AttackConfig:
         lo, hi = (None, None) if value_range is None else (float(value_range[0]), float(value_range[1]))
         return AttackConfig(
-            method=method, eps=eps, norm=self.norm, steps=self.pgd_steps, step_size=self.step_size,
-            clip_min=lo, clip_max=hi, seed=seed,
+            method=method,
+            eps=eps,
+            norm=self.norm,
+            steps=self.pgd_steps,
+            step_size=self.step_size,
+            clip_min=lo,
+            clip_max=hi,
+            seed=seed,
         )
 
     def to_dict(self) -> dict:
@@ -381,17 +422,23 @@ def parse_per_model(text, option: str) -> float | dict | None:
         try:
             return float(items[0])
         except ValueError:
-            raise AuditError(f"{option}: {items[0]!r} is not a number; give a number or model=value pairs such as {option} relu=10,attn=8") from None
+            raise AuditError(
+                f"{option}: {items[0]!r} is not a number; give a number or model=value pairs such as {option} relu=10,attn=8"
+            ) from None
     out: dict = {}
     for item in items:
         name, sep, value = item.partition("=")
         name = name.strip()
         if not sep or not name:
-            raise AuditError(f"{option}: {item!r} is not model=value; give e.g. {option} relu=10,attn=8 (or one number for every model)")
+            raise AuditError(
+                f"{option}: {item!r} is not model=value; give e.g. {option} relu=10,attn=8 (or one number for every model)"
+            )
         try:
             out[name] = float(value)
         except ValueError:
-            raise AuditError(f"{option}: {name}={value.strip()!r} is not a number; give e.g. {option} relu=10,attn=8") from None
+            raise AuditError(
+                f"{option}: {name}={value.strip()!r} is not a number; give e.g. {option} relu=10,attn=8"
+            ) from None
     if len(out) != len(items):
         raise AuditError(f"{option} names a model twice: {text}")
     return out
@@ -406,8 +453,13 @@ def untrained_threshold(n_classes: int, n_train: int) -> tuple[float, float]:
 
 
 def influence_memory_estimate(
-    config: MalleabilityConfig, d: int, n_classes: int, n_train: int, n_test: int,
-    models: dict[str, nn.Module | Task] | None = None, probe: torch.Tensor | None = None,
+    config: MalleabilityConfig,
+    d: int,
+    n_classes: int,
+    n_train: int,
+    n_test: int,
+    models: dict[str, nn.Module | Task] | None = None,
+    probe: torch.Tensor | None = None,
 ) -> dict:
     """Tracked parameters and peak bytes of one influence computation (before any compute).
 
@@ -439,14 +491,29 @@ def influence_memory_estimate(
         named = dict(model.named_parameters())
         factor_bytes = 0
         if config.estimator in ("kfac", "ekfac"):
-
             factor_bytes = kfac_memory_bytes(linear_modules(model, names)[0])
-        tracked[arch] = {"names": names, "count": int(sum(named[n].numel() for n in names)), "factor_bytes": factor_bytes}
+        tracked[arch] = {
+            "names": names,
+            "count": int(sum(named[n].numel() for n in names)),
+            "factor_bytes": factor_bytes,
+        }
     p = max(v["count"] for v in tracked.values())
     check_exact_budget(config.estimator, p, config.max_exact_params)
-    mem = influence_memory(config.estimator, p, n_train, n_test, False, icfg.chunk_size, n_dampings=len(config.damping),
-                           factor_bytes=max(v["factor_bytes"] for v in tracked.values()))
-    return {"tracked_parameters": p, "tracked_parameter_names": {k: v["names"] for k, v in tracked.items()}, "bytes": mem}
+    mem = influence_memory(
+        config.estimator,
+        p,
+        n_train,
+        n_test,
+        False,
+        icfg.chunk_size,
+        n_dampings=len(config.damping),
+        factor_bytes=max(v["factor_bytes"] for v in tracked.values()),
+    )
+    return {
+        "tracked_parameters": p,
+        "tracked_parameter_names": {k: v["names"] for k, v in tracked.items()},
+        "bytes": mem,
+    }
 
 
 def progress_total(config: MalleabilityConfig) -> int:
@@ -500,7 +567,9 @@ def stability_by_k(clean, perturbed, top_ks) -> dict:
     by = []
     for k in top_ks:
         st = first if k == top_ks[0] else stability(clean, perturbed, k)
-        by.append({key: st[key] for key in ("top_k", "flip_rate", "n_flipped", "top_k_overlap", "clean_helpful_in_top_k")})
+        by.append(
+            {key: st[key] for key in ("top_k", "flip_rate", "n_flipped", "top_k_overlap", "clean_helpful_in_top_k")}
+        )
     return {**first, "by_top_k": by}
 
 
@@ -514,8 +583,15 @@ def summarize(values, confidence: float = 0.95, trials: int | None = None) -> di
     v = [float(x) for x in values if x is not None and np.isfinite(x)]
     iv = proportion_interval(v, trials, confidence) if trials else mean_interval(v, confidence)
     if not v:
-        return {"mean": None, "std": None, "ci_low": None, "ci_high": None, "n": 0, "values": list(values),
-                "interval_method": iv.method}
+        return {
+            "mean": None,
+            "std": None,
+            "ci_low": None,
+            "ci_high": None,
+            "n": 0,
+            "values": list(values),
+            "interval_method": iv.method,
+        }
     return {
         "mean": float(np.mean(v)),
         "std": float(np.std(v, ddof=1)) if len(v) > 1 else None,
@@ -538,9 +614,17 @@ def ratio_summary(numerator, denominator, confidence: float = 0.95, trials: tupl
     ok = np.isfinite(a) & np.isfinite(b)
     a, b = a[ok], b[ok]
     iv = ratio_interval(a.tolist(), b.tolist(), confidence, trials=trials)
-    return {"ratio": iv.estimate, "ci_low": iv.low, "ci_high": iv.high, "unbounded_high": bool(a.size > 1 and iv.high is None),
-            "interval_method": iv.method, "n": int(a.size), "numerator_values": a.tolist(), "denominator_values": b.tolist(),
-            "note": iv.note}
+    return {
+        "ratio": iv.estimate,
+        "ci_low": iv.low,
+        "ci_high": iv.high,
+        "unbounded_high": bool(a.size > 1 and iv.high is None),
+        "interval_method": iv.method,
+        "n": int(a.size),
+        "numerator_values": a.tolist(),
+        "denominator_values": b.tolist(),
+        "note": iv.note,
+    }
 
 
 # --------------------------------------------------------------------------- result
@@ -594,7 +678,9 @@ class MalleabilityResult:
 
 
 # --------------------------------------------------------------------------- the run
-def _influences(model, X, y, X_test, y_test, config: MalleabilityConfig, n_classes: int, tr, arch: str | None = None) -> list:
+def _influences(
+    model, X, y, X_test, y_test, config: MalleabilityConfig, n_classes: int, tr, arch: str | None = None
+) -> list:
     weights = None
     ckpts = None
     if config.estimator == "tracin":
@@ -602,8 +688,17 @@ def _influences(model, X, y, X_test, y_test, config: MalleabilityConfig, n_class
         ckpts = tr.checkpoints
         weights = tracin_weights(len(ckpts), tcfg.checkpoint_every, tr.steps_run, tcfg.lr)
     return influence_sweep(
-        model, X, y, X_test, y_test, config.influence_config(),
-        loss=config.loss, n_classes=n_classes, dampings=config.damping, checkpoints=ckpts, checkpoint_weights=weights,
+        model,
+        X,
+        y,
+        X_test,
+        y_test,
+        config.influence_config(),
+        loss=config.loss,
+        n_classes=n_classes,
+        dampings=config.damping,
+        checkpoints=ckpts,
+        checkpoint_weights=weights,
     )
 
 
@@ -624,15 +719,47 @@ def _float64_copy(model: nn.Module | Task, device, always: bool = False) -> nn.M
 
 def _diag_row(seed, arch, role, res) -> dict:
     d = res.diagnostics
-    keys = ("min_eigenvalue", "max_eigenvalue", "damped_min_eigenvalue", "positive_definite", "n_negative_eigenvalues",
-            "damped_condition_number", "iterations", "relative_residual_max", "converged", "negative_curvature",
-            "checkpoints_used", "lambda_max", "lambda_max_method", "lambda_max_residual", "lambda_max_converged",
-            "damping_relative", "damping_abs", "solver", "curvature", "curvature_seed", "layers", "excluded_parameters",
-            "damping_per_layer", "factor_bytes", "proj_dim", "proj_dim_used", "hessian_vector_products",
-            "projected_min_eigenvalue")
-    row = {"seed": seed, "model": arch, "role": role, "estimator": res.estimator, "damping": res.damping,
-           "path": res.path, "n_params": res.n_params, "memory_estimate_bytes": d.get("memory_estimate_bytes", {}).get("total"),
-           "seconds": d.get("seconds")}
+    keys = (
+        "min_eigenvalue",
+        "max_eigenvalue",
+        "damped_min_eigenvalue",
+        "positive_definite",
+        "n_negative_eigenvalues",
+        "damped_condition_number",
+        "iterations",
+        "relative_residual_max",
+        "converged",
+        "negative_curvature",
+        "checkpoints_used",
+        "lambda_max",
+        "lambda_max_method",
+        "lambda_max_residual",
+        "lambda_max_converged",
+        "damping_relative",
+        "damping_abs",
+        "solver",
+        "curvature",
+        "curvature_seed",
+        "layers",
+        "excluded_parameters",
+        "damping_per_layer",
+        "factor_bytes",
+        "proj_dim",
+        "proj_dim_used",
+        "hessian_vector_products",
+        "projected_min_eigenvalue",
+    )
+    row = {
+        "seed": seed,
+        "model": arch,
+        "role": role,
+        "estimator": res.estimator,
+        "damping": res.damping,
+        "path": res.path,
+        "n_params": res.n_params,
+        "memory_estimate_bytes": d.get("memory_estimate_bytes", {}).get("total"),
+        "seconds": d.get("seconds"),
+    }
     row.update({k: d[k] for k in keys if k in d})
     if "damping_given" in d:
         row["damping"] = d["damping_given"]  # as given (a number, or "1e-3x"); damping_abs is what was used
@@ -689,10 +816,17 @@ def _train_recipe(model: nn.Module, X: torch.Tensor, y: torch.Tensor, recipe, lo
     try:
         res = fit_recipe(model, X, y, recipe, progress=check if loss_tol is not None else None)
     except _MatchLossReached:
-        return TrainResult(loss_curve=checks, steps_run=steps["n"], final_loss=checks[-1], reached_tol=True, diverged=False)
+        return TrainResult(
+            loss_curve=checks, steps_run=steps["n"], final_loss=checks[-1], reached_tol=True, diverged=False
+        )
     final = full_loss() if not res.diverged else float("nan")
-    return TrainResult(loss_curve=list(res.loss_curve) + [final], steps_run=res.steps_run, final_loss=final,
-                       reached_tol=None if loss_tol is None else bool(final <= loss_tol), diverged=res.diverged)
+    return TrainResult(
+        loss_curve=list(res.loss_curve) + [final],
+        steps_run=res.steps_run,
+        final_loss=final,
+        reached_tol=None if loss_tol is None else bool(final <= loss_tol),
+        diverged=res.diverged,
+    )
 
 
 def run_malleability(
@@ -737,9 +871,13 @@ def run_malleability(
                 "(--protocol finetune --finetune-steps N)"
             )
         if config.controls and config.protocol == "static":
-            raise AuditError("the reinit control retrains from scratch and does not apply to a saved model; pass --no-controls")
+            raise AuditError(
+                "the reinit control retrains from scratch and does not apply to a saved model; pass --no-controls"
+            )
         if config.estimator == "tracin":
-            raise AuditError("--estimator tracin needs the training trajectory, which a saved model does not carry; use last-layer, exact or cg")
+            raise AuditError(
+                "--estimator tracin needs the training trajectory, which a saved model does not carry; use last-layer, exact or cg"
+            )
         for arch, model in fixed_models.items():
             if isinstance(model, Task):
                 if model.n_classes != n_classes:
@@ -761,8 +899,10 @@ def run_malleability(
     if max(config.top_ks) > n_train:
         raise AuditError(f"--top-k {max(config.top_ks)} exceeds the {n_train} training samples; lower --top-k")
     if config.resample_data and (fixed_models or data is None):
-        raise AuditError("--resample-data draws each seed's rows from the data recipe; pass data=HoldoutRecipe(...) "
-                         "(the CLI does) and built-in models")
+        raise AuditError(
+            "--resample-data draws each seed's rows from the data recipe; pass data=HoldoutRecipe(...) "
+            "(the CLI does) and built-in models"
+        )
     if n_classes < 2:
         raise AuditError(f"malleability needs at least 2 classes, the data has {n_classes}")
     present = torch.unique(y_train).tolist()
@@ -771,22 +911,41 @@ def run_malleability(
             f"the training labels hold a single class ({present[0]}): influence on a one-class loss says nothing; "
             "keep at least two classes (e.g. --classes 3,5)"
         )
-    memory = influence_memory_estimate(config, int(X_train.shape[1]), n_classes, n_train, n_test, fixed_models, X_train[:1])  # fails early
+    memory = influence_memory_estimate(
+        config, int(X_train.shape[1]), n_classes, n_train, n_test, fixed_models, X_train[:1]
+    )  # fails early
     ex = executor or ExecutorConfig()
     remote = ex.kind != "local" or ex.jobs > 1
     if fixed_models and (remote or ex.resume_dir):
         raise AuditError("saved models are audited in this process; drop --executor ray / --jobs / --resume")
     if remote and data is None:
-        raise AuditError("cells on worker processes or Ray rebuild their data from a recipe; pass data=HoldoutRecipe(...) "
-                         "(the CLI does), or run with the local executor")
+        raise AuditError(
+            "cells on worker processes or Ray rebuild their data from a recipe; pass data=HoldoutRecipe(...) "
+            "(the CLI does), or run with the local executor"
+        )
     advance = progress or (lambda k=1: None)
     memory_key = data.key if data is not None else f"memory:{id(X_train)}"
     if config.match_loss == AUTO_MATCH and fixed_models:
         config = replace(config, match_loss=None)  # a saved model is not trained to a loss
-    state = _MalleabilityState(X_train, y_train, X_test, y_test, n_classes, config, value_range, fixed_models, rebuild,
-                               split=_split_info(X_train, y_train, data))
-    base = {"data": None if data is None else data.to_dict(), "memory_key": memory_key, "n_classes": n_classes,
-            "value_range": None if value_range is None else list(value_range), "device": str(X_train.device)}
+    state = _MalleabilityState(
+        X_train,
+        y_train,
+        X_test,
+        y_test,
+        n_classes,
+        config,
+        value_range,
+        fixed_models,
+        rebuild,
+        split=_split_info(X_train, y_train, data),
+    )
+    base = {
+        "data": None if data is None else data.to_dict(),
+        "memory_key": memory_key,
+        "n_classes": n_classes,
+        "value_range": None if value_range is None else list(value_range),
+        "device": str(X_train.device),
+    }
 
     def seed_data(seed: int) -> dict:
         """The cell's data: the caller's rows, or (--resample-data) the recipe's split drawn with ``seed``."""
@@ -796,9 +955,15 @@ def run_malleability(
         return {"data": rec.to_dict(), "memory_key": rec.key}
 
     def cells(fn: str, cfg: MalleabilityConfig) -> list:
-        return [CellTask(f"attnaudit.analyses.malleability.malleability:{fn}", {**base, "config": cfg, **seed_data(seed), "seed": seed,
-                                                           "arch": arch}, f"{arch} seed {seed}")
-                for seed in cfg.seeds for arch in cfg.models]
+        return [
+            CellTask(
+                f"attnaudit.analyses.malleability.malleability:{fn}",
+                {**base, "config": cfg, **seed_data(seed), "seed": seed, "arch": arch},
+                f"{arch} seed {seed}",
+            )
+            for seed in cfg.seeds
+            for arch in cfg.models
+        ]
 
     try:
         cached(f"malleability:{memory_key}", lambda: state)
@@ -836,8 +1001,10 @@ def run_malleability(
     warnings = _warnings(config, training, infl_warnings)
     for st in status:
         if st["untrained"]:
-            warnings.append(_untrained_text(st) + "; every verdict about it makes no claim (train it longer, raise --lr, "
-                            "or scale the inputs)")
+            warnings.append(
+                _untrained_text(st) + "; every verdict about it makes no claim (train it longer, raise --lr, "
+                "or scale the inputs)"
+            )
     splits = []
     for o in outcomes:
         if o.ok and o.task.config["seed"] not in bad_seeds and o.result.get("split") is not None:
@@ -846,8 +1013,10 @@ def run_malleability(
                 splits.append(row)
     splits.sort(key=lambda r: config.seeds.index(r["seed"]))
     if failed:
-        warnings.append(f"{len(failed)} of {len(outcomes)} cells failed (listed in failed_cells); their seeds ({', '.join(map(str, sorted(bad_seeds)))}) "
-                        "are left out of the summaries: " + "; ".join(f"{f['cell']}: {f['error']}" for f in failed[:3]))
+        warnings.append(
+            f"{len(failed)} of {len(outcomes)} cells failed (listed in failed_cells); their seeds ({', '.join(map(str, sorted(bad_seeds)))}) "
+            "are left out of the summaries: " + "; ".join(f"{f['cell']}: {f['error']}" for f in failed[:3])
+        )
     _loss_gate(config, training, ratios)
     exceeded = []
     if config.max_flip_rate is not None:
@@ -860,11 +1029,27 @@ def run_malleability(
     verdicts = _verdicts(config, summary, ratios, sensitivity, exceeded, status)
     timings = {"train": t_train, "attack": t_attack, "influence": t_infl}
     return MalleabilityResult(
-        config=config, runs=runs, controls=controls, training=training, attacks=attack_rows, summary=summary,
-        ratios=ratios, sensitivity=sensitivity, influence_diagnostics=diags, exceeded=exceeded, warnings=warnings,
-        verdicts=verdicts, timings=timings, n_train=n_train, n_test=n_test, influence_memory=memory, examples=examples,
-        failed_cells=failed, execution={**ex.to_dict(), "cells": len(outcomes), "resumed": sum(o.resumed for o in outcomes)},
-        model_status=status, splits=splits,
+        config=config,
+        runs=runs,
+        controls=controls,
+        training=training,
+        attacks=attack_rows,
+        summary=summary,
+        ratios=ratios,
+        sensitivity=sensitivity,
+        influence_diagnostics=diags,
+        exceeded=exceeded,
+        warnings=warnings,
+        verdicts=verdicts,
+        timings=timings,
+        n_train=n_train,
+        n_test=n_test,
+        influence_memory=memory,
+        examples=examples,
+        failed_cells=failed,
+        execution={**ex.to_dict(), "cells": len(outcomes), "resumed": sum(o.resumed for o in outcomes)},
+        model_status=status,
+        splits=splits,
     )
 
 
@@ -879,12 +1064,18 @@ def _resolve_auto_match(config: MalleabilityConfig, outcomes: list) -> Malleabil
     runs = [o.result for o in outcomes]
     target = max(r["final_loss"] for r in runs)
     if not (math.isfinite(target) and target > 0):
-        raise AuditError(f"--match-loss auto: the step-budget runs ended at training loss {target}; give --match-loss a "
-                         "number or none")
+        raise AuditError(
+            f"--match-loss auto: the step-budget runs ended at training loss {target}; give --match-loss a "
+            "number or none"
+        )
     slowest = max(runs, key=lambda r: r["final_loss"])
-    resolution = {"rule": "auto: the largest clean training loss any model reaches within the step budget",
-                  "target": target, "set_by": f"{slowest['model']} seed {slowest['seed']}", "budget_steps": config.steps,
-                  "budget_runs": runs}
+    resolution = {
+        "rule": "auto: the largest clean training loss any model reaches within the step budget",
+        "target": target,
+        "set_by": f"{slowest['model']} seed {slowest['seed']}",
+        "budget_steps": config.steps,
+        "budget_runs": runs,
+    }
     return replace(config, match_loss=target, match_loss_resolution=resolution)
 
 
@@ -894,27 +1085,41 @@ def _loss_gate(config: MalleabilityConfig, training: list[dict], ratios: list[di
     at very different training losses compares two training outcomes, not two models, so
     readers (``claims``, the verdicts) do not compare across a failed gate."""
     clean = [r for r in training if r["role"] == "clean" and r.get("final_loss") is not None]
-    means = {m: float(np.mean([r["final_loss"] for r in clean if r["model"] == m]))
-             for m in {r["model"] for r in clean}}
+    means = {
+        m: float(np.mean([r["final_loss"] for r in clean if r["model"] == m])) for m in {r["model"] for r in clean}
+    }
     for row in ratios:
         a, b = means.get(row["numerator"]), means.get(row["denominator"])
         if a is None or b is None:
-            row["loss_gate"] = {"numerator_loss": a, "denominator_loss": b, "loss_ratio": None,
-                                "factor": config.loss_gap_factor, "comparable": None}
+            row["loss_gate"] = {
+                "numerator_loss": a,
+                "denominator_loss": b,
+                "loss_ratio": None,
+                "factor": config.loss_gap_factor,
+                "comparable": None,
+            }
             continue
         lo, hi = min(a, b), max(a, b)
         ratio = hi / lo if lo > 0 else (1.0 if hi == 0 else math.inf)
-        row["loss_gate"] = {"numerator_loss": a, "denominator_loss": b,
-                            "loss_ratio": ratio if math.isfinite(ratio) else None,
-                            "factor": config.loss_gap_factor, "comparable": bool(ratio <= config.loss_gap_factor)}
+        row["loss_gate"] = {
+            "numerator_loss": a,
+            "denominator_loss": b,
+            "loss_ratio": ratio if math.isfinite(ratio) else None,
+            "factor": config.loss_gap_factor,
+            "comparable": bool(ratio <= config.loss_gap_factor),
+        }
 
 
 def _split_info(X_train: torch.Tensor, y_train: torch.Tensor, data: "HoldoutRecipe | None") -> dict:
     """Which rows a cell trained and was measured on: the split seed and index checksums (from
     the recipe) and a checksum of the training rows' contents."""
 
-    info: dict = {"split_seed": None if data is None else int(data.seed), "train_indices_sha256": None,
-                  "test_indices_sha256": None, "train_data_sha256": data_fingerprint(X_train, y_train)}
+    info: dict = {
+        "split_seed": None if data is None else int(data.seed),
+        "train_indices_sha256": None,
+        "test_indices_sha256": None,
+        "train_data_sha256": data_fingerprint(X_train, y_train),
+    }
     if data is not None:
         try:
             tr, te = data.load()
@@ -932,18 +1137,25 @@ def _model_status(config: MalleabilityConfig, training: list[dict], n_classes: i
     for m in config.models:
         accs = [r["train_accuracy"] for r in training if r["model"] == m and r["role"] == "clean"]
         mean = float(np.mean(accs)) if accs else None
-        out.append({"model": m, "chance": chance, "threshold": threshold, "train_accuracy_mean": mean,
-                    "train_accuracy_by_seed": [float(a) for a in accs],
-                    "untrained": bool(mean is not None and mean < threshold),
-                    "rule": "train accuracy < 1/c + max(0.05, 2 sqrt((1/c)(1-1/c)/n_train))"})
+        out.append(
+            {
+                "model": m,
+                "chance": chance,
+                "threshold": threshold,
+                "train_accuracy_mean": mean,
+                "train_accuracy_by_seed": [float(a) for a in accs],
+                "untrained": bool(mean is not None and mean < threshold),
+                "rule": "train accuracy < 1/c + max(0.05, 2 sqrt((1/c)(1-1/c)/n_train))",
+            }
+        )
     return out
 
 
 def _untrained_text(st: dict) -> str:
-    return (f"{st['model']} did not train (clean train accuracy {100 * st['train_accuracy_mean']:.1f}% against chance "
-            f"{100 * st['chance']:.1f}%, below the {100 * st['threshold']:.1f}% threshold)")
-
-
+    return (
+        f"{st['model']} did not train (clean train accuracy {100 * st['train_accuracy_mean']:.1f}% against chance "
+        f"{100 * st['chance']:.1f}%, below the {100 * st['threshold']:.1f}% threshold)"
+    )
 
 
 @dataclass
@@ -985,9 +1197,18 @@ def _cell_state(payload: dict) -> "_MalleabilityState":
         train_ds, test_ds = recipe.load()
         dev = torch.device(payload["device"])
         vr = payload["value_range"]
-        return _MalleabilityState(train_ds.X.to(dev), train_ds.y.to(dev), test_ds.X.to(dev), test_ds.y.to(dev),
-                                  int(payload["n_classes"]), payload["config"], None if vr is None else tuple(vr), None, {},
-                                  split=_split_info(train_ds.X, train_ds.y, recipe))
+        return _MalleabilityState(
+            train_ds.X.to(dev),
+            train_ds.y.to(dev),
+            test_ds.X.to(dev),
+            test_ds.y.to(dev),
+            int(payload["n_classes"]),
+            payload["config"],
+            None if vr is None else tuple(vr),
+            None,
+            {},
+            split=_split_info(train_ds.X, train_ds.y, recipe),
+        )
 
     state = cached(f"malleability:{payload['memory_key']}", build)
     if state.config != payload["config"]:
@@ -995,8 +1216,15 @@ def _cell_state(payload: dict) -> "_MalleabilityState":
     return state
 
 
-def _train_builtin(config: MalleabilityConfig, spec: ModelSpec, X_ctx: torch.Tensor, X: torch.Tensor,
-                   y: torch.Tensor, order_seed: int, what: str) -> tuple[nn.Module, TrainResult]:
+def _train_builtin(
+    config: MalleabilityConfig,
+    spec: ModelSpec,
+    X_ctx: torch.Tensor,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    order_seed: int,
+    what: str,
+) -> tuple[nn.Module, TrainResult]:
     """A built-in model of ``spec`` (attention context ``X_ctx``) trained on (X, y) with the
     config's optimizer, learning rate and loss target; divergence is a one-line error."""
     model = build_model(spec, X_ctx, dtype=torch.float64, device=X.device)
@@ -1014,12 +1242,30 @@ def budget_loss_cell(payload: dict) -> dict:
     measurement ``--match-loss auto`` resolves its target from)."""
     state = _cell_state(payload)
     config = state.config
-    spec = ModelSpec(payload["arch"], int(state.X_train.shape[1]), config.width, state.n_classes, config.parametrization,
-                     attn_scaling=config.attn_scaling, seed=int(payload["seed"]))
-    _, tr = _train_builtin(config, spec, state.X_train, state.X_train, state.y_train, int(payload["seed"]),
-                           f"budget run, seed {payload['seed']}")
-    return {"seed": int(payload["seed"]), "model": payload["arch"], "final_loss": float(tr.final_loss),
-            "steps_run": int(tr.steps_run)}
+    spec = ModelSpec(
+        payload["arch"],
+        int(state.X_train.shape[1]),
+        config.width,
+        state.n_classes,
+        config.parametrization,
+        attn_scaling=config.attn_scaling,
+        seed=int(payload["seed"]),
+    )
+    _, tr = _train_builtin(
+        config,
+        spec,
+        state.X_train,
+        state.X_train,
+        state.y_train,
+        int(payload["seed"]),
+        f"budget run, seed {payload['seed']}",
+    )
+    return {
+        "seed": int(payload["seed"]),
+        "model": payload["arch"],
+        "final_loss": float(tr.final_loss),
+        "steps_run": int(tr.steps_run),
+    }
 
 
 def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
@@ -1051,12 +1297,20 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
         lr = config.lr_for(spec.arch)
         with torch.no_grad():
             row = {
-                "seed": seed, "model": spec.arch, "role": role, "final_loss": tr.final_loss, "steps_run": tr.steps_run,
-                "reached_match_loss": tr.reached_tol, "train_accuracy": accuracy(model(X), y_train),
+                "seed": seed,
+                "model": spec.arch,
+                "role": role,
+                "final_loss": tr.final_loss,
+                "steps_run": tr.steps_run,
+                "reached_match_loss": tr.reached_tol,
+                "train_accuracy": accuracy(model(X), y_train),
                 "test_accuracy": accuracy(model(X_test), y_test),
-                "optimizer": config.optimizer, "lr": lr, "batch_size": config.batch_size,
+                "optimizer": config.optimizer,
+                "lr": lr,
+                "batch_size": config.batch_size,
                 "data_order_seed": None if config.optimizer == "gd" else order_seed,
-                "match_loss": config.match_loss_for(spec.arch), "loss_curve": _sampled_curve(tr.loss_curve),
+                "match_loss": config.match_loss_for(spec.arch),
+                "loss_curve": _sampled_curve(tr.loss_curve),
             }
         training.append(row)
         return model, tr, row
@@ -1068,8 +1322,14 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
             out = _logits(model, X_train)
             loss_now = loss_value(out, y_train, config.loss).item()
             row = {
-                "seed": seed, "model": arch, "role": role, "source": "saved model", "final_loss": loss_now, "steps_run": 0,
-                "reached_match_loss": None, "train_accuracy": accuracy(out, y_train),
+                "seed": seed,
+                "model": arch,
+                "role": role,
+                "source": "saved model",
+                "final_loss": loss_now,
+                "steps_run": 0,
+                "reached_match_loss": None,
+                "train_accuracy": accuracy(out, y_train),
                 "test_accuracy": accuracy(_logits(model, X_test), y_test),
             }
         training.append(row)
@@ -1083,8 +1343,13 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
         t0 = time.perf_counter()
         model = _float64_copy(base, X.device, always=True)
         module = model.module if isinstance(model, Task) else model
-        res = fit_recipe(module, X, y_train, config.finetune_recipe(order_seed),
-                         inputs=model.inputs if isinstance(model, Task) else None)
+        res = fit_recipe(
+            module,
+            X,
+            y_train,
+            config.finetune_recipe(order_seed),
+            inputs=model.inputs if isinstance(model, Task) else None,
+        )
         t_train += time.perf_counter() - t0
         if res.diverged:
             raise AuditError(
@@ -1093,14 +1358,25 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
         with torch.no_grad():
             out = _logits(model, X)
             row = {
-                "seed": seed, "model": arch, "role": role, "source": "fine-tuned saved model",
-                "final_loss": loss_value(out, y_train, config.loss).item(), "steps_run": res.steps_run,
-                "data_order_seed": order_seed, "reached_match_loss": None, "train_accuracy": accuracy(out, y_train),
+                "seed": seed,
+                "model": arch,
+                "role": role,
+                "source": "fine-tuned saved model",
+                "final_loss": loss_value(out, y_train, config.loss).item(),
+                "steps_run": res.steps_run,
+                "data_order_seed": order_seed,
+                "reached_match_loss": None,
+                "train_accuracy": accuracy(out, y_train),
                 "test_accuracy": accuracy(_logits(model, X_test), y_test),
             }
         training.append(row)
-        tr = TrainResult(loss_curve=[row["final_loss"]], steps_run=res.steps_run, final_loss=row["final_loss"],
-                         reached_tol=None, diverged=False)
+        tr = TrainResult(
+            loss_curve=[row["final_loss"]],
+            steps_run=res.steps_run,
+            final_loss=row["final_loss"],
+            reached_tol=None,
+            diverged=False,
+        )
         return model, tr, row
 
     def refit(arch: str, init_seed: int, order_seed: int, X_ctx, X, role: str, seed: int):
@@ -1112,24 +1388,41 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
         rb, template = rebuild[arch], fixed_models[arch]
         module = rb.build(init_seed, X_ctx)
         model = replace(template, module=module) if isinstance(template, Task) else module
-        res = fit_recipe(module, X, y_train, replace(rb.recipe, seed=order_seed),
-                         inputs=template.inputs if isinstance(template, Task) else None)
+        res = fit_recipe(
+            module,
+            X,
+            y_train,
+            replace(rb.recipe, seed=order_seed),
+            inputs=template.inputs if isinstance(template, Task) else None,
+        )
         t_train += time.perf_counter() - t0
         if res.diverged:
             raise AuditError(f"retraining diverged for {arch} ({role}, seed {seed}) with the recorded recipe")
         with torch.no_grad():
             out = _logits(model, X)
             row = {
-                "seed": seed, "model": arch, "role": role, "source": "recorded recipe re-run",
+                "seed": seed,
+                "model": arch,
+                "role": role,
+                "source": "recorded recipe re-run",
                 # the loss the recorded recipe trains with (the audit's --loss may differ)
-                "final_loss": loss_value(out, y_train, rb.recipe.loss).item(), "loss": rb.recipe.loss,
+                "final_loss": loss_value(out, y_train, rb.recipe.loss).item(),
+                "loss": rb.recipe.loss,
                 "steps_run": res.steps_run,
-                "init_seed": init_seed, "data_order_seed": order_seed, "reached_match_loss": None,
-                "train_accuracy": accuracy(out, y_train), "test_accuracy": accuracy(_logits(model, X_test), y_test),
+                "init_seed": init_seed,
+                "data_order_seed": order_seed,
+                "reached_match_loss": None,
+                "train_accuracy": accuracy(out, y_train),
+                "test_accuracy": accuracy(_logits(model, X_test), y_test),
             }
         training.append(row)
-        tr = TrainResult(loss_curve=[row["final_loss"]], steps_run=res.steps_run, final_loss=row["final_loss"],
-                         reached_tol=None, diverged=False)
+        tr = TrainResult(
+            loss_curve=[row["final_loss"]],
+            steps_run=res.steps_run,
+            final_loss=row["final_loss"],
+            reached_tol=None,
+            diverged=False,
+        )
         return model, tr, row
 
     def influences(model, X, tr, seed, arch, role):
@@ -1146,8 +1439,13 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
                 seen.add(id(r))
         return [r.total.detach().cpu().numpy() for r in res], [r.damping for r in res]
 
-    spec = None if fixed_models else ModelSpec(
-        arch, d, config.width, n_classes, config.parametrization, attn_scaling=config.attn_scaling, seed=seed)
+    spec = (
+        None
+        if fixed_models
+        else ModelSpec(
+            arch, d, config.width, n_classes, config.parametrization, attn_scaling=config.attn_scaling, seed=seed
+        )
+    )
     if fixed_models and config.protocol == "retrain":
         k = config.seeds.index(seed)
         init_seed, order_seed = rebuild[arch].init_seed + k, rebuild[arch].recipe.seed + k
@@ -1172,17 +1470,25 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
         elif fixed_models:
             r_model, r_tr, r_row = finetune(saved_model[0], X_train, control_seed, config.control, seed, arch)
         else:
-            r_model, r_tr, r_row = fit(replace(spec, seed=control_seed), X_train, X_train, config.control, seed,
-                                       order_seed=control_seed)
+            r_model, r_tr, r_row = fit(
+                replace(spec, seed=control_seed), X_train, X_train, config.control, seed, order_seed=control_seed
+            )
         r_infl, r_abs = influences(r_model, X_train, r_tr, seed, arch, config.control)
         for damping, ci, ri, ca, ra in zip(config.damping, clean_infl, r_infl, clean_abs, r_abs):
-            controls.append({
-                "seed": seed, "model": arch, "control": config.control, "damping": damping,
-                "damping_abs": ra, "damping_abs_clean": ca,
-                f"{'data_order' if config.protocol == 'finetune' else 'reinit'}_seed": control_seed,
-                **stability_by_k(ci, ri, config.top_ks),
-                "perturbed_test_accuracy": r_row["test_accuracy"], "perturbed_train_loss": r_row["final_loss"],
-            })
+            controls.append(
+                {
+                    "seed": seed,
+                    "model": arch,
+                    "control": config.control,
+                    "damping": damping,
+                    "damping_abs": ra,
+                    "damping_abs_clean": ca,
+                    f"{'data_order' if config.protocol == 'finetune' else 'reinit'}_seed": control_seed,
+                    **stability_by_k(ci, ri, config.top_ks),
+                    "perturbed_test_accuracy": r_row["test_accuracy"],
+                    "perturbed_train_loss": r_row["final_loss"],
+                }
+            )
     for eps in config.eps:
         for attack in config.attacks:
             if attack == "none" and eps != config.eps[0]:
@@ -1209,20 +1515,29 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
                 p_model, p_tr, p_row = clean_model, clean_tr, clean_row
             p_infl, p_abs = influences(p_model, ares.X_adv, p_tr, seed, arch, role)
             for damping, ci, pi, ca, pa in zip(config.damping, clean_infl, p_infl, clean_abs, p_abs):
-                runs.append({
-                    "seed": seed, "model": arch, "attack": attack, "eps": eps_used, "damping": damping,
-                    "damping_abs": pa, "damping_abs_clean": ca,
-                    **stability_by_k(ci, pi, config.top_ks),
-                    "clean_model_accuracy_on_perturbed_train": clean_on_pert,
-                    "clean_model_loss_on_perturbed_train": ares.loss_after,
-                    "perturbation_norm_mean": ares.radius_mean,
-                    "perturbation_linf_mean": ares.linf_mean, "perturbation_linf_max": ares.linf_max,
-                    "perturbation_l2_mean": ares.l2_mean, "perturbation_l2_max": ares.l2_max,
-                    "perturbed_test_accuracy": p_row["test_accuracy"],
-                    "perturbed_train_loss": p_row["final_loss"] if config.protocol != "static" else None,
-                    "clean_train_loss": clean_row["final_loss"],
-                    "clean_test_accuracy": clean_row["test_accuracy"],
-                })
+                runs.append(
+                    {
+                        "seed": seed,
+                        "model": arch,
+                        "attack": attack,
+                        "eps": eps_used,
+                        "damping": damping,
+                        "damping_abs": pa,
+                        "damping_abs_clean": ca,
+                        **stability_by_k(ci, pi, config.top_ks),
+                        "clean_model_accuracy_on_perturbed_train": clean_on_pert,
+                        "clean_model_loss_on_perturbed_train": ares.loss_after,
+                        "perturbation_norm_mean": ares.radius_mean,
+                        "perturbation_linf_mean": ares.linf_mean,
+                        "perturbation_linf_max": ares.linf_max,
+                        "perturbation_l2_mean": ares.l2_mean,
+                        "perturbation_l2_max": ares.l2_max,
+                        "perturbed_test_accuracy": p_row["test_accuracy"],
+                        "perturbed_train_loss": p_row["final_loss"] if config.protocol != "static" else None,
+                        "clean_train_loss": clean_row["final_loss"],
+                        "clean_test_accuracy": clean_row["test_accuracy"],
+                    }
+                )
             if seed == config.seeds[0] and eps == config.eps[0]:
                 examples.setdefault(arch, {})[attack] = (clean_infl[0], p_infl[0])
     if seed == config.seeds[0] and config.controls:
@@ -1232,9 +1547,17 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
         for row in training:
             row["train_data_sha256"] = state.split["train_data_sha256"]
             row["split_seed"] = state.split["split_seed"]
-    return {"runs": runs, "controls": controls, "training": training, "attacks": attack_rows, "diagnostics": diags,
-            "influence_warnings": infl_warnings, "examples": examples, "split": state.split,
-            "timings": {"train": t_train, "attack": t_attack, "influence": t_infl}}
+    return {
+        "runs": runs,
+        "controls": controls,
+        "training": training,
+        "attacks": attack_rows,
+        "diagnostics": diags,
+        "influence_warnings": infl_warnings,
+        "examples": examples,
+        "split": state.split,
+        "timings": {"train": t_train, "attack": t_attack, "influence": t_infl},
+    }
 
 
 # --------------------------------------------------------------------------- aggregation
@@ -1253,8 +1576,9 @@ def _cells(config: MalleabilityConfig) -> list[tuple[str, float | None]]:
     return out
 
 
-def _aggregate(config: MalleabilityConfig, runs: list[dict], controls: list[dict],
-               status: list[dict] | None = None) -> tuple[list[dict], list[dict]]:
+def _aggregate(
+    config: MalleabilityConfig, runs: list[dict], controls: list[dict], status: list[dict] | None = None
+) -> tuple[list[dict], list[dict]]:
     cf = config.confidence
     shares = {"flip_rate": True, "top_k_overlap": True}
     untrained = {r["model"] for r in (status or []) if r["untrained"]}
@@ -1265,15 +1589,31 @@ def _aggregate(config: MalleabilityConfig, runs: list[dict], controls: list[dict
                 if attack == config.control:
                     rows = [r for r in controls if r["model"] == model and r["damping"] == damping]
                 else:
-                    rows = [r for r in runs if r["model"] == model and r["attack"] == attack and r["eps"] == eps and r["damping"] == damping]
+                    rows = [
+                        r
+                        for r in runs
+                        if r["model"] == model and r["attack"] == attack and r["eps"] == eps and r["damping"] == damping
+                    ]
                 rows.sort(key=lambda r: config.seeds.index(r["seed"]))
-                entry = {"model": model, "attack": attack, "eps": eps, "damping": damping, "estimator": config.estimator,
-                         "seeds": [r["seed"] for r in rows]}
+                entry = {
+                    "model": model,
+                    "attack": attack,
+                    "eps": eps,
+                    "damping": damping,
+                    "estimator": config.estimator,
+                    "seeds": [r["seed"] for r in rows],
+                }
                 for metric in _METRICS:
-                    entry[metric] = summarize([r.get(metric) for r in rows], cf, config.top_k if shares.get(metric) else None)
+                    entry[metric] = summarize(
+                        [r.get(metric) for r in rows], cf, config.top_k if shares.get(metric) else None
+                    )
                 if attack != config.control:
-                    entry["clean_model_accuracy_on_perturbed_train"] = summarize([r["clean_model_accuracy_on_perturbed_train"] for r in rows], cf)
-                    entry["perturbation_norm_mean"] = float(np.mean([r["perturbation_norm_mean"] for r in rows])) if rows else None
+                    entry["clean_model_accuracy_on_perturbed_train"] = summarize(
+                        [r["clean_model_accuracy_on_perturbed_train"] for r in rows], cf
+                    )
+                    entry["perturbation_norm_mean"] = (
+                        float(np.mean([r["perturbation_norm_mean"] for r in rows])) if rows else None
+                    )
                     for key in ("perturbation_linf_mean", "perturbation_l2_mean"):
                         vals = [r[key] for r in rows if r.get(key) is not None]
                         entry[key] = float(np.mean(vals)) if vals else None
@@ -1284,9 +1624,11 @@ def _aggregate(config: MalleabilityConfig, runs: list[dict], controls: list[dict
                 entry["damping_abs_mean"] = float(np.mean(abs_vals)) if abs_vals else None
                 entry["top_k"] = config.top_k
                 entry["by_top_k"] = [
-                    {"top_k": k,
-                     "flip_rate": summarize([_at_k(r, k, "flip_rate") for r in rows], cf, k),
-                     "top_k_overlap": summarize([_at_k(r, k, "top_k_overlap") for r in rows], cf, k)}
+                    {
+                        "top_k": k,
+                        "flip_rate": summarize([_at_k(r, k, "flip_rate") for r in rows], cf, k),
+                        "top_k_overlap": summarize([_at_k(r, k, "top_k_overlap") for r in rows], cf, k),
+                    }
                     for k in config.top_ks
                 ]
                 entry["untrained"] = model in untrained
@@ -1309,7 +1651,9 @@ def _aggregate(config: MalleabilityConfig, runs: list[dict], controls: list[dict
                     "mean": get(other)["mean"],
                     "ci_high": get(other)["ci_high"],
                     # conservative reading: the intervals do not overlap
-                    "exceeded": bool(lo is not None and get(other)["ci_high"] is not None and lo > get(other)["ci_high"]),
+                    "exceeded": bool(
+                        lo is not None and get(other)["ci_high"] is not None and lo > get(other)["ci_high"]
+                    ),
                     "attack": key[1],
                 }
             return floors
@@ -1331,10 +1675,23 @@ def _aggregate(config: MalleabilityConfig, runs: list[dict], controls: list[dict
                     den = [get(den_entry)["values"][den_entry["seeds"].index(s)] for s in common]
                     return {**ratio_summary(num, den, cf, trials=(k, k)), "seeds": common}
 
-                by_k = [{"top_k": k, **paired(lambda e, j=j: e["by_top_k"][j]["flip_rate"], k)} for j, k in enumerate(config.top_ks)]
-                ratios.append({"numerator": model, "denominator": base, "attack": attack, "eps": eps, "damping": damping,
-                               **paired(lambda e: e["flip_rate"], config.top_k), "top_k": config.top_k, "by_top_k": by_k,
-                               "untrained": [m for m in (model, base) if m in untrained]})
+                by_k = [
+                    {"top_k": k, **paired(lambda e, j=j: e["by_top_k"][j]["flip_rate"], k)}
+                    for j, k in enumerate(config.top_ks)
+                ]
+                ratios.append(
+                    {
+                        "numerator": model,
+                        "denominator": base,
+                        "attack": attack,
+                        "eps": eps,
+                        "damping": damping,
+                        **paired(lambda e: e["flip_rate"], config.top_k),
+                        "top_k": config.top_k,
+                        "by_top_k": by_k,
+                        "untrained": [m for m in (model, base) if m in untrained],
+                    }
+                )
     return list(by_key.values()), ratios
 
 
@@ -1357,7 +1714,9 @@ def _sensitivity(config: MalleabilityConfig, summary: list[dict]) -> dict:
                 for row in summary:
                     if row["attack"] == attack and row["eps"] == eps and row["damping"] == damping:
                         means[row["model"]] = row["flip_rate"]["mean"]
-                order = sorted(means, key=lambda m: (-(means[m] if means[m] is not None else -1), config.models.index(m)))
+                order = sorted(
+                    means, key=lambda m: (-(means[m] if means[m] is not None else -1), config.models.index(m))
+                )
                 cells.append({"eps": eps, "damping": damping, "flip_rate": means, "ranking": order})
         # ties count as no reversal: compare strict orderings only
         rankings = {tuple(c["ranking"]) for c in cells if len(set(c["flip_rate"].values())) == len(c["flip_rate"])}
@@ -1370,8 +1729,11 @@ def _sensitivity(config: MalleabilityConfig, summary: list[dict]) -> dict:
 def _warnings(config: MalleabilityConfig, training: list[dict], infl_warnings: dict[str, int]) -> list[str]:
     out = []
     clean = [r for r in training if r["role"] == "clean"]
-    means = {m: float(np.mean([r["final_loss"] for r in clean if r["model"] == m])) for m in config.models
-             if any(r["model"] == m for r in clean)}
+    means = {
+        m: float(np.mean([r["final_loss"] for r in clean if r["model"] == m]))
+        for m in config.models
+        if any(r["model"] == m for r in clean)
+    }
     if len(means) > 1:
         lo, hi = min(means.values()), max(means.values())
         if lo > 0 and hi / lo > config.loss_gap_factor:
@@ -1380,8 +1742,11 @@ def _warnings(config: MalleabilityConfig, training: list[dict], infl_warnings: d
             out.append(
                 f"models are compared at very different training losses ({desc}; ratio {hi / lo:.1f} > "
                 f"{config.loss_gap_factor:g}); "
-                + ("train the checkpoints to comparable losses before comparing their flip rates" if config.saved_models
-                   else "pass --match-loss to train each to the same loss")
+                + (
+                    "train the checkpoints to comparable losses before comparing their flip rates"
+                    if config.saved_models
+                    else "pass --match-loss to train each to the same loss"
+                )
             )
     if config.match_loss is not None:
         missed = [r for r in training if r["reached_match_loss"] is False]
@@ -1397,11 +1762,13 @@ def _warnings(config: MalleabilityConfig, training: list[dict], infl_warnings: d
     if len(config.seeds) == 1:
         out.append("one seed: no spread and a degenerate interval; pass several --seeds for a confidence interval")
     elif len(config.seeds) < 5:
-        out.append(f"{len(config.seeds)} seeds: Student-t / Fieller intervals over so few seeds are wide (t(0.975, "
-                   f"{len(config.seeds) - 1}) = {t_quantile(0.95, len(config.seeds) - 1):.2f}); fewer than 3 seeds never resolve a verdict"
-                   if len(config.seeds) < 3 else
-                   f"{len(config.seeds)} seeds: Student-t / Fieller intervals over so few seeds are wide (t(0.975, "
-                   f"{len(config.seeds) - 1}) = {t_quantile(0.95, len(config.seeds) - 1):.2f})")
+        out.append(
+            f"{len(config.seeds)} seeds: Student-t / Fieller intervals over so few seeds are wide (t(0.975, "
+            f"{len(config.seeds) - 1}) = {t_quantile(0.95, len(config.seeds) - 1):.2f}); fewer than 3 seeds never resolve a verdict"
+            if len(config.seeds) < 3
+            else f"{len(config.seeds)} seeds: Student-t / Fieller intervals over so few seeds are wide (t(0.975, "
+            f"{len(config.seeds) - 1}) = {t_quantile(0.95, len(config.seeds) - 1):.2f})"
+        )
     if config.protocol == "static" and "attn" in config.models and config.attn_context != "perturbed":
         out.append("--attn-context applies to --protocol retrain only; static keeps the clean model and its context")
     for w, count in infl_warnings.items():
@@ -1410,7 +1777,7 @@ def _warnings(config: MalleabilityConfig, training: list[dict], infl_warnings: d
 
 
 def _ratio_interval_text(r: dict) -> str:
-    """"[1.20, 4.00]", with +inf for an unbounded upper end and n/a where there is no interval."""
+    """ "[1.20, 4.00]", with +inf for an unbounded upper end and n/a where there is no interval."""
     if r.get("ci_high") is None and r.get("unbounded_high"):
         return f"[{r.get('ci_low') or 0.0:.2f}, +inf]"
     if r.get("ci_low") is None or r.get("ci_high") is None:
@@ -1419,7 +1786,7 @@ def _ratio_interval_text(r: dict) -> str:
 
 
 def _ratio_text(r: dict) -> str:
-    """"2.10 [1.20, 4.00]" (undefined when the denominator's mean is 0)."""
+    """ "2.10 [1.20, 4.00]" (undefined when the denominator's mean is 0)."""
     est = f"undefined ({r['denominator']} flip rate is 0)" if r.get("ratio") is None else f"{r['ratio']:.2f}"
     return f"{est} {_ratio_interval_text(r)}"
 
@@ -1438,8 +1805,10 @@ def _verdicts(config, summary, ratios, sensitivity, exceeded, status=None) -> li
     status = {r["model"]: r for r in (status or [])}
     untrained = [m for m in config.models if status.get(m, {}).get("untrained")]
     for m in untrained:
-        out.append(_untrained_text(status[m]) + ": its flip rates are no evidence of stability or malleability; "
-                   "no claim is made about it")
+        out.append(
+            _untrained_text(status[m]) + ": its flip rates are no evidence of stability or malleability; "
+            "no claim is made about it"
+        )
     rc = config.random_control
     for row in summary:
         if row["attack"] not in ADVERSARIAL:
@@ -1450,24 +1819,32 @@ def _verdicts(config, summary, ratios, sensitivity, exceeded, status=None) -> li
             if name in floors:
                 f = floors[name]
                 label = f"{rc}-noise" if name == "random" and rc else name
-                parts.append(f"{'above' if f['exceeded'] else 'not clearly above'} the {label} floor {100 * f['mean']:.1f}%")
-        text = (f"{row['model']} {row['attack']} eps={row['eps']:g} damping={damping_label(row['damping'])}: flip rate "
-                f"{_fmt_ci(row['flip_rate'])}")
+                parts.append(
+                    f"{'above' if f['exceeded'] else 'not clearly above'} the {label} floor {100 * f['mean']:.1f}%"
+                )
+        text = (
+            f"{row['model']} {row['attack']} eps={row['eps']:g} damping={damping_label(row['damping'])}: flip rate "
+            f"{_fmt_ci(row['flip_rate'])}"
+        )
         if row["model"] in untrained:
             out.append(text + f" -- {row['model']} did not train: no claim")
             continue
         out.append(text + (f", {'; '.join(parts)}" if parts else ""))
         if len(config.top_ks) > 1:
-            out.append(f"{row['model']} {row['attack']} eps={row['eps']:g} damping={damping_label(row['damping'])}: flip rate by "
-                       "top-k: " + ", ".join(f"k={e['top_k']} {_fmt_ci(e['flip_rate'])}" for e in row["by_top_k"]))
+            out.append(
+                f"{row['model']} {row['attack']} eps={row['eps']:g} damping={damping_label(row['damping'])}: flip rate by "
+                "top-k: " + ", ".join(f"k={e['top_k']} {_fmt_ci(e['flip_rate'])}" for e in row["by_top_k"])
+            )
     for r in ratios:
         if r["attack"] not in ADVERSARIAL:
             continue
         text = _ratio_text(r)
         gate = r.get("loss_gate") or {}
         if gate.get("comparable") is False:
-            text += (f" -- not compared: mean training losses {gate['numerator_loss']:.3g} vs {gate['denominator_loss']:.3g} "
-                     f"differ by more than {gate['factor']:g}x (train both to one loss, --match-loss)")
+            text += (
+                f" -- not compared: mean training losses {gate['numerator_loss']:.3g} vs {gate['denominator_loss']:.3g} "
+                f"differ by more than {gate['factor']:g}x (train both to one loss, --match-loss)"
+            )
         head = f"flip-rate ratio {r['numerator']}/{r['denominator']} ({r['attack']} eps={r['eps']:g} damping={damping_label(r['damping'])}): "
         bad = [m for m in (r["numerator"], r["denominator"]) if m in untrained]
         if bad:
@@ -1489,8 +1866,11 @@ def _verdicts(config, summary, ratios, sensitivity, exceeded, status=None) -> li
         out.append(
             f"FAIL: {e['model']} under {e['attack']} (eps={e['eps']:g}, damping={damping_label(e['damping'])}) has flip rate "
             f"{100 * e['flip_rate']:.1f}% > --max-flip-rate {100 * config.max_flip_rate:.1f}%"
-            + (f" ({e['model']} did not train: the gate fires on the number, which says nothing about the model)"
-               if e["model"] in untrained else "")
+            + (
+                f" ({e['model']} did not train: the gate fires on the number, which says nothing about the model)"
+                if e["model"] in untrained
+                else ""
+            )
         )
     return out
 
@@ -1501,19 +1881,30 @@ def build_tables(result: MalleabilityResult) -> list:
     from rich.table import Table
 
     cfg = result.config
-    t = Table(title=(
-        f"influence malleability: flip rate among the top-{cfg.top_k} of {result.n_train} samples by clean |influence| "
-        + (f"(other k: {', '.join(map(str, cfg.top_ks[1:]))} in the JSON's by_top_k and the verdicts) " if len(cfg.top_ks) > 1 else "")
-        + f"({cfg.protocol}, {cfg.estimator}; mean [{int(100 * cfg.confidence)}% Student-t CI; ratios Fieller] over {len(cfg.seeds)} seed(s))"
-    ))
-    t.caption = (f"above floor: the flip-rate interval lies entirely above the {cfg.random_control or 'random'}-noise / "
-                 f"{cfg.control} control's")
+    t = Table(
+        title=(
+            f"influence malleability: flip rate among the top-{cfg.top_k} of {result.n_train} samples by clean |influence| "
+            + (
+                f"(other k: {', '.join(map(str, cfg.top_ks[1:]))} in the JSON's by_top_k and the verdicts) "
+                if len(cfg.top_ks) > 1
+                else ""
+            )
+            + f"({cfg.protocol}, {cfg.estimator}; mean [{int(100 * cfg.confidence)}% Student-t CI; ratios Fieller] over {len(cfg.seeds)} seed(s))"
+        )
+    )
+    t.caption = (
+        f"above floor: the flip-rate interval lies entirely above the {cfg.random_control or 'random'}-noise / "
+        f"{cfg.control} control's"
+    )
     s = Table(title="stability and attack strength (means over seeds)")
     after = {"retrain": "retrained acc", "finetune": "fine-tuned acc", "static": "model acc"}[cfg.protocol]
     s.caption = (
         f"strength: the attacked model's accuracy on the perturbed training data; {after}: held-out accuracy of "
-        + {"retrain": "the model retrained on perturbed data", "finetune": "the copy fine-tuned on perturbed data",
-           "static": "the saved model (static: nothing is retrained)"}[cfg.protocol]
+        + {
+            "retrain": "the model retrained on perturbed data",
+            "finetune": "the copy fine-tuned on perturbed data",
+            "static": "the saved model (static: nothing is retrained)",
+        }[cfg.protocol]
     )
     floor_col = f"above floor random/{cfg.control}"
     for col in ("model", "attack", "eps", "damping", "flip rate [CI]", floor_col):
@@ -1530,13 +1921,22 @@ def build_tables(result: MalleabilityResult) -> list:
         floors = row.get("floors")
         above = "-"
         if floors:
-            above = "/".join(("yes" if floors[k]["exceeded"] else "no") if k in floors else "-" for k in ("random", cfg.control))
-        key = (row["model"] + (" (untrained)" if row.get("untrained") else ""), row["attack"],
-               "-" if row["eps"] is None else f"{row['eps']:g}", damping_label(row["damping"]))
+            above = "/".join(
+                ("yes" if floors[k]["exceeded"] else "no") if k in floors else "-" for k in ("random", cfg.control)
+            )
+        key = (
+            row["model"] + (" (untrained)" if row.get("untrained") else ""),
+            row["attack"],
+            "-" if row["eps"] is None else f"{row['eps']:g}",
+            damping_label(row["damping"]),
+        )
         t.add_row(*key, _fmt_ci(row["flip_rate"]), above)
         s.add_row(
-            *key, mean(row["spearman"], pct=False), mean(row["top_k_overlap"]),
-            mean(row.get("clean_model_accuracy_on_perturbed_train")), mean(row["perturbed_test_accuracy"]),
+            *key,
+            mean(row["spearman"], pct=False),
+            mean(row["top_k_overlap"]),
+            mean(row.get("clean_model_accuracy_on_perturbed_train")),
+            mean(row["perturbed_test_accuracy"]),
         )
     out = [t, s]
     if result.ratios:
@@ -1546,19 +1946,27 @@ def build_tables(result: MalleabilityResult) -> list:
         for row in result.ratios:
             gate = (row.get("loss_gate") or {}).get("comparable")
             r.add_row(
-                f"{row['numerator']}/{row['denominator']}", row["attack"], "-" if row["eps"] is None else f"{row['eps']:g}",
-                damping_label(row["damping"]), "undefined" if row["ratio"] is None else f"{row['ratio']:.2f}",
+                f"{row['numerator']}/{row['denominator']}",
+                row["attack"],
+                "-" if row["eps"] is None else f"{row['eps']:g}",
+                damping_label(row["damping"]),
+                "undefined" if row["ratio"] is None else f"{row['ratio']:.2f}",
                 _ratio_interval_text(row),
                 {True: "yes", False: "no", None: "-"}[gate],
             )
         out.append(r)
-    tr = Table(title={
-        "retrain": "training (clean models; " + ("the recorded recipe re-run" if cfg.saved_models else _optimizer_text(cfg))
-                   + ", mean over seeds" + ("; rows resampled per seed" if cfg.resample_data else "") + ")",
-        "finetune": f"clean models (saved model fine-tuned {cfg.finetune_steps} steps, {cfg.finetune_optimizer} "
-                    f"lr {cfg.finetune_lr:g}; mean over seeds)",
-        "static": "saved models as they are (no training)",
-    }[cfg.protocol])
+    tr = Table(
+        title={
+            "retrain": "training (clean models; "
+            + ("the recorded recipe re-run" if cfg.saved_models else _optimizer_text(cfg))
+            + ", mean over seeds"
+            + ("; rows resampled per seed" if cfg.resample_data else "")
+            + ")",
+            "finetune": f"clean models (saved model fine-tuned {cfg.finetune_steps} steps, {cfg.finetune_optimizer} "
+            f"lr {cfg.finetune_lr:g}; mean over seeds)",
+            "static": "saved models as they are (no training)",
+        }[cfg.protocol]
+    )
     status = {r["model"]: r for r in result.model_status}
     for col in ("model", "final train loss", "train acc", "test acc", "steps", "reached --match-loss", "untrained?"):
         tr.add_column(col, justify="right")
@@ -1569,17 +1977,26 @@ def build_tables(result: MalleabilityResult) -> list:
             continue
         reached = [x["reached_match_loss"] for x in rows]
         tr.add_row(
-            model, f"{np.mean([x['final_loss'] for x in rows]):.4g}", f"{100 * np.mean([x['train_accuracy'] for x in rows]):.1f}%",
-            f"{100 * np.mean([x['test_accuracy'] for x in rows]):.1f}%", f"{np.mean([x['steps_run'] for x in rows]):.0f}",
+            model,
+            f"{np.mean([x['final_loss'] for x in rows]):.4g}",
+            f"{100 * np.mean([x['train_accuracy'] for x in rows]):.1f}%",
+            f"{100 * np.mean([x['test_accuracy'] for x in rows]):.1f}%",
+            f"{np.mean([x['steps_run'] for x in rows]):.0f}",
             "-" if reached[0] is None else f"{sum(bool(v) for v in reached)}/{len(reached)}",
-            ("yes" if status[model]["untrained"] else "no") + f" (< {100 * status[model]['threshold']:.1f}%)" if model in status else "-",
+            ("yes" if status[model]["untrained"] else "no") + f" (< {100 * status[model]['threshold']:.1f}%)"
+            if model in status
+            else "-",
         )
     out.append(tr)
     return out
 
 
 def _optimizer_text(cfg: MalleabilityConfig) -> str:
-    lr = ", ".join(f"{m} {cfg.lr_for(m):g}" for m in cfg.models) if isinstance(cfg.lr, dict) else f"{cfg.lr_for(cfg.models[0]):g}"
+    lr = (
+        ", ".join(f"{m} {cfg.lr_for(m):g}" for m in cfg.models)
+        if isinstance(cfg.lr, dict)
+        else f"{cfg.lr_for(cfg.models[0]):g}"
+    )
     if cfg.optimizer == "gd":
         return f"full-batch GD, lr {lr}"
     return f"{cfg.optimizer}, lr {lr}, " + ("full batch" if cfg.batch_size is None else f"batch {cfg.batch_size}")
@@ -1616,7 +2033,9 @@ def plot_malleability(result: MalleabilityResult, path: str | Path, title: str =
         ax.axvline(0, c="k", lw=0.5)
         ax.set_xlabel("clean influence (negative = helpful)")
         ax.set_ylabel(f"perturbed influence ({primary})")
-        ax.set_title(f"{model}, seed {cfg.seeds[0]}, eps={cfg.eps[0]:g}, damping={damping_label(cfg.damping[0])}", fontsize=9)
+        ax.set_title(
+            f"{model}, seed {cfg.seeds[0]}, eps={cfg.eps[0]:g}, damping={damping_label(cfg.damping[0])}", fontsize=9
+        )
         ax.legend(fontsize=7, loc="best")
     ax = fig.add_subplot(grid[1, :])
     cells = [(a, e) for a, e in _cells(cfg) if a == cfg.control or a == "none" or e == cfg.eps[0]]
@@ -1624,7 +2043,11 @@ def plot_malleability(result: MalleabilityResult, path: str | Path, title: str =
     for j, model in enumerate(models):
         means, lows, highs = [], [], []
         for attack, eps in cells:
-            row = next(r for r in result.summary if r["model"] == model and r["attack"] == attack and r["eps"] == eps and r["damping"] == cfg.damping[0])
+            row = next(
+                r
+                for r in result.summary
+                if r["model"] == model and r["attack"] == attack and r["eps"] == eps and r["damping"] == cfg.damping[0]
+            )
             s = row["flip_rate"]
             m = s["mean"] if s["mean"] is not None else 0.0
             means.append(m)
@@ -1635,7 +2058,10 @@ def plot_malleability(result: MalleabilityResult, path: str | Path, title: str =
     ax.set_xticks(np.arange(len(cells)))
     ax.set_xticklabels([a if a in (cfg.control, "none") else f"{a}\neps={e:g}" for a, e in cells], fontsize=8)
     ax.set_ylabel(f"flip rate (top-{cfg.top_k})")
-    ax.set_title(f"flip rate, mean and {int(100 * cfg.confidence)}% Student-t CI over {len(cfg.seeds)} seed(s); random and {cfg.control} are floors", fontsize=9)
+    ax.set_title(
+        f"flip rate, mean and {int(100 * cfg.confidence)}% Student-t CI over {len(cfg.seeds)} seed(s); random and {cfg.control} are floors",
+        fontsize=9,
+    )
     ax.legend(fontsize=8)
     if sweep:
         for k, (name, values) in enumerate((("eps", cfg.eps), ("damping", cfg.damping))):
@@ -1645,7 +2071,14 @@ def plot_malleability(result: MalleabilityResult, path: str | Path, title: str =
                     ys = []
                     for v in values:
                         eps, damping = (v, cfg.damping[0]) if name == "eps" else (cfg.eps[0], v)
-                        row = next(r for r in result.summary if r["model"] == model and r["attack"] == attack and r["eps"] == eps and r["damping"] == damping)
+                        row = next(
+                            r
+                            for r in result.summary
+                            if r["model"] == model
+                            and r["attack"] == attack
+                            and r["eps"] == eps
+                            and r["damping"] == damping
+                        )
                         ys.append(row["flip_rate"]["mean"])
                     categorical = any(isinstance(v, str) for v in values)  # relative damping: one tick per value
                     xs = list(range(len(values))) if categorical else values

@@ -19,7 +19,16 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from attnaudit.analyses.request import (
-    ANALYSIS, DATA, EXECUTION, PROTOCOL, FieldError, Request, field_check, list_of, option, show_list,
+    ANALYSIS,
+    DATA,
+    EXECUTION,
+    PROTOCOL,
+    FieldError,
+    Request,
+    field_check,
+    list_of,
+    option,
+    show_list,
 )
 from attnaudit.analyses.result import Progress, Result, progress_or_silent
 from attnaudit.analyses.sources import DataFields, ModelFields
@@ -27,7 +36,14 @@ from attnaudit.errors import AuditError, check_seed
 from attnaudit.analyses.malleability.malleability import parse_per_model
 from attnaudit.analyses.influence.influence import parse_damping
 from attnaudit.analyses.malleability.malleability import AUTO_MATCH as LIB_AUTO, MalleabilityConfig
-from attnaudit.analyses.malleability.malleability import SCHEMA, build_tables, influence_memory_estimate, plot_malleability, progress_total, run_malleability
+from attnaudit.analyses.malleability.malleability import (
+    SCHEMA,
+    build_tables,
+    influence_memory_estimate,
+    plot_malleability,
+    progress_total,
+    run_malleability,
+)
 from attnaudit.data import HoldoutRecipe, data_fingerprint, holdout_split, load_dataset
 from attnaudit.report.envelope import build_report
 from attnaudit.runtime.device import resolve_device
@@ -46,14 +62,34 @@ AUTO_MATCH = "auto"
 # result looks like.
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": dict(
-        dataset="digits", split="train", n_train=300, n_test=100, width=64, steps=300, lr=4.0,
-        seeds=3, eps=(0.3,), damping=(1e-3,), top_k=(30,), pgd_steps=10,
+        dataset="digits",
+        split="train",
+        n_train=300,
+        n_test=100,
+        width=64,
+        steps=300,
+        lr=4.0,
+        seeds=3,
+        eps=(0.3,),
+        damping=(1e-3,),
+        top_k=(30,),
+        pgd_steps=10,
         # a comparison the loss gate accepts: with fixed steps MLP-Attn ends at 2-5x 2L-ReLU's loss
         match_loss=AUTO_MATCH,
     ),
     "paper": dict(
-        dataset="mnist", split="train", n_train=2000, n_test=500, width=64, steps=400, lr=4.0,
-        seeds=5, eps=(0.3,), damping=(1e-3,), top_k=(200,), pgd_steps=10,
+        dataset="mnist",
+        split="train",
+        n_train=2000,
+        n_test=500,
+        width=64,
+        steps=400,
+        lr=4.0,
+        seeds=5,
+        eps=(0.3,),
+        damping=(1e-3,),
+        top_k=(200,),
+        pgd_steps=10,
         # the paper's protocol: full-batch GD for a fixed time
         match_loss="none",
     ),
@@ -65,6 +101,7 @@ TRAINING_FIELDS = ("width", "steps", "lr", "match_loss", "optimizer", "batch_siz
 
 def _by_preset(key: str) -> str:
     """'Default: the preset's (quick 300, paper 2000).' for the help of a preset-set option."""
+
     def text(v: Any) -> str:
         return show_list(v) if isinstance(v, tuple) else str(v)
 
@@ -129,138 +166,226 @@ class MalleabilityRequest(ModelFields, DataFields, Request):
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = PRESETS
 
     dataset: str | None = option(
-        None, "--dataset", panel=DATA,
+        None,
+        "--dataset",
+        panel=DATA,
         help="Built-in data set: digits (embedded, offline), mnist, fashion-mnist, cifar10, synthetic. "
-             + _by_preset("dataset"),
+        + _by_preset("dataset"),
     )
     split: str | None = option(None, "--split", panel=DATA, help="train or test. " + _by_preset("split"))
 
     preset: str = option(
-        "quick", "--preset", panel=PROTOCOL,
+        "quick",
+        "--preset",
+        panel=PROTOCOL,
         help="quick (digits, < 2 min) or paper (MNIST 2,000 train, PGD eps 0.3, 5 seeds, controls). Explicit options override it.",
     )
     models: tuple[str, ...] | None = option(
-        None, "--models", panel=PROTOCOL, parse=list_of(str),
+        None,
+        "--models",
+        panel=PROTOCOL,
+        parse=list_of(str),
         help="Models to compare, e.g. relu,attn (ratios are over the first). Default: relu,attn (with --checkpoint: "
-             "the saved models).",
+        "the saved models).",
     )
     attacks: tuple[str, ...] = option(
-        DEFAULT_ATTACKS, "--attacks", panel=ANALYSIS, parse=list_of(str),
+        DEFAULT_ATTACKS,
+        "--attacks",
+        panel=ANALYSIS,
+        parse=list_of(str),
         help="pgd, fgsm, mim, sign (the default random control: +-eps per coordinate), random (uniform noise in the ball), none.",
     )
     eps: tuple[float, ...] | None = option(
-        None, "--eps", panel=ANALYSIS, parse=list_of(float),
+        None,
+        "--eps",
+        panel=ANALYSIS,
+        parse=list_of(float),
         help="Attack radius, or a list (0.1,0.3) for a sensitivity sweep. " + _by_preset("eps"),
     )
     damping: tuple[float | str, ...] | None = option(
-        None, "--damping", panel=ANALYSIS, parse=_damping,
+        None,
+        "--damping",
+        panel=ANALYSIS,
+        parse=_damping,
         help="Hessian damping lambda in (H + lambda I)^-1: absolute (1e-3), or relative to the curvature (1e-3x = 1e-3 "
-             "lambda_max(H), per model), or a list. " + _by_preset("damping"),
+        "lambda_max(H), per model), or a list. " + _by_preset("damping"),
     )
     seeds: int | None = option(
-        None, "--seeds", panel=PROTOCOL, kind=int,
+        None,
+        "--seeds",
+        panel=PROTOCOL,
+        kind=int,
         help="Number of repeats (seeds seed, seed+1, ...): initialisation, attack randomness, data order (sgd/adam) and, "
-             "with --resample-data, the training rows. " + _by_preset("seeds"),
+        "with --resample-data, the training rows. " + _by_preset("seeds"),
     )
-    seed: int = option(0, "--seed", panel=PROTOCOL,
-                       help="First seed; also fixes the train/test split (each seed draws its own with --resample-data).")
+    seed: int = option(
+        0,
+        "--seed",
+        panel=PROTOCOL,
+        help="First seed; also fixes the train/test split (each seed draws its own with --resample-data).",
+    )
     protocol: str | None = option(
-        None, "--protocol", panel=PROTOCOL,
+        None,
+        "--protocol",
+        panel=PROTOCOL,
         help="retrain (paper: retrain from the same init on perturbed data), static (keep the model; the default with "
-             "--checkpoint) or finetune (fine-tune copies of a checkpoint on perturbed and on clean data, --finetune-steps).",
+        "--checkpoint) or finetune (fine-tune copies of a checkpoint on perturbed and on clean data, --finetune-steps).",
     )
     top_k: tuple[int, ...] | None = option(
-        None, "--top-k", panel=ANALYSIS, parse=list_of(int),
+        None,
+        "--top-k",
+        panel=ANALYSIS,
+        parse=list_of(int),
         help="Flip rate among the top-k samples by clean |influence|; a list (10,30,100) reports each k (the first in "
-             "the main columns). " + _by_preset("top_k"),
+        "the main columns). " + _by_preset("top_k"),
     )
     estimator: str = option(
-        "last-layer", "--estimator", panel=ANALYSIS,
+        "last-layer",
+        "--estimator",
+        panel=ANALYSIS,
         help="exact, last-layer, cg, tracin, kfac, ekfac (Kronecker-factored, for transformers over all parameters) or "
-             "projected (random sign projection, --proj-dim).",
+        "projected (random sign projection, --proj-dim).",
     )
     proj_dim: int = option(
-        512, "--proj-dim", panel=ANALYSIS,
+        512,
+        "--proj-dim",
+        panel=ANALYSIS,
         help="Dimension k of --estimator projected (capped at the tracked parameter count, where it equals exact).",
     )
     cache: str | None = option(
-        None, "--cache", panel=EXECUTION, metavar="PATH",
+        None,
+        "--cache",
+        panel=EXECUTION,
+        metavar="PATH",
         help="Folder keeping the fitted K-FAC/EK-FAC factors, one file per model + training-data fingerprint, reused by later runs.",
     )
     curvature: str = option(
-        "auto", "--curvature", panel=ANALYSIS,
+        "auto",
+        "--curvature",
+        panel=ANALYSIS,
         help="Curvature of --estimator kfac/ekfac: ggn (exact Gauss-Newton columns), fisher (labels sampled from the "
-             "model, kronfluence's choice), empirical (the true labels' loss gradients) or auto (ggn up to 32 classes). "
-             "With --estimator exact: auto is the Hessian, ggn the exact Gauss-Newton matrix (what K-FAC approximates).",
+        "model, kronfluence's choice), empirical (the true labels' loss gradients) or auto (ggn up to 32 classes). "
+        "With --estimator exact: auto is the Hessian, ggn the exact Gauss-Newton matrix (what K-FAC approximates).",
     )
     params: str | None = option(
-        None, "--params", panel=ANALYSIS,
+        None,
+        "--params",
+        panel=ANALYSIS,
         help="Parameters the influence is over: head (default with last-layer), all, a module name or glob patterns "
-             "(e.g. 'blocks.1.*'); exact/cg default to all.",
+        "(e.g. 'blocks.1.*'); exact/cg default to all.",
     )
-    finetune_steps: int = option(100, "--finetune-steps", panel=PROTOCOL, help="Optimizer steps of --protocol finetune.")
+    finetune_steps: int = option(
+        100, "--finetune-steps", panel=PROTOCOL, help="Optimizer steps of --protocol finetune."
+    )
     finetune_optimizer: str | None = option(
-        None, "--finetune-optimizer", panel=PROTOCOL,
+        None,
+        "--finetune-optimizer",
+        panel=PROTOCOL,
         help="gd, sgd or adam for --protocol finetune (default: the checkpoint's recorded optimizer, else adam).",
     )
     finetune_lr: float | None = option(
-        None, "--finetune-lr", panel=PROTOCOL, kind=float,
+        None,
+        "--finetune-lr",
+        panel=PROTOCOL,
+        kind=float,
         help="Learning rate of --protocol finetune (default: the checkpoint's recorded rate, else 1e-4).",
     )
     finetune_batch_size: int | None = option(
-        None, "--finetune-batch-size", panel=PROTOCOL, kind=int,
+        None,
+        "--finetune-batch-size",
+        panel=PROTOCOL,
+        kind=int,
         help="Mini-batch of --protocol finetune (default: recorded, else 64).",
     )
     norm: str = option("linf", "--norm", panel=ANALYSIS, help="linf or l2.")
-    pgd_steps: int | None = option(None, "--pgd-steps", panel=ANALYSIS, kind=int,
-                                   help="Steps of PGD and MIM. " + _by_preset("pgd_steps"))
+    pgd_steps: int | None = option(
+        None, "--pgd-steps", panel=ANALYSIS, kind=int, help="Steps of PGD and MIM. " + _by_preset("pgd_steps")
+    )
     step_size: float | None = option(
-        None, "--step-size", panel=ANALYSIS, kind=float,
+        None,
+        "--step-size",
+        panel=ANALYSIS,
+        kind=float,
         help="PGD/MIM step (default 2.5 eps/steps for PGD, eps/steps for MIM).",
     )
-    n_train: int | None = option(None, "--n-train", panel=PROTOCOL, kind=int,
-                                 help="Training samples. " + _by_preset("n_train"))
+    n_train: int | None = option(
+        None, "--n-train", panel=PROTOCOL, kind=int, help="Training samples. " + _by_preset("n_train")
+    )
     n_test: int | None = option(
-        None, "--n-test", panel=PROTOCOL, kind=int,
+        None,
+        "--n-test",
+        panel=PROTOCOL,
+        kind=int,
         help="Held-out samples whose summed loss the influence is measured on. " + _by_preset("n_test"),
     )
     width: int | None = option(None, "--width", panel=PROTOCOL, kind=int, help="Hidden width m. " + _by_preset("width"))
-    steps: int | None = option(None, "--steps", panel=PROTOCOL, kind=int,
-                               help="Optimizer steps (the budget under --match-loss). " + _by_preset("steps"))
+    steps: int | None = option(
+        None,
+        "--steps",
+        panel=PROTOCOL,
+        kind=int,
+        help="Optimizer steps (the budget under --match-loss). " + _by_preset("steps"),
+    )
     lr: float | dict | None = option(
-        None, "--lr", panel=PROTOCOL, kind=str, parse=_lr, show=_show_number_or_models,
+        None,
+        "--lr",
+        panel=PROTOCOL,
+        kind=str,
+        parse=_lr,
+        show=_show_number_or_models,
         help="Learning rate, or per model (relu=10,attn=8). Default: the preset's (4) for gd/sgd, 1e-3 for adam.",
     )
     optimizer: str | None = option(
-        None, "--optimizer", panel=PROTOCOL,
+        None,
+        "--optimizer",
+        panel=PROTOCOL,
         help="How built-in models are trained: gd (full-batch gradient descent, default), sgd or adam.",
     )
-    batch_size: int | None = option(None, "--batch-size", panel=PROTOCOL, kind=int,
-                                    help="Mini-batch of --optimizer sgd/adam (default: full batch).")
-    resample_data: bool = option(
-        False, "--resample-data", panel=PROTOCOL, negative="--fixed-data",
-        help="Each seed draws its own train/held-out rows (split seeded by that seed), so intervals include the choice "
-             "of training rows.",
+    batch_size: int | None = option(
+        None, "--batch-size", panel=PROTOCOL, kind=int, help="Mini-batch of --optimizer sgd/adam (default: full batch)."
     )
-    loss: str | None = option(None, "--loss", panel=PROTOCOL,
-                              help="mse or ce (default mse; a checkpoint's recorded training loss).")
+    resample_data: bool = option(
+        False,
+        "--resample-data",
+        panel=PROTOCOL,
+        negative="--fixed-data",
+        help="Each seed draws its own train/held-out rows (split seeded by that seed), so intervals include the choice "
+        "of training rows.",
+    )
+    loss: str | None = option(
+        None, "--loss", panel=PROTOCOL, help="mse or ce (default mse; a checkpoint's recorded training loss)."
+    )
     match_loss: float | dict | str | None = option(
-        None, "--match-loss", panel=PROTOCOL, kind=str, parse=_match_loss, show=_show_number_or_models,
+        None,
+        "--match-loss",
+        panel=PROTOCOL,
+        kind=str,
+        parse=_match_loss,
+        show=_show_number_or_models,
         help="Train every model until its training loss reaches this value (or say it could not); per model "
-             "(relu=0.1,attn=0.1); auto: every model to the largest clean loss any reaches within --steps (default of "
-             "--preset quick); none: fixed steps (default of --preset paper).",
+        "(relu=0.1,attn=0.1); auto: every model to the largest clean loss any reaches within --steps (default of "
+        "--preset quick); none: fixed steps (default of --preset paper).",
     )
     attn_context: str = option(
-        "perturbed", "--attn-context", panel=PROTOCOL,
+        "perturbed",
+        "--attn-context",
+        panel=PROTOCOL,
         help="MLP-Attn under retrain: rebuild X^T X from the perturbed data (perturbed) or keep the clean one (clean).",
     )
     controls: bool | None = option(
-        None, "--controls", panel=PROTOCOL, kind=bool, negative="--no-controls",
+        None,
+        "--controls",
+        panel=PROTOCOL,
+        kind=bool,
+        negative="--no-controls",
         help="Run the training-randomness control: reinit (retrain on clean data from another init) or, under finetune, "
-             "reorder (fine-tune on clean data in another order); off for static.",
+        "reorder (fine-tune on clean data in another order); off for static.",
     )
     max_flip_rate: float | None = option(
-        None, "--max-flip-rate", panel=ANALYSIS, kind=float,
+        None,
+        "--max-flip-rate",
+        panel=ANALYSIS,
+        kind=float,
         help="Exit 1 when a model's mean flip rate under an attack exceeds this share (CI gate).",
     )
     device: str = option("auto", "--device", panel=EXECUTION, help="auto, cpu, cuda or cuda:<i>.")
@@ -281,7 +406,6 @@ class MalleabilityRequest(ModelFields, DataFields, Request):
             if key == "match_loss" and self.model_given:
                 continue
             if key == "lr" and self.optimizer == "adam":
-
                 value = DEFAULT_ADAM_LR
             values[key] = value
         return values
@@ -300,20 +424,30 @@ class MalleabilityRequest(ModelFields, DataFields, Request):
                 raise FieldError(name, "{name} must be a positive integer, got " + str(values[name]))
         if self.model_given:
             if self.models is not None:
-                raise FieldError("models", "--checkpoint audits saved models and {name} trains new ones; give one of them")
+                raise FieldError(
+                    "models", "--checkpoint audits saved models and {name} trains new ones; give one of them"
+                )
             given = [name for name in TRAINING_FIELDS if getattr(self, name) is not None]
             if given:
-                raise FieldError(given[0], ", ".join(["{name}", *(self.flag_of(n) for n in given[1:])])
-                                 + " set how new models are trained and do not apply to --checkpoint "
-                                   "(a saved model); drop them")
+                raise FieldError(
+                    given[0],
+                    ", ".join(["{name}", *(self.flag_of(n) for n in given[1:])])
+                    + " set how new models are trained and do not apply to --checkpoint "
+                    "(a saved model); drop them",
+                )
             if self.resample_data:
-                raise FieldError("resample_data", "{name} draws new training rows per seed, which a saved model was "
-                                 "not trained on; drop it")
+                raise FieldError(
+                    "resample_data",
+                    "{name} draws new training rows per seed, which a saved model was not trained on; drop it",
+                )
         elif self.protocol == "finetune":
             raise FieldError("protocol", "{name} finetune fine-tunes a saved model; give --checkpoint (or --factory)")
         if self.loaded_data is not None and self.resample_data:
-            raise FieldError("resample_data", "{name} draws each seed's rows from a data recipe; a request holding "
-                             "loaded data has none (give the data as dataset or data, or drop it)")
+            raise FieldError(
+                "resample_data",
+                "{name} draws each seed's rows from a data recipe; a request holding "
+                "loaded data has none (give the data as dataset or data, or drop it)",
+            )
         try:  # every value the protocol takes, checked now (models not loaded yet: recorded values assumed)
             _config_kw(self, values, None)
         except FieldError:
@@ -327,7 +461,6 @@ class MalleabilityRequest(ModelFields, DataFields, Request):
         if self.model_given:
             self.load_models()
         if self.loaded_data is None:
-
             values = self.resolve_preset()
             load_dataset(self.data_spec(self.seed, dataset=values["dataset"], split=values["split"]))
 
@@ -361,11 +494,18 @@ def _config_kw(request: MalleabilityRequest, values: dict, loaded: dict | None) 
     recorded = [lm.recipe or {} for lm in loaded.values()]
     first = recorded[0] if recorded else {}
     ft_optimizer = request.finetune_optimizer or (
-        first.get("optimizer") if first.get("optimizer") in ("gd", "sgd", "adam") else "adam")
-    ft_lr = request.finetune_lr if request.finetune_lr is not None else (
-        float(first["lr"]) if isinstance(first.get("lr"), (int, float)) else 1e-4)
-    ft_batch = request.finetune_batch_size if request.finetune_batch_size is not None else (
-        int(first["batch_size"]) if isinstance(first.get("batch_size"), int) else 64)
+        first.get("optimizer") if first.get("optimizer") in ("gd", "sgd", "adam") else "adam"
+    )
+    ft_lr = (
+        request.finetune_lr
+        if request.finetune_lr is not None
+        else (float(first["lr"]) if isinstance(first.get("lr"), (int, float)) else 1e-4)
+    )
+    ft_batch = (
+        request.finetune_batch_size
+        if request.finetune_batch_size is not None
+        else (int(first["batch_size"]) if isinstance(first.get("batch_size"), int) else 64)
+    )
     match_loss = values["match_loss"]
     top_ks = tuple(values["top_k"])
     n_seeds = values["seeds"]
@@ -414,8 +554,13 @@ def _config_kw(request: MalleabilityRequest, values: dict, loaded: dict | None) 
 # --------------------------------------------------------------------------- the run
 
 
-def run(request: MalleabilityRequest, *, progress: Progress | None = None, executor=None,
-        notice: Callable[[str], None] | None = None) -> Result:
+def run(
+    request: MalleabilityRequest,
+    *,
+    progress: Progress | None = None,
+    executor=None,
+    notice: Callable[[str], None] | None = None,
+) -> Result:
     """Run ``request``; the report is the one ``attnaudit malleability --json`` writes.
 
     ``executor``: an :class:`attnaudit.runtime.sweep.ExecutorConfig` (where the cells run;
@@ -424,7 +569,6 @@ def run(request: MalleabilityRequest, *, progress: Progress | None = None, execu
     """
     from rich.text import Text
 
-
     progress = progress_or_silent(progress)
     values = request.resolve_preset()
     seed, ntr, nte = request.seed, values["n_train"], values["n_test"]
@@ -432,7 +576,6 @@ def run(request: MalleabilityRequest, *, progress: Progress | None = None, execu
     protocol = request.protocol if request.protocol is not None else ("static" if loaded else "retrain")
     rebuild = {}
     if loaded and protocol == "retrain":
-
         rebuild = {label: rb for label, rb in ((label, rebuild_of(lm)) for label, lm in loaded.items()) if rb}
         missing = [label for label in loaded if label not in rebuild]
         if missing:
@@ -469,7 +612,6 @@ def run(request: MalleabilityRequest, *, progress: Progress | None = None, execu
     fixed = None
     rows_note = None
     if loaded:
-
         loaded = {label: fit_to_data(lm, ds) for label, lm in loaded.items()}
         fixed = {label: lm.task(loss=config.loss, params="all") for label, lm in loaded.items()}
         train_ds, test_ds, rows_note = audit_split(ds, loaded, ntr, nte, seed)
@@ -477,12 +619,20 @@ def run(request: MalleabilityRequest, *, progress: Progress | None = None, execu
     else:
         n_classes = ds.n_classes
     timings["load"] = time.perf_counter() - t0
-    memory = influence_memory_estimate(config, train_ds.d, n_classes, train_ds.n, test_ds.n, fixed, train_ds.X[:1])  # refuses before compute
+    memory = influence_memory_estimate(
+        config, train_ds.d, n_classes, train_ds.n, test_ds.n, fixed, train_ds.X[:1]
+    )  # refuses before compute
     if notice is not None:
         tracked = "; ".join(f"{arch}: {', '.join(names)}" for arch, names in memory["tracked_parameter_names"].items())
-        work = {"static": "saved models, no training", "finetune": f"{progress_total(config)} fine-tunings",
-                "retrain": f"{progress_total(config)} re-runs of the recorded recipe"}[config.protocol] if fixed \
+        work = (
+            {
+                "static": "saved models, no training",
+                "finetune": f"{progress_total(config)} fine-tunings",
+                "retrain": f"{progress_total(config)} re-runs of the recorded recipe",
+            }[config.protocol]
+            if fixed
             else f"{progress_total(config)} trainings"
+        )
         notice(
             f"malleability: {ds.name} ({split_name}), {train_ds.n} train / {test_ds.n} held-out, models {','.join(config.models)}, "
             f"attacks {','.join(config.attacks)}, {len(config.seeds)} seed(s), {work}; "
@@ -493,14 +643,24 @@ def run(request: MalleabilityRequest, *, progress: Progress | None = None, execu
     t1 = time.perf_counter()
     with progress("malleability", progress_total(config), "trainings with influence") as advance:
         result = run_malleability(
-            train_ds.X.to(dev), train_ds.y.to(dev), test_ds.X.to(dev), test_ds.y.to(dev), n_classes, config,
-            value_range=ds.value_range, progress=advance, fixed_models=fixed, rebuild=rebuild,
-            executor=ex, data=recipe,
+            train_ds.X.to(dev),
+            train_ds.y.to(dev),
+            test_ds.X.to(dev),
+            test_ds.y.to(dev),
+            n_classes,
+            config,
+            value_range=ds.value_range,
+            progress=advance,
+            fixed_models=fixed,
+            rebuild=rebuild,
+            executor=ex,
+            data=recipe,
         )
     if fixed and rows_note["rows"] != "checkpoint split":
-
         fingerprint = data_fingerprint(train_ds.X, train_ds.y)
-        result.warnings[:0] = [w for w in (training_data_mismatch(lm, label, fingerprint) for label, lm in loaded.items()) if w]
+        result.warnings[:0] = [
+            w for w in (training_data_mismatch(lm, label, fingerprint) for label, lm in loaded.items()) if w
+        ]
     timings.update({k: v for k, v in result.timings.items()})
     timings["analysis"] = time.perf_counter() - t1
     timings["total"] = time.perf_counter() - t0
@@ -517,8 +677,13 @@ def run(request: MalleabilityRequest, *, progress: Progress | None = None, execu
         data_inputs = request.data_inputs()
         data_inputs["split"] = split_name
     else:
-        data_inputs = {"dataset": ds_name if request.data is None else None, "data": request.data, "split": split_name,
-                       "classes": request.classes, "preprocess": request.preprocess}
+        data_inputs = {
+            "dataset": ds_name if request.data is None else None,
+            "data": request.data,
+            "split": split_name,
+            "classes": request.classes,
+            "preprocess": request.preprocess,
+        }
     report = build_report(
         SCHEMA,
         inputs={
@@ -545,9 +710,14 @@ def run(request: MalleabilityRequest, *, progress: Progress | None = None, execu
     renderables.extend(Text(f"- {v}") for v in result.verdicts)
     renderables.extend(Text(f"warning: {w}", style="yellow") for w in result.warnings)
     title = f"{ds.name}: {train_ds.n} train, {config.protocol}, {config.estimator}, {config.norm}"
-    return Result(report, request, renderables=renderables,
-                  plot=lambda path: plot_malleability(result, path, title), png_name="malleability.png",
-                  failed_cells=list(result.failed_cells))
+    return Result(
+        report,
+        request,
+        renderables=renderables,
+        plot=lambda path: plot_malleability(result, path, title),
+        png_name="malleability.png",
+        failed_cells=list(result.failed_cells),
+    )
 
 
 def exceeded_message(result: Result) -> str | None:
@@ -563,6 +733,7 @@ def exceeded_message(result: Result) -> str | None:
         f"{e['model']} under {e['attack']} (eps={e['eps']:g}, damping={damping_label(e['damping'])}): {100 * e['flip_rate']:.1f}%"
         for e in exceeded
     )
-    return (f"flip rate above --max-flip-rate {100 * limit:.1f}% for {len(exceeded)} cell(s), "
-            f"worst {worst['model']} under {worst['attack']}: {names}")
-
+    return (
+        f"flip rate above --max-flip-rate {100 * limit:.1f}% for {len(exceeded)} cell(s), "
+        f"worst {worst['model']} under {worst['attack']}: {names}"
+    )

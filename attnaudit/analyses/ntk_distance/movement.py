@@ -175,8 +175,9 @@ def _check_groups(groups: dict[str, Sequence[str]], names: Sequence[str]) -> dic
 # --------------------------------------------------------------------------- engines and blocks
 
 
-def _engines(tasks: Sequence[Task], X: torch.Tensor, groups: dict[str, Sequence[str]] | None,
-             device=None) -> tuple[list[Engine], dict[str, list[str]], dict[str, tuple[int, int]]]:
+def _engines(
+    tasks: Sequence[Task], X: torch.Tensor, groups: dict[str, Sequence[str]] | None, device=None
+) -> tuple[list[Engine], dict[str, list[str]], dict[str, tuple[int, int]]]:
     """float64 engines over the same parameters, ordered group by group, and each group's slice of theta."""
     probe = X[:1]
     first = tasks[0]
@@ -195,7 +196,9 @@ def _engines(tasks: Sequence[Task], X: torch.Tensor, groups: dict[str, Sequence[
                 f"compared (first differences: {', '.join(f'{n} {s}' for n, s in diff)}); give the same architecture"
             )
         if other.n_classes != first.n_classes:
-            raise AuditError(f"the two models have {first.n_classes} and {other.n_classes} outputs; give the same architecture")
+            raise AuditError(
+                f"the two models have {first.n_classes} and {other.n_classes} outputs; give the same architecture"
+            )
     grouped = _check_groups(groups, names) if groups is not None else parameter_groups(names)
     ordered = [n for members in grouped.values() for n in members]
     engines = [Engine(t, dtype=F64, device=device, names=ordered) for t in tasks]
@@ -209,8 +212,9 @@ def _engines(tasks: Sequence[Task], X: torch.Tensor, groups: dict[str, Sequence[
     return engines, grouped, slices
 
 
-def _upper_blocks(engines: Sequence[Engine], X: torch.Tensor, memory_bytes: int, c: int,
-                  counter: dict) -> Iterator[tuple[int, int, list[torch.Tensor], list[torch.Tensor], int]]:
+def _upper_blocks(
+    engines: Sequence[Engine], X: torch.Tensor, memory_bytes: int, c: int, counter: dict
+) -> Iterator[tuple[int, int, list[torch.Tensor], list[torch.Tensor], int]]:
     """The upper block triangle of the symmetric kernels on rows X.
 
     Yields (row start, column start, row Jacobians, column Jacobians, k): one (rows, c, P)
@@ -241,7 +245,7 @@ def _upper_blocks(engines: Sequence[Engine], X: torch.Tensor, memory_bytes: int,
         J1 = jac(p1, q1)
         for a, b in ranges(q1 - p1, STRIP_ROWS):
             yield p1 + a, p1 + a, [J[a:b] for J in J1], [J[a:] for J in J1], b - a
-        for p2, q2 in panels[i + 1:]:
+        for p2, q2 in panels[i + 1 :]:
             yield p1, p2, J1, jac(p2, q2), 0
 
 
@@ -266,8 +270,8 @@ def _weighted_sq(block: torch.Tensor, k_cols: int) -> float:
 
 def _fill(K: torch.Tensor, a1: int, a2: int, block: torch.Tensor) -> None:
     r, m = block.shape
-    K[a1:a1 + r, a2:a2 + m] = block
-    K[a2:a2 + m, a1:a1 + r] = block.T
+    K[a1 : a1 + r, a2 : a2 + m] = block
+    K[a2 : a2 + m, a1 : a1 + r] = block.T
 
 
 # --------------------------------------------------------------------------- alignment
@@ -430,12 +434,18 @@ def kernel_movement(
         """(||KT - K0||^2, ||K0||^2, ||KT||^2) of the full kernel, or of the output-averaged one for form=trace."""
         if form == "full":
             return acc[g]["move"], acc[g]["t0"], acc[g]["tT"]
-        return (float((traceT[g] - trace0[g]).pow(2).sum()), float(trace0[g].pow(2).sum()),
-                float(traceT[g].pow(2).sum()))
+        return (
+            float((traceT[g] - trace0[g]).pow(2).sum()),
+            float(trace0[g].pow(2).sum()),
+            float(traceT[g].pow(2).sum()),
+        )
 
     def tsums(g) -> tuple[float, float, float]:
-        return (float((traceT[g] - trace0[g]).pow(2).sum()), float(trace0[g].pow(2).sum()),
-                float(traceT[g].pow(2).sum()))
+        return (
+            float((traceT[g] - trace0[g]).pow(2).sum()),
+            float(trace0[g].pow(2).sum()),
+            float(traceT[g].pow(2).sum()),
+        )
 
     def tmove(g) -> float:
         base = trace0[g].norm()
@@ -581,14 +591,20 @@ def _dynamics(recipe, method: str) -> tuple[str, bool]:
         how = "closed form" if method == "kernel-gd" else "the linearized network trained by full-batch GD"
         return f"kernel gradient descent with the initial eNTK ({how}; exact)", True
     if recipe.optimizer == "sgd" and not recipe.momentum and not recipe.weight_decay:
-        return ("kernel SGD with the initial eNTK over the same mini-batches (the linearized network trained by "
-                "the recipe; exact)"), False
-    extras = [f"momentum {recipe.momentum:g}" if recipe.momentum else "", f"weight decay {recipe.weight_decay:g}"
-              if recipe.weight_decay else ""]
+        return (
+            "kernel SGD with the initial eNTK over the same mini-batches (the linearized network trained by "
+            "the recipe; exact)"
+        ), False
+    extras = [
+        f"momentum {recipe.momentum:g}" if recipe.momentum else "",
+        f"weight decay {recipe.weight_decay:g}" if recipe.weight_decay else "",
+    ]
     what = recipe.optimizer + "".join(f", {x}" for x in extras if x)
-    return (f"the linearized network trained by the same recipe ({what}): not kernel gradient descent with a fixed "
-            "kernel, since the optimizer's per-parameter scaling changes the effective kernel during training "
-            "(the lazy-training comparator)"), False
+    return (
+        f"the linearized network trained by the same recipe ({what}): not kernel gradient descent with a fixed "
+        "kernel, since the optimizer's per-parameter scaling changes the effective kernel during training "
+        "(the lazy-training comparator)"
+    ), False
 
 
 def _kernel_gd_blocker(recipe, n_train: int, c: int) -> str | None:
@@ -597,8 +613,10 @@ def _kernel_gd_blocker(recipe, n_train: int, c: int) -> str | None:
     if recipe.weight_decay:
         return "kernel-gd has no weight decay, but the recipe uses it"
     if n_train * c > KERNEL_GD_MAX_OUTPUTS:
-        return (f"kernel-gd needs the full ({n_train} x {c})^2 kernel of every training row and its eigenvectors "
-                f"(limit n c <= {KERNEL_GD_MAX_OUTPUTS})")
+        return (
+            f"kernel-gd needs the full ({n_train} x {c})^2 kernel of every training row and its eigenvectors "
+            f"(limit n c <= {KERNEL_GD_MAX_OUTPUTS})"
+        )
     return None
 
 
@@ -654,8 +672,9 @@ def linearized_prediction(
         K = eng0.entk(X_train, memory_bytes=memory_bytes)
         Kt = eng0.entk(X_test, X_train, memory_bytes=memory_bytes)
         f0, f0t = eng0.logits(X_train), eng0.logits(X_test)
-        pred = kernel_gd_predict(K, Y, LinearizedGDConfig(lr=recipe.lr, steps=total, loss=recipe.loss),
-                                 K_test=Kt, f0_train=f0, f0_test=f0t)
+        pred = kernel_gd_predict(
+            K, Y, LinearizedGDConfig(lr=recipe.lr, steps=total, loss=recipe.loss), K_test=Kt, f0_train=f0, f0_test=f0t
+        )
         lin_tr, lin_te = pred.f_train, pred.f_test
         predictor = pred.to_dict()
     else:
@@ -667,7 +686,11 @@ def linearized_prediction(
         with torch.no_grad():
             lin_tr = torch.cat([lin(eng0.rows(X_train[a:b])) for a, b in ranges(n, 1024)]).to(F64)
             lin_te = torch.cat([lin(eng0.rows(X_test[a:b])) for a, b in ranges(X_test.shape[0], 1024)]).to(F64)
-        predictor = {"steps_run": result.steps_run, "diverged": result.diverged, "dtype": str(eng0.dtype).replace("torch.", "")}
+        predictor = {
+            "steps_run": result.steps_run,
+            "diverged": result.diverged,
+            "dtype": str(eng0.dtype).replace("torch.", ""),
+        }
 
     loss = as_loss(recipe.loss)
     f0_train = Engine(task_init, dtype=F64, device=device).logits(X_train)
@@ -675,8 +698,9 @@ def linearized_prediction(
     final = float(loss.per_sample(lin_tr, Y).mean())
     # the linearized model's training is unstable when its loss ends above where it started (the
     # step is too large for its kernel) or it diverged / the closed form's stability ratio is exceeded
-    unstable = bool(not math.isfinite(final) or final > initial or predictor.get("diverged")
-                    or predictor.get("diverges"))
+    unstable = bool(
+        not math.isfinite(final) or final > initial or predictor.get("diverged") or predictor.get("diverges")
+    )
     dist = _rms_rows(f_te - lin_te)
     ref = _rms_rows(lin_te)
     dynamics, exact_kgd = _dynamics(recipe, chosen)
@@ -755,11 +779,19 @@ class CheckpointKernelResult:
     seconds: float
 
     def to_dict(self) -> dict:
-        return _clean({
-            "label": self.label, "reference": self.reference, "rows": self.rows,
-            "movement": self.movement.to_dict(), "linearized": self.linearized.to_dict(), "recipe": self.recipe,
-            "verdict": self.verdict, "warnings": list(self.warnings), "seconds": self.seconds,
-        })
+        return _clean(
+            {
+                "label": self.label,
+                "reference": self.reference,
+                "rows": self.rows,
+                "movement": self.movement.to_dict(),
+                "linearized": self.linearized.to_dict(),
+                "recipe": self.recipe,
+                "verdict": self.verdict,
+                "warnings": list(self.warnings),
+                "seconds": self.seconds,
+            }
+        )
 
 
 # Reference points for reading a single movement (measured by the 2-layer sweep on MNIST,
@@ -772,19 +804,27 @@ def checkpoint_verdict(label: str, mv: KernelMovement, lin: LinearizedResult) ->
     kind = "full" if mv.movement is not None else "output-averaged"
     top = max(mv.groups, key=lambda g: (g.movement if g.movement is not None else g.movement_trace) or 0.0)
     top_val = top.movement if top.movement is not None else top.movement_trace
-    parts = [f"{label}: training moved the empirical NTK by ||Theta_T - Theta_0|| / ||Theta_0|| = {mv.headline:.3g} "
-             f"({kind} kernel, {mv.n_points} training rows; in the kernel regime it stays near 0 — for scale, "
-             f"{REFERENCE_MOVEMENT})"]
-    parts.append(f"its size changed by a factor {mv.norm_ratio:.3g} and its shape by a kernel distance (1 - cosine) "
-                 f"of {mv.kernel_distance:.3g}")
-    parts.append(f"the group that moved most is {top.group} ({top_val:.3g}, {top.trace_share_trained:.0%} of the "
-                 "trained kernel's trace)")
+    parts = [
+        f"{label}: training moved the empirical NTK by ||Theta_T - Theta_0|| / ||Theta_0|| = {mv.headline:.3g} "
+        f"({kind} kernel, {mv.n_points} training rows; in the kernel regime it stays near 0 — for scale, "
+        f"{REFERENCE_MOVEMENT})"
+    ]
+    parts.append(
+        f"its size changed by a factor {mv.norm_ratio:.3g} and its shape by a kernel distance (1 - cosine) "
+        f"of {mv.kernel_distance:.3g}"
+    )
+    parts.append(
+        f"the group that moved most is {top.group} ({top_val:.3g}, {top.trace_share_trained:.0%} of the "
+        "trained kernel's trace)"
+    )
     if mv.cka_init is not None and mv.cka_trained is not None:
         change = "rose" if mv.cka_trained > mv.cka_init else "fell"
         parts.append(f"its alignment with the labels {change} from {mv.cka_init:.3f} to {mv.cka_trained:.3f}")
     if lin.applicable:
-        parts.append(f"the network is {lin.distance_rel:.1%} (relative RMS) away from its linearized model on "
-                     f"{lin.n_test} held-out rows ({lin.dynamics.split(' (')[0]})")
+        parts.append(
+            f"the network is {lin.distance_rel:.1%} (relative RMS) away from its linearized model on "
+            f"{lin.n_test} held-out rows ({lin.dynamics.split(' (')[0]})"
+        )
     else:
         parts.append(f"no linearized prediction ({lin.reason})")
     return "; ".join(parts) + "."
@@ -831,17 +871,31 @@ def analyse_checkpoint(
                 raise AuditError(f"--linearized {config.linearized}: {reason}")
             skip = LinearizedResult(method="none", applicable=False, reason=reason)
         elif config.linearized == "kernel-gd":
-            blocker = _kernel_gd_blocker(recipe, int(train[0].shape[0]), int(_as_task(task_trained, X_kernel).n_classes))
+            blocker = _kernel_gd_blocker(
+                recipe, int(train[0].shape[0]), int(_as_task(task_trained, X_kernel).n_classes)
+            )
             if blocker:
                 raise AuditError(f"--linearized kernel-gd: {blocker}; use --linearized train")
-    mv = kernel_movement(task_init, task_trained, X_kernel, y_kernel, form=config.form,
-                         memory_bytes=config.memory_bytes, device=device)
+    mv = kernel_movement(
+        task_init, task_trained, X_kernel, y_kernel, form=config.form, memory_bytes=config.memory_bytes, device=device
+    )
     if skip is not None:
         lin = skip
     else:
-        lin = linearized_prediction(task_init, task_trained, recipe, train[0], train[1], test[0], test[1],
-                                    method=config.linearized, steps=steps, train_dtype=train_dtype,
-                                    memory_bytes=config.memory_bytes, device=device)
+        lin = linearized_prediction(
+            task_init,
+            task_trained,
+            recipe,
+            train[0],
+            train[1],
+            test[0],
+            test[1],
+            method=config.linearized,
+            steps=steps,
+            train_dtype=train_dtype,
+            memory_bytes=config.memory_bytes,
+            device=device,
+        )
         if lin.unstable:
             warnings.append(
                 f"{label}: the linearized model's training was unstable (loss {lin.lin_initial_loss:.4g} -> "
@@ -854,9 +908,15 @@ def analyse_checkpoint(
             f"GiB budget at once and were recomputed ({mv.jacobian_passes:.1f} passes per row)"
         )
     return CheckpointKernelResult(
-        label=label, reference=dict(reference or {}), rows=dict(rows or {}), movement=mv, linearized=lin,
-        recipe=recipe.to_dict() if recipe is not None else None, verdict=checkpoint_verdict(label, mv, lin),
-        warnings=warnings, seconds=time.perf_counter() - t0,
+        label=label,
+        reference=dict(reference or {}),
+        rows=dict(rows or {}),
+        movement=mv,
+        linearized=lin,
+        recipe=recipe.to_dict() if recipe is not None else None,
+        verdict=checkpoint_verdict(label, mv, lin),
+        warnings=warnings,
+        seconds=time.perf_counter() - t0,
     )
 
 
@@ -892,9 +952,14 @@ def initial_model(loaded) -> tuple[nn.Module, dict] | None:
         context = getattr(module, "context", None)
         init = TwoLayerNet(new_spec, context=None if context is None else context.detach().cpu(), dtype=F64)
     init.eval()
-    return init, {"kind": "rebuilt", "init_seed": int(seed), "seed_from": where, "arch": spec.arch,
-                  "detail": f"fresh init, seed {seed}",
-                  "description": f"a fresh {spec.arch} of the same spec, float64, initialised from {where} ({seed})"}
+    return init, {
+        "kind": "rebuilt",
+        "init_seed": int(seed),
+        "seed_from": where,
+        "arch": spec.arch,
+        "detail": f"fresh init, seed {seed}",
+        "description": f"a fresh {spec.arch} of the same spec, float64, initialised from {where} ({seed})",
+    }
 
 
 # --------------------------------------------------------------------------- transformer width sweep
@@ -933,8 +998,10 @@ class TransformerSweepConfig:
             raise AuditError("no architectures given; use --arch vit,vit-linear")
         bad = [a for a in self.archs if a not in VIT_ARCHITECTURES]
         if bad:
-            raise AuditError(f"unknown --arch {','.join(bad)}; the transformer sweep takes {','.join(VIT_ARCHITECTURES)} "
-                             "(the 2-layer nets are swept with --models relu,attn)")
+            raise AuditError(
+                f"unknown --arch {','.join(bad)}; the transformer sweep takes {','.join(VIT_ARCHITECTURES)} "
+                "(the 2-layer nets are swept with --models relu,attn)"
+            )
         if len(set(self.archs)) != len(self.archs):
             raise AuditError("an architecture is listed twice in --arch; list each once")
         if not self.widths or any(not isinstance(w, int) or w < 1 for w in self.widths):
@@ -945,7 +1012,9 @@ class TransformerSweepConfig:
             raise AuditError(f"heads must be a positive integer, got {self.heads!r}")
         odd = [w for w in self.widths if w % self.heads]
         if odd:
-            raise AuditError(f"--widths {odd} are not multiples of the {self.heads} attention heads; use multiples of {self.heads}")
+            raise AuditError(
+                f"--widths {odd} are not multiples of the {self.heads} attention heads; use multiples of {self.heads}"
+            )
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise AuditError("give at least one seed, each once (--seeds)")
         if not isinstance(self.recipe, Recipe):
@@ -1040,12 +1109,17 @@ class ArchSummary:
     verdict: str
 
     def to_dict(self) -> dict:
-        return _clean({
-            "arch": self.arch, "movement": self.movement.to_dict(), "kernel_distance": self.kernel_distance.to_dict(),
-            "distance": None if self.distance is None else self.distance.to_dict(),
-            "distance_rms_slope": self.distance_rms_slope, "approaches_kernel_regime": self.approaches_kernel_regime,
-            "verdict": self.verdict,
-        })
+        return _clean(
+            {
+                "arch": self.arch,
+                "movement": self.movement.to_dict(),
+                "kernel_distance": self.kernel_distance.to_dict(),
+                "distance": None if self.distance is None else self.distance.to_dict(),
+                "distance_rms_slope": self.distance_rms_slope,
+                "approaches_kernel_regime": self.approaches_kernel_regime,
+                "verdict": self.verdict,
+            }
+        )
 
 
 @dataclass
@@ -1068,36 +1142,70 @@ class TransformerSweepResult:
         for arch in self.config.archs:
             for width in self.config.widths:
                 group = [c for c in self.cells if c.arch == arch and c.width == width]
-                row = {"arch": arch, "width": width, "n_seeds": len(group), "diverged": sum(c.diverged for c in group),
-                       "n_params": group[0].n_params if group else 0}
-                for key in ("movement", "movement_trace", "norm_ratio", "kernel_distance", "cka_init", "cka_trained",
-                            "distance_rms", "distance_rel", "train_acc", "test_acc", "train_loss"):
+                row = {
+                    "arch": arch,
+                    "width": width,
+                    "n_seeds": len(group),
+                    "diverged": sum(c.diverged for c in group),
+                    "n_params": group[0].n_params if group else 0,
+                }
+                for key in (
+                    "movement",
+                    "movement_trace",
+                    "norm_ratio",
+                    "kernel_distance",
+                    "cka_init",
+                    "cka_trained",
+                    "distance_rms",
+                    "distance_rel",
+                    "train_acc",
+                    "test_acc",
+                    "train_loss",
+                ):
                     row[key] = _stats([getattr(c, key) if getattr(c, key) is not None else float("nan") for c in group])
                 rows.append(row)
         return rows
 
     def verdicts(self) -> list[str]:
-        return [self.archs[a].verdict if a in self.archs else f"{a}: every cell failed; no verdict"
-                for a in self.config.archs]
+        return [
+            self.archs[a].verdict if a in self.archs else f"{a}: every cell failed; no verdict"
+            for a in self.config.archs
+        ]
 
     def to_dict(self) -> dict:
-        return _clean({
-            "config": self.config.to_dict(), "n_train": self.n_train, "n_test": self.n_test, "n_classes": self.n_classes,
-            "image_shape": list(self.image_shape), "patch": self.patch,
-            "movement_definition": MOVEMENT_DEFINITION, "cka_definition": CKA_DEFINITION,
-            "distance_definition": DISTANCE_DEFINITION,
-            "cells": [c.to_dict() for c in self.cells], "summary": self.summary_rows(),
-            "archs": {k: v.to_dict() for k, v in self.archs.items()}, "seconds": self.seconds,
-            "failed_cells": list(self.failed_cells),
-        })
+        return _clean(
+            {
+                "config": self.config.to_dict(),
+                "n_train": self.n_train,
+                "n_test": self.n_test,
+                "n_classes": self.n_classes,
+                "image_shape": list(self.image_shape),
+                "patch": self.patch,
+                "movement_definition": MOVEMENT_DEFINITION,
+                "cka_definition": CKA_DEFINITION,
+                "distance_definition": DISTANCE_DEFINITION,
+                "cells": [c.to_dict() for c in self.cells],
+                "summary": self.summary_rows(),
+                "archs": {k: v.to_dict() for k, v in self.archs.items()},
+                "seconds": self.seconds,
+                "failed_cells": list(self.failed_cells),
+            }
+        )
 
 
-def _width_trend(measure: str, cells: list[TransformerCell], key: Callable[[TransformerCell], float],
-                 widths: Sequence[int], seeds: Sequence[int]) -> WidthTrend:
+def _width_trend(
+    measure: str,
+    cells: list[TransformerCell],
+    key: Callable[[TransformerCell], float],
+    widths: Sequence[int],
+    seeds: Sequence[int],
+) -> WidthTrend:
     ws = sorted(widths)
     slopes = []
     for sd in seeds:
-        vals = [next((key(c) for c in cells if c.width == w and c.seed == sd and not c.diverged), float("nan")) for w in ws]
+        vals = [
+            next((key(c) for c in cells if c.width == w and c.seed == sd and not c.diverged), float("nan")) for w in ws
+        ]
         slopes.append(_loglog_slope(ws, vals))
     by_width = [_stats([key(c) for c in cells if c.width == w and not c.diverged]) for w in ws]
     curve = [b["mean"] for b in by_width]
@@ -1105,31 +1213,41 @@ def _width_trend(measure: str, cells: list[TransformerCell], key: Callable[[Tran
     mono = all(math.isfinite(x) and math.isfinite(y) and y < x for x, y in zip(curve, curve[1:]))
     st = _stats(slopes)
     # non-monotone only for a rise beyond the seed spread; a slope interval containing 0 is no trend
-    return WidthTrend(measure, slopes, st["mean"], st["std"], curve, mono,
-                      _trend(slopes, mono, widths=ws, means=curve, sds=sds))
+    return WidthTrend(
+        measure, slopes, st["mean"], st["std"], curve, mono, _trend(slopes, mono, widths=ws, means=curve, sds=sds)
+    )
 
 
-_TREND_WORDS = {"falls": "falls (no rise between neighbouring widths beyond the seed spread)",
-                "falls-non-monotone": "falls overall but rises between neighbouring widths by more than the seed spread",
-                "rises": "rises", "mixed": "has no consistent trend (seed slopes differ in sign)",
-                "no-clear-trend": "shows no clear trend (the slope interval includes 0)",
-                "undetermined": "is undetermined (too few finite values)"}
+_TREND_WORDS = {
+    "falls": "falls (no rise between neighbouring widths beyond the seed spread)",
+    "falls-non-monotone": "falls overall but rises between neighbouring widths by more than the seed spread",
+    "rises": "rises",
+    "mixed": "has no consistent trend (seed slopes differ in sign)",
+    "no-clear-trend": "shows no clear trend (the slope interval includes 0)",
+    "undetermined": "is undetermined (too few finite values)",
+}
 
 
-def _arch_summary(arch: str, cells: list[TransformerCell], widths: Sequence[int], seeds: Sequence[int],
-                  measured_distance: bool) -> ArchSummary:
+def _arch_summary(
+    arch: str, cells: list[TransformerCell], widths: Sequence[int], seeds: Sequence[int], measured_distance: bool
+) -> ArchSummary:
     ws = sorted(widths)
     k = len(seeds)
     movement = _width_trend("kernel movement", cells, lambda c: c.headline, ws, seeds)
     shape = _width_trend("kernel distance (1 - cos)", cells, lambda c: c.kernel_distance, ws, seeds)
-    distance = _width_trend("relative distance to the linearized model", cells, lambda c: c.distance_rel, ws, seeds) \
-        if measured_distance else None
-    rms_slope = _stats(_width_trend("", cells, lambda c: c.distance_rms, ws, seeds).slope_per_seed)["mean"] \
-        if measured_distance else float("nan")
+    distance = (
+        _width_trend("relative distance to the linearized model", cells, lambda c: c.distance_rel, ws, seeds)
+        if measured_distance
+        else None
+    )
+    rms_slope = (
+        _stats(_width_trend("", cells, lambda c: c.distance_rms, ws, seeds).slope_per_seed)["mean"]
+        if measured_distance
+        else float("nan")
+    )
     trends = [t for t in (movement, shape, distance) if t is not None]
     # one seed gives no interval: no kernel-regime claim from it
     approaches = k > 1 and all(t.trend == "falls" for t in trends)
-
 
     def spread(t: WidthTrend) -> str:
         if k <= 1:
@@ -1138,8 +1256,10 @@ def _arch_summary(arch: str, cells: list[TransformerCell], widths: Sequence[int]
         return f"{t.slope_mean:+.2f} ± {t.slope_std:.2f} over {k} seeds, interval [{lo:+.2f}, {hi:+.2f}]"
 
     def describe(t: WidthTrend, fmt: str = "{:.3g}") -> str:
-        return (f"{t.measure} {_TREND_WORDS.get(t.trend, t.trend)} (slope {spread(t)}; {fmt.format(t.mean_by_width[0])} at "
-                f"width {ws[0]} -> {fmt.format(t.mean_by_width[-1])} at width {ws[-1]})")
+        return (
+            f"{t.measure} {_TREND_WORDS.get(t.trend, t.trend)} (slope {spread(t)}; {fmt.format(t.mean_by_width[0])} at "
+            f"width {ws[0]} -> {fmt.format(t.mean_by_width[-1])} at width {ws[-1]})"
+        )
 
     parts = [describe(movement), describe(shape)]
     if distance is not None:
@@ -1149,8 +1269,10 @@ def _arch_summary(arch: str, cells: list[TransformerCell], widths: Sequence[int]
         slowest = max(trends, key=lambda t: t.slope_mean)
         text += " — approaching the kernel regime as it widens"
         if slowest.slope_mean > KERNEL_RATE / 2:
-            text += (f", but slowly: {slowest.measure} falls at less than half the m^{KERNEL_RATE} rate "
-                     f"(slope {slowest.slope_mean:+.2f}), and at width {ws[-1]} it is still {slowest.mean_by_width[-1]:.3g}")
+            text += (
+                f", but slowly: {slowest.measure} falls at less than half the m^{KERNEL_RATE} rate "
+                f"(slope {slowest.slope_mean:+.2f}), and at width {ws[-1]} it is still {slowest.mean_by_width[-1]:.3g}"
+            )
         text += "."
     elif k > 1 and any(t.trend == "rises" for t in trends):
         rising = ", ".join(t.measure for t in trends if t.trend == "rises")
@@ -1159,8 +1281,15 @@ def _arch_summary(arch: str, cells: list[TransformerCell], widths: Sequence[int]
         text += " — one seed gives no interval, so no claim about the kernel regime; rerun with more seeds."
     else:
         text += " — not clearly approaching the kernel regime at these widths."
-    return ArchSummary(arch=arch, movement=movement, kernel_distance=shape, distance=distance,
-                       distance_rms_slope=rms_slope, approaches_kernel_regime=approaches, verdict=text)
+    return ArchSummary(
+        arch=arch,
+        movement=movement,
+        kernel_distance=shape,
+        distance=distance,
+        distance_rms_slope=rms_slope,
+        approaches_kernel_regime=approaches,
+        verdict=text,
+    )
 
 
 def run_transformer_sweep(
@@ -1201,16 +1330,32 @@ def run_transformer_sweep(
     ex = executor or ExecutorConfig()
     remote = ex.kind != "local" or ex.jobs > 1
     if remote and data is None:
-        raise AuditError("cells on worker processes or Ray rebuild their data from a recipe; pass data=HoldoutRecipe(...) "
-                         "(the CLI does), or run with the local executor")
+        raise AuditError(
+            "cells on worker processes or Ray rebuild their data from a recipe; pass data=HoldoutRecipe(...) "
+            "(the CLI does), or run with the local executor"
+        )
     memory_key = data.key if data is not None else f"memory:{id(X_train)}"
     cached(f"vit-sweep:{memory_key}", lambda: (X_train, y_train, X_test, y_test))
-    base = {"data": None if data is None else data.to_dict(), "memory_key": memory_key, "n_classes": c,
-            "feature_shape": list(feature_shape), "patch": patch, "device": None if device is None else str(device),
-            "config": config}
-    tasks = [CellTask("attnaudit.analyses.ntk_distance.movement:transformer_cell", {**base, "arch": a, "width": w, "seed": s},
-                      f"{a} width {w} seed {s}", cost=float(w) ** 2)
-             for a in config.archs for w in config.widths for s in config.seeds]
+    base = {
+        "data": None if data is None else data.to_dict(),
+        "memory_key": memory_key,
+        "n_classes": c,
+        "feature_shape": list(feature_shape),
+        "patch": patch,
+        "device": None if device is None else str(device),
+        "config": config,
+    }
+    tasks = [
+        CellTask(
+            "attnaudit.analyses.ntk_distance.movement:transformer_cell",
+            {**base, "arch": a, "width": w, "seed": s},
+            f"{a} width {w} seed {s}",
+            cost=float(w) ** 2,
+        )
+        for a in config.archs
+        for w in config.widths
+        for s in config.seeds
+    ]
     try:
         outcomes = run_cells(tasks, ex, on_done=(lambda o: progress()) if progress is not None else None)
     finally:
@@ -1219,19 +1364,25 @@ def run_transformer_sweep(
     warnings = [w for o in outcomes if o.ok for w in o.result["warnings"]]
     failed = [o.failure() for o in outcomes if not o.ok]
     if failed:
-        warnings.append(f"{len(failed)} of {len(tasks)} cells failed (listed in failed_cells): "
-                        + "; ".join(f"{f['cell']}: {f['error']}" for f in failed[:3]))
+        warnings.append(
+            f"{len(failed)} of {len(tasks)} cells failed (listed in failed_cells): "
+            + "; ".join(f"{f['cell']}: {f['error']}" for f in failed[:3])
+        )
     shaky = [f"{c.arch} width {c.width} seed {c.seed}" for c in cells if c.linearized.get("unstable")]
     if shaky:
         warnings.append(
-            "the linearized model's training loss ended above its initial value (or diverged) for " + ", ".join(shaky)
+            "the linearized model's training loss ended above its initial value (or diverged) for "
+            + ", ".join(shaky)
             + ": the learning rate is too large for its initial eNTK there; at a fixed initial std the eNTK grows with "
             "width, so a fixed lr is a larger step for a wider network, and the distance at those widths mostly "
             "measures that instability"
         )
     measured = config.linearized != "off"
-    summaries = {a: _arch_summary(a, [cl for cl in cells if cl.arch == a], config.widths, config.seeds, measured)
-                 for a in config.archs if any(cl.arch == a for cl in cells)}
+    summaries = {
+        a: _arch_summary(a, [cl for cl in cells if cl.arch == a], config.widths, config.seeds, measured)
+        for a in config.archs
+        if any(cl.arch == a for cl in cells)
+    }
     if config.recipe.optimizer == "adam":
         warnings.append(
             "the networks are trained with Adam: its per-parameter normalisation moves every weight by about lr per "
@@ -1240,9 +1391,18 @@ def run_transformer_sweep(
             "descent (--optimizer gd --lr ... --steps ... measures the gradient-descent case)"
         )
     return TransformerSweepResult(
-        config=config, n_train=n, n_test=int(X_test.shape[0]), n_classes=c, image_shape=tuple(image), patch=patch,
-        cells=cells, archs=summaries, warnings=warnings, seconds=time.perf_counter() - t_start,
-        failed_cells=failed, execution={**ex.to_dict(), "cells": len(tasks), "resumed": sum(o.resumed for o in outcomes)},
+        config=config,
+        n_train=n,
+        n_test=int(X_test.shape[0]),
+        n_classes=c,
+        image_shape=tuple(image),
+        patch=patch,
+        cells=cells,
+        archs=summaries,
+        warnings=warnings,
+        seconds=time.perf_counter() - t_start,
+        failed_cells=failed,
+        execution={**ex.to_dict(), "cells": len(tasks), "resumed": sum(o.resumed for o in outcomes)},
     )
 
 
@@ -1264,13 +1424,25 @@ def transformer_cell(payload: dict) -> dict:
     n = int(X_train.shape[0])
     dtype = getattr(torch, config.train_dtype)
     kp = min(n, config.kernel_points)
-    kidx = torch.arange(n) if kp == n else torch.randperm(n, generator=torch.Generator().manual_seed(0))[:kp].sort().values
+    kidx = (
+        torch.arange(n) if kp == n else torch.randperm(n, generator=torch.Generator().manual_seed(0))[:kp].sort().values
+    )
     Xk, yk = X_train[kidx.to(X_train.device)], y_train[kidx.to(y_train.device)]
     warnings: list[str] = []
     t_cell = time.perf_counter()
-    model = build_builtin(arch, n_out=c, feature_shape=tuple(payload["feature_shape"]), seed=seed, dim=width,
-                          heads=config.heads, depth=config.depth, patch=patch, mlp_ratio=config.mlp_ratio, dtype=dtype,
-                          device=device)
+    model = build_builtin(
+        arch,
+        n_out=c,
+        feature_shape=tuple(payload["feature_shape"]),
+        seed=seed,
+        dim=width,
+        heads=config.heads,
+        depth=config.depth,
+        patch=patch,
+        mlp_ratio=config.mlp_ratio,
+        dtype=dtype,
+        device=device,
+    )
     init = copy.deepcopy(model)
     recipe = dataclasses.replace(config.recipe, seed=seed)
     fr = fit(model, X_train, y_train, recipe, X_val=X_test, y_val=y_test)
@@ -1281,25 +1453,52 @@ def transformer_cell(payload: dict) -> dict:
         mv = None
         lin = LinearizedResult(method="none", applicable=False, reason="training diverged")
     else:
-        mv = kernel_movement(t_init, t_trained, Xk, yk, form=config.form, memory_bytes=config.memory_bytes, device=device)
-        lin = (LinearizedResult(method="off", applicable=False, reason="switched off (--linearized off)")
-               if config.linearized == "off" else
-               linearized_prediction(t_init, t_trained, recipe, X_train, y_train, X_test, y_test,
-                                     method=config.linearized, steps=fr.steps_run, train_dtype=dtype,
-                                     memory_bytes=config.memory_bytes, device=device))
+        mv = kernel_movement(
+            t_init, t_trained, Xk, yk, form=config.form, memory_bytes=config.memory_bytes, device=device
+        )
+        lin = (
+            LinearizedResult(method="off", applicable=False, reason="switched off (--linearized off)")
+            if config.linearized == "off"
+            else linearized_prediction(
+                t_init,
+                t_trained,
+                recipe,
+                X_train,
+                y_train,
+                X_test,
+                y_test,
+                method=config.linearized,
+                steps=fr.steps_run,
+                train_dtype=dtype,
+                memory_bytes=config.memory_bytes,
+                device=device,
+            )
+        )
     nan = float("nan")
     cell = TransformerCell(
-        arch=arch, width=width, heads=config.heads, seed=seed, n_params=n_parameters(model),
-        steps_run=fr.steps_run, diverged=fr.diverged, train_loss=fr.final_train_loss,
-        train_acc=fr.train_accuracy, test_acc=fr.val_accuracy if fr.val_accuracy is not None else nan,
-        movement=None if mv is None else mv.movement, movement_trace=nan if mv is None else mv.movement_trace,
+        arch=arch,
+        width=width,
+        heads=config.heads,
+        seed=seed,
+        n_params=n_parameters(model),
+        steps_run=fr.steps_run,
+        diverged=fr.diverged,
+        train_loss=fr.final_train_loss,
+        train_acc=fr.train_accuracy,
+        test_acc=fr.val_accuracy if fr.val_accuracy is not None else nan,
+        movement=None if mv is None else mv.movement,
+        movement_trace=nan if mv is None else mv.movement_trace,
         norm_ratio=nan if mv is None else mv.norm_ratio,
         kernel_distance=nan if mv is None else mv.kernel_distance,
-        cka_init=None if mv is None else mv.cka_init, cka_trained=None if mv is None else mv.cka_trained,
-        group_movement={} if mv is None else {g.group: (g.movement if g.movement is not None else g.movement_trace)
-                                              for g in mv.groups},
+        cka_init=None if mv is None else mv.cka_init,
+        cka_trained=None if mv is None else mv.cka_trained,
+        group_movement={}
+        if mv is None
+        else {g.group: (g.movement if g.movement is not None else g.movement_trace) for g in mv.groups},
         linearized={k: v for k, v in lin.to_dict().items() if k not in ("definition",)},
-        distance_rms=lin.distance_rms, distance_rel=lin.distance_rel, seconds=time.perf_counter() - t_cell,
+        distance_rms=lin.distance_rms,
+        distance_rel=lin.distance_rel,
+        seconds=time.perf_counter() - t_cell,
     )
     return {"cell": asdict(cell), "warnings": warnings}
 
@@ -1324,27 +1523,58 @@ def build_checkpoint_tables(results: list[CheckpointKernelResult], warnings: Seq
     from rich.text import Text
 
     summary = Table(title="Kernel movement: trained model vs its initialization (empirical NTK, engine, float64)")
-    for col in ("model", "reference", "rows", "params", "ΔΘ/Θ₀ full", "ΔΘ/Θ₀ avg", "‖Θ_T‖/‖Θ₀‖", "1 − cos",
-                "CKA init → trained", "‖f − f_lin‖ rel", "linearized", "seconds"):
+    for col in (
+        "model",
+        "reference",
+        "rows",
+        "params",
+        "ΔΘ/Θ₀ full",
+        "ΔΘ/Θ₀ avg",
+        "‖Θ_T‖/‖Θ₀‖",
+        "1 − cos",
+        "CKA init → trained",
+        "‖f − f_lin‖ rel",
+        "linearized",
+        "seconds",
+    ):
         summary.add_column(col, justify="left" if col in ("model", "reference", "linearized") else "right")
     out: list = [summary]
     for r in results:
         mv, lin = r.movement, r.linearized
         cka = "—" if mv.cka_init is None else f"{mv.cka_init:.3f} → {mv.cka_trained:.3f}"
         summary.add_row(
-            r.label, str(r.reference.get("detail", r.reference.get("kind", "")))[:40], str(mv.n_points),
-            f"{mv.n_params:,}", _num(mv.movement), _num(mv.movement_trace), _num(mv.norm_ratio),
-            _num(mv.kernel_distance), cka,
+            r.label,
+            str(r.reference.get("detail", r.reference.get("kind", "")))[:40],
+            str(mv.n_points),
+            f"{mv.n_params:,}",
+            _num(mv.movement),
+            _num(mv.movement_trace),
+            _num(mv.norm_ratio),
+            _num(mv.kernel_distance),
+            cka,
             _num(lin.distance_rel, "{:.1%}") if lin.applicable else "—",
-            lin.method if lin.applicable else "n/a", f"{r.seconds:.1f}",
+            lin.method if lin.applicable else "n/a",
+            f"{r.seconds:.1f}",
         )
         groups = Table(title=f"{r.label}: per parameter group")
-        for col in ("group", "params", "ΔΘ/Θ₀ full", "ΔΘ/Θ₀ avg", "‖Θ_T‖/‖Θ₀‖", "1 − cos", "trace share init → trained",
-                    "CKA init → trained"):
+        for col in (
+            "group",
+            "params",
+            "ΔΘ/Θ₀ full",
+            "ΔΘ/Θ₀ avg",
+            "‖Θ_T‖/‖Θ₀‖",
+            "1 − cos",
+            "trace share init → trained",
+            "CKA init → trained",
+        ):
             groups.add_column(col, justify="left" if col == "group" else "right")
         for g in mv.groups:
             groups.add_row(
-                g.group, f"{g.n_params:,}", _num(g.movement), _num(g.movement_trace), _num(g.norm_ratio),
+                g.group,
+                f"{g.n_params:,}",
+                _num(g.movement),
+                _num(g.movement_trace),
+                _num(g.norm_ratio),
                 _num(g.kernel_distance),
                 f"{g.trace_share_init:.1%} → {g.trace_share_trained:.1%}",
                 "—" if g.cka_init is None else f"{g.cka_init:.3f} → {g.cka_trained:.3f}",
@@ -1407,17 +1637,36 @@ def build_sweep_tables(result: TransformerSweepResult) -> list:
     from rich.text import Text
 
     k = len(result.config.seeds)
-    table = Table(title=f"Transformer width sweep (heads fixed at {result.config.heads}; mean ± sd over {k} seed(s); "
-                        f"kernel on {min(result.n_train, result.config.kernel_points)} training rows)")
-    for col in ("arch", "width", "params", "ΔΘ/Θ₀ full", "ΔΘ/Θ₀ avg", "‖Θ_T‖/‖Θ₀‖", "1 − cos", "CKA init → trained",
-                "‖f − f_lin‖ rms", "relative", "acc tr/te"):
+    table = Table(
+        title=f"Transformer width sweep (heads fixed at {result.config.heads}; mean ± sd over {k} seed(s); "
+        f"kernel on {min(result.n_train, result.config.kernel_points)} training rows)"
+    )
+    for col in (
+        "arch",
+        "width",
+        "params",
+        "ΔΘ/Θ₀ full",
+        "ΔΘ/Θ₀ avg",
+        "‖Θ_T‖/‖Θ₀‖",
+        "1 − cos",
+        "CKA init → trained",
+        "‖f − f_lin‖ rms",
+        "relative",
+        "acc tr/te",
+    ):
         table.add_column(col, justify="left" if col == "arch" else "right")
     for row in result.summary_rows():
         table.add_row(
-            row["arch"], str(row["width"]) + (" ⚠" if row["diverged"] else ""), f"{row['n_params']:,}",
-            _pm(row["movement"]), _pm(row["movement_trace"]), _pm(row["norm_ratio"]), _pm(row["kernel_distance"]),
+            row["arch"],
+            str(row["width"]) + (" ⚠" if row["diverged"] else ""),
+            f"{row['n_params']:,}",
+            _pm(row["movement"]),
+            _pm(row["movement_trace"]),
+            _pm(row["norm_ratio"]),
+            _pm(row["kernel_distance"]),
             f"{_num(row['cka_init']['mean'], '{:.3f}')} → {_num(row['cka_trained']['mean'], '{:.3f}')}",
-            _pm(row["distance_rms"]), _pm(row["distance_rel"], "{:.1%}"),
+            _pm(row["distance_rms"]),
+            _pm(row["distance_rel"], "{:.1%}"),
             f"{_num(row['train_acc']['mean'], '{:.1%}')}/{_num(row['test_acc']['mean'], '{:.1%}')}",
         )
     trend = Table(title="Width trend (log-log slope per seed, mean ± sd; trend word as in the 2-layer sweep)")
@@ -1431,8 +1680,13 @@ def build_sweep_tables(result: TransformerSweepResult) -> list:
 
     for name in result.config.archs:
         s = result.archs[name]
-        trend.add_row(name, cell(s.movement), cell(s.kernel_distance), cell(s.distance),
-                      "approaching" if s.approaches_kernel_regime else "not shown")
+        trend.add_row(
+            name,
+            cell(s.movement),
+            cell(s.kernel_distance),
+            cell(s.distance),
+            "approaching" if s.approaches_kernel_regime else "not shown",
+        )
     out: list = [table, trend]
     lin = next((c.linearized for c in result.cells if c.linearized.get("applicable")), None)
     if lin:
@@ -1456,8 +1710,11 @@ def plot_sweep(result: TransformerSweepResult, path) -> None:
             sel = sorted((r for r in rows if r["arch"] == arch), key=lambda r: r["width"])
             w = [r["width"] for r in sel]
             key = "movement" if result.config.form == "full" else "movement_trace"
-            for ax, k, style, label in ((axes[0], key, "o-", arch), (axes[0], "kernel_distance", "s--", f"{arch} 1 − cos"),
-                                        (axes[1], "distance_rel", "o-", arch)):
+            for ax, k, style, label in (
+                (axes[0], key, "o-", arch),
+                (axes[0], "kernel_distance", "s--", f"{arch} 1 − cos"),
+                (axes[1], "distance_rel", "o-", arch),
+            ):
                 mean = [r[k]["mean"] for r in sel]
                 std = [r[k]["std"] for r in sel]
                 if any(math.isfinite(m) for m in mean):
@@ -1479,7 +1736,9 @@ def plot_sweep(result: TransformerSweepResult, path) -> None:
         axes[1].set_ylabel("RMS ‖f − f_lin‖ / RMS ‖f_lin‖ (held-out)")
         axes[1].set_title("Distance to the linearized model")
         r = result.config.recipe
-        fig.suptitle(f"{r.optimizer} lr {r.lr:g}, {r.loss}, n_train={result.n_train}, heads {result.config.heads}", fontsize=10)
+        fig.suptitle(
+            f"{r.optimizer} lr {r.lr:g}, {r.loss}, n_train={result.n_train}, heads {result.config.heads}", fontsize=10
+        )
         fig.tight_layout()
         fig.savefig(path, dpi=120)
     finally:

@@ -28,7 +28,16 @@ from types import SimpleNamespace
 from typing import Any, ClassVar
 
 from attnaudit.analyses.request import (
-    ANALYSIS, EXECUTION, MODEL, OUTPUT, PROTOCOL, FieldError, Request, field_check, list_of, option,
+    ANALYSIS,
+    EXECUTION,
+    MODEL,
+    OUTPUT,
+    PROTOCOL,
+    FieldError,
+    Request,
+    field_check,
+    list_of,
+    option,
 )
 from attnaudit.analyses.result import Progress, Result, progress_or_silent
 from attnaudit.analyses.sources import DataFields, ModelFields
@@ -41,11 +50,22 @@ from attnaudit.data import data_fingerprint
 from attnaudit.models.builtin import save_model
 from attnaudit.report.envelope import build_report, check_target
 from attnaudit.runtime.sweep import ExecutorConfig
-from attnaudit.analyses.ntk_distance.movement import SCHEMA_CHECKPOINT, analyse_checkpoint, build_checkpoint_tables, initial_model, plot_checkpoints
+from attnaudit.analyses.ntk_distance.movement import (
+    SCHEMA_CHECKPOINT,
+    analyse_checkpoint,
+    build_checkpoint_tables,
+    initial_model,
+    plot_checkpoints,
+)
 from attnaudit.core.task import Task
 from attnaudit.data import subset
 from attnaudit.models.checkpoints import fit_to_data, load_model_source, rebuild_of, recorded_split
-from attnaudit.analyses.ntk_distance.movement import SCHEMA_TRANSFORMERS, build_sweep_tables, plot_sweep, run_transformer_sweep
+from attnaudit.analyses.ntk_distance.movement import (
+    SCHEMA_TRANSFORMERS,
+    build_sweep_tables,
+    plot_sweep,
+    run_transformer_sweep,
+)
 from attnaudit.models.builtin import image_shape_of
 from attnaudit.analyses.ntk_distance.widths import NTKDistanceConfig
 from attnaudit.core.ntk import PREDICTOR_MODES
@@ -68,31 +88,80 @@ PNG_TRANSFORMERS = "ntk_transformers.png"
 # MNIST the float32 and float64 distances agreed to ~1e-6 relative); everything measured
 # stays float64.
 PRESETS: dict[str, dict[str, Any]] = {
-    "quick": {"n_train": 200, "n_test": 200, "widths": (16, 64, 256, 1024), "seeds": 3, "steps": 200,
-              "float32_from_width": None},
-    "paper": {"n_train": 500, "n_test": 500, "widths": (16, 64, 256, 1024, 4096), "seeds": 3, "steps": 200,
-              "float32_from_width": 1024},
+    "quick": {
+        "n_train": 200,
+        "n_test": 200,
+        "widths": (16, 64, 256, 1024),
+        "seeds": 3,
+        "steps": 200,
+        "float32_from_width": None,
+    },
+    "paper": {
+        "n_train": 500,
+        "n_test": 500,
+        "widths": (16, 64, 256, 1024, 4096),
+        "seeds": 3,
+        "steps": 200,
+        "float32_from_width": 1024,
+    },
 }
 DEFAULT_PRESET = "quick"
 # the rest of the 2-layer sweep's protocol when not given
-SWEEP_DEFAULTS: dict[str, Any] = {"models": ("relu", "attn"), "lr_fraction": 0.5, "loss": "mse",
-                                  "parametrization": "ntk", "init": "antisymmetric", "attn_scaling": "rms",
-                                  "predictor": "discrete"}
+SWEEP_DEFAULTS: dict[str, Any] = {
+    "models": ("relu", "attn"),
+    "lr_fraction": 0.5,
+    "loss": "mse",
+    "parametrization": "ntk",
+    "init": "antisymmetric",
+    "attn_scaling": "rms",
+    "predictor": "discrete",
+}
 # defaults of the transformer width sweep (arch vit,vit-linear): sizes, and the ViT recipe of
 # `attnaudit train` (adam, lr 1e-3, mini-batches of 64, 5 epochs, cross-entropy, float32)
-TRANSFORMER_DEFAULTS: dict[str, Any] = {"widths": (16, 32, 64, 128), "seeds": 2, "n_train": 1000, "n_test": 400,
-                                        "kernel_points": 128, "linearized": "auto",
-                                        **{k: VIT_DEFAULTS[k] for k in ("dtype", "optimizer", "lr", "epochs", "loss")},
-                                        "batch_size": MINI_BATCH}
+TRANSFORMER_DEFAULTS: dict[str, Any] = {
+    "widths": (16, 32, 64, 128),
+    "seeds": 2,
+    "n_train": 1000,
+    "n_test": 400,
+    "kernel_points": 128,
+    "linearized": "auto",
+    **{k: VIT_DEFAULTS[k] for k in ("dtype", "optimizer", "lr", "epochs", "loss")},
+    "batch_size": MINI_BATCH,
+}
 # defaults of checkpoint (kernel movement of a trained model)
 CHECKPOINT_DEFAULTS: dict[str, Any] = {"kernel_points": 256, "n_test": 500, "linearized": "auto"}
 
 # fields each mode refuses (they belong to another mode)
-CHECKPOINT_REFUSES = ("preset", "models", "widths", "seeds", "n_train", "steps", "lr", "lr_fraction", "loss",
-                      "parametrization", "init", "attn_scaling", "predictor", "dtype", "save_models", "optimizer",
-                      "batch_size", "epochs")
-TRANSFORMER_REFUSES = ("preset", "models", "lr_fraction", "parametrization", "init", "attn_scaling", "predictor",
-                       "save_models")
+CHECKPOINT_REFUSES = (
+    "preset",
+    "models",
+    "widths",
+    "seeds",
+    "n_train",
+    "steps",
+    "lr",
+    "lr_fraction",
+    "loss",
+    "parametrization",
+    "init",
+    "attn_scaling",
+    "predictor",
+    "dtype",
+    "save_models",
+    "optimizer",
+    "batch_size",
+    "epochs",
+)
+TRANSFORMER_REFUSES = (
+    "preset",
+    "models",
+    "lr_fraction",
+    "parametrization",
+    "init",
+    "attn_scaling",
+    "predictor",
+    "save_models",
+)
 SWEEP_REFUSES = ("linearized", "optimizer", "batch_size", "epochs")
 
 
@@ -171,91 +240,144 @@ class NtkDistanceRequest(ModelFields, DataFields, Request):
     CHECKPOINT_DEFAULTS: ClassVar[dict[str, Any]] = CHECKPOINT_DEFAULTS
 
     preset: str | None = option(
-        None, "--preset", panel=PROTOCOL,
+        None,
+        "--preset",
+        panel=PROTOCOL,
         help="quick (default; digits in about a minute) or paper (MNIST-size: n_train 500, widths 16-4096, 3 seeds). "
-             "Explicit options override it. 2-layer sweep only.",
+        "Explicit options override it. 2-layer sweep only.",
     )
     models: tuple[str, ...] | None = option(
-        None, "--models", panel=PROTOCOL, parse=list_of(str),
+        None,
+        "--models",
+        panel=PROTOCOL,
+        parse=list_of(str),
         help="Models of the 2-layer sweep: relu (2L-ReLU), attn (MLP-Attn), comma-separated (default relu,attn).",
     )
     arch: tuple[str, ...] | None = option(
-        None, "--arch", panel=PROTOCOL, parse=list_of(str),
+        None,
+        "--arch",
+        panel=PROTOCOL,
+        parse=list_of(str),
         help="Sweep the built-in transformers instead: vit, vit-linear or vit,vit-linear (--widths = embedding dims, "
-             "heads fixed at 4; trained with the ViT defaults of attnaudit train unless "
-             "--optimizer/--lr/--steps/--epochs/--batch-size/--loss are given).",
+        "heads fixed at 4; trained with the ViT defaults of attnaudit train unless "
+        "--optimizer/--lr/--steps/--epochs/--batch-size/--loss are given).",
     )
     widths: tuple[int, ...] | None = option(
-        None, "--widths", panel=PROTOCOL, parse=list_of(int),
+        None,
+        "--widths",
+        panel=PROTOCOL,
+        parse=list_of(int),
         help="Hidden widths, e.g. 16,64,256,1024,4096 (default: preset); with --arch the embedding dims "
-             "(default 16,32,64,128).",
+        "(default 16,32,64,128).",
     )
     seeds: int | None = option(
-        None, "--seeds", panel=PROTOCOL, kind=int,
+        None,
+        "--seeds",
+        panel=PROTOCOL,
+        kind=int,
         help="Number of initialisation seeds per width: seed, seed+1, ... (default: preset; 2 with --arch).",
     )
-    n_train: int | None = option(None, "--n-train", panel=PROTOCOL, kind=int,
-                                 help="Training points (default: preset; 1000 with --arch).")
-    n_test: int | None = option(None, "--n-test", panel=PROTOCOL, kind=int,
-                                help="Held-out points (default: preset; 400 with --arch; 500 with --checkpoint).")
+    n_train: int | None = option(
+        None, "--n-train", panel=PROTOCOL, kind=int, help="Training points (default: preset; 1000 with --arch)."
+    )
+    n_test: int | None = option(
+        None,
+        "--n-test",
+        panel=PROTOCOL,
+        kind=int,
+        help="Held-out points (default: preset; 400 with --arch; 500 with --checkpoint).",
+    )
     steps: int | None = option(
-        None, "--steps", panel=PROTOCOL, kind=int,
+        None,
+        "--steps",
+        panel=PROTOCOL,
+        kind=int,
         help="Full-batch GD steps (default: preset); with --arch optimizer steps (default: 5 epochs).",
     )
     lr: float | None = option(
-        None, "--lr", panel=PROTOCOL, kind=float,
+        None,
+        "--lr",
+        panel=PROTOCOL,
+        kind=float,
         help="Learning rate (default: the rule lr = lr_fraction * 2n / lambda_max(Theta_inf); 1e-3 for adam with --arch).",
     )
     lr_fraction: float | None = option(
-        None, "--lr-fraction", panel=PROTOCOL, kind=float,
+        None,
+        "--lr-fraction",
+        panel=PROTOCOL,
+        kind=float,
         help="Fraction of the stable step 2n/lambda_max used when --lr is not given (default 0.5).",
     )
     loss: str | None = option(
-        None, "--loss", panel=PROTOCOL,
+        None,
+        "--loss",
+        panel=PROTOCOL,
         help="mse (closed-form kernel predictor, default) or ce (linearized GD iterated in function space); with "
-             "--arch the training loss (default ce).",
+        "--arch the training loss (default ce).",
     )
     parametrization: str | None = option(None, "--parametrization", panel=PROTOCOL, help="ntk (default) or standard.")
     init: str | None = option(None, "--init", panel=PROTOCOL, help="antisymmetric (f_0 = 0, default) or standard.")
-    attn_scaling: str | None = option(None, "--attn-scaling", panel=PROTOCOL,
-                                      help="Scale of the attention context: rms (default), spectral or none.")
+    attn_scaling: str | None = option(
+        None, "--attn-scaling", panel=PROTOCOL, help="Scale of the attention context: rms (default), spectral or none."
+    )
     predictor: str | None = option(
-        None, "--predictor", panel=ANALYSIS,
+        None,
+        "--predictor",
+        panel=ANALYSIS,
         help="discrete (exact for GD steps, default) or continuous (gradient flow for time lr*steps).",
     )
     dtype: str | None = option(
-        None, "--dtype", panel=PROTOCOL,
+        None,
+        "--dtype",
+        panel=PROTOCOL,
         help="Training dtype for every width: float64 or float32 (default: float64; the paper preset uses float32 "
-             "from width 1024; float32 with --arch). Kernels and metrics are always float64.",
+        "from width 1024; float32 with --arch). Kernels and metrics are always float64.",
     )
     kernel_points: int | None = option(
-        None, "--kernel-points", panel=ANALYSIS, kind=int,
+        None,
+        "--kernel-points",
+        panel=ANALYSIS,
+        kind=int,
         help="Training points used for the kernel-movement metrics (default: all; 128 with --arch; 256 with "
-             "--checkpoint).",
+        "--checkpoint).",
     )
     save_models: str | None = option(
-        None, "--save-models", panel=OUTPUT, metavar="PATH",
+        None,
+        "--save-models",
+        panel=OUTPUT,
+        metavar="PATH",
         help="Folder to save every trained network (safetensors + JSON side-car). 2-layer sweep only.",
     )
     reference_checkpoint: str | None = option(
-        None, "--reference-checkpoint", panel=MODEL, metavar="PATH",
+        None,
+        "--reference-checkpoint",
+        panel=MODEL,
+        metavar="PATH",
         help="With --checkpoint: the same model at initialization (default: a fresh initialization of the same "
-             "architecture from the side-car's recorded seed).",
+        "architecture from the side-car's recorded seed).",
     )
     linearized: str | None = option(
-        None, "--linearized", panel=ANALYSIS,
+        None,
+        "--linearized",
+        panel=ANALYSIS,
         help="With --checkpoint or --arch: the linearized model to compare with: auto (default: kernel-gd when the "
-             "recipe is full-batch gd on a small training set, else train), kernel-gd (closed-form kernel gradient "
-             "descent with the initial eNTK), train (the linearized network trained with the same recipe) or off.",
+        "recipe is full-batch gd on a small training set, else train), kernel-gd (closed-form kernel gradient "
+        "descent with the initial eNTK), train (the linearized network trained with the same recipe) or off.",
     )
     optimizer: str | None = option(
-        None, "--optimizer", panel=PROTOCOL,
+        None,
+        "--optimizer",
+        panel=PROTOCOL,
         help="With --arch: gd (full batch), sgd or adam (default adam, as attnaudit train).",
     )
-    batch_size: int | None = option(None, "--batch-size", panel=PROTOCOL, kind=int,
-                                    help="With --arch: rows per step for sgd/adam (default 64).")
+    batch_size: int | None = option(
+        None, "--batch-size", panel=PROTOCOL, kind=int, help="With --arch: rows per step for sgd/adam (default 64)."
+    )
     epochs: int | None = option(
-        None, "--epochs", panel=PROTOCOL, kind=int,
+        None,
+        "--epochs",
+        panel=PROTOCOL,
+        kind=int,
         help="With --arch: passes over the training rows (default 5); give --epochs or --steps.",
     )
     seed: int = option(0, "--seed", panel=PROTOCOL, help="Base random seed (recorded in the report).")
@@ -298,8 +420,17 @@ class NtkDistanceRequest(ModelFields, DataFields, Request):
     def _changes(self) -> dict[str, Any]:
         """The fields :meth:`resolved` sets: defaults of the fields left None, choices normalised."""
         changes = {k: v for k, v in self.defaults().items() if getattr(self, k) is None}
-        for name in ("preset", "loss", "parametrization", "init", "attn_scaling", "predictor", "linearized",
-                     "optimizer", "dtype"):
+        for name in (
+            "preset",
+            "loss",
+            "parametrization",
+            "init",
+            "attn_scaling",
+            "predictor",
+            "linearized",
+            "optimizer",
+            "dtype",
+        ):
             value = changes.get(name, getattr(self, name))
             if value is not None:
                 changes[name] = value.strip().lower()
@@ -322,22 +453,36 @@ class NtkDistanceRequest(ModelFields, DataFields, Request):
         mode = self.mode
         if mode == "checkpoint":
             if self.arch is not None:
-                raise FieldError("arch", "--checkpoint audits a trained model and {name} trains new transformers; "
-                                 "give one of them")
-            _refuse(self, CHECKPOINT_REFUSES, "set how the sweeps train new networks and do not apply to --checkpoint "
-                    "(a trained model, compared with its initialization)")
+                raise FieldError(
+                    "arch", "--checkpoint audits a trained model and {name} trains new transformers; give one of them"
+                )
+            _refuse(
+                self,
+                CHECKPOINT_REFUSES,
+                "set how the sweeps train new networks and do not apply to --checkpoint "
+                "(a trained model, compared with its initialization)",
+            )
             self.checkpoint_config()
             return
         if self.reference_checkpoint is not None:
-            raise FieldError("reference_checkpoint", "{name} is the initialization of a --checkpoint; give the trained "
-                             "model with --checkpoint")
+            raise FieldError(
+                "reference_checkpoint",
+                "{name} is the initialization of a --checkpoint; give the trained model with --checkpoint",
+            )
         if mode == "transformers":
-            _refuse(self, TRANSFORMER_REFUSES, "belong to the 2-layer sweep (--models relu,attn), not to the "
-                    "transformer sweep (--arch)")
+            _refuse(
+                self,
+                TRANSFORMER_REFUSES,
+                "belong to the 2-layer sweep (--models relu,attn), not to the transformer sweep (--arch)",
+            )
             self.transformer_config()
             return
-        _refuse(self, SWEEP_REFUSES, "apply to --checkpoint or --arch vit,vit-linear, not to the 2-layer sweep (which "
-                "trains by full-batch GD with the lr rule)")
+        _refuse(
+            self,
+            SWEEP_REFUSES,
+            "apply to --checkpoint or --arch vit,vit-linear, not to the 2-layer sweep (which "
+            "trains by full-batch GD with the lr rule)",
+        )
         self.sweep_config()
 
     def _sizes(self, r: Any) -> None:
@@ -368,27 +513,44 @@ class NtkDistanceRequest(ModelFields, DataFields, Request):
             train_dtype, f32_from = "float64", PRESETS[r.preset]["float32_from_width"]
         if any(w < 1 for w in r.widths):
             raise FieldError("widths", "{name} must be positive integers, got " + _escape(str(list(r.widths))))
-        choices = (("loss", "loss", LOSSES), ("parametrization", "parametrization", PARAMETRIZATIONS),
-                   ("init", "init", INITS), ("attn_scaling", "attention scaling", ATTN_SCALINGS),
-                   ("predictor", "predictor", PREDICTOR_MODES))
+        choices = (
+            ("loss", "loss", LOSSES),
+            ("parametrization", "parametrization", PARAMETRIZATIONS),
+            ("init", "init", INITS),
+            ("attn_scaling", "attention scaling", ATTN_SCALINGS),
+            ("predictor", "predictor", PREDICTOR_MODES),
+        )
         for name, what, allowed in choices:
             value = getattr(r, name)
             if value not in allowed:
                 raise FieldError(name, _escape(f"unknown {what} {value!r}; use one of {', '.join(allowed)}"))
         if r.init == "antisymmetric" and any(w % 2 for w in r.widths):
             odd = [w for w in r.widths if w % 2]
-            raise FieldError("widths", _escape(f"antisymmetric init needs even widths, got {odd}; use even widths or "
-                                               "--init standard"))
+            raise FieldError(
+                "widths",
+                _escape(f"antisymmetric init needs even widths, got {odd}; use even widths or --init standard"),
+            )
         assert r.lr_fraction is not None
         if not 0 < r.lr_fraction < 1:
-            raise FieldError("lr_fraction", "{name} must be in (0, 1) of the stable step 2n/lambda_max, got "
-                             + str(r.lr_fraction))
+            raise FieldError(
+                "lr_fraction", "{name} must be in (0, 1) of the stable step 2n/lambda_max, got " + str(r.lr_fraction)
+            )
         return _flagged(
             NTKDistanceConfig,
-            models=tuple(r.models), widths=tuple(r.widths), seeds=tuple(r.seed + i for i in range(r.seeds or 0)),
-            steps=r.steps, lr=r.lr, lr_fraction=r.lr_fraction, loss=r.loss, parametrization=r.parametrization,
-            init=r.init, attn_scaling=r.attn_scaling, predictor=r.predictor, train_dtype=train_dtype,
-            float32_from_width=f32_from, kernel_points=r.kernel_points,
+            models=tuple(r.models),
+            widths=tuple(r.widths),
+            seeds=tuple(r.seed + i for i in range(r.seeds or 0)),
+            steps=r.steps,
+            lr=r.lr,
+            lr_fraction=r.lr_fraction,
+            loss=r.loss,
+            parametrization=r.parametrization,
+            init=r.init,
+            attn_scaling=r.attn_scaling,
+            predictor=r.predictor,
+            train_dtype=train_dtype,
+            float32_from_width=f32_from,
+            kernel_points=r.kernel_points,
         )
 
     def transformer_config(self):
@@ -398,15 +560,31 @@ class NtkDistanceRequest(ModelFields, DataFields, Request):
         r = self._values()
         self._sizes(r)
         if r.lr is None:
-            raise FieldError("lr", f"--optimizer {_escape(str(r.optimizer))} needs {{name}}: the default learning "
-                             f"rate {TRANSFORMER_DEFAULTS['lr']:g} is the one for {TRANSFORMER_DEFAULTS['optimizer']}")
-        recipe = _flagged(Recipe, optimizer=r.optimizer, lr=r.lr, batch_size=r.batch_size, epochs=r.epochs,
-                          steps=r.steps, loss=r.loss, seed=r.seed)
+            raise FieldError(
+                "lr",
+                f"--optimizer {_escape(str(r.optimizer))} needs {{name}}: the default learning "
+                f"rate {TRANSFORMER_DEFAULTS['lr']:g} is the one for {TRANSFORMER_DEFAULTS['optimizer']}",
+            )
+        recipe = _flagged(
+            Recipe,
+            optimizer=r.optimizer,
+            lr=r.lr,
+            batch_size=r.batch_size,
+            epochs=r.epochs,
+            steps=r.steps,
+            loss=r.loss,
+            seed=r.seed,
+        )
         assert r.arch is not None and r.widths is not None and r.seeds is not None
         return _flagged(
-            TransformerSweepConfig, archs=tuple(r.arch), widths=tuple(r.widths),
-            seeds=tuple(r.seed + i for i in range(r.seeds)), recipe=recipe, kernel_points=r.kernel_points,
-            linearized=r.linearized, train_dtype=r.dtype,
+            TransformerSweepConfig,
+            archs=tuple(r.arch),
+            widths=tuple(r.widths),
+            seeds=tuple(r.seed + i for i in range(r.seeds)),
+            recipe=recipe,
+            kernel_points=r.kernel_points,
+            linearized=r.linearized,
+            train_dtype=r.dtype,
         )
 
     def checkpoint_config(self):
@@ -414,22 +592,23 @@ class NtkDistanceRequest(ModelFields, DataFields, Request):
 
         field_check("seed", check_seed, self.seed)
         r = self._values()
-        return _flagged(CheckpointKernelConfig, kernel_points=r.kernel_points, n_test=r.n_test,
-                        linearized=r.linearized, seed=r.seed)
+        return _flagged(
+            CheckpointKernelConfig, kernel_points=r.kernel_points, n_test=r.n_test, linearized=r.linearized, seed=r.seed
+        )
 
     def check(self) -> None:
         """The dry run: the fields, the model files (and the reference), the data."""
         super().check()
         if self.reference_checkpoint is not None:
-
             load_model_source(self.reference_checkpoint, trust_pickle=self.trust_pickle)
 
 
 # --------------------------------------------------------------------------- run
 
 
-def run(request: NtkDistanceRequest, *, progress: Progress | None = None, executor=None,
-        overwrite: bool = False) -> Result:
+def run(
+    request: NtkDistanceRequest, *, progress: Progress | None = None, executor=None, overwrite: bool = False
+) -> Result:
     """Run ``request``; the report is the one ``attnaudit ntk-distance --json`` writes.
 
     ``executor`` (:class:`attnaudit.runtime.sweep.ExecutorConfig`) says where the sweeps' cells
@@ -459,8 +638,9 @@ def _load_holdout(request: NtkDistanceRequest, n_train: int, n_test: int):
     if request.loaded_data is not None:
         train_ds, test_ds = holdout_split(request.loaded_data, n_train, n_test, request.seed, stratify=True)
         return train_ds, test_ds, None
-    recipe = HoldoutRecipe.of(request.data_spec(request.seed, n=n_train + n_test), n_train, n_test, request.seed,
-                              stratify=True)
+    recipe = HoldoutRecipe.of(
+        request.data_spec(request.seed, n=n_train + n_test), n_train, n_test, request.seed, stratify=True
+    )
     return (*recipe.load(), recipe)
 
 
@@ -469,8 +649,10 @@ def _holdout_error(exc: AuditError, n_train: int, n_test: int) -> AuditError:
     if "--n " not in str(exc):
         return exc
     rest = str(exc).replace("lower --n", "lower --n-train/--n-test")
-    return FieldsError(("n_train", "n_test"), lambda names: f"{names[0]} {n_train} + {names[1]} {n_test} = "
-                       f"{n_train + n_test} rows: {rest}")
+    return FieldsError(
+        ("n_train", "n_test"),
+        lambda names: f"{names[0]} {n_train} + {names[1]} {n_test} = {n_train + n_test} rows: {rest}",
+    )
 
 
 def _run_widths(request: NtkDistanceRequest, progress: Progress, executor, overwrite: bool) -> Result:
@@ -484,8 +666,10 @@ def _run_widths(request: NtkDistanceRequest, progress: Progress, executor, overw
     save_dir = None
     if request.save_models is not None:
         if _remote(executor):
-            raise FieldError("save_models", "{name} keeps the networks trained in this process; use it without "
-                             "--executor ray, --jobs or --resume")
+            raise FieldError(
+                "save_models",
+                "{name} keeps the networks trained in this process; use it without --executor ray, --jobs or --resume",
+            )
         save_dir = Path(request.save_models)
         if save_dir.exists() and not save_dir.is_dir():
             raise FieldError("save_models", "{name} " + _escape(f"{save_dir} is a file; give a folder"))
@@ -510,26 +694,45 @@ def _run_widths(request: NtkDistanceRequest, progress: Progress, executor, overw
         raise AuditError(f"{ds.name} has no labels; ntk-distance trains classifiers, so give labelled data")
     timings["load"] = time.perf_counter() - t0
     training_data = {
-        "name": ds.name, "split": ds.info.get("split"), "n": train_ds.n, "seed": request.seed,
-        "preprocess": request.preprocess, "fingerprint": data_fingerprint(train_ds.X, train_ds.y),
+        "name": ds.name,
+        "split": ds.info.get("split"),
+        "n": train_ds.n,
+        "seed": request.seed,
+        "preprocess": request.preprocess,
+        "fingerprint": data_fingerprint(train_ds.X, train_ds.y),
     }
 
     saved: list[str] = []
 
     def on_model(arch: str, width: int, s: int, net) -> None:
         assert save_dir is not None
-        path = save_model(net, save_dir / model_filename(arch, width, s), overwrite=overwrite,
-                          metadata={"command": "ntk-distance", "dataset": ds.name, "steps": config.steps,
-                                    "training_data": training_data})
+        path = save_model(
+            net,
+            save_dir / model_filename(arch, width, s),
+            overwrite=overwrite,
+            metadata={
+                "command": "ntk-distance",
+                "dataset": ds.name,
+                "steps": config.steps,
+                "training_data": training_data,
+            },
+        )
         saved.append(str(path))
 
     total = len(config.models) * len(config.widths) * len(config.seeds)
     t1 = time.perf_counter()
     with progress("ntk-distance", total, "cells") as advance:
         result = run_ntk_distance(
-            train_ds.X.to(dev), train_ds.y.to(dev), test_ds.X.to(dev), test_ds.y.to(dev), ds.n_classes, config,
-            progress=lambda: advance(1), on_model=on_model if save_dir is not None else None,
-            executor=executor, data=recipe,
+            train_ds.X.to(dev),
+            train_ds.y.to(dev),
+            test_ds.X.to(dev),
+            test_ds.y.to(dev),
+            ds.n_classes,
+            config,
+            progress=lambda: advance(1),
+            on_model=on_model if save_dir is not None else None,
+            executor=executor,
+            data=recipe,
         )
     timings["analysis"] = time.perf_counter() - t1
     timings["total"] = time.perf_counter() - t0
@@ -541,16 +744,32 @@ def _run_widths(request: NtkDistanceRequest, progress: Progress, executor, overw
     f32_from = config.float32_from_width
     report = build_report(
         SCHEMA,
-        inputs={**request.data_inputs(), "preset": r.preset, "n_train": ntr, "n_test": nte, **config.to_dict(),
-                "execution": result.execution},
+        inputs={
+            **request.data_inputs(),
+            "preset": r.preset,
+            "n_train": ntr,
+            "n_test": nte,
+            **config.to_dict(),
+            "execution": result.execution,
+        },
         seeds={"base_seed": request.seed, "model_seeds": list(config.seeds), "holdout_seed": request.seed},
         device=dev,
         dtype=f"float64 (kernels, predictor, metrics); training {config.train_dtype}"
         + (f", float32 from width {f32_from}" if f32_from else ""),
-        timings=timings, results=results, warnings=result.warnings, verdicts=result.verdicts(), request=request,
+        timings=timings,
+        results=results,
+        warnings=result.warnings,
+        verdicts=result.verdicts(),
+        request=request,
     )
-    return Result(report, request, renderables=build_tables(result), plot=lambda p: plot_ntk_distance(result, p),
-                  png_name=PNG_NAME, failed_cells=list(result.failed_cells))
+    return Result(
+        report,
+        request,
+        renderables=build_tables(result),
+        plot=lambda p: plot_ntk_distance(result, p),
+        png_name=PNG_NAME,
+        failed_cells=list(result.failed_cells),
+    )
 
 
 def _run_checkpoint(request: NtkDistanceRequest, progress: Progress, executor) -> Result:
@@ -558,10 +777,10 @@ def _run_checkpoint(request: NtkDistanceRequest, progress: Progress, executor) -
     import torch
     from rich.text import Text
 
-
     if _remote(executor):
-        raise AuditError("--checkpoint analyses given models in this process; --executor, --jobs and --resume "
-                         "run the width sweeps")
+        raise AuditError(
+            "--checkpoint analyses given models in this process; --executor, --jobs and --resume run the width sweeps"
+        )
     config = request.checkpoint_config()
     seed = request.seed
     dev = _device(request)
@@ -571,8 +790,9 @@ def _run_checkpoint(request: NtkDistanceRequest, progress: Progress, executor) -
     reference_checkpoint = request.reference_checkpoint
     if reference_checkpoint is not None:
         if len(loaded) != 1:
-            raise FieldError("reference_checkpoint", "{name} is the initialization of one model; give a single "
-                             "--checkpoint")
+            raise FieldError(
+                "reference_checkpoint", "{name} is the initialization of one model; give a single --checkpoint"
+            )
         reference = load_model_source(reference_checkpoint, trust_pickle=request.trust_pickle)
     else:
         for label, lm in loaded.items():
@@ -589,8 +809,10 @@ def _run_checkpoint(request: NtkDistanceRequest, progress: Progress, executor) -
     if reference is not None:
         reference = fit_to_data(reference, ds)
     timings = {"load": time.perf_counter() - t0}
-    plan = (f"ntk-distance --checkpoint: {', '.join(fitted)} on {ds.name} ({ds.n} rows); eNTK on "
-            f"{config.kernel_points} training rows, {config.form} kernel, float64, engine")
+    plan = (
+        f"ntk-distance --checkpoint: {', '.join(fitted)} on {ds.name} ({ds.n} rows); eNTK on "
+        f"{config.kernel_points} training rows, {config.form} kernel, float64, engine"
+    )
     warnings: list[str] = []
     results = []
     sources = {}
@@ -600,8 +822,12 @@ def _run_checkpoint(request: NtkDistanceRequest, progress: Progress, executor) -
             task_trained = Task(lm.module, lm.n_classes, inputs=lm.inputs)
             if reference is not None:
                 task_init = Task(reference.module, reference.n_classes, inputs=reference.inputs)
-                ref_info = {"kind": "checkpoint", "path": str(reference_checkpoint), "source": reference.source,
-                            "detail": f"--reference-checkpoint {reference.label}"}
+                ref_info = {
+                    "kind": "checkpoint",
+                    "path": str(reference_checkpoint),
+                    "source": reference.source,
+                    "detail": f"--reference-checkpoint {reference.label}",
+                }
             else:
                 module0, ref_info = initial_model(lm)
                 task_init = Task(module0, lm.n_classes, inputs=lm.inputs)
@@ -615,63 +841,95 @@ def _run_checkpoint(request: NtkDistanceRequest, progress: Progress, executor) -
                 kern = subset(train_all, min(config.kernel_points, train_all.n), seed)
                 test = subset(held_all, min(config.n_test, held_all.n), seed)
                 train = (train_all.X, train_all.y)
-                rows_info = {"rows": "checkpoint split", "recorded_split": rec,
-                             "detail": f"kernel: {kern.n} of the checkpoint's {train_all.n} training rows; held-out: "
-                                       f"{test.n} of its {held_all.n} held-out rows (split rebuilt, fingerprint matched)"}
+                rows_info = {
+                    "rows": "checkpoint split",
+                    "recorded_split": rec,
+                    "detail": f"kernel: {kern.n} of the checkpoint's {train_all.n} training rows; held-out: "
+                    f"{test.n} of its {held_all.n} held-out rows (split rebuilt, fingerprint matched)",
+                }
             else:
                 kp = min(config.kernel_points, ds.n - 1)
                 kern, test = holdout_split(ds, kp, min(config.n_test, ds.n - kp), seed, stratify=True)
-                rows_info = {"rows": "fresh split", "detail": f"a seeded holdout split of the data (seed {seed}): "
-                                                              f"{kern.n} kernel rows, {test.n} held-out rows"}
+                rows_info = {
+                    "rows": "fresh split",
+                    "detail": f"a seeded holdout split of the data (seed {seed}): "
+                    f"{kern.n} kernel rows, {test.n} held-out rows",
+                }
                 recorded_data = lm.metadata.get("training_data") if isinstance(lm.metadata, dict) else None
                 if isinstance(recorded_data, dict) and recorded_data.get("fingerprint"):
-                    where = ", ".join(f"{k} {recorded_data[k]}" for k in ("name", "split", "n", "preprocess")
-                                      if recorded_data.get(k) is not None)
+                    where = ", ".join(
+                        f"{k} {recorded_data[k]}"
+                        for k in ("name", "split", "n", "preprocess")
+                        if recorded_data.get(k) is not None
+                    )
                     warnings.append(
                         f"{label}: its training split ({where}) could not be rebuilt from {ds.name} as given, so the kernel "
                         "rows are a fresh split of these data and may include rows the model never saw; give the data "
                         "it was trained on (same --dataset, --split, --classes, --preprocess)"
                     )
                 if recipe is not None:
-                    no_lin = ("the checkpoint's training rows could not be rebuilt from this data (its side-car records "
-                              "no holdout split, or the rebuilt rows' fingerprint differs), so its training cannot be "
-                              "re-run on the linearized model; give the data it was trained on")
+                    no_lin = (
+                        "the checkpoint's training rows could not be rebuilt from this data (its side-car records "
+                        "no holdout split, or the rebuilt rows' fingerprint differs), so its training cannot be "
+                        "re-run on the linearized model; give the data it was trained on"
+                    )
             rows_info["kernel_rows"] = kern.info.get("holdout")
             rows_info["held_out_rows"] = test.info.get("holdout")
             recorded = (lm.metadata.get("metrics") or {}).get("steps_run") if isinstance(lm.metadata, dict) else None
             steps = recorded if isinstance(recorded, int) and not isinstance(recorded, bool) else None
             dtype = next((p.dtype for p in lm.module.parameters() if p.is_floating_point()), torch.float64)
-            results.append(analyse_checkpoint(
-                task_trained, task_init, kern.X.to(dev), kern.y.to(dev), config, label=label, recipe=recipe,
-                train=None if train is None else (train[0].to(dev), train[1].to(dev)), test=(test.X.to(dev), test.y.to(dev)),
-                steps=steps, train_dtype=dtype, reference=ref_info, rows=rows_info, no_linearized=no_lin, device=dev,
-            ))
+            results.append(
+                analyse_checkpoint(
+                    task_trained,
+                    task_init,
+                    kern.X.to(dev),
+                    kern.y.to(dev),
+                    config,
+                    label=label,
+                    recipe=recipe,
+                    train=None if train is None else (train[0].to(dev), train[1].to(dev)),
+                    test=(test.X.to(dev), test.y.to(dev)),
+                    steps=steps,
+                    train_dtype=dtype,
+                    reference=ref_info,
+                    rows=rows_info,
+                    no_linearized=no_lin,
+                    device=dev,
+                )
+            )
             sources[label] = lm.source
             advance(1)
     timings["analysis"] = time.perf_counter() - t1
     timings["total"] = time.perf_counter() - t0
     report = build_report(
         SCHEMA_CHECKPOINT,
-        inputs={**request.data_inputs(), "models": request.model_sources(), "reference_checkpoint": reference_checkpoint,
-                **config.to_dict()},
+        inputs={
+            **request.data_inputs(),
+            "models": request.model_sources(),
+            "reference_checkpoint": reference_checkpoint,
+            **config.to_dict(),
+        },
         seeds={"base_seed": seed, "subset_seed": seed},
         device=dev,
         dtype="float64 (kernels, metrics); the linearized model trains in the checkpoint's dtype",
         timings=timings,
-        results={"dataset": ds.info,
-                 "models": {r.label: {"source": sources[r.label], **r.to_dict()} for r in results}},
+        results={"dataset": ds.info, "models": {r.label: {"source": sources[r.label], **r.to_dict()} for r in results}},
         warnings=[*warnings, *(w for r in results for w in r.warnings)],
         verdicts=[r.verdict for r in results],
         request=request,
     )
-    return Result(report, request, renderables=[Text(plan), *build_checkpoint_tables(results, warnings)],
-                  plot=lambda p: plot_checkpoints(results, p), png_name=PNG_CHECKPOINT)
+    return Result(
+        report,
+        request,
+        renderables=[Text(plan), *build_checkpoint_tables(results, warnings)],
+        plot=lambda p: plot_checkpoints(results, p),
+        png_name=PNG_CHECKPOINT,
+    )
 
 
 def _run_transformers(request: NtkDistanceRequest, progress: Progress, executor) -> Result:
     """The kernel regime of the built-in transformers across widths."""
     from rich.text import Text
-
 
     r = request._values()
     config = request.transformer_config()
@@ -691,16 +949,27 @@ def _run_transformers(request: NtkDistanceRequest, progress: Progress, executor)
         raise AuditError(f"{ds.name} has no labels; the transformer sweep trains classifiers, so give labelled data")
     image_shape_of(ds.feature_shape, archs[0])  # flat data is refused before any training
     timings = {"load": time.perf_counter() - t0}
-    plan = (f"ntk-distance --arch {','.join(archs)}: {ds.name}, {train_ds.n} train / {test_ds.n} held-out rows, widths "
-            f"{','.join(map(str, width_list))} (heads fixed at {config.heads}), {n_seeds} seed(s), {recipe.optimizer} "
-            f"lr {recipe.lr:g}, {recipe.total_steps(train_ds.n)} steps, {recipe.loss}; eNTK on "
-            f"{min(train_ds.n, config.kernel_points)} training rows")
+    plan = (
+        f"ntk-distance --arch {','.join(archs)}: {ds.name}, {train_ds.n} train / {test_ds.n} held-out rows, widths "
+        f"{','.join(map(str, width_list))} (heads fixed at {config.heads}), {n_seeds} seed(s), {recipe.optimizer} "
+        f"lr {recipe.lr:g}, {recipe.total_steps(train_ds.n)} steps, {recipe.loss}; eNTK on "
+        f"{min(train_ds.n, config.kernel_points)} training rows"
+    )
     t1 = time.perf_counter()
     total = len(archs) * len(width_list) * n_seeds
     with progress("ntk-distance", total, "cells") as advance:
         result = run_transformer_sweep(
-            train_ds.X.to(dev), train_ds.y.to(dev), test_ds.X.to(dev), test_ds.y.to(dev), ds.n_classes,
-            ds.feature_shape, config, device=dev, progress=lambda: advance(1), executor=executor, data=data_recipe,
+            train_ds.X.to(dev),
+            train_ds.y.to(dev),
+            test_ds.X.to(dev),
+            test_ds.y.to(dev),
+            ds.n_classes,
+            ds.feature_shape,
+            config,
+            device=dev,
+            progress=lambda: advance(1),
+            executor=executor,
+            data=data_recipe,
         )
     timings["analysis"] = time.perf_counter() - t1
     timings["total"] = time.perf_counter() - t0
@@ -708,13 +977,32 @@ def _run_transformers(request: NtkDistanceRequest, progress: Progress, executor)
     results["dataset"] = {"train": train_ds.info, "test": test_ds.info}
     report = build_report(
         SCHEMA_TRANSFORMERS,
-        inputs={**request.data_inputs(), "n_train": ntr, "n_test": nte, **config.to_dict(), "execution": result.execution},
-        seeds={"base_seed": request.seed, "model_seeds": list(config.seeds), "holdout_seed": request.seed,
-               "kernel_rows_seed": 0},
+        inputs={
+            **request.data_inputs(),
+            "n_train": ntr,
+            "n_test": nte,
+            **config.to_dict(),
+            "execution": result.execution,
+        },
+        seeds={
+            "base_seed": request.seed,
+            "model_seeds": list(config.seeds),
+            "holdout_seed": request.seed,
+            "kernel_rows_seed": 0,
+        },
         device=dev,
         dtype=f"float64 (kernels, metrics); training {config.train_dtype}",
-        timings=timings, results=results, warnings=result.warnings, verdicts=result.verdicts(), request=request,
+        timings=timings,
+        results=results,
+        warnings=result.warnings,
+        verdicts=result.verdicts(),
+        request=request,
     )
-    return Result(report, request, renderables=[Text(plan), *build_sweep_tables(result)],
-                  plot=lambda p: plot_sweep(result, p), png_name=PNG_TRANSFORMERS,
-                  failed_cells=list(result.failed_cells))
+    return Result(
+        report,
+        request,
+        renderables=[Text(plan), *build_sweep_tables(result)],
+        plot=lambda p: plot_sweep(result, p),
+        png_name=PNG_TRANSFORMERS,
+        failed_cells=list(result.failed_cells),
+    )

@@ -41,7 +41,15 @@ import torch
 from attnaudit.errors import AuditError
 from attnaudit.core.stats import MIN_SEEDS, mean_interval
 from attnaudit.runtime.device import refuse_if_too_big
-from attnaudit.models.builtin import ARCHITECTURES, ATTN_SCALINGS, INITS, PARAMETRIZATIONS, ModelSpec, TwoLayerNet, attention_context
+from attnaudit.models.builtin import (
+    ARCHITECTURES,
+    ATTN_SCALINGS,
+    INITS,
+    PARAMETRIZATIONS,
+    ModelSpec,
+    TwoLayerNet,
+    attention_context,
+)
 from attnaudit.core.ntk import (
     PREDICTOR_MODES,
     LinearizedGDConfig,
@@ -50,7 +58,15 @@ from attnaudit.core.ntk import (
     entk_two_layer_blocks,
     kernel_gd_predict,
 )
-from attnaudit.core.training import LOSSES, require_nonzero_inputs, TrainConfig, accuracy, loss_value, one_hot_targets, train
+from attnaudit.core.training import (
+    LOSSES,
+    require_nonzero_inputs,
+    TrainConfig,
+    accuracy,
+    loss_value,
+    one_hot_targets,
+    train,
+)
 from attnaudit.runtime.sweep import CellTask, ExecutorConfig, cached, clear_cache, run_cells
 from attnaudit.data import HoldoutRecipe
 
@@ -119,7 +135,9 @@ class NTKDistanceConfig:
         if self.loss not in LOSSES:
             raise AuditError(f"unknown loss {self.loss!r}; use one of {', '.join(LOSSES)}")
         if self.parametrization not in PARAMETRIZATIONS:
-            raise AuditError(f"unknown parametrization {self.parametrization!r}; use one of {', '.join(PARAMETRIZATIONS)}")
+            raise AuditError(
+                f"unknown parametrization {self.parametrization!r}; use one of {', '.join(PARAMETRIZATIONS)}"
+            )
         if self.init not in INITS:
             raise AuditError(f"unknown init {self.init!r}; use one of {', '.join(INITS)}")
         if self.attn_scaling not in ATTN_SCALINGS:
@@ -230,45 +248,64 @@ class NTKDistanceResult:
     def summary_rows(self) -> list[dict]:
         """Mean and spread over seeds, one row per model x width."""
         rows = []
-        keys = ("distance_rms", "distance_rel", "kernel_movement", "kernel_init_error",
-                "kernel_movement_complement", "kernel_init_error_complement", "net_train_acc",
-                "net_test_acc", "kernel_train_acc", "kernel_test_acc", "net_train_loss", "kernel_train_loss")
+        keys = (
+            "distance_rms",
+            "distance_rel",
+            "kernel_movement",
+            "kernel_init_error",
+            "kernel_movement_complement",
+            "kernel_init_error_complement",
+            "net_train_acc",
+            "net_test_acc",
+            "kernel_train_acc",
+            "kernel_test_acc",
+            "net_train_loss",
+            "kernel_train_loss",
+        )
         for model in self.config.models:
             for width in self.config.widths:
                 group = [c for c in self.cells if c.model == model and c.width == width]
-                row = {"model": model, "width": width, "n_seeds": len(group),
-                       "lr": group[0].lr if group else float("nan"),
-                       "diverged": sum(c.diverged for c in group)}
+                row = {
+                    "model": model,
+                    "width": width,
+                    "n_seeds": len(group),
+                    "lr": group[0].lr if group else float("nan"),
+                    "diverged": sum(c.diverged for c in group),
+                }
                 for key in keys:
                     row[key] = _stats([getattr(c, key) for c in group])
                 rows.append(row)
         return rows
 
     def verdicts(self) -> list[str]:
-        return [self.models[m].verdict if m in self.models else f"{MODEL_LABELS[m]}: every cell failed; no verdict"
-                for m in self.config.models]
+        return [
+            self.models[m].verdict if m in self.models else f"{MODEL_LABELS[m]}: every cell failed; no verdict"
+            for m in self.config.models
+        ]
 
     def to_dict(self) -> dict:
-        return _clean({
-            "schema": SCHEMA,
-            "failed_cells": list(self.failed_cells),
-            "config": self.config.to_dict(),
-            "n_train": self.n_train,
-            "n_test": self.n_test,
-            "n_classes": self.n_classes,
-            "d": self.d,
-            "lr_rule": self.lr_rule,
-            "distance_definition": "RMS over held-out points of ||f_m(x) - f_NTK(x)||_2 over the c outputs; "
-            "relative: divided by RMS ||f_NTK(x)||_2",
-            "kernel_definition": "full (n c) x (n c) empirical NTK on the training set (or its first "
-            "kernel_points rows, a fixed random subset); complement = both sides projected off the top eigenvector of Theta_inf",
-            "cells": [c.to_dict() for c in self.cells],
-            "summary": self.summary_rows(),
-            "models": {k: v.to_dict() for k, v in self.models.items()},
-            "warnings": list(self.warnings),
-            "verdicts": self.verdicts(),
-            "seconds": self.seconds,
-        })
+        return _clean(
+            {
+                "schema": SCHEMA,
+                "failed_cells": list(self.failed_cells),
+                "config": self.config.to_dict(),
+                "n_train": self.n_train,
+                "n_test": self.n_test,
+                "n_classes": self.n_classes,
+                "d": self.d,
+                "lr_rule": self.lr_rule,
+                "distance_definition": "RMS over held-out points of ||f_m(x) - f_NTK(x)||_2 over the c outputs; "
+                "relative: divided by RMS ||f_NTK(x)||_2",
+                "kernel_definition": "full (n c) x (n c) empirical NTK on the training set (or its first "
+                "kernel_points rows, a fixed random subset); complement = both sides projected off the top eigenvector of Theta_inf",
+                "cells": [c.to_dict() for c in self.cells],
+                "summary": self.summary_rows(),
+                "models": {k: v.to_dict() for k, v in self.models.items()},
+                "warnings": list(self.warnings),
+                "verdicts": self.verdicts(),
+                "seconds": self.seconds,
+            }
+        )
 
 
 def _clean(obj):
@@ -323,8 +360,9 @@ def _kernel_metrics(
     trace0 = torch.zeros(n, n, dtype=Z.dtype, device=Z.device)
     traceT = torch.zeros_like(trace0)
     kinf_q = project(kinf)
-    for (k, l, B0), (_, _, BT) in zip(entk_two_layer_blocks(state0, Z, gram=gram),
-                                       entk_two_layer_blocks(stateT, Z, gram=gram)):
+    for (k, l, B0), (_, _, BT) in zip(
+        entk_two_layer_blocks(state0, Z, gram=gram), entk_two_layer_blocks(stateT, Z, gram=gram)
+    ):
         w = 1.0 if k == l else 2.0  # Theta_lk = Theta_kl^T has the same norm
         A = kinf if k == l else None
         dM = BT - B0
@@ -399,11 +437,15 @@ def slope_interval(slopes: Sequence[float]) -> tuple[float, float, float, int]:
     return iv.estimate, iv.low, iv.high, iv.n
 
 
-INTERVAL_RULE = ("slope interval = 95 % Student-t interval mean ± t(0.975, k - 1) sd/sqrt(k) over the k seeds' "
-                 "log-log slopes (sd ddof 1); an interval that includes 0, or fewer than 3 seeds, reads 'no clear "
-                 "trend'")
-MONOTONE_RULE = ("an increase of the seed-mean between neighbouring widths counts only when it exceeds the seed "
-                 "spread there (the larger of the two widths' sd over seeds)")
+INTERVAL_RULE = (
+    "slope interval = 95 % Student-t interval mean ± t(0.975, k - 1) sd/sqrt(k) over the k seeds' "
+    "log-log slopes (sd ddof 1); an interval that includes 0, or fewer than 3 seeds, reads 'no clear "
+    "trend'"
+)
+MONOTONE_RULE = (
+    "an increase of the seed-mean between neighbouring widths counts only when it exceeds the seed "
+    "spread there (the larger of the two widths' sd over seeds)"
+)
 
 
 def increases_beyond_spread(widths: Sequence[int], means: Sequence[float], sds: Sequence[float] | None) -> list[list]:
@@ -424,8 +466,15 @@ def increases_beyond_spread(widths: Sequence[int], means: Sequence[float], sds: 
     return out
 
 
-def _trend(slopes: list[float], monotone: bool | None = None, *, widths: Sequence[int] | None = None,
-           means: Sequence[float] | None = None, sds: Sequence[float] | None = None, untrained: bool = False) -> str:
+def _trend(
+    slopes: list[float],
+    monotone: bool | None = None,
+    *,
+    widths: Sequence[int] | None = None,
+    means: Sequence[float] | None = None,
+    sds: Sequence[float] | None = None,
+    untrained: bool = False,
+) -> str:
     """The trend word: untrained / undetermined / no-clear-trend / falls / falls-non-monotone / rises.
 
     ``falls``/``rises`` only when the slope interval (:func:`slope_interval`) excludes 0;
@@ -452,10 +501,24 @@ def _trend(slopes: list[float], monotone: bool | None = None, *, widths: Sequenc
 KERNEL_RATE = -0.5  # distance ~ m^-1/2 in the kernel regime (kernel fluctuation and movement are O(m^-1/2))
 
 
-def _verdict(label: str, trend: str, slope_mean: float, slope_std: float, k: int, rel_last: float,
-             w_first: int, w_last: int, d_first: float, d_last: float, *, interval: tuple[float, float] | None = None,
-             rising: Sequence | None = None, untrained_widths: Sequence[int] = (),
-             train_acc: dict | None = None, chance: float | None = None) -> str:
+def _verdict(
+    label: str,
+    trend: str,
+    slope_mean: float,
+    slope_std: float,
+    k: int,
+    rel_last: float,
+    w_first: int,
+    w_last: int,
+    d_first: float,
+    d_last: float,
+    *,
+    interval: tuple[float, float] | None = None,
+    rising: Sequence | None = None,
+    untrained_widths: Sequence[int] = (),
+    train_acc: dict | None = None,
+    chance: float | None = None,
+) -> str:
     """One sentence: the measured trend with its interval, its rate against m^-1/2, and what it means.
 
     Never claims more than the numbers: a model at chance at every width gets no trend claim;
@@ -465,51 +528,75 @@ def _verdict(label: str, trend: str, slope_mean: float, slope_std: float, k: int
     accs = train_acc or {}
     if trend == "untrained":
         acc = ", ".join(f"m={w}: {100 * a:.0f}%" for w, a in accs.items())
-        where = ("at every width" if not untrained_widths or len(untrained_widths) == len(accs)
-                 else f"at {len(untrained_widths)} of {len(accs)} widths, leaving fewer than two trained widths")
-        return (f"{label}: untrained — the network stayed within a few points of chance ({100 * (chance or 0):.0f}%) "
-                f"{where} (train accuracy {acc}); its distance to the NTK predictor is no evidence about the "
-                "kernel regime, so no claim is made.")
+        where = (
+            "at every width"
+            if not untrained_widths or len(untrained_widths) == len(accs)
+            else f"at {len(untrained_widths)} of {len(accs)} widths, leaving fewer than two trained widths"
+        )
+        return (
+            f"{label}: untrained — the network stayed within a few points of chance ({100 * (chance or 0):.0f}%) "
+            f"{where} (train accuracy {acc}); its distance to the NTK predictor is no evidence about the "
+            "kernel regime, so no claim is made."
+        )
     if trend == "undetermined":
         return f"{label}: trend undetermined (needs at least two widths with finite distances)."
     if interval is not None and k > 1:
-        spread = (f"{slope_mean:+.2f} ± {slope_std:.2f} over {k} seeds, interval [{interval[0]:+.2f}, "
-                  f"{interval[1]:+.2f}]")
+        spread = (
+            f"{slope_mean:+.2f} ± {slope_std:.2f} over {k} seeds, interval [{interval[0]:+.2f}, {interval[1]:+.2f}]"
+        )
     else:
-        spread = f"{slope_mean:+.2f} ± {slope_std:.2f} over {k} seeds" if k > 1 else f"{slope_mean:+.2f}, 1 seed (no interval)"
+        spread = (
+            f"{slope_mean:+.2f} ± {slope_std:.2f} over {k} seeds"
+            if k > 1
+            else f"{slope_mean:+.2f}, 1 seed (no interval)"
+        )
     factor = d_first / d_last if d_last and d_last > 0 else float("nan")
     predicted = (w_last / w_first) ** -KERNEL_RATE
     change = f"fell by a factor {factor:.3g}" if factor >= 1 else f"rose by a factor {1 / factor:.3g}"
-    rate = (f"log-log slope {spread}, kernel regime about {KERNEL_RATE}; the distance {change} from m={w_first} "
-            f"to m={w_last}, where m^-1/2 predicts a fall by a factor {predicted:.3g}; "
-            f"relative distance {rel_last:.1%} at m={w_last}")
+    rate = (
+        f"log-log slope {spread}, kernel regime about {KERNEL_RATE}; the distance {change} from m={w_first} "
+        f"to m={w_last}, where m^-1/2 predicts a fall by a factor {predicted:.3g}; "
+        f"relative distance {rel_last:.1%} at m={w_last}"
+    )
     one_seed = k <= 1
     if trend == "falls":
-        head = (f"{label}: distance to the NTK predictor falls with width, no rise between neighbouring widths beyond "
-                f"the seed spread ({rate})")
+        head = (
+            f"{label}: distance to the NTK predictor falls with width, no rise between neighbouring widths beyond "
+            f"the seed spread ({rate})"
+        )
         if one_seed:
             claim = "a single seed gives no interval, so this is not resolved; rerun with more seeds"
         else:
-            claim = ("approaching the kernel regime as width grows, but at less than half the m^-1/2 rate"
-                     if slope_mean > KERNEL_RATE / 2 else "approaching the kernel regime as width grows")
+            claim = (
+                "approaching the kernel regime as width grows, but at less than half the m^-1/2 rate"
+                if slope_mean > KERNEL_RATE / 2
+                else "approaching the kernel regime as width grows"
+            )
     elif trend == "falls-non-monotone":
         where = "; ".join(f"m={a}->{b} rose by {r:.3g} (seed spread {sp:.2g})" for a, b, r, sp in (rising or []))
-        head = f"{label}: distance falls overall but not monotonically with width ({where}{'; ' if where else ''}{rate})"
+        head = (
+            f"{label}: distance falls overall but not monotonically with width ({where}{'; ' if where else ''}{rate})"
+        )
         claim = "not clearly approaching the kernel regime at these widths"
     elif trend == "rises":
         head = f"{label}: distance to the NTK predictor rises with width ({rate})"
-        claim = ("a single seed gives no interval, so this is not resolved; rerun with more seeds" if one_seed
-                 else "moving away from the kernel regime")
+        claim = (
+            "a single seed gives no interval, so this is not resolved; rerun with more seeds"
+            if one_seed
+            else "moving away from the kernel regime"
+        )
     else:
         head = f"{label}: no clear trend of distance with width (the slope interval includes 0; {rate})"
         claim = "no evidence of approaching the kernel regime at these widths"
     if untrained_widths:
         # a distance measured on a network that learned nothing is no evidence: no regime claim from this sweep
-        claim = (f"no claim about the kernel regime: at width(s) {', '.join(str(w) for w in untrained_widths)} the "
-                 "network stayed within a few points of chance ("
-                 + ", ".join(f"{100 * accs[w]:.0f}%" for w in untrained_widths if w in accs)
-                 + f" train accuracy against a chance level of {100 * (chance or 0):.0f}%), so the trend mixes trained "
-                 "and untrained networks")
+        claim = (
+            f"no claim about the kernel regime: at width(s) {', '.join(str(w) for w in untrained_widths)} the "
+            "network stayed within a few points of chance ("
+            + ", ".join(f"{100 * accs[w]:.0f}%" for w in untrained_widths if w in accs)
+            + f" train accuracy against a chance level of {100 * (chance or 0):.0f}%), so the trend mixes trained "
+            "and untrained networks"
+        )
     return f"{head} — {claim}."
 
 
@@ -520,7 +607,9 @@ ProgressFn = Callable[[], None]
 ModelHook = Callable[[str, int, int, TwoLayerNet], None]
 
 
-def cell_memory_bytes(width: int, n_train: int, n_test: int, d: int, n_classes: int, kernel_points: int | None = None) -> int:
+def cell_memory_bytes(
+    width: int, n_train: int, n_test: int, d: int, n_classes: int, kernel_points: int | None = None
+) -> int:
     """Peak bytes of one width-``width`` cell of the sweep, estimated before any compute.
 
     Counts float64 copies of the parameters (network, initial and final states, gradients:
@@ -575,17 +664,22 @@ def run_ntk_distance(
         )
     widest = max(config.widths)
     refuse_if_too_big(
-        cell_memory_bytes(widest, n, int(X_test.shape[0]), d, c, config.kernel_points), device,
+        cell_memory_bytes(widest, n, int(X_test.shape[0]), d, c, config.kernel_points),
+        device,
         f"one network of width {widest} (--widths) with its activations and kernel features",
         "use smaller --widths, or fewer --n-train / --kernel-points",
     )
     remote = ex.kind != "local" or ex.jobs > 1
     if remote and data is None:
-        raise AuditError("cells on worker processes or Ray rebuild their data from a recipe; pass data=HoldoutRecipe(...) "
-                         "(the CLI does), or run with the local executor")
+        raise AuditError(
+            "cells on worker processes or Ray rebuild their data from a recipe; pass data=HoldoutRecipe(...) "
+            "(the CLI does), or run with the local executor"
+        )
     if on_model is not None and (remote or ex.resume_dir):
-        raise AuditError("--save-models keeps the trained networks of this process; use it with the local executor "
-                         "and without --resume")
+        raise AuditError(
+            "--save-models keeps the trained networks of this process; use it with the local executor "
+            "and without --resume"
+        )
     # the driver's own tensors serve the in-process cells; workers load theirs from the recipe
     memory_key = data.key if data is not None else f"memory:{id(X_train)}"
     sweep = _Sweep(memory_key, X_train, y_train, X_test, y_test, c)
@@ -595,14 +689,33 @@ def run_ntk_distance(
         hook_key = f"ntk-hook:{id(on_model)}"
         cached(hook_key, lambda: on_model)
     payload_data = data.to_dict() if data is not None else None
-    base = {"data": payload_data, "memory_key": memory_key, "n_classes": c, "config": config.to_dict(),
-            "device": str(device), "hook": hook_key}
-    tasks = [CellTask("attnaudit.analyses.ntk_distance.widths:ntk_cell", {**base, "model": arch, "width": width, "seed": seed},
-                      f"{arch} m={width} seed={seed}", cost=float(width))
-             for arch in config.models for width in config.widths for seed in config.seeds]
+    base = {
+        "data": payload_data,
+        "memory_key": memory_key,
+        "n_classes": c,
+        "config": config.to_dict(),
+        "device": str(device),
+        "hook": hook_key,
+    }
+    tasks = [
+        CellTask(
+            "attnaudit.analyses.ntk_distance.widths:ntk_cell",
+            {**base, "model": arch, "width": width, "seed": seed},
+            f"{arch} m={width} seed={seed}",
+            cost=float(width),
+        )
+        for arch in config.models
+        for width in config.widths
+        for seed in config.seeds
+    ]
     try:
-        outcomes = run_cells(tasks, ex, on_done=(lambda o: progress()) if progress is not None else None,
-                             encode=lambda r: r, decode=lambda r: r)
+        outcomes = run_cells(
+            tasks,
+            ex,
+            on_done=(lambda o: progress()) if progress is not None else None,
+            encode=lambda r: r,
+            decode=lambda r: r,
+        )
         warnings: list[str] = []
         cells = [Cell(**o.result) for o in outcomes if o.ok]
         failed = [o.failure() for o in outcomes if not o.ok]
@@ -630,8 +743,10 @@ def run_ntk_distance(
     finally:
         clear_cache()
     if failed:
-        warnings.append(f"{len(failed)} of {len(tasks)} cells failed (listed in failed_cells): "
-                        + "; ".join(f"{f['cell']}: {f['error']}" for f in failed[:3]))
+        warnings.append(
+            f"{len(failed)} of {len(tasks)} cells failed (listed in failed_cells): "
+            + "; ".join(f"{f['cell']}: {f['error']}" for f in failed[:3])
+        )
     diverged = [f"{cl.model} m={cl.width} seed={cl.seed}" for cl in cells if cl.diverged]
     if diverged:
         warnings.append(
@@ -643,12 +758,21 @@ def run_ntk_distance(
             f"networks of width {f32} were trained in float32 for speed; kernels, predictor and metrics are float64"
         )
     rule = (
-        f"lr = {config.lr} (given)" if config.lr is not None
+        f"lr = {config.lr} (given)"
+        if config.lr is not None
         else f"lr = {config.lr_fraction} * 2n / lambda_max(Theta_inf on the training set), n = {n}"
     )
     return NTKDistanceResult(
-        config=config, n_train=n, n_test=X_test.shape[0], n_classes=c, d=d, cells=cells, models=summaries,
-        warnings=warnings, lr_rule=rule, seconds=time.perf_counter() - t_start,
+        config=config,
+        n_train=n,
+        n_test=X_test.shape[0],
+        n_classes=c,
+        d=d,
+        cells=cells,
+        models=summaries,
+        warnings=warnings,
+        lr_rule=rule,
+        seconds=time.perf_counter() - t_start,
         failed_cells=failed,
         execution={**ex.to_dict(), "cells": len(tasks), "resumed": sum(o.resumed for o in outcomes)},
     )
@@ -693,8 +817,11 @@ class _Sweep:
         n = self.X.shape[0]
         kp = n if config.kernel_points is None else min(n, config.kernel_points)
         # a fixed random subset (rows arrive in source order, which may be sorted by class)
-        return torch.arange(n, device=self.X.device) if kp == n else (
-            torch.randperm(n, generator=torch.Generator().manual_seed(0))[:kp].sort().values.to(self.X.device))
+        return (
+            torch.arange(n, device=self.X.device)
+            if kp == n
+            else (torch.randperm(n, generator=torch.Generator().manual_seed(0))[:kp].sort().values.to(self.X.device))
+        )
 
     def arch_context(self, arch: str, config: NTKDistanceConfig) -> _ArchContext:
         key = (arch, config.attn_scaling, config.parametrization, max(config.widths))
@@ -712,8 +839,18 @@ class _Sweep:
         return self._arch[key]
 
     def width_context(self, arch: str, width: int, config: NTKDistanceConfig) -> _WidthContext:
-        key = (arch, width, config.attn_scaling, config.parametrization, config.lr, config.lr_fraction, config.steps,
-               config.predictor, config.loss, config.kernel_points)
+        key = (
+            arch,
+            width,
+            config.attn_scaling,
+            config.parametrization,
+            config.lr,
+            config.lr_fraction,
+            config.steps,
+            config.predictor,
+            config.loss,
+            config.kernel_points,
+        )
         if key not in self._width:
             ctx = self.arch_context(arch, config)
             n = self.X.shape[0]
@@ -736,8 +873,14 @@ def _sweep_for(payload: dict) -> _Sweep:
         recipe = HoldoutRecipe(**payload["data"])
         train_ds, test_ds = recipe.load()
         dev = torch.device(payload["device"])
-        return _Sweep(payload["memory_key"], train_ds.X.to(dev), train_ds.y.to(dev), test_ds.X.to(dev),
-                      test_ds.y.to(dev), payload["n_classes"])
+        return _Sweep(
+            payload["memory_key"],
+            train_ds.X.to(dev),
+            train_ds.y.to(dev),
+            test_ds.X.to(dev),
+            test_ds.y.to(dev),
+            payload["n_classes"],
+        )
 
     return cached(f"ntk-sweep:{payload['memory_key']}", build)
 
@@ -754,14 +897,41 @@ def ntk_cell(payload: dict) -> dict:
     ctx = sweep.arch_context(arch, config)
     w = sweep.width_context(arch, width, config)
     hook = cached(payload["hook"], lambda: None) if payload.get("hook") else None
-    cell = _run_cell(arch, width, seed, w.lr, config, ctx.context, ctx.Z, ctx.Zt, sweep.X, sweep.Xt, sweep.y, sweep.yt,
-                     sweep.Y, sweep.c, w.kinf, w.kinf_test, w.gd_cfg, w.kin_k, w.v_top, sweep.kernel_rows(config), hook,
-                     time.perf_counter())
+    cell = _run_cell(
+        arch,
+        width,
+        seed,
+        w.lr,
+        config,
+        ctx.context,
+        ctx.Z,
+        ctx.Zt,
+        sweep.X,
+        sweep.Xt,
+        sweep.y,
+        sweep.yt,
+        sweep.Y,
+        sweep.c,
+        w.kinf,
+        w.kinf_test,
+        w.gd_cfg,
+        w.kin_k,
+        w.v_top,
+        sweep.kernel_rows(config),
+        hook,
+        time.perf_counter(),
+    )
     return asdict(cell)
 
 
-def _summarise(arch: str, group: list, config: NTKDistanceConfig, ctx: _ArchContext, lr_by_width: dict,
-               n_present: int | None = None) -> "ModelSummary":
+def _summarise(
+    arch: str,
+    group: list,
+    config: NTKDistanceConfig,
+    ctx: _ArchContext,
+    lr_by_width: dict,
+    n_present: int | None = None,
+) -> "ModelSummary":
     """Per-model slopes and verdict from the cells that finished (a failed cell leaves its seed's slope out).
 
     ``n_present``: classes present in the training labels (chance = 1/n_present; 10 when not given).
@@ -815,10 +985,23 @@ def _summarise(arch: str, group: list, config: NTKDistanceConfig, ctx: _ArchCont
         init_error_slope=_loglog_slope(widths, mean_init),
         monotone_decreasing=monotone,
         trend=trend,
-        verdict=_verdict(MODEL_LABELS[arch], trend, slope_stats["mean"], slope_stats["std"], len(per_seed), rel_last,
-                         first, last, mean_dist[order[0]], mean_dist[order[-1]], interval=(lo, hi), rising=rising,
-                         untrained_widths=[w for w in widths if untrained_by_width[w]],
-                         train_acc=acc_by_width, chance=chance),
+        verdict=_verdict(
+            MODEL_LABELS[arch],
+            trend,
+            slope_stats["mean"],
+            slope_stats["std"],
+            len(per_seed),
+            rel_last,
+            first,
+            last,
+            mean_dist[order[0]],
+            mean_dist[order[-1]],
+            interval=(lo, hi),
+            rising=rising,
+            untrained_widths=[w for w in widths if untrained_by_width[w]],
+            train_acc=acc_by_width,
+            chance=chance,
+        ),
         slope_interval=[lo, hi],
         interval_rule=INTERVAL_RULE + "; " + MONOTONE_RULE,
         increases_beyond_spread=rising,
@@ -830,16 +1013,46 @@ def _summarise(arch: str, group: list, config: NTKDistanceConfig, ctx: _ArchCont
     )
 
 
-def _run_cell(arch, width, seed, lr, config, context, Z, Zt, X, Xt, y, yt, Y, c, kinf, kinf_test, gd_cfg,
-              kin_k, v_top, kidx, on_model, t_cell) -> Cell:
+def _run_cell(
+    arch,
+    width,
+    seed,
+    lr,
+    config,
+    context,
+    Z,
+    Zt,
+    X,
+    Xt,
+    y,
+    yt,
+    Y,
+    c,
+    kinf,
+    kinf_test,
+    gd_cfg,
+    kin_k,
+    v_top,
+    kidx,
+    on_model,
+    t_cell,
+) -> Cell:
     """Train one network on the MLP's inputs Z and compare it with the kernel predictor."""
     device = Z.device
     dtype_name = config.dtype_for(width)
     tdt = torch.float32 if dtype_name == "float32" else F64
     # The MLP is trained on precomputed f_att(X): identical maths to MLP-Attn's forward,
     # without re-applying the (d x d) context every step.
-    spec = ModelSpec("relu", Z.shape[1], width, c, parametrization=config.parametrization,
-                     init=config.init, attn_scaling=config.attn_scaling, seed=seed)
+    spec = ModelSpec(
+        "relu",
+        Z.shape[1],
+        width,
+        c,
+        parametrization=config.parametrization,
+        init=config.init,
+        attn_scaling=config.attn_scaling,
+        seed=seed,
+    )
     net = TwoLayerNet(spec, dtype=tdt).to(device)
     state0 = TwoLayerState.from_model(net)
     with torch.no_grad():
@@ -862,22 +1075,42 @@ def _run_cell(arch, width, seed, lr, config, context, Z, Zt, X, Xt, y, yt, Y, c,
     dist = _rms_rows(diff)
     ref = _rms_rows(pred.f_test)
     if diverged or not torch.isfinite(f_tr).all():
-        km = dict.fromkeys(("kernel_movement", "kernel_init_error", "kernel_movement_complement",
-                            "kernel_init_error_complement", "kernel_movement_trace"), float("nan"))
+        km = dict.fromkeys(
+            (
+                "kernel_movement",
+                "kernel_init_error",
+                "kernel_movement_complement",
+                "kernel_init_error_complement",
+                "kernel_movement_trace",
+            ),
+            float("nan"),
+        )
     else:
         km = _kernel_metrics(_as64(state0), _as64(stateT), Z[kidx], kin_k, v_top)
     if on_model is not None:
         on_model(arch, width, seed, _as_reference_model(arch, spec, context, stateT))
     return Cell(
-        model=arch, width=width, seed=seed, lr=lr, train_dtype=dtype_name, steps_run=result.steps_run,
-        diverged=diverged, distance_rms=dist, distance_rel=dist / ref if ref > 0 else float("nan"),
-        ntk_output_rms=ref, distance_train_rms=_rms_rows(f_tr - pred.f_train),
-        net_train_loss=final_loss, net_initial_loss=initial_loss,
-        net_train_acc=accuracy(f_tr, y), net_test_acc=accuracy(f_te, yt),
+        model=arch,
+        width=width,
+        seed=seed,
+        lr=lr,
+        train_dtype=dtype_name,
+        steps_run=result.steps_run,
+        diverged=diverged,
+        distance_rms=dist,
+        distance_rel=dist / ref if ref > 0 else float("nan"),
+        ntk_output_rms=ref,
+        distance_train_rms=_rms_rows(f_tr - pred.f_train),
+        net_train_loss=final_loss,
+        net_initial_loss=initial_loss,
+        net_train_acc=accuracy(f_tr, y),
+        net_test_acc=accuracy(f_te, yt),
         kernel_train_loss=loss_value(pred.f_train, y, config.loss).item(),
-        kernel_train_acc=accuracy(pred.f_train, y), kernel_test_acc=accuracy(pred.f_test, yt),
+        kernel_train_acc=accuracy(pred.f_train, y),
+        kernel_test_acc=accuracy(pred.f_test, yt),
         predictor={"stability_ratio": pred.stability_ratio, "diverges": pred.diverges, "method": pred.method},
-        seconds=time.perf_counter() - t_cell, **km,
+        seconds=time.perf_counter() - t_cell,
+        **km,
     )
 
 
@@ -887,8 +1120,16 @@ def _as64(state: TwoLayerState) -> TwoLayerState:
 
 def _as_reference_model(arch: str, spec: ModelSpec, context, state: TwoLayerState) -> TwoLayerNet:
     """The trained weights as an attnaudit model of the requested architecture (attn keeps its context)."""
-    full_spec = ModelSpec(arch, spec.d_in, spec.width, spec.n_out, parametrization=spec.parametrization,
-                          init=spec.init, attn_scaling=spec.attn_scaling, seed=spec.seed)
+    full_spec = ModelSpec(
+        arch,
+        spec.d_in,
+        spec.width,
+        spec.n_out,
+        parametrization=spec.parametrization,
+        init=spec.init,
+        attn_scaling=spec.attn_scaling,
+        seed=spec.seed,
+    )
     net = TwoLayerNet(full_spec, context=None if context is None else context.cpu(), dtype=state.W.dtype)
     with torch.no_grad():
         net.W.copy_(state.W.cpu())
@@ -915,8 +1156,19 @@ def build_tables(result: NTKDistanceResult) -> list:
 
     n_seeds = len(result.config.seeds)
     table = Table(title=f"NTK distance (held-out n={result.n_test}, mean ± sd over {n_seeds} seed(s))")
-    for col in ("model", "width", "‖f_m − f_NTK‖ rms", "relative", "ΔΘ/Θ₀", "Θ₀ vs Θ∞", "ΔΘ/Θ₀ ⊥top",
-                "Θ₀ vs Θ∞ ⊥top", "net acc tr/te", "kernel acc tr/te", "loss net/kernel"):
+    for col in (
+        "model",
+        "width",
+        "‖f_m − f_NTK‖ rms",
+        "relative",
+        "ΔΘ/Θ₀",
+        "Θ₀ vs Θ∞",
+        "ΔΘ/Θ₀ ⊥top",
+        "Θ₀ vs Θ∞ ⊥top",
+        "net acc tr/te",
+        "kernel acc tr/te",
+        "loss net/kernel",
+    ):
         table.add_column(col, justify="right" if col not in ("model",) else "left")
     for row in result.summary_rows():
         pct = "{:.1%}"
@@ -934,8 +1186,18 @@ def build_tables(result: NTKDistanceResult) -> list:
             f"{row['net_train_loss']['mean']:.3g}/{row['kernel_train_loss']['mean']:.3g}",
         )
     diag = Table(title="Analytic kernel diagnostics and width trend")
-    for col in ("model", "lr", "cond(Θ∞)", "rank", "top-eig share", "mean cos", "slope dist", "slope ΔΘ", "slope Θ₀−Θ∞",
-                "trend"):
+    for col in (
+        "model",
+        "lr",
+        "cond(Θ∞)",
+        "rank",
+        "top-eig share",
+        "mean cos",
+        "slope dist",
+        "slope ΔΘ",
+        "slope Θ₀−Θ∞",
+        "trend",
+    ):
         diag.add_column(col, justify="left" if col in ("model", "trend") else "right")
     for name in result.config.models:
         s = result.models[name]
@@ -943,9 +1205,16 @@ def build_tables(result: NTKDistanceResult) -> list:
         lr_txt = f"{lrs[0]:.4g}" if len(lrs) == 1 else f"{lrs[0]:.3g}…{lrs[-1]:.3g}"
         slope = "—" if not math.isfinite(s.slope_mean) else f"{s.slope_mean:+.2f} ± {s.slope_std:.2f}"
         diag.add_row(
-            MODEL_LABELS[name], lr_txt, f"{s.condition_number:.3g}", f"{s.numerical_rank}/{result.n_train}",
-            f"{s.top_eig_share:.1%}", f"{s.mean_pairwise_cosine:.4f}", slope,
-            _fmt_slope(s.movement_slope), _fmt_slope(s.init_error_slope), s.trend,
+            MODEL_LABELS[name],
+            lr_txt,
+            f"{s.condition_number:.3g}",
+            f"{s.numerical_rank}/{result.n_train}",
+            f"{s.top_eig_share:.1%}",
+            f"{s.mean_pairwise_cosine:.4f}",
+            slope,
+            _fmt_slope(s.movement_slope),
+            _fmt_slope(s.init_error_slope),
+            s.trend,
         )
     out = [table, diag]
     for text in result.verdicts():
@@ -972,12 +1241,16 @@ def plot_ntk_distance(result: NTKDistanceResult, path) -> None:
         sel = sorted((r for r in rows if r["model"] == name), key=lambda r: r["width"])
         w = [r["width"] for r in sel]
         color = f"C{idx}"  # one colour per model in both panels
-        for ax, key, style in ((axes[0], "distance_rms", "o-"), (axes[1], "kernel_movement", "o-"),
-                               (axes[1], "kernel_init_error", "s--")):
+        for ax, key, style in (
+            (axes[0], "distance_rms", "o-"),
+            (axes[1], "kernel_movement", "o-"),
+            (axes[1], "kernel_init_error", "s--"),
+        ):
             mean = [r[key]["mean"] for r in sel]
             std = [r[key]["std"] for r in sel]
-            label = MODEL_LABELS[name] + ("" if key == "distance_rms" else
-                                          (" movement" if key == "kernel_movement" else " Θ₀ vs Θ∞"))
+            label = MODEL_LABELS[name] + (
+                "" if key == "distance_rms" else (" movement" if key == "kernel_movement" else " Θ₀ vs Θ∞")
+            )
             ax.errorbar(w, mean, yerr=std, fmt=style, color=color, capsize=3, label=label)
     for ax in axes:
         ax.set_xscale("log", base=2)

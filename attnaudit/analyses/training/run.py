@@ -18,7 +18,15 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from attnaudit.analyses.request import (
-    EXECUTION, MODEL, OUTPUT, PROTOCOL, FieldError, Request, field_check, internal, option,
+    EXECUTION,
+    MODEL,
+    OUTPUT,
+    PROTOCOL,
+    FieldError,
+    Request,
+    field_check,
+    internal,
+    option,
 )
 from attnaudit.analyses.result import Progress, Result, progress_or_silent
 from attnaudit.analyses.sources import DataFields
@@ -67,42 +75,84 @@ class TrainRequest(DataFields, Request):
     FAMILIES: ClassVar[dict[str, str]] = {**{a: "vit" for a in VIT_ARCHS}, **{a: "two-layer" for a in TWO_LAYER_ARCHS}}
 
     out_path: str | None = option(
-        None, "--out", panel=OUTPUT, metavar="PATH",
+        None,
+        "--out",
+        panel=OUTPUT,
+        metavar="PATH",
         help="The checkpoint to write (.safetensors); its side-car PATH.json is written beside it. Existing files are "
-             "kept unless --overwrite.",
+        "kept unless --overwrite.",
     )
-    arch: str = option("vit", "--arch", panel=MODEL,
-                       help="relu (2L-ReLU), attn (MLP-Attn), vit (softmax attention) or vit-linear (linearized attention).")
+    arch: str = option(
+        "vit",
+        "--arch",
+        panel=MODEL,
+        help="relu (2L-ReLU), attn (MLP-Attn), vit (softmax attention) or vit-linear (linearized attention).",
+    )
     width: int | None = option(None, "--width", panel=MODEL, kind=int, help="Hidden width m of relu/attn (default 64).")
     depth: int | None = option(None, "--depth", panel=MODEL, kind=int, help="ViT blocks (default 2).")
     dim: int | None = option(None, "--dim", panel=MODEL, kind=int, help="ViT token width (default 64).")
-    heads: int | None = option(None, "--heads", panel=MODEL, kind=int,
-                               help="ViT attention heads; must divide --dim (default 4).")
+    heads: int | None = option(
+        None, "--heads", panel=MODEL, kind=int, help="ViT attention heads; must divide --dim (default 4)."
+    )
     patch: int | None = option(
-        None, "--patch", panel=MODEL, kind=int,
+        None,
+        "--patch",
+        panel=MODEL,
+        kind=int,
         help="ViT patch size; must divide the image height and width (default: the largest leaving >= 16 tokens).",
     )
-    mlp_ratio: int | None = option(None, "--mlp-ratio", panel=MODEL, kind=int, help="ViT MLP hidden width / --dim (default 2).")
-    optimizer: str | None = option(None, "--optimizer", panel=PROTOCOL,
-                                   help="gd (full batch), sgd or adam (default: adam for ViTs, gd for relu/attn).")
-    lr: float | None = option(None, "--lr", panel=PROTOCOL, kind=float,
-                              help="Learning rate (default: 1e-3 for adam on ViTs, 4.0 for gd on relu/attn).")
-    batch_size: int | None = option(None, "--batch-size", panel=PROTOCOL, kind=int,
-                                    help="Rows per step for sgd/adam (default 64); gd always uses every row.")
-    epochs: int | None = option(None, "--epochs", panel=PROTOCOL, kind=int,
-                                help="Passes over the training rows (ViT default 5); give --epochs or --steps.")
-    steps: int | None = option(None, "--steps", panel=PROTOCOL, kind=int,
-                               help="Optimizer steps, counted across epochs (relu/attn default 300).")
-    loss: str | None = option(None, "--loss", panel=PROTOCOL, help="ce or mse (default: ce for ViTs, mse for relu/attn).")
+    mlp_ratio: int | None = option(
+        None, "--mlp-ratio", panel=MODEL, kind=int, help="ViT MLP hidden width / --dim (default 2)."
+    )
+    optimizer: str | None = option(
+        None,
+        "--optimizer",
+        panel=PROTOCOL,
+        help="gd (full batch), sgd or adam (default: adam for ViTs, gd for relu/attn).",
+    )
+    lr: float | None = option(
+        None,
+        "--lr",
+        panel=PROTOCOL,
+        kind=float,
+        help="Learning rate (default: 1e-3 for adam on ViTs, 4.0 for gd on relu/attn).",
+    )
+    batch_size: int | None = option(
+        None,
+        "--batch-size",
+        panel=PROTOCOL,
+        kind=int,
+        help="Rows per step for sgd/adam (default 64); gd always uses every row.",
+    )
+    epochs: int | None = option(
+        None,
+        "--epochs",
+        panel=PROTOCOL,
+        kind=int,
+        help="Passes over the training rows (ViT default 5); give --epochs or --steps.",
+    )
+    steps: int | None = option(
+        None,
+        "--steps",
+        panel=PROTOCOL,
+        kind=int,
+        help="Optimizer steps, counted across epochs (relu/attn default 300).",
+    )
+    loss: str | None = option(
+        None, "--loss", panel=PROTOCOL, help="ce or mse (default: ce for ViTs, mse for relu/attn)."
+    )
     momentum: float = option(0.0, "--momentum", panel=PROTOCOL, help="SGD momentum (sgd only).")
     weight_decay: float = option(0.0, "--weight-decay", panel=PROTOCOL, help="L2 weight decay.")
     seed: int = option(0, "--seed", panel=PROTOCOL, help="Initialisation, mini-batch order and held-out split.")
-    n_train: int | None = option(None, "--n-train", panel=PROTOCOL, kind=int,
-                                 help="Training rows (default: every row not held out).")
-    n_test: int | None = option(None, "--n-test", panel=PROTOCOL, kind=int,
-                                help="Held-out rows for the accuracy (default: min(1000, n/5)).")
-    dtype: str | None = option(None, "--dtype", panel=PROTOCOL,
-                               help="float32 or float64 (default: float32 for ViTs, float64 for relu/attn).")
+    n_train: int | None = option(
+        None, "--n-train", panel=PROTOCOL, kind=int, help="Training rows (default: every row not held out)."
+    )
+    n_test: int | None = option(
+        None, "--n-test", panel=PROTOCOL, kind=int, help="Held-out rows for the accuracy (default: min(1000, n/5))."
+    )
+    dtype: str | None = option(
+        None, "--dtype", panel=PROTOCOL, help="float32 or float64 (default: float32 for ViTs, float64 for relu/attn)."
+    )
     device: str = option("auto", "--device", panel=EXECUTION, help="auto, cpu, cuda or cuda:<i>.")
     overwrite: bool = internal(False)
 
@@ -124,9 +174,14 @@ class TrainRequest(DataFields, Request):
 
         arch = self.arch_key
         if arch not in BUILTIN_ARCHITECTURES:
-            raise FieldError("arch", "unknown {name} " + _lit(repr(self.arch)) + f"; use one of {', '.join(BUILTIN_ARCHITECTURES)}")
-        misplaced = ([f for f in VIT_SIZES if getattr(self, f) is not None] if not self.is_vit
-                     else (["width"] if self.width is not None else []))
+            raise FieldError(
+                "arch", "unknown {name} " + _lit(repr(self.arch)) + f"; use one of {', '.join(BUILTIN_ARCHITECTURES)}"
+            )
+        misplaced = (
+            [f for f in VIT_SIZES if getattr(self, f) is not None]
+            if not self.is_vit
+            else (["width"] if self.width is not None else [])
+        )
         if misplaced:
             family = "the 2-layer nets (relu, attn)" if self.is_vit else "the transformers (vit, vit-linear)"
             flags = ", ".join(["{name}", *(self.flag_of(f) for f in misplaced[1:])])
@@ -141,12 +196,19 @@ class TrainRequest(DataFields, Request):
             raise FieldError("dtype", "unknown {name} " + _lit(repr(self.dtype)) + "; use float32 or float64")
         opt_name = (self.optimizer or p["optimizer"]).strip().lower()
         if self.lr is None and opt_name != p["optimizer"]:
-            raise FieldError("lr", f"--optimizer {_lit(opt_name)} needs {{name}}: the default learning rate {p['lr']:g} "
-                                   f"is the one for {p['optimizer']} on --arch {arch}")
+            raise FieldError(
+                "lr",
+                f"--optimizer {_lit(opt_name)} needs {{name}}: the default learning rate {p['lr']:g} "
+                f"is the one for {p['optimizer']} on --arch {arch}",
+            )
         self.recipe()  # validates every training value before any data are read
         if self.out_path is not None and Path(self.out_path).suffix.lower() != ".safetensors":
-            raise FieldError("out_path", "{name} " + _lit(Path(self.out_path))
-                             + ": checkpoints are safetensors files; give a path ending in .safetensors")
+            raise FieldError(
+                "out_path",
+                "{name} "
+                + _lit(Path(self.out_path))
+                + ": checkpoints are safetensors files; give a path ending in .safetensors",
+            )
 
     def _preset_values(self) -> dict:
         """The resolved values of the fields the family's preset fills (explicit beats preset)."""
@@ -160,7 +222,9 @@ class TrainRequest(DataFields, Request):
             "arch": self.arch_key,
             "optimizer": opt_name,
             "lr": self.lr if self.lr is not None else p["lr"],
-            "batch_size": self.batch_size if self.batch_size is not None else (None if opt_name == "gd" else MINI_BATCH),
+            "batch_size": self.batch_size
+            if self.batch_size is not None
+            else (None if opt_name == "gd" else MINI_BATCH),
             "epochs": epochs,
             "steps": steps,
             "loss": (self.loss or p["loss"]).strip().lower(),
@@ -181,9 +245,17 @@ class TrainRequest(DataFields, Request):
 
         v = self._preset_values()
         try:
-            return Recipe(optimizer=v["optimizer"], lr=v["lr"], batch_size=v["batch_size"], epochs=v["epochs"],
-                          steps=v["steps"], loss=v["loss"], seed=self.seed, momentum=self.momentum,
-                          weight_decay=self.weight_decay)
+            return Recipe(
+                optimizer=v["optimizer"],
+                lr=v["lr"],
+                batch_size=v["batch_size"],
+                epochs=v["epochs"],
+                steps=v["steps"],
+                loss=v["loss"],
+                seed=self.seed,
+                momentum=self.momentum,
+                weight_decay=self.weight_decay,
+            )
         except AuditError as exc:
             raise self._named(exc) from None
 
@@ -248,8 +320,9 @@ class TrainRequest(DataFields, Request):
 
         nte = self.n_test if self.n_test is not None else min(1000, ds.n // 5)
         if nte < 1:
-            raise FieldError("n_test", f"{_lit(ds.name)} has only {ds.n} rows, too few to hold any out; give {{name}} "
-                                       "or more data")
+            raise FieldError(
+                "n_test", f"{_lit(ds.name)} has only {ds.n} rows, too few to hold any out; give {{name}} or more data"
+            )
         ntr = self.n_train if self.n_train is not None else ds.n - nte
         if ntr < 1:
             raise FieldError("n_test", "{name} " + f"{nte} leaves no training rows of the {ds.n}; lower {{name}}")
@@ -264,7 +337,6 @@ def run(request: TrainRequest, *, progress: Progress | None = None, executor=Non
     """
     import torch
     from rich.text import Text
-
 
     progress = progress_or_silent(progress)
     target, sidecar = request.checkpoint_paths()
@@ -288,8 +360,14 @@ def run(request: TrainRequest, *, progress: Progress | None = None, executor=Non
     else:
         sizes = {"width": r.width}
     model = build_builtin(
-        arch_key, n_out=ds.n_classes, feature_shape=ds.feature_shape, X_train=train_ds.X, seed=seed,
-        dtype=torch_dtype, device=dev, **sizes,
+        arch_key,
+        n_out=ds.n_classes,
+        feature_shape=ds.feature_shape,
+        X_train=train_ds.X,
+        seed=seed,
+        dtype=torch_dtype,
+        device=dev,
+        **sizes,
     )
     parameters = n_parameters(model)
     total_steps = recipe.total_steps(train_ds.n)
@@ -305,8 +383,11 @@ def run(request: TrainRequest, *, progress: Progress | None = None, executor=Non
         result = fit(model, train_ds.X, train_ds.y, recipe, X_val=test_ds.X, y_val=test_ds.y, progress=advance)
     timings["train"] = time.perf_counter() - t1
     if result.diverged:
-        raise FieldError("lr", f"training diverged: the loss became non-finite at step {result.steps_run + 1} of "
-                               f"{total_steps} ({{name}} {recipe.lr:g}); nothing was saved; lower {{name}}")
+        raise FieldError(
+            "lr",
+            f"training diverged: the loss became non-finite at step {result.steps_run + 1} of "
+            f"{total_steps} ({{name}} {recipe.lr:g}); nothing was saved; lower {{name}}",
+        )
 
     metrics = {k: v for k, v in result.to_dict().items() if k != "loss_curve"}
     training_data = {
@@ -347,15 +428,24 @@ def run(request: TrainRequest, *, progress: Progress | None = None, executor=Non
             f"(chance {100 * chance:.0f}%); training accuracy {100 * result.train_accuracy:.1f}%"
         )
     model_info = {
-        "arch": arch_key, "parameters": parameters, "dtype": dtype_name, "path": str(target),
-        "sidecar": str(sidecar), "spec": to_jsonable(model.spec), "sizes": sizes,
+        "arch": arch_key,
+        "parameters": parameters,
+        "dtype": dtype_name,
+        "path": str(target),
+        "sidecar": str(sidecar),
+        "spec": to_jsonable(model.spec),
+        "sizes": sizes,
     }
     report = build_report(
         SCHEMA,
         inputs={
             **request.data_inputs(),
-            "arch": arch_key, "out": str(target), "n_train": train_ds.n, "n_test": test_ds.n,
-            "dtype": dtype_name, **sizes,
+            "arch": arch_key,
+            "out": str(target),
+            "n_train": train_ds.n,
+            "n_test": test_ds.n,
+            "dtype": dtype_name,
+            **sizes,
         },
         seeds={"seed": seed, "init_seed": seed, "data_order_seed": recipe.seed, "holdout_seed": seed},
         device=dev,
@@ -377,4 +467,6 @@ def run(request: TrainRequest, *, progress: Progress | None = None, executor=Non
     renderables.extend(Text(f"- {v}") for v in verdicts)
     renderables.append(Text(f"checkpoint written to {target} (side-car {sidecar.name})"))
     title = f"{arch_key} on {ds.name}: {recipe.optimizer} lr {recipe.lr:g}, {result.steps_run} steps"
-    return Result(report, request, renderables=renderables, plot=lambda p: plot_fit(result, p, title), png_name=PNG_NAME)
+    return Result(
+        report, request, renderables=renderables, plot=lambda p: plot_fit(result, p, title), png_name=PNG_NAME
+    )

@@ -24,6 +24,14 @@ from attnaudit.analyses.influence.estimators import kronecker  # noqa: E402,F401
 from attnaudit.analyses.influence.estimators import projected  # noqa: E402,F401  projected
 
 __all__ = [
-    "ESTIMATORS", "Context", "Estimator", "MemoryQuery", "Solution", "State", "absolute_damping", "check_curvature",
-    "estimator_class", "register",
+    "ESTIMATORS",
+    "Context",
+    "Estimator",
+    "MemoryQuery",
+    "Solution",
+    "State",
+    "absolute_damping",
+    "check_curvature",
+    "estimator_class",
+    "register",
 ]

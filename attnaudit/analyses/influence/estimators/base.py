@@ -21,8 +21,16 @@ if TYPE_CHECKING:
     from attnaudit.core.engine import Engine, HessianVectorProduct
 
 __all__ = [
-    "ESTIMATORS", "Context", "Estimator", "MemoryQuery", "Solution", "State", "absolute_damping", "check_curvature",
-    "estimator_class", "register",
+    "ESTIMATORS",
+    "Context",
+    "Estimator",
+    "MemoryQuery",
+    "Solution",
+    "State",
+    "absolute_damping",
+    "check_curvature",
+    "estimator_class",
+    "register",
 ]
 
 
@@ -150,7 +158,9 @@ def register(cls: type[Estimator]) -> type[Estimator]:
     if not isinstance(name, str) or not name:
         raise ValueError(f"an influence estimator needs a non-empty string name, got {name!r}")
     if ESTIMATORS.get(name, cls) is not cls:
-        raise ValueError(f"an influence estimator named {name!r} is already registered ({ESTIMATORS[name].__qualname__})")
+        raise ValueError(
+            f"an influence estimator named {name!r} is already registered ({ESTIMATORS[name].__qualname__})"
+        )
     ESTIMATORS[name] = cls
     return cls
 
@@ -177,8 +187,10 @@ def check_curvature(name: str, curvature: str) -> None:
         takes = " or ".join(f"{what} ({value})" for value, what in accepted.items())
         raise AuditError(f"--curvature {curvature} is for --estimator {owners}; --estimator {name} takes {takes}")
     users = [n for n, c in ESTIMATORS.items() if len(c.curvatures) > 1]
-    raise AuditError(f"--curvature applies to --estimator {_and(users)}, not {name} (which uses "
-                     f"{accepted.get('auto', 'its own curvature')}); leave it at auto")
+    raise AuditError(
+        f"--curvature applies to --estimator {_and(users)}, not {name} (which uses "
+        f"{accepted.get('auto', 'its own curvature')}); leave it at auto"
+    )
 
 
 def absolute_damping(value: float | str, lam_max: float | None) -> float:

@@ -32,10 +32,21 @@ class CG(Estimator):
         if any(isinstance(g, str) for g in context.dampings):
             eng, hvp = context.engine, context.hvp
             P = eng.n_params
-            eig = lanczos_top_eigen(lambda v: hvp.matmat(v[None])[0], P, 1, max_steps=min(P, 200), tol=1e-6,
-                                    device=eng.theta.device, dtype=eng.theta.dtype)
-            info = {"lambda_max": float(eig.eigenvalues[0]), "lambda_max_method": "lanczos",
-                    "lambda_max_residual": float(eig.residuals[0]), "lambda_max_converged": eig.converged}
+            eig = lanczos_top_eigen(
+                lambda v: hvp.matmat(v[None])[0],
+                P,
+                1,
+                max_steps=min(P, 200),
+                tol=1e-6,
+                device=eng.theta.device,
+                dtype=eng.theta.dtype,
+            )
+            info = {
+                "lambda_max": float(eig.eigenvalues[0]),
+                "lambda_max_method": "lanczos",
+                "lambda_max_residual": float(eig.residuals[0]),
+                "lambda_max_converged": eig.converged,
+            }
         for given in context.dampings:  # a relative damping needs lambda_max > 0: refuse before any solve
             absolute_damping(given, info["lambda_max"])
         return State(context, info)
@@ -47,7 +58,9 @@ class CG(Estimator):
         X, cgd = batched_cg(lambda V: hvp.matmat(V) + d * V, ctx.test_grads, config.cg_tol, config.cg_max_iter)
         w = []
         if cgd["negative_curvature"]:
-            w.append(f"CG met non-positive curvature at damping {d:g}: the damped Hessian is not positive definite; raise --damping")
+            w.append(
+                f"CG met non-positive curvature at damping {d:g}: the damped Hessian is not positive definite; raise --damping"
+            )
         elif not cgd["converged"]:
             w.append(
                 f"CG did not converge in {cgd['iterations']} iterations at damping {d:g} "

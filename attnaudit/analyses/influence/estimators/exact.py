@@ -30,7 +30,9 @@ def _extreme_eigenvalues(H: torch.Tensor) -> tuple[float, float, str]:
     P = H.shape[0]
     steps = min(P, 300)
     top = lanczos_top_eigen(lambda v: H @ v, P, 1, max_steps=steps, tol=1e-12, device=H.device, dtype=H.dtype)
-    bottom = lanczos_top_eigen(lambda v: -(H @ v), P, 1, max_steps=steps, tol=1e-12, seed=1, device=H.device, dtype=H.dtype)
+    bottom = lanczos_top_eigen(
+        lambda v: -(H @ v), P, 1, max_steps=steps, tol=1e-12, seed=1, device=H.device, dtype=H.dtype
+    )
     # residuals are relative to each run's largest Ritz value; 1e-10 bounds the eigenvalue error
     if all((r.converged or r.steps >= P) and r.residuals[0] <= 1e-10 for r in (top, bottom)):
         return -bottom.eigenvalues[0], top.eigenvalues[0], "lanczos"
@@ -120,7 +122,9 @@ class Exact(Estimator):
     def prepare(self, context: Context) -> State:
         config = context.config
         if config.curvature == "ggn":  # the exact Gauss-Newton matrix, what K-FAC approximates
-            H = dense_gauss_newton(context.engine, context.train_rows, budget_bytes=int(config.memory_budget_mb * 2**20) // 4)
+            H = dense_gauss_newton(
+                context.engine, context.train_rows, budget_bytes=int(config.memory_budget_mb * 2**20) // 4
+            )
         else:
             H = context.hvp.dense(block=config.hvp_batch)
         trailing = {"curvature": "ggn" if config.curvature == "ggn" else "hessian"}
@@ -139,7 +143,9 @@ class Exact(Estimator):
             absolute_damping(given, lam_max)
         info = {"lambda_max": lam_max, "lambda_max_method": "eigh", "solver": solver}
         coeff = context.test_grads @ evecs  # (k, P) in the eigenbasis
-        return _ExactState(context, info, trailing, lam_min=lam_min, lam_max=lam_max, evals=evals, evecs=evecs, coeff=coeff)
+        return _ExactState(
+            context, info, trailing, lam_min=lam_min, lam_max=lam_max, evals=evals, evecs=evecs, coeff=coeff
+        )
 
     def solve(self, state: _ExactState, damping: float | str | None) -> Solution:
         lam_min, lam_max = state.lam_min, state.lam_max

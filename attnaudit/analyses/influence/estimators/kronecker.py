@@ -22,8 +22,12 @@ class KFAC(Estimator):
     """K-FAC factors fitted (or loaded from ``cache_dir``) once; one preconditioning per damping."""
 
     name = "kfac"
-    curvatures = {"auto": "the Hessian", "ggn": "the exact Gauss-Newton matrix", "fisher": "the sampled Fisher",
-                  "empirical": "the empirical Fisher"}
+    curvatures = {
+        "auto": "the Hessian",
+        "ggn": "the exact Gauss-Newton matrix",
+        "fisher": "the sampled Fisher",
+        "empirical": "the empirical Fisher",
+    }
     allows_fast_path = False  # needs the real module's linear layers
     budget_hint = "track fewer layers with --params, use --estimator projected with a small --proj-dim"
 
@@ -35,10 +39,19 @@ class KFAC(Estimator):
 
     def prepare(self, context: Context) -> State:
         config = context.config
-        factors = cached_factors(context.engine, context.train_rows, self.name, chunk=context.chunk,
-                                 curvature=config.curvature, seed=config.seed, cache_dir=config.cache_dir,
-                                 targets=context.train_targets)
-        return _KroneckerState(context, {"lambda_max": None, "lambda_max_method": None, "solver": self.name}, factors=factors)
+        factors = cached_factors(
+            context.engine,
+            context.train_rows,
+            self.name,
+            chunk=context.chunk,
+            curvature=config.curvature,
+            seed=config.seed,
+            cache_dir=config.cache_dir,
+            targets=context.train_targets,
+        )
+        return _KroneckerState(
+            context, {"lambda_max": None, "lambda_max_method": None, "solver": self.name}, factors=factors
+        )
 
     def solve(self, state: _KroneckerState, damping: float | str | None) -> Solution:
         factors, ctx = state.factors, state.context
@@ -54,9 +67,15 @@ class KFAC(Estimator):
             "damping_per_layer": per_layer,
             "factor_bytes": factors.memory_bytes(),
         }
-        warnings = [f"{self.name} covers linear layers only (nn.Linear, nn.Conv2d, self-attention "
-                    f"projections); {len(excluded)} tracked parameter(s) left out "
-                    f"of the influence: {', '.join(excluded[:6])}{' ...' if len(excluded) > 6 else ''}"] if excluded else []
+        warnings = (
+            [
+                f"{self.name} covers linear layers only (nn.Linear, nn.Conv2d, self-attention "
+                f"projections); {len(excluded)} tracked parameter(s) left out "
+                f"of the influence: {', '.join(excluded[:6])}{' ...' if len(excluded) > 6 else ''}"
+            ]
+            if excluded
+            else []
+        )
         # a relative damping is resolved per layer (in the diagnostics)
         return Solution(X, None if isinstance(damping, str) else float(damping), diag, warnings)
 

@@ -66,10 +66,17 @@ class Projected(Estimator):
         evals = torch.linalg.eigvalsh(0.5 * (C + C.T))
         lam_max = float(evals[-1])
         info = {"lambda_max": lam_max, "lambda_max_method": "Ritz value on span(R)", "solver": "projected"}
-        diag = {"proj_dim": int(config.proj_dim), "proj_dim_used": k,
-                "projection": "random signs +-1/sqrt(k), seeded column blocks", "projection_seed": config.seed,
-                "hessian_vector_products": k, "projected_min_eigenvalue": float(evals[0])}
-        return _ProjectedState(context, info, train_map=proj.apply, HR=HR, M=M, Bp=Bp, lam_max=lam_max, diagnostics=diag)
+        diag = {
+            "proj_dim": int(config.proj_dim),
+            "proj_dim_used": k,
+            "projection": "random signs +-1/sqrt(k), seeded column blocks",
+            "projection_seed": config.seed,
+            "hessian_vector_products": k,
+            "projected_min_eigenvalue": float(evals[0]),
+        }
+        return _ProjectedState(
+            context, info, train_map=proj.apply, HR=HR, M=M, Bp=Bp, lam_max=lam_max, diagnostics=diag
+        )
 
     def solve(self, state: _ProjectedState, damping: float | str | None) -> Solution:
         d = absolute_damping(damping, state.lam_max) if isinstance(damping, str) else float(damping)
