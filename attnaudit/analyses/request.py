@@ -410,7 +410,9 @@ def request_type(command: str) -> type[Request]:
 def request_from_report(report: dict) -> Request | None:
     """The request a report records (None for reports written before requests existed)."""
     recorded = report.get("request")
-    command = recorded.get("command") if isinstance(recorded, dict) else None
+    if not isinstance(recorded, dict):
+        return None
+    command = recorded.get("command")
     if command in COMMANDS:
         cls = request_type(command)
     elif command in _DEFINED:

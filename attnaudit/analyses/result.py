@@ -27,7 +27,11 @@ Progress = Callable[[str, int, str], ContextManager[Callable[[int], None]]]
 @contextlib.contextmanager
 def silent(label: str, total: int, unit: str) -> Iterator[Callable[[int], None]]:
     """The progress of a run nobody watches."""
-    yield lambda k=1: None
+
+    def advance(k: int = 1) -> None:
+        pass
+
+    yield advance
 
 
 def progress_or_silent(progress: Progress | None) -> Progress:

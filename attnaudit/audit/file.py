@@ -286,8 +286,12 @@ def _metric(raw: Any, schema: str, analysis: str, where: str) -> tuple[str | Non
     available = M.METRICS.get(schema, {})
     if isinstance(raw, dict):
         _unknown_keys(raw, ("path",), f"{where}.metric")
-        path = raw.get("path")
-        _expect(path, (str,), "a dotted path into the report's results, e.g. models.*.loss", f"{where}.metric.path")
+        path: str = _expect(
+            raw.get("path"),
+            (str,),
+            "a dotted path into the report's results, e.g. models.*.loss",
+            f"{where}.metric.path",
+        )
         return None, path.removeprefix("results.")
     _expect(raw, (str,), "a metric name or {path: ...}", f"{where}.metric")
     if raw not in available:

@@ -244,7 +244,9 @@ def _build() -> dict[str, dict[str, Metric]]:
     )
     add(Metric("accuracy", LANDSCAPE, ("model",), M, lrows, lambda row, stat: row.get("accuracy"), "training accuracy"))
 
-    one = lambda results: [({}, results)]  # noqa: E731 - the data kappa report is one row
+    def one(results: dict) -> list[tuple[dict, dict]]:
+        return [({}, results)]  # the data kappa report is one row
+
     add(
         Metric(
             "log10_kappa",

@@ -9,13 +9,13 @@ report (``results.summary.exit_code``: 0 every check passed, 1 one failed, 2 bad
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from attnaudit.analyses.request import ANALYSIS, EXECUTION, FieldError, Request, internal, option
 from attnaudit.analyses.result import Progress, Result, progress_or_silent
 from attnaudit.audit.file import load_audit_file
-from attnaudit.audit.runner import SCHEMA, run_audit
+from attnaudit.audit.runner import SCHEMA, AuditResult, run_audit
 from attnaudit.report.envelope import build_report
 from attnaudit.runtime.sweep import ExecutorConfig
 
@@ -54,13 +54,20 @@ class AuditRequest(Request):
         return [self.file, *argv]
 
 
+@dataclass
+class AuditRunResult(Result):
+    """The audit's :class:`Result`, with the typed :class:`AuditResult` it reports (JUnit, baselines)."""
+
+    audit: AuditResult = field(kw_only=True, repr=False, compare=False)
+
+
 def run(
     request: AuditRequest,
     *,
     progress: Progress | None = None,
     executor: Any = None,
     on_check: Callable[[Any], None] | None = None,
-) -> Result:
+) -> AuditRunResult:
     """Run the audit; ``on_check(check)`` is called as each check is judged."""
 
     executor = executor or ExecutorConfig()
@@ -98,9 +105,7 @@ def run(
         verdicts=result.verdicts(),
         request=request,
     )
-    out = Result(report, request, renderables=_tables(result))
-    out.audit = result  # type: ignore[attr-defined] # the typed AuditResult (JUnit, baselines)
-    return out
+    return AuditRunResult(report, request, renderables=_tables(result), audit=result)
 
 
 def _seed_of(check: Any) -> int | None:

@@ -253,12 +253,13 @@ def observe(spec: CheckSpec, report: dict) -> list[dict]:
         if not obs:
             raise AuditError(f"{spec.where}.metric.path: {spec.path} matches nothing in the {schema} report's results")
     else:
+        assert spec.metric is not None  # a check reads a named metric or a path
         obs = M.observations(M.METRICS[spec.schema][spec.metric], results, spec.stat)
         if not obs:
             raise AuditError(f"{spec.where}.metric: the {schema} report has no {spec.metric} rows")
     kept = [(labels, value) for labels, value in obs if M.matches(labels, spec.select)]
     if not kept:
-        available = {}
+        available: dict[str, list] = {}
         for labels, _ in obs:
             for key, value in labels.items():
                 available.setdefault(key, [])
@@ -269,7 +270,7 @@ def observe(spec: CheckSpec, report: dict) -> list[dict]:
             f"{spec.where}.select: no {spec.metric or 'path'} row matches "
             f"{', '.join(f'{k}={v}' for k, v in spec.select.items())} (available {offer})"
         )
-    out = []
+    out: list[dict] = []
     missing = [labels for labels, value in kept if value is None]
     if len(missing) == len(kept):
         where = "; ".join(", ".join(f"{k}={v}" for k, v in labels.items()) or "the report" for labels in missing[:4])
@@ -360,13 +361,15 @@ def _model_args(plan: AuditPlan, analysis: str, model_path: str | None, where: s
 
 
 def _train_args(plan: AuditPlan, out: str, stand_in: bool) -> list[str]:
-    options = {**plan.data, **plan.model.train}
+    model = plan.model
+    assert model is not None and model.arch is not None  # only a model the audit trains (arch:) gets here
+    options = {**plan.data, **model.train}
     if stand_in:  # one step: a model of the right architecture to validate the checks against
         options = {k: v for k, v in options.items() if k not in ("steps", "epochs")}
         options["steps"] = 1
     return [
         "--arch",
-        plan.model.arch,
+        model.arch,
         *to_args("train", options, "model.train"),
         "--seed",
         str(plan.seed),
@@ -444,7 +447,8 @@ def run_audit(
     warnings: list[str] = []
     workdir = Path(tempfile.mkdtemp(prefix="attnaudit-audit-"))
     try:
-        model_path = shown_model = None
+        model_path: str | None = None
+        shown_model = ""  # model_path as the reports show it (set with model_path)
         model_info = None
         if plan.model is not None and plan.model.kind == "trained":
             if plan.model.save:
@@ -497,6 +501,7 @@ def run_audit(
                 warnings.append(f"{c.name}: not in the baseline; judged by its thresholds only")
 
         if plan.model is not None and plan.model.kind == "trained":
+            assert model_path is not None
             tt = time.perf_counter()
             train_report = _train(_train_args(plan, model_path, stand_in=False))
             if plan.model.save:
@@ -536,6 +541,7 @@ def run_audit(
                 c.status, c.error_kind = "error", run.error_kind
                 c.message = f"{run.error}; reproduce: {c.command}"
             else:
+                assert run.report is not None  # a run without an error has its report
                 try:
                     judge(c, observe(c.spec, run.report), base.get(c.name))
                 except AuditError as exc:
@@ -568,9 +574,12 @@ def _run_parallel(runs: list[Run], ex: "ExecutorConfig") -> None:
 def _keep_model(src: str, target: str) -> None:
     """Copy the trained model and its side-car to model.save, atomically together."""
 
+    def copy_of(s: Path) -> Callable[[Path], object]:
+        return lambda path: shutil.copyfile(s, path)
+
     pairs = [(Path(src), Path(target)), (Path(src + ".json"), Path(target + ".json"))]
     with StagedFiles() as files:
         for s, t in pairs:
             if s.exists():
-                files.stage(t, lambda path, s=s: shutil.copyfile(s, path))
+                files.stage(t, copy_of(s))
         files.commit()

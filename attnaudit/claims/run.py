@@ -182,12 +182,12 @@ def run(request: ClaimsRequest, *, progress: Progress | None = None, executor: A
         outcomes = run_cells(tasks, executor, on_done=lambda o: advance(1))
     reports: dict[str, dict | None] = {}
     errors: dict[str, str] = {}
-    run_info = []
+    run_info: list[dict[str, Any]] = []
     for r, o in zip(runs, outcomes):
         if o.ok and "report" in o.result:
             reports[r.id] = o.result["report"]
         else:
-            errors[r.id] = o.error if not o.ok else o.result.get("error")
+            errors[r.id] = o.error if o.error is not None else o.result.get("error")
             reports[r.id] = None
         run_info.append(
             {
@@ -310,7 +310,7 @@ def _tables(result) -> list:
             {True: "yes", False: "no", None: "-"}[v.losses_comparable],
             v.reading,
         )
-    lines = [claims, variants]
+    lines: list[Table | Text] = [claims, variants]
     lines += [Text(line) for line in result.verdicts()[:1]]
     lines += [Text("commands that reproduce each row:")] + [Text(f"  {r['id']}: {r['command']}") for r in result.runs]
     return lines

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from attnaudit.errors import AuditError
 from attnaudit.core.stats import (
@@ -885,7 +885,7 @@ def _dispersion_warnings(per_seed: list, top_k: int | None) -> list[str]:
     moment estimate rho = (s^2 - m (1 - m) / K) / (m (1 - m)) above :data:`RHO_WARN`, where the
     simulated coverage of Fieller's interval fell to 0.78-0.86 and a true ratio of 1 read as
     above 1 in up to 20 % of runs (zero-inflated denominators)."""
-    out = []
+    out: list[str] = []
     if not per_seed or not top_k or len(per_seed) < 2:
         return out
     for model in ("attn", "relu"):
@@ -1206,7 +1206,7 @@ def score(
 ) -> ClaimsResult:
     """Every claim row and variant row from the runs' reports (a failed run gives 'not testable here')."""
     claims: list[ClaimRow] = []
-    readers = {
+    readers: dict[str, Callable[[dict, str], ClaimRow | list[ClaimRow]]] = {
         "kappa": claim_kappa,
         "ntk": lambda rep, cmd: claim_ntk(rep, cmd, slope_margin),
         "malleability": claim_malleability,
@@ -1235,7 +1235,9 @@ def score(
                     )
                 )
             continue
-        got = read(reports[rid], commands[rid])
+        report = reports[rid]
+        assert report is not None  # checked above
+        got = read(report, commands[rid])
         claims.extend(got if isinstance(got, list) else [got])
     rows = [variant_row(name, reports.get(rid), commands[rid], errors.get(rid)) for name, rid in variants]
     return ClaimsResult(mode, claims, rows)

@@ -12,7 +12,7 @@ import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import typer
 from rich.console import Console
@@ -110,7 +110,7 @@ class OutputOptions:
     def __post_init__(self) -> None:
         # With --json - standard output carries the JSON alone, so everything human goes to stderr.
         # markup/emoji off: tables hold user strings (file and data set names) that must print as typed.
-        kwargs = dict(stderr=self.json == "-", highlight=False, markup=False, emoji=False)
+        kwargs: dict[str, Any] = dict(stderr=self.json == "-", highlight=False, markup=False, emoji=False)
         if not Console(**kwargs).is_terminal and "COLUMNS" not in os.environ:
             # Piped output (logs, CI) would otherwise be cut at 80 columns and wide tables
             # truncated to "…"; a log file has no width limit worth respecting.
@@ -154,7 +154,9 @@ class OutputOptions:
                 targets.extend(("--out-dir", Path(self.out_dir) / name) for name in png_names)
         return targets
 
-    def check_writable(self, png_names: tuple[str, ...] = ("figure.png",), extra: list[tuple[str, Path]] = ()) -> None:
+    def check_writable(
+        self, png_names: tuple[str, ...] = ("figure.png",), extra: Sequence[tuple[str, Path]] = ()
+    ) -> None:
         """Fail before compute if any output could not be written, or would clobber a file or another output.
 
         ``extra`` adds (flag, path) targets a command writes besides the report and figure.
@@ -239,10 +241,10 @@ def emit(
         if html_targets:
             figures = [(png_name, png_bytes(plot, png_name))] if plot is not None else []
             page = render_run(RunPage(report, list(renderables), figures))
-            for target in html_targets:
-                check_target(target, opts.overwrite)
-                files.stage(target, lambda path: Path(path).write_text(page, encoding="utf-8"))
-                written.append(f"HTML report written to {target}")
+            for html_target in html_targets:
+                check_target(html_target, opts.overwrite)
+                files.stage(html_target, lambda path: Path(path).write_text(page, encoding="utf-8"))
+                written.append(f"HTML report written to {html_target}")
         files.commit()
     if "-" in opts.json_targets():
         sys.stdout.write(text)
@@ -275,7 +277,11 @@ def progress(opts: OutputOptions, description: str, total: int, unit: str = "") 
     ``unit`` names what is counted (shown after the count), e.g. "cells"."""
     interactive = opts.console.is_terminal and not opts.quiet and os.environ.get("CI") is None
     if not interactive:
-        yield lambda k=1: None
+
+        def skip(k: int = 1) -> None:
+            pass
+
+        yield skip
         return
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -289,4 +295,8 @@ def progress(opts: OutputOptions, description: str, total: int, unit: str = "") 
         transient=True,
     ) as bar:
         task = bar.add_task(description, total=total)
-        yield lambda k=1: bar.advance(task, k)
+
+        def advance(k: int = 1) -> None:
+            bar.advance(task, k)
+
+        yield advance

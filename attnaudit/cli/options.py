@@ -20,7 +20,7 @@ import dataclasses
 import functools
 import inspect
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, ClassVar, Optional, get_args
+from typing import Annotated, Any, Callable, ClassVar, Optional, Protocol, get_args
 
 import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
@@ -29,11 +29,18 @@ from attnaudit.analyses.request import EXECUTION, OUTPUT, PANELS
 from attnaudit.analyses.request import show_list
 from attnaudit.cli.common import OutputOptions
 from attnaudit.runtime.sweep import ExecutorConfig
-from attnaudit.analyses.request import FieldError, fields_named
+from attnaudit.analyses.request import FieldError, Request, fields_named
 
 _OPTION = "typer_option"
 
 _METAVARS = {str: "TEXT", int: "INTEGER", float: "FLOAT"}
+
+
+class _Bundle(Protocol):
+    """An option bundle: a dataclass whose fields carry their options, shown in its ``PANEL``."""
+
+    PANEL: ClassVar[str]
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
 
 def _field(default: Any, annotation: Any, *decls: str, help: str, metavar: Optional[str] = None) -> Any:
@@ -128,7 +135,7 @@ class ExecutorOptions:
         )
 
 
-def _parameters(bundle: type) -> list[inspect.Parameter]:
+def _parameters(bundle: type[_Bundle]) -> list[inspect.Parameter]:
     params = []
     for f in dataclasses.fields(bundle):
         annotation, option = f.metadata[_OPTION]
@@ -142,7 +149,7 @@ def _parameters(bundle: type) -> list[inspect.Parameter]:
     return params
 
 
-def bundled(**bundles: type) -> Callable[[Callable], Callable]:
+def bundled(**bundles: type[_Bundle]) -> Callable[[Callable], Callable]:
     """Decorator: replace each named parameter of the command by the fields of its bundle class.
 
     The command receives one instance per bundle. Option names must not clash between
@@ -171,7 +178,7 @@ def bundled(**bundles: type) -> Callable[[Callable], Callable]:
                 kwargs[name] = bundle(**{field: kwargs.pop(field) for field in fields_of[name]})
             return fn(**kwargs)
 
-        command.__signature__ = signature.replace(parameters=spliced)
+        command.__signature__ = signature.replace(parameters=spliced)  # type: ignore[attr-defined]
         command.__annotations__ = {p.name: p.annotation for p in spliced}
         return command
 
@@ -189,13 +196,13 @@ class ManualCommand(TyperCommand):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        rank = {name: i for i, name in enumerate(PANELS)}
+        rank: dict[str | None, int] = {name: i for i, name in enumerate(PANELS)}
         # stable: arguments keep their order, options keep theirs within a panel
         self.params.sort(
             key=lambda p: rank.get(getattr(p, "rich_help_panel", None), -1) if isinstance(p, TyperOption) else -1
         )
         for param in self.params:
-            if param.help:
+            if isinstance(param, (TyperOption, TyperArgument)) and param.help:
                 from rich.markup import escape
 
                 param.help = escape(param.help)
@@ -231,10 +238,17 @@ def _plain_metavar(param: Any) -> None:
     typer's ``<str>`` / ``<list[str]>``."""
     if isinstance(param, TyperArgument):
         label = (param.metavar or "PATH") + ("..." if param.nargs != 1 else "")
-        param.display_type_rich = lambda ctx, _label=label: _label  # per instance: typer has no hook
-        # the usage line as click writes it (AUDIT.yaml, [RUN.json]...), not typer's {AUDIT.yaml}
         usage = label if param.required else f"[{label}]"
-        param._usage_display_name = lambda _usage=usage: _usage
+
+        def display_type_rich(ctx: Any) -> str:
+            return label
+
+        def usage_display_name() -> str:  # the usage line as click writes it (AUDIT.yaml, [RUN.json]...)
+            return usage
+
+        # per instance: typer has no hook (and typer's usage would read {AUDIT.yaml})
+        param.display_type_rich = display_type_rich  # type: ignore[method-assign]
+        param._usage_display_name = usage_display_name  # type: ignore[method-assign]
         return
     if not isinstance(param, TyperOption) or param.metavar is not None:
         return
@@ -251,7 +265,7 @@ def _plain_metavar(param: Any) -> None:
 # --------------------------------------------------------------------------- requests as options
 
 
-def request_parameters(request_type: type) -> list[inspect.Parameter]:
+def request_parameters(request_type: type[Request]) -> list[inspect.Parameter]:
     """The typer parameters of a request class's option fields (the one flag table).
 
     A field with a parser (lists, free text) is text on the command line; a bool field is a
@@ -268,7 +282,7 @@ def request_parameters(request_type: type) -> list[inspect.Parameter]:
             if opt.negative:
                 decls = [f"{opt.flag}/{opt.negative}", *opt.flags[1:]]
         elif opt.multiple:
-            annotation = Optional[list[opt.kind]]
+            annotation = Optional[list[opt.kind]]  # type: ignore[name-defined]  # built at run time
         elif opt.parse is not None:
             annotation = Optional[str]
             if isinstance(default, tuple):
@@ -314,7 +328,7 @@ _DEPRECATED = "__deprecated_"
 class RequestOptions:
     """The parsed options of a command, ready to become its request (:meth:`build`)."""
 
-    request_type: type
+    request_type: type[Request]
     values: dict
 
     def build(self, **objects: Any) -> Any:
@@ -342,7 +356,7 @@ class RequestOptions:
             raise fields_named(exc, self.request_type) from None
 
 
-def with_request(request_type: type, name: str = "request") -> Callable[[Callable], Callable]:
+def with_request(request_type: type[Request], name: str = "request") -> Callable[[Callable], Callable]:
     """Decorator: the command's options are ``request_type``'s option fields; the command
     receives them as one :class:`RequestOptions` (parameter ``name``) and builds the request
     inside its error handling."""

@@ -22,18 +22,18 @@ def math_attention() -> Iterator[None]:
     Both are restored on exit."""
     mha = getattr(torch.backends, "mha", None)
     fastpath = mha.get_fastpath_enabled() if mha is not None else None
+    kernel: contextlib.AbstractContextManager[object]
     try:
         from torch.nn.attention import SDPBackend, sdpa_kernel
     except ImportError:  # torch < 2.3: the fused kernels are chosen per call; nothing to force
-        sdpa_kernel = None
+        kernel = contextlib.nullcontext()
+    else:
+        kernel = sdpa_kernel(SDPBackend.MATH)  # a generator context manager: runs only on entry
     try:
         if mha is not None:
             mha.set_fastpath_enabled(False)
-        if sdpa_kernel is None:
+        with kernel:
             yield
-        else:
-            with sdpa_kernel(SDPBackend.MATH):
-                yield
     finally:
         if mha is not None:
             mha.set_fastpath_enabled(fastpath)

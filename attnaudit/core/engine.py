@@ -32,7 +32,7 @@ from torch.func import functional_call, grad, jacrev, jvp, vjp, vmap
 
 from attnaudit.errors import AuditError
 from attnaudit.core.attention import math_attention
-from attnaudit.core.task import Task, eval_mode, to_logits
+from attnaudit.core.task import Task, as_loss, eval_mode, to_logits
 
 KERNEL_FORMS = ("full", "trace")
 _DEFAULT_MEMORY_BYTES = 1 << 30
@@ -70,7 +70,7 @@ class Engine:
     ):
         self.task = task
         self.module = task.module
-        self.loss = task.loss
+        self.loss = as_loss(task.loss)  # a Loss since Task.__post_init__ (returned as is); narrows Loss | str
         self.inputs = task.inputs
         self.n_classes = task.n_classes
         named = dict(self.module.named_parameters())
@@ -301,7 +301,7 @@ class Engine:
         P = self.n_params
         per_sample = max(1, c * P * self.theta.element_size())
         same = X2 is None
-        X2 = X1 if same else self.rows(X2)
+        X2 = X1 if X2 is None else self.rows(X2)
         n1, n2 = X1.shape[0], X2.shape[0]
         transient = JACOBIAN_TRANSIENT * min(JACOBIAN_ROWS, max(n1, n2)) * per_sample
         avail = max(int(memory_bytes) - transient, 2 * per_sample)
@@ -418,7 +418,7 @@ class HessianVectorProduct:
             try:
                 pullback = self._pullback
                 if pullback is None:
-                    _, pullback = vjp(self._grad_fn(a, b), self.theta)
+                    pullback = vjp(self._grad_fn(a, b), self.theta)[1]
                     if b - a == self.n:  # one chunk: keep the gradient's graph for the next vectors
                         self._pullback = pullback
                 if batched is None:

@@ -145,7 +145,10 @@ class Recipe:
 
     def total_steps(self, n: int) -> int:
         """Optimizer steps the recipe runs on ``n`` rows (unless it diverges)."""
-        return self.steps if self.steps is not None else self.epochs * self.steps_per_epoch(n)
+        if self.steps is not None:
+            return self.steps
+        assert self.epochs is not None  # __post_init__ requires exactly one of epochs and steps
+        return self.epochs * self.steps_per_epoch(n)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -295,7 +298,7 @@ def fit(
     _check_data(X, y, "training")
     if (X_val is None) != (y_val is None):
         raise AuditError("give both X_val and y_val, or neither")
-    if X_val is not None:
+    if X_val is not None and y_val is not None:  # both or neither, checked above
         _check_data(X_val, y_val, "validation")
     n = int(X.shape[0])
     if n == 0:
@@ -317,11 +320,12 @@ def fit(
             f"the model has {width} outputs (classes 0..{width - 1}) but the labels go up to {top}; "
             "build it with one output per class"
         )
-    forward = None
+    forward: Callable[[torch.Tensor], torch.Tensor] | None = None
     if fast_path and _attention_features_apply(model, inputs):
         with torch.no_grad():
-            Xd = model.features_in(Xd)  # f_att of every row, once (the context is a fixed buffer)
-        forward = model.mlp
+            # f_att of every row, once (the context is a fixed buffer); TwoLayerNet methods, not Module attributes
+            Xd = model.features_in(Xd)  # type: ignore[operator]
+        forward = model.mlp  # type: ignore[assignment]
     eye = torch.eye(width, dtype=dtype, device=device)  # one-hot targets by row lookup
     optimizer = _optimizer(params, recipe)
     batch = recipe.batch_rows(n)
@@ -364,7 +368,7 @@ def fit(
         notes.append(f"the loss became non-finite at step {steps_run} (lr {recipe.lr:g}); lower --lr")
     train_loss, train_acc = evaluate(model, X, y, recipe.loss, inputs)
     val_loss = val_acc = None
-    if X_val is not None and X_val.shape[0]:
+    if X_val is not None and y_val is not None and X_val.shape[0]:
         val_loss, val_acc = evaluate(model, X_val, y_val, recipe.loss, inputs)
     return FitResult(
         steps_run=steps_run,

@@ -157,6 +157,7 @@ def lanczos_top_eigen(
             q = w / b
     if progress is not None and steps < m_max:
         progress(m_max - steps)
+    assert evals is not None and evecs is not None  # the loop runs at least once: m_max >= k >= 1
     m = len(alphas)
     kk = min(k, m)
     order = torch.arange(m - 1, m - 1 - kk, -1)

@@ -302,8 +302,10 @@ class TwoLayerState:
                 raise AuditError(
                     "the closed-form NTK needs a 2-layer attnaudit model (W, a); use entk_jacobian or empirical_ntk for other modules"
                 )
-        s_in, s_out = model.preactivation_scale()
-        return cls(model.W.detach().clone(), model.a.detach().clone(), float(s_in), float(s_out))
+        # TwoLayerNet's method and weights, checked above; nn.Module types its attributes as Tensor | Module
+        s_in, s_out = model.preactivation_scale()  # type: ignore[operator]
+        W, a = model.W.detach(), model.a.detach()  # type: ignore[operator]
+        return cls(W.clone(), a.clone(), float(s_in), float(s_out))
 
     def activations(self, Z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(S, D) = (relu(s_in Z W^T), 1[s_in Z W^T > 0]), each (n, m), in Z's dtype."""
@@ -311,11 +313,12 @@ class TwoLayerState:
         return torch.relu(pre), (pre > 0).to(Z.dtype)
 
 
-def _features(model: nn.Module, X: torch.Tensor, transformed: bool) -> torch.Tensor:
-    if transformed or not hasattr(model, "features_in"):
+def _features(model: nn.Module | TwoLayerState, X: torch.Tensor, transformed: bool) -> torch.Tensor:
+    if transformed or isinstance(model, TwoLayerState) or not hasattr(model, "features_in"):
         return X
     with torch.no_grad():
-        return model.features_in(X.to(model.W.dtype)).to(X.dtype)
+        # a TwoLayerNet's method and weight; nn.Module types its attributes as Tensor | Module
+        return model.features_in(X.to(model.W.dtype)).to(X.dtype)  # type: ignore[operator, arg-type]
 
 
 def entk_two_layer(
@@ -341,9 +344,8 @@ def entk_two_layer(
         state, transformed = model, True
     else:
         state = TwoLayerState.from_model(model)
-    same = X2 is None
     Z1 = _features(model, X1, transformed)
-    Z2 = Z1 if same else _features(model, X2, transformed)
+    Z2 = Z1 if X2 is None else _features(model, X2, transformed)
     dt = Z1.dtype
     a = state.a.to(dt)
     m, c = a.shape
@@ -570,9 +572,11 @@ def empirical_ntk(
     reason = closed_form_entk_unavailable(engine) if fast_path else "the fast path is switched off"
     if reason is None:
         module = engine.module
-        place = {"device": module.W.device, "dtype": module.W.dtype}
+        weight = module.W
+        assert isinstance(weight, torch.Tensor)  # a TwoLayerNet's parameter (the fast path applies)
+        dev, dt = weight.device, weight.dtype
         kernel = entk_two_layer(
-            module, X1.to(**place), None if X2 is None else X2.to(**place), form=form, memory_bytes=memory_bytes
+            module, X1.to(dev, dt), None if X2 is None else X2.to(dev, dt), form=form, memory_bytes=memory_bytes
         )
         return EmpiricalNTK(kernel, PATH_FAST_ENTK, None, list(engine.names), form)
     kernel = engine.entk(X1, X2, form=form, memory_bytes=memory_bytes)
@@ -703,15 +707,16 @@ def kernel_gd_predict(
     K, shared = _as_matrix(K_train, c, "train")
     if K.shape != ((n, n) if shared else (n * c, n * c)):
         raise AuditError(f"train kernel {tuple(K_train.shape)} does not match {n} training targets")
-    Kt = None
+    Kt: torch.Tensor | None = None
     if K_test is not None:
         Kt, shared_t = _as_matrix(K_test.to(dt), c, "test")
         if shared_t != shared or Kt.shape[1] != K.shape[1]:
             raise AuditError("test kernel must have the same form as the train kernel and one column per train point")
     f0 = torch.zeros_like(Y) if f0_train is None else f0_train.to(dt)
-    n_t = None if Kt is None else Kt.shape[0] // (1 if shared else c)
-    f0t = None
+    n_t = 0  # test points (none without K_test)
+    f0t: torch.Tensor | None = None  # set exactly when Kt is
     if Kt is not None:
+        n_t = Kt.shape[0] // (1 if shared else c)
         f0t = torch.zeros(n_t, c, dtype=dt, device=dev) if f0_test is None else f0_test.to(dt)
     n_norm = config.n_norm or n
 
@@ -735,17 +740,17 @@ def kernel_gd_predict(
         g = gd_spectral_function(lam, config.lr, config.steps, n_norm, config.mode)
         coeff = V @ (g[:, None] * (V.T @ vec(Y - f0)))  # Theta^{-1}[I - (I - lr Theta/n)^T](Y - f0)
         f_train = f0 + unvec(Ksym @ coeff, n)
-        f_test = None if Kt is None else f0t + unvec(Kt @ coeff, n_t)
+        f_test = None if Kt is None or f0t is None else f0t + unvec(Kt @ coeff, n_t)
         diverges = bool(config.mode == "discrete" and ratio > 2.0)
         method = f"closed form, eigendecomposition ({config.mode})"
     else:
         sub = config.ce_substeps if config.mode == "continuous" else 1
         h = config.lr / n_norm / sub
-        F, Ft = f0.clone(), None if Kt is None else f0t.clone()
+        F, Ft = f0.clone(), None if f0t is None else f0t.clone()
         for _ in range(config.steps * sub):
             R = vec(torch.softmax(F, dim=1) - Y)
             F = F - h * unvec(Ksym @ R, n)
-            if Ft is not None:
+            if Ft is not None and Kt is not None:
                 Ft = Ft - h * unvec(Kt @ R, n_t)
         f_train, f_test = F, Ft
         # softmax's Hessian has eigenvalues <= 1/2, so the MSE bound 2 relaxes to 4

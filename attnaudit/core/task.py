@@ -110,6 +110,7 @@ class Inputs:
             out = rows.round().long()
             return out if self.shape is None else out.reshape(batch, *self.shape)
         if self.kind == "images":
+            assert self.shape is not None  # __post_init__ rejects images without a shape
             if rows.shape[1:].numel() != math.prod(self.shape):
                 raise AuditError(
                     f"rows of {rows.shape[1:].numel()} features cannot be images of shape {self.shape}; "

@@ -117,8 +117,8 @@ def train(model: nn.Module, X: torch.Tensor, y: torch.Tensor, config: TrainConfi
         # MLP-Attn's input map is a fixed buffer, so GD on (X, y) is GD of the MLP on
         # (f_att(X), y): the same parameter trajectory without an n x d x d product per step.
         with torch.no_grad():
-            inputs = model.features_in(X)
-        forward = model.mlp
+            inputs = model.features_in(X)  # type: ignore[operator]  # nn.Module attribute: a TwoLayerNet method
+        forward = model.mlp  # type: ignore[assignment]  # nn.Module attribute: a TwoLayerNet method
     curve: list[float] = []
     checkpoints: list[dict[str, torch.Tensor]] = []
     reached = None if config.loss_tol is None else False
@@ -149,6 +149,7 @@ def train(model: nn.Module, X: torch.Tensor, y: torch.Tensor, config: TrainConfi
         loss.backward()
         with torch.no_grad():
             for p in params:
+                assert p.grad is not None  # every trained parameter is in the loss's graph
                 p.add_(p.grad, alpha=-config.lr)
         steps_run += 1
     if config.checkpoint_every and (not checkpoints or steps_run % config.checkpoint_every):

@@ -163,7 +163,7 @@ def _finish(src: _Source, spec: DataSpec, n: int | None, stratify: bool) -> Data
             out = out.copy()
     X = torch.from_numpy(out)
     if src.value_range is not None:
-        value_range: tuple[float, float] | None = src.value_range
+        value_range: tuple[float, float] = src.value_range
     else:
         value_range = (float(X.min()), float(X.max()))
     scale = ntk_scale_factor(X) if spec.preprocess == "ntk-scale" else None
@@ -189,6 +189,7 @@ def _finish(src: _Source, spec: DataSpec, n: int | None, stratify: bool) -> Data
         info["preprocess_scale_rule"] = "x -> s x with s = sqrt(d / mean_i ||x_i||^2) over the loaded rows"
         info["mean_sq_norm_after"] = float(X.pow(2).sum()) / max(X.shape[0], 1)
         value_range = (value_range[0] * scale, value_range[1] * scale)
+    if src.y is not None:
         labels, counts = np.unique(src.y[idx], return_counts=True)
         info["class_counts"] = {str(int(k)): int(c) for k, c in zip(labels, counts)}
     return Dataset(

@@ -290,7 +290,7 @@ def build_builtin(
         raise AuditError(f"unknown --arch {_show(arch)}; use one of {', '.join(BUILTIN_ARCHITECTURES)}")
     if arch in VIT_ARCHITECTURES:
         spec = ViTSpec(
-            arch,
+            arch,  # type: ignore[arg-type]  # one of VIT_ARCHITECTURES, checked above
             image_shape_of(feature_shape, arch),
             n_out,
             depth=depth,
@@ -305,7 +305,11 @@ def build_builtin(
     if arch == "attn" and X_train is None:
         raise AuditError("--arch attn needs the training inputs to build its attention context")
     return build_model(
-        ModelSpec(arch, d_in, width, n_out, seed=seed), X_train, dtype=dtype or torch.float64, device=device
+        # arch is one of ARCHITECTURES here (checked above)
+        ModelSpec(arch, d_in, width, n_out, seed=seed),  # type: ignore[arg-type]
+        X_train,
+        dtype=dtype or torch.float64,
+        device=device,
     )
 
 
@@ -332,7 +336,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def _input_record(model: nn.Module) -> dict:
+def _input_record(model: TwoLayerNet | ViT) -> dict:
     """The side-car's ``input``: how data rows reach the model."""
     if isinstance(model, ViT):
         return {"kind": "images", "shape": list(model.spec.image_shape)}
@@ -610,14 +614,17 @@ def load_model(path: str | Path, device=None) -> TwoLayerNet | ViT:
             f"the weights are not a readable .safetensors file ({type(exc).__name__}: "
             f"{_clip(' '.join(str(exc).split()), 160)})",
         ) from None
+    model: TwoLayerNet | ViT
     if isinstance(spec, ViTSpec):
         dtype = _check_vit_tensors(path, spec, tensors, recorded_dtype)
-        model = load_into(ViT(spec, dtype=dtype), tensors, where=f"cannot load model {path}", fix=_FIX)
+        model = ViT(spec, dtype=dtype)
+        load_into(model, tensors, where=f"cannot load model {path}", fix=_FIX)  # loads in place
     else:
         dtype = _check_tensors(path, spec, tensors, recorded_dtype)
         model = TwoLayerNet(spec, context=tensors.get("context"), dtype=dtype)
         model.load_state_dict(tensors)
-    model.metadata = dict(metadata)
+    # a plain attribute; nn.Module types attributes it does not declare as Tensor | Module
+    model.metadata = dict(metadata)  # type: ignore[assignment]
     if device is not None:
         model = model.to(device)
     return model

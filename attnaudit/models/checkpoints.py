@@ -107,9 +107,11 @@ def load_checkpoint(path: str | Path, *, trust_pickle: bool = False) -> LoadedMo
 
     module = load_model(path)
     module.eval()
-    spec = getattr(module, "spec", None)
+    spec = module.spec
     metadata = dict(getattr(module, "metadata", None) or {})
-    recipe = metadata.get("recipe") if isinstance(metadata.get("recipe"), dict) else {}
+    recipe = metadata.get("recipe")
+    if not isinstance(recipe, dict):
+        recipe = {}
     loss = recipe.get("loss") if recipe.get("loss") in ("mse", "ce") else None
     inputs = module.audit_inputs() if hasattr(module, "audit_inputs") else Inputs()
     n_features = int(math.prod(inputs.shape)) if inputs.shape is not None else getattr(spec, "d_in", None)
@@ -206,7 +208,8 @@ def load_factory(
             fix="check that --factory builds the model these weights belong to",
         )
     module.eval()
-    declared = module.audit_inputs() if inputs == "auto" and hasattr(module, "audit_inputs") else None
+    declare = getattr(module, "audit_inputs", None) if inputs == "auto" else None  # a model's optional declaration
+    declared = declare() if declare is not None else None
     module_name, _, attr = str(factory).partition(":")
     label = f"{module_name.rpartition('.')[2]}.{attr}"
     return LoadedModel(
@@ -254,21 +257,17 @@ def fit_to_data(loaded: LoadedModel, dataset) -> LoadedModel:
             )
     if loaded.inputs.kind == "tokens" and loaded.inputs.shape is None:
         loaded = dataclasses.replace(loaded, inputs=Inputs(kind="tokens", shape=None, keyword=loaded.inputs.keyword))
-    if loaded.inputs.kind == "images" and images != tuple(loaded.inputs.shape):
+    if loaded.inputs.kind == "images" and images != loaded.inputs.shape:  # Inputs keeps its shape as a tuple
         have = f"images of shape {images}" if images is not None else f"flat rows of {d} features"
         raise AuditError(
-            f"model {loaded.label} expects images of shape {tuple(loaded.inputs.shape)} but {dataset.name} has {have}; "
+            f"model {loaded.label} expects images of shape {loaded.inputs.shape} but {dataset.name} has {have}; "
             "audit it on data of the shape it was trained on"
         )
     expected = loaded.inputs.features()
     if expected is None and loaded.inputs.kind == "flat" and loaded.n_features is not None:
         expected = loaded.n_features
     if expected is not None and expected != d:
-        what = (
-            f"images of shape {tuple(loaded.inputs.shape)}"
-            if loaded.inputs.kind == "images"
-            else f"{expected} features"
-        )
+        what = f"images of shape {loaded.inputs.shape}" if loaded.inputs.kind == "images" else f"{expected} features"
         raise AuditError(
             f"model {loaded.label} expects {what} ({expected} values per sample), but {dataset.name} has {d} per sample "
             f"(shape {shape}); audit it on data of the shape it was trained on"
@@ -347,7 +346,9 @@ def recorded_split(dataset, models: dict[str, LoadedModel]):
     keys = set()
     for loaded in models.values():
         data = loaded.metadata.get("training_data") if isinstance(loaded.metadata, dict) else None
-        hold = data.get("holdout") if isinstance(data, dict) else None
+        if not isinstance(data, dict):
+            return None
+        hold = data.get("holdout")
         if not isinstance(hold, dict):
             return None
         try:

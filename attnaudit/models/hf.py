@@ -167,6 +167,9 @@ class HFImageClassifier(nn.Module):
     ``image_mean``/``image_std`` are non-persistent buffers (None without normalisation).
     """
 
+    image_mean: torch.Tensor | None  # registered buffers (declared for the type checker)
+    image_std: torch.Tensor | None
+
     def __init__(
         self,
         model: nn.Module,
@@ -182,7 +185,7 @@ class HFImageClassifier(nn.Module):
         self.image_size = tuple(int(s) for s in image_size) if image_size is not None else None
         if (image_mean is None) != (image_std is None):
             raise AuditError("image normalisation needs both image_mean and image_std")
-        if image_mean is not None:
+        if image_mean is not None and image_std is not None:  # both or neither, checked above
             mean = torch.tensor(list(image_mean), dtype=torch.float32).reshape(1, -1, 1, 1)
             std = torch.tensor(list(image_std), dtype=torch.float32).reshape(1, -1, 1, 1)
             self.register_buffer("image_mean", mean, persistent=False)
@@ -222,7 +225,7 @@ class HFImageClassifier(nn.Module):
                 images = images.mean(dim=1, keepdim=True)
         if self.image_size is not None and tuple(images.shape[-2:]) != self.image_size:
             images = nn.functional.interpolate(images, size=self.image_size, mode="bilinear", align_corners=False)
-        if self.image_mean is not None:
+        if self.image_mean is not None and self.image_std is not None:  # both or neither
             images = (images - self.image_mean) / self.image_std
         return images
 
@@ -258,10 +261,12 @@ class HFSequenceClassifier(nn.Module):
     def attention_mask(self, input_ids: torch.Tensor) -> torch.Tensor | None:
         if self.mask == "none":
             return None
-        keep = input_ids != self.pad_token_id
+        pad = self.pad_token_id
+        assert pad is not None  # __init__ sets mask "none" without a pad token
+        keep = input_ids != pad
         if self.mask == "2d":
             return keep.long()
-        embeddings = self.model.get_input_embeddings()
+        embeddings = self.model.get_input_embeddings()  # type: ignore[operator]  # a transformers model's method
         dtype = embeddings.weight.dtype if embeddings is not None else torch.float32
         zero = torch.zeros((), dtype=dtype, device=input_ids.device)
         low = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=input_ids.device)
@@ -340,10 +345,11 @@ def _check_config(raw: dict[str, Any], path: Path, transformers) -> tuple[Any, t
             "check the architectures entry"
         )
     config_class = CONFIG_MAPPING[model_type]
-    if getattr(cls, "config_class", None) is not None and not issubclass(config_class, cls.config_class):
+    expected = getattr(cls, "config_class", None)
+    if expected is not None and not issubclass(config_class, expected):
         raise AuditError(
             f"{where}: architecture {arch} does not take model_type {model_type!r} "
-            f"(it expects {getattr(cls.config_class, 'model_type', '?')!r}); fix the config"
+            f"(it expects {getattr(expected, 'model_type', '?')!r}); fix the config"
         )
     clean = {k: v for k, v in raw.items() if k != "auto_map"}
     try:
@@ -438,7 +444,7 @@ def _renamer(model: nn.Module):
             return key, False
 
         return plain
-    mapping = get_model_conversion_mapping(model)
+    mapping = get_model_conversion_mapping(model)  # type: ignore[arg-type]  # a PreTrainedModel (see _build)
     renamings = [m for m in mapping if isinstance(m, WeightRenaming)]
     converters = [m for m in mapping if isinstance(m, WeightConverter)]
 
@@ -456,7 +462,7 @@ def _file_names(model: nn.Module, state: Mapping[str, torch.Tensor]) -> dict[str
     try:
         from transformers.core_model_loading import revert_weight_conversion
 
-        reverted = revert_weight_conversion(model, dict(state))
+        reverted = revert_weight_conversion(model, dict(state))  # type: ignore[arg-type]  # a PreTrainedModel
     except Exception:  # noqa: BLE001 - only for nicer messages
         return {}
     by_id = {id(t): k for k, t in state.items()}
@@ -627,7 +633,8 @@ def _build(cls: type, config, *, meta: bool, where: Path | None = None) -> nn.Mo
     try:
         with torch.random.fork_rng(devices=[]), torch.device("meta") if meta else contextlib.nullcontext():
             try:
-                model = cls._from_config(copy.deepcopy(config), dtype=torch.float32)
+                # cls is a transformers PreTrainedModel subclass (checked by the caller)
+                model = cls._from_config(copy.deepcopy(config), dtype=torch.float32)  # type: ignore[attr-defined]
             except TypeError:
                 model = cls(copy.deepcopy(config))
         return model.to(dtype=torch.float32)

@@ -234,12 +234,12 @@ class ViT(nn.Module):
         self.spec = spec
         # Built on the meta device so that no layer draws from the global RNG; then given
         # real storage and initialised from the local generator.
-        kw = dict(device="meta", dtype=dtype)
-        self.embed = nn.Linear(spec.patch_features, spec.dim, **kw)
-        self.pos_embed = nn.Parameter(torch.empty(spec.tokens, spec.dim, **kw))
-        self.blocks = nn.ModuleList([Block(spec, **kw) for _ in range(spec.depth)])
-        self.norm = nn.LayerNorm(spec.dim, **kw)
-        self.head = nn.Linear(spec.dim, spec.n_out, **kw)
+        meta = "meta"
+        self.embed = nn.Linear(spec.patch_features, spec.dim, device=meta, dtype=dtype)
+        self.pos_embed = nn.Parameter(torch.empty(spec.tokens, spec.dim, device=meta, dtype=dtype))
+        self.blocks = nn.ModuleList([Block(spec, device=meta, dtype=dtype) for _ in range(spec.depth)])
+        self.norm = nn.LayerNorm(spec.dim, device=meta, dtype=dtype)
+        self.head = nn.Linear(spec.dim, spec.n_out, device=meta, dtype=dtype)
         target = torch.device(device) if device is not None else torch.device("cpu")
         if target.type != "meta":
             self.to_empty(device=target)

@@ -58,9 +58,9 @@ class StagedFiles:
 
     def __init__(self) -> None:
         self._staged: list[tuple[Path, Path]] = []  # (temporary, target)
-        self._direct: list[tuple[Path, Callable[[Path], None]]] = []
+        self._direct: list[tuple[Path, Callable[[Path], object]]] = []
 
-    def stage(self, target: str | Path, write: Callable[[Path], None]) -> None:
+    def stage(self, target: str | Path, write: Callable[[Path], object]) -> None:
         """Call ``write(path)`` on a temporary path beside ``target`` now; rename at commit."""
         target = Path(target)
         if not _is_regular_target(target):

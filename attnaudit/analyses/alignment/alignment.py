@@ -69,7 +69,7 @@ import math
 import numbers
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable
+from typing import Callable, Literal
 
 import numpy as np
 import torch
@@ -78,7 +78,7 @@ from torch import nn
 from attnaudit.core.linalg import centered_kernel_alignment
 from attnaudit.errors import AuditError
 from attnaudit.models.builtin import attention_context
-from attnaudit.models.builtin import ModelSpec, build_model
+from attnaudit.models.builtin import ModelSpec, TwoLayerNet, build_model
 from attnaudit.core.training import TrainConfig, train
 from attnaudit.data import holdout_split
 from attnaudit.core.ntk import analytic_ntk
@@ -91,7 +91,7 @@ SCHEMA = "attnaudit.alignment/1"
 PNG_NAME = "alignment.png"
 TARGETS = ("principal", "trailing", "random", "labels")
 DESIGNED = ("principal", "trailing", "random")
-MODELS = ("relu", "attn")
+MODELS: tuple[Literal["relu", "attn"], ...] = ("relu", "attn")
 MODEL_LABELS = {"relu": "2L-ReLU", "attn": "MLP-Attn"}
 TARGET_NORM = 1.0  # mean ||y_i||^2 over the training rows, every target
 F64 = torch.float64
@@ -457,7 +457,9 @@ class _RegressionResidual(nn.Module):
     target. The parameters are the net's own (W, a), trained in place.
     """
 
-    def __init__(self, net: nn.Module, T: torch.Tensor) -> None:
+    offset: torch.Tensor  # a buffer
+
+    def __init__(self, net: TwoLayerNet, T: torch.Tensor) -> None:
         super().__init__()
         self.net = net
         E = torch.zeros_like(T)
@@ -483,7 +485,7 @@ class NetFit:
 
 
 def train_matched(
-    arch: str,
+    arch: Literal["relu", "attn"],
     X_train: torch.Tensor,
     X_test: torch.Tensor,
     target: Target,
@@ -507,7 +509,7 @@ def train_matched(
         target.n_outputs,
         parametrization="ntk",
         init="antisymmetric",
-        attn_scaling=attn_scaling,
+        attn_scaling=attn_scaling,  # type: ignore[arg-type]  # ModelSpec checks it is one of ATTN_SCALINGS
         seed=seed,
     )
     net = build_model(spec, X, dtype=F64, device=X.device)
@@ -1081,17 +1083,17 @@ def plot_alignment(result: AlignmentResult, path, title: str) -> None:
             r for r in result.contrast if r.quantity.removesuffix("_contrast") in errs
         ]
         labels_x = []
-        for i, r in enumerate(shown):
-            color = "tab:green" if r.quantity.startswith("kernel") else "tab:purple"
-            for v in r.per_seed:
+        for i, row in enumerate(shown):
+            color = "tab:green" if row.quantity.startswith("kernel") else "tab:purple"
+            for v in row.per_seed:
                 if v is not None:
                     ax.scatter([i], [v], s=10, color=color, alpha=0.5)
-            if r.estimate is not None:
-                lo, hi = r.interval
-                err = None if lo is None or hi is None else [[r.estimate - lo], [hi - r.estimate]]
-                ax.errorbar([i], [r.estimate], yerr=err, fmt="D", color=color, capsize=4, ms=5)
+            if row.estimate is not None:
+                lo, hi = row.interval
+                err = None if lo is None or hi is None else [[row.estimate - lo], [hi - row.estimate]]
+                ax.errorbar([i], [row.estimate], yerr=err, fmt="D", color=color, capsize=4, ms=5)
             labels_x.append(
-                ("K " if r.quantity.startswith("kernel") else "net ") + r.target.replace("principal-", "P-")
+                ("K " if row.quantity.startswith("kernel") else "net ") + row.target.replace("principal-", "P-")
             )
         ax.axhline(0.0, color="black", lw=0.8)
         ax.set_yscale("symlog", linthresh=1e-3)

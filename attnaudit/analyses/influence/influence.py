@@ -724,7 +724,7 @@ def influence_sweep(
     loss: str = "mse",
     n_classes: int | None = None,
     inputs: Inputs | None = None,
-    dampings: Sequence[float] | None = None,
+    dampings: Sequence[float | str] | None = None,
     checkpoints: Sequence[dict[str, torch.Tensor]] | None = None,
     checkpoint_weights: Sequence[float] | None = None,
 ) -> list[InfluenceResult]:
@@ -783,7 +783,7 @@ def influence_sweep(
 
     results = []
     common = _common_diagnostics(config, task, view, chunk, mem)
-    for j, (g, sol) in enumerate(zip(targets, solutions)):
+    for j, (as_given, sol) in enumerate(zip(targets, solutions)):
         block = out[:, j * k : (j + 1) * k]
         diag = {
             **common,
@@ -793,8 +793,8 @@ def influence_sweep(
             "seconds": elapsed,
             **sol.diagnostics,
             **info,
-            "damping_given": g,
-            "damping_relative": float(g[:-1]) if isinstance(g, str) else None,
+            "damping_given": as_given,
+            "damping_relative": float(as_given[:-1]) if isinstance(as_given, str) else None,
             "damping_abs": sol.damping,
             **trailing,
         }

@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -83,7 +83,9 @@ class LinearBlock:
 
     def eigenvalues(self, kind: str) -> torch.Tensor:
         if kind == "ekfac":
+            assert self.corrected is not None  # fitted (or loaded) with the factors
             return self.corrected
+        assert self.lamS is not None and self.lamA is not None  # fitted (or loaded) with the factors
         return self.lamS[:, None] * self.lamA[None, :]
 
 
@@ -114,8 +116,10 @@ class KroneckerFactors:
                 V = torch.cat([V, grads[:, o_b : o_b + n_b].to(torch.float64)[:, :, None]], 2)
             lam = b.eigenvalues(self.kind)
             d = resolve_damping(damping, lam)
-            rotated = b.QS.T @ V @ b.QA
-            solved = b.QS @ (rotated / (lam + d)) @ b.QA.T
+            QS, QA = b.QS, b.QA
+            assert QS is not None and QA is not None  # fitted (or loaded) with the factors
+            rotated = QS.T @ V @ QA
+            solved = QS @ (rotated / (lam + d)) @ QA.T
             out[:, o_w : o_w + n_w] = solved[:, :, : b.d_in].reshape(-1, n_w)
             if b.bias:
                 out[:, o_b : o_b + n_b] = solved[:, :, b.d_in]
@@ -218,15 +222,17 @@ def _conv_patches(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
             f"K-FAC covers batched nn.Conv2d inputs (4-D), got shape {tuple(x.shape)}; leave the "
             "layer's parameters out with --params, or use --estimator cg"
         )
-    padding = conv.padding
-    if isinstance(padding, str):  # "valid", or "same" (stride 1), which may pad one more on the right
-        if padding == "same":
+    padding: int | tuple[int, ...]
+    if isinstance(conv.padding, str):  # "valid", or "same" (stride 1), which may pad one more on the right
+        if conv.padding == "same":
             pads = []
             for k, d in zip(reversed(conv.kernel_size), reversed(conv.dilation)):
                 total = d * (k - 1)
                 pads += [total // 2, total - total // 2]
             x = F.pad(x, pads)
         padding = 0
+    else:
+        padding = conv.padding
     patches = F.unfold(x, conv.kernel_size, dilation=conv.dilation, padding=padding, stride=conv.stride)
     return patches.transpose(1, 2)
 
@@ -256,7 +262,7 @@ def _attention_with_visible_projections(mha: nn.MultiheadAttention, args: tuple,
         "is_causal",
     )
     defaults = (None, None, None, None, True, None, True, False)
-    bound = dict(zip(names, defaults))
+    bound: dict[str, Any] = dict(zip(names, defaults))
     bound.update(zip(names, args))
     bound.update(kwargs)
     q, k, v = bound["query"], bound["key"], bound["value"]
@@ -491,6 +497,7 @@ def fit_factors(
         if curvature == "ggn":
             L = _output_hessian_root(engine.loss, logits)
         elif curvature == "empirical":
+            assert tgt is not None  # the empirical Fisher is refused above without targets
             L = _label_column(engine.loss, logits, tgt)
         else:
             L = _sampled_column(engine.loss, logits, gen)
@@ -511,20 +518,24 @@ def fit_factors(
             first = True
             for acts, sgrads in passes(rows_all[a0:b0], None if targets_all is None else targets_all[a0:b0]):
                 for b in blocks:
+                    A, S = b.A, b.S
+                    assert A is not None and S is not None  # zeroed above
                     if first:
                         a = acts[b.path]
-                        b.A += torch.einsum("bti,btj->ij", a, a)
+                        A += torch.einsum("bti,btj->ij", a, a)
                         tokens_seen[b.path] += a.shape[0] * a.shape[1]
                     s = sgrads[b.path]
-                    b.S += torch.einsum("bti,btj->ij", s, s)
+                    S += torch.einsum("bti,btj->ij", s, s)
                 first = False
     for b in blocks:
-        b.A /= tokens_seen[b.path]
-        b.S /= n
+        A, S = b.A, b.S
+        assert A is not None and S is not None  # accumulated above
+        A /= tokens_seen[b.path]
+        S /= n
         # contiguous: the same memory layout whether fitted here or read from a cache, so the
         # products (and the scores) are bitwise the same either way
-        b.lamA, b.QA = (t.contiguous() for t in torch.linalg.eigh(b.A))
-        b.lamS, b.QS = (t.contiguous() for t in torch.linalg.eigh(b.S))
+        b.lamA, b.QA = (t.contiguous() for t in torch.linalg.eigh(A))
+        b.lamS, b.QS = (t.contiguous() for t in torch.linalg.eigh(S))
         b.lamA.clamp_(min=0.0)
         b.lamS.clamp_(min=0.0)
     if kind == "ekfac":
@@ -541,9 +552,13 @@ def fit_factors(
                         if b.path not in rotated_acts:
                             rotated_acts[b.path] = acts[b.path] @ b.QA
                         G = torch.einsum("bto,bti->boi", sgrads[b.path] @ b.QS, rotated_acts[b.path])
-                        b.corrected += G.pow(2).sum(0)
+                        corrected = b.corrected
+                        assert corrected is not None  # zeroed above
+                        corrected += G.pow(2).sum(0)
         for b in blocks:
-            b.corrected /= n
+            corrected = b.corrected
+            assert corrected is not None  # accumulated above
+            corrected /= n
     covered = [nm for nm in engine.names if nm not in set(excluded)]
     return KroneckerFactors(
         kind,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 import torch
@@ -222,7 +222,7 @@ def summarise_sweep(cells: Iterable[SweepCell]) -> list[SweepSummary]:
 
 def _width_spread(group: list[SweepCell]) -> dict:
     """Median and spread over seeds of log10 m per width scale (only seeds where it is finite)."""
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     per_cell = [c.log10_widths() for c in group]
     for key, label, _ in WIDTH_SCALES:
         vals = np.array([w[key] for w in per_cell if w[key] is not None], dtype=float)
@@ -323,12 +323,12 @@ def _main_tables(result: KappaResult, ds_name: str) -> list:
     w.add_column(f"orders beyond {ref}", justify="right")
     for est in result.widths:
         m = est.log10_width
-        if est.interval is None or est.interval[0] is None:
+        lo, hi = est.interval if est.interval is not None else (None, None)
+        if lo is None:
             iv = "-"
         elif m is None:
-            iv = f">= {est.interval[0]:.5g}"
+            iv = f">= {lo:.5g}"
         else:
-            lo, hi = est.interval
             iv = f"-{m - lo:.2g} / +{'inf' if hi is None else f'{hi - m:.2g}'}"
         w.add_row(
             est.label,
@@ -337,7 +337,7 @@ def _main_tables(result: KappaResult, ds_name: str) -> list:
             iv,
             _fmt(est.gap_orders, 4) if est.gap_orders is not None else "inf",
         )
-    out = [t, w]
+    out: list[Table | str] = [t, w]
     out.extend(f"- width row at {est.basis}: {est.caveat}" for est in result.widths if est.caveat)
     return out
 

@@ -464,6 +464,7 @@ class LayerKappa:
         return Spread.of(np.concatenate([h.log10_kappa for h in self.heads]))
 
     def to_dict(self, per_sample: bool = True) -> dict:
+        all_heads = self.attention_all_heads
         return {
             "name": self.name,
             "kind": self.kind,
@@ -479,7 +480,7 @@ class LayerKappa:
             else {
                 "spectrum": "singular values of the attention matrix; kappa = s_max / s_min",
                 "heads": [{"head": i, **h.to_dict(per_sample)} for i, h in enumerate(self.heads)],
-                "all_heads_log10_kappa": self.attention_all_heads.to_dict(),
+                "all_heads_log10_kappa": None if all_heads is None else all_heads.to_dict(),
             },
             "attention_note": self.attention_note,
             "amplification": self.amplification.to_dict(),
@@ -586,6 +587,7 @@ def _mha_weights(mod: nn.MultiheadAttention, args: tuple, kwargs: dict) -> torch
     bound.arguments["need_weights"] = True
     bound.arguments["average_attn_weights"] = False
     _, w = mod.forward(*bound.args, **bound.kwargs)  # forward, not __call__: the hooks do not fire again
+    assert w is not None  # need_weights=True
     return w.unsqueeze(0) if w.ndim == 3 else w
 
 
@@ -594,8 +596,10 @@ def _attention_maps(
 ) -> tuple[torch.Tensor | None, str]:
     mod = layer.module
     if layer.kind == "builtin":
+        assert isinstance(mod, Attention)  # attention_kind
         return mod.weights(tokens_in), "attnaudit.models.vit.Attention.weights(h): the module's own maps"
     if layer.kind == "multihead":
+        assert isinstance(mod, nn.MultiheadAttention)  # attention_kind
         return _mha_weights(mod, args, kwargs), "re-run with need_weights=True, average_attn_weights=False"
     if isinstance(output, (tuple, list)) and len(output) > 1 and isinstance(output[1], torch.Tensor):
         w = output[1]
@@ -682,11 +686,17 @@ def softmax_in_input_dtype() -> Iterator[None]:
     def m_softmax(self, dim, dtype=None):
         return orig_m(self, dim, dtype=keep(dtype, self))
 
-    F.softmax, torch.softmax, torch.Tensor.softmax = f_softmax, t_softmax, m_softmax
+    # patching functions and a method on purpose (restored below), which the type checker refuses
+    # patched on purpose (restored below); the stubs type torch.softmax with ``out=`` and refuse method assignment
+    F.softmax = f_softmax
+    torch.softmax = t_softmax  # type: ignore[assignment]
+    torch.Tensor.softmax = m_softmax  # type: ignore[method-assign]
     try:
         yield
     finally:
-        F.softmax, torch.softmax, torch.Tensor.softmax = orig_f, orig_t, orig_m
+        F.softmax = orig_f
+        torch.softmax = orig_t
+        torch.Tensor.softmax = orig_m  # type: ignore[method-assign]
 
 
 def _float64_copy(module: nn.Module, device: torch.device) -> nn.Module:
@@ -711,7 +721,8 @@ def _as_task(model: Any, X: torch.Tensor):
     if isinstance(model, Task):
         return model
     if isinstance(model, nn.Module):
-        declared = model.audit_inputs() if callable(getattr(model, "audit_inputs", None)) else None
+        declare = getattr(model, "audit_inputs", None)  # a model's optional declaration of its inputs
+        declared = declare() if callable(declare) else None
         return as_task(model, inputs=declared if declared is not None else Inputs(), probe=X[:1].to(torch.float64))
     raise AuditError(f"expected a Task, a LoadedModel or a torch.nn.Module, got {type(model).__name__}")
 
@@ -847,6 +858,7 @@ def analyse_layers(
     results: list[LayerKappa] = []
     for rec in sorted(records.values(), key=lambda r: r.order if r.order is not None else 1 << 30):
         layer = rec.layer
+        assert rec.shape_in is not None and rec.shape_out is not None  # every layer ran (checked above)
         N, D = rec.shape_in
         No, Do = rec.shape_out
         s_in = SpectrumSummary.of(np.concatenate(rec.spec_in), N, D, config.rank_tol)
@@ -854,6 +866,7 @@ def analyse_layers(
         heads = None
         if rec.svals:
             sv = np.concatenate(rec.svals)  # (B, H, k)
+            assert rec.maps_shape is not None  # recorded with the singular values
             L, S = rec.maps_shape
             heads = [SpectrumSummary.of(sv[:, h, :], L, S, config.rank_tol) for h in range(sv.shape[1])]
         amp = Amplification(
@@ -994,6 +1007,7 @@ def _verdicts(result: LayerKappaResult) -> list[str]:
             )
         if layer.heads:
             att = layer.attention_all_heads
+            assert att is not None  # the layer has heads
             deficient = sum(h.rank_deficient for h in layer.heads)
             text += f"; attention matrix median log10 kappa {_fmt_log(att.median)} over {len(layer.heads)} heads"
             if deficient:
@@ -1014,6 +1028,7 @@ def _verdicts(result: LayerKappaResult) -> list[str]:
 
 def build_tables(result: LayerKappaResult | Sequence[LayerKappaResult]) -> list:
     """Rich tables (per layer; attention heads; eNTK) and verdict lines for one or more models."""
+    from rich.console import JustifyMethod
     from rich.table import Table
     from rich.text import Text
 
@@ -1026,7 +1041,7 @@ def build_tables(result: LayerKappaResult | Sequence[LayerKappaResult]) -> list:
                 "(log10 kappa of token Grams, median [p10, p90] over samples; float64)"
             )
         )
-        for col, just in (
+        columns: tuple[tuple[str, JustifyMethod], ...] = (
             ("layer", "left"),
             ("N x D", "right"),
             ("input", "right"),
@@ -1036,7 +1051,8 @@ def build_tables(result: LayerKappaResult | Sequence[LayerKappaResult]) -> list:
             ("rank-def. in/out", "right"),
             ("attention A", "right"),
             ("log10 m (in)", "right"),
-        ):
+        )
+        for col, just in columns:
             t.add_column(col, justify=just)
         for layer in res.layers:
             amp = layer.amplification
@@ -1059,7 +1075,7 @@ def build_tables(result: LayerKappaResult | Sequence[LayerKappaResult]) -> list:
             for col in ("layer", "head", "log10 kappa", "at numerical rank", "singular maps", "rank (min/median)"):
                 h.add_column(col, justify="left" if col == "layer" else "right")
             for layer in with_heads:
-                for i, head in enumerate(layer.heads):
+                for i, head in enumerate(layer.heads or []):  # not empty: with_heads
                     h.add_row(
                         Text(layer.name),
                         str(i),

@@ -37,7 +37,7 @@ from attnaudit.analyses.landscape.directions import (
     params_norm,
     random_direction,
 )
-from attnaudit.analyses.landscape.evaluate import BACKENDS, SurfaceEvaluator, loss_and_accuracy
+from attnaudit.analyses.landscape.evaluate import BACKENDS, Direction, SurfaceEvaluator, loss_and_accuracy
 from attnaudit.analyses.landscape.setup import DTYPES, check_labels, landscape_engine, landscape_task
 from attnaudit.analyses.landscape.surfaces import Surface1D, Surface2D, loss_surface_1d, loss_surface_2d
 
@@ -293,6 +293,8 @@ def analyse_landscape(
         keep_products_bytes=max(0, int(4 * budget) - basis_bytes),
     )
     timings["lanczos"] = time.perf_counter() - t0
+    vecs, h_vecs = eig.eigenvectors, eig.h_eigenvectors
+    assert vecs is not None and h_vecs is not None  # lanczos_top_eigen returns both
 
     t0 = time.perf_counter()
     tr = hutchinson_trace(
@@ -302,8 +304,8 @@ def analyse_landscape(
         seed=seeds["hutchinson"],
         device=engine.device,
         dtype=engine.dtype,
-        deflate=eig.eigenvectors[:, : config.top_k] if config.hutchinson_deflate else None,
-        deflate_products=eig.h_eigenvectors[:, : config.top_k] if config.hutchinson_deflate else None,
+        deflate=vecs[:, : config.top_k] if config.hutchinson_deflate else None,
+        deflate_products=h_vecs[:, : config.top_k] if config.hutchinson_deflate else None,
         progress=advance,
     )
     timings["hutchinson"] = time.perf_counter() - t0
@@ -315,6 +317,8 @@ def analyse_landscape(
     trace_over_top = tr.estimate / lam1 if lam1 != 0 else float("nan")
 
     t0 = time.perf_counter()
+    d1: Direction
+    d2: Direction | None
     if config.directions == "random":
         d1 = random_direction(params, seeds["direction_1"], config.keep_1d_params)
         d2 = random_direction(params, seeds["direction_2"], config.keep_1d_params) if config.grid else None
@@ -325,12 +329,8 @@ def analyse_landscape(
             "seeds": [seeds["direction_1"], seeds["direction_2"]],
         }
     else:
-        d1 = eigenvector_direction(eig.eigenvectors[:, 0], params)
-        d2 = (
-            eigenvector_direction(eig.eigenvectors[:, 1], params)
-            if config.grid and eig.eigenvectors.shape[1] > 1
-            else None
-        )
+        d1 = eigenvector_direction(vecs[:, 0], params)
+        d2 = eigenvector_direction(vecs[:, 1], params) if config.grid and vecs.shape[1] > 1 else None
         dir_info = {
             "kind": "hessian",
             "normalization": "global: ||d|| = ||theta||",

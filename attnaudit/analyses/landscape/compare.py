@@ -79,8 +79,8 @@ def loss_mismatch_warning(
     finite = {k: v for k, v in losses.items() if math.isfinite(v)}
     if len(finite) < 2:
         return None
-    lo_k = min(finite, key=finite.get)
-    hi_k = max(finite, key=finite.get)
+    lo_k = min(finite, key=finite.__getitem__)
+    hi_k = max(finite, key=finite.__getitem__)
     lo, hi = finite[lo_k], finite[hi_k]
     if lo <= 0 or hi / lo > ratio:
         r = "inf" if lo <= 0 else f"{hi / lo:.3g}"
@@ -348,7 +348,8 @@ def seed_summary(records: Sequence[dict]) -> dict:
     """Per-seed values with mean and sd (ddof 1; 0 for one seed) of each headline number."""
     import math
 
-    mean, sd = {}, {}
+    mean: dict[str, float | None] = {}
+    sd: dict[str, float | None] = {}
     for key in SEED_FIELDS:
         vals = [float(rec[key]) for rec in records if rec.get(key) is not None and math.isfinite(rec[key])]
         if not vals:

@@ -110,11 +110,12 @@ def plot_landscape(results: dict[str, LandscapeResult], path: str | Path, title:
     import numpy as np
 
     labels = list(results)
-    with_2d = [k for k in labels if results[k].surface_2d is not None]
+    surfaces_2d = {k: s2 for k in labels if (s2 := results[k].surface_2d) is not None}
+    with_2d = list(surfaces_2d)
     ncols = 1 + len(with_2d)
     fig, axes = plt.subplots(1, ncols, figsize=(4.8 * ncols, 4.4), squeeze=False, layout="constrained")
     ax = axes[0, 0]
-    all_vals = []
+    all_vals: list[float] = []
     for i, k in enumerate(labels):
         s = results[k].surface_1d
         color = f"C{i}"
@@ -131,7 +132,7 @@ def plot_landscape(results: dict[str, LandscapeResult], path: str | Path, title:
     if ax.get_legend_handles_labels()[0]:  # no 1-D slice was computed: nothing to label
         ax.legend(fontsize=8)
     # one colour scale for every contour, so the panels compare directly
-    grids = {k: np.asarray(results[k].surface_2d.loss, dtype=float) for k in with_2d}
+    grids = {k: np.asarray(surfaces_2d[k].loss, dtype=float) for k in with_2d}
     if grids:
         finite = np.concatenate([g[np.isfinite(g)].ravel() for g in grids.values()])
         lo, hi = float(finite.min()), float(finite.max())
@@ -141,9 +142,9 @@ def plot_landscape(results: dict[str, LandscapeResult], path: str | Path, title:
         levels = np.linspace(tf(lo), tf(hi), 25)
         cs = None
         for j, k in enumerate(with_2d, start=1):
-            s = results[k].surface_2d
+            s2 = surfaces_2d[k]
             axk = axes[0, j]
-            A, B = np.meshgrid(s.alphas, s.betas, indexing="ij")
+            A, B = np.meshgrid(s2.alphas, s2.betas, indexing="ij")
             cs = axk.contourf(A, B, tf(np.clip(grids[k], lo, hi)), levels=levels, cmap="viridis")
             thr = results[k].basin.threshold
             if lo < thr < hi:

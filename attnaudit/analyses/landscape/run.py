@@ -80,7 +80,7 @@ PRESETS: dict[str, dict] = {
 def build_reference_model(arch: str, X: torch.Tensor, n_classes: int, *, width: int, seed: int) -> nn.Module:
     """2L-ReLU / MLP-Attn of ``width`` initialised from ``seed`` (MLP-Attn's context from X), in X's dtype and device."""
 
-    spec = ModelSpec(arch, int(X.shape[1]), int(width), int(n_classes), seed=int(seed))
+    spec = ModelSpec(arch, int(X.shape[1]), int(width), int(n_classes), seed=int(seed))  # type: ignore[arg-type]
     return build_model(spec, X, dtype=X.dtype, device=X.device)
 
 
@@ -224,7 +224,7 @@ def run_landscape(
             module = net.module if isinstance(net, Task) else net
             spec = getattr(module, "spec", None)
             training[label] = {**(saved_info or {}).get(label, {})}
-            if dataclasses.is_dataclass(spec):
+            if dataclasses.is_dataclass(spec) and not isinstance(spec, type):
                 training[label]["spec"] = dataclasses.asdict(spec)
         # models whose audited rows were drawn from their own recorded training split need no warning
         own_rows = {
@@ -263,7 +263,7 @@ def run_landscape(
                 "or --optimizer sgd/adam"
             )
         budget = dataclasses.replace(train_config, loss_tol=None)
-        runs = []
+        runs: list[dict[str, Any]] = []
         for label in nets:
             for s in seed_list:
                 tr = gd.train(build_reference_model(label, X, data.n_classes, width=width, seed=s), X, y, budget)
@@ -289,6 +289,7 @@ def run_landscape(
             cfg = config if i == 0 else dataclasses.replace(config, seed=config.seed + (s - seed_list[0]))
             t1 = time.perf_counter()
             if train_config is not None:
+                assert isinstance(net, nn.Module)  # only built-in models are trained (train_config is None if saved)
                 info = _train_one(label, net, X, y, train_config, recipe, s, gd)
                 seed_training[label].append(info)
                 if i == 0:
@@ -770,6 +771,7 @@ def _on_device(task, device):
 def _load_rows(request: LandscapeRequest, r: LandscapeRequest, saved_models: dict):
     """The audited rows: the saved models' own training split when their side-cars prove it,
     else ``n_train`` stratified rows; and the note on where the rows came from (or None)."""
+    assert r.n_train is not None  # r is resolved(): the preset fills n_train
 
     if saved_models:
         if request.loaded_data is not None:
@@ -814,6 +816,7 @@ def run(request: LandscapeRequest, *, progress: RunProgress | None = None, execu
     progress = progress_or_silent(progress)
     r = request.resolved()
     model = request.model_sources() if request.model_given else None
+    assert r.seeds is not None  # resolved() fills it
     n_seeds = int(r.seeds)
     opt_name = r.optimizer_name
     match_target = r.match_target
@@ -825,11 +828,15 @@ def run(request: LandscapeRequest, *, progress: RunProgress | None = None, execu
         recorded = {lm.loss for lm in saved_models.values() if lm.loss}
         loss = recorded.pop() if len(recorded) == 1 else "mse"
     loss_name = loss.strip().lower()
-    train_cfg = recipe = None
+    train_cfg: TrainConfig | None = None  # set exactly when built-in models are trained (no saved model)
+    recipe: Recipe | None = None
+    width = 256  # run_landscape's default: only the built-in models use it
     if not model:
-        train_cfg = TrainConfig(
-            loss=loss_name, lr=r.lr, steps=r.steps, loss_tol=None if match_auto else match_target, record_every=10
-        )
+        assert r.lr is not None and r.steps is not None and r.width is not None  # resolved() fills them
+        width = r.width
+        loss_tol = None if match_auto else match_target
+        assert not isinstance(loss_tol, str)  # a number or None: "auto" is handled, "none" became None
+        train_cfg = TrainConfig(loss=loss_name, lr=r.lr, steps=r.steps, loss_tol=loss_tol, record_every=10)
         if opt_name != "gd":
             recipe = Recipe(
                 optimizer=opt_name, lr=r.lr, batch_size=r.batch_size, steps=train_cfg.steps, loss=loss_name, seed=r.seed
@@ -865,13 +872,15 @@ def run(request: LandscapeRequest, *, progress: RunProgress | None = None, execu
         load_time = time.perf_counter() - t0
         what = (
             f"saved model(s) {', '.join(labels)}"
-            if model
+            if train_cfg is None
             else f"models {','.join(labels)}, width {r.width}, {opt_name} {train_cfg.steps} steps, lr {train_cfg.lr:g}"
             + (f", batch {r.batch_size}" if r.batch_size else "")
             + (f", {n_seeds} seeds" if n_seeds > 1 else "")
         )
         header = f"landscape: {ds.name} ({r.split}), n={ds.n}, {what}"
-        steps_per_model = 0 if model else (recipe.total_steps(ds.n) if recipe is not None else train_cfg.steps)
+        steps_per_model = (
+            0 if train_cfg is None else (recipe.total_steps(ds.n) if recipe is not None else train_cfg.steps)
+        )
         total = run_work_units(config, len(labels) * n_seeds, steps_per_model)
         trainer = {"gd": "GD", "sgd": "SGD", "adam": "Adam"}[opt_name]
         unit = "Hessian/loss evaluations" if model else f"{trainer} steps and Hessian/loss evaluations"
@@ -880,7 +889,7 @@ def run(request: LandscapeRequest, *, progress: RunProgress | None = None, execu
                 dataclasses.replace(ds, X=ds.X.to(dev), y=ds.y.to(dev)),
                 config,
                 models=None if model else arch_list,
-                width=r.width,
+                width=width,
                 train_config=train_cfg,
                 seed=r.seed,
                 saved=saved_tasks,
@@ -921,9 +930,9 @@ def run(request: LandscapeRequest, *, progress: RunProgress | None = None, execu
             "models": list(labels),
             "saved_models": model,
             "width": None if model else r.width,
-            "training": None if model else dataclasses.asdict(train_cfg),
+            "training": None if train_cfg is None else dataclasses.asdict(train_cfg),
             "optimizer": None
-            if model
+            if train_cfg is None
             else (
                 recipe.to_dict()
                 if recipe is not None

@@ -38,7 +38,7 @@ def landscape_task(
     selector = None if params is None else ([params] if isinstance(params, str) else list(params))
     if isinstance(model, Task):
         changes: dict = {}
-        if loss is not None and as_loss(loss).name != model.loss.name:
+        if loss is not None and as_loss(loss).name != as_loss(model.loss).name:
             changes["loss"] = as_loss(loss)
         if selector is not None:
             changes["params"] = selector

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from attnaudit.core.engine import Engine
-from attnaudit.models.builtin import two_layer_fast_path_blocker
+from attnaudit.models.builtin import TwoLayerNet, two_layer_fast_path_blocker
 
 FAST_PATH = "fast: TwoLayerNet structured evaluation"
 
@@ -36,9 +36,11 @@ def unavailable(engine: Engine) -> str | None:
 
 def sizes(engine: Engine, n_dirs: int) -> tuple[float, float, float]:
     """(activations per sample and point, preactivation tables per sample, fixed elements per point)."""
-    m = engine.module.W.shape[0]
+    module = engine.module
+    assert isinstance(module, TwoLayerNet)  # the fast path applies (unavailable(engine) is None)
+    m = module.W.shape[0]
     c = engine.n_classes
-    return m + c, (n_dirs + 1) * m, engine.module.a.numel()
+    return m + c, (n_dirs + 1) * m, module.a.numel()
 
 
 def chunk(engine: Engine, theta0: torch.Tensor, D: torch.Tensor, Xc: torch.Tensor, Tc: torch.Tensor, yc: torch.Tensor):
@@ -49,7 +51,9 @@ def chunk(engine: Engine, theta0: torch.Tensor, D: torch.Tensor, Xc: torch.Tenso
     product per point, the faster layout for small c (measured). Uses the engine's copies
     of the parameters and the attention context, never the module's own tensors.
     """
-    s_in, s_out = engine.module.preactivation_scale()
+    module = engine.module
+    assert isinstance(module, TwoLayerNet)  # the fast path applies (unavailable(engine) is None)
+    s_in, s_out = module.preactivation_scale()
     state = {**engine.frozen, **engine.unflatten(theta0)}
     k = D.shape[0]
     stack = {

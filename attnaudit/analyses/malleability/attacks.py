@@ -89,7 +89,7 @@ class AttackConfig:
             raise AuditError(f"MIM momentum must be >= 0, got {self.momentum}")
         if (self.clip_min is None) != (self.clip_max is None):
             raise AuditError("give both ends of the valid range (clip_min and clip_max) or neither")
-        if self.clip_min is not None and not self.clip_min < self.clip_max:
+        if self.clip_min is not None and self.clip_max is not None and not self.clip_min < self.clip_max:
             raise AuditError(f"valid range must have clip_min < clip_max, got [{self.clip_min}, {self.clip_max}]")
         if self.chunk_size < 1:
             raise AuditError("attack chunk size must be >= 1")
@@ -217,6 +217,7 @@ def _attack_chunk(
     if method in ("random", "sign"):
         return _clip(x + noise, config), None
     alpha = config.resolved_step_size
+    assert alpha is not None  # every gradient attack (fgsm, pgd, mim) has a step size
     if method == "fgsm":
         g, clean_logits = _input_grad_and_logits(engine, x, y)
         if norm == "linf" and g is not x:  # g is ours: x + eps sign(g) built in its buffer (no allocation;
@@ -304,7 +305,7 @@ def perturb(
     fields are None and only X_adv is computed."""
     if X.ndim < 2 or X.shape[0] != y.shape[0]:
         raise AuditError("attack needs inputs (n, ...) and one label per row")
-    if config.clip_min is not None:
+    if config.clip_min is not None and config.clip_max is not None:  # both or neither (AttackConfig)
         _check_value_range(X, config.clip_min, config.clip_max)
     if isinstance(model, Engine):
         engine = model
@@ -335,10 +336,11 @@ def perturb(
         ("loss_before", "loss_after", "accuracy_before", "accuracy_after")
     )
     if evaluate:
-        if any(c is None for c in clean):
+        clean_logits = [c for c in clean if c is not None]
+        if len(clean_logits) < len(clean):
             out_clean = engine.logits(engine.rows(X), chunk=config.chunk_size)
         else:
-            out_clean = torch.cat(clean)
+            out_clean = torch.cat(clean_logits)
         out_adv = engine.logits(engine.rows(X_adv), chunk=config.chunk_size)
         T = engine.targets(y)
         with torch.no_grad():

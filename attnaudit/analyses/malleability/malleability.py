@@ -58,7 +58,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -174,7 +174,8 @@ class MalleabilityConfig:
             raise AuditError(f"--top-k values must be integers, got {','.join(map(str, ks))}")
         if len(set(ks)) != len(ks):
             raise AuditError(f"--top-k lists a value twice: {','.join(map(str, ks))}")
-        object.__setattr__(self, "top_ks", tuple(int(k) for k in ks))
+        top_ks = tuple(int(k) for k in ks)
+        object.__setattr__(self, "top_ks", top_ks)
         object.__setattr__(self, "top_k", int(ks[0]))
         if isinstance(self.damping, (str, int, float)):
             object.__setattr__(self, "damping", (self.damping,))
@@ -220,8 +221,8 @@ class MalleabilityConfig:
             raise AuditError(f"unknown --norm {self.norm!r}; use linf or l2")
         if self.loss not in LOSSES:
             raise AuditError(f"unknown --loss {self.loss!r}; use mse or ce")
-        if min(self.top_ks) < 1:
-            raise AuditError(f"--top-k must be >= 1, got {min(self.top_ks)}")
+        if min(top_ks) < 1:
+            raise AuditError(f"--top-k must be >= 1, got {min(top_ks)}")
         if self.width < 1:
             raise AuditError(f"--width must be >= 1, got {self.width}")
         object.__setattr__(self, "lr", self._per_model("lr", "--lr", self.lr, allow_none=False))
@@ -270,7 +271,14 @@ class MalleabilityConfig:
         for a in self.attacks:
             self.attack_config(a, self.eps[0], 0, None)
         if not self.saved_models:
-            ModelSpec(self.models[0], 1, self.width, 1, self.parametrization, attn_scaling=self.attn_scaling)
+            ModelSpec(  # ModelSpec validates the names (the config holds plain strings)
+                self.models[0],  # type: ignore[arg-type]
+                1,
+                self.width,
+                1,
+                self.parametrization,  # type: ignore[arg-type]
+                attn_scaling=self.attn_scaling,  # type: ignore[arg-type]
+            )
 
     def _per_model(self, name: str, option: str, value, allow_none: bool):
         """A number (every model), or {model: number} with every key one of ``models``."""
@@ -314,6 +322,7 @@ class MalleabilityConfig:
             return None
         if isinstance(self.match_loss, dict):
             return self.match_loss.get(arch)
+        assert not isinstance(self.match_loss, str)  # __post_init__ made it a number (or None)
         return self.match_loss
 
     def train_config(self, arch: str | None = None) -> TrainConfig:
@@ -458,7 +467,7 @@ def influence_memory_estimate(
     n_classes: int,
     n_train: int,
     n_test: int,
-    models: dict[str, nn.Module | Task] | None = None,
+    models: Mapping[str, nn.Module | Task] | None = None,
     probe: torch.Tensor | None = None,
 ) -> dict:
     """Tracked parameters and peak bytes of one influence computation (before any compute).
@@ -479,7 +488,14 @@ def influence_memory_estimate(
         if models is not None and arch in models:
             model = models[arch]
         else:
-            spec = ModelSpec(arch, d, config.width, n_classes, config.parametrization, attn_scaling=config.attn_scaling)
+            spec = ModelSpec(  # ModelSpec validates the names (the config holds plain strings)
+                arch,  # type: ignore[arg-type]
+                d,
+                config.width,
+                n_classes,
+                config.parametrization,  # type: ignore[arg-type]
+                attn_scaling=config.attn_scaling,  # type: ignore[arg-type]
+            )
             placeholder = torch.zeros(d, d, dtype=torch.float64) if arch == "attn" else None
             model = TwoLayerNet(spec, context=placeholder)
         if isinstance(model, Task):
@@ -686,6 +702,7 @@ def _influences(
     if config.estimator == "tracin":
         tcfg = config.train_config(arch if arch in config.models else None)
         ckpts = tr.checkpoints
+        assert tcfg.checkpoint_every is not None  # train_config sets it under tracin
         weights = tracin_weights(len(ckpts), tcfg.checkpoint_every, tr.steps_run, tcfg.lr)
     return influence_sweep(
         model,
@@ -780,7 +797,7 @@ def _sampled_curve(curve: list[float], points: int = 11) -> list[list]:
     return [[int(i), float(curve[i])] for i in idx]
 
 
-def _train_recipe(model: nn.Module, X: torch.Tensor, y: torch.Tensor, recipe, loss_tol: float | None) -> TrainResult:
+def _train_recipe(model: TwoLayerNet, X: torch.Tensor, y: torch.Tensor, recipe, loss_tol: float | None) -> TrainResult:
     """Train a built-in model with an :class:`attnaudit.core.fit.Recipe` (sgd/adam); with ``loss_tol``
     stop once the loss over the whole training set is <= it, checked before training and
     after every epoch (every step when full-batch)."""
@@ -788,6 +805,7 @@ def _train_recipe(model: nn.Module, X: torch.Tensor, y: torch.Tensor, recipe, lo
     require_nonzero_inputs(X)
     n = int(X.shape[0])
     per_epoch = recipe.steps_per_epoch(n)
+    forward: Callable[[torch.Tensor], torch.Tensor]
     if getattr(model, "context", None) is not None and hasattr(model, "mlp"):
         feats, forward = model.features_in(X).detach(), model.mlp
     else:
@@ -805,7 +823,7 @@ def _train_recipe(model: nn.Module, X: torch.Tensor, y: torch.Tensor, recipe, lo
         if steps["n"] % per_epoch == 0:
             v = full_loss()
             checks.append(v)
-            if v <= loss_tol:
+            if loss_tol is not None and v <= loss_tol:  # check runs only with a loss_tol
                 raise _MatchLossReached
 
     if loss_tol is not None:
@@ -896,6 +914,7 @@ def run_malleability(
     if y_train is None or y_test is None:
         raise AuditError("malleability needs labelled data (influence is defined on a labelled loss)")
     n_train, n_test = int(X_train.shape[0]), int(X_test.shape[0])
+    assert config.top_ks is not None  # MalleabilityConfig.__post_init__ sets it
     if max(config.top_ks) > n_train:
         raise AuditError(f"--top-k {max(config.top_ks)} exceeds the {n_train} training samples; lower --top-k")
     if config.resample_data and (fixed_models or data is None):
@@ -923,7 +942,11 @@ def run_malleability(
             "cells on worker processes or Ray rebuild their data from a recipe; pass data=HoldoutRecipe(...) "
             "(the CLI does), or run with the local executor"
         )
-    advance = progress or (lambda k=1: None)
+
+    def no_progress(k: int = 1) -> None:
+        return None
+
+    advance = progress or no_progress
     memory_key = data.key if data is not None else f"memory:{id(X_train)}"
     if config.match_loss == AUTO_MATCH and fixed_models:
         config = replace(config, match_loss=None)  # a saved model is not trained to a loss
@@ -951,6 +974,7 @@ def run_malleability(
         """The cell's data: the caller's rows, or (--resample-data) the recipe's split drawn with ``seed``."""
         if not config.resample_data:
             return {}
+        assert data is not None  # --resample-data without a recipe is refused above
         rec = replace(data, seed=int(seed))
         return {"data": rec.to_dict(), "memory_key": rec.key}
 
@@ -1247,8 +1271,8 @@ def budget_loss_cell(payload: dict) -> dict:
         int(state.X_train.shape[1]),
         config.width,
         state.n_classes,
-        config.parametrization,
-        attn_scaling=config.attn_scaling,
+        config.parametrization,  # type: ignore[arg-type]  # ModelSpec validates the names
+        attn_scaling=config.attn_scaling,  # type: ignore[arg-type]
         seed=int(payload["seed"]),
     )
     _, tr = _train_builtin(
@@ -1317,6 +1341,7 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
 
     def given(arch: str, seed: int, role: str = "clean"):
         """A saved model as it is (the 'clean' model of ``static``): no training, its loss and accuracy recorded."""
+        assert fixed_models is not None  # called for saved models only
         model = _float64_copy(fixed_models[arch], X_train.device)  # the user's model stays as it is
         with torch.no_grad():
             out = _logits(model, X_train)
@@ -1357,7 +1382,7 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
             )
         with torch.no_grad():
             out = _logits(model, X)
-            row = {
+            row: dict[str, Any] = {
                 "seed": seed,
                 "model": arch,
                 "role": role,
@@ -1385,6 +1410,7 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
         nonlocal t_train
 
         t0 = time.perf_counter()
+        assert fixed_models is not None  # called for saved models only
         rb, template = rebuild[arch], fixed_models[arch]
         module = rb.build(init_seed, X_ctx)
         model = replace(template, module=module) if isinstance(template, Task) else module
@@ -1442,8 +1468,14 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
     spec = (
         None
         if fixed_models
-        else ModelSpec(
-            arch, d, config.width, n_classes, config.parametrization, attn_scaling=config.attn_scaling, seed=seed
+        else ModelSpec(  # ModelSpec validates the names (the config holds plain strings)
+            arch,  # type: ignore[arg-type]
+            d,
+            config.width,
+            n_classes,
+            config.parametrization,  # type: ignore[arg-type]
+            attn_scaling=config.attn_scaling,  # type: ignore[arg-type]
+            seed=seed,
         )
     )
     if fixed_models and config.protocol == "retrain":
@@ -1459,6 +1491,7 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
             clean_model, clean_tr, clean_row = saved_model
         attack_target = saved_model[0]  # the adversary perturbs against the model it can see
     else:
+        assert spec is not None  # built-in models
         clean_model, clean_tr, clean_row = fit(spec, X_train, X_train, "clean", seed)
         attack_target = clean_model
     clean_infl, clean_abs = influences(clean_model, X_train, clean_tr, seed, arch, "clean")
@@ -1470,6 +1503,7 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
         elif fixed_models:
             r_model, r_tr, r_row = finetune(saved_model[0], X_train, control_seed, config.control, seed, arch)
         else:
+            assert spec is not None  # built-in models
             r_model, r_tr, r_row = fit(
                 replace(spec, seed=control_seed), X_train, X_train, config.control, seed, order_seed=control_seed
             )
@@ -1508,6 +1542,7 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
                 if fixed_models:
                     p_model, p_tr, p_row = refit(arch, init_seed, order_seed, ctx, ares.X_adv, role, seed)
                 else:
+                    assert spec is not None  # built-in models
                     p_model, p_tr, p_row = fit(spec, ctx, ares.X_adv, role, seed)
             elif config.protocol == "finetune":
                 p_model, p_tr, p_row = finetune(saved_model[0], ares.X_adv, seed, role, seed, arch)
@@ -1580,6 +1615,8 @@ def _aggregate(
     config: MalleabilityConfig, runs: list[dict], controls: list[dict], status: list[dict] | None = None
 ) -> tuple[list[dict], list[dict]]:
     cf = config.confidence
+    top_ks = config.top_ks
+    assert top_ks is not None  # MalleabilityConfig.__post_init__ sets it
     shares = {"flip_rate": True, "top_k_overlap": True}
     untrained = {r["model"] for r in (status or []) if r["untrained"]}
     by_key: dict[tuple, dict] = {}
@@ -1595,7 +1632,7 @@ def _aggregate(
                         if r["model"] == model and r["attack"] == attack and r["eps"] == eps and r["damping"] == damping
                     ]
                 rows.sort(key=lambda r: config.seeds.index(r["seed"]))
-                entry = {
+                entry: dict[str, Any] = {
                     "model": model,
                     "attack": attack,
                     "eps": eps,
@@ -1620,7 +1657,7 @@ def _aggregate(
                     for key in ("perturbation_linf_max", "perturbation_l2_max"):
                         vals = [r[key] for r in rows if r.get(key) is not None]
                         entry[key] = float(np.max(vals)) if vals else None
-                abs_vals = [r.get("damping_abs") for r in rows if r.get("damping_abs") is not None]
+                abs_vals = [r["damping_abs"] for r in rows if r.get("damping_abs") is not None]
                 entry["damping_abs_mean"] = float(np.mean(abs_vals)) if abs_vals else None
                 entry["top_k"] = config.top_k
                 entry["by_top_k"] = [
@@ -1629,7 +1666,7 @@ def _aggregate(
                         "flip_rate": summarize([_at_k(r, k, "flip_rate") for r in rows], cf, k),
                         "top_k_overlap": summarize([_at_k(r, k, "top_k_overlap") for r in rows], cf, k),
                     }
-                    for k in config.top_ks
+                    for k in top_ks
                 ]
                 entry["untrained"] = model in untrained
                 by_key[(model, attack, eps, damping)] = entry
@@ -1677,7 +1714,7 @@ def _aggregate(
 
                 by_k = [
                     {"top_k": k, **paired(lambda e, j=j: e["by_top_k"][j]["flip_rate"], k)}
-                    for j, k in enumerate(config.top_ks)
+                    for j, k in enumerate(top_ks)
                 ]
                 ratios.append(
                     {
@@ -1707,7 +1744,7 @@ def _sensitivity(config: MalleabilityConfig, summary: list[dict]) -> dict:
     """Model ranking by mean flip rate in every (eps, damping) cell, per attack; does it hold?"""
     out: dict = {"by_attack": [], "ranking_stable": True}
     for attack in [a for a in config.attacks if a != "none"]:
-        cells = []
+        cells: list[dict[str, Any]] = []
         for eps in config.eps:
             for damping in config.damping:
                 means = {}
@@ -1881,6 +1918,7 @@ def build_tables(result: MalleabilityResult) -> list:
     from rich.table import Table
 
     cfg = result.config
+    assert cfg.top_ks is not None  # MalleabilityConfig.__post_init__ sets it
     t = Table(
         title=(
             f"influence malleability: flip rate among the top-{cfg.top_k} of {result.n_train} samples by clean |influence| "
@@ -2070,14 +2108,14 @@ def plot_malleability(result: MalleabilityResult, path: str | Path, title: str =
                 for attack in [a for a in cfg.attacks if a not in ("none",)]:
                     ys = []
                     for v in values:
-                        eps, damping = (v, cfg.damping[0]) if name == "eps" else (cfg.eps[0], v)
+                        at_eps, at_damping = (v, cfg.damping[0]) if name == "eps" else (cfg.eps[0], v)
                         row = next(
                             r
                             for r in result.summary
                             if r["model"] == model
                             and r["attack"] == attack
-                            and r["eps"] == eps
-                            and r["damping"] == damping
+                            and r["eps"] == at_eps
+                            and r["damping"] == at_damping
                         )
                         ys.append(row["flip_rate"]["mean"])
                     categorical = any(isinstance(v, str) for v in values)  # relative damping: one tick per value
@@ -2086,7 +2124,7 @@ def plot_malleability(result: MalleabilityResult, path: str | Path, title: str =
             if any(isinstance(v, str) for v in values):
                 ax.set_xticks(list(range(len(values))))
                 ax.set_xticklabels([damping_label(v) for v in values], fontsize=8)
-            elif name == "damping" and min(values) > 0:
+            elif name == "damping" and min(float(v) for v in values) > 0:  # numbers only here
                 ax.set_xscale("log")
             ax.set_xlabel(name)
             ax.set_ylabel("flip rate (mean over seeds)")

@@ -656,7 +656,7 @@ def run(
             executor=ex,
             data=recipe,
         )
-    if fixed and rows_note["rows"] != "checkpoint split":
+    if fixed and rows_note is not None and rows_note["rows"] != "checkpoint split":  # rows_note: set with fixed
         fingerprint = data_fingerprint(train_ds.X, train_ds.y)
         result.warnings[:0] = [
             w for w in (training_data_mismatch(lm, label, fingerprint) for label, lm in loaded.items()) if w

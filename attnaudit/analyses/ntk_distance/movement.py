@@ -411,6 +411,7 @@ def kernel_movement(
             record(g, B0, BT)
             S0 = B0 if S0 is None else S0 + B0
             ST = BT if ST is None else ST + BT
+        assert S0 is not None and ST is not None  # a model has at least one parameter group
         record(None, S0, ST)
         del R, C, S0, ST, B0, BT  # the column panel is freed before the generator computes the next one
 
@@ -550,7 +551,9 @@ class LinearizedModel(nn.Module):
         engine = self._engine[0]
         theta0 = engine.theta
         with engine.context():
-            f0, jv = torch.func.jvp(lambda t: engine.apply(t, rows), (theta0,), (self.theta - theta0,))
+            f0, jv = torch.func.jvp(  # type: ignore[misc]  # a pair without has_aux; torch annotates the triple too
+                lambda t: engine.apply(t, rows), (theta0,), (self.theta - theta0,)
+            )
         return f0 + jv
 
 
@@ -675,6 +678,7 @@ def linearized_prediction(
         pred = kernel_gd_predict(
             K, Y, LinearizedGDConfig(lr=recipe.lr, steps=total, loss=recipe.loss), K_test=Kt, f0_train=f0, f0_test=f0t
         )
+        assert pred.f_test is not None  # K_test given
         lin_tr, lin_te = pred.f_train, pred.f_test
         predictor = pred.to_dict()
     else:
@@ -821,6 +825,7 @@ def checkpoint_verdict(label: str, mv: KernelMovement, lin: LinearizedResult) ->
         change = "rose" if mv.cka_trained > mv.cka_init else "fell"
         parts.append(f"its alignment with the labels {change} from {mv.cka_init:.3f} to {mv.cka_trained:.3f}")
     if lin.applicable:
+        assert lin.dynamics is not None  # every applicable prediction says how it was trained
         parts.append(
             f"the network is {lin.distance_rel:.1%} (relative RMS) away from its linearized model on "
             f"{lin.n_test} held-out rows ({lin.dynamics.split(' (')[0]})"
@@ -871,6 +876,7 @@ def analyse_checkpoint(
                 raise AuditError(f"--linearized {config.linearized}: {reason}")
             skip = LinearizedResult(method="none", applicable=False, reason=reason)
         elif config.linearized == "kernel-gd":
+            assert train is not None  # else reason is set
             blocker = _kernel_gd_blocker(
                 recipe, int(train[0].shape[0]), int(_as_task(task_trained, X_kernel).n_classes)
             )
@@ -882,6 +888,7 @@ def analyse_checkpoint(
     if skip is not None:
         lin = skip
     else:
+        assert train is not None and test is not None  # else skip is set
         lin = linearized_prediction(
             task_init,
             task_trained,
@@ -945,12 +952,14 @@ def initial_model(loaded) -> tuple[nn.Module, dict] | None:
         where = "the side-car's init_seed"
     else:
         seed, where = spec.seed, "the spec's seed (the side-car records no init_seed)"
-    new_spec = dataclasses.replace(spec, seed=seed)
+    init: nn.Module
     if isinstance(spec, ViTSpec):
-        init = ViT(new_spec, dtype=F64)
+        init = ViT(dataclasses.replace(spec, seed=seed), dtype=F64)
     else:
         context = getattr(module, "context", None)
-        init = TwoLayerNet(new_spec, context=None if context is None else context.detach().cpu(), dtype=F64)
+        init = TwoLayerNet(
+            dataclasses.replace(spec, seed=seed), context=None if context is None else context.detach().cpu(), dtype=F64
+        )
     init.eval()
     return init, {
         "kind": "rebuilt",
@@ -981,7 +990,7 @@ class TransformerSweepConfig:
     archs: tuple[str, ...] = ("vit", "vit-linear")
     widths: tuple[int, ...] = (16, 32, 64, 128)
     seeds: tuple[int, ...] = (0, 1)
-    recipe: object = field(default_factory=default_transformer_recipe)
+    recipe: Recipe = field(default_factory=default_transformer_recipe)
     heads: int = 4
     depth: int = 2
     mlp_ratio: int = 2
@@ -1443,6 +1452,7 @@ def transformer_cell(payload: dict) -> dict:
         dtype=dtype,
         device=device,
     )
+    assert isinstance(model, ViT)  # the sweep's archs are ViTs (checked with the config)
     init = copy.deepcopy(model)
     recipe = dataclasses.replace(config.recipe, seed=seed)
     fr = fit(model, X_train, y_train, recipe, X_val=X_test, y_val=y_test)

@@ -829,7 +829,9 @@ def _run_checkpoint(request: NtkDistanceRequest, progress: Progress, executor) -
                     "detail": f"--reference-checkpoint {reference.label}",
                 }
             else:
-                module0, ref_info = initial_model(lm)
+                initial = initial_model(lm)
+                assert initial is not None  # every model was checked to have one above
+                module0, ref_info = initial
                 task_init = Task(module0, lm.n_classes, inputs=lm.inputs)
             rebuild = rebuild_of(lm) if lm.source.get("kind") == "attnaudit" else None
             recipe = rebuild.recipe if rebuild is not None else None
@@ -878,6 +880,7 @@ def _run_checkpoint(request: NtkDistanceRequest, progress: Progress, executor) -
             recorded = (lm.metadata.get("metrics") or {}).get("steps_run") if isinstance(lm.metadata, dict) else None
             steps = recorded if isinstance(recorded, int) and not isinstance(recorded, bool) else None
             dtype = next((p.dtype for p in lm.module.parameters() if p.is_floating_point()), torch.float64)
+            assert kern.y is not None and test.y is not None  # rows of ds, which has labels
             results.append(
                 analyse_checkpoint(
                     task_trained,

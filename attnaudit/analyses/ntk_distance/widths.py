@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Literal, Sequence
 
 import torch
 
@@ -52,6 +52,7 @@ from attnaudit.models.builtin import (
 )
 from attnaudit.core.ntk import (
     PREDICTOR_MODES,
+    AnalyticNTKParts,
     LinearizedGDConfig,
     TwoLayerState,
     analytic_ntk_parts,
@@ -432,8 +433,10 @@ def slope_interval(slopes: Sequence[float]) -> tuple[float, float, float, int]:
     iv = mean_interval(slopes)
     if not iv.n:
         return float("nan"), float("nan"), float("nan"), 0
+    assert iv.estimate is not None  # at least one finite slope
     if iv.n == 1:
         return iv.estimate, iv.estimate, iv.estimate, 1
+    assert iv.low is not None and iv.high is not None  # two or more: a two-sided interval
     return iv.estimate, iv.low, iv.high, iv.n
 
 
@@ -783,8 +786,8 @@ class _ArchContext:
     context: torch.Tensor | None
     Z: torch.Tensor
     Zt: torch.Tensor
-    parts_tr: object
-    parts_te: object
+    parts_tr: AnalyticNTKParts
+    parts_te: AnalyticNTKParts
     spec_diag: dict
 
 
@@ -1071,9 +1074,11 @@ def _run_cell(
     diverged = bool(result.diverged or not math.isfinite(final_loss) or final_loss > initial_loss)
 
     pred = kernel_gd_predict(kinf, Y, gd_cfg, K_test=kinf_test, f0_train=f0, f0_test=f0t)
-    diff = f_te - pred.f_test
+    pred_test = pred.f_test
+    assert pred_test is not None  # K_test given
+    diff = f_te - pred_test
     dist = _rms_rows(diff)
-    ref = _rms_rows(pred.f_test)
+    ref = _rms_rows(pred_test)
     if diverged or not torch.isfinite(f_tr).all():
         km = dict.fromkeys(
             (
@@ -1107,7 +1112,7 @@ def _run_cell(
         net_test_acc=accuracy(f_te, yt),
         kernel_train_loss=loss_value(pred.f_train, y, config.loss).item(),
         kernel_train_acc=accuracy(pred.f_train, y),
-        kernel_test_acc=accuracy(pred.f_test, yt),
+        kernel_test_acc=accuracy(pred_test, yt),
         predictor={"stability_ratio": pred.stability_ratio, "diverges": pred.diverges, "method": pred.method},
         seconds=time.perf_counter() - t_cell,
         **km,
@@ -1118,7 +1123,7 @@ def _as64(state: TwoLayerState) -> TwoLayerState:
     return TwoLayerState(state.W.to(F64), state.a.to(F64), state.s_in, state.s_out)
 
 
-def _as_reference_model(arch: str, spec: ModelSpec, context, state: TwoLayerState) -> TwoLayerNet:
+def _as_reference_model(arch: Literal["relu", "attn"], spec: ModelSpec, context, state: TwoLayerState) -> TwoLayerNet:
     """The trained weights as an attnaudit model of the requested architecture (attn keeps its context)."""
     full_spec = ModelSpec(
         arch,
@@ -1216,7 +1221,7 @@ def build_tables(result: NTKDistanceResult) -> list:
             _fmt_slope(s.init_error_slope),
             s.trend,
         )
-    out = [table, diag]
+    out: list[Table | Text] = [table, diag]
     for text in result.verdicts():
         out.append(Text(text))
     for w in result.warnings:

@@ -35,7 +35,8 @@ from attnaudit.errors import AuditError, check_seed
 from attnaudit import __version__
 from attnaudit.core.fit import build_tables, fit, plot_fit
 from attnaudit.data import data_fingerprint
-from attnaudit.models.builtin import build_builtin, image_shape_of, save_model
+from attnaudit.models.builtin import TwoLayerNet, build_builtin, image_shape_of, save_model
+from attnaudit.models.vit import ViT
 from attnaudit.models.vit import default_patch, n_parameters
 from attnaudit.report.envelope import build_report, to_jsonable
 from attnaudit.runtime.device import resolve_device
@@ -344,6 +345,7 @@ def run(request: TrainRequest, *, progress: Progress | None = None, executor=Non
     r = request.resolved()
     recipe = r.recipe()
     arch_key, dtype_name, seed = r.arch, r.dtype, r.seed
+    assert dtype_name is not None  # resolved() fills it from the preset
     dev = resolve_device(r.device)
     torch_dtype = getattr(torch, dtype_name)
 
@@ -369,6 +371,7 @@ def run(request: TrainRequest, *, progress: Progress | None = None, executor=Non
         device=dev,
         **sizes,
     )
+    assert isinstance(model, (TwoLayerNet, ViT))  # every built-in architecture is one of these
     parameters = n_parameters(model)
     total_steps = recipe.total_steps(train_ds.n)
     split_name = spec.split if spec is not None else "in-memory"

@@ -52,6 +52,7 @@ class CG(Estimator):
         return State(context, info)
 
     def solve(self, state: State, damping: float | str | None) -> Solution:
+        assert damping is not None  # uses_damping: the sweep passes every damping as given
         ctx = state.context
         config, hvp = ctx.config, ctx.hvp
         d = absolute_damping(damping, state.info["lambda_max"])

@@ -147,7 +147,9 @@ class Exact(Estimator):
             context, info, trailing, lam_min=lam_min, lam_max=lam_max, evals=evals, evecs=evecs, coeff=coeff
         )
 
-    def solve(self, state: _ExactState, damping: float | str | None) -> Solution:
+    def solve(self, state: State, damping: float | str | None) -> Solution:
+        assert isinstance(state, _ExactState)  # what prepare returned
+        assert damping is not None  # uses_damping: the sweep passes every damping as given
         lam_min, lam_max = state.lam_min, state.lam_max
         if state.evals is None:  # cholesky
             X, d = state.factored[damping]
@@ -160,7 +162,8 @@ class Exact(Estimator):
                 "damped_condition_number": (lam_max + d) / (lam_min + d),
             }
             return Solution(X, d, diag, [])
-        evals = state.evals
+        evals, evecs, coeff = state.evals, state.evecs, state.coeff
+        assert evecs is not None and coeff is not None  # eigh: set with evals
         d = absolute_damping(damping, lam_max)
         scale = max(abs(lam_min), abs(lam_max), 1e-300)
         shifted = evals + d
@@ -187,7 +190,7 @@ class Exact(Estimator):
             "positive_definite": pd,
             "damped_condition_number": float(shifted.abs().max() / shifted.abs().min()),
         }
-        return Solution((state.coeff / shifted) @ state.evecs.T, d, diag, w)
+        return Solution((coeff / shifted) @ evecs.T, d, diag, w)
 
 
 @register

@@ -53,7 +53,9 @@ class KFAC(Estimator):
             context, {"lambda_max": None, "lambda_max_method": None, "solver": self.name}, factors=factors
         )
 
-    def solve(self, state: _KroneckerState, damping: float | str | None) -> Solution:
+    def solve(self, state: State, damping: float | str | None) -> Solution:
+        assert isinstance(state, _KroneckerState)  # what prepare returned
+        assert damping is not None  # uses_damping: the sweep passes every damping as given
         factors, ctx = state.factors, state.context
         excluded = factors.excluded
         X = factors.precondition(ctx.test_grads, ctx.engine, damping)

@@ -78,7 +78,11 @@ class Projected(Estimator):
             context, info, train_map=proj.apply, HR=HR, M=M, Bp=Bp, lam_max=lam_max, diagnostics=diag
         )
 
-    def solve(self, state: _ProjectedState, damping: float | str | None) -> Solution:
+    def solve(self, state: State, damping: float | str | None) -> Solution:
+        assert isinstance(state, _ProjectedState)  # what prepare returned
+        assert damping is not None  # uses_damping: the sweep passes every damping as given
+        HR, M, Bp, diagnostics = state.HR, state.M, state.Bp, state.diagnostics
+        assert HR is not None and M is not None and Bp is not None and diagnostics is not None  # set by prepare
         d = absolute_damping(damping, state.lam_max) if isinstance(damping, str) else float(damping)
-        Z = torch.linalg.solve(state.HR + d * state.M, state.Bp.T).T  # (k_test, k)
-        return Solution(Z.to(state.context.test_grads.dtype), d, dict(state.diagnostics))
+        Z = torch.linalg.solve(HR + d * M, Bp.T).T  # (k_test, k)
+        return Solution(Z.to(state.context.test_grads.dtype), d, dict(diagnostics))
