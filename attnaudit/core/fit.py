@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 import numbers
 import time
+import dataclasses
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
@@ -195,9 +196,16 @@ class FitResult:
     n_train: int = 0
     n_val: int = 0
     notes: list[str] = field(default_factory=list)
+    #: with ``loss_tol``: whether the loss reached it (None without a tolerance)
+    reached_tol: bool | None = None
+    #: with ``checkpoint_every``: parameter snapshots (TracIn), not part of the report
+    checkpoints: list[dict[str, torch.Tensor]] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(dataclasses.replace(self, checkpoints=[]))
+        out.pop("checkpoints")
+        out.pop("reached_tol")
+        return out
 
 
 def _model_reference(model: nn.Module) -> torch.Tensor:
@@ -208,7 +216,8 @@ def _model_reference(model: nn.Module) -> torch.Tensor:
 
 
 def _check_data(X: torch.Tensor, y: torch.Tensor, what: str) -> None:
-    if not isinstance(X, torch.Tensor) or X.ndim != 2:
+    # rows are (n, d); a module called on its own input layout directly may take (n, ...)
+    if not isinstance(X, torch.Tensor) or X.ndim < 2:
         raise AuditError(f"{what} rows must be a 2-D tensor (n, d), got {getattr(X, 'shape', type(X).__name__)}")
     if not isinstance(y, torch.Tensor) or y.ndim != 1 or y.shape[0] != X.shape[0]:
         raise AuditError(f"{what} labels must be a 1-D tensor with one label per row ({X.shape[0]})")
@@ -274,6 +283,11 @@ def fit(
     y_val: torch.Tensor | None = None,
     progress: Callable[[int], None] | None = None,
     fast_path: bool = True,
+    loss_tol: float | None = None,
+    checkpoint_every: int | None = None,
+    record_every: int = 1,
+    final_loss: bool = False,
+    evaluate_after: bool = True,
 ) -> FitResult:
     """Train ``model`` in place on rows ``X`` (n, d) with integer labels ``y`` (n,).
 
@@ -290,6 +304,15 @@ def fit(
 
     Per step the loop does what a plain PyTorch loop does (index the batch, forward,
     loss, backward, optimizer step) plus reading the batch loss as a Python float.
+
+    Full-batch options (the protocol of :func:`attnaudit.core.training.train`, which calls
+    this function): ``loss_tol`` stops before the update once the loss is <= it
+    (``reached_tol``); ``checkpoint_every`` keeps a parameter snapshot before every k-th
+    update and at the end; ``record_every`` keeps every k-th loss of the curve (the last
+    and the stopping one always); ``final_loss`` evaluates the loss once more after the
+    last update and appends it to the curve (tolerance and divergence checked on it too);
+    ``evaluate_after=False`` skips the whole-set evaluation (``final_train_loss`` is then
+    the curve's last value and ``train_accuracy`` NaN).
     """
     if not isinstance(recipe, Recipe):
         raise AuditError(f"fit needs a Recipe, got {type(recipe).__name__}")
@@ -334,12 +357,37 @@ def fit(
     shuffle = batch < n  # full-batch steps see every row, in the data's own order
     gen = torch.Generator().manual_seed(recipe.seed)
 
+    if (loss_tol is not None or final_loss) and shuffle:
+        raise AuditError("loss_tol and final_loss are full-batch options; drop batch_size")
+    if checkpoint_every is not None and checkpoint_every < 1:
+        raise AuditError("checkpoint interval must be >= 1")
     curve: list[float] = []
+    checkpoints: list[dict[str, torch.Tensor]] = []
     diverged = False
+    reached: bool | None = None if loss_tol is None else False
     steps_run = 0
+
+    def batch_loss(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        logits = forward(xb) if forward is not None else to_logits(inputs.call(model, inputs(xb)))
+        return loss_fn.per_sample(logits, eye.index_select(0, yb)).mean()
+
+    def observe(value: float) -> bool:
+        """Record the loss before an update; True when the run stops here (diverged or reached)."""
+        nonlocal diverged, reached
+        stopping = not math.isfinite(value) or (loss_tol is not None and value <= loss_tol)
+        if steps_run % record_every == 0 or stopping:
+            curve.append(value)
+        if not math.isfinite(value):
+            diverged = True
+        elif loss_tol is not None and value <= loss_tol:
+            reached = True
+        if not stopping and checkpoint_every and steps_run % checkpoint_every == 0:
+            checkpoints.append({k: v.detach().clone() for k, v in model.named_parameters()})
+        return stopping
+
     start = time.perf_counter()
     with eval_mode(model):
-        while steps_run < total and not diverged:
+        while steps_run < total and not diverged and not reached:
             order = torch.randperm(n, generator=gen).to(device) if shuffle else None
             for a in range(0, n, batch):
                 if steps_run >= total:
@@ -349,12 +397,8 @@ def fit(
                 else:
                     idx = order[a : a + batch]
                     xb, yb = Xd.index_select(0, idx), yd.index_select(0, idx)
-                logits = forward(xb) if forward is not None else to_logits(inputs.call(model, inputs(xb)))
-                loss = loss_fn.per_sample(logits, eye.index_select(0, yb)).mean()
-                value = loss.item()
-                curve.append(value)
-                if not math.isfinite(value):
-                    diverged = True
+                loss = batch_loss(xb, yb)
+                if observe(loss.item()):
                     break
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -362,11 +406,21 @@ def fit(
                 steps_run += 1
                 if progress is not None:
                     progress(1)
+        if final_loss and not diverged and not reached:
+            with torch.no_grad():
+                value = batch_loss(Xd, yd).item()
+            if not observe(value) and steps_run % record_every:
+                curve.append(value)  # the loss at the end is always on the curve
+    if checkpoint_every and (not checkpoints or steps_run % checkpoint_every):
+        checkpoints.append({k: v.detach().clone() for k, v in model.named_parameters()})
     seconds = time.perf_counter() - start
     notes = []
     if diverged:
         notes.append(f"the loss became non-finite at step {steps_run} (lr {recipe.lr:g}); lower --lr")
-    train_loss, train_acc = evaluate(model, X, y, recipe.loss, inputs)
+    if evaluate_after:
+        train_loss, train_acc = evaluate(model, X, y, recipe.loss, inputs)
+    else:
+        train_loss, train_acc = (curve[-1] if curve else float("nan")), float("nan")
     val_loss = val_acc = None
     if X_val is not None and y_val is not None and X_val.shape[0]:
         val_loss, val_acc = evaluate(model, X_val, y_val, recipe.loss, inputs)
@@ -385,6 +439,8 @@ def fit(
         n_train=n,
         n_val=0 if X_val is None else int(X_val.shape[0]),
         notes=notes,
+        reached_tol=reached,
+        checkpoints=checkpoints,
     )
 
 

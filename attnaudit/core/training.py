@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from attnaudit.core.task import LOSSES as LOSS_TABLE, Loss, as_loss
+from attnaudit.core.fit import Recipe, fit
+from attnaudit.core.task import LOSSES as LOSS_TABLE, Inputs, Loss, as_loss
 from attnaudit.errors import AuditError
 
 LOSSES = tuple(LOSS_TABLE)  # the core's one loss table: mse, ce
@@ -109,56 +110,33 @@ def require_nonzero_inputs(X: torch.Tensor) -> None:
 
 
 def train(model: nn.Module, X: torch.Tensor, y: torch.Tensor, config: TrainConfig) -> TrainResult:
-    """Full-batch GD on (X, y) in place; returns the loss curve (loss before each step, then final)."""
+    """Full-batch GD on (X, y) in place; returns the loss curve (loss before each step, then final).
+
+    The one trainer is :func:`attnaudit.core.fit.fit`; this is its full-batch GD protocol
+    (``optimizer="gd"``, the loss evaluated once more after the last step, ``loss_tol``
+    stopping, TracIn snapshots every ``checkpoint_every`` steps) with this module's result type.
+    X keeps the caller's rows: they must be in the model's dtype (no cast happens here).
+    """
     require_nonzero_inputs(X)
-    params = [p for p in model.parameters() if p.requires_grad]
-    inputs, forward = X, model
-    if getattr(model, "context", None) is not None and hasattr(model, "mlp"):
-        # MLP-Attn's input map is a fixed buffer, so GD on (X, y) is GD of the MLP on
-        # (f_att(X), y): the same parameter trajectory without an n x d x d product per step.
-        with torch.no_grad():
-            inputs = model.features_in(X)  # type: ignore[operator]  # nn.Module attribute: a TwoLayerNet method
-        forward = model.mlp  # type: ignore[assignment]  # nn.Module attribute: a TwoLayerNet method
-    curve: list[float] = []
-    checkpoints: list[dict[str, torch.Tensor]] = []
-    reached = None if config.loss_tol is None else False
-    diverged = False
-    steps_run = 0
-
-    def snapshot() -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in model.named_parameters()}
-
-    for step in range(config.steps + 1):
-        model.zero_grad(set_to_none=True)
-        loss = loss_value(forward(inputs), y, config.loss)
-        value = loss.item()
-        # the step that stops the run is always recorded, so final_loss is the loss at the end
-        stopping = not math.isfinite(value) or (config.loss_tol is not None and value <= config.loss_tol)
-        if step % config.record_every == 0 or step == config.steps or stopping:
-            curve.append(value)
-        if not math.isfinite(value):
-            diverged = True
-            break
-        if config.loss_tol is not None and value <= config.loss_tol:
-            reached = True
-            break
-        if config.checkpoint_every and step % config.checkpoint_every == 0:
-            checkpoints.append(snapshot())
-        if step == config.steps:
-            break
-        loss.backward()
-        with torch.no_grad():
-            for p in params:
-                assert p.grad is not None  # every trained parameter is in the loss's graph
-                p.add_(p.grad, alpha=-config.lr)
-        steps_run += 1
-    if config.checkpoint_every and (not checkpoints or steps_run % config.checkpoint_every):
-        checkpoints.append(snapshot())
+    recipe = Recipe(optimizer="gd", lr=config.lr, steps=config.steps, loss=config.loss)
+    result = fit(
+        model,
+        X,
+        y,
+        recipe,
+        inputs=Inputs(),
+        loss_tol=config.loss_tol,
+        checkpoint_every=config.checkpoint_every,
+        record_every=config.record_every,
+        final_loss=True,
+        evaluate_after=False,
+    )
+    curve = list(result.loss_curve)
     return TrainResult(
         loss_curve=curve,
-        steps_run=steps_run,
+        steps_run=result.steps_run,
         final_loss=curve[-1] if curve else float("nan"),
-        reached_tol=reached,
-        diverged=diverged,
-        checkpoints=checkpoints,
+        reached_tol=result.reached_tol,
+        diverged=result.diverged,
+        checkpoints=result.checkpoints,
     )
