@@ -16,6 +16,8 @@ from attnaudit.data.builtin import (
 from attnaudit.data.readers import _load_user
 from attnaudit.data.selection import _finish
 from attnaudit.data.spec import Dataset, DataSpec
+from attnaudit.data.text import TextOptions, is_text_file, read_text_source
+from attnaudit.errors import AuditError
 
 
 def load_dataset(spec: DataSpec) -> Dataset:
@@ -25,6 +27,14 @@ def load_dataset(spec: DataSpec) -> Dataset:
 
 def _load(spec: DataSpec) -> Dataset:
     if spec.data is not None:
+        path = Path(spec.data).expanduser()
+        if path.is_file() and is_text_file(path, spec.text_field):
+            if spec.preprocess != "raw":
+                raise AuditError(
+                    f"--preprocess {spec.preprocess} applies to numbers, not token ids; drop it for text data"
+                )
+            options = TextOptions(spec.text_field, spec.label_field, spec.tokenizer, spec.max_length)
+            return _finish(read_text_source(path, options), spec, spec.n, spec.stratify)
         return _finish(_load_user(spec.data), spec, spec.n, spec.stratify)
     root = Path(spec.data_dir).expanduser() if spec.data_dir is not None else default_data_dir()
     if spec.dataset == "digits":

@@ -114,6 +114,11 @@ class DataSpec:
     synthetic_n: int = 512
     synthetic_kappa: float = 1e3
     synthetic_rank: int | None = None
+    # text files (.jsonl, or .csv with a text column): see attnaudit.data.text
+    text_field: str = "text"
+    label_field: str = "label"
+    tokenizer: str | None = None
+    max_length: int = 128
 
     def __post_init__(self) -> None:
         # Normalise spelling variants ("Fashion_MNIST") so the CLI can pass text through.

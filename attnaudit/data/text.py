@@ -1,0 +1,310 @@
+"""Text data: JSON-lines or CSV files of (text, label) records, tokenized offline with the
+audited checkpoint's own tokenizer (``tokenizer.json``, read by the ``tokenizers`` library).
+
+A record's text goes through the tokenizer as the checkpoint was trained with it (its
+normaliser, pre-tokenizer, special tokens and post-processor), truncated to ``max_length``
+tokens and padded to exactly ``max_length`` with the tokenizer's pad token, so every sample
+is one row of ``max_length`` token ids. The model wrapper masks the padding
+(:class:`attnaudit.models.hf.HFSequenceClassifier`: attention mask ``input_ids != pad``), so
+the pad id of the tokenizer must be the model's ``pad_token_id`` (checked where both are
+known). Labels are integers 0..K-1, or strings mapped through the checkpoint's ``label2id``
+(``config.json``) when it has one, else numbered in sorted order (the map is recorded).
+
+Every file is untrusted: sizes, encodings, fields and labels are checked and each failure is
+one :class:`AuditError` naming the file, the line and the fix.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnaudit.data.spec import MAX_CLASSES, _Source, _clip
+from attnaudit.errors import AuditError
+
+TEXT_SUFFIXES = (".jsonl", ".csv")
+MAX_FILE_BYTES = 1 << 30  # 1 GiB of text is far more than an audit reads
+MAX_LINE_BYTES = 1 << 20  # one record of more than 1 MiB is refused (a broken file, not a text)
+MAX_LENGTH_LIMIT = 1 << 16
+
+
+@dataclass(frozen=True)
+class TextOptions:
+    """How records become token rows: field names, the tokenizer, and the row length."""
+
+    text_field: str = "text"
+    label_field: str = "label"
+    tokenizer: str | None = None  # tokenizer.json, or a folder holding it (a Hugging Face checkpoint)
+    max_length: int = 128
+
+    def __post_init__(self) -> None:
+        for name in ("text_field", "label_field"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                raise AuditError(f"--{name.replace('_', '-')} must name a field, got {_clip(repr(value))}")
+        if (
+            isinstance(self.max_length, bool)
+            or not isinstance(self.max_length, int)
+            or not (2 <= self.max_length <= MAX_LENGTH_LIMIT)
+        ):
+            raise AuditError(
+                f"--max-length must be an integer in 2..{MAX_LENGTH_LIMIT}, got {_clip(repr(self.max_length))}"
+            )
+
+
+def is_text_file(path: Path, text_field: str = "text") -> bool:
+    """A .jsonl file, or a .csv whose header names the text field."""
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        return True
+    if suffix != ".csv":
+        return False
+    try:
+        with path.open("rb") as fh:
+            head = fh.readline(MAX_LINE_BYTES).decode("utf-8", errors="replace")
+    except OSError:
+        return False
+    return text_field in next(csv.reader([head]), [])
+
+
+# --------------------------------------------------------------------------- records
+
+
+def _read_bytes(path: Path) -> bytes:
+    if not path.is_file():
+        raise AuditError(f"{path}: no such file; check the --data path")
+    size = path.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise AuditError(f"{path}: {size / 2**30:.1f} GiB is more text than an audit reads (limit 1 GiB); use a sample")
+    return path.read_bytes()
+
+
+def _decode(raw: bytes, path: Path) -> str:
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise AuditError(f"{path}: line {line} is not valid UTF-8 (byte {exc.start}); save the file as UTF-8") from None
+
+
+def _check_line_lengths(text: str, path: Path) -> None:
+    for i, line in enumerate(text.split("\n"), start=1):
+        if len(line.encode("utf-8")) > MAX_LINE_BYTES:
+            raise AuditError(f"{path}: line {i} is longer than 1 MiB; one record per line, texts under 1 MiB")
+
+
+def read_records(path: str | Path, text_field: str = "text", label_field: str = "label") -> tuple[list[str], list[Any]]:
+    """(texts, labels) of a .jsonl (one JSON object per line) or .csv (a header row) file."""
+    path = Path(path)
+    text = _decode(_read_bytes(path), path)
+    _check_line_lengths(text, path)
+    texts: list[str] = []
+    labels: list[Any] = []
+    if path.suffix.lower() == ".jsonl":
+        for i, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise AuditError(f"{path}: line {i} is not JSON ({exc.msg}); one JSON object per line") from None
+            if not isinstance(record, dict):
+                raise AuditError(
+                    f"{path}: line {i} is a JSON {type(record).__name__}, not an object with "
+                    f"{text_field!r} and {label_field!r}"
+                )
+            texts.append(_field(record, text_field, path, i, "text"))
+            labels.append(_field(record, label_field, path, i, "label"))
+    else:
+        reader = csv.DictReader(io.StringIO(text))
+        header = reader.fieldnames or []
+        for name, what in ((text_field, "text"), (label_field, "label")):
+            if name not in header:
+                raise AuditError(
+                    f"{path}: no {name!r} column (columns: {_clip(', '.join(header), 120)}); name the "
+                    f"{what} column with --{what}-field"
+                )
+        for i, row in enumerate(reader, start=2):
+            if None in row:  # more cells than the header names
+                raise AuditError(
+                    f"{path}: line {i} has more cells than the header's {len(header)}; quote texts that contain commas"
+                )
+            texts.append(_field(row, text_field, path, i, "text"))
+            labels.append(_field(row, label_field, path, i, "label"))
+    if not texts:
+        raise AuditError(f"{path}: no records; give one {text_field!r} and {label_field!r} per line")
+    return texts, labels
+
+
+def _field(record: Mapping[str, Any], name: str, path: Path, line: int, what: str) -> Any:
+    if name not in record or record[name] is None:
+        raise AuditError(
+            f"{path}: line {line} has no {name!r} field; every record needs one (or name the "
+            f"{what} field with --{what}-field)"
+        )
+    value = record[name]
+    if what == "text":
+        if not isinstance(value, str):
+            raise AuditError(f"{path}: line {line}: {name!r} is a {type(value).__name__}, not text")
+        if not value.strip():
+            raise AuditError(f"{path}: line {line}: {name!r} is empty; remove the record or give it a text")
+    return value
+
+
+def label_ids(labels: Sequence[Any], label2id: Mapping[str, int] | None, where: str) -> tuple[np.ndarray, dict]:
+    """Integer class ids (n,) and the map used: integers stay (0..K-1); strings go through the
+    checkpoint's ``label2id``, else are numbered in sorted order."""
+
+    def index_like(v: Any) -> bool:
+        return (isinstance(v, int) and not isinstance(v, bool)) or (
+            isinstance(v, str) and v.strip().lstrip("-").isdigit()
+        )
+
+    if all(index_like(v) for v in labels):
+        ids = np.asarray([int(v) for v in labels], dtype=np.int64)
+        if ids.min() < 0 or ids.max() >= MAX_CLASSES:
+            bad = int(ids[(ids < 0) | (ids >= MAX_CLASSES)][0])
+            raise AuditError(f"{where}: label {bad} is outside 0..{MAX_CLASSES - 1}; labels are class indices")
+        return ids, {}
+    if not all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in labels):
+        bad = next(v for v in labels if not isinstance(v, (str, int)) or isinstance(v, bool))
+        raise AuditError(f"{where}: label {_clip(repr(bad))} is neither a class index nor a class name")
+    names = [str(v) for v in labels]
+    if label2id:
+        unknown = sorted(set(names) - set(label2id))
+        if unknown:
+            raise AuditError(
+                f"{where}: unknown label {_clip(repr(unknown[0]))}; the checkpoint's classes are "
+                f"{_clip(', '.join(sorted(label2id)), 120)}"
+            )
+        mapping = {k: int(v) for k, v in label2id.items()}
+    else:
+        mapping = {name: i for i, name in enumerate(sorted(set(names)))}
+    return np.asarray([mapping[n] for n in names], dtype=np.int64), mapping
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+def tokenizer_file(path: str | Path) -> Path:
+    """The tokenizer.json a path names: the file itself, or the one inside a checkpoint folder."""
+    p = Path(path).expanduser()
+    candidate = p / "tokenizer.json" if p.is_dir() else p
+    if not candidate.is_file():
+        raise AuditError(
+            f"{p}: no tokenizer.json; text data is tokenized with the checkpoint's own tokenizer: save it beside the "
+            "model (tokenizer.save_pretrained) or name it with --tokenizer"
+        )
+    return candidate
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """A ``tokenizers.Tokenizer`` from tokenizer.json (offline; the [hf] extra brings the library)."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:  # optional dependency: the [hf] extra
+        raise AuditError("text data needs the tokenizers library: pip install 'attnaudit[hf]'") from None
+    file = tokenizer_file(path)
+    try:
+        return Tokenizer.from_file(str(file))
+    except Exception as exc:  # noqa: BLE001 - the library's own parse errors, one line
+        raise AuditError(f"{file}: not a tokenizers tokenizer.json ({_clip(str(exc), 120)})") from None
+
+
+def pad_id_of(tokenizer: Any, where: str) -> int:
+    """The id the tokenizer pads with: its padding configuration's, else a [PAD]/<pad> token."""
+    padding = tokenizer.padding
+    if padding and padding.get("pad_id") is not None:
+        return int(padding["pad_id"])
+    for token in ("[PAD]", "<pad>", "<|pad|>"):
+        tid = tokenizer.token_to_id(token)
+        if tid is not None:
+            return int(tid)
+    raise AuditError(f"{where}: the tokenizer has no pad token; rows of equal length need one ([PAD] or <pad>)")
+
+
+def tokenize(tokenizer: Any, texts: Sequence[str], max_length: int, where: str = "tokenizer") -> tuple[np.ndarray, int]:
+    """Token ids (n, max_length) int64, truncated and padded; and how many texts were truncated."""
+    pad = pad_id_of(tokenizer, where)
+    pad_token = tokenizer.id_to_token(pad)
+    tok = _copy(tokenizer)
+    tok.no_truncation()
+    tok.no_padding()
+    lengths = [len(e.ids) for e in tok.encode_batch(list(texts))]
+    tok.enable_truncation(max_length=max_length)
+    tok.enable_padding(pad_id=pad, pad_token=pad_token, length=max_length)
+    ids = np.asarray([e.ids for e in tok.encode_batch(list(texts))], dtype=np.int64)
+    return ids, sum(n > max_length for n in lengths)
+
+
+def _copy(tokenizer: Any) -> Any:
+    """An independent copy (truncation and padding are set on it, never on the caller's)."""
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_str(tokenizer.to_str())
+
+
+# --------------------------------------------------------------------------- source
+
+
+def read_text_source(path: str | Path, options: TextOptions) -> _Source:
+    """The records of ``path`` as token rows (n, max_length) with class ids, for the data layer."""
+    path = Path(path)
+    if options.tokenizer is None:
+        raise AuditError(
+            f"{path}: text data needs a tokenizer: give --checkpoint (a Hugging Face folder with its "
+            "tokenizer.json) or --tokenizer"
+        )
+    texts, labels = read_records(path, options.text_field, options.label_field)
+    tokenizer = load_tokenizer(options.tokenizer)
+    label2id = _label2id(options.tokenizer)
+    y, mapping = label_ids(labels, label2id, str(path))
+    ids, truncated = tokenize(tokenizer, texts, options.max_length, str(path))
+    file = tokenizer_file(options.tokenizer)
+    return _Source(
+        X=ids,
+        y=y,
+        name=path.name,
+        n_classes=int(y.max()) + 1 if label2id is None else max(int(y.max()) + 1, len(label2id)),
+        scale=None,
+        value_range=None,
+        info={
+            "source": str(path),
+            "format": path.suffix.lstrip(".").lower() + "-text",
+            "modality": "text",
+            "text_field": options.text_field,
+            "label_field": options.label_field,
+            "max_length": options.max_length,
+            "tokenizer": str(file),
+            "tokenizer_sha256": hashlib.sha256(file.read_bytes()).hexdigest(),
+            "pad_id": pad_id_of(tokenizer, str(path)),
+            "truncated": int(truncated),
+            "label_map": mapping or None,
+        },
+    )
+
+
+def _label2id(tokenizer_path: str) -> dict[str, int] | None:
+    """The checkpoint's label2id (config.json beside the tokenizer), when it names real classes."""
+    p = Path(tokenizer_path).expanduser()
+    config = (p if p.is_dir() else p.parent) / "config.json"
+    if not config.is_file():
+        return None
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    mapping = data.get("label2id") if isinstance(data, dict) else None
+    if not isinstance(mapping, dict) or not mapping:
+        return None
+    if all(str(k).upper().startswith("LABEL_") for k in mapping):  # transformers' placeholder names
+        return None
+    return {str(k): int(v) for k, v in mapping.items() if isinstance(v, int)}

@@ -1,0 +1,184 @@
+"""Text data (.jsonl / .csv with a text column), tokenized with the checkpoint's own tokenizer.
+
+Truths: the `tokenizers` library's own encoding (configured here, independently of the
+reader), the records as written, and a Hugging Face model fed the same ids directly."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from attnaudit.data import DataSpec, load_dataset
+from attnaudit.data.text import TextOptions, read_records, read_text_source
+from attnaudit.errors import AuditError
+
+tokenizers = pytest.importorskip("tokenizers")
+
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "good", "bad", "movie", "film", "very", "not", "plot", "acting", "great"]
+RECORDS = [
+    ("Good movie", "positive"),
+    ("very BAD film", "negative"),
+    ("not good", "negative"),
+    ("great acting, great plot", "positive"),
+    ("bad bad bad plot and worse acting than any film", "negative"),
+    ("very very good film", "positive"),
+]
+
+
+def _tokenizer(folder, pad="[PAD]"):
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+
+    vocab = {t: i for i, t in enumerate(VOCAB if pad == "[PAD]" else [v for v in VOCAB if v != "[PAD]"])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])]
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def _jsonl(path, records=RECORDS, text="text", label="label"):
+    path.write_text("".join(json.dumps({text: t, label: y}) + "\n" for t, y in records), encoding="utf-8")
+    return path
+
+
+def _csv(path, records=RECORDS):
+    import csv
+
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(["id", "text", "label"])
+        for i, (t, y) in enumerate(records):
+            w.writerow([i, t, y])
+    return path
+
+
+def test_rows_are_the_tokenizer_libraries_own_encoding(tmp_path):
+    folder = _tokenizer(tmp_path / "ckpt")
+    src = read_text_source(_jsonl(tmp_path / "d.jsonl"), TextOptions(tokenizer=str(folder), max_length=7))
+    ref = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    ref.enable_truncation(max_length=7)
+    ref.enable_padding(pad_id=0, pad_token="[PAD]", length=7)
+    expected = np.array([e.ids for e in ref.encode_batch([t for t, _ in RECORDS])])
+    assert np.array_equal(src.X, expected)
+    # by hand for the first record: [CLS] good movie [SEP] and padding; the long one keeps its [SEP]
+    assert src.X[0].tolist() == [2, 4, 6, 3, 0, 0, 0] and src.X[4, -1] == 3
+    assert src.info["truncated"] == 1 and src.info["pad_id"] == 0 and src.info["modality"] == "text"
+    # string labels numbered in sorted order (no label2id in the checkpoint), the map recorded
+    assert src.info["label_map"] == {"negative": 0, "positive": 1}
+    assert src.y.tolist() == [1, 0, 0, 1, 0, 1]
+
+
+def test_jsonl_and_csv_give_the_same_rows_and_selection_works(tmp_path):
+    folder = _tokenizer(tmp_path / "ckpt")
+    a = load_dataset(DataSpec(data=str(_jsonl(tmp_path / "d.jsonl")), tokenizer=str(folder), max_length=8))
+    b = load_dataset(DataSpec(data=str(_csv(tmp_path / "d.csv")), tokenizer=str(folder), max_length=8))
+    assert torch.equal(a.X, b.X) and torch.equal(a.y, b.y) and a.feature_shape == (8,)
+    sub = load_dataset(DataSpec(data=str(tmp_path / "d.jsonl"), tokenizer=str(folder), max_length=8, classes=(1,)))
+    assert sub.n == 3 and set(sub.y.tolist()) == {1}
+    some = load_dataset(DataSpec(data=str(tmp_path / "d.jsonl"), tokenizer=str(folder), max_length=8, n=4, seed=3))
+    assert some.n == 4 and all(any(torch.equal(r, x) for x in a.X) for r in some.X)
+
+
+def test_the_checkpoints_label2id_names_the_classes(tmp_path):
+    folder = _tokenizer(tmp_path / "ckpt")
+    (folder / "config.json").write_text(json.dumps({"label2id": {"negative": 1, "positive": 0}}))
+    src = read_text_source(_jsonl(tmp_path / "d.jsonl"), TextOptions(tokenizer=str(folder)))
+    assert src.y.tolist() == [0, 1, 1, 0, 1, 0]  # the checkpoint's own numbering, not sorted order
+    with pytest.raises(AuditError, match=r"unknown label 'neutral'; the checkpoint's classes are negative, positive"):
+        read_text_source(_jsonl(tmp_path / "e.jsonl", [("good", "neutral")]), TextOptions(tokenizer=str(folder)))
+
+
+def test_custom_field_names(tmp_path):
+    folder = _tokenizer(tmp_path / "ckpt")
+    path = _jsonl(tmp_path / "d.jsonl", text="sentence", label="y")
+    texts, labels = read_records(path, "sentence", "y")
+    assert texts == [t for t, _ in RECORDS] and labels == [y for _, y in RECORDS]
+    with pytest.raises(AuditError, match="line 1 has no 'text' field"):
+        read_text_source(path, TextOptions(tokenizer=str(folder)))
+    src = read_text_source(path, TextOptions(text_field="sentence", label_field="y", tokenizer=str(folder)))
+    assert src.X.shape == (6, 128)
+
+
+@pytest.mark.parametrize(
+    "name,content,message",
+    [
+        ("empty.jsonl", b"", "no records"),
+        ("blank.jsonl", b"\n\n", "no records"),
+        ("nofield.jsonl", b'{"text": "good"}\n', "line 1 has no 'label' field"),
+        ("notjson.jsonl", b'{"text": "good", "label": 1}\n{oops\n', "line 2 is not JSON"),
+        ("array.jsonl", b"[1, 2]\n", "line 1 is a JSON list"),
+        ("utf8.jsonl", b'{"text": "good", "label": 1}\n{"text": "caf\xe9", "label": 0}\n', "line 2 is not valid UTF-8"),
+        ("long.jsonl", b'{"text": "' + b"a" * (1 << 20) + b'", "label": 1}\n', "line 1 is longer than 1 MiB"),
+        ("emptytext.jsonl", b'{"text": "  ", "label": 1}\n', "line 1: 'text' is empty"),
+        ("numbertext.jsonl", b'{"text": 3, "label": 1}\n', "'text' is a int, not text"),
+        ("badlabel.jsonl", b'{"text": "good", "label": [1]}\n', "neither a class index nor a class name"),
+        ("nocolumn.csv", b"id,text\n1,good\n", "no 'label' column"),
+        ("extra.csv", b"text,label\ngood,1,2\n", "line 2 has more cells than the header"),
+    ],
+)
+def test_bad_text_files_get_one_clear_line(tmp_path, name, content, message):
+    folder = _tokenizer(tmp_path / "ckpt")
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(AuditError, match=message) as exc:
+        read_text_source(path, TextOptions(tokenizer=str(folder)))
+    assert "\n" not in str(exc.value) and str(path) in str(exc.value)
+
+
+def test_a_checkpoint_without_a_tokenizer_says_so(tmp_path):
+    path = _jsonl(tmp_path / "d.jsonl")
+    (tmp_path / "ckpt").mkdir()
+    with pytest.raises(AuditError, match="no tokenizer.json; text data is tokenized with the checkpoint's own"):
+        read_text_source(path, TextOptions(tokenizer=str(tmp_path / "ckpt")))
+    with pytest.raises(AuditError, match="text data needs a tokenizer"):
+        read_text_source(path, TextOptions())
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(AuditError, match="not a tokenizers tokenizer.json"):
+        read_text_source(path, TextOptions(tokenizer=str(tmp_path / "bad.json")))
+    nopad = _tokenizer(tmp_path / "nopad", pad=None)
+    with pytest.raises(AuditError, match="no pad token"):
+        read_text_source(path, TextOptions(tokenizer=str(nopad)))
+
+
+def test_options_are_checked(tmp_path):
+    with pytest.raises(AuditError, match="--max-length must be an integer in 2"):
+        TextOptions(max_length=1)
+    with pytest.raises(AuditError, match="--text-field must name a field"):
+        TextOptions(text_field=" ")
+    folder = _tokenizer(tmp_path / "ckpt")
+    with pytest.raises(AuditError, match="--preprocess center applies to numbers, not token ids"):
+        load_dataset(DataSpec(data=str(_jsonl(tmp_path / "d.jsonl")), tokenizer=str(folder), preprocess="center"))
+
+
+def test_a_hugging_face_classifier_reads_the_rows_as_its_own_ids(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from attnaudit.models.hf import adapt_to_data, load_hf_directory
+
+    folder = tmp_path / "bert"
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=len(VOCAB),
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=16,
+        num_labels=2,
+        pad_token_id=0,
+    )
+    model = transformers.BertForSequenceClassification(config).eval()
+    model.save_pretrained(folder)
+    _tokenizer(folder)
+    ds = load_dataset(DataSpec(data=str(_jsonl(tmp_path / "d.jsonl")), tokenizer=str(folder), max_length=8))
+    loaded = adapt_to_data(load_hf_directory(folder), ds.feature_shape)
+    ids = ds.X.long()
+    with torch.no_grad():
+        ref = model(input_ids=ids, attention_mask=(ids != 0).long()).logits
+        assert torch.allclose(loaded.task().logits(ds.X), ref, atol=1e-5)
