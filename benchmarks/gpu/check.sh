@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The GPU check, ready to run on a machine with one NVIDIA GPU (an H200 here: torch,
+# transformers, typer and rich preinstalled, no network). From the repository root:
+#
+#   bash benchmarks/gpu/check.sh [OUT_DIR]            # on the GPU: under 8 minutes on one H200
+#   DEVICE=cpu SMALL=1 bash benchmarks/gpu/check.sh DIR  # the same path on this machine's CPU (minutes)
+#   DEVICE=cpu TINY=1 bash benchmarks/gpu/check.sh DIR   # the test suite's form (under a minute)
+#
+# Each analysis (kappa, ntk-distance, malleability, landscape) runs on the CPU and on DEVICE;
+# timings and the agreement of their numbers (tolerances in benchmarks/gpu/check.py) go to
+# OUT_DIR/gpu-check.json ($OUT when no folder is given). Exit 0 when every number agrees.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT_DIR="${1:-${OUT:-gpu-check-out}}"
+DEVICE="${DEVICE:-cuda}"
+SIZE=full
+[ "${SMALL:-0}" = 1 ] && SIZE=small
+[ "${TINY:-0}" = 1 ] && SIZE=tiny
+if ! python -c "import attnaudit" 2>/dev/null; then
+  # the device machine has the dependencies; install the project itself only
+  pip install -q --no-deps -e .
+fi
+python -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+exec python benchmarks/gpu/check.py --device "$DEVICE" --size "$SIZE" --out "$OUT_DIR"
