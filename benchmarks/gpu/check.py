@@ -63,25 +63,13 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         ),
     },
     "small": {
-        "kappa": dict(n=(512,)),
-        "ntk-distance": dict(widths=(16, 64, 256), seeds=2, n_train=150, n_test=100, steps=100),
-        "malleability": dict(
-            n_train=150, n_test=50, seeds=2, steps=150, width=32, attacks=("pgd", "random"), top_k=(20,), pgd_steps=5
-        ),
-        "landscape": dict(
-            n_train=300,
-            width=64,
-            steps=300,
-            seeds=2,
-            points=11,
-            grid=5,
-            eigenvalues=3,
-            hutchinson_samples=10,
-            basin_directions=4,
-        ),
+        "kappa": dict(n=(1024,)),
+        "ntk-distance": dict(preset="quick", seeds=2),
+        "malleability": dict(preset="quick", seeds=2),
+        "landscape": dict(preset="quick", seeds=2),
     },
     "full": {
-        "kappa": dict(n=(1797,)),
+        "kappa": dict(n=(1024,), seeds=3),
         "ntk-distance": dict(preset="quick", seeds=3),
         "malleability": dict(preset="quick", seeds=3),
         "landscape": dict(preset="quick", seeds=3),
