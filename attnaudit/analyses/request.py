@@ -22,12 +22,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import numbers
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
-from attnaudit.errors import AuditError, clip_text
+from attnaudit.errors import AuditError, check_seed, clip_text
 
 # The panels of every command's --help, in this order (docs/cli.md says what goes where).
 DATA = "Data"
@@ -119,6 +120,13 @@ def option(
     return field(default=default, metadata={_OPTION: meta})
 
 
+def redefault(owner: type, name: str, default: Any) -> Any:
+    """The option field ``name`` of ``owner`` (a request or a part of one: its flags, help and
+    panel) with another default, for a request that inherits it."""
+    inherited = {f.name: f for f in dataclasses.fields(owner)}[name]
+    return field(default=default, metadata=inherited.metadata)
+
+
 def internal(default: Any = None) -> Any:
     """A request field with no command-line option (a loaded object from Python, say)."""
     return field(default=default, compare=False, metadata={})
@@ -189,6 +197,11 @@ def _show_scalar(value: Any) -> str:
 def normalise_key(key: Any) -> str:
     """An option key as written (eps, top-k, top_k, --top-k) -> its python spelling."""
     return str(key).strip().lstrip("-").replace("-", "_")
+
+
+def literal(text: Any) -> str:
+    """``text`` inside a :class:`FieldError` template (its braces kept literally)."""
+    return str(text).replace("{", "{{").replace("}", "}}")
 
 
 def hint(word: str, choices) -> str:
@@ -377,13 +390,54 @@ def field_check(field_name: str, check: Callable[..., Any], *args: Any, **kwargs
     try:
         return check(*args, _MARK, **kwargs)
     except AuditError as exc:
-        text = str(exc).replace("{", "{{").replace("}", "}}").replace(_MARK, "{name}")
+        text = literal(exc).replace(_MARK, "{name}")
         raise FieldError(field_name, text) from None
 
 
 def fields_named(error: FieldError, request_type: type[Request]) -> AuditError:
     """A :class:`FieldError` as the command line shows it: naming the field's flag."""
     return error.named(request_type.flag_of(error.field))
+
+
+def check_seeds(seed: Any, count: Any, *, rule: str = ">= 1", integer: bool = False) -> None:
+    """Refuse a seed count (field ``seeds``) below 1, or not an integer when ``integer`` ("{name}
+    must be ``rule``"), and a base ``seed`` whose ``count`` consecutive seeds leave the valid range."""
+    if (integer and not (isinstance(count, numbers.Integral) and not isinstance(count, bool))) or count < 1:
+        raise FieldError("seeds", "{name} must be " + rule + ", got " + literal(count))
+    field_check("seed", check_seed, seed, count=count)
+
+
+def unknown_preset(value: Any, presets: Iterable[str]) -> FieldError:
+    """The error for a ``preset`` that names none of ``presets``."""
+    return FieldError("preset", "unknown {name} " + literal(repr(value)) + f"; use {' or '.join(presets)}")
+
+
+def unset(request: Any, values: Mapping[str, Any], names: Iterable[str] | None = None) -> dict[str, Any]:
+    """The entries of ``values`` (of ``names`` only, when given) whose field of ``request`` is
+    None: what a preset fills (an explicit value beats the preset)."""
+    return {name: values[name] for name in (values if names is None else names) if getattr(request, name) is None}
+
+
+class Preset:
+    """Mixed into a request whose ``preset`` field names one of its ``PRESETS`` (sizes and
+    choices that fill the fields left None; an explicit value beats the preset)."""
+
+    PRESETS: ClassVar[Mapping[str, Mapping[str, Any]]]
+    preset: Any
+
+    @property
+    def preset_key(self) -> str:
+        """The preset as given, stripped and in lower case."""
+        return str(self.preset).strip().lower()
+
+    def preset_values(self) -> dict:
+        """The values of :attr:`preset` (an unknown preset was refused at construction)."""
+        return dict(self.PRESETS[self.preset_key])
+
+    def check_preset(self, key: str | None = None) -> None:
+        """Refuse a preset (``key``: as the request reads it; default :attr:`preset_key`) that names none of ``PRESETS``."""
+        if (self.preset_key if key is None else key) not in self.PRESETS:
+            raise unknown_preset(self.preset, self.PRESETS)
 
 
 # --------------------------------------------------------------------------- the commands

@@ -2,17 +2,19 @@
 
 :class:`DataFields` and :class:`ModelFields` are mixed into the requests of the commands
 that read data or audit a saved model; their fields are the ``Data`` and ``Model /
-checkpoint`` options of every such command. From Python a request can instead hold a
+checkpoint`` options of every such command (:class:`PresetData`: the data fields of a
+request whose preset chooses the data set and split). From Python a request can instead hold a
 loaded :class:`~attnaudit.data.Dataset` (``loaded_data``) and loaded models
 (``loaded_models``: :class:`~attnaudit.models.loaded.LoadedModel` by label).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from attnaudit.analyses.request import DATA, MODEL, FieldError, internal, option
+from attnaudit.analyses.request import DATA, MODEL, FieldError, Preset, internal, option, unset
 from attnaudit.errors import AuditError
 from attnaudit.data import DataSpec, parse_classes
 from attnaudit.data import load_dataset
@@ -28,16 +30,14 @@ def _classes(value: Any, name: str) -> str | None:
     return str(value)
 
 
+DATASET_HELP = "Built-in data set: digits (embedded, offline), mnist, fashion-mnist, cifar10, synthetic."
+
+
 @dataclass(frozen=True)
 class DataFields:
     """Where the data come from (``dataset`` or ``data``) and how they are filtered and preprocessed."""
 
-    dataset: str | None = option(
-        "digits",
-        "--dataset",
-        panel=DATA,
-        help="Built-in data set: digits (embedded, offline), mnist, fashion-mnist, cifar10, synthetic.",
-    )
+    dataset: str | None = option("digits", "--dataset", panel=DATA, help=DATASET_HELP)
     data: str | None = option(
         None,
         "--data",
@@ -76,13 +76,15 @@ class DataFields:
         dataset: str | None = None,
         split: str | None = None,
     ):
-        """A validated :class:`attnaudit.data.DataSpec`; ``dataset``/``split`` fill options left unset."""
+        """A validated :class:`attnaudit.data.DataSpec`; ``dataset``/``split`` fill options left unset
+        (then :meth:`source_defaults`, then digits and train)."""
 
+        default_dataset, default_split = self.source_defaults()
         return DataSpec(
-            dataset=self.dataset or dataset or "digits",
+            dataset=self.dataset or dataset or default_dataset or "digits",
             data=self.data,
             data_dir=self.data_dir,
-            split=self.split or split or "train",
+            split=self.split or split or default_split or "train",
             n=n,
             classes=parse_classes(self.classes),
             preprocess=self.preprocess,
@@ -91,20 +93,18 @@ class DataFields:
             download=self.download,
         )
 
-    def load_data(
-        self,
-        seed: int,
-        *,
-        n: int | None = None,
-        stratify: bool = False,
-        dataset: str | None = None,
-        split: str | None = None,
-    ):
+    def source_defaults(self) -> tuple[str | None, str | None]:
+        """(data set, split) that :meth:`data_spec` reads when neither the fields nor the caller
+        name them (None: digits and train)."""
+        return None, None
+
+    def load_data(self, seed: int, *, n: int | None = None, **spec: Any):
         """The :class:`attnaudit.data.Dataset` to analyse: ``loaded_data`` (subset to ``n`` rows
-        with ``seed`` when asked), else read as :meth:`data_spec` describes."""
+        with ``seed`` when asked), else read as :meth:`data_spec` describes (``spec``: its
+        other arguments)."""
 
         if self.loaded_data is None:
-            return load_dataset(self.data_spec(seed, n=n, stratify=stratify, dataset=dataset, split=split))
+            return load_dataset(self.data_spec(seed, n=n, **spec))
         ds = self.loaded_data
         if n is None or n == ds.n:
             return ds
@@ -140,10 +140,45 @@ class DataFields:
         }
 
 
+@dataclass(frozen=True)
+class PresetData(Preset, DataFields):
+    """:class:`DataFields` of a request whose preset (:class:`~attnaudit.analyses.request.Preset`)
+    chooses the data set and the split when none is given."""
+
+    dataset: str | None = option(None, "--dataset", panel=DATA, help=DATASET_HELP)
+    split: str | None = option(None, "--split", panel=DATA, help="train or test.")
+
+    def source_defaults(self) -> tuple[str | None, str | None]:
+        """The preset's data set (unless other data are given) and split."""
+        p = self.preset_values()
+        return (None if self.data is not None else p["dataset"]), p["split"]
+
+    def preset_fill(self, *names: str) -> dict[str, Any]:
+        """The preset's values of the fields left None among the data set (when no other data
+        are given), the split and ``names``."""
+        p = self.preset_values()
+        fill = unset(self, p, ("split", *names))
+        if self.dataset is None and self.data is None and self.loaded_data is None:
+            fill["dataset"] = p["dataset"]
+        return fill
+
+    def preset_data_inputs(self, dataset: str | None, split: str | None) -> dict:
+        """:meth:`DataFields.data_inputs` naming the data set and split the run read (those the
+        preset filled in, for data read from a source)."""
+        data_in = self.data_inputs()
+        if self.loaded_data is None:
+            data_in.update(dataset=dataset if self.data is None else None, split=split)
+        return data_in
+
+
 def _rows(ds: Any, rows: Any) -> Any:
     import dataclasses
 
     return dataclasses.replace(ds, X=ds.X[rows], y=ds.y[rows])
+
+
+# options that only shape how new models are trained (refused with a saved model)
+TRAINING_FIELDS = ("width", "steps", "lr", "match_loss", "optimizer", "batch_size")
 
 
 @dataclass(frozen=True)
@@ -187,6 +222,18 @@ class ModelFields:
         help="How data rows reach a --factory model: auto (its audit_inputs(), else images for image data), flat, images or tokens.",
     )
     loaded_models: Any = internal()
+
+    def refuse_training(self, names: Sequence[str] = TRAINING_FIELDS) -> None:
+        """Refuse the fields among ``names`` that are given (not None): they say how new models
+        are trained, which does not apply to a saved model."""
+        given = [n for n in names if getattr(self, n) is not None]
+        if given:
+            flags = [self.flag_of(n) for n in given[1:]]  # type: ignore[attr-defined]  # a Request's
+            raise FieldError(
+                given[0],
+                ", ".join(["{name}", *flags]) + " set how new models are trained and do not apply to --checkpoint "
+                "(a saved model); drop them",
+            )
 
     @property
     def model_given(self) -> bool:

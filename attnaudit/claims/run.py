@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnaudit.analyses.registry import check_argv, shell_line
-from attnaudit.analyses.request import EXECUTION, PROTOCOL, FieldError, Request, field_check, option
+from attnaudit.analyses.request import EXECUTION, PROTOCOL, FieldError, Request, field_check, option, unknown_preset
 from attnaudit.analyses.result import Progress, Result, progress_or_silent
 from attnaudit.analyses.sources import DataFields
 from attnaudit.errors import AuditError, check_seed
@@ -119,7 +119,7 @@ class ClaimsRequest(DataFields, Request):
         if self.preset is not None:
             key = self.preset.strip().lower()
             if key not in MODES:
-                raise FieldError("preset", "unknown {name} " + repr(self.preset) + "; use quick or paper")
+                raise unknown_preset(self.preset, MODES)
             if self.quick is not None and self.quick != (key == "quick"):
                 raise FieldError(
                     "preset",

@@ -27,7 +27,7 @@ which choice.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from attnaudit.errors import AuditError
@@ -49,6 +49,7 @@ from attnaudit.analyses.malleability.run import PRESETS as MALL_PRESETS
 from attnaudit.analyses.registry import COMMANDS
 from attnaudit.analyses.registry import request_type
 from attnaudit.analyses.malleability.run import PRESETS
+from attnaudit.report.envelope import Record
 
 SCHEMA = "attnaudit.claims/2"
 VERDICTS = (SUPPORTED, CONTRADICTED, NOT_RESOLVED, NOT_TESTABLE)
@@ -98,7 +99,7 @@ class RunSpec:
 
 
 @dataclass
-class ClaimRow:
+class ClaimRow(Record):
     """One claim, the interval it is read from, and its verdict."""
 
     claim: str
@@ -119,12 +120,9 @@ class ClaimRow:
     command: str
     warnings: list = field(default_factory=list)
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 @dataclass
-class VariantRow:
+class VariantRow(Record):
     variant: str
     options: str
     flip_relu: float | None
@@ -139,9 +137,6 @@ class VariantRow:
     command: str
     warnings: list = field(default_factory=list)
     error: str | None = None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass
@@ -322,6 +317,47 @@ def _n_classes(results: dict) -> int:
     return int(results.get("n_classes") or ds.get("n_classes") or 10)
 
 
+def _untestable(
+    claim: str,
+    paper: str,
+    null: str,
+    alternative: str,
+    null_value: float | None,
+    why: str,
+    run: str,
+    command: str,
+    warnings: list,
+    *,
+    measured: str = "n/a",
+    iv: Interval | None = None,
+    **more: Any,
+) -> ClaimRow:
+    """A row this run cannot decide (:data:`NOT_TESTABLE`), saying ``why``; ``more``: as :func:`_row` takes."""
+    return _row(
+        claim, paper, null, alternative, null_value, measured, iv, NOT_TESTABLE, why, run, command, warnings, **more
+    )
+
+
+def _decided(
+    claim: tuple[str, str, str, str, float],
+    measured: str,
+    iv: Interval,
+    direction: str,
+    run: str,
+    command: str,
+    warnings: list,
+    per_seed: list,
+    untestable: str | None = None,
+) -> ClaimRow:
+    """The row of ``claim`` (its statement: the first arguments of :func:`_row`): not testable,
+    saying ``untestable``, when given; else decided from ``iv`` against the claim's null value
+    (``direction``: the alternative is above or below it)."""
+    if untestable is not None:
+        return _untestable(*claim, untestable, run, command, warnings)
+    verdict, reason = decide(iv, claim[4], direction, iv.n)
+    return _row(*claim, measured, iv, verdict, reason, run, command, warnings, per_seed=per_seed)
+
+
 def _row(
     claim: str,
     paper: str,
@@ -405,19 +441,17 @@ def claim_kappa(report: dict, command: str) -> list[ClaimRow]:
             f"eigenvalue agrees to {_fmt(amp.get('top_eigenvalue_relative_error'))})"
         )
         rows.append(
-            _row(
+            _untestable(
                 name,
                 paper,
                 null,
                 alt,
                 budget,
-                measured,
-                None,
-                NOT_TESTABLE,
                 why,
                 "kappa",
                 command,
                 row_warns,
+                measured=measured,
                 value=amp.get("log10_predicted_kappa_cubed"),
                 n_seeds=0,
             )
@@ -436,15 +470,12 @@ def _width_row(r: dict, command: str, warns: list, deficient: bool) -> ClaimRow:
     basis = "numerical_rank" if deficient else "kappa_d"
     w = next((x for x in rows if x.get("basis") == basis), None) or (rows[-1] if rows else None)
     if w is None or w.get("log10_required_width") is None:
-        return _row(
+        return _untestable(
             name,
             paper,
             null,
             alt,
             ref,
-            "n/a",
-            None,
-            NOT_TESTABLE,
             "the width requirement is undefined here (no finite condition number)",
             "kappa",
             command,
@@ -557,89 +588,33 @@ def claim_ntk(report: dict, command: str, slope_margin: float = SLOPE_MARGIN) ->
     iv = mean_interval(rv)
     name = "2L-ReLU approaches its NTK predictor as width grows"
     null, alt = "log-log slope of the distance vs width >= 0 (no approach)", "slope < 0 (the distance falls with width)"
-    if not rv:
-        rows.append(
-            _row(
-                name,
-                "distance falls monotonically with width",
-                null,
-                alt,
-                0.0,
-                "n/a",
-                None,
-                NOT_TESTABLE,
-                f"fewer than {MIN_SLOPE_WIDTHS} widths where every seed of 2L-ReLU trained above chance"
-                if rchance
-                else "no finished cells for 2L-ReLU",
-                "ntk",
-                command,
-                w1,
-            )
-        )
-    else:
-        verdict, reason = decide(iv, 0.0, "below", iv.n)
-        rows.append(
-            _row(
-                name,
-                "distance falls monotonically with width",
-                null,
-                alt,
-                0.0,
-                f"slope {iv.text()} over {iv.n} of {n_total} seeds{_over(rchance, rwidths)} (kernel regime about -0.5)",
-                iv,
-                verdict,
-                reason,
-                "ntk",
-                command,
-                w1,
-                per_seed=rv,
-            )
-        )
+    untestable = (
+        None
+        if rv
+        else f"fewer than {MIN_SLOPE_WIDTHS} widths where every seed of 2L-ReLU trained above chance"
+        if rchance
+        else "no finished cells for 2L-ReLU"
+    )
+    claim = (name, "distance falls monotonically with width", null, alt, 0.0)
+    measured = f"slope {iv.text()} over {iv.n} of {n_total} seeds{_over(rchance, rwidths)} (kernel regime about -0.5)"
+    rows.append(_decided(claim, measured, iv, "below", "ntk", command, w1, rv, untestable))
     # 2. MLP-Attn does not approach (tested against a margin, never against 0)
     w2 = warns + ([_chance_text("attn", achance, awidths)] if achance else [])
     iva = mean_interval(av)
     name = "MLP-Attn does not approach its NTK predictor as width grows (non-convergent NTK dynamics)"
     null = f"slope <= -{slope_margin:g} (it approaches at a non-negligible rate)"
     alt = f"slope > -{slope_margin:g} (flat or rising: no approach)"
-    if not av:
-        rows.append(
-            _row(
-                name,
-                "non-monotone on MNIST, rising on CIFAR-10",
-                null,
-                alt,
-                -slope_margin,
-                "n/a",
-                None,
-                NOT_TESTABLE,
-                f"fewer than {MIN_SLOPE_WIDTHS} widths where every seed of MLP-Attn trained above "
-                "chance (a flat distance of a model that learned nothing is no evidence)"
-                if achance
-                else "no finished cells for MLP-Attn",
-                "ntk",
-                command,
-                w2,
-            )
-        )
-    else:
-        verdict, reason = decide(iva, -slope_margin, "above", iva.n)
-        rows.append(
-            _row(
-                name,
-                "non-monotone on MNIST, rising on CIFAR-10",
-                null,
-                alt,
-                -slope_margin,
-                f"slope {iva.text()} over {iva.n} of {n_total} seeds{_over(achance, awidths)}",
-                iva,
-                verdict,
-                reason,
-                "ntk",
-                command,
-                w2,
-                per_seed=av,
-            )
-        )
+    untestable = (
+        None
+        if av
+        else f"fewer than {MIN_SLOPE_WIDTHS} widths where every seed of MLP-Attn trained above "
+        "chance (a flat distance of a model that learned nothing is no evidence)"
+        if achance
+        else "no finished cells for MLP-Attn"
+    )
+    claim = (name, "non-monotone on MNIST, rising on CIFAR-10", null, alt, -slope_margin)
+    measured = f"slope {iva.text()} over {iva.n} of {n_total} seeds{_over(achance, awidths)}"
+    rows.append(_decided(claim, measured, iva, "above", "ntk", command, w2, av, untestable))
     # 3. attention approaches more slowly than ReLU (paired by seed, over the widths both keep)
     both_drop = frozenset({x.get("width") for x in rchance + achance})
     if both_drop:
@@ -651,47 +626,21 @@ def claim_ntk(report: dict, command: str, slope_margin: float = SLOPE_MARGIN) ->
     ivd = difference_interval(da, dr)
     name = "MLP-Attn approaches its NTK predictor more slowly than 2L-ReLU"
     null, alt = "slope(attn) - slope(relu) <= 0", "slope(attn) - slope(relu) > 0"
-    if not common:
-        rows.append(
-            _row(
-                name,
-                "attention stays farther from its kernel regime",
-                null,
-                alt,
-                0.0,
-                "n/a",
-                None,
-                NOT_TESTABLE,
-                f"fewer than {MIN_SLOPE_WIDTHS} widths where both models trained above chance in every seed",
-                "ntk",
-                command,
-                w1 + [w for w in w2 if w not in w1],
-            )
+    untestable = (
+        None if common else f"fewer than {MIN_SLOPE_WIDTHS} widths where both models trained above chance in every seed"
+    )
+    claim = (name, "attention stays farther from its kernel regime", null, alt, 0.0)
+    measured = f"slope difference {ivd.text()} over {ivd.n} paired seeds" + (
+        f", widths {', '.join(map(str, sorted({x.get('width') for x in r.get('cells') or []} - both_drop)))}"
+        if both_drop
+        else ""
+    )
+    per_seed = [a - b for a, b in zip(da, dr)]
+    rows.append(
+        _decided(
+            claim, measured, ivd, "above", "ntk", command, w1 + [w for w in w2 if w not in w1], per_seed, untestable
         )
-    else:
-        verdict, reason = decide(ivd, 0.0, "above", ivd.n)
-        rows.append(
-            _row(
-                name,
-                "attention stays farther from its kernel regime",
-                null,
-                alt,
-                0.0,
-                f"slope difference {ivd.text()} over {ivd.n} paired seeds"
-                + (
-                    f", widths {', '.join(map(str, sorted({x.get('width') for x in r.get('cells') or []} - both_drop)))}"
-                    if both_drop
-                    else ""
-                ),
-                ivd,
-                verdict,
-                reason,
-                "ntk",
-                command,
-                w1 + [w for w in w2 if w not in w1],
-                per_seed=[a - b for a, b in zip(da, dr)],
-            )
-        )
+    )
     return rows
 
 
@@ -774,10 +723,9 @@ def claim_malleability(report: dict, command: str) -> ClaimRow:
     name = "attention is more malleable: attn / relu flip-rate ratio > 1"
     paper = "MNIST PGD eps 0.3: MLP-Attn 28.9 %, 2L-ReLU 3.3 %; 2-9x overall"
     null, alt = "attn / relu ratio of mean flip rates <= 1", "ratio > 1, and attn's attack beats the noise control"
+    claim = (name, paper, null, alt, 1.0)  # what is tested: the first arguments of every row below
     if "error" in nums:
-        return _row(
-            name, paper, null, alt, 1.0, "n/a", None, NOT_TESTABLE, nums["error"], "malleability", command, warns
-        )
+        return _untestable(*claim, nums["error"], "malleability", command, warns)
     iv, per_seed = _ratio_interval_of(nums)
     fr = {m: (nums["flips"].get(m) or {}).get("flip_rate", {}).get("mean") for m in ("relu", "attn")}
     measured = (
@@ -786,55 +734,20 @@ def claim_malleability(report: dict, command: str) -> ClaimRow:
     )
     gate = (nums["ratio"] or {}).get("loss_gate") or {}
     above = {m: _floor_reading(nums["flips"].get(m)) for m in ("relu", "attn")}
+    why = None
     if nums["at_chance"]:
-        return _row(
-            name,
-            paper,
-            null,
-            alt,
-            1.0,
-            measured,
-            iv,
-            NOT_TESTABLE,
-            f"trained to chance accuracy: {', '.join(nums['at_chance'][:6])}",
-            "malleability",
-            command,
-            warns,
-            per_seed=per_seed,
-        )
-    if gate.get("comparable") is False:
-        return _row(
-            name,
-            paper,
-            null,
-            alt,
-            1.0,
-            measured,
-            iv,
-            NOT_TESTABLE,
+        why = f"trained to chance accuracy: {', '.join(nums['at_chance'][:6])}"
+    elif gate.get("comparable") is False:
+        why = (
             f"the models' mean training losses ({_fmt(gate.get('numerator_loss'))} attn vs "
             f"{_fmt(gate.get('denominator_loss'))} relu) differ by more than {gate.get('factor')}x: the ratio "
-            "compares two training outcomes; rerun with --match-loss",
-            "malleability",
-            command,
-            warns,
-            per_seed=per_seed,
+            "compares two training outcomes; rerun with --match-loss"
         )
+    if why is not None:
+        return _untestable(*claim, why, "malleability", command, warns, measured=measured, iv=iv, per_seed=per_seed)
     if iv is None:
-        return _row(
-            name,
-            paper,
-            null,
-            alt,
-            1.0,
-            measured,
-            None,
-            NOT_RESOLVED,
-            "no per-seed flip rates to build an interval from",
-            "malleability",
-            command,
-            warns,
-        )
+        why = "no per-seed flip rates to build an interval from"
+        return _row(*claim, measured, None, NOT_RESOLVED, why, "malleability", command, warns)
     if iv.estimate is None and iv.low is not None:
         # the denominator's mean is 0: no point estimate, but the interval still carries the verdict
         iv = Interval(math.inf, iv.low, iv.high, iv.method, iv.confidence, iv.n, iv.note)
@@ -858,21 +771,7 @@ def claim_malleability(report: dict, command: str) -> ClaimRow:
     if iv.note:
         reason += f" ({iv.note})"
     row_warns = warns + _dispersion_warnings(per_seed, nums.get("top_k"))
-    return _row(
-        name,
-        paper,
-        null,
-        alt,
-        1.0,
-        measured,
-        iv,
-        verdict,
-        reason,
-        "malleability",
-        command,
-        row_warns,
-        per_seed=per_seed,
-    )
+    return _row(*claim, measured, iv, verdict, reason, "malleability", command, row_warns, per_seed=per_seed)
 
 
 #: Seed dispersion rho = Var(p_seed) / (mu (1 - mu)) above which the flip-rate intervals were
@@ -958,45 +857,20 @@ def claim_landscape(report: dict, command: str) -> list[ClaimRow]:
     )
     if models.get("relu") is None or models.get("attn") is None:
         return [
-            _row(
-                n,
-                paper,
-                h0,
-                h1,
-                0.0,
-                "n/a",
-                None,
-                NOT_TESTABLE,
-                "the run did not train both models",
-                "landscape",
-                command,
-                warns,
-            )
+            _untestable(n, paper, h0, h1, 0.0, "the run did not train both models", "landscape", command, warns)
             for n, (h0, h1) in zip(names, nulls)
         ]
     pairs, dropped = _landscape_pairs(r)
     row_warns = warns + [f"left out of the comparison: {d}" for d in dropped]
+    no_pairs = (
+        "no seed where both models trained above chance to training losses within 10 % of each "
+        "other (sharpness at different losses is not comparable; rerun with --match-loss)"
+        + (f": {'; '.join(dropped[:3])}" if dropped else "")
+    )
     out = []
     for name, (h0, h1), key in zip(names, nulls, ("lambda_max", "trace")):
         if not pairs:
-            out.append(
-                _row(
-                    name,
-                    paper,
-                    h0,
-                    h1,
-                    0.0,
-                    "n/a",
-                    None,
-                    NOT_TESTABLE,
-                    "no seed where both models trained above chance to training losses within 10 % of each "
-                    "other (sharpness at different losses is not comparable; rerun with --match-loss)"
-                    + (f": {'; '.join(dropped[:3])}" if dropped else ""),
-                    "landscape",
-                    command,
-                    row_warns,
-                )
-            )
+            out.append(_untestable(name, paper, h0, h1, 0.0, no_pairs, "landscape", command, row_warns))
             continue
         if key == "lambda_max":
             per = [
@@ -1073,20 +947,7 @@ def claim_alignment(report: dict, command: str) -> list[ClaimRow]:
         row = _find_alignment_row(table, which, kind)
         if row is None:
             out.append(
-                _row(
-                    name,
-                    paper,
-                    h0,
-                    h1,
-                    0.0,
-                    "n/a",
-                    None,
-                    NOT_TESTABLE,
-                    "the run reported no such quantity",
-                    "alignment",
-                    command,
-                    warns,
-                )
+                _untestable(name, paper, h0, h1, 0.0, "the run reported no such quantity", "alignment", command, warns)
             )
             continue
         iv = interval_of(row)
@@ -1219,20 +1080,7 @@ def score(
         if reports.get(rid) is None:
             for title in TITLES[rid]:
                 claims.append(
-                    _row(
-                        title,
-                        "",
-                        "",
-                        "",
-                        None,
-                        "n/a",
-                        None,
-                        NOT_TESTABLE,
-                        f"the run failed: {errors.get(rid)}",
-                        rid,
-                        commands[rid],
-                        [],
-                    )
+                    _untestable(title, "", "", "", None, f"the run failed: {errors.get(rid)}", rid, commands[rid], [])
                 )
             continue
         report = reports[rid]

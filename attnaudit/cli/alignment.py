@@ -11,26 +11,17 @@ from __future__ import annotations
 import typer
 
 from attnaudit.analyses.alignment.run import AlignmentRequest
-from attnaudit.cli.common import cli_errors, emit_result, progress
-from attnaudit.cli.options import ManualCommand, OutputBundle, RequestOptions, bundled, with_request
+from attnaudit.cli.options import OutputBundle, RequestOptions, emit_run, request_command
 from attnaudit.analyses.alignment.alignment import PNG_NAME
 from attnaudit.analyses.alignment.run import run
 
+EPILOG = "Example: attnaudit alignment --preset quick --json alignment.json --png alignment.png"
+
 
 def register(app: typer.Typer) -> None:
-    @app.command(
-        "alignment",
-        cls=ManualCommand,
-        epilog="Example: attnaudit alignment --preset quick --json alignment.json --png alignment.png",
-    )
-    @bundled(out=OutputBundle)
-    @with_request(AlignmentRequest)
+    @request_command(app, AlignmentRequest, EPILOG)
     def alignment_command(request: RequestOptions, out: OutputBundle) -> None:
         """Does the attention kernel lower the approximation error on targets aligned with the data's
         principal modes? Kernel ridge and trained-net errors, and CKA, of 2L-ReLU and MLP-Attn."""
 
-        with cli_errors(out.debug, AlignmentRequest):
-            req = request.build()
-            opts = out.options()
-            opts.check_writable((PNG_NAME,))
-            emit_result(opts, run(req, progress=lambda *a: progress(opts, *a)))
+        emit_run(request, out, run, lambda req: PNG_NAME)

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from attnaudit.cli.common import cli_errors, emit_result, progress
+from attnaudit.cli.common import cli_errors, emit_result
 from attnaudit.cli.options import ExecutorOptions, ManualCommand, bundled
 from attnaudit.audit import baseline_payload, junit_xml
 from attnaudit.audit.request import AuditRequest, run
@@ -118,7 +118,7 @@ def register(app: typer.Typer) -> None:
                 if not opts.quiet and not opts.console.is_terminal:
                     opts.console.print(f"{check.status.upper():7} {check.name}: {check.message}", highlight=False)
 
-            outcome = run(request, progress=lambda *a: progress(opts, *a), executor=executor, on_check=done)
+            outcome = run(request, progress=opts.progress_bar, executor=executor, on_check=done)
             result = outcome.audit
             report = outcome.to_dict()
             report["inputs"].update({"junit": junit, "save_baseline": save_baseline})

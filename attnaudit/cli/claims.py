@@ -5,8 +5,8 @@ from __future__ import annotations
 import typer
 
 from attnaudit.claims.run import PNG_NAME, ClaimsRequest
-from attnaudit.cli.common import cli_errors, emit_result, progress
-from attnaudit.cli.options import ExecutorOptions, ManualCommand, OutputBundle, RequestOptions, bundled, with_request
+from attnaudit.cli.common import emit_result
+from attnaudit.cli.options import ExecutorOptions, OutputBundle, RequestOptions, built, request_command
 from attnaudit.claims.run import run
 
 HELP = (
@@ -19,17 +19,14 @@ HELP = (
 )
 
 
+EPILOG = "Example: attnaudit claims --preset quick --json claims.json"
+
+
 def register(app: typer.Typer) -> None:
-    @app.command(
-        "claims", help=HELP, cls=ManualCommand, epilog="Example: attnaudit claims --preset quick --json claims.json"
-    )
-    @bundled(out=OutputBundle, execution=ExecutorOptions)
-    @with_request(ClaimsRequest)
+    @request_command(app, ClaimsRequest, EPILOG, help=HELP, execution=True)
     def claims_command(request: RequestOptions, out: OutputBundle, execution: ExecutorOptions) -> None:
 
-        with cli_errors(out.debug, ClaimsRequest):
-            req = request.build()
-            opts = out.options()
+        with built(request, out) as (req, opts):
             executor = execution.config()
             executor.check_available()
             opts.check_writable((PNG_NAME,))
@@ -37,7 +34,7 @@ def register(app: typer.Typer) -> None:
                 opts.console.print(
                     f"claims ({req.mode}): on {' '.join(req.data_args())}, executor {executor.name}", highlight=False
                 )
-            result = run(req, progress=lambda *a: progress(opts, *a), executor=executor)
+            result = run(req, progress=opts.progress_bar, executor=executor)
             emit_result(opts, result)
         if result.failed_cells:
             raise typer.Exit(1)

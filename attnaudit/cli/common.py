@@ -117,6 +117,10 @@ class OutputOptions:
             kwargs["width"] = 200
         self.console = Console(**kwargs)
 
+    def progress_bar(self, description: str, total: int, unit: str = "") -> contextlib.AbstractContextManager:
+        """:func:`progress` on these outputs: what a run's ``progress`` takes."""
+        return progress(self, description, total, unit)
+
     def json_targets(self) -> list[str]:
         targets = []
         if self.json:

@@ -6,28 +6,23 @@ from __future__ import annotations
 import typer
 
 from attnaudit.analyses.malleability.run import MalleabilityRequest
-from attnaudit.cli.common import cli_errors, emit_result, exit_if_cells_failed, progress
-from attnaudit.cli.options import ExecutorOptions, ManualCommand, OutputBundle, RequestOptions, bundled, with_request
+from attnaudit.cli.common import emit_result, exit_if_cells_failed
+from attnaudit.cli.options import ExecutorOptions, OutputBundle, RequestOptions, built, request_command
 from attnaudit.analyses.malleability.run import exceeded_message, run
 
 
+EPILOG = "Example: attnaudit malleability --preset quick --json malleability.json"
+
+
 def register(app: typer.Typer) -> None:
-    @app.command(
-        "malleability",
-        cls=ManualCommand,
-        epilog="Example: attnaudit malleability --preset quick --json malleability.json",
-    )
-    @bundled(out=OutputBundle, execution=ExecutorOptions)
-    @with_request(MalleabilityRequest)
+    @request_command(app, MalleabilityRequest, EPILOG, execution=True)
     def malleability_command(request: RequestOptions, out: OutputBundle, execution: ExecutorOptions) -> None:
         """Influence malleability: do influence scores flip sign when the training data is perturbed?"""
 
-        with cli_errors(out.debug, MalleabilityRequest):
-            req = request.build()
-            opts = out.options()
+        with built(request, out) as (req, opts):
             opts.check_writable(("malleability.png",))
             notice = None if opts.quiet else (lambda text: opts.console.print(text, highlight=False))
-            result = run(req, progress=lambda *a: progress(opts, *a), executor=execution.config(), notice=notice)
+            result = run(req, progress=opts.progress_bar, executor=execution.config(), notice=notice)
             emit_result(opts, result)
             exit_if_cells_failed(result.failed_cells)
             message = exceeded_message(result)

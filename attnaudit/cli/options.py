@@ -15,19 +15,20 @@ spliced into the command's signature by :func:`bundled`::
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
 import inspect
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, ClassVar, Optional, Protocol, get_args
+from typing import Annotated, Any, Callable, ClassVar, Iterator, Optional, Protocol, get_args
 
 import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from attnaudit.analyses.request import EXECUTION, OUTPUT, PANELS
 from attnaudit.analyses.request import show_list
-from attnaudit.cli.common import OutputOptions
+from attnaudit.cli.common import OutputOptions, cli_errors, emit_result
 from attnaudit.runtime.sweep import ExecutorConfig
 from attnaudit.analyses.request import FieldError, Request, fields_named
 
@@ -85,14 +86,7 @@ class OutputBundle:
     def options(self):
         """The :class:`attnaudit.cli.common.OutputOptions` these flags describe."""
 
-        return OutputOptions(
-            json=self.json,
-            png=self.png,
-            out_dir=self.out_dir,
-            quiet=self.quiet,
-            overwrite=self.overwrite,
-            html=self.html,
-        )
+        return OutputOptions(**{name: value for name, value in dataclasses.asdict(self).items() if name != "debug"})
 
 
 @dataclass
@@ -383,3 +377,39 @@ def with_request(request_type: type[Request], name: str = "request") -> Callable
         return command
 
     return decorate
+
+
+def request_command(
+    app: typer.Typer, request_type: type[Request], epilog: str, *, help: str | None = None, execution: bool = False
+) -> Callable[[Callable], Callable]:
+    """Decorator: ``fn`` becomes the command ``request_type.COMMAND`` of ``app`` (a
+    :class:`ManualCommand`; ``help``: its help, default ``fn``'s docstring), whose options are
+    the request's fields (:func:`with_request`: parameter ``request``), the :class:`OutputBundle`
+    (``out``) and, with ``execution``, the :class:`ExecutorOptions` (``execution``)."""
+    bundles: dict[str, type[_Bundle]] = {"out": OutputBundle}
+    if execution:
+        bundles["execution"] = ExecutorOptions
+
+    def decorate(fn: Callable) -> Callable:
+        command = bundled(**bundles)(with_request(request_type)(fn))
+        return app.command(request_type.COMMAND, help=help, cls=ManualCommand, epilog=epilog)(command)
+
+    return decorate
+
+
+@contextlib.contextmanager
+def built(request: RequestOptions, out: OutputBundle, **objects: Any) -> Iterator[tuple[Any, OutputOptions]]:
+    """The command's request (built; ``objects`` as :meth:`RequestOptions.build` takes) and its
+    output options, inside the command's error handling (:func:`attnaudit.cli.common.cli_errors`)."""
+    with cli_errors(out.debug, request.request_type):
+        yield request.build(**objects), out.options()
+
+
+def emit_run(
+    request: RequestOptions, out: OutputBundle, run: Callable[..., Any], png_name: Callable[[Any], str]
+) -> None:
+    """The whole of a command that builds its request, vets its outputs (the figure's default
+    name: ``png_name(request)``) before any compute, runs the request and writes the result."""
+    with built(request, out) as (req, opts):
+        opts.check_writable((png_name(req),))
+        emit_result(opts, run(req, progress=opts.progress_bar))

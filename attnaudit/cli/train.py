@@ -5,8 +5,8 @@ from __future__ import annotations
 import typer
 
 from attnaudit.analyses.training.run import TrainRequest
-from attnaudit.cli.common import cli_errors, emit_result, progress
-from attnaudit.cli.options import ManualCommand, OutputBundle, RequestOptions, bundled, with_request
+from attnaudit.cli.common import emit_result
+from attnaudit.cli.options import OutputBundle, RequestOptions, built, request_command
 from attnaudit.analyses.training.run import PNG_NAME, run
 
 HELP = (
@@ -20,20 +20,14 @@ HELP = (
 )
 
 
+EPILOG = "Example: attnaudit train --arch vit --dataset digits --out vit.safetensors"
+
+
 def register(app: typer.Typer) -> None:
-    @app.command(
-        "train",
-        help=HELP,
-        cls=ManualCommand,
-        epilog="Example: attnaudit train --arch vit --dataset digits --out vit.safetensors",
-    )
-    @bundled(out=OutputBundle)
-    @with_request(TrainRequest)
+    @request_command(app, TrainRequest, EPILOG, help=HELP)
     def train_command(request: RequestOptions, out: OutputBundle) -> None:
 
-        with cli_errors(out.debug, TrainRequest):
-            req = request.build(overwrite=out.overwrite)
-            opts = out.options()
+        with built(request, out, overwrite=out.overwrite) as (req, opts):
             target, sidecar = req.checkpoint_paths()
             opts.check_writable((PNG_NAME,), extra=[("--out", target), ("--out", sidecar)])
-            emit_result(opts, run(req, progress=lambda *a: progress(opts, *a)))
+            emit_result(opts, run(req, progress=opts.progress_bar))

@@ -503,29 +503,22 @@ def width_rows(
     else:
         cav_d = None
         cav_r = f"full rank: r = min(n, d) = {k}, the same as the kappa_d row"
+    rows = (
+        (label, base.kappa_full, "kappa_d", k, formula, cav_d),
+        (rank_label, base.kappa_rank, "numerical_rank", r, rank_formula, cav_r),
+    )
     return [
         WidthEstimate(
-            label,
-            base.kappa_full,
+            row_label,
+            kappa,
             n,
-            log10_width_scale(base.kappa_full, n),
-            "kappa_d",
-            k,
-            formula,
-            _log10_interval(lam1, float(lam[k - 1]), err, n),
+            log10_width_scale(kappa, n),
+            basis,
+            index,
+            row_formula,
+            _log10_interval(lam1, float(lam[index - 1]), err, n),
             INTERVAL_METHOD,
-            cav_d,
-        ),
-        WidthEstimate(
-            rank_label,
-            base.kappa_rank,
-            n,
-            log10_width_scale(base.kappa_rank, n),
-            "numerical_rank",
-            r,
-            rank_formula,
-            _log10_interval(lam1, float(lam[r - 1]), err, n),
-            INTERVAL_METHOD,
-            cav_r,
-        ),
+            caveat,
+        )
+        for row_label, kappa, basis, index, row_formula, caveat in rows
     ]

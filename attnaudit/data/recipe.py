@@ -15,10 +15,11 @@ from attnaudit.data.spec import DataSpec
 from attnaudit.runtime.sweep import cached
 from attnaudit.data.loader import load_dataset
 from attnaudit.data.selection import holdout_split
+from attnaudit.report.envelope import Record
 
 
 @dataclass(frozen=True)
-class HoldoutRecipe:
+class HoldoutRecipe(Record):
     """``load_dataset(spec)`` then ``holdout_split(ds, n_train, n_test, seed, stratify)``."""
 
     spec: dict
@@ -36,9 +37,6 @@ class HoldoutRecipe:
             int(seed),
             bool(stratify),
         )
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
     @property
     def key(self) -> str:

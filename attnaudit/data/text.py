@@ -10,7 +10,7 @@ the pad id of the tokenizer must be the model's ``pad_token_id`` (checked where 
 known). Labels are integers 0..K-1, or strings mapped through the checkpoint's ``label2id``
 (``config.json``) when it has one, else numbered in sorted order (the map is recorded).
 
-Every file is untrusted: sizes, encodings, fields and labels are checked and each failure is
+Every file is checked as hostile input: sizes, encodings, fields and labels, and each failure is
 one :class:`AuditError` naming the file, the line and the fix.
 """
 

@@ -31,6 +31,14 @@ from attnaudit.errors import AuditError
 from attnaudit.runtime.threads import threads_rule
 
 
+class Record:
+    """Mixed into a dataclass whose report form is its fields: :meth:`to_dict` is
+    :func:`dataclasses.asdict` (nested dataclasses become dicts too)."""
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]  # the class is a dataclass
+
+
 def to_jsonable(obj: Any) -> Any:
     """Convert results to JSON-safe values: tensors/arrays to lists, non-finite floats to None."""
     if obj is None or isinstance(obj, (bool, str)):

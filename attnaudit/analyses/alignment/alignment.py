@@ -86,6 +86,7 @@ from attnaudit.core.stats import decide, difference_interval
 from attnaudit.core.stats import mean_interval
 from attnaudit.data import check_seed
 from attnaudit.models.builtin import ATTN_SCALINGS
+from attnaudit.report.envelope import Record
 
 SCHEMA = "attnaudit.alignment/1"
 PNG_NAME = "alignment.png"
@@ -544,7 +545,7 @@ def train_matched(
 
 
 @dataclass
-class SeedRow:
+class SeedRow(Record):
     """One (seed, target, model) measurement; ``flagged``: the net did not reach the matched loss."""
 
     seed: int
@@ -563,12 +564,9 @@ class SeedRow:
     flagged: bool = False
     flag: str | None = None
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 @dataclass
-class TargetRow:
+class TargetRow(Record):
     """Diagnostics of one seed's target: alignment with the data's own linear kernel X X^T, the
     ratio of test to training variance, the directions' singular values, the numerical rank."""
 
@@ -581,12 +579,9 @@ class TargetRow:
     numerical_rank: int
     top_singular_value: float
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 @dataclass
-class SummaryRow:
+class SummaryRow(Record):
     """A per-seed difference summarised over seeds (sign conventions: module docstring)."""
 
     quantity: str
@@ -605,15 +600,12 @@ class SummaryRow:
     seeds: list
     excluded_seeds: list = field(default_factory=list)
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
     def sentence(self) -> str:
         return f"alignment {self.quantity} [{self.target}]: {self.verdict.upper()}: {self.reason} ({self.meaning})"
 
 
 @dataclass
-class LevelRow:
+class LevelRow(Record):
     """Mean of one model's error or CKA on one target over seeds, with its Student-t interval."""
 
     metric: str
@@ -623,9 +615,6 @@ class LevelRow:
     interval: list
     n_seeds: int
     per_seed: list
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass

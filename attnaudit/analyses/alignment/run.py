@@ -17,23 +17,13 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from attnaudit.analyses.alignment.alignment import PRESETS, TARGETS, _is_int, _is_real
-from attnaudit.analyses.request import (
-    ANALYSIS,
-    DATA,
-    EXECUTION,
-    PROTOCOL,
-    FieldError,
-    Request,
-    field_check,
-    list_of,
-    option,
-)
+from attnaudit.analyses.request import ANALYSIS, EXECUTION, PROTOCOL, FieldError, Request, check_seeds, list_of, literal
+from attnaudit.analyses.request import option, redefault
 from attnaudit.analyses.result import Progress, Result, progress_or_silent
-from attnaudit.analyses.sources import DataFields
-from attnaudit.errors import check_seed
+from attnaudit.analyses.sources import DataFields, PresetData
 from attnaudit.analyses.alignment.alignment import PNG_NAME, SCHEMA, build_tables, plot_alignment, run_alignment
 from attnaudit.report.envelope import build_report
 from attnaudit.runtime.device import resolve_device
@@ -41,13 +31,8 @@ from attnaudit.analyses.alignment.alignment import AlignmentConfig
 from attnaudit.models.builtin import ATTN_SCALINGS
 
 
-def _esc(text: Any) -> str:
-    """``text`` inside a :class:`FieldError` template (its braces kept literally)."""
-    return str(text).replace("{", "{{").replace("}", "}}")
-
-
 @dataclass(frozen=True)
-class AlignmentRequest(DataFields, Request):
+class AlignmentRequest(PresetData, Request):
     """What ``attnaudit alignment`` computes; every field is one option.
 
     Kernel ridge and trained-net errors, and CKA, of 2L-ReLU and MLP-Attn on targets aligned
@@ -58,20 +43,8 @@ class AlignmentRequest(DataFields, Request):
     COMMAND = "alignment"
     PRESETS: ClassVar[dict[str, dict]] = PRESETS
 
-    # the preset chooses the data set and split when none is given; the data are centred by default
-    dataset: str | None = option(
-        None,
-        "--dataset",
-        panel=DATA,
-        help="Built-in data set: digits (embedded, offline), mnist, fashion-mnist, cifar10, synthetic.",
-    )
-    split: str | None = option(None, "--split", panel=DATA, help="train or test.")
-    preprocess: str = option(
-        "center",
-        "--preprocess",
-        panel=DATA,
-        help="raw, center, standardize, unit-norm or ntk-scale (one global scale so that mean ||x||^2 = d, the NTK convention).",
-    )
+    # the preset chooses the data set and split when none is given (PresetData); the data are centred by default
+    preprocess: str = redefault(DataFields, "preprocess", "center")
 
     preset: str = option(
         "quick",
@@ -168,15 +141,6 @@ class AlignmentRequest(DataFields, Request):
     seed: int = option(0, "--seed", panel=PROTOCOL, help="Base random seed (recorded in the report).")
     device: str = option("auto", "--device", panel=EXECUTION, help="auto, cpu, cuda or cuda:<i>.")
 
-    # ---- presets
-    @property
-    def preset_key(self) -> str:
-        return str(self.preset).strip().lower()
-
-    def preset_values(self) -> dict:
-        """The sizes of :attr:`preset` (an unknown preset was refused at construction)."""
-        return dict(self.PRESETS[self.preset_key])
-
     @property
     def target_list(self) -> tuple[str, ...]:
         """The targets asked for (lower case), all of them by default."""
@@ -185,36 +149,8 @@ class AlignmentRequest(DataFields, Request):
     def resolved(self) -> AlignmentRequest:
         """This request with every field left None filled from its preset (explicit beats preset):
         the data set and split, ``n_train``, ``n_test``, ``width``, ``steps`` and ``match_loss``."""
-        p = self.preset_values()
-        fill: dict[str, Any] = {}
-        if self.dataset is None and self.data is None and self.loaded_data is None:
-            fill["dataset"] = p["dataset"]
-        if self.split is None:
-            fill["split"] = p["split"]
-        for name in ("n_train", "n_test", "width", "steps", "match_loss"):
-            if getattr(self, name) is None:
-                fill[name] = p[name]
+        fill = self.preset_fill("n_train", "n_test", "width", "steps", "match_loss")
         return dataclasses.replace(self, **fill) if fill else self
-
-    def data_spec(
-        self,
-        seed: int,
-        *,
-        n: int | None = None,
-        stratify: bool = False,
-        dataset: str | None = None,
-        split: str | None = None,
-    ):
-        """As :meth:`DataFields.data_spec`, the preset's data set and split filling those left unset."""
-        p = self.preset_values()
-        return DataFields.data_spec(
-            self,
-            seed,
-            n=n,
-            stratify=stratify,
-            dataset=dataset or (None if self.data is not None else p["dataset"]),
-            split=split or p["split"],
-        )
 
     def config(self):
         """The :class:`~attnaudit.analyses.alignment.alignment.AlignmentConfig` this request runs."""
@@ -240,31 +176,26 @@ class AlignmentRequest(DataFields, Request):
     # ---- validation (before anything is read)
     def validate(self) -> None:
 
-        if self.preset_key not in self.PRESETS:
-            raise FieldError(
-                "preset", "unknown {name} " + _esc(repr(self.preset)) + f"; use {' or '.join(self.PRESETS)}"
-            )
-        if not _is_int(self.seeds) or self.seeds < 1:
-            raise FieldError("seeds", "{name} must be a positive integer, got " + _esc(self.seeds))
-        field_check("seed", check_seed, self.seed, count=self.seeds)
+        self.check_preset()
+        check_seeds(self.seed, self.seeds, rule="a positive integer", integer=True)
         targets = self.target_list
         if not targets:
             raise FieldError("targets", "{name} is empty; give some of " + ", ".join(TARGETS))
         bad = [t for t in targets if t not in TARGETS]
         if bad:
             raise FieldError(
-                "targets", "{name}: unknown target " + _esc(repr(bad[0])) + "; use some of " + ", ".join(TARGETS)
+                "targets", "{name}: unknown target " + literal(repr(bad[0])) + "; use some of " + ", ".join(TARGETS)
             )
         if len(set(targets)) != len(targets):
             raise FieldError("targets", "{name} lists a target twice; give each once")
         for name, low in (("k", 1), ("n_train", 2), ("n_test", 1), ("width", 1), ("steps", 0)):
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or value < low):
-                raise FieldError(name, "{name} must be an integer >= " + f"{low}, got " + _esc(repr(value)))
+                raise FieldError(name, "{name} must be an integer >= " + f"{low}, got " + literal(repr(value)))
         for name in ("ridge", "lr_fraction", "match_loss", "lr"):
             value = getattr(self, name)
             if value is not None and (not _is_real(value) or not math.isfinite(value) or not value > 0):
-                raise FieldError(name, "{name} must be a positive number, got " + _esc(repr(value)))
+                raise FieldError(name, "{name} must be a positive number, got " + literal(repr(value)))
         if self.lr_fraction >= 1:
             raise FieldError(
                 "lr_fraction",
@@ -279,11 +210,11 @@ class AlignmentRequest(DataFields, Request):
         if self.rank_tol is not None and (
             not _is_real(self.rank_tol) or not math.isfinite(self.rank_tol) or not 0 < self.rank_tol < 1
         ):
-            raise FieldError("rank_tol", "{name} must be a number in (0, 1), got " + _esc(repr(self.rank_tol)))
+            raise FieldError("rank_tol", "{name} must be a number in (0, 1), got " + literal(repr(self.rank_tol)))
         scaling = str(self.attn_scaling).strip().lower()
         if scaling not in ATTN_SCALINGS:
             raise FieldError(
-                "attn_scaling", "unknown {name} " + _esc(repr(scaling)) + "; use one of " + ", ".join(ATTN_SCALINGS)
+                "attn_scaling", "unknown {name} " + literal(repr(scaling)) + "; use one of " + ", ".join(ATTN_SCALINGS)
             )
 
 
@@ -313,9 +244,7 @@ def run(request: AlignmentRequest, *, progress: Progress | None = None, executor
     with progress("alignment", len(config.seeds), "seeds") as advance:
         result = run_alignment(ds, config, device=dev, progress=advance)
     timings = {"load": load_s, **result.timings, "total": time.perf_counter() - t0}
-    data_in = request.data_inputs()
-    if request.loaded_data is None:
-        data_in.update(dataset=r.dataset if request.data is None else None, split=r.split)
+    data_in = request.preset_data_inputs(r.dataset, r.split)
     report = build_report(
         SCHEMA,
         inputs={

@@ -82,7 +82,7 @@ import math
 import time
 import warnings
 from dataclasses import dataclass, field, replace
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence, TypeVar
 
 import torch
 from torch import nn
@@ -385,6 +385,21 @@ class FastPath:
     prepare: Callable[[torch.Tensor], torch.Tensor]
 
 
+_M = TypeVar("_M", bound=nn.Module)
+
+
+def _copy_with(module: _M, dtype: torch.dtype, state: dict[str, torch.Tensor] | None) -> _M:
+    """A copy of ``module`` in ``dtype``, its parameters set from ``state`` where it has them
+    (TracIn checkpoints); the module itself is never changed."""
+    work = copy.deepcopy(module).to(dtype=dtype)
+    if state is not None:
+        with torch.no_grad():
+            for name, p in work.named_parameters():
+                if name in state:
+                    p.copy_(state[name].to(p.device, p.dtype))
+    return work
+
+
 def twolayer_head_fast_path(
     task: Task,
     names: Sequence[str],
@@ -415,12 +430,7 @@ def twolayer_head_fast_path(
         return None
     work = module
     if state is not None or module.a.dtype != dtype:
-        work = copy.deepcopy(module).to(dtype=dtype)
-        if state is not None:
-            with torch.no_grad():
-                for name, p in work.named_parameters():
-                    if name in state:
-                        p.copy_(state[name].to(p.device, p.dtype))
+        work = _copy_with(module, dtype, state)
     device = work.a.device
     _, s_out = work.preactivation_scale()
 
@@ -501,12 +511,7 @@ def linear_head_fast_path(
         return None
     ref = next((t for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()), None)
     device = ref.device if ref is not None else torch.device("cpu")
-    work = copy.deepcopy(module).to(dtype=dtype)
-    if state is not None:
-        with torch.no_grad():
-            for name, p in work.named_parameters():
-                if name in state:
-                    p.copy_(state[name].to(p.device, p.dtype))
+    work = _copy_with(module, dtype, state)
     work_head = dict(work.named_modules())[path]
     captured: list[tuple[torch.Tensor, torch.Tensor]] = []
 

@@ -25,19 +25,10 @@ from attnaudit.analyses.landscape.analysis import LandscapeConfig, LandscapeResu
 from attnaudit.analyses.landscape.compare import compare_landscapes
 from attnaudit.analyses.landscape.directions import DIRECTION_KINDS
 from attnaudit.analyses.landscape.setup import DTYPES, ParameterSelectionError, landscape_task, parameter_names
-from attnaudit.analyses.request import (
-    ANALYSIS,
-    DATA,
-    EXECUTION,
-    PROTOCOL,
-    FieldError,
-    Request,
-    field_check,
-    list_of,
-    option,
-)
+from attnaudit.analyses.request import ANALYSIS, EXECUTION, PROTOCOL, FieldError, Request, field_check, list_of, option
+from attnaudit.analyses.request import check_seeds, literal
 from attnaudit.analyses.result import Progress as RunProgress, Result, progress_or_silent
-from attnaudit.analyses.sources import DataFields, ModelFields
+from attnaudit.analyses.sources import ModelFields, PresetData
 from attnaudit.models.builtin import ModelSpec, build_model
 from attnaudit.core.training import train
 from attnaudit.core import training as gd
@@ -407,11 +398,6 @@ OPTIMIZER_NAMES = ("gd", "sgd", "adam")
 LOSS_COMPARABLE_WITHIN = 0.10
 
 
-def _esc(text: Any) -> str:
-    """``text`` inside a :class:`FieldError` template (its braces kept literally)."""
-    return str(text).replace("{", "{{").replace("}", "}}")
-
-
 def _match_loss(value: Any, name: str) -> float | str | None:
     """``match_loss``: a positive training loss, ``auto`` or ``none`` (``none`` is kept, so that
     an explicit fixed-step run beats a preset that matches losses)."""
@@ -426,13 +412,13 @@ def _match_loss(value: Any, name: str) -> float | str | None:
         except ValueError:
             raise FieldError(
                 name,
-                "{name}: " + _esc(repr(value)) + " is not a number; give a training loss such as 0.2, auto or none",
+                "{name}: " + literal(repr(value)) + " is not a number; give a training loss such as 0.2, auto or none",
             ) from None
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         number = float(value)
     else:
         raise FieldError(
-            name, "{name}: " + _esc(repr(value)) + " is not a number; give a training loss such as 0.2, auto or none"
+            name, "{name}: " + literal(repr(value)) + " is not a number; give a training loss such as 0.2, auto or none"
         )
     if not (math.isfinite(number) and number > 0):
         raise FieldError(name, "{name} must be a positive training loss, got " + f"{number:g}")
@@ -440,7 +426,7 @@ def _match_loss(value: Any, name: str) -> float | str | None:
 
 
 @dataclass(frozen=True)
-class LandscapeRequest(ModelFields, DataFields, Request):
+class LandscapeRequest(ModelFields, PresetData, Request):
     """What ``attnaudit landscape`` computes; every field is one option.
 
     Train the built-in 2L-ReLU / MLP-Attn (``models``) or take saved ones (``checkpoint``,
@@ -452,15 +438,7 @@ class LandscapeRequest(ModelFields, DataFields, Request):
     COMMAND = "landscape"
     PRESETS: ClassVar[dict[str, dict]] = PRESETS
 
-    # the preset chooses the data set and split when none is given
-    dataset: str | None = option(
-        None,
-        "--dataset",
-        panel=DATA,
-        help="Built-in data set: digits (embedded, offline), mnist, fashion-mnist, cifar10, synthetic.",
-    )
-    split: str | None = option(None, "--split", panel=DATA, help="train or test.")
-
+    # the preset chooses the data set and split when none is given (PresetData)
     preset: str = option(
         "quick",
         "--preset",
@@ -586,15 +564,6 @@ class LandscapeRequest(ModelFields, DataFields, Request):
     seed: int = option(0, "--seed", panel=PROTOCOL, help="Base random seed (recorded in the report).")
     device: str = option("auto", "--device", panel=EXECUTION, help="auto, cpu, cuda or cuda:<i>.")
 
-    # ---- presets
-    @property
-    def preset_key(self) -> str:
-        return str(self.preset).strip().lower()
-
-    def preset_values(self) -> dict:
-        """The sizes of :attr:`preset` (an unknown preset was refused at construction)."""
-        return dict(self.PRESETS[self.preset_key])
-
     @property
     def optimizer_name(self) -> str:
         return (self.optimizer or "gd").strip().lower()
@@ -619,20 +588,11 @@ class LandscapeRequest(ModelFields, DataFields, Request):
         ``seeds``, ``lr`` (Adam: :data:`attnaudit.core.fit.DEFAULT_ADAM_LR`) and ``match_loss``
         (the preset's with full-batch GD, ``none`` with sgd/adam); a saved model is one seed."""
         p = self.preset_values()
-        fill: dict[str, Any] = {}
-        if self.dataset is None and self.data is None and self.loaded_data is None:
-            fill["dataset"] = p["dataset"]
-        if self.split is None:
-            fill["split"] = p["split"]
-        if self.n_train is None:
-            fill["n_train"] = p["n_train"]
+        fill = self.preset_fill("n_train", *(() if self.model_given else ("width", "steps", "seeds")))
         if self.model_given:
             if self.seeds is None:
                 fill["seeds"] = 1
         else:
-            for name in ("width", "steps", "seeds"):
-                if getattr(self, name) is None:
-                    fill[name] = p[name]
             if self.lr is None:
                 fill["lr"] = DEFAULT_ADAM_LR if self.optimizer_name == "adam" else p["lr"]
             if self.match_loss is None:
@@ -640,32 +600,9 @@ class LandscapeRequest(ModelFields, DataFields, Request):
                 fill["match_loss"] = "none" if chosen is None else chosen
         return dataclasses.replace(self, **fill) if fill else self
 
-    def data_spec(
-        self,
-        seed: int,
-        *,
-        n: int | None = None,
-        stratify: bool = False,
-        dataset: str | None = None,
-        split: str | None = None,
-    ):
-        """As :meth:`DataFields.data_spec`, the preset's data set and split filling those left unset."""
-        p = self.preset_values()
-        return DataFields.data_spec(
-            self,
-            seed,
-            n=n,
-            stratify=stratify,
-            dataset=dataset or (None if self.data is not None else p["dataset"]),
-            split=split or p["split"],
-        )
-
     # ---- validation (before anything is read)
     def validate(self) -> None:
-        if self.preset_key not in self.PRESETS:
-            raise FieldError(
-                "preset", "unknown {name} " + _esc(repr(self.preset)) + f"; use {' or '.join(self.PRESETS)}"
-            )
+        self.check_preset()
         p = self.preset_values()
         field_check("seed", check_seed, self.seed)
         saved = self.model_given
@@ -674,29 +611,17 @@ class LandscapeRequest(ModelFields, DataFields, Request):
                 "models", "--checkpoint (--model) analyses saved models and {name} trains new ones; give one of them"
             )
         if saved:
-            given = [
-                n
-                for n in ("width", "steps", "lr", "match_loss", "optimizer", "batch_size")
-                if getattr(self, n) is not None
-            ]
-            if given:
-                others = "".join(f", {self.flag_of(n)}" for n in given[1:])
-                raise FieldError(
-                    given[0],
-                    "{name}" + others + " set how new models are trained and do not apply to "
-                    "--checkpoint (a saved model); drop them",
-                )
+            self.refuse_training()
             if self.seeds is not None and self.seeds != 1:
                 raise FieldError(
                     "seeds",
                     "{name} trains independent copies of the built-in models; a saved model is one model, drop {name}",
                 )
-        n_seeds = 1 if saved else (self.seeds if self.seeds is not None else p["seeds"])
-        if n_seeds < 1:
-            raise FieldError("seeds", "{name} must be a positive integer, got " + str(n_seeds))
-        field_check("seed", check_seed, self.seed, count=n_seeds)
+        check_seeds(
+            self.seed, 1 if saved else (self.seeds if self.seeds is not None else p["seeds"]), rule="a positive integer"
+        )
         if self.optimizer_name not in OPTIMIZER_NAMES:
-            raise FieldError("optimizer", "unknown {name} " + _esc(repr(self.optimizer)) + "; use gd, sgd or adam")
+            raise FieldError("optimizer", "unknown {name} " + literal(repr(self.optimizer)) + "; use gd, sgd or adam")
         if self.match_target is not None and self.optimizer_name != "gd":
             raise FieldError(
                 "match_loss",
@@ -710,7 +635,7 @@ class LandscapeRequest(ModelFields, DataFields, Request):
             bad = [a for a in archs if a not in ARCHS]
             if bad:
                 raise FieldError(
-                    "models", "{name}: unknown model " + _esc(repr(bad[0])) + "; use relu, attn or both (relu,attn)"
+                    "models", "{name}: unknown model " + literal(repr(bad[0])) + "; use relu, attn or both (relu,attn)"
                 )
             if len(set(archs)) != len(archs):
                 raise FieldError("models", "{name} lists a model twice; give each once")
@@ -731,12 +656,13 @@ class LandscapeRequest(ModelFields, DataFields, Request):
                 raise FieldError("batch_size", "{name} must be a positive integer, got " + str(self.batch_size))
         if self.loss is not None and self.loss.strip().lower() not in LOSSES:
             raise FieldError(
-                "loss", "unknown {name} " + _esc(repr(self.loss.strip().lower())) + f"; use one of {', '.join(LOSSES)}"
+                "loss",
+                "unknown {name} " + literal(repr(self.loss.strip().lower())) + f"; use one of {', '.join(LOSSES)}",
             )
         for name, kinds in (("directions", DIRECTION_KINDS), ("precision", tuple(DTYPES))):
             value = str(getattr(self, name)).strip().lower()
             if value not in kinds:
-                raise FieldError(name, "unknown {name} " + _esc(repr(value)) + f"; use one of {', '.join(kinds)}")
+                raise FieldError(name, "unknown {name} " + literal(repr(value)) + f"; use one of {', '.join(kinds)}")
         for name in ("points", "grid"):
             value = getattr(self, name)
             if value != 0 and value < 3:
@@ -802,7 +728,7 @@ def _load_rows(request: LandscapeRequest, r: LandscapeRequest, saved_models: dic
     except AuditError as exc:
         if "--n " in str(exc):
             raise FieldError(
-                "n_train", _esc(str(exc)).replace("--n ", "{name} ").replace("lower --n", "lower {name}")
+                "n_train", literal(str(exc)).replace("--n ", "{name} ").replace("lower --n", "lower {name}")
             ) from None
         raise
 
@@ -907,20 +833,11 @@ def run(request: LandscapeRequest, *, progress: RunProgress | None = None, execu
                 progress=advance,
             )
     except ParameterSelectionError as exc:
-        raise FieldError("params", "{name}: " + _esc(exc)) from None
+        raise FieldError("params", "{name}: " + literal(exc)) from None
     timings = {"load": load_time, **out_run.timings, "total": time.perf_counter() - t0}
 
     out = out_run.to_dict()
-    if request.loaded_data is not None:
-        data_in = request.data_inputs()
-    else:
-        data_in = {
-            "dataset": r.dataset if request.data is None else None,
-            "data": request.data,
-            "split": r.split,
-            "classes": request.classes,
-            "preprocess": request.preprocess,
-        }
+    data_in = request.preset_data_inputs(r.dataset, r.split)
     report = build_report(
         SCHEMA,
         inputs={

@@ -1343,22 +1343,30 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
         """A saved model as it is (the 'clean' model of ``static``): no training, its loss and accuracy recorded."""
         assert fixed_models is not None  # called for saved models only
         model = _float64_copy(fixed_models[arch], X_train.device)  # the user's model stays as it is
+        head = {"seed": seed, "model": arch, "role": role, "source": "saved model"}
+        return recorded(model, X_train, config.loss, head, {"steps_run": 0})
+
+    def recorded(model, X, loss: str, head: dict, after_loss: dict):
+        """(model, TrainResult, row) of a saved model as it is or trained here from a recipe:
+        its row of ``training`` (``head``, its loss on (X, y_train), ``after_loss``, accuracies)."""
         with torch.no_grad():
-            out = _logits(model, X_train)
-            loss_now = loss_value(out, y_train, config.loss).item()
-            row = {
-                "seed": seed,
-                "model": arch,
-                "role": role,
-                "source": "saved model",
-                "final_loss": loss_now,
-                "steps_run": 0,
+            out = _logits(model, X)
+            row: dict[str, Any] = {
+                **head,
+                "final_loss": loss_value(out, y_train, loss).item(),
+                **after_loss,
                 "reached_match_loss": None,
                 "train_accuracy": accuracy(out, y_train),
                 "test_accuracy": accuracy(_logits(model, X_test), y_test),
             }
         training.append(row)
-        tr = TrainResult(loss_curve=[loss_now], steps_run=0, final_loss=loss_now, reached_tol=None, diverged=False)
+        tr = TrainResult(
+            loss_curve=[row["final_loss"]],
+            steps_run=row["steps_run"],
+            final_loss=row["final_loss"],
+            reached_tol=None,
+            diverged=False,
+        )
         return model, tr, row
 
     def finetune(base, X, order_seed: int, role: str, seed: int, arch: str):
@@ -1380,29 +1388,8 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
             raise AuditError(
                 f"fine-tuning diverged for {arch} ({role}, seed {seed}) at --finetune-lr {config.finetune_lr:g}; lower it"
             )
-        with torch.no_grad():
-            out = _logits(model, X)
-            row: dict[str, Any] = {
-                "seed": seed,
-                "model": arch,
-                "role": role,
-                "source": "fine-tuned saved model",
-                "final_loss": loss_value(out, y_train, config.loss).item(),
-                "steps_run": res.steps_run,
-                "data_order_seed": order_seed,
-                "reached_match_loss": None,
-                "train_accuracy": accuracy(out, y_train),
-                "test_accuracy": accuracy(_logits(model, X_test), y_test),
-            }
-        training.append(row)
-        tr = TrainResult(
-            loss_curve=[row["final_loss"]],
-            steps_run=res.steps_run,
-            final_loss=row["final_loss"],
-            reached_tol=None,
-            diverged=False,
-        )
-        return model, tr, row
+        head = {"seed": seed, "model": arch, "role": role, "source": "fine-tuned saved model"}
+        return recorded(model, X, config.loss, head, {"steps_run": res.steps_run, "data_order_seed": order_seed})
 
     def refit(arch: str, init_seed: int, order_seed: int, X_ctx, X, role: str, seed: int):
         """A checkpoint's architecture rebuilt from ``init_seed`` and trained on (X, y_train)
@@ -1424,32 +1411,10 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
         t_train += time.perf_counter() - t0
         if res.diverged:
             raise AuditError(f"retraining diverged for {arch} ({role}, seed {seed}) with the recorded recipe")
-        with torch.no_grad():
-            out = _logits(model, X)
-            row = {
-                "seed": seed,
-                "model": arch,
-                "role": role,
-                "source": "recorded recipe re-run",
-                # the loss the recorded recipe trains with (the audit's --loss may differ)
-                "final_loss": loss_value(out, y_train, rb.recipe.loss).item(),
-                "loss": rb.recipe.loss,
-                "steps_run": res.steps_run,
-                "init_seed": init_seed,
-                "data_order_seed": order_seed,
-                "reached_match_loss": None,
-                "train_accuracy": accuracy(out, y_train),
-                "test_accuracy": accuracy(_logits(model, X_test), y_test),
-            }
-        training.append(row)
-        tr = TrainResult(
-            loss_curve=[row["final_loss"]],
-            steps_run=res.steps_run,
-            final_loss=row["final_loss"],
-            reached_tol=None,
-            diverged=False,
-        )
-        return model, tr, row
+        head = {"seed": seed, "model": arch, "role": role, "source": "recorded recipe re-run"}
+        loss = rb.recipe.loss  # the loss the recorded recipe trains with (the audit's --loss may differ)
+        after_loss = {"loss": loss, "steps_run": res.steps_run, "init_seed": init_seed, "data_order_seed": order_seed}
+        return recorded(model, X, loss, head, after_loss)
 
     def influences(model, X, tr, seed, arch, role):
         """Influence vectors per damping, and the absolute dampings they used (None for TracIn)."""

@@ -18,21 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from attnaudit.analyses.request import (
-    ANALYSIS,
-    DATA,
-    EXECUTION,
-    PROTOCOL,
-    FieldError,
-    Request,
-    field_check,
-    list_of,
-    option,
-    show_list,
-)
+from attnaudit.analyses.request import ANALYSIS, DATA, EXECUTION, PROTOCOL, FieldError, Request, field_check, list_of
+from attnaudit.analyses.request import check_seeds, option, show_list
 from attnaudit.analyses.result import Progress, Result, progress_or_silent
-from attnaudit.analyses.sources import DataFields, ModelFields
-from attnaudit.errors import AuditError, check_seed
+from attnaudit.analyses.sources import DATASET_HELP, ModelFields, PresetData
+from attnaudit.errors import AuditError
 from attnaudit.analyses.malleability.malleability import parse_per_model
 from attnaudit.analyses.influence.influence import parse_damping
 from attnaudit.analyses.malleability.malleability import AUTO_MATCH as LIB_AUTO, MalleabilityConfig
@@ -60,43 +50,36 @@ AUTO_MATCH = "auto"
 
 # Presets, in request terms: sizes chosen for run time on 2 CPU cores, never for what the
 # result looks like.
+_QUICK: dict[str, Any] = dict(
+    dataset="digits",
+    split="train",
+    n_train=300,
+    n_test=100,
+    width=64,
+    steps=300,
+    lr=4.0,
+    seeds=3,
+    eps=(0.3,),
+    damping=(1e-3,),
+    top_k=(30,),
+    pgd_steps=10,
+    # a comparison the loss gate accepts: with fixed steps MLP-Attn ends at 2-5x 2L-ReLU's loss
+    match_loss=AUTO_MATCH,
+)
 PRESETS: dict[str, dict[str, Any]] = {
-    "quick": dict(
-        dataset="digits",
-        split="train",
-        n_train=300,
-        n_test=100,
-        width=64,
-        steps=300,
-        lr=4.0,
-        seeds=3,
-        eps=(0.3,),
-        damping=(1e-3,),
-        top_k=(30,),
-        pgd_steps=10,
-        # a comparison the loss gate accepts: with fixed steps MLP-Attn ends at 2-5x 2L-ReLU's loss
-        match_loss=AUTO_MATCH,
-    ),
-    "paper": dict(
-        dataset="mnist",
-        split="train",
-        n_train=2000,
-        n_test=500,
-        width=64,
-        steps=400,
-        lr=4.0,
-        seeds=5,
-        eps=(0.3,),
-        damping=(1e-3,),
-        top_k=(200,),
-        pgd_steps=10,
-        # the paper's protocol: full-batch GD for a fixed time
-        match_loss="none",
-    ),
+    "quick": _QUICK,
+    # quick's protocol at the paper's sizes, on MNIST; the paper's protocol: full-batch GD for a fixed time
+    "paper": {
+        **_QUICK,
+        "dataset": "mnist",
+        "n_train": 2000,
+        "n_test": 500,
+        "steps": 400,
+        "seeds": 5,
+        "top_k": (200,),
+        "match_loss": "none",
+    },
 }
-
-# options that only shape how new models are trained (refused with a saved model)
-TRAINING_FIELDS = ("width", "steps", "lr", "match_loss", "optimizer", "batch_size")
 
 
 def _by_preset(key: str) -> str:
@@ -159,19 +142,13 @@ def _damping(value: Any, name: str) -> tuple:
 
 
 @dataclass(frozen=True)
-class MalleabilityRequest(ModelFields, DataFields, Request):
+class MalleabilityRequest(ModelFields, PresetData, Request):
     """What ``attnaudit malleability`` computes; every field is one option (see :class:`Option`)."""
 
     COMMAND = "malleability"
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = PRESETS
 
-    dataset: str | None = option(
-        None,
-        "--dataset",
-        panel=DATA,
-        help="Built-in data set: digits (embedded, offline), mnist, fashion-mnist, cifar10, synthetic. "
-        + _by_preset("dataset"),
-    )
+    dataset: str | None = option(None, "--dataset", panel=DATA, help=DATASET_HELP + " " + _by_preset("dataset"))
     split: str | None = option(None, "--split", panel=DATA, help="train or test. " + _by_preset("split"))
 
     preset: str = option(
@@ -413,12 +390,9 @@ class MalleabilityRequest(ModelFields, DataFields, Request):
     def validate(self) -> None:
         for name in self.options():  # values given from Python take the form the command line gives them
             object.__setattr__(self, name, type(self).parse_value(name, getattr(self, name)))
-        if self.preset not in self.PRESETS:
-            raise FieldError("preset", "unknown {name} " + f"{self.preset!r}; use {' or '.join(self.PRESETS)}")
+        self.check_preset(self.preset)
         values = self.resolve_preset()
-        if values["seeds"] < 1:
-            raise FieldError("seeds", "{name} must be >= 1, got " + str(values["seeds"]))
-        field_check("seed", check_seed, self.seed, count=values["seeds"])
+        check_seeds(self.seed, values["seeds"])
         for name in ("n_train", "n_test"):
             if values[name] < 1:
                 raise FieldError(name, "{name} must be a positive integer, got " + str(values[name]))
@@ -427,14 +401,7 @@ class MalleabilityRequest(ModelFields, DataFields, Request):
                 raise FieldError(
                     "models", "--checkpoint audits saved models and {name} trains new ones; give one of them"
                 )
-            given = [name for name in TRAINING_FIELDS if getattr(self, name) is not None]
-            if given:
-                raise FieldError(
-                    given[0],
-                    ", ".join(["{name}", *(self.flag_of(n) for n in given[1:])])
-                    + " set how new models are trained and do not apply to --checkpoint "
-                    "(a saved model); drop them",
-                )
+            self.refuse_training()
             if self.resample_data:
                 raise FieldError(
                     "resample_data",
@@ -454,15 +421,6 @@ class MalleabilityRequest(ModelFields, DataFields, Request):
             raise
         except AuditError as exc:
             raise _named(exc, type(self)) from None
-
-    def check(self) -> None:
-        """The audit's dry run: the fields (checked at construction), every model file, then the
-        data the preset chooses, read but not analysed."""
-        if self.model_given:
-            self.load_models()
-        if self.loaded_data is None:
-            values = self.resolve_preset()
-            load_dataset(self.data_spec(self.seed, dataset=values["dataset"], split=values["split"]))
 
 
 def _named(exc: AuditError, request_type: type[Request]) -> AuditError:
@@ -673,17 +631,7 @@ def run(
         "checkpoints": {label: lm.source for label, lm in loaded.items()} or None,
         **result.to_dict(),
     }
-    if request.loaded_data is not None:
-        data_inputs = request.data_inputs()
-        data_inputs["split"] = split_name
-    else:
-        data_inputs = {
-            "dataset": ds_name if request.data is None else None,
-            "data": request.data,
-            "split": split_name,
-            "classes": request.classes,
-            "preprocess": request.preprocess,
-        }
+    data_inputs = {**request.preset_data_inputs(ds_name, split_name), "split": split_name}
     report = build_report(
         SCHEMA,
         inputs={

@@ -74,7 +74,7 @@ import dataclasses
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -84,7 +84,17 @@ from attnaudit.core.task import Inputs, Task
 from attnaudit.core.linalg import centered_kernel_alignment as centered_kernel_alignment
 from attnaudit.errors import AuditError
 from attnaudit.core.ntk import LinearizedGDConfig, kernel_gd_predict
-from attnaudit.analyses.ntk_distance.widths import KERNEL_RATE, _clean, _loglog_slope, _rms_rows, _stats, _trend
+from attnaudit.analyses.ntk_distance.widths import (
+    KERNEL_RATE,
+    _cell_grid,
+    _clean,
+    _loglog_slope,
+    _rms_rows,
+    _stats,
+    _summary_rows,
+    _trend,
+    _verdicts,
+)
 from attnaudit.core.engine import JACOBIAN_ROWS, JACOBIAN_TRANSIENT
 from attnaudit.core.task import as_task
 from attnaudit.core.fit import Recipe, fit
@@ -94,12 +104,13 @@ from attnaudit.models.builtin import ModelSpec, TwoLayerNet
 from attnaudit.models.vit import ViT, ViTSpec
 from attnaudit.analyses.ntk_distance.widths import slope_interval
 from attnaudit.models.builtin import image_shape_of
-from attnaudit.runtime.sweep import CellTask, ExecutorConfig, cached, clear_cache, run_cells
+from attnaudit.runtime.sweep import ExecutorConfig, cached, clear_cache, run_cells
 from attnaudit.models.vit import default_patch
 from attnaudit.data import HoldoutRecipe
 from attnaudit.models.builtin import build_builtin
 from attnaudit.models.vit import n_parameters
 from attnaudit.models.vit import VIT_ARCHITECTURES
+from attnaudit.report.envelope import Record
 
 if TYPE_CHECKING:
     from attnaudit.data import HoldoutRecipe
@@ -739,8 +750,22 @@ def linearized_prediction(
 # --------------------------------------------------------------------------- one checkpoint
 
 
+def _check_kernel_points(kernel_points: Any) -> None:
+    """Refuse a bad ``--kernel-points`` (of a checkpoint audit or a transformer sweep)."""
+    if not isinstance(kernel_points, int) or kernel_points < 2:
+        raise AuditError(f"--kernel-points must be an integer >= 2, got {kernel_points!r}")
+
+
+def _check_kernel_form(form: str, linearized: str) -> None:
+    """Refuse a bad kernel form or ``--linearized`` (of a checkpoint audit or a transformer sweep)."""
+    if form not in KERNEL_FORMS:
+        raise AuditError(f"unknown kernel form {form!r}; use full or trace")
+    if linearized not in LINEARIZED_METHODS:
+        raise AuditError(f"unknown --linearized {linearized!r}; use one of {', '.join(LINEARIZED_METHODS)}")
+
+
 @dataclass(frozen=True)
-class CheckpointKernelConfig:
+class CheckpointKernelConfig(Record):
     """``kernel_points``: training rows for the kernels; ``n_test``: held-out rows for the
     linearized distance; ``form``: full or trace kernel; ``linearized``: auto, kernel-gd,
     train or off; ``memory_bytes``: the Jacobian budget."""
@@ -753,19 +778,12 @@ class CheckpointKernelConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.kernel_points, int) or self.kernel_points < 2:
-            raise AuditError(f"--kernel-points must be an integer >= 2, got {self.kernel_points!r}")
+        _check_kernel_points(self.kernel_points)
         if not isinstance(self.n_test, int) or self.n_test < 1:
             raise AuditError(f"--n-test must be a positive integer, got {self.n_test!r}")
-        if self.form not in KERNEL_FORMS:
-            raise AuditError(f"unknown kernel form {self.form!r}; use full or trace")
-        if self.linearized not in LINEARIZED_METHODS:
-            raise AuditError(f"unknown --linearized {self.linearized!r}; use one of {', '.join(LINEARIZED_METHODS)}")
+        _check_kernel_form(self.form, self.linearized)
         if self.memory_bytes < 1:
             raise AuditError("the memory budget must be positive")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass
@@ -1028,12 +1046,8 @@ class TransformerSweepConfig:
             raise AuditError("give at least one seed, each once (--seeds)")
         if not isinstance(self.recipe, Recipe):
             raise AuditError("the sweep needs a training recipe (attnaudit.core.fit.Recipe)")
-        if not isinstance(self.kernel_points, int) or self.kernel_points < 2:
-            raise AuditError(f"--kernel-points must be an integer >= 2, got {self.kernel_points!r}")
-        if self.form not in KERNEL_FORMS:
-            raise AuditError(f"unknown kernel form {self.form!r}; use full or trace")
-        if self.linearized not in LINEARIZED_METHODS:
-            raise AuditError(f"unknown --linearized {self.linearized!r}; use one of {', '.join(LINEARIZED_METHODS)}")
+        _check_kernel_points(self.kernel_points)
+        _check_kernel_form(self.form, self.linearized)
         if self.train_dtype not in ("float32", "float64"):
             raise AuditError(f"--dtype {self.train_dtype!r} is not supported here; use float32 or float64")
 
@@ -1147,39 +1161,26 @@ class TransformerSweepResult:
     execution: dict = field(default_factory=dict)  # executor, cells, resumed (how it ran; not a result)
 
     def summary_rows(self) -> list[dict]:
-        rows = []
-        for arch in self.config.archs:
-            for width in self.config.widths:
-                group = [c for c in self.cells if c.arch == arch and c.width == width]
-                row = {
-                    "arch": arch,
-                    "width": width,
-                    "n_seeds": len(group),
-                    "diverged": sum(c.diverged for c in group),
-                    "n_params": group[0].n_params if group else 0,
-                }
-                for key in (
-                    "movement",
-                    "movement_trace",
-                    "norm_ratio",
-                    "kernel_distance",
-                    "cka_init",
-                    "cka_trained",
-                    "distance_rms",
-                    "distance_rel",
-                    "train_acc",
-                    "test_acc",
-                    "train_loss",
-                ):
-                    row[key] = _stats([getattr(c, key) if getattr(c, key) is not None else float("nan") for c in group])
-                rows.append(row)
-        return rows
+        def head(group: list[TransformerCell]) -> dict:
+            return {"diverged": sum(c.diverged for c in group), "n_params": group[0].n_params if group else 0}
+
+        keys = (
+            "movement",
+            "movement_trace",
+            "norm_ratio",
+            "kernel_distance",
+            "cka_init",
+            "cka_trained",
+            "distance_rms",
+            "distance_rel",
+            "train_acc",
+            "test_acc",
+            "train_loss",
+        )
+        return _summary_rows(self.cells, "arch", self.config.archs, self.config.widths, head, keys)
 
     def verdicts(self) -> list[str]:
-        return [
-            self.archs[a].verdict if a in self.archs else f"{a}: every cell failed; no verdict"
-            for a in self.config.archs
-        ]
+        return _verdicts(self.archs, self.config.archs)
 
     def to_dict(self) -> dict:
         return _clean(
@@ -1354,17 +1355,13 @@ def run_transformer_sweep(
         "device": None if device is None else str(device),
         "config": config,
     }
-    tasks = [
-        CellTask(
-            "attnaudit.analyses.ntk_distance.movement:transformer_cell",
-            {**base, "arch": a, "width": w, "seed": s},
-            f"{a} width {w} seed {s}",
-            cost=float(w) ** 2,
-        )
-        for a in config.archs
-        for w in config.widths
-        for s in config.seeds
-    ]
+    tasks = _cell_grid(
+        "attnaudit.analyses.ntk_distance.movement:transformer_cell",
+        base,
+        ("arch", config.archs, config.widths, config.seeds),
+        lambda a, w, s: f"{a} width {w} seed {s}",
+        lambda w: float(w) ** 2,
+    )
     try:
         outcomes = run_cells(tasks, ex, on_done=(lambda o: progress()) if progress is not None else None)
     finally:
@@ -1527,6 +1524,10 @@ def _pm(stat: dict, fmt: str = "{:.3g}") -> str:
     return fmt.format(mean) + ("" if not std or not math.isfinite(std) else " ± " + fmt.format(std))
 
 
+# the kernel-movement columns of the checkpoint table and of the transformer sweep's
+MOVEMENT_COLUMNS = ("params", "ΔΘ/Θ₀ full", "ΔΘ/Θ₀ avg", "‖Θ_T‖/‖Θ₀‖", "1 − cos", "CKA init → trained")
+
+
 def build_checkpoint_tables(results: list[CheckpointKernelResult], warnings: Sequence[str] = ()) -> list:
     """Rich renderables: one summary row per model, a per-group table per model, verdicts."""
     from rich.table import Table
@@ -1537,12 +1538,7 @@ def build_checkpoint_tables(results: list[CheckpointKernelResult], warnings: Seq
         "model",
         "reference",
         "rows",
-        "params",
-        "ΔΘ/Θ₀ full",
-        "ΔΘ/Θ₀ avg",
-        "‖Θ_T‖/‖Θ₀‖",
-        "1 − cos",
-        "CKA init → trained",
+        *MOVEMENT_COLUMNS,
         "‖f − f_lin‖ rel",
         "linearized",
         "seconds",
@@ -1654,12 +1650,7 @@ def build_sweep_tables(result: TransformerSweepResult) -> list:
     for col in (
         "arch",
         "width",
-        "params",
-        "ΔΘ/Θ₀ full",
-        "ΔΘ/Θ₀ avg",
-        "‖Θ_T‖/‖Θ₀‖",
-        "1 − cos",
-        "CKA init → trained",
+        *MOVEMENT_COLUMNS,
         "‖f − f_lin‖ rms",
         "relative",
         "acc tr/te",

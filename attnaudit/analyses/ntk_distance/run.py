@@ -35,9 +35,13 @@ from attnaudit.analyses.request import (
     PROTOCOL,
     FieldError,
     Request,
+    check_seeds,
     field_check,
     list_of,
+    literal,
     option,
+    unknown_preset,
+    unset,
 )
 from attnaudit.analyses.result import Progress, Result, progress_or_silent
 from attnaudit.analyses.sources import DataFields, ModelFields
@@ -170,10 +174,6 @@ def model_filename(arch: str, width: int, seed: int) -> str:
     return f"{arch}_m{width}_seed{seed}.safetensors"
 
 
-def _escape(text: str) -> str:
-    return text.replace("{", "{{").replace("}", "}}")
-
-
 def _lower(value: str | None) -> str | None:
     return None if value is None else value.strip().lower()
 
@@ -185,7 +185,7 @@ class FieldsError(FieldError):
     def __init__(self, fields: Sequence[str], render: Callable[[list[str]], str]) -> None:
         self.fields = tuple(fields)
         self.render = render
-        super().__init__(self.fields[0], _escape(render(list(self.fields))))
+        super().__init__(self.fields[0], literal(render(list(self.fields))))
 
     def named(self, name: str) -> AuditError:
         first = self.fields[0]
@@ -220,7 +220,7 @@ def _flagged(build: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         for flag in _FLAG.findall(text):
             name = NtkDistanceRequest.field_of(flag)
             if name is not None and NtkDistanceRequest.flag_of(name) == flag:
-                template = re.sub(re.escape(flag) + r"(?![\w-])", "{name}", _escape(text))
+                template = re.sub(re.escape(flag) + r"(?![\w-])", "{name}", literal(text))
                 raise FieldError(name, template) from None
         raise
 
@@ -413,13 +413,13 @@ class NtkDistanceRequest(ModelFields, DataFields, Request):
             return out
         preset = _lower(self.preset) or DEFAULT_PRESET
         if preset not in PRESETS:
-            raise FieldError("preset", f"unknown {{name}} {_escape(repr(self.preset))}; use {' or '.join(PRESETS)}")
+            raise unknown_preset(self.preset, PRESETS)
         fields = {f.name for f in dataclasses.fields(self)}
         return {"preset": preset, **{k: v for k, v in PRESETS[preset].items() if k in fields}, **SWEEP_DEFAULTS}
 
     def _changes(self) -> dict[str, Any]:
         """The fields :meth:`resolved` sets: defaults of the fields left None, choices normalised."""
-        changes = {k: v for k, v in self.defaults().items() if getattr(self, k) is None}
+        changes = unset(self, self.defaults())
         for name in (
             "preset",
             "loss",
@@ -488,9 +488,7 @@ class NtkDistanceRequest(ModelFields, DataFields, Request):
     def _sizes(self, r: Any) -> None:
         """The sizes of a width sweep (``r``: this request resolved)."""
         assert r.seeds is not None and r.n_train is not None and r.n_test is not None
-        if r.seeds < 1:
-            raise FieldError("seeds", "{name} must be >= 1, got " + str(r.seeds))
-        field_check("seed", check_seed, r.seed, count=r.seeds)
+        check_seeds(r.seed, r.seeds)
         if r.n_train < 2:
             raise FieldError("n_train", "{name} must be >= 2, got " + str(r.n_train))
         if r.n_test < 1:
@@ -505,14 +503,14 @@ class NtkDistanceRequest(ModelFields, DataFields, Request):
             raise FieldError("models", "no models given; use {name} relu,attn")
         bad = [m for m in r.models if m not in ARCHITECTURES]
         if bad:
-            raise FieldError("models", _escape(f"unknown model(s) {bad}; use a subset of {','.join(ARCHITECTURES)}"))
+            raise FieldError("models", literal(f"unknown model(s) {bad}; use a subset of {','.join(ARCHITECTURES)}"))
         self._sizes(r)
         if r.dtype is not None:
             train_dtype, f32_from = str(_flagged(resolve_dtype, r.dtype)).replace("torch.", ""), None
         else:
             train_dtype, f32_from = "float64", PRESETS[r.preset]["float32_from_width"]
         if any(w < 1 for w in r.widths):
-            raise FieldError("widths", "{name} must be positive integers, got " + _escape(str(list(r.widths))))
+            raise FieldError("widths", "{name} must be positive integers, got " + literal(str(list(r.widths))))
         choices = (
             ("loss", "loss", LOSSES),
             ("parametrization", "parametrization", PARAMETRIZATIONS),
@@ -523,12 +521,12 @@ class NtkDistanceRequest(ModelFields, DataFields, Request):
         for name, what, allowed in choices:
             value = getattr(r, name)
             if value not in allowed:
-                raise FieldError(name, _escape(f"unknown {what} {value!r}; use one of {', '.join(allowed)}"))
+                raise FieldError(name, literal(f"unknown {what} {value!r}; use one of {', '.join(allowed)}"))
         if r.init == "antisymmetric" and any(w % 2 for w in r.widths):
             odd = [w for w in r.widths if w % 2]
             raise FieldError(
                 "widths",
-                _escape(f"antisymmetric init needs even widths, got {odd}; use even widths or --init standard"),
+                literal(f"antisymmetric init needs even widths, got {odd}; use even widths or --init standard"),
             )
         assert r.lr_fraction is not None
         if not 0 < r.lr_fraction < 1:
@@ -562,7 +560,7 @@ class NtkDistanceRequest(ModelFields, DataFields, Request):
         if r.lr is None:
             raise FieldError(
                 "lr",
-                f"--optimizer {_escape(str(r.optimizer))} needs {{name}}: the default learning "
+                f"--optimizer {literal(str(r.optimizer))} needs {{name}}: the default learning "
                 f"rate {TRANSFORMER_DEFAULTS['lr']:g} is the one for {TRANSFORMER_DEFAULTS['optimizer']}",
             )
         recipe = _flagged(
@@ -672,7 +670,7 @@ def _run_widths(request: NtkDistanceRequest, progress: Progress, executor, overw
             )
         save_dir = Path(request.save_models)
         if save_dir.exists() and not save_dir.is_dir():
-            raise FieldError("save_models", "{name} " + _escape(f"{save_dir} is a file; give a folder"))
+            raise FieldError("save_models", "{name} " + literal(f"{save_dir} is a file; give a folder"))
         save_dir.mkdir(parents=True, exist_ok=True)
         for arch in config.models:
             for w in config.widths:

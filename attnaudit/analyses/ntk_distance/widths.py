@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
 import torch
 
@@ -248,7 +248,6 @@ class NTKDistanceResult:
 
     def summary_rows(self) -> list[dict]:
         """Mean and spread over seeds, one row per model x width."""
-        rows = []
         keys = (
             "distance_rms",
             "distance_rel",
@@ -263,26 +262,14 @@ class NTKDistanceResult:
             "net_train_loss",
             "kernel_train_loss",
         )
-        for model in self.config.models:
-            for width in self.config.widths:
-                group = [c for c in self.cells if c.model == model and c.width == width]
-                row = {
-                    "model": model,
-                    "width": width,
-                    "n_seeds": len(group),
-                    "lr": group[0].lr if group else float("nan"),
-                    "diverged": sum(c.diverged for c in group),
-                }
-                for key in keys:
-                    row[key] = _stats([getattr(c, key) for c in group])
-                rows.append(row)
-        return rows
+
+        def head(group: list[Cell]) -> dict:
+            return {"lr": group[0].lr if group else float("nan"), "diverged": sum(c.diverged for c in group)}
+
+        return _summary_rows(self.cells, "model", self.config.models, self.config.widths, head, keys)
 
     def verdicts(self) -> list[str]:
-        return [
-            self.models[m].verdict if m in self.models else f"{MODEL_LABELS[m]}: every cell failed; no verdict"
-            for m in self.config.models
-        ]
+        return _verdicts(self.models, self.config.models, MODEL_LABELS.__getitem__)
 
     def to_dict(self) -> dict:
         return _clean(
@@ -307,6 +294,51 @@ class NTKDistanceResult:
                 "seconds": self.seconds,
             }
         )
+
+
+def _cell_grid(
+    function: str,
+    base: dict,
+    grid: tuple[str, Sequence[str], Sequence[int], Sequence[int]],
+    label: Callable[[str, int, int], str],
+    cost: Callable[[int], float],
+) -> list[CellTask]:
+    """A width sweep's cells: one per name, width and seed of ``grid`` (the key the names go
+    under, the names, the widths, the seeds), each calling ``function`` on ``base`` and the three."""
+    by, names, widths, seeds = grid
+    return [
+        CellTask(function, {**base, by: name, "width": width, "seed": seed}, label(name, width, seed), cost=cost(width))
+        for name in names
+        for width in widths
+        for seed in seeds
+    ]
+
+
+def _summary_rows(
+    cells: Sequence[Any],
+    by: str,
+    names: Sequence[str],
+    widths: Sequence[int],
+    head: Callable[[list], dict],
+    keys: Sequence[str],
+) -> list[dict]:
+    """A sweep's summary: one row per name (the cells' ``by``: model or arch) and width, with
+    the number of seeds, ``head(cells of the row)`` and the mean and spread over seeds of each
+    of ``keys`` (a missing value counts as NaN)."""
+    rows = []
+    for name in names:
+        for width in widths:
+            group = [c for c in cells if getattr(c, by) == name and c.width == width]
+            row = {by: name, "width": width, "n_seeds": len(group), **head(group)}
+            for key in keys:
+                row[key] = _stats([getattr(c, key) if getattr(c, key) is not None else float("nan") for c in group])
+            rows.append(row)
+    return rows
+
+
+def _verdicts(summaries: Mapping[str, Any], names: Sequence[str], label: Callable[[str], str] = str) -> list[str]:
+    """A sweep's verdicts: each model's (``summaries[name].verdict``), or that every cell of it failed."""
+    return [summaries[n].verdict if n in summaries else f"{label(n)}: every cell failed; no verdict" for n in names]
 
 
 def _clean(obj):
@@ -700,17 +732,13 @@ def run_ntk_distance(
         "device": str(device),
         "hook": hook_key,
     }
-    tasks = [
-        CellTask(
-            "attnaudit.analyses.ntk_distance.widths:ntk_cell",
-            {**base, "model": arch, "width": width, "seed": seed},
-            f"{arch} m={width} seed={seed}",
-            cost=float(width),
-        )
-        for arch in config.models
-        for width in config.widths
-        for seed in config.seeds
-    ]
+    tasks = _cell_grid(
+        "attnaudit.analyses.ntk_distance.widths:ntk_cell",
+        base,
+        ("model", config.models, config.widths, config.seeds),
+        lambda arch, width, seed: f"{arch} m={width} seed={seed}",
+        float,
+    )
     try:
         outcomes = run_cells(
             tasks,

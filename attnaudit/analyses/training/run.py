@@ -26,6 +26,7 @@ from attnaudit.analyses.request import (
     Request,
     field_check,
     internal,
+    literal,
     option,
 )
 from attnaudit.analyses.result import Progress, Result, progress_or_silent
@@ -53,11 +54,6 @@ VIT_ARCHS = ("vit", "vit-linear")
 TWO_LAYER_ARCHS = ("relu", "attn")
 DTYPES = ("float32", "float64")
 VIT_SIZES = ("depth", "dim", "heads", "patch", "mlp_ratio")
-
-
-def _lit(value: Any) -> str:
-    """User text inside a FieldError template (braces kept literally)."""
-    return str(value).replace("{", "{{").replace("}", "}}")
 
 
 @dataclass(frozen=True)
@@ -176,7 +172,8 @@ class TrainRequest(DataFields, Request):
         arch = self.arch_key
         if arch not in BUILTIN_ARCHITECTURES:
             raise FieldError(
-                "arch", "unknown {name} " + _lit(repr(self.arch)) + f"; use one of {', '.join(BUILTIN_ARCHITECTURES)}"
+                "arch",
+                "unknown {name} " + literal(repr(self.arch)) + f"; use one of {', '.join(BUILTIN_ARCHITECTURES)}",
             )
         misplaced = (
             [f for f in VIT_SIZES if getattr(self, f) is not None]
@@ -186,20 +183,22 @@ class TrainRequest(DataFields, Request):
         if misplaced:
             family = "the 2-layer nets (relu, attn)" if self.is_vit else "the transformers (vit, vit-linear)"
             flags = ", ".join(["{name}", *(self.flag_of(f) for f in misplaced[1:])])
-            raise FieldError(misplaced[0], flags + f" set(s) the size of {family}, not of --arch {_lit(arch)}; drop it")
+            raise FieldError(
+                misplaced[0], flags + f" set(s) the size of {family}, not of --arch {literal(arch)}; drop it"
+            )
         for name in ("width", *VIT_SIZES, "n_train", "n_test"):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise FieldError(name, "{name} must be a positive integer, got " + _lit(value))
+                raise FieldError(name, "{name} must be a positive integer, got " + literal(value))
         field_check("seed", check_seed, self.seed)
         p = self.preset
         if (self.dtype or p["dtype"]).strip().lower() not in DTYPES:
-            raise FieldError("dtype", "unknown {name} " + _lit(repr(self.dtype)) + "; use float32 or float64")
+            raise FieldError("dtype", "unknown {name} " + literal(repr(self.dtype)) + "; use float32 or float64")
         opt_name = (self.optimizer or p["optimizer"]).strip().lower()
         if self.lr is None and opt_name != p["optimizer"]:
             raise FieldError(
                 "lr",
-                f"--optimizer {_lit(opt_name)} needs {{name}}: the default learning rate {p['lr']:g} "
+                f"--optimizer {literal(opt_name)} needs {{name}}: the default learning rate {p['lr']:g} "
                 f"is the one for {p['optimizer']} on --arch {arch}",
             )
         self.recipe()  # validates every training value before any data are read
@@ -207,7 +206,7 @@ class TrainRequest(DataFields, Request):
             raise FieldError(
                 "out_path",
                 "{name} "
-                + _lit(Path(self.out_path))
+                + literal(Path(self.out_path))
                 + ": checkpoints are safetensors files; give a path ending in .safetensors",
             )
 
@@ -266,7 +265,7 @@ class TrainRequest(DataFields, Request):
         for match in re.finditer(r"--([a-z][a-z0-9-]*)", text):
             name = self.field_of(match.group(1))
             if name is not None:
-                template = re.sub(rf"--{re.escape(match.group(1))}(?![\w-])", "{name}", _lit(text))
+                template = re.sub(rf"--{re.escape(match.group(1))}(?![\w-])", "{name}", literal(text))
                 return FieldError(name, template)
         return exc
 
@@ -283,7 +282,7 @@ class TrainRequest(DataFields, Request):
 
         for path in self.checkpoint_paths():
             if path.is_file() and not self.overwrite:
-                raise FieldError("overwrite", f"{_lit(path)} already exists; pass {{name}} or choose another path")
+                raise FieldError("overwrite", f"{literal(path)} already exists; pass {{name}} or choose another path")
             check_target(path, True)
 
     def check(self) -> None:
@@ -322,7 +321,8 @@ class TrainRequest(DataFields, Request):
         nte = self.n_test if self.n_test is not None else min(1000, ds.n // 5)
         if nte < 1:
             raise FieldError(
-                "n_test", f"{_lit(ds.name)} has only {ds.n} rows, too few to hold any out; give {{name}} or more data"
+                "n_test",
+                f"{literal(ds.name)} has only {ds.n} rows, too few to hold any out; give {{name}} or more data",
             )
         ntr = self.n_train if self.n_train is not None else ds.n - nte
         if ntr < 1:

@@ -3,31 +3,23 @@ Hessian-vector products per iteration."""
 
 from __future__ import annotations
 
-from attnaudit.analyses.influence.estimators.base import (
-    Context,
-    Estimator,
-    MemoryQuery,
-    Solution,
-    State,
-    absolute_damping,
-    register,
-)
+import attnaudit.analyses.influence.estimators.base as base
 from attnaudit.core.cg import batched_cg
 from attnaudit.core.linalg import lanczos_top_eigen
 
 __all__ = ["CG"]
 
 
-@register
-class CG(Estimator):
+@base.register
+class CG(base.Estimator):
     """Conjugate gradient per damping; lambda_max (relative damping) by Lanczos on Hessian-vector products."""
 
     name = "cg"
 
-    def memory_parts(self, query: MemoryQuery) -> dict[str, int]:
+    def memory_parts(self, query: base.MemoryQuery) -> dict[str, int]:
         return {"cg_vectors": 4 * query.n_params * query.k * query.itemsize}
 
-    def prepare(self, context: Context) -> State:
+    def prepare(self, context: base.Context) -> base.State:
         info: dict = {"lambda_max": None, "lambda_max_method": None}
         if any(isinstance(g, str) for g in context.dampings):
             eng, hvp = context.engine, context.hvp
@@ -48,14 +40,14 @@ class CG(Estimator):
                 "lambda_max_converged": eig.converged,
             }
         for given in context.dampings:  # a relative damping needs lambda_max > 0: refuse before any solve
-            absolute_damping(given, info["lambda_max"])
-        return State(context, info)
+            base.absolute_damping(given, info["lambda_max"])
+        return base.State(context, info)
 
-    def solve(self, state: State, damping: float | str | None) -> Solution:
+    def solve(self, state: base.State, damping: float | str | None) -> base.Solution:
         assert damping is not None  # uses_damping: the sweep passes every damping as given
         ctx = state.context
         config, hvp = ctx.config, ctx.hvp
-        d = absolute_damping(damping, state.info["lambda_max"])
+        d = base.absolute_damping(damping, state.info["lambda_max"])
         X, cgd = batched_cg(lambda V: hvp.matmat(V) + d * V, ctx.test_grads, config.cg_tol, config.cg_max_iter)
         w = []
         if cgd["negative_curvature"]:
@@ -67,4 +59,4 @@ class CG(Estimator):
                 f"CG did not converge in {cgd['iterations']} iterations at damping {d:g} "
                 f"(relative residual {cgd['relative_residual_max']:.2g}); raise --cg-max-iter or --damping"
             )
-        return Solution(X, d, cgd, w)
+        return base.Solution(X, d, cgd, w)

@@ -7,15 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attnaudit.analyses.influence.estimators.base import (
-    Context,
-    Estimator,
-    MemoryQuery,
-    Solution,
-    State,
-    absolute_damping,
-    register,
-)
+import attnaudit.analyses.influence.estimators.base as base
 from attnaudit.analyses.influence.kfac import dense_gauss_newton
 from attnaudit.core.linalg import lanczos_top_eigen
 from attnaudit.errors import AuditError
@@ -65,7 +57,7 @@ def count_negative_eigenvalues(H: torch.Tensor, shift: float = 0.0) -> int:
 
 
 @dataclass
-class _ExactState(State):
+class _ExactState(base.State):
     lam_min: float = 0.0
     lam_max: float = 0.0
     # cholesky: the solution and absolute damping per damping as given
@@ -77,7 +69,7 @@ class _ExactState(State):
     coeff: torch.Tensor | None = None
 
 
-def _cholesky(H: torch.Tensor, ctx: Context) -> _ExactState | None:
+def _cholesky(H: torch.Tensor, ctx: base.Context) -> _ExactState | None:
     """(H + damping I)^-1 B^T for every damping by Cholesky, with the diagnostics the eigh path
     reports, or None when some H + damping I is not positive definite (the caller decomposes)."""
     lam_min, lam_max, method = _extreme_eigenvalues(H)
@@ -85,7 +77,7 @@ def _cholesky(H: torch.Tensor, ctx: Context) -> _ExactState | None:
     eye = torch.eye(P, dtype=H.dtype, device=H.device)
     factored = {}
     for given in ctx.dampings:
-        d = absolute_damping(given, lam_max)
+        d = base.absolute_damping(given, lam_max)
         L, info = torch.linalg.cholesky_ex(H + d * eye)
         if int(info) != 0:
             return None
@@ -98,8 +90,8 @@ def _cholesky(H: torch.Tensor, ctx: Context) -> _ExactState | None:
     return _ExactState(ctx, info, lam_min=lam_min, lam_max=lam_max, factored=factored, n_negative=n_neg)
 
 
-@register
-class Exact(Estimator):
+@base.register
+class Exact(base.Estimator):
     """The full Hessian (``curvature="ggn"``: the exact Gauss-Newton matrix) over the tracked parameters."""
 
     name = "exact"
@@ -115,11 +107,11 @@ class Exact(Estimator):
                 f"eigenvectors), above the budget of {max_exact_params:,} parameters; {self.size_hint}"
             )
 
-    def memory_parts(self, query: MemoryQuery) -> dict[str, int]:
+    def memory_parts(self, query: base.MemoryQuery) -> dict[str, int]:
         P, itemsize = query.n_params, query.itemsize
         return {"hessian_and_eigenvectors": 2 * P * P * itemsize, "hvp_block": query.hvp_batch * P * itemsize}
 
-    def prepare(self, context: Context) -> State:
+    def prepare(self, context: base.Context) -> base.State:
         config = context.config
         if config.curvature == "ggn":  # the exact Gauss-Newton matrix, what K-FAC approximates
             H = dense_gauss_newton(
@@ -140,14 +132,14 @@ class Exact(Estimator):
         del H
         lam_min, lam_max = float(evals[0]), float(evals[-1])
         for given in context.dampings:  # a relative damping needs lambda_max > 0: refuse before any solve
-            absolute_damping(given, lam_max)
+            base.absolute_damping(given, lam_max)
         info = {"lambda_max": lam_max, "lambda_max_method": "eigh", "solver": solver}
         coeff = context.test_grads @ evecs  # (k, P) in the eigenbasis
         return _ExactState(
             context, info, trailing, lam_min=lam_min, lam_max=lam_max, evals=evals, evecs=evecs, coeff=coeff
         )
 
-    def solve(self, state: State, damping: float | str | None) -> Solution:
+    def solve(self, state: base.State, damping: float | str | None) -> base.Solution:
         assert isinstance(state, _ExactState)  # what prepare returned
         assert damping is not None  # uses_damping: the sweep passes every damping as given
         lam_min, lam_max = state.lam_min, state.lam_max
@@ -161,10 +153,10 @@ class Exact(Estimator):
                 "positive_definite": True,
                 "damped_condition_number": (lam_max + d) / (lam_min + d),
             }
-            return Solution(X, d, diag, [])
+            return base.Solution(X, d, diag, [])
         evals, evecs, coeff = state.evals, state.evecs, state.coeff
         assert evecs is not None and coeff is not None  # eigh: set with evals
-        d = absolute_damping(damping, lam_max)
+        d = base.absolute_damping(damping, lam_max)
         scale = max(abs(lam_min), abs(lam_max), 1e-300)
         shifted = evals + d
         w: list[str] = []
@@ -190,10 +182,10 @@ class Exact(Estimator):
             "positive_definite": pd,
             "damped_condition_number": float(shifted.abs().max() / shifted.abs().min()),
         }
-        return Solution((coeff / shifted) @ evecs.T, d, diag, w)
+        return base.Solution((coeff / shifted) @ evecs.T, d, diag, w)
 
 
-@register
+@base.register
 class LastLayer(Exact):
     """``exact`` restricted to the head (the weight and bias of the layer that produces the logits)."""
 

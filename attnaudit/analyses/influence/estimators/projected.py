@@ -7,22 +7,14 @@ from dataclasses import dataclass
 
 import torch
 
-from attnaudit.analyses.influence.estimators.base import (
-    Context,
-    Estimator,
-    MemoryQuery,
-    Solution,
-    State,
-    absolute_damping,
-    register,
-)
+import attnaudit.analyses.influence.estimators.base as base
 from attnaudit.analyses.influence.projection import SignProjection
 
 __all__ = ["Projected"]
 
 
 @dataclass
-class _ProjectedState(State):
+class _ProjectedState(base.State):
     HR: torch.Tensor | None = None
     M: torch.Tensor | None = None
     Bp: torch.Tensor | None = None
@@ -30,8 +22,8 @@ class _ProjectedState(State):
     diagnostics: dict | None = None
 
 
-@register
-class Projected(Estimator):
+@base.register
+class Projected(base.Estimator):
     """H_R = R^T H R from k Hessian-vector products, M = R^T R, then z = (H_R + lambda M)^-1 R^T g
     solved exactly (k x k) for every test gradient; a training gradient scores -(R^T g_train) . z.
     With k >= P (k is capped at P) and R of full rank this is exact influence; the error falls
@@ -40,12 +32,12 @@ class Projected(Estimator):
     name = "projected"
     budget_hint = "lower --proj-dim, or use --estimator ekfac"
 
-    def memory_parts(self, query: MemoryQuery) -> dict[str, int]:
+    def memory_parts(self, query: base.MemoryQuery) -> dict[str, int]:
         # R^T H R, R^T R and one factorisation (3 k^2), two column blocks of R and H R (2 x 64 P)
         P = query.n_params
         return {"projected_curvature": (3 * min(query.proj_dim, P) ** 2 + 2 * 64 * P) * query.itemsize}
 
-    def prepare(self, context: Context) -> State:
+    def prepare(self, context: base.Context) -> base.State:
         config, hvp, eng, B = context.config, context.hvp, context.engine, context.test_grads
         P = hvp.size
         k = min(int(config.proj_dim), P)  # more columns than parameters add nothing (R^T R would be singular)
@@ -78,11 +70,11 @@ class Projected(Estimator):
             context, info, train_map=proj.apply, HR=HR, M=M, Bp=Bp, lam_max=lam_max, diagnostics=diag
         )
 
-    def solve(self, state: State, damping: float | str | None) -> Solution:
+    def solve(self, state: base.State, damping: float | str | None) -> base.Solution:
         assert isinstance(state, _ProjectedState)  # what prepare returned
         assert damping is not None  # uses_damping: the sweep passes every damping as given
         HR, M, Bp, diagnostics = state.HR, state.M, state.Bp, state.diagnostics
         assert HR is not None and M is not None and Bp is not None and diagnostics is not None  # set by prepare
-        d = absolute_damping(damping, state.lam_max) if isinstance(damping, str) else float(damping)
+        d = base.absolute_damping(damping, state.lam_max) if isinstance(damping, str) else float(damping)
         Z = torch.linalg.solve(HR + d * M, Bp.T).T  # (k_test, k)
-        return Solution(Z.to(state.context.test_grads.dtype), d, dict(diagnostics))
+        return base.Solution(Z.to(state.context.test_grads.dtype), d, dict(diagnostics))
