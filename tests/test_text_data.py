@@ -182,3 +182,98 @@ def test_a_hugging_face_classifier_reads_the_rows_as_its_own_ids(tmp_path):
     with torch.no_grad():
         ref = model(input_ids=ids, attention_mask=(ids != 0).long()).logits
         assert torch.allclose(loaded.task().logits(ds.X), ref, atol=1e-5)
+
+
+def _bert_folder(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    folder = tmp_path / "bert"
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=len(VOCAB),
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=16,
+        num_labels=2,
+        pad_token_id=0,
+        label2id={"negative": 0, "positive": 1},
+        id2label={0: "negative", 1: "positive"},
+    )
+    transformers.BertForSequenceClassification(config).eval().save_pretrained(folder)
+    return _tokenizer(folder)
+
+
+def test_the_command_line_audits_a_text_checkpoint_with_its_own_tokenizer(tmp_path, capsys):
+    from attnaudit.cli import main
+
+    folder = _bert_folder(tmp_path)
+    data = _jsonl(tmp_path / "d.jsonl", RECORDS * 5)
+    out = tmp_path / "k.json"
+    with pytest.raises(SystemExit) as code:
+        main(
+            [
+                "kappa",
+                "--checkpoint",
+                str(folder),
+                "--data",
+                str(data),
+                "--max-length",
+                "8",
+                "--n",
+                "20",
+                "-q",
+                "--json",
+                str(out),
+            ]
+        )
+    assert code.value.code == 0, capsys.readouterr().err
+    report = json.loads(out.read_text())
+    info = report["results"]["dataset"]
+    assert info["modality"] == "text" and info["tokenizer"] == str(folder / "tokenizer.json")
+    assert info["label_map"] == {"negative": 0, "positive": 1} and info["max_length"] == 8
+    assert "attention.self" in json.dumps(report["results"]["models"]["bert"])  # the encoder's attention layers
+    assert "--max-length 8" in report["command"]
+
+
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        (b"", "no records"),
+        (b'{"text": "good"}\n', "line 1 has no 'label' field"),
+        (b'{"text": "good", "label": "neutral"}\n', "unknown label 'neutral'"),
+        (b'{"text": "caf\xe9", "label": 0}\n', "line 1 is not valid UTF-8"),
+    ],
+)
+def test_bad_text_files_exit_2_with_one_line_on_the_command_line(tmp_path, capsys, content, message):
+    from attnaudit.cli import main
+
+    folder = _bert_folder(tmp_path)
+    capsys.readouterr()  # transformers' own progress output while saving the fixture
+    data = tmp_path / "bad.jsonl"
+    data.write_bytes(content)
+    with pytest.raises(SystemExit) as code:
+        main(["kappa", "--checkpoint", str(folder), "--data", str(data), "-q"])
+    err = capsys.readouterr().err
+    assert code.value.code == 2 and message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_the_text_audit_example_runs(tmp_path):
+    """examples/text/make_text_checkpoint.py: model, tokenizer, reviews.jsonl, and the YAML audit, end to end."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("transformers")
+    script = Path(__file__).resolve().parents[1] / "examples" / "text" / "make_text_checkpoint.py"
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "ex")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "text-checkpoint-gate: 3 of 3 checks passed (exit 0)" in out.stdout
+    assert (tmp_path / "ex" / "text-model" / "tokenizer.json").is_file()

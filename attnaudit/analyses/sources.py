@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from attnaudit.analyses.request import DATA, MODEL, FieldError, Preset, internal, option, unset
@@ -65,6 +66,20 @@ class DataFields:
     download: bool = option(
         False, "--download", panel=DATA, help="Allow torchvision to download a missing data set (needs a network)."
     )
+    text_field: str = option(
+        "text", "--text-field", panel=DATA, help="Text data (.jsonl, or .csv with this column): the field of each text."
+    )
+    label_field: str = option("label", "--label-field", panel=DATA, help="Text data: the field of each label.")
+    tokenizer: str | None = option(
+        None,
+        "--tokenizer",
+        panel=DATA,
+        metavar="PATH",
+        help="Text data: tokenizer.json (or a folder holding it); default: the --checkpoint folder's own.",
+    )
+    max_length: int = option(
+        128, "--max-length", panel=DATA, help="Text data: tokens per sample (longer texts truncated, shorter padded)."
+    )
     loaded_data: Any = internal()
 
     def data_spec(
@@ -91,7 +106,17 @@ class DataFields:
             seed=seed,
             stratify=stratify,
             download=self.download,
+            text_field=self.text_field,
+            label_field=self.label_field,
+            tokenizer=self.tokenizer or self.checkpoint_tokenizer(),
+            max_length=self.max_length,
         )
+
+    def checkpoint_tokenizer(self) -> str | None:
+        """The tokenizer of text data when none is named: the first --checkpoint folder's own."""
+        checkpoints = getattr(self, "checkpoint", None) or ()
+        folders = [c for c in checkpoints if isinstance(c, str) and Path(c).expanduser().is_dir()]
+        return folders[0] if folders else None
 
     def source_defaults(self) -> tuple[str | None, str | None]:
         """(data set, split) that :meth:`data_spec` reads when neither the fields nor the caller

@@ -16,7 +16,19 @@ from attnaudit.analyses.request import Option, hint, normalise_key, show_list
 from attnaudit.errors import AuditError
 
 ANALYSES = ("kappa", "ntk-distance", "malleability", "landscape")
-DATA_OPTIONS = ("dataset", "data", "data_dir", "split", "classes", "preprocess", "download")
+DATA_OPTIONS = (
+    "dataset",
+    "data",
+    "data_dir",
+    "split",
+    "classes",
+    "preprocess",
+    "download",
+    "text_field",
+    "label_field",
+    "tokenizer",
+    "max_length",
+)
 OUTPUT_OPTIONS = ("json", "png", "out_dir", "quiet", "overwrite", "debug")
 MODEL_OPTIONS = ("checkpoint", "factory", "weights", "trust_pickle", "inputs")
 # options a check may not set, and why

@@ -242,7 +242,9 @@ def fit_to_data(loaded: LoadedModel, dataset) -> LoadedModel:
     shape = tuple(int(s) for s in dataset.feature_shape)
     images = image_shape(shape)
     d = int(dataset.X.shape[1])
-    if loaded.source.get("kind") == "huggingface":
+    if loaded.source.get("kind") == "huggingface" and loaded.inputs.kind == "tokens":
+        loaded = adapt_to_data(loaded, shape)  # a sequence classifier: rows of token ids (text data)
+    elif loaded.source.get("kind") == "huggingface":
         if images is None:
             raise AuditError(
                 f"model {loaded.label} is an image model but {dataset.name} has flat rows of {d} features; give image data"
