@@ -20,6 +20,7 @@ for row in report["summary"]:
         f"{row['model']:>4} {row['attack']:>6}: flip rate {f['mean']:.1%} [{f['ci_low']:.1%}, {f['ci_high']:.1%}] over seeds {row['seeds']}"
     )
 for r in report["ratios"]:
-    print(
-        f"ratio {r['numerator']}/{r['denominator']} under {r['attack']}: {r['ratio']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
-    )
+    ratio = "undefined" if r["ratio"] is None else f"{r['ratio']:.2f}"
+    high = "+inf (unbounded)" if r["ci_high"] is None else f"{r['ci_high']:.2f}"
+    low = "-" if r["ci_low"] is None else f"{r['ci_low']:.2f}"
+    print(f"ratio {r['numerator']}/{r['denominator']} under {r['attack']}: {ratio} [{low}, {high}]")

@@ -4,8 +4,8 @@ A :class:`Result` carries the JSON envelope every command writes (``to_dict()``;
 inputs, seeds, results, verdicts, timings), the request it answers, the rich tables of its
 terminal output and the figure. ``Result.from_dict(report)`` restores a result from a saved
 report: its numbers, verdicts and request come back; the tables and figure of a restored
-result are drawn from the report where the analysis knows how (``tables_from_report``),
-else a summary table of its verdicts.
+result are a table of its verdicts (the rich tables are drawn from the analysis objects a
+run holds), and its figure needs a re-run.
 
 Progress: ``run`` takes ``progress(label, total, unit)``, a context manager that yields an
 ``advance(k)`` callable (the CLI passes a rich progress bar); None means silence.
@@ -36,15 +36,6 @@ def silent(label: str, total: int, unit: str) -> Iterator[Callable[[int], None]]
 
 def progress_or_silent(progress: Progress | None) -> Progress:
     return progress if progress is not None else silent
-
-
-# schema prefix -> renderer of tables from a saved report (registered by the analyses)
-_TABLES_FROM_REPORT: dict[str, Callable[[dict], list]] = {}
-
-
-def register_report_tables(schema: str, render: Callable[[dict], list]) -> None:
-    """Let :meth:`Result.tables` draw a restored result of ``schema`` from its report."""
-    _TABLES_FROM_REPORT[schema] = render
 
 
 @dataclass
@@ -81,8 +72,7 @@ class Result:
         """The rich tables of the terminal output."""
         if self.renderables is not None:
             return list(self.renderables)
-        render = _TABLES_FROM_REPORT.get(self.schema.split("/")[0])
-        return render(self.report) if render is not None else [_verdict_table(self.report)]
+        return [_verdict_table(self.report)]  # a restored result: its verdicts (the numbers are in results)
 
     def figure(self, path: str | Path) -> Path:
         """Write the figure (PNG) to ``path``; a restored result has none to draw."""

@@ -43,6 +43,14 @@ class Metric:
     description: str
 
 
+def _ratio_value(row: dict, stat: str) -> Any:
+    """The ratio row's statistic; an upper end that Fieller's interval leaves unbounded is +inf
+    (it exceeds any max:), not a missing value."""
+    if stat == "ci_high" and row.get("unbounded_high"):
+        return float("inf")
+    return row.get("ratio" if stat == "mean" else stat)
+
+
 def _get(obj: Any, *keys: Any) -> Any:
     for key in keys:
         if obj is None:
@@ -198,8 +206,8 @@ def _build() -> dict[str, dict[str, Metric]]:
             ratio_labels,
             CI,
             _list_rows("ratios", ratio_labels),
-            lambda row, stat: row.get("ratio" if stat == "mean" else stat),
-            "flip-rate ratio of two models (attn / relu), bootstrap interval over seeds",
+            _ratio_value,
+            "flip-rate ratio of two models (attn / relu), Fieller interval over seeds (an unbounded upper end is inf)",
         )
     )
 
