@@ -277,3 +277,51 @@ def test_the_text_audit_example_runs(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "text-checkpoint-gate: 3 of 3 checks passed (exit 0)" in out.stdout
     assert (tmp_path / "ex" / "text-model" / "tokenizer.json").is_file()
+
+
+def test_malleability_swaps_tokens_of_a_text_checkpoint(tmp_path, capsys):
+    """--attacks hotflip,swap: at most eps tokens per text, hotflip raises the model's loss, swap is its control."""
+    from attnaudit.cli import main
+
+    folder = _bert_folder(tmp_path)
+    data = _jsonl(tmp_path / "d.jsonl", RECORDS * 5)
+    out = tmp_path / "m.json"
+    argv = [
+        "malleability",
+        "--checkpoint",
+        str(folder),
+        "--data",
+        str(data),
+        "--max-length",
+        "8",
+        "--protocol",
+        "static",
+        "--n-train",
+        "16",
+        "--n-test",
+        "8",
+        "--seeds",
+        "2",
+        "--top-k",
+        "4",
+        "-q",
+    ]
+    with pytest.raises(SystemExit) as code:
+        main([*argv, "--attacks", "hotflip,swap", "--eps", "2", "--json", str(out)])
+    assert code.value.code == 0, capsys.readouterr().err
+    report = json.loads(out.read_text())
+    rows = report["results"]["attacks"]
+    assert {r["method"] for r in rows} == {"hotflip", "swap"}
+    for r in rows:
+        assert r["perturbation_norm_max"] <= 2  # tokens swapped per text
+        if r["method"] == "hotflip":
+            assert r["model_loss_after"] >= r["model_loss_before"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as code:
+        main([*argv, "--attacks", "hotflip", "--eps", "0.5"])
+    err = capsys.readouterr().err
+    assert code.value.code == 2 and "--eps is the number of tokens swapped per text" in err
+    with pytest.raises(SystemExit) as code:  # refused in each cell (the model is only known there): exit 1
+        main([*argv, "--attacks", "pgd", "--eps", "0.1"])
+    err = capsys.readouterr().err
+    assert code.value.code == 1 and "use --attacks hotflip" in err

@@ -52,7 +52,8 @@ from attnaudit.core.task import Inputs, Loss, Task, as_task
 from attnaudit.errors import AuditError
 from attnaudit.core.training import accuracy
 
-ATTACKS = ("fgsm", "pgd", "mim", "sign", "random", "none")
+ATTACKS = ("fgsm", "pgd", "mim", "sign", "random", "hotflip", "swap", "none")
+TOKEN_ATTACKS = ("hotflip", "swap")  # text: eps is the number of tokens swapped per text
 ADVERSARIAL = ("fgsm", "pgd", "mim")
 RANDOM_CONTROLS = ("sign", "random")  # noise controls, the strongest first
 NORMS = ("linf", "l2")
@@ -313,8 +314,13 @@ def perturb(
         if not isinstance(model, Task) and inputs is not None:
             model = as_task(model, loss=loss, inputs=inputs, probe=X)
         engine = attack_engine(model, X, loss, dtype)
+    if config.method in TOKEN_ATTACKS:
+        return _perturb_tokens(engine, X, y, config, evaluate)
     if config.method in ADVERSARIAL and not engine.inputs.differentiable:
-        raise AuditError("the model takes token ids, which have no input gradient; use --attacks sign, random or none")
+        raise AuditError(
+            "the model takes token ids, which have no input gradient; use --attacks hotflip (gradient-guided token "
+            "swaps) with swap (random swaps, its control), or none"
+        )
     gen = torch.Generator().manual_seed(int(config.seed))
     need_noise = config.method == "random" or (config.method == "pgd" and config.random_start)
     # One draw for the whole set (not per chunk), so the result does not depend on chunk_size.
@@ -370,6 +376,71 @@ def perturb(
             linf_max=stat(linf, "max"),
             l2_mean=stat(l2, "mean"),
             l2_max=stat(l2, "max"),
+        )
+
+
+def _perturb_tokens(
+    engine: Engine, X: torch.Tensor, y: torch.Tensor, config: AttackConfig, evaluate: bool
+) -> AttackResult:
+    """``hotflip`` / ``swap`` on rows of token ids (:mod:`.token_attacks`): at most ``eps`` tokens
+    per text; padding and the special tokens every row starts and ends with are never changed."""
+    from attnaudit.analyses.malleability.token_attacks import (
+        TokenAttackConfig,
+        hf_embedding_model,
+        hotflip,
+        random_swaps,
+    )
+
+    if engine.inputs.kind != "tokens":
+        raise AuditError(
+            f"--attacks {config.method} swaps tokens of text; this model takes {engine.inputs.kind} inputs"
+        )
+    if config.eps != round(config.eps) or config.eps < 1:
+        raise AuditError(
+            f"with --attacks {config.method}, --eps is the number of tokens swapped per text: give an "
+            f"integer >= 1, got {config.eps:g}"
+        )
+    module = engine.task.module
+    if not hasattr(module, "pad_token_id") or not hasattr(module, "model"):
+        raise AuditError(f"--attacks {config.method} needs a Hugging Face sequence classifier (its input embeddings)")
+    pad: int | None = getattr(module, "pad_token_id", None)
+    hf_model: nn.Module = getattr(module, "model")  # noqa: B009 - an nn.Module attribute mypy cannot see
+    ids = X.long()
+    protected: set[int] = {pad} if pad is not None else set()
+    first = torch.unique(ids[:, 0])
+    if first.numel() == 1:
+        protected.add(int(first))  # [CLS] / <s>
+    lengths = (ids != pad).sum(1) if pad is not None else torch.full((ids.shape[0],), int(ids.shape[1]))
+    last = torch.unique(ids[torch.arange(ids.shape[0]), (lengths - 1).clamp(min=0)])
+    if last.numel() == 1:
+        protected.add(int(last))  # [SEP] / </s>
+    cfg = TokenAttackConfig(
+        budget=int(round(config.eps)), protected=tuple(sorted(p for p in protected if p is not None))
+    )
+    logits_of, E = hf_embedding_model(hf_model, pad)
+    if config.method == "hotflip":
+        result = hotflip(logits_of, E, ids, y, cfg)
+    else:
+        result = random_swaps(ids, int(E.shape[0]), cfg, torch.Generator().manual_seed(int(config.seed)))
+    X_adv = result.ids.to(X.dtype)
+    if not evaluate:
+        return AttackResult(
+            X_adv=X_adv, config=config, loss_before=None, loss_after=None, accuracy_before=None, accuracy_after=None
+        )
+    T = engine.targets(y)
+    with torch.no_grad():
+        out_clean = engine.logits(engine.rows(X), chunk=config.chunk_size)
+        out_adv = engine.logits(engine.rows(X_adv), chunk=config.chunk_size)
+        changed = (X_adv != X).sum(1).double()
+        return AttackResult(
+            X_adv=X_adv,
+            config=config,
+            loss_before=float(engine.loss.per_sample(out_clean, T).mean()),
+            loss_after=float(engine.loss.per_sample(out_adv, T).mean()),
+            accuracy_before=accuracy(out_clean, y),
+            accuracy_after=accuracy(out_adv, y),
+            radius_mean=float(changed.mean()),  # tokens swapped per text
+            radius_max=float(changed.max()),
         )
 
 

@@ -64,7 +64,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from attnaudit.analyses.malleability.attacks import ADVERSARIAL, ATTACKS, NORMS, RANDOM_CONTROLS, AttackConfig, perturb
+from attnaudit.analyses.malleability.attacks import (
+    ADVERSARIAL,
+    ATTACKS,
+    NORMS,
+    RANDOM_CONTROLS,
+    TOKEN_ATTACKS,
+    AttackConfig,
+    perturb,
+)
 from attnaudit.errors import AuditError
 from attnaudit.core.stats import mean_interval, proportion_interval, ratio_interval, t_quantile
 from attnaudit.analyses.influence.influence import (
@@ -197,6 +205,12 @@ class MalleabilityConfig:
             raise AuditError(f"unknown attack(s) {', '.join(bad)} in --attacks; use {', '.join(ATTACKS)}")
         if any(not (math.isfinite(e) and e > 0) for e in self.eps):
             raise AuditError(f"--eps values must be positive numbers, got {','.join(map(str, self.eps))}")
+        token = [a for a in self.attacks if a in TOKEN_ATTACKS]
+        if token and any(e != round(e) or e < 1 for e in self.eps):
+            raise AuditError(
+                f"with --attacks {token[0]}, --eps is the number of tokens swapped per text: give "
+                f"integers >= 1, got {','.join(f'{e:g}' for e in self.eps)}"
+            )
         if self.estimator == "tracin" and any(isinstance(d, str) for d in self.damping):
             raise AuditError(
                 "relative --damping (a multiple of lambda_max) does not apply to --estimator tracin (no Hessian)"
