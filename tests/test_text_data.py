@@ -325,3 +325,83 @@ def test_malleability_swaps_tokens_of_a_text_checkpoint(tmp_path, capsys):
         main([*argv, "--attacks", "pgd", "--eps", "0.1"])
     err = capsys.readouterr().err
     assert code.value.code == 1 and "use --attacks hotflip" in err
+
+
+def test_kernel_movement_between_two_text_checkpoints_and_ekfac_influence(tmp_path, capsys):
+    """ntk-distance --checkpoint/--reference-checkpoint and malleability --estimator ekfac on text:
+    a model against itself moved exactly 0; against another initialisation it moved."""
+    import shutil
+
+    from attnaudit.cli import main
+
+    folder = _bert_folder(tmp_path)
+    other = tmp_path / "other"
+    shutil.copytree(folder, other)
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(7)
+    config = transformers.BertConfig.from_pretrained(folder)
+    transformers.BertForSequenceClassification(config).eval().save_pretrained(other)
+    capsys.readouterr()
+    data = _jsonl(tmp_path / "d.jsonl", RECORDS * 4)
+    moved = {}
+    for name, ref in (("self", folder), ("other", other)):
+        out = tmp_path / f"nd_{name}.json"
+        with pytest.raises(SystemExit) as code:
+            main(
+                [
+                    "ntk-distance",
+                    "--checkpoint",
+                    str(folder),
+                    "--reference-checkpoint",
+                    str(ref),
+                    "--data",
+                    str(data),
+                    "--max-length",
+                    "8",
+                    "--n-test",
+                    "8",
+                    "--kernel-points",
+                    "8",
+                    "-q",
+                    "--json",
+                    str(out),
+                ]
+            )
+        assert code.value.code == 0, capsys.readouterr().err
+        moved[name] = json.loads(out.read_text())["results"]["models"]["bert"]["movement"]["movement"]
+    assert moved["self"] == 0.0 and moved["other"] > 0.0
+    out = tmp_path / "ek.json"
+    with pytest.raises(SystemExit) as code:
+        main(
+            [
+                "malleability",
+                "--checkpoint",
+                str(folder),
+                "--data",
+                str(data),
+                "--max-length",
+                "8",
+                "--protocol",
+                "static",
+                "--attacks",
+                "hotflip,swap",
+                "--eps",
+                "1",
+                "--estimator",
+                "ekfac",
+                "--n-train",
+                "12",
+                "--n-test",
+                "6",
+                "--seeds",
+                "2",
+                "--top-k",
+                "3",
+                "-q",
+                "--json",
+                str(out),
+            ]
+        )
+    assert code.value.code == 0, capsys.readouterr().err
+    rows = json.loads(out.read_text())["results"]["summary"]
+    assert {r["estimator"] for r in rows} == {"ekfac"} and {r["attack"] for r in rows} == {"hotflip", "swap"}
