@@ -1,0 +1,199 @@
+"""Benchmark: the full audit of transformers at the size people train, time and peak memory per stage.
+
+Two models, built offline from configs, trained briefly, then audited by all four analyses
+through the library (the same requests as the command line):
+
+* ``deit-tiny``: a DeiT-tiny-shaped ViT (12 blocks, width 192, 3 heads, patch 4) trained
+  with ``attnaudit train``'s recipe on real MNIST (28 x 28; ../shared/data) or the embedded
+  digits when MNIST is absent;
+* ``bert-mini``: a BERT-mini-shaped encoder (4 layers, width 256, 4 heads, sequences of 128
+  tokens) trained on the generated review set of examples/text (templated sentences: no
+  licence to track) with :func:`attnaudit.core.fit.fit`.
+
+Each stage runs in its own process (its time includes the child's start-up, about 3 s of
+importing torch and transformers), and the peak resident memory printed is the largest of
+the children so far (``ru_maxrss``). Printed, one line per stage, then per model:
+
+    SCALE model=<name> params=<count> total_s=<seconds> peak_gb=<GiB>
+
+and ``RATIO influence_over_gemm_floor=<x>``: the malleability stage's time over the time of
+the per-sample-gradient GEMM floor it cannot beat (one (n_train x P) x (P x n_test)
+product of the gradients it forms). ``--small`` shrinks everything for a quick check (the
+test suite does not run this file; ``--small`` takes about a minute on 2 cores).
+
+    python benchmarks/bench_scale.py [--small] [--threads N] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data"
+
+SIZES = {
+    "full": {
+        "deit-tiny": dict(depth=12, dim=192, heads=3, patch=4, steps=300, n_train=2000, n=512),
+        "bert-mini": dict(layers=4, width=256, heads=4, length=128, steps=200, n_records=2000, n=256),
+    },
+    "small": {
+        "deit-tiny": dict(depth=2, dim=48, heads=3, patch=7, steps=20, n_train=200, n=64),
+        "bert-mini": dict(layers=1, width=64, heads=4, length=32, steps=20, n_records=200, n=32),
+    },
+}
+
+
+def _stage(code: str, env: dict) -> tuple[float, float, str]:
+    """Run ``code`` in a child process: (seconds, peak GiB of the child, its stdout)."""
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
+    seconds = time.perf_counter() - t0
+    if out.returncode != 0:
+        raise SystemExit(f"stage failed:\n{out.stderr[-3000:]}")
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the largest child so far
+    return seconds, peak_kib / 2**20, out.stdout
+
+
+def _data_args() -> dict:
+    if (SHARED / "MNIST").is_dir():
+        return {"dataset": "mnist", "split": "test", "data_dir": str(SHARED)}
+    return {"dataset": "digits"}
+
+
+def deit_stages(size: dict, work: Path) -> list[tuple[str, str]]:
+    ckpt = work / "deit.safetensors"
+    data = _data_args()
+    common = f"import attnaudit as aa; data = {data!r}\n"
+    train = (
+        common + f"aa.run(aa.TrainRequest(arch='vit', depth={size['depth']}, dim={size['dim']}, heads={size['heads']}, "
+        f"patch={size['patch']}, steps={size['steps']}, n_train={size['n_train']}, out_path={str(ckpt)!r}, **data))\n"
+        f"from safetensors.torch import load_file; print(sum(t.numel() for t in load_file({str(ckpt)!r}).values()))"
+    )
+    ck = f"checkpoint=({str(ckpt)!r},)"
+    return [
+        ("train", train),
+        ("kappa", common + f"aa.run(aa.KappaRequest({ck}, n=({size['n']},), **data))"),
+        (
+            "ntk-distance",
+            common + f"aa.run(aa.NtkDistanceRequest({ck}, n_test={size['n']}, kernel_points={size['n'] // 4}, **data))",
+        ),
+        (
+            "malleability",
+            common + f"aa.run(aa.MalleabilityRequest({ck}, protocol='static', attacks=('pgd', 'sign'), "
+            f"estimator='ekfac', n_train={size['n']}, n_test={size['n'] // 4}, seeds=2, **data))",
+        ),
+        (
+            "landscape",
+            common + f"aa.run(aa.LandscapeRequest({ck}, n_train={size['n']}, points=0, grid=0, eigenvalues=2, "
+            "hutchinson_samples=4, basin_directions=1, **data))",
+        ),
+    ]
+
+
+def bert_stages(size: dict, work: Path) -> list[tuple[str, str]]:
+    folder, reviews = work / "bert", work / "reviews.jsonl"
+    build = f"""
+import sys, torch, transformers
+sys.path.insert(0, {str(ROOT / "examples" / "text")!r})
+from make_text_checkpoint import write_data, write_model, POSITIVE, NEGATIVE, NOUNS, FILLER
+from pathlib import Path
+write_data(Path({str(reviews)!r}), n={size["n_records"]})
+folder = Path({str(folder)!r})
+write_model(folder)  # tokenizer + a config we replace by the BERT-mini shape
+config = transformers.BertConfig(vocab_size=4 + len(POSITIVE + NEGATIVE + NOUNS + FILLER), hidden_size={size["width"]},
+    num_hidden_layers={size["layers"]}, num_attention_heads={size["heads"]}, intermediate_size={4 * size["width"]},
+    max_position_embeddings={size["length"]}, num_labels=2, pad_token_id=0,
+    label2id={{"negative": 0, "positive": 1}}, id2label={{0: "negative", 1: "positive"}})
+torch.manual_seed(0)
+model = transformers.BertForSequenceClassification(config).eval()
+from attnaudit.data import DataSpec, load_dataset
+from attnaudit.core.fit import Recipe, fit
+from attnaudit.core.task import Inputs
+from attnaudit.models.hf import HFSequenceClassifier
+ds = load_dataset(DataSpec(data={str(reviews)!r}, tokenizer=str(folder), max_length={size["length"]}))
+wrapped = HFSequenceClassifier(model, pad_token_id=0)
+fit(wrapped, ds.X, ds.y, Recipe(optimizer="adam", lr=1e-3, batch_size=32, steps={size["steps"]}, loss="ce"),
+    inputs=Inputs(kind="tokens", keyword=None))
+model.save_pretrained(folder)
+print(sum(p.numel() for p in model.parameters()))
+"""
+    data = f"data={str(reviews)!r}, max_length={size['length']}, checkpoint=({str(folder)!r},)"
+    common = "import attnaudit as aa\n"
+    n = size["n"]
+    return [
+        ("train", build),
+        ("kappa", common + f"aa.run(aa.KappaRequest({data}, n=({n},)))"),
+        (
+            "ntk-distance",
+            common + f"aa.run(aa.NtkDistanceRequest({data}, reference_checkpoint={str(folder)!r}, "
+            f"n_test={n}, kernel_points={max(4, n // 4)}))",
+        ),
+        (
+            "malleability",
+            common + f"aa.run(aa.MalleabilityRequest({data}, protocol='static', attacks=('hotflip', 'swap'), "
+            f"eps=(1,), estimator='ekfac', n_train={n}, n_test={max(4, n // 4)}, seeds=2))",
+        ),
+        (
+            "landscape",
+            common + f"aa.run(aa.LandscapeRequest({data}, n_train={n}, points=0, grid=0, eigenvalues=2, "
+            "hutchinson_samples=4, basin_directions=1))",
+        ),
+    ]
+
+
+def gemm_floor_seconds(params: int, n_train: int, n_test: int) -> float:
+    """Time of the one product influence cannot avoid: (n_train x P) @ (P x n_test), float32."""
+    import torch
+
+    a, b = torch.randn(n_train, params), torch.randn(params, n_test)
+    t0 = time.perf_counter()
+    a @ b
+    return time.perf_counter() - t0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--small", action="store_true")
+    parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    sizes = SIZES["small" if args.small else "full"]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(args.threads),
+        "ATTNAUDIT_THREADS": str(args.threads),
+        "PYTHONPATH": str(ROOT),
+    }
+    work = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="attnaudit-scale-"))
+    work.mkdir(parents=True, exist_ok=True)
+    summary = {}
+    for name, builder in (("deit-tiny", deit_stages), ("bert-mini", bert_stages)):
+        total, peak, params, stages = 0.0, 0.0, 0, {}
+        for stage, code in builder(sizes[name], work):
+            seconds, gib, out = _stage(code, env)
+            total += seconds
+            peak = max(peak, gib)
+            stages[stage] = seconds
+            if stage == "train" and out.strip().splitlines() and out.strip().splitlines()[-1].isdigit():
+                params = int(out.strip().splitlines()[-1])
+            print(f"{name:10s} {stage:13s} {seconds:8.1f} s  peak so far {gib:.2f} GiB", flush=True)
+        print(f"SCALE model={name} params={params} total_s={total:.1f} peak_gb={peak:.2f}", flush=True)
+        summary[name] = {"params": params, "total_s": total, "peak_gb": peak, "stages_s": stages}
+        if params:
+            n = sizes[name]["n"]
+            floor = gemm_floor_seconds(params, n, max(4, n // 4))
+            print(f"RATIO influence_over_gemm_floor_{name.replace('-', '_')}={stages['malleability'] / floor:.1f}")
+    (work / "scale.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
