@@ -236,13 +236,11 @@ def tokenize(tokenizer: Any, texts: Sequence[str], max_length: int, where: str =
     pad = pad_id_of(tokenizer, where)
     pad_token = tokenizer.id_to_token(pad)
     tok = _copy(tokenizer)
-    tok.no_truncation()
-    tok.no_padding()
-    lengths = [len(e.ids) for e in tok.encode_batch(list(texts))]
     tok.enable_truncation(max_length=max_length)
     tok.enable_padding(pad_id=pad, pad_token=pad_token, length=max_length)
-    ids = np.asarray([e.ids for e in tok.encode_batch(list(texts))], dtype=np.int64)
-    return ids, sum(n > max_length for n in lengths)
+    encodings = tok.encode_batch(list(texts))  # one pass: a truncated text keeps its overflow
+    ids = np.asarray([e.ids for e in encodings], dtype=np.int64)
+    return ids, sum(bool(e.overflowing) for e in encodings)
 
 
 def _copy(tokenizer: Any) -> Any:
