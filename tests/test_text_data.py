@@ -321,10 +321,74 @@ def test_malleability_swaps_tokens_of_a_text_checkpoint(tmp_path, capsys):
         main([*argv, "--attacks", "hotflip", "--eps", "0.5"])
     err = capsys.readouterr().err
     assert code.value.code == 2 and "--eps is the number of tokens swapped per text" in err
-    with pytest.raises(SystemExit) as code:  # refused in each cell (the model is only known there): exit 1
-        main([*argv, "--attacks", "pgd", "--eps", "0.1"])
+    hot = next(r for r in report["results"]["summary"] if r["attack"] == "hotflip")
+    assert "random" in hot["floors"]  # swap, the same token budget at random, is hotflip's floor
+    assert hot["floors"]["random"]["mean"] == next(
+        r["flip_rate"]["mean"] for r in report["results"]["summary"] if r["attack"] == "swap"
+    )
+
+
+def test_save_perturbed_writes_the_edited_training_texts(tmp_path, capsys):
+    """--save-perturbed: one JSON line per edited text; its swaps are exactly the tokenizer's
+    tokens before and after, and re-encoding the texts gives the ids the attack produced."""
+    from tokenizers import Tokenizer
+
+    from attnaudit.cli import main
+
+    folder = _bert_folder(tmp_path)
+    data = _jsonl(tmp_path / "d.jsonl", RECORDS * 5)
+    out = tmp_path / "edits.jsonl"
+    argv = ["malleability", "--checkpoint", str(folder), "--data", str(data), "--max-length", "8"]
+    argv += ["--protocol", "static", "--n-train", "16", "--n-test", "8", "--seeds", "2", "--top-k", "4", "-q"]
+    argv += ["--attacks", "hotflip,swap", "--eps", "2"]
+    with pytest.raises(SystemExit) as code:
+        main([*argv, "--save-perturbed", str(out), "--json", str(tmp_path / "m.json")])
+    assert code.value.code == 0, capsys.readouterr().err
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    report = json.loads((tmp_path / "m.json").read_text())
+    assert report["results"]["perturbed_texts"]["rows"] == len(rows) > 0
+    assert {r["attack"] for r in rows} == {"hotflip", "swap"} and {r["seed"] for r in rows} == {0, 1}
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    for r in rows:
+        assert 1 <= len(r["swaps"]) <= 2 and r["text"] != r["perturbed"]
+        words = tok.encode(r["perturbed"]).tokens
+        for s in r["swaps"]:
+            assert s["from"] == tok.id_to_token(s["from_id"]) and s["to"] == tok.id_to_token(s["to_id"])
+            assert s["from"] != s["to"] and s["to"] in words
+            assert s["to"] not in ("[PAD]", "[CLS]", "[SEP]")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as code:  # an existing file is kept
+        main([*argv, "--save-perturbed", str(out)])
     err = capsys.readouterr().err
-    assert code.value.code == 1 and "use --attacks hotflip" in err
+    assert code.value.code == 2 and "already exists" in err
+    with pytest.raises(SystemExit) as code:
+        main([*argv[:-4], "--attacks", "pgd", "--eps", "0.1", "--save-perturbed", str(tmp_path / "x.jsonl")])
+    err = capsys.readouterr().err
+    assert code.value.code == 2 and "--save-perturbed writes the texts hotflip/swap edited" in err
+
+
+def test_malleability_attacks_the_embeddings_of_a_text_checkpoint(tmp_path, capsys):
+    """--attacks pgd,sign on a text model: each token's embedding moves by at most eps of its norm."""
+    from attnaudit.cli import main
+
+    folder = _bert_folder(tmp_path)
+    data = _jsonl(tmp_path / "d.jsonl", RECORDS * 5)
+    out = tmp_path / "m.json"
+    argv = ["malleability", "--checkpoint", str(folder), "--data", str(data), "--max-length", "8"]
+    argv += ["--protocol", "static", "--n-train", "16", "--n-test", "8", "--seeds", "2", "--top-k", "4", "-q"]
+    with pytest.raises(SystemExit) as code:
+        main([*argv, "--attacks", "pgd,sign", "--eps", "0.25", "--norm", "l2", "--json", str(out)])
+    assert code.value.code == 0, capsys.readouterr().err
+    report = json.loads(out.read_text())
+    assert report["results"]["value_range"] is None
+    rows = report["results"]["attacks"]
+    assert {r["method"] for r in rows} == {"pgd", "sign"}
+    for r in rows:
+        assert 0 < r["perturbation_norm_max"] <= 0.25 * (1 + 1e-9)  # relative to the embedding norms
+        assert r["perturbation_l2_max"] > 0
+    pgd = next(r for r in rows if r["method"] == "pgd")
+    assert pgd["model_loss_after"] > pgd["model_loss_before"]
+    assert "random" in next(r for r in report["results"]["summary"] if r["attack"] == "pgd")["floors"]
 
 
 def test_kernel_movement_between_two_text_checkpoints_and_ekfac_influence(tmp_path, capsys):

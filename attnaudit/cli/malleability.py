@@ -19,8 +19,9 @@ def register(app: typer.Typer) -> None:
     def malleability_command(request: RequestOptions, out: OutputBundle, execution: ExecutorOptions) -> None:
         """Influence malleability: do influence scores flip sign when the training data is perturbed?"""
 
-        with built(request, out) as (req, opts):
-            opts.check_writable(("malleability.png",))
+        with built(request, out, overwrite=out.overwrite) as (req, opts):
+            extra = [] if req.save_perturbed is None else [("--save-perturbed", req.save_perturbed)]
+            opts.check_writable(("malleability.png",), extra=extra)
             notice = None if opts.quiet else (lambda text: opts.console.print(text, highlight=False))
             result = run(req, progress=opts.progress_bar, executor=execution.config(), notice=notice)
             emit_result(opts, result)

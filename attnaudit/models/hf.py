@@ -284,6 +284,59 @@ class HFSequenceClassifier(nn.Module):
             return self.model(**kwargs).logits
 
 
+class HFEmbeddingShiftClassifier(HFSequenceClassifier):
+    """A Hugging Face sequence classifier fed token ids plus a shift of their input embeddings.
+
+    A row is (L, 1 + h) numbers, flat: channel 0 the token ids (exact integers in a float
+    tensor), channels 1..h a shift ``delta`` added to each token's input embedding, so the
+    model sees ``inputs_embeds = E[ids] + delta`` with the padding mask of ``ids``. With
+    ``delta = 0`` it computes exactly what :class:`HFSequenceClassifier` computes on ``ids``,
+    parameter gradients included (the embedding lookup stays inside the model's graph): the
+    continuous attacks on text perturb ``delta`` and every analysis reads the rows as flat
+    floats. Shares (never copies) the wrapped classifier's transformer; parameter names are
+    the same (``model.*``).
+    """
+
+    def __init__(self, base: HFSequenceClassifier):
+        super().__init__(base.model, pad_token_id=base.pad_token_id, mask=base.mask)
+        embeddings = base.model.get_input_embeddings()  # type: ignore[operator]  # a transformers model's method
+        self.hidden = int(embeddings.weight.shape[1])
+
+    def split_rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids (B, L) int64, delta (B, L, h)) of rows (B, L * (1 + h)) or (B, L, 1 + h)."""
+        if rows.ndim == 1:
+            rows = rows.unsqueeze(0)
+        width = self.hidden + 1
+        if rows.ndim == 2:
+            if rows.shape[1] % width:
+                raise AuditError(
+                    f"rows of {rows.shape[1]} numbers are not (tokens, 1 + {self.hidden}) embedding-shift rows"
+                )
+            rows = rows.reshape(rows.shape[0], -1, width)
+        return rows[..., 0].round().long(), rows[..., 1:]
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:  # type: ignore[override]  # rows, not input_ids
+        ids, delta = self.split_rows(rows)
+        embeds = self.model.get_input_embeddings()(ids)  # type: ignore[operator]  # a transformers model's method
+        kwargs: dict[str, torch.Tensor] = {"inputs_embeds": embeds + delta.to(embeds.dtype)}
+        mask = self.attention_mask(ids)
+        if mask is not None:
+            kwargs["attention_mask"] = mask
+        with math_attention():
+            return self.model(**kwargs).logits
+
+
+def embedding_shift_rows(ids: torch.Tensor, hidden: int, delta: torch.Tensor | None = None) -> torch.Tensor:
+    """Flat rows (n, L * (1 + hidden)) in float64 holding ``ids`` (n, L) and ``delta`` (n, L, hidden; default 0)."""
+    ids = ids.round().long() if ids.is_floating_point() else ids.long()
+    n, L = ids.shape
+    rows = torch.zeros(n, L, hidden + 1, dtype=torch.float64, device=ids.device)
+    rows[..., 0] = ids.to(torch.float64)
+    if delta is not None:
+        rows[..., 1:] = delta.to(torch.float64)
+    return rows.reshape(n, -1)
+
+
 def _choose_mask(model: nn.Module, pad: int | None, vocab: int | None, length: int | None) -> str:
     """``4d`` when the additive 4-D mask reproduces the model's own 2-D padding mask on a probe, else ``2d``."""
     if pad is None:

@@ -54,8 +54,9 @@ from attnaudit.core.training import accuracy
 
 ATTACKS = ("fgsm", "pgd", "mim", "sign", "random", "hotflip", "swap", "none")
 TOKEN_ATTACKS = ("hotflip", "swap")  # text: eps is the number of tokens swapped per text
-ADVERSARIAL = ("fgsm", "pgd", "mim")
-RANDOM_CONTROLS = ("sign", "random")  # noise controls, the strongest first
+ADVERSARIAL = ("fgsm", "pgd", "mim", "hotflip")  # gradient attacks: the ones the verdicts and gates read
+RANDOM_CONTROLS = ("sign", "random")  # noise controls of the continuous attacks, the strongest first
+TOKEN_CONTROL = "swap"  # hotflip's control: the same token budget at random
 NORMS = ("linf", "l2")
 
 
@@ -306,20 +307,23 @@ def perturb(
     fields are None and only X_adv is computed."""
     if X.ndim < 2 or X.shape[0] != y.shape[0]:
         raise AuditError("attack needs inputs (n, ...) and one label per row")
-    if config.clip_min is not None and config.clip_max is not None:  # both or neither (AttackConfig)
-        _check_value_range(X, config.clip_min, config.clip_max)
     if isinstance(model, Engine):
         engine = model
     else:
         if not isinstance(model, Task) and inputs is not None:
             model = as_task(model, loss=loss, inputs=inputs, probe=X)
         engine = attack_engine(model, X, loss, dtype)
+    text_embeddings = _shift_module(engine) is not None
+    if config.clip_min is not None and config.clip_max is not None and not text_embeddings:  # both or neither
+        _check_value_range(X, config.clip_min, config.clip_max)
     if config.method in TOKEN_ATTACKS:
         return _perturb_tokens(engine, X, y, config, evaluate)
+    if text_embeddings:
+        return _perturb_text_embeddings(engine, X, y, config, evaluate)
     if config.method in ADVERSARIAL and not engine.inputs.differentiable:
         raise AuditError(
-            "the model takes token ids, which have no input gradient; use --attacks hotflip (gradient-guided token "
-            "swaps) with swap (random swaps, its control), or none"
+            "the model takes token ids, which have no input gradient; audit a Hugging Face text classifier (its "
+            "embeddings are attacked) or use --attacks hotflip (gradient-guided token swaps) with swap, or none"
         )
     gen = torch.Generator().manual_seed(int(config.seed))
     need_noise = config.method == "random" or (config.method == "pgd" and config.random_start)
@@ -388,10 +392,13 @@ def _perturb_tokens(
         TokenAttackConfig,
         hf_embedding_model,
         hotflip,
+        protected_ids,
         random_swaps,
     )
+    from attnaudit.models.hf import embedding_shift_rows
 
-    if engine.inputs.kind != "tokens":
+    shift = _shift_module(engine)
+    if engine.inputs.kind != "tokens" and shift is None:
         raise AuditError(
             f"--attacks {config.method} swaps tokens of text; this model takes {engine.inputs.kind} inputs"
         )
@@ -405,24 +412,19 @@ def _perturb_tokens(
         raise AuditError(f"--attacks {config.method} needs a Hugging Face sequence classifier (its input embeddings)")
     pad: int | None = getattr(module, "pad_token_id", None)
     hf_model: nn.Module = getattr(module, "model")  # noqa: B009 - an nn.Module attribute mypy cannot see
-    ids = X.long()
-    protected: set[int] = {pad} if pad is not None else set()
-    first = torch.unique(ids[:, 0])
-    if first.numel() == 1:
-        protected.add(int(first))  # [CLS] / <s>
-    lengths = (ids != pad).sum(1) if pad is not None else torch.full((ids.shape[0],), int(ids.shape[1]))
-    last = torch.unique(ids[torch.arange(ids.shape[0]), (lengths - 1).clamp(min=0)])
-    if last.numel() == 1:
-        protected.add(int(last))  # [SEP] / </s>
-    cfg = TokenAttackConfig(
-        budget=int(round(config.eps)), protected=tuple(sorted(p for p in protected if p is not None))
-    )
+    ids = shift.split_rows(X)[0] if shift is not None else X.long()
+    cfg = TokenAttackConfig(budget=int(round(config.eps)), protected=protected_ids(ids, pad))
     logits_of, E = hf_embedding_model(hf_model, pad)
     if config.method == "hotflip":
         result = hotflip(logits_of, E, ids, y, cfg)
     else:
         result = random_swaps(ids, int(E.shape[0]), cfg, torch.Generator().manual_seed(int(config.seed)))
-    X_adv = result.ids.to(X.dtype)
+    if shift is not None:  # the swapped ids, unshifted embeddings
+        X_adv = embedding_shift_rows(result.ids, shift.hidden).to(X.dtype).reshape(X.shape)
+        changed = (result.ids != ids).sum(1).double()
+    else:
+        X_adv = result.ids.to(X.dtype)
+        changed = (X_adv != X).sum(1).double()
     if not evaluate:
         return AttackResult(
             X_adv=X_adv, config=config, loss_before=None, loss_after=None, accuracy_before=None, accuracy_after=None
@@ -431,7 +433,6 @@ def _perturb_tokens(
     with torch.no_grad():
         out_clean = engine.logits(engine.rows(X), chunk=config.chunk_size)
         out_adv = engine.logits(engine.rows(X_adv), chunk=config.chunk_size)
-        changed = (X_adv != X).sum(1).double()
         return AttackResult(
             X_adv=X_adv,
             config=config,
@@ -441,6 +442,69 @@ def _perturb_tokens(
             accuracy_after=accuracy(out_adv, y),
             radius_mean=float(changed.mean()),  # tokens swapped per text
             radius_max=float(changed.max()),
+        )
+
+
+def _shift_module(engine: Engine):
+    """The model's :class:`~attnaudit.models.hf.HFEmbeddingShiftClassifier` (rows are ids plus embedding shifts), else None."""
+    from attnaudit.models.hf import HFEmbeddingShiftClassifier
+
+    module = engine.task.module
+    return module if isinstance(module, HFEmbeddingShiftClassifier) else None
+
+
+def _perturb_text_embeddings(
+    engine: Engine, X: torch.Tensor, y: torch.Tensor, config: AttackConfig, evaluate: bool
+) -> AttackResult:
+    """FGSM / PGD / MIM / sign / random / none on the input embeddings of a text model
+    (:mod:`.embedding_attacks`): ``eps`` is relative to each token's embedding norm."""
+    from attnaudit.analyses.malleability.embedding_attacks import EMBEDDING_ATTACKS, perturb_embeddings
+
+    if config.method not in EMBEDDING_ATTACKS:
+        raise AuditError(
+            f"--attacks {config.method} does not apply to text embeddings; use fgsm, pgd, mim, sign or random"
+        )
+    if config.clip_min is not None:
+        raise AuditError("text embeddings have no valid value range; pass no range (no --value-range) for a text model")
+    outcome = perturb_embeddings(
+        engine.task,
+        X,
+        y,
+        method=config.method,
+        eps=config.eps,
+        norm=config.norm,
+        steps=config.steps,
+        step_size=config.step_size,
+        random_start=config.random_start,
+        momentum=config.momentum,
+        seed=config.seed,
+    )
+    X_adv = outcome.rows
+    if not evaluate:
+        return AttackResult(
+            X_adv=X_adv, config=config, loss_before=None, loss_after=None, accuracy_before=None, accuracy_after=None
+        )
+    T = engine.targets(y)
+    with torch.no_grad():
+        out_clean = engine.logits(engine.rows(X), chunk=64)
+        out_adv = engine.logits(engine.rows(X_adv), chunk=64)
+        hidden = int(getattr(engine.task.module, "hidden"))  # noqa: B009 - the shift classifier's width
+        delta = (X_adv - X).reshape(X.shape[0], -1, hidden + 1)[..., 1:].reshape(X.shape[0], -1)
+        linf, l2 = delta.abs().amax(1), delta.norm(dim=1)
+        rel = outcome.relative_radius
+        return AttackResult(
+            X_adv=X_adv,
+            config=config,
+            loss_before=float(engine.loss.per_sample(out_clean, T).mean()),
+            loss_after=float(engine.loss.per_sample(out_adv, T).mean()),
+            accuracy_before=accuracy(out_clean, y),
+            accuracy_after=accuracy(out_adv, y),
+            radius_mean=float(rel.mean()),  # relative to the embedding norms, in the attack's norm
+            radius_max=float(rel.max()),
+            linf_mean=float(linf.mean()),
+            linf_max=float(linf.max()),
+            l2_mean=float(l2.mean()),
+            l2_max=float(l2.max()),
         )
 
 

@@ -70,6 +70,7 @@ from attnaudit.analyses.malleability.attacks import (
     NORMS,
     RANDOM_CONTROLS,
     TOKEN_ATTACKS,
+    TOKEN_CONTROL,
     AttackConfig,
     perturb,
 )
@@ -86,7 +87,8 @@ from attnaudit.analyses.influence.influence import (
     influence_sweep,
     tracin_weights,
 )
-from attnaudit.core.task import Task
+from attnaudit.core.task import Inputs, Task
+from attnaudit.models.hf import HFEmbeddingShiftClassifier, HFSequenceClassifier, embedding_shift_rows
 from attnaudit.models.builtin import ARCHITECTURES, ModelSpec, TwoLayerNet, build_model
 from attnaudit.core.training import LOSSES, TrainConfig, TrainResult, accuracy, loss_value, train
 from attnaudit.core.task import select_parameter_names
@@ -366,8 +368,15 @@ class MalleabilityConfig:
 
     @property
     def random_control(self) -> str | None:
-        """The random-noise control the ``random`` floor comes from: ``sign`` when listed, else ``random``."""
+        """The random-noise control the ``random`` floor of fgsm/pgd/mim comes from: ``sign`` when listed, else ``random``."""
         return next((a for a in RANDOM_CONTROLS if a in self.attacks), None)
+
+    def random_control_for(self, attack: str) -> str | None:
+        """The control of ``attack`` at the same budget without the gradient: ``swap`` for
+        ``hotflip`` (random token swaps), else :attr:`random_control`; None when not listed."""
+        if attack in TOKEN_ATTACKS:
+            return TOKEN_CONTROL if TOKEN_CONTROL in self.attacks else None
+        return self.random_control
 
     def finetune_recipe(self, seed: int):
         """The :class:`attnaudit.core.fit.Recipe` of ``--protocol finetune`` (data order from ``seed``)."""
@@ -683,6 +692,7 @@ class MalleabilityResult:
     execution: dict = field(default_factory=dict)  # executor, cells, resumed (how it ran; not a result)
     model_status: list = field(default_factory=list)  # per model: chance, threshold, train accuracy, untrained
     splits: list = field(default_factory=list)  # per seed: the rows it trained and was measured on
+    edits: list = field(default_factory=list)  # token attacks: each perturbed text's swaps (not serialised)
 
     def to_dict(self) -> dict:
         return {
@@ -924,6 +934,12 @@ def run_malleability(
                     f"saved {arch} model expects {spec.d_in} features and {spec.n_out} classes, the data have "
                     f"{int(X_train.shape[1])} and {n_classes}; audit it on the data it was trained on"
                 )
+        text = [label for label, m in fixed_models.items() if _embedding_attacked(m, config)]
+        if text and config.protocol == "retrain":
+            raise AuditError(
+                f"embedding attacks on text ({', '.join(text)}) run with --protocol static or finetune; retraining a "
+                "text checkpoint on shifted embeddings is not supported"
+            )
         config = replace(config, models=tuple(fixed_models), saved_models=True)
     if y_train is None or y_test is None:
         raise AuditError("malleability needs labelled data (influence is defined on a labelled loss)")
@@ -1017,6 +1033,7 @@ def run_malleability(
     merged: dict[str, list] = {key: [] for key in row_keys}
     infl_warnings: dict[str, int] = {}
     examples: dict = {}
+    edits: list = []
     t_train = t_attack = t_infl = 0.0
     for o in outcomes:
         if not o.ok or o.task.config["seed"] in bad_seeds:
@@ -1028,6 +1045,7 @@ def run_malleability(
             infl_warnings[w] = infl_warnings.get(w, 0) + k
         for arch, ex_rows in raw["examples"].items():
             examples.setdefault(arch, {}).update(ex_rows)
+        edits += raw.get("edits", [])
         t_train += raw["timings"]["train"]
         t_attack += raw["timings"]["attack"]
         t_infl += raw["timings"]["influence"]
@@ -1084,6 +1102,7 @@ def run_malleability(
         n_test=n_test,
         influence_memory=memory,
         examples=examples,
+        edits=edits,
         failed_cells=failed,
         execution={**ex.to_dict(), "cells": len(outcomes), "resumed": sum(o.resumed for o in outcomes)},
         model_status=status,
@@ -1306,11 +1325,51 @@ def budget_loss_cell(payload: dict) -> dict:
     }
 
 
+def _embedding_attacked(model, config: "MalleabilityConfig") -> bool:
+    """Whether ``model`` is a text classifier fed token ids and ``config`` attacks its embeddings
+    (fgsm, pgd, mim or a noise control): its rows then become embedding-shift rows."""
+    module = model.module if isinstance(model, Task) else model
+    continuous = [a for a in config.attacks if a in ADVERSARIAL + RANDOM_CONTROLS and a not in TOKEN_ATTACKS]
+    return (
+        bool(continuous)
+        and isinstance(module, HFSequenceClassifier)
+        and not isinstance(module, HFEmbeddingShiftClassifier)
+    )
+
+
+def _as_embedding_rows(model: Task, *rows: torch.Tensor) -> tuple[Task, list[torch.Tensor]]:
+    """The text ``model`` fed embedding-shift rows, and ``rows`` (token ids) as such rows (zero shift):
+    same numbers, parameter gradients included (:class:`~attnaudit.models.hf.HFEmbeddingShiftClassifier`)."""
+    assert isinstance(model.module, HFSequenceClassifier)
+    shift = HFEmbeddingShiftClassifier(model.module)
+    return replace(model, module=shift, inputs=Inputs()), [
+        embedding_shift_rows(r, shift.hidden).to(r.device) for r in rows
+    ]
+
+
+def _token_edits(model, X: torch.Tensor, X_adv: torch.Tensor) -> list[dict]:
+    """Each changed text of a token attack: its training-row index, its ids before and the swaps [position, old id, new id]."""
+    module = model.module if isinstance(model, Task) else model
+    if isinstance(module, HFEmbeddingShiftClassifier):
+        before, after = module.split_rows(X)[0], module.split_rows(X_adv)[0]
+    else:
+        before, after = X.round().long(), X_adv.round().long()
+    out = []
+    for i in torch.nonzero((before != after).any(1)).flatten().tolist():
+        positions = torch.nonzero(before[i] != after[i]).flatten().tolist()
+        swaps = [[p, int(before[i, p]), int(after[i, p])] for p in positions]
+        out.append({"index": i, "ids": before[i].tolist(), "swaps": swaps})
+    return out
+
+
 def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
     """The protocol for one seed and one model (module docstring): clean model, control, attacks."""
     config, n_classes, value_range = state.config, state.n_classes, state.value_range
     fixed_models, rebuild = state.fixed_models, state.rebuild
     X_train, y_train, X_test, y_test = state.X_train, state.y_train, state.X_test, state.y_test
+    if fixed_models and isinstance(fixed_models[arch], Task) and _embedding_attacked(fixed_models[arch], config):
+        text_model, (X_train, X_test) = _as_embedding_rows(fixed_models[arch], X_train, X_test)
+        fixed_models = {**fixed_models, arch: text_model}
     d = int(X_train.shape[1])
     t_train = t_attack = t_infl = 0.0
     runs: list[dict] = []
@@ -1320,6 +1379,7 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
     diags: list[dict] = []
     infl_warnings: dict[str, int] = {}
     examples: dict = {}
+    edits: list[dict] = []
 
     def note(res_list) -> None:
         for r in res_list:
@@ -1514,6 +1574,11 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
             with torch.no_grad():
                 clean_on_pert = accuracy(_logits(attack_target, ares.X_adv), y_train)
             attack_rows.append({"seed": seed, "model": arch, **ares.to_dict(), "eps": eps_used})
+            if attack in TOKEN_ATTACKS:
+                edits.append(
+                    {"seed": seed, "model": arch, "attack": attack, "eps": eps_used}
+                    | {"texts": _token_edits(attack_target, X_train, ares.X_adv)}
+                )
             role = f"{attack}@{eps_used:g}"
             if config.protocol == "retrain":
                 attn = (rebuild[arch].spec.arch if fixed_models else arch) == "attn"
@@ -1569,6 +1634,7 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
         "diagnostics": diags,
         "influence_warnings": infl_warnings,
         "examples": examples,
+        "edits": edits,
         "split": state.split,
         "timings": {"train": t_train, "attack": t_attack, "influence": t_infl},
     }
@@ -1650,10 +1716,10 @@ def _aggregate(
                 entry["untrained"] = model in untrained
                 by_key[(model, attack, eps, damping)] = entry
     # floors: read every adversarial flip rate against the training-randomness control and random noise of the same radius
-    rc = config.random_control
     for (model, attack, eps, damping), entry in by_key.items():
         if attack not in ADVERSARIAL:
             continue
+        rc = config.random_control_for(attack)
         sources = ((config.control, (model, config.control, None, damping)), ("random", (model, rc, eps, damping)))
 
         def floors_of(get) -> dict:
@@ -1825,16 +1891,16 @@ def _verdicts(config, summary, ratios, sensitivity, exceeded, status=None) -> li
             _untrained_text(status[m]) + ": its flip rates are no evidence of stability or malleability; "
             "no claim is made about it"
         )
-    rc = config.random_control
     for row in summary:
         if row["attack"] not in ADVERSARIAL:
             continue
+        rc = config.random_control_for(row["attack"])
         floors = row.get("floors", {})
         parts = []
         for name in ("random", config.control):
             if name in floors:
                 f = floors[name]
-                label = f"{rc}-noise" if name == "random" and rc else name
+                label = (f"{rc}-noise" if rc != TOKEN_CONTROL else "random-swap") if name == "random" and rc else name
                 parts.append(
                     f"{'above' if f['exceeded'] else 'not clearly above'} the {label} floor {100 * f['mean']:.1f}%"
                 )
@@ -1910,7 +1976,8 @@ def build_tables(result: MalleabilityResult) -> list:
         )
     )
     t.caption = (
-        f"above floor: the flip-rate interval lies entirely above the {cfg.random_control or 'random'}-noise / "
+        f"above floor: the flip-rate interval lies entirely above the "
+        f"{cfg.random_control + '-noise' if cfg.random_control else 'random-swap' if TOKEN_CONTROL in cfg.attacks else 'random-noise'} / "
         f"{cfg.control} control's"
     )
     s = Table(title="stability and attack strength (means over seeds)")

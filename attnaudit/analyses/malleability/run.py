@@ -12,18 +12,23 @@ every field a preset sets defaults to None, and an explicit value beats the pres
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from attnaudit.analyses.request import ANALYSIS, DATA, EXECUTION, PROTOCOL, FieldError, Request, field_check, list_of
+from attnaudit.analyses.request import ANALYSIS, DATA, EXECUTION, OUTPUT, PROTOCOL, FieldError, Request, field_check
+from attnaudit.analyses.request import internal, list_of
 from attnaudit.analyses.request import check_seeds, option, show_list
 from attnaudit.analyses.result import Progress, Result, progress_or_silent
 from attnaudit.analyses.sources import DATASET_HELP, ModelFields, PresetData
+from attnaudit.core.task import Task
 from attnaudit.errors import AuditError
 from attnaudit.analyses.malleability.malleability import parse_per_model
+from attnaudit.analyses.malleability.attacks import TOKEN_ATTACKS
 from attnaudit.analyses.influence.influence import parse_damping
 from attnaudit.analyses.malleability.malleability import AUTO_MATCH as LIB_AUTO, MalleabilityConfig
 from attnaudit.analyses.malleability.malleability import (
@@ -35,7 +40,8 @@ from attnaudit.analyses.malleability.malleability import (
     run_malleability,
 )
 from attnaudit.data import HoldoutRecipe, data_fingerprint, holdout_split, load_dataset
-from attnaudit.report.envelope import build_report
+from attnaudit.report.envelope import build_report, check_target
+from attnaudit.runtime.atomic import write_text_atomic
 from attnaudit.runtime.device import resolve_device
 from attnaudit.runtime.sweep import ExecutorConfig
 from attnaudit.models.checkpoints import rebuild_of
@@ -170,15 +176,27 @@ class MalleabilityRequest(ModelFields, PresetData, Request):
         "--attacks",
         panel=ANALYSIS,
         parse=list_of(str),
-        help="pgd, fgsm, mim, sign (the default random control: +-eps per coordinate), random (uniform noise in the ball), none.",
+        help="pgd, fgsm, mim, sign (the default random control: +-eps per coordinate), random (uniform noise in the ball), "
+        "none; on a text checkpoint these move the input embeddings, and hotflip (gradient-guided token swaps) with swap "
+        "(random swaps, its control) edit the tokens.",
     )
     eps: tuple[float, ...] | None = option(
         None,
         "--eps",
         panel=ANALYSIS,
         parse=list_of(float),
-        help="Attack radius, or a list (0.1,0.3) for a sensitivity sweep. " + _by_preset("eps"),
+        help="Attack radius, or a list (0.1,0.3) for a sensitivity sweep; on text embeddings relative to each token's "
+        "embedding norm, for hotflip/swap the tokens swapped per text. " + _by_preset("eps"),
     )
+    save_perturbed: str | None = option(
+        None,
+        "--save-perturbed",
+        panel=OUTPUT,
+        metavar="PATH",
+        help="Write the training texts hotflip/swap edited here (JSON lines: model, seed, attack, eps, row index, "
+        "label, the text before and after, each swap).",
+    )
+    overwrite: bool = internal(False)
     damping: tuple[float | str, ...] | None = option(
         None,
         "--damping",
@@ -415,12 +433,23 @@ class MalleabilityRequest(ModelFields, PresetData, Request):
                 "{name} draws each seed's rows from a data recipe; a request holding "
                 "loaded data has none (give the data as dataset or data, or drop it)",
             )
+        if self.save_perturbed is not None and not any(a in TOKEN_ATTACKS for a in self.attacks):
+            raise FieldError(
+                "save_perturbed",
+                "{name} writes the texts hotflip/swap edited; add --attacks hotflip (and swap, its control)",
+            )
         try:  # every value the protocol takes, checked now (models not loaded yet: recorded values assumed)
             _config_kw(self, values, None)
         except FieldError:
             raise
         except AuditError as exc:
             raise _named(exc, type(self)) from None
+
+    def to_argv(self) -> list[str]:
+        # ``overwrite`` is an output permission (the CLI's --overwrite), not part of the protocol
+        if self.overwrite:
+            return dataclasses.replace(self, overwrite=False).to_argv()
+        return super().to_argv()
 
 
 def _named(exc: AuditError, request_type: type[Request]) -> AuditError:
@@ -530,6 +559,8 @@ def run(
     progress = progress_or_silent(progress)
     values = request.resolve_preset()
     seed, ntr, nte = request.seed, values["n_train"], values["n_test"]
+    if request.save_perturbed is not None:
+        check_target(request.save_perturbed, request.overwrite)
     loaded: dict = request.load_models() if request.model_given else {}  # every file checked before any data are read
     protocol = request.protocol if request.protocol is not None else ("static" if loaded else "retrain")
     rebuild = {}
@@ -598,6 +629,7 @@ def run(
             f"({tracked}) needs about "
             f"{memory['bytes']['total'] / 2**20:,.1f} MB"
         )
+    token_models = any(isinstance(m, Task) and m.inputs.kind == "tokens" for m in (fixed or {}).values())
     t1 = time.perf_counter()
     with progress("malleability", progress_total(config), "trainings with influence") as advance:
         result = run_malleability(
@@ -607,7 +639,7 @@ def run(
             test_ds.y.to(dev),
             n_classes,
             config,
-            value_range=ds.value_range,
+            value_range=None if token_models else ds.value_range,  # token ids have no value range to clip to
             progress=advance,
             fixed_models=fixed,
             rebuild=rebuild,
@@ -623,10 +655,16 @@ def run(
     timings["analysis"] = time.perf_counter() - t1
     timings["total"] = time.perf_counter() - t0
 
+    perturbed_texts = None
+    if request.save_perturbed is not None:
+        perturbed_texts = write_edited_texts(
+            request.save_perturbed, result.edits, train_ds.y, request.tokenizer or request.checkpoint_tokenizer()
+        )
     results = {
         "dataset": train_ds.info,
         "held_out": test_ds.info.get("holdout"),
-        "value_range": ds.value_range,
+        "perturbed_texts": perturbed_texts,
+        "value_range": None if token_models else ds.value_range,
         "audit_rows": rows_note,
         "checkpoints": {label: lm.source for label, lm in loaded.items()} or None,
         **result.to_dict(),
@@ -666,6 +704,46 @@ def run(
         png_name="malleability.png",
         failed_cells=list(result.failed_cells),
     )
+
+
+def write_edited_texts(path: str, edits: list[dict], labels, tokenizer_path: str | None) -> dict:
+    """Write the texts a token attack edited to ``path`` (JSON lines, atomically): per edited
+    training row its model, seed, attack, eps (the token budget), row index, label, the text
+    before and after (decoded with the tokenizer, special tokens left out; None without one)
+    and each swap (position, token and id before and after). Returns what the report records."""
+    from attnaudit.data.text import load_tokenizer
+
+    tok = load_tokenizer(tokenizer_path) if tokenizer_path is not None else None
+    lines = []
+    for block in edits:
+        for text in block["texts"]:
+            i = int(text["index"])
+            swaps = text["swaps"]
+            row = {k: block[k] for k in ("model", "seed", "attack", "eps")} | {"index": i, "label": int(labels[i])}
+            if tok is not None:
+                ids = list(text.get("ids") or [])
+                row["text"] = tok.decode(ids, skip_special_tokens=True) if ids else None
+                row["perturbed"] = tok.decode(_edited(ids, swaps), skip_special_tokens=True) if ids else None
+            row["swaps"] = [
+                {
+                    "position": pos,
+                    "from": tok.id_to_token(old) if tok is not None else None,
+                    "to": tok.id_to_token(new) if tok is not None else None,
+                    "from_id": old,
+                    "to_id": new,
+                }
+                for pos, old, new in swaps
+            ]
+            lines.append(json.dumps(row, ensure_ascii=False))
+    write_text_atomic(path, "".join(line + "\n" for line in lines))
+    return {"path": str(path), "rows": len(lines), "tokenizer": tokenizer_path}
+
+
+def _edited(ids: list[int], swaps: list) -> list[int]:
+    out = list(ids)
+    for pos, _, new in swaps:
+        out[pos] = new
+    return out
 
 
 def exceeded_message(result: Result) -> str | None:

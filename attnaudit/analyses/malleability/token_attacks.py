@@ -71,6 +71,22 @@ def _editable(ids: torch.Tensor, protected: Sequence[int]) -> torch.Tensor:
     return mask
 
 
+def protected_ids(ids: torch.Tensor, pad: int | None) -> tuple[int, ...]:
+    """The ids no text attack changes or inserts: padding, and the special token every row
+    starts with ([CLS] / <s>) and the one every row's last real token is ([SEP] / </s>),
+    when all rows agree on it."""
+    ids = ids.long()
+    protected: set[int] = {pad} if pad is not None else set()
+    first = torch.unique(ids[:, 0])
+    if first.numel() == 1:
+        protected.add(int(first))
+    lengths = (ids != pad).sum(1) if pad is not None else torch.full((ids.shape[0],), int(ids.shape[1]))
+    last = torch.unique(ids[torch.arange(ids.shape[0]), (lengths - 1).clamp(min=0)])
+    if last.numel() == 1:
+        protected.add(int(last))
+    return tuple(sorted(protected))
+
+
 def hotflip(
     logits_of: LogitsOf, E: torch.Tensor, ids: torch.Tensor, y: torch.Tensor, config: TokenAttackConfig
 ) -> TokenAttackResult:
