@@ -275,7 +275,7 @@ def test_the_text_audit_example_runs(tmp_path):
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "text-checkpoint-gate: 3 of 3 checks passed (exit 0)" in out.stdout
+    assert "text-checkpoint-gate: 4 of 4 checks passed (exit 0)" in out.stdout
     assert (tmp_path / "ex" / "text-model" / "tokenizer.json").is_file()
 
 
