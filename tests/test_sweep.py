@@ -185,10 +185,64 @@ def test_an_interrupted_sweep_leaves_the_folder_consistent_and_resumes(tmp_path)
     with pytest.raises(KeyboardInterrupt):
         run_cells(tasks, ExecutorConfig(resume_dir=str(folder)), on_done=interrupt_after_two)
     stored = sorted(folder.iterdir())
-    assert len(stored) == 2 and all(json.loads(p.read_text())["result"]["value"] for p in stored)
+    assert len(stored) == 2 and all(json.loads(json.loads(p.read_text())["result_json"])["value"] for p in stored)
     resumed = run_cells(tasks, ExecutorConfig(resume_dir=str(folder)))
     assert [o.resumed for o in resumed] == [True, True, False, False, False]
     assert [o.result["value"] for o in resumed] == [o.result["value"] for o in run_cells(tasks)]
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "empty", "edit-result", "garbage"])
+def test_a_damaged_resume_entry_is_reported_and_recomputed_never_trusted(tmp_path, damage):
+    """Every resume entry carries the sha256 of its result: a flipped byte, a truncated or empty
+    file, a result edited to another valid JSON value, or a foreign file is one warning line and
+    a recomputation, and the outcome equals a fresh run's."""
+    from attnaudit.runtime.sweep import CellTask, ExecutorConfig, run_cells
+
+    folder = tmp_path / "cells"
+    tasks = [CellTask("attnaudit.runtime.sweep:check_cell", {"i": i, "seed": i}, f"cell {i}") for i in range(3)]
+    fresh = run_cells(tasks, ExecutorConfig(resume_dir=str(folder)))
+    target = sorted(folder.iterdir())[1]
+    raw = target.read_bytes()
+    if damage == "flip":
+        i = raw.index(b"value") + 12  # inside the stored result's text
+        raw = raw[:i] + bytes([raw[i] ^ 0x01]) + raw[i + 1 :]
+    elif damage == "truncate":
+        raw = raw[: len(raw) // 2]
+    elif damage == "empty":
+        raw = b""
+    elif damage == "edit-result":  # still valid JSON, still the right key: only the checksum tells
+        outer = json.loads(raw)
+        inner = json.loads(outer["result_json"])
+        inner["value"] = inner["value"] + 1.0
+        outer["result_json"] = json.dumps(inner)
+        raw = json.dumps(outer).encode()
+    else:
+        raw = b"\x00\xff not json at all"
+    target.write_bytes(raw)
+    lines: list[str] = []
+    again = run_cells(tasks, ExecutorConfig(resume_dir=str(folder)), warn=lines.append)
+    assert len(lines) == 1 and target.name in lines[0] and "recomputing" in lines[0] and "\n" not in lines[0]
+    assert sum(not o.resumed for o in again) == 1
+    assert [o.result["value"] for o in again] == [o.result["value"] for o in fresh]
+    lines.clear()
+    third = run_cells(tasks, ExecutorConfig(resume_dir=str(folder)), warn=lines.append)  # rewritten whole
+    assert lines == [] and all(o.resumed for o in third)
+
+
+def test_a_resume_entry_from_an_older_schema_is_recomputed_quietly(tmp_path):
+    from attnaudit.runtime.sweep import CellTask, ExecutorConfig, run_cells
+
+    folder = tmp_path / "cells"
+    task = CellTask("attnaudit.runtime.sweep:check_cell", {"i": 0, "seed": 0}, "a")
+    run_cells([task], ExecutorConfig(resume_dir=str(folder)))
+    (entry,) = folder.iterdir()
+    outer = json.loads(entry.read_text())
+    old = {k: v for k, v in outer.items() if k not in ("result_json", "sha256")}
+    old |= {"schema": "attnaudit.cell/1", "result": json.loads(outer["result_json"])}
+    entry.write_text(json.dumps(old))
+    lines: list[str] = []
+    out = run_cells([task], ExecutorConfig(resume_dir=str(folder)), warn=lines.append)
+    assert lines == [] and not out[0].resumed
 
 
 def test_a_changed_configuration_is_not_resumed(tmp_path):

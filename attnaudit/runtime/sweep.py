@@ -19,7 +19,9 @@ parallel reductions sum in a thread-dependent order. So ``--jobs 2`` on 2 cores 
 ``attnaudit --threads 1``. Results stream back as cells finish; a failing cell is reported
 with its configuration and error while the others complete. ``resume_dir`` stores each
 finished cell as ``<key>.json`` (written atomically; the key hashes the function, the
-configuration and the toolkit version) and skips cells already there.
+configuration and the toolkit version; the result is stored with the sha256 of its JSON text)
+and skips cells already there. A damaged entry (unreadable, truncated, or not matching its
+sha256) is reported in one warning line and recomputed, never trusted.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from attnaudit.runtime.atomic import write_text_atomic
 
 EXECUTORS = ("local", "ray")
 RAY_INSTALL = 'pip install "attnaudit[ray]"'
-RESUME_SCHEMA = "attnaudit.cell/1"
+RESUME_SCHEMA = "attnaudit.cell/2"  # /2: the result stored as JSON text with its sha256
 
 _CACHE: dict[str, Any] = {}  # per worker process: loaded data sets and other shared inputs
 
@@ -184,29 +186,56 @@ def _resume_path(folder: Path, task: CellTask) -> Path:
     return folder / f"{task.key}.json"
 
 
-def _load_resumed(folder: Path, task: CellTask, decode: Callable[[Any], Any]) -> CellOutcome | None:
+def _content_sha256(result_text: str) -> str:
+    return hashlib.sha256(result_text.encode("utf-8")).hexdigest()
+
+
+def _load_resumed(
+    folder: Path, task: CellTask, decode: Callable[[Any], Any], warn: Callable[[str], None]
+) -> CellOutcome | None:
+    """The stored outcome of ``task``, or None (absent, from another version or configuration, or
+    damaged: a damaged entry -- unreadable, truncated, or whose result does not match its
+    sha256 -- is reported through ``warn`` in one line and recomputed, never trusted)."""
 
     path = _resume_path(folder, task)
     if not path.is_file():
         return None
+
+    def damaged(why: str) -> None:
+        warn(f"resume entry {path.name} for cell {task.label} is damaged ({why}); recomputing it")
+
     try:
-        data = json.loads(path.read_text(encoding="utf-8"), object_hook=_json_hook)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError, TypeError):
-        return None  # unreadable: recomputed (and rewritten)
-    if (
-        not isinstance(data, dict)
-        or data.get("schema") != RESUME_SCHEMA
-        or data.get("key") != task.key
-        or data.get("fn") != task.fn
-        or data.get("version") != __version__
-    ):
+        outer = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError, TypeError) as exc:
+        damaged(f"unreadable: {exc.__class__.__name__}")
         return None
-    return CellOutcome(task, decode(data.get("result")), None, float(data.get("seconds", 0.0)), resumed=True)
+    schema = outer.get("schema") if isinstance(outer, dict) else None
+    if isinstance(schema, str) and schema.startswith("attnaudit.cell/") and schema != RESUME_SCHEMA:
+        return None  # written by an older attnaudit: recomputed quietly
+    if not isinstance(outer, dict) or schema != RESUME_SCHEMA:
+        damaged("not an attnaudit cell record")
+        return None
+    if outer.get("key") != task.key or outer.get("fn") != task.fn or outer.get("version") != __version__:
+        return None  # another configuration or toolkit version under this name: recomputed quietly
+    text = outer.get("result_json")
+    if not isinstance(text, str) or _content_sha256(text) != outer.get("sha256"):
+        damaged("its content does not match its sha256")
+        return None
+    try:
+        result = json.loads(text, object_hook=_json_hook)
+        seconds = float(outer.get("seconds", 0.0))
+    except (json.JSONDecodeError, ValueError, TypeError) as exc:
+        damaged(f"unreadable result: {exc.__class__.__name__}")
+        return None
+    return CellOutcome(task, decode(result), None, seconds, resumed=True)
 
 
 def _save_resumed(folder: Path, outcome: CellOutcome, encode: Callable[[Any], Any]) -> None:
 
     task = outcome.task
+    # NaN / inf kept as JSON's NaN / Infinity tokens: this file is read back by Python only. The
+    # result is stored as its JSON text with the text's sha256, so any damage to it is detected.
+    result_json = json.dumps(encode(outcome.result), allow_nan=True, default=_json_default)
     payload = {
         "schema": RESUME_SCHEMA,
         "key": task.key,
@@ -215,10 +244,16 @@ def _save_resumed(folder: Path, outcome: CellOutcome, encode: Callable[[Any], An
         "label": task.label,
         "config": task.config,
         "seconds": outcome.seconds,
-        "result": encode(outcome.result),
+        "sha256": _content_sha256(result_json),
+        "result_json": result_json,
     }
-    # NaN / inf kept as JSON's NaN / Infinity tokens: this file is read back by Python only
     write_text_atomic(_resume_path(folder, task), json.dumps(payload, allow_nan=True, default=_json_default))
+
+
+def _warn_stderr(text: str) -> None:
+    import sys
+
+    print(f"warning: {text}", file=sys.stderr)
 
 
 def _json_default(obj: Any) -> Any:
@@ -250,9 +285,11 @@ def run_cells(
     on_done: Callable[[CellOutcome], None] | None = None,
     encode: Callable[[Any], Any] = lambda r: r,
     decode: Callable[[Any], Any] = lambda r: r,
+    warn: Callable[[str], None] | None = None,
 ) -> list[CellOutcome]:
     """Run every task on the executor; outcomes in task order. ``on_done`` sees each as it finishes
-    (resumed ones first). ``encode``/``decode`` map a result to and from JSON for resume files."""
+    (resumed ones first). ``encode``/``decode`` map a result to and from JSON for resume files.
+    ``warn`` receives one line per damaged resume entry (default: ``warning: ...`` on stderr)."""
     import torch
 
     ex = executor or ExecutorConfig()
@@ -263,7 +300,7 @@ def run_cells(
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
         for i, task in enumerate(tasks):
-            got = _load_resumed(folder, task, decode)
+            got = _load_resumed(folder, task, decode, warn or _warn_stderr)
             if got is not None:
                 outcomes[i] = got
                 if on_done:
