@@ -226,7 +226,7 @@ def emit(
     written: list[str] = []
     if opts.out_dir:
         Path(opts.out_dir).mkdir(parents=True, exist_ok=True)
-    with StagedFiles() as files:
+    with StagedFiles(overwrite=opts.overwrite) as files:
         for target in opts.json_targets():
             if target == "-":
                 continue

@@ -17,6 +17,8 @@ import threading
 from pathlib import Path
 from typing import Callable, Iterator
 
+from attnaudit.errors import AuditError
+
 
 def temp_path_for(target: Path) -> Path:
     """A fresh, empty temporary file in ``target``'s folder, named after it (suffix kept)."""
@@ -49,6 +51,28 @@ def sigint_deferred() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+@contextlib.contextmanager
+def folder_lock(folder: Path) -> Iterator[None]:
+    """An exclusive advisory lock (``flock``) on ``folder`` itself, held for the block: no lock
+    file is created. Where ``flock`` is missing (Windows) or the folder cannot be opened, the
+    block runs unlocked (each file is still renamed atomically)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        yield
+        return
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
 class StagedFiles:
     """Files written under temporary names, renamed into place together by :meth:`commit`.
 
@@ -56,7 +80,8 @@ class StagedFiles:
     is deleted, so no partial or temporary file is left behind.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, overwrite: bool = True) -> None:
+        self.overwrite = overwrite  # False: a target that exists at commit time is not replaced
         self._staged: list[tuple[Path, Path]] = []  # (temporary, target)
         self._direct: list[tuple[Path, Callable[[Path], object]]] = []
 
@@ -74,8 +99,24 @@ class StagedFiles:
         os.chmod(tmp, 0o666 & ~_umask())
 
     def commit(self) -> None:
-        """Rename every staged file into place (SIGINT deferred until all are in place)."""
-        with sigint_deferred():
+        """Rename every staged file into place (SIGINT deferred until all are in place).
+
+        Several files (or any file that must not replace an existing one) are renamed under
+        an exclusive lock on each folder they go into (:func:`folder_lock`), so two runs
+        writing the same folder at once leave one run's set, whole, never a mix of the two;
+        without ``overwrite`` a target another process created since the run checked it is
+        refused under that lock (:class:`~attnaudit.errors.AuditError`) instead of replaced."""
+        with sigint_deferred(), contextlib.ExitStack() as locks:
+            if len(self._staged) > 1 or not self.overwrite:
+                for folder in sorted({str(target.parent.resolve()) for _, target in self._staged}):
+                    locks.enter_context(folder_lock(Path(folder)))
+            if not self.overwrite:
+                taken = [str(target) for _, target in self._staged if target.is_file()]
+                if taken:
+                    raise AuditError(
+                        f"{taken[0]} appeared while this run was writing (another run?); pass --overwrite or choose "
+                        "another path"
+                    )
             for tmp, target in self._staged:
                 os.replace(tmp, target)
             self._staged.clear()
