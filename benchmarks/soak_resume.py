@@ -9,7 +9,8 @@ Two workloads, each a sweep of several cells run with ``--jobs 2 --resume DIR``:
 
 For each, an uninterrupted run gives the reference report. Then campaigns: a fresh resume
 folder, the same command started again and again, each start killed after a random delay
-(uniform between 0.2 s and 0.8 x the reference's wall time) with SIGKILL or SIGINT (a coin
+(uniform between 0.2 s and 0.8 x the reference's wall time, the upper end growing by 25%
+with each kill of a campaign so that every campaign ends) with SIGKILL or SIGINT (a coin
 flip) sent to its whole process group (the workers too, as an OOM killer or a lost node
 would), until a start finishes on its own; its report must equal the reference's (timings,
 environment and execution counts aside). Campaigns repeat until ``--interrupts`` kills have
@@ -194,11 +195,15 @@ def soak(
             camp.mkdir(parents=True)
             out = camp / "report.json"
             cmd = _command(workload, work, camp / "cells", out, tiny)
+            kills_here = 0
             while True:
                 proc = subprocess.Popen(
                     cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
                 )
-                delay = rng.uniform(0.2, max(0.4, 0.8 * duration))
+                # the window widens with each kill of this campaign, so a campaign always ends (on a
+                # loaded machine a start may need longer than the reference did to finish a cell)
+                delay = rng.uniform(0.2, max(0.4, 0.8 * duration * 1.25**kills_here))
+                kills_here += 1
                 try:
                     proc.wait(timeout=delay)
                 except subprocess.TimeoutExpired:
