@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attnaudit.errors import AuditError
+from attnaudit.errors import MAX_SEED, AuditError, clip_text, show_value
 from attnaudit.audit import metrics as M
 from attnaudit.audit.commands import (
     ANALYSES,
@@ -30,6 +30,11 @@ from attnaudit.audit.commands import (
 FILE_SCHEMA = "attnaudit.audit-file/1"
 VERSION = 1
 MAX_FILE_BYTES = 1 << 20
+# Aliases share nodes, so a few hundred bytes of anchors can name a tree of 10**30 values
+# (billion laughs). The file is refused once its tree, with every alias expanded, holds more
+# than MAX_NODES nodes or nests deeper than MAX_DEPTH (a genuine audit file: a few hundred).
+MAX_NODES = 100_000
+MAX_DEPTH = 64
 TOP_KEYS = ("version", "name", "seed", "data", "model", "checks")
 CHECK_KEYS = (
     "name",
@@ -123,12 +128,64 @@ _STANDARD_TAGS = {
 }
 
 
+def _check_shape(text: str) -> None:
+    """Refuse, from the event stream (pyyaml's parser is not recursive, its composer is), a
+    document nested deeper than MAX_DEPTH, with a recursive alias, or whose tree holds more
+    than MAX_NODES nodes once every alias is expanded (billion laughs, merge-key bombs)."""
+    import yaml
+
+    open_collections: list[list] = []  # [anchor, expanded size so far] per open collection
+    sizes: dict[str, int] = {}  # anchor -> expanded size of its node
+    total = 0
+
+    def add(count: int, line: int) -> None:
+        nonlocal total
+        total += count
+        if open_collections:
+            open_collections[-1][1] += count
+        if total > MAX_NODES:
+            raise AuditError(
+                f"line {line}: the document holds more than {MAX_NODES:,} values once its aliases (*name) are "
+                "expanded (a billion-laughs file?); an audit file needs a few hundred: write it out plainly"
+            )
+
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        line = event.start_mark.line + 1
+        if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            if len(open_collections) >= MAX_DEPTH:
+                raise AuditError(
+                    f"line {line}: lists and mappings nested more than {MAX_DEPTH} levels deep; "
+                    "an audit file needs a few levels: flatten it"
+                )
+            add(1, line)
+            open_collections.append([event.anchor, 1])
+        elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+            anchor, size = open_collections.pop()
+            if open_collections:  # the parent counted this node (1) at its start; now its contents
+                open_collections[-1][1] += size - 1
+            if anchor is not None:
+                sizes[anchor] = size
+        elif isinstance(event, yaml.ScalarEvent):
+            if event.anchor is not None:
+                sizes[event.anchor] = 1
+            add(1, line)
+        elif isinstance(event, yaml.AliasEvent):
+            if any(anchor == event.anchor for anchor, _ in open_collections):
+                raise AuditError(
+                    f"line {line}: the alias *{clip_text(event.anchor, 40)} refers to a node that contains it "
+                    "(a recursive anchor); an audit file is a tree: write the value out"
+                )
+            add(sizes.get(event.anchor, 1), line)  # an undefined alias: the composer names it below
+
+
 def _safe_load(text: str, where: str) -> Any:
     """YAML through pyyaml's safe loader; any tag beyond plain data (``!!python/...``, ``!custom``,
-    ``!!set``...) is refused before anything is constructed."""
+    ``!!set``...) is refused before anything is constructed, and so is a document that nests
+    deeper than MAX_DEPTH or expands (through aliases) beyond MAX_NODES nodes."""
     import yaml
 
     try:
+        _check_shape(text)
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         seen: set[int] = set()
         stack = [root] if root is not None else []
@@ -139,8 +196,8 @@ def _safe_load(text: str, where: str) -> Any:
             seen.add(id(node))
             if node.tag not in _STANDARD_TAGS:
                 raise AuditError(
-                    f"line {node.start_mark.line + 1}: the YAML tag {node.tag} is not allowed (an audit file "
-                    "is plain data: mappings, lists, strings, numbers, booleans); remove the tag"
+                    f"line {node.start_mark.line + 1}: the YAML tag {clip_text(node.tag, 60)} is not allowed (an "
+                    "audit file is plain data: mappings, lists, strings, numbers, booleans); remove the tag"
                 )
             if isinstance(node, yaml.SequenceNode):
                 stack.extend(node.value)
@@ -152,7 +209,10 @@ def _safe_load(text: str, where: str) -> Any:
         mark = getattr(exc, "problem_mark", None)
         at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise AuditError(f"{at}not valid YAML ({problem}); fix the syntax") from None
+        raise AuditError(f"{at}not valid YAML ({clip_text(problem, 120)}); fix the syntax") from None
+    except ValueError as exc:  # int("9" * 5000) (Python reads at most 4300 digits), a date like 2024-13-45
+        problem = "an integer has more than 4300 digits" if "digits" in str(exc) else clip_text(exc, 100)
+        raise AuditError(f"a value cannot be read ({problem}); fix or shorten it") from None
 
 
 def _kind(value: Any) -> str:
@@ -186,10 +246,11 @@ def _number(value: Any, where: str) -> float:
 def _unknown_keys(mapping: dict, allowed: tuple, where: str) -> None:
     for key in mapping:
         if not isinstance(key, str):
-            raise AuditError(f"{where}: keys must be strings, got {key!r}")
+            raise AuditError(f"{where}: keys must be strings, got {show_value(key)}")
         if key not in allowed:
             raise AuditError(
-                f"{where + '.' if where else ''}{key}: unknown key{hint(key, allowed)} (allowed: {', '.join(allowed)})"
+                f"{where + '.' if where else ''}{clip_text(key, 60)}: unknown key{hint(key, allowed)} "
+                f"(allowed: {', '.join(allowed)})"
             )
 
 
@@ -298,7 +359,7 @@ def _metric(raw: Any, schema: str, analysis: str, where: str) -> tuple[str | Non
         others = sorted({n for table in M.METRICS.values() for n in table} - set(available))
         elsewhere = f" ({raw} belongs to another analysis or mode)" if raw in others else ""
         raise AuditError(
-            f"{where}.metric: unknown metric {raw!r} for {analysis} (report {schema}){elsewhere}"
+            f"{where}.metric: unknown metric {show_value(raw)} for {analysis} (report {schema}){elsewhere}"
             f"{hint(raw, available)}; available: {', '.join(available)}"
         )
     return raw, None
@@ -315,7 +376,7 @@ def _check(raw: Any, index: int, plan_data: dict, model: ModelSection | None, na
     if not name:
         raise AuditError(f"{where}.name: give a non-empty name")
     if name in names:
-        raise AuditError(f"{where}.name: {name!r} names two checks; give each check its own name")
+        raise AuditError(f"{where}.name: {show_value(name)} names two checks; give each check its own name")
     names.add(name)
     analysis = _expect(raw["analysis"], (str,), "a string", f"{where}.analysis").strip().lower()
     if analysis not in ANALYSES:
@@ -348,7 +409,7 @@ def _check(raw: Any, index: int, plan_data: dict, model: ModelSection | None, na
     _expect(stat, (str,), "a string", f"{where}.stat")
     if stat not in stats:
         raise AuditError(
-            f"{where}.stat: {metric or 'a path metric'} has no statistic {stat!r}{hint(stat, stats)}; "
+            f"{where}.stat: {metric or 'a path metric'} has no statistic {show_value(stat)}{hint(stat, stats)}; "
             f"use one of {', '.join(stats)}"
         )
     select = raw.get("select") or {}
@@ -356,7 +417,7 @@ def _check(raw: Any, index: int, plan_data: dict, model: ModelSection | None, na
     for key, value in select.items():
         if spec is not None and key not in spec.labels:
             raise AuditError(
-                f"{where}.select.{key}: {metric} rows have no label {key!r}{hint(key, spec.labels)}"
+                f"{where}.select.{key}: {metric} rows have no label {show_value(key)}{hint(key, spec.labels)}"
                 f"{'; labels: ' + ', '.join(spec.labels) if spec.labels else '; it has a single row'}"
             )
         if isinstance(value, (dict, list)):
@@ -374,7 +435,7 @@ def _check(raw: Any, index: int, plan_data: dict, model: ModelSection | None, na
         better = "lower" if hi is not None else "higher"
     _expect(better, (str,), "lower or higher", f"{where}.better")
     if better not in BETTER:
-        raise AuditError(f"{where}.better: expected lower or higher, got {better!r}{hint(better, BETTER)}")
+        raise AuditError(f"{where}.better: expected lower or higher, got {show_value(better)}{hint(better, BETTER)}")
     tol = 0.0 if raw.get("tolerance") is None else _number(raw["tolerance"], f"{where}.tolerance")
     tol_rel = None if raw.get("tolerance_rel") is None else _number(raw["tolerance_rel"], f"{where}.tolerance_rel")
     if tol < 0 or (tol_rel is not None and tol_rel < 0):
@@ -419,13 +480,15 @@ def _parse(data: Any, path: str, sha256: str) -> AuditPlan:
         raise AuditError(f"version: missing; add 'version: {VERSION}' (the file schema {FILE_SCHEMA})")
     version = data["version"]
     if isinstance(version, bool) or version != VERSION:
-        raise AuditError(f"version: {version!r} is not a version this attnaudit reads; use version: {VERSION}")
+        raise AuditError(
+            f"version: {show_value(version)} is not a version this attnaudit reads; use version: {VERSION}"
+        )
     name = data.get("name", Path(path).stem)
     _expect(name, (str,), "a string", "name")
     seed = data.get("seed", 0)
     _expect(seed, (int,), "an integer", "seed")
-    if seed < 0:
-        raise AuditError(f"seed: must be >= 0, got {seed}")
+    if not 0 <= seed <= MAX_SEED:
+        raise AuditError(f"seed: must be an integer in 0..{MAX_SEED}, got {clip_text(seed, 40)}")
     raw_data = data.get("data") or {}
     _expect(raw_data, (dict,), "a mapping of data options (dataset, split, data_dir, ...)", "data")
     plan_data: dict[str, Any] = {}
@@ -434,7 +497,7 @@ def _parse(data: Any, path: str, sha256: str) -> AuditPlan:
         allowed = (*DATA_OPTIONS, *SUBSET_OPTIONS)
         if key_name not in allowed:
             raise AuditError(
-                f"data.{key}: unknown data option{hint(key_name, allowed)} (allowed: "
+                f"data.{clip_text(key, 60)}: unknown data option{hint(key_name, allowed)} (allowed: "
                 f"{', '.join(allowed)}; other options go into each check's options)"
             )
         plan_data[key_name] = value

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import csv
 import gzip
+import os
 import pickle
 import re
 import struct
 import warnings
+import zipfile
 import zlib
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from attnaudit.errors import AuditError
 from attnaudit.data.spec import MAX_CLASSES, _clip, _is_int, _one_line, _short_list, _show, _Source
 
 USER_SUFFIXES = (".npz", ".npy", ".safetensors", ".pt", ".pth", ".csv")
+MAX_IMAGE_PIXELS = 1 << 24  # per image (4096 x 4096): audits flatten images into rows of features
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".pgm", ".ppm")
 X_NAMES = ("X", "x", "data", "features", "images")
 Y_NAMES = ("y", "Y", "labels", "label", "targets", "target")
@@ -323,7 +326,75 @@ def _to_numpy(value: Any, where: str) -> np.ndarray:
         raise AuditError(f"{where}: cannot turn {type(value).__name__} into an array ({_one_line(exc)})") from None
 
 
+# deflate cannot shrink data more than 1032:1, so a zip member that claims to unpack to more
+# than this many times its compressed size lies about it.
+_MAX_DEFLATE_RATIO = 1100
+
+
+def _npy_header(fh: Any, where: str) -> tuple[tuple[int, ...], np.dtype, int]:
+    """Shape, dtype and payload bytes a .npy header states (read from ``fh``, left after it)."""
+    from numpy.lib import format as npformat
+
+    try:
+        version = npformat.read_magic(fh)
+        if version == (1, 0):
+            shape, _, dtype = npformat.read_array_header_1_0(fh)
+        elif version == (2, 0):
+            shape, _, dtype = npformat.read_array_header_2_0(fh)
+        else:  # 3.0 (utf-8 field names) has no public reader
+            shape, _, dtype = npformat._read_array_header(fh, version)  # type: ignore[attr-defined]
+    except Exception as exc:  # noqa: BLE001 - ValueError, EOFError, SyntaxError ...
+        raise AuditError(
+            f"cannot read {where} as .npy ({_clip(_one_line(exc), 200)}); save it with numpy.save"
+        ) from None
+    count = int(np.prod(shape, dtype=object)) if shape else 1
+    return tuple(shape), dtype, count * dtype.itemsize
+
+
+def _check_npy_size(shape: tuple, dtype: np.dtype, declared: int, available: int, where: str) -> None:
+    """Refuse, before numpy allocates from it, a header that promises more data than the file holds."""
+    if dtype.hasobject:
+        return  # a pickle: np.load(allow_pickle=False) refuses it without allocating
+    if declared != available:
+        raise AuditError(
+            f"{where}: the .npy header promises shape {_clip(shape, 60)} of {dtype} ({_clip(declared, 40)} bytes) but "
+            f"the file holds {available} bytes of data; the file is truncated or corrupt, save it again with numpy.save"
+        )
+
+
+def _check_npz_members(path: Path) -> None:
+    """Every member's .npy header against the member's size, and each member's size against
+    its compressed size, before numpy allocates anything from either."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                where = f"{path} (member {_clip(info.filename, 60)})"
+                limit = (
+                    info.compress_size
+                    if info.compress_type == zipfile.ZIP_STORED
+                    else (info.compress_size * _MAX_DEFLATE_RATIO + 1024)
+                )
+                if info.file_size > limit:
+                    raise AuditError(
+                        f"{where}: the zip directory says it unpacks to {info.file_size} bytes from "
+                        f"{info.compress_size}, more than compression allows; the file is corrupt, save it again"
+                    )
+                if not info.filename.endswith(".npy"):
+                    continue
+                with archive.open(info) as fh:
+                    shape, dtype, declared = _npy_header(fh, where)
+                    header_bytes = fh.tell()
+                _check_npy_size(shape, dtype, declared, info.file_size - header_bytes, where)
+    except AuditError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - zipfile raises BadZipFile, OSError, ValueError, EOFError ...
+        raise AuditError(
+            f"cannot read {path} as .npz ({_clip(_one_line(exc), 200)}); save it with numpy.savez(X=..., y=...)"
+        ) from None
+
+
 def _read_npz(path: Path) -> tuple[Any, Any]:
+    _check_npz_members(path)
     try:
         with np.load(path, allow_pickle=False) as archive:
             arrays = {k: archive[k] for k in archive.files}
@@ -340,10 +411,15 @@ def _read_npy(path: Path) -> tuple[Any, Any]:
     try:
         with open(path, "rb") as fh:
             magic = fh.read(6)
+            if magic == b"\x93NUMPY":
+                fh.seek(0)
+                shape, dtype, declared = _npy_header(fh, str(path))
+                available = os.fstat(fh.fileno()).st_size - fh.tell()
     except OSError as exc:
         raise AuditError(f"cannot read {path} ({_one_line(exc)})") from None
     if magic != b"\x93NUMPY":
         raise AuditError(f"cannot read {path} as .npy (no .npy header); save it with numpy.save")
+    _check_npy_size(shape, dtype, declared, available, str(path))
     try:
         arr = np.load(path, allow_pickle=False)
     except ValueError as exc:
@@ -407,7 +483,9 @@ def _read_csv(path: Path) -> tuple[Any, Any]:
     try:
         with open(path, newline="", encoding="utf-8-sig") as fh:
             header = next(csv.reader(fh), None)
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError:
+        raise AuditError(f"{path}: {_bad_utf8_line(path)} is not valid UTF-8 text; save the file as UTF-8") from None
+    except OSError as exc:
         raise AuditError(f"cannot read {path} as .csv ({_one_line(exc)})") from None
     if not header:
         raise AuditError(f"{path}: the CSV file is empty; it needs a header row and one row per sample")
@@ -421,7 +499,12 @@ def _read_csv(path: Path) -> tuple[Any, Any]:
             warnings.simplefilter("ignore", UserWarning)  # "no data": reported below as an AuditError
             table = np.loadtxt(path, delimiter=",", skiprows=1, dtype=np.float64, ndmin=2, encoding="utf-8-sig")
     except ValueError:
-        table = _csv_slow(path, names)
+        try:
+            table = _csv_slow(path, names)
+        except UnicodeDecodeError:
+            raise AuditError(
+                f"{path}: {_bad_utf8_line(path)} is not valid UTF-8 text; save the file as UTF-8"
+            ) from None
     if table.size == 0:
         raise AuditError(f"{path}: the data is empty (0 samples below the header)")
     if table.shape[1] != len(names):
@@ -430,6 +513,19 @@ def _read_csv(path: Path) -> tuple[Any, Any]:
         j = label_cols[0]
         return np.delete(table, j, axis=1), table[:, j]
     return table, None
+
+
+NEWLINE = b"\n"
+
+
+def _bad_utf8_line(path: Path) -> str:
+    """'line N' of the first byte that is not UTF-8 (for the message)."""
+    raw = path.read_bytes()
+    try:
+        raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        return f"line {raw.count(NEWLINE, 0, exc.start) + 1}"
+    return "a line"
 
 
 def _csv_slow(path: Path, names: list[str]) -> np.ndarray:
@@ -462,17 +558,41 @@ def _is_float(text: str) -> bool:
         return False
 
 
-def _read_image_folder(path: Path) -> _Source:
-    from PIL import Image, UnidentifiedImageError
+def _inside(entry: Path, root: Path) -> Path:
+    """``entry`` itself, or, for a symbolic link, refused unless it resolves to an existing
+    file or folder inside ``root`` (the image folder, resolved): a link never leads out."""
+    if not entry.is_symlink():
+        return entry
+    try:
+        target = entry.resolve(strict=True)
+    except (OSError, RuntimeError):  # dangling link, or a loop of links
+        raise AuditError(
+            f"{entry}: symbolic link to {_clip(os.readlink(entry) if entry.is_symlink() else '?', 120)}, which does "
+            "not exist; remove the link or copy the image in"
+        ) from None
+    if not target.is_relative_to(root):
+        raise AuditError(
+            f"{entry}: symbolic link to {_clip(target, 120)}, outside the image folder {root}; links are followed "
+            "only within the folder: copy the file in or remove the link"
+        )
+    return entry
 
-    class_dirs = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+def _read_image_folder(path: Path) -> _Source:
+    from PIL import Image
+
+    root = path.resolve()
+    entries = sorted(p for p in path.iterdir() if not p.name.startswith("."))
+    class_dirs = [p for p in entries if _inside(p, root).is_dir()]
     if not class_dirs:
         raise AuditError(
             f"{path}: image folder has no class sub-folders; put each class's images in its own sub-folder"
         )
     files: list[tuple[Path, int]] = []
     for label, folder in enumerate(class_dirs):
-        images = sorted(f for f in folder.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES)
+        images = sorted(
+            f for f in folder.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES and _inside(f, root).is_file()
+        )
         if not images:
             raise AuditError(
                 f"{folder}: class folder holds no images ({', '.join(IMAGE_SUFFIXES)}); add images or remove the folder"
@@ -482,13 +602,20 @@ def _read_image_folder(path: Path) -> _Source:
     gray_modes = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"}
     size = None
     all_gray = True
-    # First pass reads headers only (PIL opens lazily) to fix the mode and size.
+    # First pass reads headers only (PIL opens lazily) to fix the mode and size. A header may
+    # lie about the size; nothing is allocated from it: each image is decoded on its own in
+    # the second pass (a lying one fails there), and X is assembled from decoded images only.
     for f, _ in files:
         try:
             with Image.open(f) as img:
                 mode, this_size = img.mode, img.size
-        except (OSError, UnidentifiedImageError) as exc:
-            raise AuditError(f"cannot read image {f} ({_one_line(exc)}); remove or replace it") from None
+        except Exception as exc:  # noqa: BLE001 - PIL's decoders raise OSError, ValueError, SyntaxError ...
+            raise AuditError(f"cannot read image {f} ({_clip(_one_line(exc), 200)}); remove or replace it") from None
+        if this_size[0] * this_size[1] > MAX_IMAGE_PIXELS:
+            raise AuditError(
+                f"image {f} is {this_size[0]}x{this_size[1]} pixels, more than the {MAX_IMAGE_PIXELS:,} an image "
+                "may hold (its header may lie); resize it"
+            )
         if size is None:
             size, first = this_size, f
         elif this_size != size:
@@ -501,14 +628,18 @@ def _read_image_folder(path: Path) -> _Source:
     width, height = size
     mode = "L" if all_gray else "RGB"
     channels = 1 if all_gray else 3
-    X = np.empty((len(files), channels, height, width), dtype=np.uint8)
-    for i, (f, _) in enumerate(files):
+    decoded = []
+    for f, _ in files:
         try:
             with Image.open(f) as img:
                 pixels = np.asarray(img.convert(mode))
-        except (OSError, UnidentifiedImageError) as exc:
-            raise AuditError(f"cannot read image {f} ({_one_line(exc)}); remove or replace it") from None
-        X[i] = pixels[None] if channels == 1 else pixels.transpose(2, 0, 1)
+        except Exception as exc:  # noqa: BLE001 - as above
+            raise AuditError(f"cannot read image {f} ({_clip(_one_line(exc), 200)}); remove or replace it") from None
+        if pixels.shape[:2] != (height, width):  # the file changed between the passes
+            raise AuditError(f"image {f} changed while it was read; read the folder again")
+        decoded.append(pixels[None] if channels == 1 else pixels.transpose(2, 0, 1))
+    X = np.stack(decoded)
+    del decoded
     return _Source(
         X=X,
         y=np.array([label for _, label in files], dtype=np.int64),

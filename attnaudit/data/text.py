@@ -20,6 +20,7 @@ import csv
 import hashlib
 import io
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,10 @@ TEXT_SUFFIXES = (".jsonl", ".csv")
 MAX_FILE_BYTES = 1 << 30  # 1 GiB of text is far more than an audit reads
 MAX_LINE_BYTES = 1 << 20  # one record of more than 1 MiB is refused (a broken file, not a text)
 MAX_LENGTH_LIMIT = 1 << 16
+# tokenizer.json of the largest public vocabularies (250k tokens, merges included) is ~35 MB;
+# a bigger file is refused from its size, before the tokenizers library parses any of it.
+MAX_TOKENIZER_BYTES = 64 << 20
+MAX_CONFIG_BYTES = 1 << 20  # config.json beside it, as attnaudit.models.hf reads it
 
 
 @dataclass(frozen=True)
@@ -164,16 +169,23 @@ def label_ids(labels: Sequence[Any], label2id: Mapping[str, int] | None, where: 
     checkpoint's ``label2id``, else are numbered in sorted order."""
 
     def index_like(v: Any) -> bool:
+        # ASCII digits only: "²".isdigit() is true but int("²") fails
         return (isinstance(v, int) and not isinstance(v, bool)) or (
-            isinstance(v, str) and v.strip().lstrip("-").isdigit()
+            isinstance(v, str) and re.fullmatch(r"-?[0-9]+", v.strip()) is not None
         )
 
     if all(index_like(v) for v in labels):
-        ids = np.asarray([int(v) for v in labels], dtype=np.int64)
-        if ids.min() < 0 or ids.max() >= MAX_CLASSES:
-            bad = int(ids[(ids < 0) | (ids >= MAX_CLASSES)][0])
-            raise AuditError(f"{where}: label {bad} is outside 0..{MAX_CLASSES - 1}; labels are class indices")
-        return ids, {}
+        # checked as text and Python ints: int64 would overflow on 10**30, int() refuses 5,000 digits
+        long_text = next((v for v in labels if isinstance(v, str) and len(v.strip().lstrip("-")) > 20), None)
+        values = [int(v) for v in labels] if long_text is None else []
+        out_of_range = (
+            long_text if long_text is not None else next((v for v in values if not 0 <= v < MAX_CLASSES), None)
+        )
+        if out_of_range is not None:
+            raise AuditError(
+                f"{where}: label {_clip(out_of_range, 40)} is outside 0..{MAX_CLASSES - 1}; labels are class indices"
+            )
+        return np.asarray(values, dtype=np.int64), {}
     if not all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in labels):
         bad = next(v for v in labels if not isinstance(v, (str, int)) or isinstance(v, bool))
         raise AuditError(f"{where}: label {_clip(repr(bad))} is neither a class index nor a class name")
@@ -186,6 +198,12 @@ def label_ids(labels: Sequence[Any], label2id: Mapping[str, int] | None, where: 
                 f"{_clip(', '.join(sorted(label2id)), 120)}"
             )
         mapping = {k: int(v) for k, v in label2id.items()}
+        outside = sorted(k for k, v in mapping.items() if not 0 <= v < MAX_CLASSES)
+        if outside:
+            raise AuditError(
+                f"{where}: the checkpoint's label2id maps {_clip(repr(outside[0]))} to {_clip(mapping[outside[0]])}, "
+                f"outside 0..{MAX_CLASSES - 1}; fix label2id in config.json"
+            )
     else:
         mapping = {name: i for i, name in enumerate(sorted(set(names)))}
     return np.asarray([mapping[n] for n in names], dtype=np.int64), mapping
@@ -213,6 +231,12 @@ def load_tokenizer(path: str | Path) -> Any:
     except ImportError:  # optional dependency: the [hf] extra
         raise AuditError("text data needs the tokenizers library: pip install 'attnaudit[hf]'") from None
     file = tokenizer_file(path)
+    size = file.stat().st_size
+    if size > MAX_TOKENIZER_BYTES:
+        raise AuditError(
+            f"{file}: {size:,} bytes is larger than any genuine tokenizer.json (limit {MAX_TOKENIZER_BYTES:,} bytes); "
+            "save the checkpoint's own tokenizer with tokenizer.save_pretrained"
+        )
     try:
         return Tokenizer.from_file(str(file))
     except Exception as exc:  # noqa: BLE001 - the library's own parse errors, one line
@@ -294,11 +318,13 @@ def _label2id(tokenizer_path: str) -> dict[str, int] | None:
     """The checkpoint's label2id (config.json beside the tokenizer), when it names real classes."""
     p = Path(tokenizer_path).expanduser()
     config = (p if p.is_dir() else p.parent) / "config.json"
-    if not config.is_file():
+    # A broken config.json is the model loader's to refuse (attnaudit.models.hf); here it only
+    # means no class names. It is not read past MAX_CONFIG_BYTES, nor parsed past Python's depth.
+    if not config.is_file() or config.stat().st_size > MAX_CONFIG_BYTES:
         return None
     try:
         data = json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         return None
     mapping = data.get("label2id") if isinstance(data, dict) else None
     if not isinstance(mapping, dict) or not mapping:

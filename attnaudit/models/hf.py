@@ -58,9 +58,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import json
 import math
 import re
+import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -107,6 +109,11 @@ def _read_json_object(path: Path, what: str, limit: int) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise AuditError(
             f"{what} {path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); fix or re-save it"
+        ) from None
+    except RecursionError:
+        raise AuditError(
+            f"{what} {path} nests JSON lists or objects too deeply to read; it is not a genuine Hugging Face file, "
+            "re-save the model with save_pretrained"
         ) from None
     if not isinstance(data, dict):
         raise AuditError(
@@ -359,6 +366,60 @@ def _choose_mask(model: nn.Module, pad: int | None, vocab: int | None, length: i
 # --------------------------------------------------------------------------- config
 
 
+# Sizes every supported architecture reads from config.json. Shapes are checked against the
+# weights on the meta device (nothing allocated), but transformers builds some objects from
+# them right away: num_labels=10**12 makes a dict of 10**12 labels, num_hidden_layers=10**12
+# builds layers forever (even on the meta device), and a negative head count builds a model
+# whose forward pass cannot run. So each must be a positive integer (layers at most MAX_LAYERS).
+_SIZE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "dim",
+    "num_hidden_layers",
+    "n_layers",
+    "num_attention_heads",
+    "n_heads",
+    "intermediate_size",
+    "hidden_dim",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "image_size",
+    "patch_size",
+    "num_channels",
+)
+
+
+MAX_LAYERS = 1024  # transformers builds layers one by one, even on the meta device: 10**12 would never end
+
+
+def _check_sizes(raw: dict[str, Any], where: str) -> None:
+    from attnaudit.data.spec import MAX_CLASSES
+
+    for key in _SIZE_FIELDS:
+        if key not in raw:
+            continue
+        values = raw[key] if isinstance(raw[key], list) and key in ("image_size", "patch_size") else [raw[key]]
+        low = 0 if key == "type_vocab_size" else 1  # a BERT-like model may have no token types
+        high = MAX_LAYERS if key in ("num_hidden_layers", "n_layers") else 2**31 - 1
+        if not values or any(isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high for v in values):
+            raise AuditError(
+                f"{where}: {key} must be an integer in {low}..{high}, got {_clip(json.dumps(raw[key]), 40)}; fix it"
+            )
+    labels = raw.get("num_labels")
+    for key in ("id2label", "label2id"):
+        if isinstance(raw.get(key), dict) and labels is None:
+            labels = len(raw[key])
+    if labels is not None and (
+        isinstance(labels, bool) or not isinstance(labels, int) or not 1 <= labels <= MAX_CLASSES
+    ):
+        raise AuditError(
+            f"{where}: num_labels must be an integer in 1..{MAX_CLASSES}, got {_clip(json.dumps(labels), 40)}; fix it"
+        )
+    for key in ("id2label", "label2id"):
+        if isinstance(raw.get(key), dict) and len(raw[key]) > MAX_CLASSES:
+            raise AuditError(f"{where}: {key} names {len(raw[key])} classes, more than {MAX_CLASSES}; fix it")
+
+
 def _check_config(raw: dict[str, Any], path: Path, transformers) -> tuple[Any, type, str]:
     """The transformers config object, the model class and its kind (image/text) from config.json."""
     where = f"config {path}"
@@ -404,6 +465,7 @@ def _check_config(raw: dict[str, Any], path: Path, transformers) -> tuple[Any, t
             f"{where}: architecture {arch} does not take model_type {model_type!r} "
             f"(it expects {getattr(expected, 'model_type', '?')!r}); fix the config"
         )
+    _check_sizes(raw, where)
     clean = {k: v for k, v in raw.items() if k != "auto_map"}
     try:
         config = config_class.from_dict(clean)
@@ -699,6 +761,30 @@ def _build(cls: type, config, *, meta: bool, where: Path | None = None) -> nn.Mo
         ) from None
 
 
+def _quiet_transformers(func):
+    """Run ``func`` with transformers' own warnings muted: a hostile config makes it log
+    ("pad_token_id must be ... within the vocabulary") before attnaudit refuses it, and the
+    refusal must stay the one line on stderr."""
+
+    @functools.wraps(func)
+    def quiet(*args, **kwargs):
+        try:
+            from transformers.utils import logging as hf_logging
+        except ImportError:
+            return func(*args, **kwargs)
+        level = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return func(*args, **kwargs)
+        finally:
+            hf_logging.set_verbosity(level)
+
+    return quiet
+
+
+@_quiet_transformers
 def load_hf_directory(path: str | Path, *, trust_pickle: bool = False) -> LoadedModel:
     """A Hugging Face classifier folder (``save_pretrained`` output) as a :class:`LoadedModel`.
 
