@@ -12,9 +12,11 @@ through the library (the same requests as the command line):
 
 Each stage runs in its own process (its time includes the child's start-up, about 3 s of
 importing torch and transformers), and the peak resident memory printed is the largest of
-the children so far (``ru_maxrss``). Printed, one line per stage, then per model:
+the children so far (``ru_maxrss``). A stage that fails (a memory planner's refusal) is
+printed with the last line of its error and the later stages still run. Printed, one line
+per stage, then per model:
 
-    SCALE model=<name> params=<count> total_s=<seconds> peak_gb=<GiB>
+    SCALE model=<name> params=<count> total_s=<seconds> peak_gb=<GiB> [failed=<stages>]
 
 and ``RATIO influence_over_gemm_floor=<x>``: the malleability stage's time over the time of
 the per-sample-gradient GEMM floor it cannot beat (one (n_train x P) x (P x n_test)
@@ -51,15 +53,19 @@ SIZES = {
 }
 
 
-def _stage(code: str, env: dict) -> tuple[float, float, str]:
-    """Run ``code`` in a child process: (seconds, peak GiB of the child, its stdout)."""
+def _stage(code: str, env: dict) -> tuple[float, float, str, str | None]:
+    """Run ``code`` in a child process: (seconds, peak GiB of the children so far, its stdout,
+    None or the last line of its error output when it failed: a refusal by a memory planner is
+    a result, so the later stages still run)."""
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
     seconds = time.perf_counter() - t0
+    error = None
     if out.returncode != 0:
-        raise SystemExit(f"stage failed:\n{out.stderr[-3000:]}")
+        lines = [line for line in out.stderr.strip().splitlines() if line.strip()]
+        error = lines[-1] if lines else f"exit status {out.returncode}"
     peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the largest child so far
-    return seconds, peak_kib / 2**20, out.stdout
+    return seconds, peak_kib / 2**20, out.stdout, error
 
 
 def _data_args() -> dict:
@@ -176,18 +182,24 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     summary = {}
     for name, builder in (("deit-tiny", deit_stages), ("bert-mini", bert_stages)):
-        total, peak, params, stages = 0.0, 0.0, 0, {}
+        total, peak, params, stages, failed = 0.0, 0.0, 0, {}, {}
         for stage, code in builder(sizes[name], work):
-            seconds, gib, out = _stage(code, env)
+            seconds, gib, out, error = _stage(code, env)
             total += seconds
             peak = max(peak, gib)
             stages[stage] = seconds
             if stage == "train" and out.strip().splitlines() and out.strip().splitlines()[-1].isdigit():
                 params = int(out.strip().splitlines()[-1])
             print(f"{name:10s} {stage:13s} {seconds:8.1f} s  peak so far {gib:.2f} GiB", flush=True)
-        print(f"SCALE model={name} params={params} total_s={total:.1f} peak_gb={peak:.2f}", flush=True)
-        summary[name] = {"params": params, "total_s": total, "peak_gb": peak, "stages_s": stages}
-        if params:
+            if error is not None:
+                failed[stage] = error
+                print(f"{name:10s} {stage:13s} FAILED: {error}", flush=True)
+                if stage == "train":
+                    break
+        refused = f" failed={','.join(failed)}" if failed else ""
+        print(f"SCALE model={name} params={params} total_s={total:.1f} peak_gb={peak:.2f}{refused}", flush=True)
+        summary[name] = {"params": params, "total_s": total, "peak_gb": peak, "stages_s": stages, "failed": failed}
+        if params and "malleability" in stages and "malleability" not in failed:
             n = sizes[name]["n"]
             floor = gemm_floor_seconds(params, n, max(4, n // 4))
             print(f"RATIO influence_over_gemm_floor_{name.replace('-', '_')}={stages['malleability'] / floor:.1f}")

@@ -68,3 +68,53 @@ def test_two_runs_writing_one_out_dir_leave_one_whole_set(tmp_path):
         html = (out / "report.html").read_text()
         assert f"--seed {seed}" in html and f"--seed {3 - seed}" not in html  # report and page from one run
         assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left
+
+
+_CACHE_WORKER = """
+import sys, torch
+from torch import nn
+from attnaudit.analyses.influence.influence import InfluenceConfig, compute_influence
+from attnaudit.data import DataSpec, load_dataset
+tr = load_dataset(DataSpec(dataset="digits", split="train", n=60))
+te = load_dataset(DataSpec(dataset="digits", split="test", n=8))
+torch.manual_seed(5)
+model = nn.Sequential(nn.Linear(64, 6), nn.Tanh(), nn.Linear(6, 10)).double()
+cfg = InfluenceConfig(estimator="ekfac", damping=0.05, per_test=True, cache_dir=sys.argv[1])
+res = compute_influence(model, tr.X.double(), tr.y, te.X.double(), te.y, cfg, loss="ce")
+torch.save(res.per_test, sys.argv[2])
+"""
+
+
+def test_two_processes_sharing_a_factor_cache_leave_a_whole_entry(tmp_path):
+    """Both fit the same factors and write the same entry at once: the entry left behind loads
+    (its sha256 holds) and every process got the same scores."""
+    import torch
+
+    cache = tmp_path / "cache"
+    script = tmp_path / "worker.py"
+    script.write_text(_CACHE_WORKER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(cache), str(tmp_path / f"s{i}.pt")],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    for proc in procs:
+        assert proc.wait(timeout=300) == 0, proc.stderr.read() if proc.stderr else ""
+    entries = [p for p in cache.iterdir() if not p.name.startswith(".")]
+    assert len(entries) == 1 and not [p for p in cache.iterdir() if p.name.startswith(".")]
+    third = subprocess.run(
+        [sys.executable, str(script), str(cache), str(tmp_path / "s2.pt")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert third.returncode == 0 and "warning" not in third.stderr  # loaded, not found damaged
+    scores = [torch.load(tmp_path / f"s{i}.pt") for i in range(3)]
+    for s in scores[1:]:
+        torch.testing.assert_close(s, scores[0], rtol=0, atol=0)

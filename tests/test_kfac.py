@@ -377,7 +377,8 @@ def test_ekfac_tracks_the_gauss_newton_influence_it_approximates():
     [
         ("exact", "fisher", "exact takes the Hessian .auto. or the exact Gauss-Newton"),
         ("cg", "ggn", "not cg"),
-        ("projected", "empirical", "not projected"),
+        ("projected", "fisher", "projected takes"),
+        ("kfac", "galerkin", "galerkin is for --estimator projected"),
     ],
 )
 def test_a_curvature_the_estimator_does_not_use_is_refused(estimator, curvature, match):
@@ -460,7 +461,7 @@ def test_sign_projection_is_seeded_blockwise_and_applies_the_full_matrix():
 
 
 def test_projected_equals_exact_at_full_dimension_and_its_error_falls_with_k():
-    """Measured (digits 200 x 20, tanh MLP 64-8-10, P = 610, CE, damping 0.05): relative
+    """``--curvature galerkin`` (the Hessian on a random sign subspace). Measured (digits 200 x 20, tanh MLP 64-8-10, P = 610, CE, damping 0.05): relative
     error 0.72, 0.43, 0.17 at k = 32, 128, 400; 1.4e-10 at k = P."""
     X, y, Xt, yt = _digits(200, 20)
     torch.manual_seed(0)
@@ -472,7 +473,13 @@ def test_projected_equals_exact_at_full_dimension_and_its_error_falls_with_k():
     errors = []
     for k in (32, 128, 400, P, P + 50):
         res = compute_influence(
-            model, X, y, Xt, yt, InfluenceConfig(estimator="projected", proj_dim=k, **cfg), loss="ce"
+            model,
+            X,
+            y,
+            Xt,
+            yt,
+            InfluenceConfig(estimator="projected", proj_dim=k, curvature="galerkin", **cfg),
+            loss="ce",
         )
         errors.append(float((res.per_test - exact).norm() / exact.norm()))
         assert res.diagnostics["proj_dim_used"] == min(k, P)
@@ -508,6 +515,36 @@ def test_factor_cache_round_trip_and_refusal_of_another_models_factors(tmp_path)
     (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(AuditError, match="not a factors file"):
         load_factors(tmp_path / "junk.safetensors", "x")
+
+
+@pytest.mark.parametrize("damage", ["flip-tensor-byte", "truncate", "empty"])
+def test_a_damaged_factor_cache_entry_is_reported_recomputed_and_rewritten(tmp_path, capsys, damage):
+    """Each cache entry stores the sha256 of its tensors: one flipped byte inside a factor (still a
+    valid safetensors file), a truncated or an empty file is one warning line, the factors are
+    fitted again (the same scores as a run without the cache) and the entry is rewritten whole."""
+    X, y, Xt, yt = _digits(60, 8)
+    torch.manual_seed(4)
+    model = nn.Sequential(nn.Linear(64, 6), nn.Tanh(), nn.Linear(6, 10)).to(F64)
+    cfg = dict(estimator="ekfac", damping=0.05, per_test=True, cache_dir=str(tmp_path / "cache"))
+    first = compute_influence(model, X, y, Xt, yt, InfluenceConfig(**cfg), loss="ce")
+    (entry,) = (tmp_path / "cache").iterdir()
+    raw = entry.read_bytes()
+    if damage == "flip-tensor-byte":
+        at = len(raw) - 5  # the data section closes the file: a factor's last bytes
+        raw = raw[:at] + bytes([raw[at] ^ 0x10]) + raw[at + 1 :]
+    elif damage == "truncate":
+        raw = raw[: len(raw) // 2]
+    else:
+        raw = b""
+    entry.write_bytes(raw)
+    capsys.readouterr()
+    again = compute_influence(model, X, y, Xt, yt, InfluenceConfig(**cfg), loss="ce")
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("warning: K-FAC cache") and "recomputing" in err[0]
+    assert again.diagnostics["factor_cache"].startswith("written") and "damaged" in again.diagnostics["factor_cache"]
+    torch.testing.assert_close(again.per_test, first.per_test, rtol=1e-12, atol=1e-14)
+    third = compute_influence(model, X, y, Xt, yt, InfluenceConfig(**cfg), loss="ce")
+    assert third.diagnostics["factor_cache"] == "loaded"  # the rewritten entry is whole again
 
 
 def test_audit_and_malleability_accept_the_new_estimators_and_record_which_ran(tmp_path):

@@ -41,6 +41,7 @@ caller.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -439,6 +440,65 @@ def _output_tokens(block: LinearBlock, t: torch.Tensor, B: int) -> torch.Tensor:
     return _tokens(t, B)
 
 
+#: per-sample matrices formed at once when adding up squares (bounds the transient memory)
+SQUARES_ROWS = 16
+
+
+def _add_squared_rotated(out: torch.Tensor, u: torch.Tensor, v: torch.Tensor) -> None:
+    """out += sum_b (u_b^T v_b)^2 (elementwise) for u (B, T, o), v (B, T, i): the per-sample
+    matrices come from one batched product per group of :data:`SQUARES_ROWS` samples, contiguous
+    (B, o, i), squared in place and summed over the samples (a strided layout, which einsum can
+    return, made the reduction several times slower than the product)."""
+    for a, b in ranges(u.shape[0], SQUARES_ROWS):
+        G = torch.bmm(u[a:b].transpose(1, 2), v[a:b])
+        out += G.square_().sum(0)
+
+
+def shared_weights(module: nn.Module, blocks: Sequence[LinearBlock]) -> list[str]:
+    """The covered parameters that the module also uses under another name (tied weights):
+    their per-sample gradient is not the covered layer's outer product alone."""
+    covered = {b.weight for b in blocks} | {b.bias for b in blocks if b.bias}
+    seen: dict[int, list[str]] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        seen.setdefault(id(p), []).append(name)
+    return sorted(n for names in seen.values() if len(names) > 1 for n in names if n in covered)
+
+
+def layer_gradient_scores(
+    engine: Engine, blocks: Sequence[LinearBlock], transformed: torch.Tensor, rows: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
+    """(B, k): g_i . transformed[:, j] for the per-sample loss gradients g_i of ``rows`` restricted
+    to the covered layers, without forming g_i over all parameters.
+
+    ``transformed`` (P, k) over ``engine.names`` (rows of parameters outside ``blocks`` are not
+    read: K-FAC's preconditioned vectors are zero there). One forward pass and one backward pass of
+    the summed loss to the layers' outputs give, per layer, the inputs a (B, T, d_in) and the
+    output gradients s (B, T, d_out); the weight gradient of sample i is sum_t s_it a_it^T (one
+    batched product per group of :data:`SQUARES_ROWS` samples), the bias gradient sum_t s_it, and
+    their products with the layer's rows of ``transformed`` are added up layer by layer (one
+    matrix product each), so memory stays at one group's per-layer gradients."""
+    offsets = dict(zip(engine.names, _offsets(engine)))
+    rows, targets = engine.rows(rows), engine._as_targets(targets)
+    B = rows.shape[0]
+    with engine.context(), torch.enable_grad():
+        logits, ins, outs = _capture(engine, list(blocks), rows)
+        loss = engine.loss.per_sample(logits, targets).sum()
+        grads = torch.autograd.grad(loss, [outs[b.path] for b in blocks])
+    out = torch.zeros(B, transformed.shape[1], dtype=transformed.dtype, device=transformed.device)
+    for b, g in zip(blocks, grads):
+        a = _tokens(ins[b.path].detach(), B).to(transformed.dtype)
+        s = _output_tokens(b, g.detach(), B).to(transformed.dtype)
+        o_w, n_w = offsets[b.weight]
+        W = transformed[o_w : o_w + n_w]  # (d_out d_in, k), row-major like the weight
+        for r0, r1 in ranges(B, SQUARES_ROWS):
+            G = torch.bmm(s[r0:r1].transpose(1, 2), a[r0:r1])  # (r, d_out, d_in)
+            out[r0:r1] += G.reshape(r1 - r0, -1) @ W
+        if b.bias:
+            o_b, n_b = offsets[b.bias]
+            out += s.sum(1) @ transformed[o_b : o_b + n_b]
+    return out
+
+
 CURVATURES = ("auto", "ggn", "fisher", "empirical")
 #: ``auto`` takes the exact Gauss-Newton columns up to this many outputs, sampled Fisher above
 EXACT_COLUMNS_UP_TO = 32
@@ -520,12 +580,13 @@ def fit_factors(
                 for b in blocks:
                     A, S = b.A, b.S
                     assert A is not None and S is not None  # zeroed above
+                    # sums over samples and tokens as one matrix product each (B T rows)
                     if first:
-                        a = acts[b.path]
-                        A += torch.einsum("bti,btj->ij", a, a)
-                        tokens_seen[b.path] += a.shape[0] * a.shape[1]
-                    s = sgrads[b.path]
-                    S += torch.einsum("bti,btj->ij", s, s)
+                        a = acts[b.path].reshape(-1, b.width_in)
+                        A.addmm_(a.T, a)
+                        tokens_seen[b.path] += a.shape[0]
+                    s = sgrads[b.path].reshape(-1, b.d_out)
+                    S.addmm_(s.T, s)
                 first = False
     for b in blocks:
         A, S = b.A, b.S
@@ -551,10 +612,9 @@ def fit_factors(
                         # flops instead of B d^3 for the per-sample matrices)
                         if b.path not in rotated_acts:
                             rotated_acts[b.path] = acts[b.path] @ b.QA
-                        G = torch.einsum("bto,bti->boi", sgrads[b.path] @ b.QS, rotated_acts[b.path])
                         corrected = b.corrected
                         assert corrected is not None  # zeroed above
-                        corrected += G.pow(2).sum(0)
+                        _add_squared_rotated(corrected, sgrads[b.path] @ b.QS, rotated_acts[b.path])
         for b in blocks:
             corrected = b.corrected
             assert corrected is not None  # accumulated above
@@ -581,7 +641,7 @@ def kfac_memory_bytes(blocks: Sequence[LinearBlock]) -> int:
 
 
 # ----------------------------------------------------------------------------- cache on disk
-CACHE_FORMAT = "attnaudit.kfac-factors/2"  # /2: convolutions and attention projections covered
+CACHE_FORMAT = "attnaudit.kfac-factors/3"  # /2: convolutions and attention projections; /3: content sha256
 
 
 def factors_fingerprint(engine: Engine, rows: torch.Tensor, kind: str, curvature: str, seed: int) -> str:
@@ -629,6 +689,7 @@ def save_factors(factors: KroneckerFactors, path: str | Path, fingerprint: str) 
     meta = {
         "format": CACHE_FORMAT,
         "fingerprint": fingerprint,
+        "content_sha256": _tensors_sha256(tensors),
         "kind": factors.kind,
         "n_samples": factors.n_samples,
         "excluded": factors.excluded,
@@ -639,9 +700,22 @@ def save_factors(factors: KroneckerFactors, path: str | Path, fingerprint: str) 
     write_bytes_atomic(path, save(tensors, metadata={"attnaudit": json.dumps(meta)}))
 
 
+def _tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 over every tensor's name, dtype, shape and bytes, in name order (the cache entry's content)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for key in sorted(tensors):
+        t = tensors[key].detach().cpu().contiguous()
+        h.update(f"{key}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
 def load_factors(path: str | Path, fingerprint: str, device: torch.device | str = "cpu") -> KroneckerFactors:
     """The factors in ``path``, refused (AuditError) unless they were fitted for ``fingerprint``
-    (the same model, parameters, training rows, estimator, curvature and seed)."""
+    (the same model, parameters, training rows, estimator, curvature and seed) and their tensors
+    match the sha256 stored with them (a damaged entry is never trusted)."""
     import json
 
     from safetensors import safe_open
@@ -663,6 +737,8 @@ def load_factors(path: str | Path, fingerprint: str, device: torch.device | str 
             f"{str(meta.get('fingerprint'))[:12]} vs {fingerprint[:12]}); it is not used: delete it or "
             "use another --cache folder"
         )
+    if meta.get("content_sha256") != _tensors_sha256(tensors):
+        raise AuditError(f"K-FAC cache {path} does not match its sha256 (damaged); delete it")
     blocks = []
     for i, layer in enumerate(meta["layers"]):
         b = LinearBlock(
@@ -708,10 +784,17 @@ def cached_factors(
     if folder.exists() and not folder.is_dir():
         raise AuditError(f"--cache {folder} is a file; give a folder (created if missing)")
     path = folder / f"{kind}-{key[:24]}.safetensors"
+    damaged = None
     if path.is_file():
-        return load_factors(path, key, engine.device)
+        try:
+            return load_factors(path, key, engine.device)
+        except AuditError as exc:  # damaged, truncated or foreign: reported, recomputed, rewritten
+            damaged = str(exc).split(";")[0]
+            print(f"warning: {damaged}; recomputing the factors and rewriting the entry", file=sys.stderr)
     factors = fit_factors(engine, rows, kind, chunk=chunk, curvature=resolved, seed=seed, targets=targets)
     folder.mkdir(parents=True, exist_ok=True)
     save_factors(factors, path, key)
-    factors.diagnostics["cache"] = f"written {path.name}"
+    factors.diagnostics["cache"] = f"written {path.name}" + (
+        f" (replacing a damaged entry: {damaged})" if damaged else ""
+    )
     return factors

@@ -285,6 +285,195 @@ def _fill(K: torch.Tensor, a1: int, a2: int, block: torch.Tensor) -> None:
     K[a2 : a2 + m, a1 : a1 + r] = block.T
 
 
+# --------------------------------------------------------------------------- kernels layer by layer
+#: rows per forward pass when the layers' inputs and output gradients are captured
+LAYER_ROWS = 16
+
+
+def _jacobian_plan_fits(engines: Sequence[Engine], n: int, c: int, memory_bytes: int) -> bool:
+    """Whether :func:`_upper_blocks` can run: two rows' Jacobians over all parameters (of every
+    model) and the transient memory of computing them fit ``memory_bytes``. When they do not
+    (transformers of millions of parameters at the 2 GiB default), the kernels are summed layer by
+    layer (:func:`layer_kernels`)."""
+    P = engines[0].n_params
+    per_sample = len(engines) * c * P * 8
+    transient = JACOBIAN_TRANSIENT * min(JACOBIAN_ROWS, n) * c * P * 8
+    return 2 * per_sample <= int(memory_bytes) - transient
+
+
+def layer_kernels(
+    engine: Engine, rows: torch.Tensor, slices: dict[str, tuple[int, int]], c: int, form: str, memory_bytes: int
+) -> dict[str, torch.Tensor]:
+    """Each group's eNTK on ``rows`` for one model, {group: (n c, n c) flat full form (row i c + a)
+    or (n, n) output-averaged}, summed parameter tensor by parameter tensor, never holding a row's
+    Jacobian over all parameters.
+
+    A linear layer (``nn.Linear``, ``nn.Conv2d``, self-attention projections: the layers K-FAC
+    covers, :func:`attnaudit.analyses.influence.kfac.linear_modules`) with inputs a_t and output
+    gradients s_at = d f_a / d y_t has the per-sample Jacobian J_a = sum_t s_at a_t^T (bias: sum_t
+    s_at). Memory plan (``memory_bytes`` for this model, the group kernels included): the layers
+    are taken in consecutive runs whose inputs and c output gradients for all rows fit half of
+    what the kernels leave; one forward and c backward passes (to the run's outputs only) per
+    :data:`LAYER_ROWS` rows capture them, then each layer's Jacobians are formed for panels of
+    rows (two panels in a quarter) and contracted, K_g += J_l J_l^T (one matrix product per panel
+    pair, the upper triangle only). The remaining parameters (norms, embeddings, tied weights) get
+    their Jacobians from :meth:`Engine.jacobian` restricted to them, in panels of rows the same
+    way. Cost: one capture pass per run (a forward and c partial backward passes over all rows)
+    instead of one Jacobian pass, and the same contraction work as :func:`_upper_blocks`.
+    """
+    from attnaudit.analyses.influence.kfac import (
+        _capture,
+        _output_tokens,
+        _tokens,
+        linear_modules,
+        shared_weights,
+    )
+
+    n = rows.shape[0]
+    dev = engine.device
+    k_out = c if form == "full" else 1
+    K = {g: torch.zeros(n * k_out, n * k_out, dtype=F64, device=dev) for g in slices}
+    offsets, start = {}, 0
+    for name, numel in zip(engine.names, engine.numels):
+        offsets[name] = start
+        start += numel
+
+    def group_at(name: str) -> str:
+        o = offsets[name]
+        return next(g for g, (s, e) in slices.items() if s <= o < e)
+
+    blocks, excluded = linear_modules(engine.module, engine.names)
+    tied = set(shared_weights(engine.module, blocks))
+    if tied:  # a tied weight's Jacobian is not its layer's outer product alone
+        blocks = [b for b in blocks if b.weight not in tied and (b.bias or "") not in tied]
+    covered = {b.weight for b in blocks} | {b.bias for b in blocks if b.bias}
+    others = [nm for nm in engine.names if nm not in covered]
+    budget = int(memory_bytes)
+    fixed = len(slices) * (n * k_out) ** 2 * 8
+
+    def add(g: str, R: torch.Tensor, C: torch.Tensor, a1: int, a2: int) -> None:
+        """K_g[rows a1.., cols a2..] += R C^T for flat (rows, c, p) Jacobian panels (mirrored)."""
+        r, m = R.shape[0], C.shape[0]
+        if form == "trace":
+            B = R.reshape(r, -1) @ C.reshape(m, -1).T / c
+        else:
+            B = R.reshape(r * c, -1) @ C.reshape(m * c, -1).T
+        i, j = a1 * k_out, a2 * k_out
+        K[g][i : i + B.shape[0], j : j + B.shape[1]] += B
+        if a1 != a2:
+            K[g][j : j + B.shape[1], i : i + B.shape[0]] += B.T
+
+    def contract(splits: list[tuple[str, int, int]], make, width: int, share: int, transient: int = 0) -> None:
+        """K_g += J[..., s:e] J[..., s:e]^T over all rows for each (g, s, e) of ``splits``, J
+        (rows, c, width) made by ``make(a, b)`` in panels of rows, two of which (and ``transient``
+        bytes per row, at most :data:`JACOBIAN_ROWS` rows) fit ``share``; the panels after the
+        first row panel are made again for every row panel."""
+        per_row = max(1, c * width * 8)
+        panel = max(1, min(n, share // (2 * per_row + transient)))
+        spans = list(ranges(n, panel))
+        for i, (a1, b1) in enumerate(spans):
+            R = make(a1, b1)
+            for g, s, e in splits:
+                add(g, R[..., s:e], R[..., s:e], a1, a1)
+            for a2, b2 in spans[i + 1 :]:
+                C = make(a2, b2)
+                for g, s, e in splits:
+                    add(g, R[..., s:e], C[..., s:e], a1, a2)
+                del C
+            del R
+
+    avail = budget - fixed
+    if avail <= 0:
+        raise AuditError(
+            f"the {len(slices)} group kernels of {n} kernel rows take {fixed / 2**20:,.1f} MiB per model, above the "
+            f"{budget / 2**20:,.3g} MiB budget; raise the memory budget or use fewer kernel points"
+        )
+    # half of what the kernels leave holds a run of layers' inputs and output gradients for all
+    # rows, a quarter the Jacobian panels, a quarter the activations of the forward passes
+    share = max(1, avail // 4)
+
+    # parameters outside the linear layers: Jacobians of panels of rows by Engine.jacobian
+    if others:
+        sub = Engine(engine.task, dtype=F64, device=dev, names=others)
+        sub.theta = torch.cat(
+            [engine.theta[offsets[nm] : offsets[nm] + engine.numels[engine.names.index(nm)]] for nm in others]
+        )
+        splits, start = [], 0
+        for nm, numel in zip(sub.names, sub.numels):
+            splits.append((group_at(nm), start, start + numel))
+            start += numel
+        per_row = c * sub.n_params * 8
+        if 2 * per_row + JACOBIAN_TRANSIENT * per_row > 2 * share:
+            raise AuditError(
+                f"one row's Jacobians over the {len(others)} parameter tensor(s) outside linear layers "
+                f"({sub.n_params:,} parameters) take {per_row / 2**20:,.1f} MiB; with the kernels they need a budget "
+                f"of at least {(fixed + 2 * (2 + JACOBIAN_TRANSIENT) * per_row) / 2**20:,.0f} MiB, above "
+                f"{budget / 2**20:,.3g} MiB; raise the memory budget or use fewer kernel points"
+            )
+        contract(splits, lambda a, b: sub.jacobian(rows[a:b]), sub.n_params, 2 * share, JACOBIAN_TRANSIENT * per_row)
+    if not blocks:
+        return K
+
+    # the tokens of each layer, from one row
+    with engine.context(), torch.no_grad():
+        _, ins, outs = _capture(engine, blocks, rows[:1])
+    sizes = {b.path: (_tokens(ins[b.path], 1).shape[1], _output_tokens(b, outs[b.path], 1).shape[1]) for b in blocks}
+    del ins, outs
+
+    def stored(b) -> int:
+        t_in, t_out = sizes[b.path]
+        return n * (t_in * b.width_in + c * t_out * b.d_out) * 8
+
+    runs: list[list] = []
+    for b in blocks:
+        if stored(b) > 2 * share:
+            raise AuditError(
+                f"the inputs and output gradients of layer {b.path} for {n} kernel rows take "
+                f"{stored(b) / 2**20:,.0f} MiB, above half of what the {budget / 2**20:,.0f} MiB budget leaves "
+                f"after the kernels ({fixed / 2**20:,.0f} MiB); raise the memory budget to at least "
+                f"{(fixed + 2 * stored(b)) / 2**20:,.0f} MiB or use fewer kernel points"
+            )
+        if runs and sum(stored(x) for x in runs[-1]) + stored(b) <= 2 * share:
+            runs[-1].append(b)
+        else:
+            runs.append([b])
+    for run in runs:
+        acts: dict[str, torch.Tensor] = {}
+        grads: dict[str, torch.Tensor] = {}
+        for b in run:
+            t_in, t_out = sizes[b.path]
+            acts[b.path] = torch.empty(n, t_in, b.width_in, dtype=F64, device=dev)
+            grads[b.path] = torch.empty(n, c, t_out, b.d_out, dtype=F64, device=dev)
+        with engine.context(), torch.enable_grad():
+            for a0, b0 in ranges(n, LAYER_ROWS):
+                logits, ins, outs = _capture(engine, run, rows[a0:b0])
+                B = b0 - a0
+                for b in run:
+                    a = _tokens(ins[b.path].detach(), B)
+                    if b.bias:
+                        a = torch.cat([a, torch.ones(*a.shape[:2], 1, dtype=a.dtype, device=a.device)], 2)
+                    acts[b.path][a0:b0] = a
+                targets = [outs[b.path] for b in run]
+                for k in range(c):
+                    gs = torch.autograd.grad(logits[:, k].sum(), targets, retain_graph=k + 1 < c)
+                    for b, g in zip(run, gs):
+                        grads[b.path][a0:b0, k] = _output_tokens(b, g.detach(), B)
+                del logits, ins, outs, targets
+        for b in run:
+            a_all, s_all = acts.pop(b.path), grads.pop(b.path)
+
+            def make(a1: int, b1: int, a_all=a_all, s_all=s_all) -> torch.Tensor:
+                # (rows, c, d_out, w): sum over tokens of s a^T, for every output
+                J = torch.matmul(s_all[a1:b1].transpose(-1, -2), a_all[a1:b1, None])
+                return J.reshape(b1 - a1, c, -1)
+
+            if group_at(b.weight) != (group_at(b.bias) if b.bias else group_at(b.weight)):
+                raise AuditError(f"layer {b.path}: weight and bias in different parameter groups")  # pragma: no cover
+            contract([(group_at(b.weight), 0, b.d_out * b.width_in)], make, b.d_out * b.width_in, share)
+            del a_all, s_all
+    return K
+
+
 # --------------------------------------------------------------------------- alignment
 
 
@@ -402,7 +591,35 @@ def kernel_movement(
     traceT = {g: torch.zeros(n, n, dtype=F64, device=dev) for g in keys}
     acc = {g: {"t0": 0.0, "tT": 0.0, "move": 0.0} for g in keys}
     counter: dict = {}
-    for a1, a2, R, C, k in _upper_blocks(engines, rows, memory_bytes, c, counter):
+    by_layer = not _jacobian_plan_fits(engines, n, c, memory_bytes)
+
+    def blocks_of_kernels() -> Iterator[tuple[int, int, list[torch.Tensor], list[torch.Tensor], int]]:
+        """The Jacobian blocks of :func:`_upper_blocks`, or, when the Jacobians of every row do not
+        fit the budget, nothing: the kernels are then summed layer by layer below."""
+        if not by_layer:
+            yield from _upper_blocks(engines, rows, memory_bytes, c, counter)
+
+    if by_layer:
+        # each model's group kernels in turn (two models' kernels are held, never a row's Jacobian)
+        # the second model's pass also holds the first one's kernels
+        held = len(slices) * (n * (c if form == "full" else 1)) ** 2 * 8
+        kernels = [layer_kernels(e, rows, slices, c, form, int(memory_bytes) - i * held) for i, e in enumerate(engines)]
+        counter["rows"] = n
+        kc = n * (c if form == "full" else 1)
+        for g in [*grouped, None]:
+            if g is None:
+                B0 = torch.stack(list(kernels[0].values())).sum(0)
+                BT = torch.stack(list(kernels[1].values())).sum(0)
+            else:
+                B0, BT = kernels[0][g], kernels[1][g]
+            if form == "full":
+                acc[g]["t0"] += _weighted_sq(B0, kc)
+                acc[g]["tT"] += _weighted_sq(BT, kc)
+                acc[g]["move"] += _weighted_sq(BT - B0, kc)
+            trace0[g] = _trace_of(B0, form, n, n, c).clone()
+            traceT[g] = _trace_of(BT, form, n, n, c).clone()
+        del kernels, B0, BT
+    for a1, a2, R, C, k in blocks_of_kernels():
         r, m = R[0].shape[0], C[0].shape[0]
         kc = k * (c if form == "full" else 1)
         S0 = ST = None

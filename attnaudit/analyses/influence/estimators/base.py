@@ -133,6 +133,14 @@ class Estimator:
         """The test gradients transformed for one damping as given (None without damping)."""
         raise NotImplementedError
 
+    def train_scorer(self, state: State) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None:
+        """A function (rows, targets, transformed (P, k)) -> (rows, k) of the training
+        gradients' products with the transformed test gradients, computed without the
+        per-sample gradients over all P parameters (K-FAC: per-layer outer products), or None
+        to stream per-sample gradients (the default). Called once, after every damping is
+        solved and before ``state`` is released, so it keeps only what it needs."""
+        return None
+
     def memory_parts(self, query: MemoryQuery) -> dict[str, int]:
         """Bytes held by the estimator's own structures, by name (the shared ones are added)."""
         return {}

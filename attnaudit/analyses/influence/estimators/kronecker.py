@@ -7,7 +7,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnaudit.analyses.influence.estimators.base import Context, Estimator, MemoryQuery, Solution, State, register
-from attnaudit.analyses.influence.kfac import cached_factors, kfac_memory_bytes, linear_blocks, resolve_damping
+from attnaudit.analyses.influence.kfac import (
+    LinearBlock,
+    cached_factors,
+    kfac_memory_bytes,
+    layer_gradient_scores,
+    linear_blocks,
+    resolve_damping,
+    shared_weights,
+)
 
 __all__ = ["EKFAC", "KFAC"]
 
@@ -52,6 +60,27 @@ class KFAC(Estimator):
         return _KroneckerState(
             context, {"lambda_max": None, "lambda_max_method": None, "solver": self.name}, factors=factors
         )
+
+    def train_scorer(self, state: State):
+        """Per-layer outer products of the covered layers' inputs and output gradients
+        (:func:`~attnaudit.analyses.influence.kfac.layer_gradient_scores`): the preconditioned
+        test gradients are zero outside those layers, so the training gradients are never
+        formed over all parameters. None (per-sample gradients) when a covered weight is tied
+        to another module's."""
+        assert isinstance(state, _KroneckerState)  # what prepare returned
+        engine = state.context.engine
+        # the layer structure only, not the factors (freed with the state)
+        blocks = [
+            LinearBlock(b.path, b.weight, b.bias, b.d_in, b.d_out, source=b.source, module=b.module)
+            for b in state.factors.blocks
+        ]
+        if shared_weights(engine.module, blocks):
+            return None
+
+        def score(rows, targets, transformed):
+            return layer_gradient_scores(engine, blocks, transformed, rows, targets)
+
+        return score
 
     def solve(self, state: State, damping: float | str | None) -> Solution:
         assert isinstance(state, _KroneckerState)  # what prepare returned

@@ -1,0 +1,131 @@
+"""Kernel movement with the kernels summed layer by layer
+(attnaudit.analyses.ntk_distance.movement.layer_kernels), the plan taken when even two rows'
+Jacobians over all parameters do not fit the memory budget, against the Jacobian-contraction
+plan (:func:`_upper_blocks`) and against explicit per-group Jacobian products."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from attnaudit.analyses.ntk_distance import movement
+from attnaudit.analyses.ntk_distance.movement import entk_by_group, kernel_movement, layer_kernels, parameter_groups
+from attnaudit.core import Engine
+from attnaudit.core.task import Task
+from attnaudit.models.vit import ViT, ViTSpec
+
+F64 = torch.float64
+
+
+class _Attention(nn.Module):
+    """Linear embedding, torch's nn.MultiheadAttention, a LayerNorm and a head; 3 outputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(4, 8, dtype=F64)
+        self.mha = nn.MultiheadAttention(8, 2, batch_first=True, dtype=F64)
+        self.norm = nn.LayerNorm(8, dtype=F64)
+        self.head = nn.Linear(8, 3, dtype=F64)
+
+    def forward(self, x):
+        h = torch.tanh(self.embed(x.reshape(x.shape[0], 4, 4)))
+        h, _ = self.mha(h, h, h)
+        return self.head(self.norm(h).mean(1))
+
+
+class _Convs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.patch = nn.Conv2d(1, 3, 4, stride=4, dtype=F64)
+        self.conv = nn.Conv2d(3, 2, 3, padding="same", bias=False, dtype=F64)
+        self.head = nn.Linear(2 * 2 * 2, 3, dtype=F64)
+
+    def forward(self, x):
+        h = torch.tanh(self.patch(x.reshape(-1, 1, 8, 8)))
+        return self.head(torch.tanh(self.conv(h)).flatten(1))
+
+
+def _vit(seed):
+    return ViT(ViTSpec("vit", (1, 8, 8), 3, depth=2, dim=8, heads=2, patch=4, mlp_ratio=2, seed=seed), dtype=F64)
+
+
+def _pair(case):
+    """Two models of one architecture (different weights), their Tasks, and rows."""
+    gen = torch.Generator().manual_seed(2)
+    if case == "vit":
+        a, b = _vit(0), _vit(1)
+        d = 64
+    else:
+        torch.manual_seed(0)
+        a = (_Attention if case == "attention" else _Convs)()
+        b = copy.deepcopy(a)
+        with torch.no_grad():
+            for p in b.parameters():
+                p.add_(0.3 * torch.randn(p.shape, generator=gen, dtype=F64))
+        d = 16 if case == "attention" else 64
+    X = torch.randn(11, d, generator=gen, dtype=F64)
+    y = torch.randint(0, 3, (11,), generator=gen)
+    tasks = []
+    for m in (a, b):
+        m.eval()
+        tasks.append(Task(m, 3, inputs=m.audit_inputs()) if hasattr(m, "audit_inputs") else Task(m, 3))
+    return tasks, X, y
+
+
+@pytest.mark.parametrize("form", ["full", "trace"])
+@pytest.mark.parametrize("case", ["vit", "attention", "conv"])
+def test_layer_by_layer_movement_equals_the_jacobian_contraction(case, form, monkeypatch):
+    tasks, X, y = _pair(case)
+    ref = kernel_movement(tasks[0], tasks[1], X, y, form=form)
+    monkeypatch.setattr(movement, "_jacobian_plan_fits", lambda *a: False)
+    # small budget: the layers in several runs and the Jacobian panels recomputed
+    ours = kernel_movement(tasks[0], tasks[1], X, y, form=form, memory_bytes=150_000)
+    assert ref.movement_trace > 1e-3  # the two models differ
+    for key in (
+        "movement",
+        "movement_trace",
+        "norm_init",
+        "norm_trained",
+        "kernel_distance",
+        "cka_init",
+        "cka_trained",
+    ):
+        a, b = getattr(ours, key), getattr(ref, key)
+        assert (a is None and b is None) or a == pytest.approx(b, rel=1e-9, abs=1e-12), key
+    for g0, g1 in zip(ours.groups, ref.groups):
+        assert g0.group == g1.group
+        assert g0.movement_trace == pytest.approx(g1.movement_trace, rel=1e-9)
+        assert g0.trace_share_trained == pytest.approx(g1.trace_share_trained, rel=1e-9, abs=1e-15)
+        if form == "full":
+            assert g0.movement == pytest.approx(g1.movement, rel=1e-9)
+    torch.testing.assert_close(ours.kernel_trained, ref.kernel_trained, rtol=1e-10, atol=1e-13)
+
+
+def test_layer_kernels_equal_the_group_kernels_of_full_jacobians():
+    tasks, X, _ = _pair("vit")
+    eng = Engine(tasks[1], dtype=F64)
+    groups = parameter_groups(eng.names)
+    eng = Engine(tasks[1], dtype=F64, names=[n for m in groups.values() for n in m])
+    slices, start = {}, 0
+    numel = dict(zip(eng.names, eng.numels))
+    for g, members in groups.items():
+        size = sum(numel[m] for m in members)
+        slices[g] = (start, start + size)
+        start += size
+    ours = layer_kernels(eng, eng.rows(X), slices, 3, "full", 400_000)
+    ref = entk_by_group(tasks[1], X)
+    n = X.shape[0]
+    for g in groups:
+        torch.testing.assert_close(ours[g].view(n, 3, n, 3).permute(0, 2, 1, 3), ref[g], rtol=1e-10, atol=1e-13)
+
+
+def test_a_budget_too_small_for_one_layer_is_refused_with_the_budget_that_works(monkeypatch):
+    from attnaudit.errors import AuditError
+
+    tasks, X, y = _pair("conv")
+    monkeypatch.setattr(movement, "_jacobian_plan_fits", lambda *a: False)
+    with pytest.raises(AuditError, match="budget"):
+        kernel_movement(tasks[0], tasks[1], X, y, memory_bytes=20_000)

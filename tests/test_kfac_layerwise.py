@@ -1,0 +1,152 @@
+"""K-FAC / EK-FAC scoring of the training samples from per-layer outer products
+(attnaudit.analyses.influence.kfac.layer_gradient_scores) against the per-sample gradients
+over all parameters (``InfluenceConfig(fast_path=False)``) and against torch.func's own
+per-sample gradients.
+
+The influence of K-FAC is -g_train . (F + lambda I)^-1 g_test with the preconditioned test
+gradient zero outside the covered layers, so only the covered layers' gradients enter; the
+fast path forms them layer by layer as sum_t s_t a_t^T and must give the same numbers.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from attnaudit.analyses.influence.influence import InfluenceConfig, influence_sweep
+from attnaudit.analyses.influence.kfac import layer_gradient_scores, linear_blocks, shared_weights
+from attnaudit.core import Engine
+from attnaudit.core.task import Task
+
+F64 = torch.float64
+
+
+class _Attention(nn.Module):
+    """4 tokens of width 8: a linear embedding, torch's nn.MultiheadAttention, a LayerNorm
+    (tracked, not covered) and a linear head on the mean token."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(4, 8, dtype=F64)
+        self.mha = nn.MultiheadAttention(8, 2, batch_first=True, dtype=F64)
+        self.norm = nn.LayerNorm(8, dtype=F64)
+        self.head = nn.Linear(8, 3, dtype=F64)
+
+    def forward(self, x):
+        h = torch.tanh(self.embed(x.reshape(x.shape[0], 4, 4)))
+        h, _ = self.mha(h, h, h)
+        return self.head(self.norm(h).mean(1))
+
+
+class _Convs(nn.Module):
+    """A patch embedding, a padded convolution without bias and a linear head on 1x8x8 images."""
+
+    def __init__(self):
+        super().__init__()
+        self.patch = nn.Conv2d(1, 3, 4, stride=4, dtype=F64)
+        self.conv = nn.Conv2d(3, 2, 3, padding="same", bias=False, dtype=F64)
+        self.head = nn.Linear(2 * 2 * 2, 3, dtype=F64)
+
+    def forward(self, x):
+        h = torch.tanh(self.patch(x.reshape(-1, 1, 8, 8)))
+        return self.head(torch.tanh(self.conv(h)).flatten(1))
+
+
+class _Tied(nn.Module):
+    """A linear layer whose weight is also used, transposed, by the output layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(16, 6, bias=False, dtype=F64)
+        self.mid = nn.Linear(6, 16, dtype=F64)
+        self.mid.weight = nn.Parameter(self.inp.weight.detach().T.contiguous())
+        self.out = nn.Linear(16, 3, dtype=F64)
+        self.out2 = self.mid  # the same module under a second name: its weight is shared
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.out2(torch.tanh(self.inp(x)))))
+
+
+def _data(n, d=16, classes=3, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(n, d, generator=gen, dtype=F64), torch.randint(0, classes, (n,), generator=gen)
+
+
+def _vit():
+    from attnaudit.models.vit import ViT, ViTSpec
+
+    return ViT(ViTSpec("vit", (1, 8, 8), 3, depth=2, dim=8, heads=2, patch=4, mlp_ratio=2), dtype=F64)
+
+
+CASES = {
+    "attention": (lambda: _Attention(), 16, "ce"),
+    "conv": (lambda: _Convs(), 64, "ce"),
+    "vit": (_vit, 64, "mse"),
+}
+
+
+@pytest.mark.parametrize("estimator", ["kfac", "ekfac"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_per_layer_scores_equal_the_per_sample_gradient_path(case, estimator):
+    build, d, loss = CASES[case]
+    torch.manual_seed(0)
+    model = build().eval()
+    X, y = _data(30, d)
+    task = Task(model, 3, loss, inputs=model.audit_inputs()) if hasattr(model, "audit_inputs") else Task(model, 3, loss)
+    cfg = InfluenceConfig(estimator=estimator, per_test=True, chunk_size=7)  # several chunks
+    dampings = [0.1, "1x"]
+    fast = influence_sweep(task, X[:20], y[:20], X[20:], y[20:], cfg, dampings=dampings)
+    slow = influence_sweep(
+        task, X[:20], y[:20], X[20:], y[20:], InfluenceConfig(**{**cfg.__dict__, "fast_path": False}), dampings=dampings
+    )
+    for f, s in zip(fast, slow):
+        assert f.diagnostics["train_gradients"] == "per-layer outer products"
+        assert s.diagnostics["train_gradients"] == "per-sample gradients"
+        assert float(s.per_test.abs().max()) > 1e-8  # not a comparison of zeros
+        torch.testing.assert_close(f.per_test, s.per_test, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(f.total, s.total, rtol=1e-9, atol=1e-12)
+    if case == "attention":  # the LayerNorm is tracked but not covered: it must not enter either path
+        assert {"norm.weight", "norm.bias"} <= set(fast[0].diagnostics["excluded_parameters"])
+
+
+def test_layer_scores_are_the_products_of_torch_func_per_sample_gradients():
+    """Against per-sample gradients written out here with torch.func (not the engine's code),
+    with random vectors on the covered layers and zeros elsewhere."""
+    torch.manual_seed(0)
+    model = _Attention().eval()
+    X, y = _data(9, 16)
+    eng = Engine(Task(model, 3, "ce"), dtype=F64)
+    blocks, excluded = linear_blocks(eng)
+    assert excluded  # the LayerNorm
+    gen = torch.Generator().manual_seed(3)
+    V = torch.randn(eng.n_params, 4, generator=gen, dtype=F64)
+    start = 0
+    for name, k in zip(eng.names, eng.numels):
+        if name in excluded:
+            V[start : start + k] = 0.0
+        start += k
+    ours = layer_gradient_scores(eng, blocks, V, X, eng.targets(y))
+
+    named = dict(model.named_parameters())
+    params = {n: named[n].detach() for n in eng.names}
+
+    def loss(p, x, t):
+        logits = torch.func.functional_call(model, p, (x[None],))
+        return torch.nn.functional.cross_entropy(logits, t[None], reduction="sum")
+
+    grads = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, 0))(params, X, y)
+    G = torch.cat([grads[n].reshape(X.shape[0], -1) for n in eng.names], 1)
+    torch.testing.assert_close(ours, G @ V, rtol=1e-10, atol=1e-12)
+
+
+def test_tied_weights_fall_back_to_per_sample_gradients():
+    torch.manual_seed(0)
+    model = _Tied().eval()
+    eng = Engine(Task(model, 3, "ce"), dtype=F64)
+    blocks, _ = linear_blocks(eng)
+    assert shared_weights(model, blocks)
+    X, y = _data(12)
+    res = influence_sweep(Task(model, 3, "ce"), X[:8], y[:8], X[8:], y[8:], InfluenceConfig(estimator="ekfac"))
+    assert res[0].diagnostics["train_gradients"] == "per-sample gradients"
+    assert not shared_weights(_Attention(), linear_blocks(Engine(Task(_Attention(), 3, "ce"), dtype=F64))[0])
