@@ -5,12 +5,19 @@ R has independent entries +-1/sqrt(k). ``apply(G)`` gives G R for rows of per-sa
 gradients G (m, P) block by block; ``columns(j0, j1)`` gives R[:, j0:j1]. The same seed and
 block size give the same R everywhere (the blocks are drawn from their own generators, so a
 block does not depend on which other blocks were drawn before it).
+
+:class:`KroneckerProjection` is the projection of ``--estimator projected`` (LoGra / TRAK):
+per linear layer the Kronecker product of two orthonormal seeded factors, one on the
+layer's inputs and one on its output gradients, so a per-sample gradient is projected
+without being formed; the tracked parameters outside linear layers go through a
+:class:`SignProjection`.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Any, Iterator
 
 import torch
 
@@ -52,3 +59,158 @@ class SignProjection:
         for j0, j1 in self.blocks():
             out[:, j0:j1] = G @ self.columns(j0, j1).to(G.dtype)
         return out
+
+
+# --------------------------------------------------------------------------- LoGra / TRAK layout
+def orthonormal_basis(d: int, k: int, seed: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor | None:
+    """Q (d, k) with orthonormal columns, from the QR factorisation of a seeded Gaussian matrix
+    (float64 on the CPU, then cast), or None for the identity when k >= d (no compression)."""
+    if k >= d:
+        return None
+    gen = torch.Generator().manual_seed(int(seed))
+    G = torch.randn(d, k, generator=gen, dtype=torch.float64)
+    Q, R = torch.linalg.qr(G)
+    Q = Q * torch.sign(torch.diagonal(R))[None, :]  # a unique factor (positive diagonal of R)
+    return Q.to(device=device, dtype=dtype)
+
+
+@dataclass
+class LayerProjection:
+    """One linear layer's projection: its per-sample weight gradient G (d_out, w_in), the bias
+    appended as a last input column (w_in = d_in + 1), maps to P_out^T G P_in (k_out, k_in),
+    flattened row-major. ``P_in`` / ``P_out``: orthonormal columns, None for the identity."""
+
+    block: Any  # kfac.LinearBlock (structure only)
+    w_offset: int
+    b_offset: int | None
+    k_in: int
+    k_out: int
+    P_in: torch.Tensor | None
+    P_out: torch.Tensor | None
+    col: int  # first column of this layer in the projected vector
+
+    @property
+    def dim(self) -> int:
+        return self.k_in * self.k_out
+
+
+def allocate(k: int, sizes: list[tuple[int, int]], n_other: int) -> tuple[list[tuple[int, int]], int]:
+    """Split a total projected dimension ``k`` between linear layers (``sizes``: (w_in, d_out)
+    each) and ``n_other`` remaining parameters, in proportion to their parameter counts:
+    per layer k_in x k_out with k_in / k_out close to w_in / d_out (the same compression on
+    both sides), k_in <= w_in, k_out <= d_out; the other parameters get what is left (at least
+    their share, at most ``n_other``). With k >= the parameter count nothing is compressed.
+    Returns ([(k_in, k_out)], k_other); the total never exceeds max(k, len(sizes) + 1)."""
+    P = sum(w * d for w, d in sizes) + n_other
+    if k >= P:
+        return [(w, d) for w, d in sizes], n_other
+    k_other = max(1, (k * n_other) // P) if n_other else 0
+    left = max(0, k - k_other)
+    P_lin = P - n_other
+    out = []
+    for w, d in sizes:
+        kb = max(1, (left * w * d) // max(P_lin, 1))
+        k_in = min(w, max(1, round(math.sqrt(kb * w / d))))
+        k_out = min(d, max(1, kb // k_in))
+        k_in = min(w, max(1, kb // k_out))
+        out.append((k_in, k_out))
+    used = sum(a * b for a, b in out)
+    if n_other:
+        k_other = min(n_other, max(k_other, k - used))
+    return out, k_other
+
+
+class KroneckerProjection:
+    """The projection R (P x k) of LoGra / TRAK over an engine's tracked parameters, never
+    formed whole: per covered linear layer P_out (x) P_in (orthonormal, seeded per layer),
+    the other tracked parameters through a :class:`SignProjection` (entries +-1/sqrt(k_other)).
+    The projected vector is [layer 1 | layer 2 | ... | other]. ``gram()`` is R^T R
+    (the identity on the layers' columns)."""
+
+    def __init__(self, engine: Any, blocks: list, other: list[str], k: int, seed: int = 0):
+        offsets, start = {}, 0
+        for name, numel in zip(engine.names, engine.numels):
+            offsets[name] = (start, numel)
+            start += numel
+        self.P = start
+        dtype, device = engine.dtype, engine.device
+        sizes = [(b.width_in, b.d_out) for b in blocks]
+        self.other_names = list(other)
+        other_index = [torch.arange(offsets[n][0], offsets[n][0] + offsets[n][1]) for n in other]
+        self.other_index = torch.cat(other_index) if other_index else torch.zeros(0, dtype=torch.long)
+        n_other = int(self.other_index.numel())
+        dims, k_other = allocate(int(k), sizes, n_other)
+        self.layers: list[LayerProjection] = []
+        col = 0
+        for i, (b, (k_in, k_out)) in enumerate(zip(blocks, dims)):
+            self.layers.append(
+                LayerProjection(
+                    b,
+                    offsets[b.weight][0],
+                    offsets[b.bias][0] if b.bias else None,
+                    k_in,
+                    k_out,
+                    orthonormal_basis(b.width_in, k_in, seed * 1_000_003 + 2 * i + 1, dtype, device),
+                    orthonormal_basis(b.d_out, k_out, seed * 1_000_003 + 2 * i + 2, dtype, device),
+                    col,
+                )
+            )
+            col += k_in * k_out
+        self.other_col, self.k_other = col, k_other
+        self.other: SignProjection | None = None
+        if k_other and k_other < n_other:
+            self.other = SignProjection(n_other, k_other, seed=seed, dtype=dtype, device=device)
+        self.k = col + k_other
+        self.other_index = self.other_index.to(device)
+
+    def describe(self) -> dict:
+        return {
+            "layers": {p.block.path: [p.k_out, p.k_in] for p in self.layers},
+            "other_parameters": self.other_names,
+            "other_dim": self.k_other,
+        }
+
+    def project_other(self, G: torch.Tensor) -> torch.Tensor:
+        """(..., n_other) -> (..., k_other)."""
+        if self.other is None:
+            return G
+        shape = G.shape
+        return self.other.apply(G.reshape(-1, shape[-1])).reshape(*shape[:-1], self.k_other)
+
+    def project_layer(self, p: LayerProjection, G: torch.Tensor) -> torch.Tensor:
+        """(..., d_out, w_in) per-sample layer gradients -> (..., k_out k_in)."""
+        if p.P_in is not None:
+            G = G @ p.P_in.to(G.dtype)
+        if p.P_out is not None:
+            G = p.P_out.to(G.dtype).T @ G
+        return G.reshape(*G.shape[:-2], -1)
+
+    def apply(self, G: torch.Tensor) -> torch.Tensor:
+        """R^T g for every row of full gradients G (m, P) -> (m, k)."""
+        m = G.shape[0]
+        out = torch.empty(m, self.k, dtype=G.dtype, device=G.device)
+        for p in self.layers:
+            b = p.block
+            W = G[:, p.w_offset : p.w_offset + b.d_out * b.d_in].reshape(m, b.d_out, b.d_in)
+            if p.b_offset is not None:
+                W = torch.cat([W, G[:, p.b_offset : p.b_offset + b.d_out, None]], 2)
+            out[:, p.col : p.col + p.dim] = self.project_layer(p, W)
+        if self.k_other:
+            out[:, self.other_col :] = self.project_other(G[:, self.other_index.to(G.device)])
+        return out
+
+    def gram(self) -> torch.Tensor:
+        """R^T R (k, k), float64: the identity on the layers' columns (orthonormal factors),
+        the sign projection's own Gram matrix on the other parameters' columns."""
+        M = torch.eye(self.k, dtype=torch.float64)
+        if self.other is not None:
+            o = self.other
+            Mo = torch.empty(o.k, o.k, dtype=torch.float64)
+            for j0, j1 in o.blocks():
+                Mo[:, j0:j1] = o.apply(o.columns(j0, j1).T.to(torch.float64)).T.cpu()
+            M[self.other_col :, self.other_col :] = 0.5 * (Mo + Mo.T)
+        return M
+
+    def dense(self) -> torch.Tensor:
+        """R (P, k) formed whole (tests, small P only)."""
+        return self.apply(torch.eye(self.P, dtype=torch.float64))

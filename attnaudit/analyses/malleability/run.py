@@ -239,13 +239,14 @@ class MalleabilityRequest(ModelFields, PresetData, Request):
         "--estimator",
         panel=ANALYSIS,
         help="exact, last-layer, cg, tracin, kfac, ekfac (Kronecker-factored, for transformers over all parameters) or "
-        "projected (random sign projection, --proj-dim).",
+        "projected (LoGra/TRAK: per-layer projected gradients, --proj-dim).",
     )
     proj_dim: int = option(
         512,
         "--proj-dim",
         panel=ANALYSIS,
-        help="Dimension k of --estimator projected (capped at the tracked parameter count, where it equals exact).",
+        help="Total projected dimension k of --estimator projected, split between layers by size (k >= the tracked "
+        "parameter count is exact).",
     )
     cache: str | None = option(
         None,
@@ -260,7 +261,9 @@ class MalleabilityRequest(ModelFields, PresetData, Request):
         panel=ANALYSIS,
         help="Curvature of --estimator kfac/ekfac: ggn (exact Gauss-Newton columns), fisher (labels sampled from the "
         "model, kronfluence's choice), empirical (the true labels' loss gradients) or auto (ggn up to 32 classes). "
-        "With --estimator exact: auto is the Hessian, ggn the exact Gauss-Newton matrix (what K-FAC approximates).",
+        "With --estimator exact: auto is the Hessian, ggn the exact Gauss-Newton matrix (what K-FAC approximates). "
+        "With --estimator projected: auto (ggn up to 32 classes, empirical above), ggn or empirical in the projected "
+        "space, or galerkin (the Hessian from k Hessian-vector products: the previous, slower estimator).",
     )
     params: str | None = option(
         None,

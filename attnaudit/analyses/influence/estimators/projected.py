@@ -1,16 +1,172 @@
-"""``projected``: Galerkin projection of (H + lambda I) s = g onto a random sign subspace
-(:class:`attnaudit.analyses.influence.projection.SignProjection`)."""
+"""``projected``: influence in a k-dimensional random projection of the per-sample gradients,
+the standard way (LoGra, Choe et al. 2024; TRAK, Park et al. 2023).
+
+Projection R (P x k, never formed; :class:`~attnaudit.analyses.influence.projection.KroneckerProjection`):
+for each linear layer (``nn.Linear``, ``nn.Conv2d`` on patches, the projections of an
+``nn.MultiheadAttention``, exactly the layers K-FAC covers) a per-sample weight gradient is
+G_i = sum_t s_it a_it^T (a: the layer's input, with a 1 appended for the bias; s: the gradient
+at its output), so its projection P_out^T G_i P_in = sum_t (P_out^T s_it)(P_in^T a_it)^T is
+formed from the projected activations and output gradients alone: O(T (w_in k_in + d_out
+k_out + k_in k_out)) per sample and layer, never d_out x w_in. P_in, P_out have orthonormal
+columns (QR of a seeded Gaussian; the identity when k_in >= w_in or k_out >= d_out). Every
+other tracked parameter (position embeddings, norms, tied weights) goes through per-sample
+Jacobians of the engine restricted to those parameters (``vmap(jacrev)``) and a
+:class:`~attnaudit.analyses.influence.projection.SignProjection`. The total k (``--proj-dim``)
+is split in proportion to parameter counts (``projection_layout`` in the diagnostics).
+
+Curvature in the projected space, from the projected rows themselves (``--curvature``):
+
+* ``ggn`` (``auto`` up to 32 classes): F = (1/n) sum_i Phi_i^T H_i Phi_i with Phi_i (c x k) the
+  projected Jacobian of sample i's logits (c backward passes per chunk, one per class) and
+  H_i = L_i L_i^T the loss's output Hessian; the projected training gradient is
+  Phi_i^T dl/df, from the same passes. This is R^T GGN R exactly.
+* ``empirical`` (``auto`` above 32 classes): F = (1/n) sum_i r_i r_i^T, r_i = R^T grad l_i
+  (one backward pass per chunk).
+* ``galerkin``: the previous estimator, R^T (H + lambda I) R with the true Hessian, from k
+  Hessian-vector products over the training set, with R a dense random sign matrix applied
+  to full per-sample gradients (cost: k HVPs, each a pass over all n training rows).
+
+Solve: z = (F + lambda M)^-1 R^T g_test with M = R^T R (the identity on the layers'
+columns), the Galerkin projection of the damped curvature: with k >= P (identity
+projections) this is exact GGN / empirical-Fisher influence. One eigendecomposition of the
+k x k pencil serves every damping; ``"<m>x"`` dampings are m times its largest eigenvalue.
+
+Reuse: the projected rows of a training sample depend on the model and on that sample only.
+They are kept in a process-wide cache keyed by the model's fingerprint (tracked values,
+frozen tensors, loss, dtype) and the projection's settings, then by the sample's content
+(row and one-hot target): a second call on the same model (``--protocol static``: the clean
+and every perturbed training set) recomputes only the rows that changed, and F is summed
+from the cached rows. :data:`ROW_CACHE_BYTES` bounds what a model's entry may hold (0 turns
+the cache off); :data:`CACHED_MODELS` models are kept, least recently used dropped first.
+"""
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
+from torch.func import grad, jacrev, vmap
 
 import attnaudit.analyses.influence.estimators.base as base
-from attnaudit.analyses.influence.projection import SignProjection
+from attnaudit.analyses.influence.kfac import (
+    EXACT_COLUMNS_UP_TO,
+    _capture,
+    _output_hessian_root,
+    _output_tokens,
+    _tokens,
+    factors_fingerprint,
+    linear_modules,
+    shared_weights,
+)
+from attnaudit.analyses.influence.projection import KroneckerProjection, SignProjection
+from attnaudit.core.engine import JACOBIAN_ROWS, ranges
+from attnaudit.errors import AuditError
 
-__all__ = ["Projected"]
+__all__ = ["CACHED_MODELS", "ROW_CACHE_BYTES", "Projected", "clear_row_cache", "projected_rows", "projection_for"]
+
+#: bytes of projected rows one model's cache entry may hold (0: no cache)
+ROW_CACHE_BYTES = 512 * 2**20
+#: models whose projected rows are kept (least recently used dropped first)
+CACHED_MODELS = 2
+_ROW_CACHE: OrderedDict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
+
+
+def clear_row_cache() -> None:
+    """Forget every cached projected row."""
+    _ROW_CACHE.clear()
+
+
+def resolve_curvature(curvature: str, n_classes: int) -> str:
+    if curvature == "auto":
+        return "ggn" if n_classes <= EXACT_COLUMNS_UP_TO else "empirical"
+    return curvature
+
+
+def projection_for(engine: Any, k: int, seed: int = 0) -> KroneckerProjection:
+    """The projection of ``engine``'s tracked parameters: the linear layers K-FAC covers (a
+    weight tied to another module goes with the other parameters), the rest signs."""
+    blocks, _ = linear_modules(engine.module, engine.names)
+    tied = set(shared_weights(engine.module, blocks))
+    blocks = [b for b in blocks if b.weight not in tied and (b.bias is None or b.bias not in tied)]
+    covered = {b.weight for b in blocks} | {b.bias for b in blocks if b.bias}
+    other = [n for n in engine.names if n not in covered]
+    return KroneckerProjection(engine, blocks, other, k, seed=seed)
+
+
+def _other_rows(engine: Any, index: torch.Tensor, rows: torch.Tensor, targets: torch.Tensor, ggn: bool):
+    """Per-sample Jacobians of the logits (B, c, m) (``ggn``) or loss gradients (B, 1, m) over
+    the tracked parameters at positions ``index`` of theta, the others held at their values."""
+    theta = engine.theta.detach()
+    p0 = theta[index]
+
+    def logits_one(po: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
+        return engine.apply(theta.index_put((index,), po), row.unsqueeze(0)).squeeze(0)
+
+    def loss_one(po: torch.Tensor, row: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return engine.loss.per_sample(logits_one(po, row).unsqueeze(0), t.unsqueeze(0)).squeeze(0)
+
+    parts = []
+    with engine.context():
+        for a, b in ranges(rows.shape[0], JACOBIAN_ROWS):
+            if ggn:
+                parts.append(vmap(jacrev(logits_one), in_dims=(None, 0))(p0, rows[a:b]))
+            else:
+                parts.append(vmap(grad(loss_one), in_dims=(None, 0, 0))(p0, rows[a:b], targets[a:b])[:, None, :])
+    return torch.cat(parts)
+
+
+def projected_rows(
+    engine: Any, proj: KroneckerProjection, rows: torch.Tensor, targets: torch.Tensor, curvature: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Psi (B, c', k), r (B, k)) for prepared rows and one-hot targets: r_i = R^T grad l_i and
+    Psi_i with Psi_i^T Psi_i sample i's term of the projected curvature (``ggn``: L_i^T Phi_i,
+    c' = c; ``empirical``: r_i, c' = 1). One forward pass and c (ggn) or 1 backward passes to
+    the linear layers' outputs, plus the other parameters' per-sample Jacobians."""
+    B, k, ggn = rows.shape[0], proj.k, curvature == "ggn"
+    blocks = [p.block for p in proj.layers]
+    with engine.context(), torch.enable_grad():
+        if blocks:
+            logits, ins, outs = _capture(engine, blocks, rows)
+        else:
+            logits = engine.apply(engine.theta.detach(), rows)
+        f = logits.detach().clone().requires_grad_(True)
+        (dl,) = torch.autograd.grad(engine.loss.per_sample(f, targets).sum(), f)  # (B, c)
+        n_cols = logits.shape[1] if ggn else 1
+        Phi = torch.empty(B, n_cols, k, dtype=logits.dtype, device=logits.device)
+        if blocks:
+            acts = {}
+            for p in proj.layers:
+                a = _tokens(ins[p.block.path].detach(), B)
+                if p.block.bias:
+                    a = torch.cat([a, torch.ones(*a.shape[:2], 1, dtype=a.dtype, device=a.device)], 2)
+                acts[p.block.path] = a @ p.P_in if p.P_in is not None else a  # (B, T, k_in)
+            out_list = [outs[b.path] for b in blocks]
+            for j in range(n_cols):
+                target = logits[:, j].sum() if ggn else (logits * dl).sum()
+                grads = torch.autograd.grad(target, out_list, retain_graph=j + 1 < n_cols)
+                for p, g in zip(proj.layers, grads):
+                    s = _output_tokens(p.block, g.detach(), B)
+                    if p.P_out is not None:
+                        s = s @ p.P_out  # (B, T, k_out)
+                    Phi[:, j, p.col : p.col + p.dim] = torch.bmm(s.transpose(1, 2), acts[p.block.path]).reshape(B, -1)
+            del ins, outs, out_list
+    if proj.k_other:
+        J = _other_rows(engine, proj.other_index, rows, targets, ggn)
+        Phi[:, :, proj.other_col :] = proj.project_other(J.to(Phi.dtype))
+    if not ggn:
+        return Phi, Phi[:, 0]
+    L = _output_hessian_root(engine.loss, logits.detach()).to(Phi.dtype)  # (B, c, c), L L^T = H
+    r = torch.einsum("bc,bck->bk", dl.to(Phi.dtype), Phi)
+    return torch.einsum("bcj,bck->bjk", L, Phi), r
+
+
+def _row_keys(rows: torch.Tensor, targets: torch.Tensor) -> list[str]:
+    r = rows.detach().cpu().contiguous().reshape(rows.shape[0], -1)
+    t = targets.detach().cpu().contiguous().reshape(targets.shape[0], -1)
+    return [hashlib.sha1(r[i].numpy().tobytes() + t[i].numpy().tobytes()).hexdigest() for i in range(r.shape[0])]
 
 
 @dataclass
@@ -20,61 +176,200 @@ class _ProjectedState(base.State):
     Bp: torch.Tensor | None = None
     lam_max: float = 0.0
     diagnostics: dict | None = None
+    # LoGra / TRAK: the pencil's eigenvectors U (k, r) and eigenvalues, the test side in that basis
+    U: torch.Tensor | None = None
+    evals: torch.Tensor | None = None
+    coeff: torch.Tensor | None = None
+    scorer: Callable | None = None
 
 
 @base.register
 class Projected(base.Estimator):
-    """H_R = R^T H R from k Hessian-vector products, M = R^T R, then z = (H_R + lambda M)^-1 R^T g
-    solved exactly (k x k) for every test gradient; a training gradient scores -(R^T g_train) . z.
-    With k >= P (k is capped at P) and R of full rank this is exact influence; the error falls
-    as k grows."""
+    """Per-sample gradients projected to k dimensions (per linear layer through its inputs and
+    output gradients, LoGra's Kronecker form), the curvature built from the projected rows
+    (Gauss-Newton or empirical Fisher, k x k) and solved exactly; ``--curvature galerkin``:
+    the Hessian on a random sign subspace from k Hessian-vector products (see the module
+    docstring). With k >= P the projections are identities and this is exact (GGN / Fisher /
+    Hessian) influence."""
 
     name = "projected"
+    curvatures = {
+        "auto": "the Gauss-Newton matrix up to 32 classes, the empirical Fisher above (projected)",
+        "ggn": "the exact Gauss-Newton matrix in the projected space",
+        "empirical": "the empirical Fisher in the projected space",
+        "galerkin": "the Hessian, Galerkin-projected from k Hessian-vector products",
+    }
+    # a cached-feature fast path is fine: its engine's linear layers (an nn.Linear head) are found the same way
     budget_hint = "lower --proj-dim, or use --estimator ekfac"
 
     def memory_parts(self, query: base.MemoryQuery) -> dict[str, int]:
-        # R^T H R, R^T R and one factorisation (3 k^2), two column blocks of R and H R (2 x 64 P)
+        # F (or R^T H R), R^T R and one eigendecomposition (3 k^2); galerkin: two column blocks of R and H R (2 x 64 P)
         P = query.n_params
         return {"projected_curvature": (3 * min(query.proj_dim, P) ** 2 + 2 * 64 * P) * query.itemsize}
 
+    # ------------------------------------------------------------------ prepare
     def prepare(self, context: base.Context) -> base.State:
-        config, hvp, eng, B = context.config, context.hvp, context.engine, context.test_grads
-        P = hvp.size
-        k = min(int(config.proj_dim), P)  # more columns than parameters add nothing (R^T R would be singular)
-        proj = SignProjection(P, k, seed=config.seed, dtype=eng.dtype, device=eng.device)
-        HR = torch.empty(k, k, dtype=torch.float64, device=eng.device)
-        M = torch.empty(k, k, dtype=torch.float64, device=eng.device)
-        for j0, j1 in proj.blocks():
-            Rj = proj.columns(j0, j1)
-            HRj = hvp.matmat(Rj.T.contiguous()).T  # (P, b) = H R_j
-            HR[:, j0:j1] = proj.apply(HRj.T).T.to(torch.float64)
-            M[:, j0:j1] = proj.apply(Rj.T).T.to(torch.float64)
-        HR = 0.5 * (HR + HR.T)
-        M = 0.5 * (M + M.T)
-        Bp = proj.apply(B).to(torch.float64)  # (k_test, k)
-        # Ritz values of H on span(R): the generalised eigenvalues of (H_R, M)
-        L = torch.linalg.cholesky(M)
-        C = torch.linalg.solve_triangular(L, torch.linalg.solve_triangular(L, HR, upper=False).T, upper=False)
-        evals = torch.linalg.eigvalsh(0.5 * (C + C.T))
+        config, eng = context.config, context.engine
+        curvature = resolve_curvature(config.curvature, eng.n_classes)
+        if curvature == "galerkin":
+            return _galerkin(context)
+        proj = projection_for(eng, int(config.proj_dim), seed=config.seed)
+        k = proj.k
+        rows, T = context.train_rows, context.train_targets
+        n = rows.shape[0]
+        keys = _row_keys(rows, T)
+        cols = eng.n_classes if curvature == "ggn" else 1
+        model_key = "|".join(
+            [
+                factors_fingerprint(eng, rows[:0], "projected", curvature, config.seed),
+                str(config.proj_dim),
+                str(proj.describe()),
+            ]
+        )
+        per_row = (cols + 1) * k * eng.theta.element_size()
+        caching = ROW_CACHE_BYTES > 0 and n * per_row <= ROW_CACHE_BYTES
+        entries = _ROW_CACHE.pop(model_key, {}) if caching else {}
+        missing = [i for i, key in enumerate(keys) if key not in entries]
+        hits = [i for i, key in enumerate(keys) if key in entries]
+        G = torch.empty(n, k, dtype=eng.dtype, device=eng.device)
+        F = torch.zeros(k, k, dtype=torch.float64, device=eng.device)
+        for a, b in ranges(len(missing), context.chunk):
+            idx = torch.tensor(missing[a:b], dtype=torch.long, device=rows.device)
+            psi, r = projected_rows(eng, proj, rows[idx], T[idx], curvature)
+            flat = psi.reshape(-1, k).to(torch.float64)
+            F.addmm_(flat.T, flat)
+            G[idx] = r
+            if caching:
+                for j, i in enumerate(missing[a:b]):
+                    entries[keys[i]] = (psi[j].clone(), r[j].clone())
+        for a, b in ranges(len(hits), context.chunk):
+            part = hits[a:b]
+            flat = torch.cat([entries[keys[i]][0] for i in part]).to(torch.float64)
+            F.addmm_(flat.T, flat)
+            G[torch.tensor(part, dtype=torch.long)] = torch.stack([entries[keys[i]][1] for i in part])
+        F /= max(n, 1)
+        if caching:
+            live = set(keys)  # keep this training set's rows (and drop rows it no longer has, bounding the entry)
+            _ROW_CACHE[model_key] = {key: v for key, v in entries.items() if key in live}
+            while len(_ROW_CACHE) > CACHED_MODELS:
+                _ROW_CACHE.popitem(last=False)
+
+        # the pencil (F, M): M = R^T R, its range basis W (k, r) with W^T M W = I
+        M = proj.gram().to(eng.device)
+        eM, VM = torch.linalg.eigh(M)
+        keep = eM > k * torch.finfo(torch.float64).eps * float(eM.max())
+        W = VM[:, keep] / eM[keep].sqrt()
+        Fr = W.T @ F @ W
+        evals, V = torch.linalg.eigh(0.5 * (Fr + Fr.T))
+        U = W @ V  # (k, r): F U = M U diag(evals), U^T M U = I
+        Bp = proj.apply(context.test_grads).to(torch.float64)  # (k_test, k)
+        coeff = Bp @ U
         lam_max = float(evals[-1])
-        info = {"lambda_max": lam_max, "lambda_max_method": "Ritz value on span(R)", "solver": "projected"}
+
+        lookup = {key: i for i, key in enumerate(keys)}
+
+        def score(rows_: torch.Tensor, targets_: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
+            found = [lookup.get(key) for key in _row_keys(rows_, targets_)]
+            if all(i is not None for i in found):
+                R_ = G[torch.tensor(found, dtype=torch.long)]
+            else:  # rows this call did not prepare: projected afresh
+                R_ = projected_rows(eng, proj, eng.rows(rows_), targets_.to(eng.device, eng.dtype), curvature)[1]
+            return R_.to(S.dtype) @ S
+
+        info = {
+            "lambda_max": lam_max,
+            "lambda_max_method": "largest eigenvalue of the projected curvature (Ritz value on span(R))",
+            "solver": "projected",
+        }
         diag = {
             "proj_dim": int(config.proj_dim),
             "proj_dim_used": k,
-            "projection": "random signs +-1/sqrt(k), seeded column blocks",
+            "projection": "per linear layer: orthonormal seeded Gaussian factors on inputs and output gradients "
+            "(Kronecker, LoGra); other parameters: random signs",
             "projection_seed": config.seed,
-            "hessian_vector_products": k,
+            "projection_layout": proj.describe(),
+            "curvature": curvature,
+            "hessian_vector_products": 0,
+            "backward_passes_per_chunk": cols,
+            "projected_rows_computed": len(missing),
+            "projected_rows_reused": len(hits),
             "projected_min_eigenvalue": float(evals[0]),
         }
+        # fast_path=False: full per-sample gradients through R (the reference the tests compare with)
+        train_map = None if config.fast_path else proj.apply
         return _ProjectedState(
-            context, info, train_map=proj.apply, HR=HR, M=M, Bp=Bp, lam_max=lam_max, diagnostics=diag
+            context,
+            info,
+            train_map=train_map,
+            lam_max=lam_max,
+            diagnostics=diag,
+            U=U,
+            evals=evals,
+            coeff=coeff,
+            scorer=score,
         )
 
+    def train_scorer(self, state: base.State):
+        assert isinstance(state, _ProjectedState)  # what prepare returned
+        return state.scorer  # None for galerkin: full per-sample gradients through train_map
+
+    # ------------------------------------------------------------------ solve
     def solve(self, state: base.State, damping: float | str | None) -> base.Solution:
         assert isinstance(state, _ProjectedState)  # what prepare returned
         assert damping is not None  # uses_damping: the sweep passes every damping as given
-        HR, M, Bp, diagnostics = state.HR, state.M, state.Bp, state.diagnostics
-        assert HR is not None and M is not None and Bp is not None and diagnostics is not None  # set by prepare
+        diagnostics = state.diagnostics
+        assert diagnostics is not None  # set by prepare
         d = base.absolute_damping(damping, state.lam_max) if isinstance(damping, str) else float(damping)
-        Z = torch.linalg.solve(HR + d * M, Bp.T).T  # (k_test, k)
-        return base.Solution(Z.to(state.context.test_grads.dtype), d, dict(diagnostics))
+        dtype = state.context.test_grads.dtype
+        if state.U is None:  # galerkin
+            HR, M, Bp = state.HR, state.M, state.Bp
+            assert HR is not None and M is not None and Bp is not None  # set by prepare
+            Z = torch.linalg.solve(HR + d * M, Bp.T).T  # (k_test, k)
+            return base.Solution(Z.to(dtype), d, dict(diagnostics))
+        U, evals, coeff = state.U, state.evals, state.coeff
+        assert evals is not None and coeff is not None  # set with U
+        shifted = evals + d
+        scale = max(float(evals.abs().max()) if evals.numel() else 0.0, 1e-300)
+        if not evals.numel() or float(shifted.abs().min()) <= 1e-12 * scale:
+            raise AuditError(
+                f"the damped projected curvature is singular (damping {d:g}, largest eigenvalue {state.lam_max:.3g}); "
+                f"pass a damping > 0, e.g. --damping {max(1e-3 * state.lam_max, 1e-8):.1g}"
+            )
+        Z = (coeff / shifted) @ U.T  # (k_test, k)
+        diag = {**diagnostics, "damped_min_eigenvalue": float(shifted[0])}
+        return base.Solution(Z.to(dtype), d, diag)
+
+
+def _galerkin(context: base.Context) -> _ProjectedState:
+    """H_R = R^T H R from k Hessian-vector products, M = R^T R (R: random signs over all P
+    parameters, applied to full per-sample gradients)."""
+    config, hvp, eng, B = context.config, context.hvp, context.engine, context.test_grads
+    P = hvp.size
+    k = min(int(config.proj_dim), P)  # more columns than parameters add nothing (R^T R would be singular)
+    proj = SignProjection(P, k, seed=config.seed, dtype=eng.dtype, device=eng.device)
+    HR = torch.empty(k, k, dtype=torch.float64, device=eng.device)
+    M = torch.empty(k, k, dtype=torch.float64, device=eng.device)
+    for j0, j1 in proj.blocks():
+        Rj = proj.columns(j0, j1)
+        HRj = hvp.matmat(Rj.T.contiguous()).T  # (P, b) = H R_j
+        HR[:, j0:j1] = proj.apply(HRj.T).T.to(torch.float64)
+        M[:, j0:j1] = proj.apply(Rj.T).T.to(torch.float64)
+    HR = 0.5 * (HR + HR.T)
+    M = 0.5 * (M + M.T)
+    Bp = proj.apply(B).to(torch.float64)  # (k_test, k)
+    # Ritz values of H on span(R): the generalised eigenvalues of (H_R, M)
+    L = torch.linalg.cholesky(M)
+    C = torch.linalg.solve_triangular(L, torch.linalg.solve_triangular(L, HR, upper=False).T, upper=False)
+    evals = torch.linalg.eigvalsh(0.5 * (C + C.T))
+    lam_max = float(evals[-1])
+    info = {"lambda_max": lam_max, "lambda_max_method": "Ritz value on span(R)", "solver": "projected"}
+    diag = {
+        "proj_dim": int(config.proj_dim),
+        "proj_dim_used": k,
+        "projection": "random signs +-1/sqrt(k), seeded column blocks",
+        "projection_seed": config.seed,
+        "curvature": "galerkin",
+        "hessian_vector_products": k,
+        "projected_min_eigenvalue": float(evals[0]),
+    }
+    return _ProjectedState(context, info, train_map=proj.apply, HR=HR, M=M, Bp=Bp, lam_max=lam_max, diagnostics=diag)
