@@ -23,7 +23,7 @@ the per-sample-gradient GEMM floor it cannot beat (one (n_train x P) x (P x n_te
 product of the gradients it forms). ``--small`` shrinks everything for a quick check (the
 test suite does not run this file; ``--small`` takes about a minute on 2 cores).
 
-    python benchmarks/bench_scale.py [--small] [--threads N] [--out DIR]
+    python benchmarks/bench_scale.py [--small] [--threads N] [--out DIR] [--device cuda]
 """
 
 from __future__ import annotations
@@ -74,10 +74,10 @@ def _data_args() -> dict:
     return {"dataset": "digits"}
 
 
-def deit_stages(size: dict, work: Path) -> list[tuple[str, str]]:
+def deit_stages(size: dict, work: Path, device: str = "cpu") -> list[tuple[str, str]]:
     ckpt = work / "deit.safetensors"
     data = _data_args()
-    common = f"import attnaudit as aa; data = {data!r}\n"
+    common = f"import attnaudit as aa; data = {{**{data!r}, 'device': {device!r}}}\n"
     train = (
         common + f"aa.run(aa.TrainRequest(arch='vit', depth={size['depth']}, dim={size['dim']}, heads={size['heads']}, "
         f"patch={size['patch']}, steps={size['steps']}, n_train={size['n_train']}, out_path={str(ckpt)!r}, **data))\n"
@@ -104,7 +104,7 @@ def deit_stages(size: dict, work: Path) -> list[tuple[str, str]]:
     ]
 
 
-def bert_stages(size: dict, work: Path) -> list[tuple[str, str]]:
+def bert_stages(size: dict, work: Path, device: str = "cpu") -> list[tuple[str, str]]:
     folder, reviews = work / "bert", work / "reviews.jsonl"
     build = f"""
 import sys, torch, transformers
@@ -131,7 +131,7 @@ fit(wrapped, ds.X, ds.y, Recipe(optimizer="adam", lr=1e-3, batch_size=32, steps=
 model.save_pretrained(folder)
 print(sum(p.numel() for p in model.parameters()))
 """
-    data = f"data={str(reviews)!r}, max_length={size['length']}, checkpoint=({str(folder)!r},)"
+    data = f"data={str(reviews)!r}, max_length={size['length']}, checkpoint=({str(folder)!r},), device={device!r}"
     common = "import attnaudit as aa\n"
     n = size["n"]
     return [
@@ -170,6 +170,9 @@ def main() -> int:
     parser.add_argument("--small", action="store_true")
     parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
     parser.add_argument("--out", default=None)
+    parser.add_argument(
+        "--device", default="cpu", help="device of every audit stage (the text model is trained on the CPU)"
+    )
     args = parser.parse_args()
     sizes = SIZES["small" if args.small else "full"]
     env = {
@@ -183,7 +186,7 @@ def main() -> int:
     summary = {}
     for name, builder in (("deit-tiny", deit_stages), ("bert-mini", bert_stages)):
         total, peak, params, stages, failed = 0.0, 0.0, 0, {}, {}
-        for stage, code in builder(sizes[name], work):
+        for stage, code in builder(sizes[name], work, args.device):
             seconds, gib, out, error = _stage(code, env)
             total += seconds
             peak = max(peak, gib)

@@ -172,6 +172,7 @@ def run_check(device: str, size: str, out_dir: Path) -> dict:
             f"{'agree' if stages[-1]['ok'] else 'DISAGREE'} ({len(agreement)} numbers)",
             flush=True,
         )
+    scale = _scale_benchmark(device, size, out_dir)
     cuda = torch.cuda.is_available()
     result = {
         "schema": "attnaudit.gpu-check/1",
@@ -183,6 +184,7 @@ def run_check(device: str, size: str, out_dir: Path) -> dict:
         "device_name": torch.cuda.get_device_name(0) if cuda and device.startswith("cuda") else platform.processor(),
         "threads": torch.get_num_threads(),
         "stages": stages,
+        "scale": scale,
         "ok": all(s["ok"] for s in stages),
     }
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -191,6 +193,25 @@ def run_check(device: str, size: str, out_dir: Path) -> dict:
     total_dev = sum(s["seconds"]["device"] for s in stages)
     print(f"RATIO gpu_check_speedup={total_cpu / total_dev if total_dev else float('nan'):.2f}")
     return result
+
+
+def _scale_benchmark(device: str, size: str, out_dir: Path) -> dict | None:
+    """benchmarks/bench_scale.py on ``device`` (``--small`` for the small check, full size for the
+    full one, skipped in the tiny form): its SCALE lines, parsed, and its exit status."""
+    import subprocess
+
+    if size == "tiny":
+        return None
+    script = Path(__file__).resolve().parents[1] / "bench_scale.py"
+    cmd = [sys.executable, str(script), "--device", device, "--out", str(out_dir / "scale")]
+    if size == "small":
+        cmd.append("--small")
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    lines = [line for line in out.stdout.splitlines() if line.startswith(("SCALE ", "RATIO "))]
+    for line in lines:
+        print(line, flush=True)
+    models = [dict(part.split("=", 1) for part in line.split()[1:]) for line in lines if line.startswith("SCALE ")]
+    return {"command": " ".join(cmd[1:]), "exit": out.returncode, "models": models, "lines": lines}
 
 
 def main(argv: list[str] | None = None) -> int:

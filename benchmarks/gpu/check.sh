@@ -6,7 +6,8 @@
 #   DEVICE=cpu SMALL=1 bash benchmarks/gpu/check.sh DIR  # the same path on this machine's CPU (minutes)
 #   DEVICE=cpu TINY=1 bash benchmarks/gpu/check.sh DIR   # the test suite's form (under a minute)
 #
-# Each analysis (kappa, ntk-distance, malleability, landscape) runs on the CPU and on DEVICE;
+# Each analysis (kappa, ntk-distance, malleability, landscape) runs on the CPU and on DEVICE, then
+# benchmarks/bench_scale.py on DEVICE (--small with SMALL=1, skipped with TINY=1);
 # timings and the agreement of their numbers (tolerances in benchmarks/gpu/check.py) go to
 # OUT_DIR/gpu-check.json ($OUT when no folder is given). Exit 0 when every number agrees.
 set -euo pipefail
