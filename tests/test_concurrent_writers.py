@@ -70,18 +70,25 @@ def test_two_runs_writing_one_out_dir_leave_one_whole_set(tmp_path):
         assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left
 
 
+# run in its own process (python worker.py CACHE OUT); its seeding stays inside main()
 _CACHE_WORKER = """
 import sys, torch
 from torch import nn
 from attnaudit.analyses.influence.influence import InfluenceConfig, compute_influence
 from attnaudit.data import DataSpec, load_dataset
-tr = load_dataset(DataSpec(dataset="digits", split="train", n=60))
-te = load_dataset(DataSpec(dataset="digits", split="test", n=8))
-torch.manual_seed(5)
-model = nn.Sequential(nn.Linear(64, 6), nn.Tanh(), nn.Linear(6, 10)).double()
-cfg = InfluenceConfig(estimator="ekfac", damping=0.05, per_test=True, cache_dir=sys.argv[1])
-res = compute_influence(model, tr.X.double(), tr.y, te.X.double(), te.y, cfg, loss="ce")
-torch.save(res.per_test, sys.argv[2])
+
+
+def main():
+    tr = load_dataset(DataSpec(dataset="digits", split="train", n=60))
+    te = load_dataset(DataSpec(dataset="digits", split="test", n=8))
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(64, 6), nn.Tanh(), nn.Linear(6, 10)).double()
+    cfg = InfluenceConfig(estimator="ekfac", damping=0.05, per_test=True, cache_dir=sys.argv[1])
+    res = compute_influence(model, tr.X.double(), tr.y, te.X.double(), te.y, cfg, loss="ce")
+    torch.save(res.per_test, sys.argv[2])
+
+
+main()
 """
 
 

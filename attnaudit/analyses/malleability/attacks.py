@@ -429,10 +429,18 @@ def _perturb_tokens(
         return AttackResult(
             X_adv=X_adv, config=config, loss_before=None, loss_after=None, accuracy_before=None, accuracy_after=None
         )
+    # perturbation size: tokens swapped per text
+    return _text_attack_result(
+        engine, X, X_adv, y, config, radius_mean=float(changed.mean()), radius_max=float(changed.max())
+    )
+
+
+def _text_attack_result(engine: Engine, X, X_adv, y, config: AttackConfig, **sizes: float) -> AttackResult:
+    """An attack on text with the model's loss and accuracy before and after (texts in chunks of 64) and ``sizes``."""
     T = engine.targets(y)
     with torch.no_grad():
-        out_clean = engine.logits(engine.rows(X), chunk=config.chunk_size)
-        out_adv = engine.logits(engine.rows(X_adv), chunk=config.chunk_size)
+        out_clean = engine.logits(engine.rows(X), chunk=min(config.chunk_size, 64))
+        out_adv = engine.logits(engine.rows(X_adv), chunk=min(config.chunk_size, 64))
         return AttackResult(
             X_adv=X_adv,
             config=config,
@@ -440,8 +448,7 @@ def _perturb_tokens(
             loss_after=float(engine.loss.per_sample(out_adv, T).mean()),
             accuracy_before=accuracy(out_clean, y),
             accuracy_after=accuracy(out_adv, y),
-            radius_mean=float(changed.mean()),  # tokens swapped per text
-            radius_max=float(changed.max()),
+            **sizes,
         )
 
 
@@ -484,28 +491,24 @@ def _perturb_text_embeddings(
         return AttackResult(
             X_adv=X_adv, config=config, loss_before=None, loss_after=None, accuracy_before=None, accuracy_after=None
         )
-    T = engine.targets(y)
     with torch.no_grad():
-        out_clean = engine.logits(engine.rows(X), chunk=64)
-        out_adv = engine.logits(engine.rows(X_adv), chunk=64)
         hidden = int(getattr(engine.task.module, "hidden"))  # noqa: B009 - the shift classifier's width
         delta = (X_adv - X).reshape(X.shape[0], -1, hidden + 1)[..., 1:].reshape(X.shape[0], -1)
         linf, l2 = delta.abs().amax(1), delta.norm(dim=1)
-        rel = outcome.relative_radius
-        return AttackResult(
-            X_adv=X_adv,
-            config=config,
-            loss_before=float(engine.loss.per_sample(out_clean, T).mean()),
-            loss_after=float(engine.loss.per_sample(out_adv, T).mean()),
-            accuracy_before=accuracy(out_clean, y),
-            accuracy_after=accuracy(out_adv, y),
-            radius_mean=float(rel.mean()),  # relative to the embedding norms, in the attack's norm
-            radius_max=float(rel.max()),
-            linf_mean=float(linf.mean()),
-            linf_max=float(linf.max()),
-            l2_mean=float(l2.mean()),
-            l2_max=float(l2.max()),
-        )
+    rel = outcome.relative_radius  # relative to the embedding norms, in the attack's norm
+    return _text_attack_result(
+        engine,
+        X,
+        X_adv,
+        y,
+        config,
+        radius_mean=float(rel.mean()),
+        radius_max=float(rel.max()),
+        linf_mean=float(linf.mean()),
+        linf_max=float(linf.max()),
+        l2_mean=float(l2.mean()),
+        l2_max=float(l2.max()),
+    )
 
 
 def config_dict(config: AttackConfig) -> dict:
