@@ -16,7 +16,7 @@ the children so far (``ru_maxrss``). A stage that fails (a memory planner's refu
 printed with the last line of its error and the later stages still run. Printed, one line
 per stage, then per model:
 
-    SCALE model=<name> params=<count> total_s=<seconds> peak_gb=<GiB> [failed=<stages>]
+    SCALE model=<name> params=<count> total_s=<seconds> peak_gb=<GiB> [gpu_peak_gb=<GiB>] [failed=<stages>]
 
 and ``RATIO influence_over_gemm_floor=<x>``: the malleability stage's time over the time of
 the per-sample-gradient GEMM floor it cannot beat (one (n_train x P) x (P x n_test)
@@ -39,7 +39,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data"
+# real data: ../shared/data beside the checkout, or a folder named by ATTNAUDIT_SHARED_DATA
+# (the GPU machine receives the repository only, so the check carries MNIST in a folder of its own)
+SHARED = Path(os.environ.get("ATTNAUDIT_SHARED_DATA") or ROOT.parent / "shared" / "data")
 
 SIZES = {
     "full": {
@@ -53,14 +55,27 @@ SIZES = {
 }
 
 
-def _stage(code: str, env: dict) -> tuple[float, float, str, str | None]:
+# appended to every stage: the stage's peak GPU memory (torch's allocator), 0 without a GPU
+GPU_PEAK = "\nimport torch\nprint('GPU_PEAK_GIB', torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0)\n"
+
+
+def _stage(code: str, env: dict, timeout: float | None = None) -> tuple[float, float, str, str | None]:
     """Run ``code`` in a child process: (seconds, peak GiB of the children so far, its stdout,
     None or the last line of its error output when it failed: a refusal by a memory planner is
-    a result, so the later stages still run)."""
+    a result, so the later stages still run). A stage past ``timeout`` seconds is stopped and
+    reported as timed out."""
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
-    seconds = time.perf_counter() - t0
     error = None
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False, timeout=timeout
+        )
+    except subprocess.TimeoutExpired as stopped:
+        seconds = time.perf_counter() - t0
+        stdout = stopped.stdout.decode() if isinstance(stopped.stdout, bytes) else (stopped.stdout or "")
+        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
+        return seconds, peak, stdout, f"timed out after {seconds:.0f} s"
+    seconds = time.perf_counter() - t0
     if out.returncode != 0:
         lines = [line for line in out.stderr.strip().splitlines() if line.strip()]
         error = lines[-1] if lines else f"exit status {out.returncode}"
@@ -125,10 +140,10 @@ from attnaudit.core.fit import Recipe, fit
 from attnaudit.core.task import Inputs
 from attnaudit.models.hf import HFSequenceClassifier
 ds = load_dataset(DataSpec(data={str(reviews)!r}, tokenizer=str(folder), max_length={size["length"]}))
-wrapped = HFSequenceClassifier(model, pad_token_id=0)
+wrapped = HFSequenceClassifier(model, pad_token_id=0).to({device!r})
 fit(wrapped, ds.X, ds.y, Recipe(optimizer="adam", lr=1e-3, batch_size=32, steps={size["steps"]}, loss="ce"),
     inputs=Inputs(kind="tokens", keyword=None))
-model.save_pretrained(folder)
+model.cpu().save_pretrained(folder)
 print(sum(p.numel() for p in model.parameters()))
 """
     data = f"data={str(reviews)!r}, max_length={size['length']}, checkpoint=({str(folder)!r},), device={device!r}"
@@ -155,13 +170,19 @@ print(sum(p.numel() for p in model.parameters()))
     ]
 
 
-def gemm_floor_seconds(params: int, n_train: int, n_test: int) -> float:
-    """Time of the one product influence cannot avoid: (n_train x P) @ (P x n_test), float32."""
+def gemm_floor_seconds(params: int, n_train: int, n_test: int, device: str = "cpu") -> float:
+    """Time of the one product influence cannot avoid: (n_train x P) @ (P x n_test), float32, on
+    ``device`` (after one warm-up product, synchronised on a GPU)."""
     import torch
 
-    a, b = torch.randn(n_train, params), torch.randn(params, n_test)
+    a = torch.randn(n_train, params, device=device)
+    b = torch.randn(params, n_test, device=device)
+    sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
+    a @ b
+    sync()
     t0 = time.perf_counter()
     a @ b
+    sync()
     return time.perf_counter() - t0
 
 
@@ -170,10 +191,13 @@ def main() -> int:
     parser.add_argument("--small", action="store_true")
     parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
     parser.add_argument("--out", default=None)
+    parser.add_argument("--device", default="cpu", help="device of every stage, training included")
     parser.add_argument(
-        "--device", default="cpu", help="device of every audit stage (the text model is trained on the CPU)"
+        "--deadline", type=float, default=None, help="seconds for the whole benchmark: a stage past it is stopped"
     )
+    parser.add_argument("--models", default="deit-tiny,bert-mini", help="comma-separated: deit-tiny, bert-mini")
     args = parser.parse_args()
+    start = time.perf_counter()
     sizes = SIZES["small" if args.small else "full"]
     env = {
         **os.environ,
@@ -184,28 +208,57 @@ def main() -> int:
     work = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="attnaudit-scale-"))
     work.mkdir(parents=True, exist_ok=True)
     summary = {}
-    for name, builder in (("deit-tiny", deit_stages), ("bert-mini", bert_stages)):
-        total, peak, params, stages, failed = 0.0, 0.0, 0, {}, {}
+    builders = {"deit-tiny": deit_stages, "bert-mini": bert_stages}
+    models = [(name, builders[name]) for name in args.models.split(",")]
+    for index, (name, builder) in enumerate(models):
+        total, peak, gpu_peak, params, stages, failed = 0.0, 0.0, 0.0, 0, {}, {}
+        # with a deadline each model gets an equal share of the time left, so one slow model
+        # cannot leave the other unmeasured
+        model_start = time.perf_counter()
+        share = None
+        if args.deadline is not None:
+            share = (args.deadline - (model_start - start)) / (len(models) - index)
         for stage, code in builder(sizes[name], work, args.device):
-            seconds, gib, out, error = _stage(code, env)
+            left = None if share is None else share - (time.perf_counter() - model_start)
+            if left is not None and left < 1:
+                failed[stage] = "not run: the deadline had passed"
+                print(f"{name:10s} {stage:13s} not run (deadline)", flush=True)
+                continue
+            seconds, gib, out, error = _stage(code + GPU_PEAK, env, left)
             total += seconds
             peak = max(peak, gib)
             stages[stage] = seconds
-            if stage == "train" and out.strip().splitlines() and out.strip().splitlines()[-1].isdigit():
-                params = int(out.strip().splitlines()[-1])
-            print(f"{name:10s} {stage:13s} {seconds:8.1f} s  peak so far {gib:.2f} GiB", flush=True)
+            lines = out.strip().splitlines()
+            gpu = [float(line.split()[1]) for line in lines if line.startswith("GPU_PEAK_GIB ")]
+            lines = [line for line in lines if not line.startswith("GPU_PEAK_GIB ")]
+            if stage == "train" and lines and lines[-1].isdigit():
+                params = int(lines[-1])
+            on_gpu = ""
+            if gpu and gpu[0] > 0:
+                gpu_peak = max(gpu_peak, gpu[0])
+                on_gpu = f", GPU {gpu[0]:.2f} GiB"
+            print(f"{name:10s} {stage:13s} {seconds:8.1f} s  peak so far {gib:.2f} GiB{on_gpu}", flush=True)
             if error is not None:
                 failed[stage] = error
                 print(f"{name:10s} {stage:13s} FAILED: {error}", flush=True)
                 if stage == "train":
                     break
         refused = f" failed={','.join(failed)}" if failed else ""
-        print(f"SCALE model={name} params={params} total_s={total:.1f} peak_gb={peak:.2f}{refused}", flush=True)
-        summary[name] = {"params": params, "total_s": total, "peak_gb": peak, "stages_s": stages, "failed": failed}
+        on_gpu = f" gpu_peak_gb={gpu_peak:.2f}" if gpu_peak else ""
+        print(f"SCALE model={name} params={params} total_s={total:.1f} peak_gb={peak:.2f}{on_gpu}{refused}", flush=True)
+        summary[name] = {
+            "params": params,
+            "total_s": total,
+            "peak_gb": peak,
+            "gpu_peak_gb": gpu_peak,
+            "stages_s": stages,
+            "failed": failed,
+        }
         if params and "malleability" in stages and "malleability" not in failed:
             n = sizes[name]["n"]
-            floor = gemm_floor_seconds(params, n, max(4, n // 4))
+            floor = gemm_floor_seconds(params, n, max(4, n // 4), args.device)
             print(f"RATIO influence_over_gemm_floor_{name.replace('-', '_')}={stages['malleability'] / floor:.1f}")
+        (work / "scale.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     (work / "scale.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return 0
 

@@ -71,3 +71,12 @@ def test_the_cuda_check_refuses_cleanly_without_a_gpu(capsys):
         pytest.skip("a GPU is present")
     assert _check_module().main(["--device", "cuda", "--size", "tiny", "--out", "/nonexistent"]) == 2
     assert "no CUDA device here" in capsys.readouterr().err
+
+
+def test_a_check_past_its_deadline_skips_stages_says_so_and_fails(tmp_path):
+    # deadline 0: every stage would start after it, so none runs; the JSON still says what was
+    # skipped, and a check that measured nothing is not "ok"
+    assert _check_module().main(["--device", "cpu", "--size", "tiny", "--out", str(tmp_path), "--deadline", "0"]) == 1
+    report = json.loads((tmp_path / "gpu-check.json").read_text())
+    assert report["stages"] == [] and report["ok"] is False
+    assert report["skipped"] == ["kappa", "ntk-distance", "malleability", "landscape"]

@@ -633,7 +633,16 @@ def gram_spectra(tokens: torch.Tensor) -> torch.Tensor:
     X = tokens.to(torch.float64)
     N, D = X.shape[-2], X.shape[-1]
     M = X @ X.transpose(-2, -1) if N <= D else X.transpose(-2, -1) @ X
-    return torch.linalg.eigvalsh(M).flip(-1)
+    return torch.linalg.eigvalsh(_small_on_cpu(M)).flip(-1)
+
+
+def _small_on_cpu(M: torch.Tensor) -> torch.Tensor:
+    """A batch of small matrices moved to the CPU for its decomposition: CUDA runs a batched
+    eigvalsh/svdvals of matrices above 32 x 32 as one solver call per matrix (measured on an
+    H200: per-layer kappa of a DeiT-tiny on 512 images took 59 s there against 10 s on 2 CPU
+    cores), while LAPACK on the CPU takes the whole batch at once. The products that form the
+    matrices stay on the device."""
+    return M.cpu() if M.is_cuda and M.shape[-1] <= 1024 and M.shape[-2] <= 1024 else M
 
 
 def _capture(record: _Record, args: tuple, kwargs: dict, output: Any) -> None:
@@ -653,7 +662,7 @@ def _capture(record: _Record, args: tuple, kwargs: dict, output: Any) -> None:
     if maps is not None:
         maps = maps.to(torch.float64)
         record.maps_shape = (maps.shape[-2], maps.shape[-1])
-        record.svals.append(torch.linalg.svdvals(maps).cpu().numpy())  # (B, H, min(L, S)), descending
+        record.svals.append(torch.linalg.svdvals(_small_on_cpu(maps)).cpu().numpy())  # (B, H, min(L, S)), descending
 
 
 @contextlib.contextmanager
