@@ -129,9 +129,10 @@ def test_compressed_projection_equals_the_dense_galerkin_system_and_the_full_gra
 
 
 def test_error_against_exact_ggn_falls_with_k():
-    """Measured on the tiny ViT (P = 811): relative error 0.92, 0.86, 0.75, 0.43 at k = 50,
-    100, 200, 400 (least-squares log-log slope -0.35), 0.20 at k = 600 and 2e-14 at k = P: the
-    error falls faster than a power law as k approaches P (the Galerkin subspace fills up)."""
+    """Measured on the tiny ViT (P = 811), the default layer split: relative error 0.87, 0.80,
+    0.33, 0.25 at k = 50, 100, 200, 400 (least-squares log-log slope -0.67; the params split:
+    0.92, 0.86, 0.75, 0.43, slope -0.35), 0.26 at k = 600 (every linear layer then whole, the
+    rest of the error from the sign-projected norms and position embedding) and 2e-14 at k = P."""
     model, task, X, y, Xt, yt = _setup()
     truth, P = _dense_truth(model, X, y, Xt, yt)
     ks = [50, 100, 200, 400]
@@ -220,3 +221,108 @@ def test_a_model_without_linear_layers_projects_everything_by_signs():
     assert _rel(full.per_test, exact.per_test) < 1e-10
     part = compute_influence(model, X, y, Xt, yt, InfluenceConfig(estimator="projected", proj_dim=16, **cfg), loss="ce")
     assert part.diagnostics["proj_dim_used"] == 16 and part.diagnostics["projection_layout"]["layers"] == {}
+
+
+def test_the_layer_split_gives_every_layer_an_equal_square_share_and_water_fills():
+    from attnaudit.analyses.influence.projection import allocate
+
+    # LoGra's layout: an MLP 785 -> 32 -> 10 at k = 128 gets 8 x 8 per layer (the params split
+    # gave the 330-parameter head a single dimension)
+    assert allocate(128, [(785, 32), (33, 10)], 0) == ([(8, 8), (8, 8)], 0)
+    assert allocate(128, [(785, 32), (33, 10)], 0, "params")[0][1] == (1, 1)
+    # a layer smaller than its share is kept whole, the rest goes to the others: 6 of 100 to the
+    # 2 x 3 layer, 94 left -> k_out = floor(sqrt(94)) = 9, k_in = 94 // 9 = 10
+    assert allocate(100, [(100, 100), (2, 3)], 0) == ([(10, 9), (2, 3)], 0)
+    # other parameters take a share like a layer's, plus what the layers leave
+    dims, k_other = allocate(30, [(4, 2)], 50)
+    assert dims == [(4, 2)] and k_other == 22
+    with pytest.raises(ValueError, match="unknown projection split"):
+        allocate(10, [(4, 4)], 0, "bogus")
+
+
+def test_proj_split_reaches_the_projection_and_an_unknown_one_is_refused():
+    model, task, X, y, Xt, yt = _setup()
+    layer = _projected(task, X, y, Xt, yt, 200)
+    params = _projected(task, X, y, Xt, yt, 200, proj_split="params")
+    assert layer.diagnostics["projection_layout"]["split"] == "layer"
+    assert params.diagnostics["projection_layout"]["split"] == "params"
+    assert layer.diagnostics["projection_layout"]["layers"] != params.diagnostics["projection_layout"]["layers"]
+    with pytest.raises(AuditError, match="--proj-split"):
+        InfluenceConfig(estimator="projected", proj_split="bogus")
+
+
+@pytest.mark.parametrize("per_test", [True, False])
+def test_the_test_side_projected_from_activations_equals_full_test_gradients_through_r(per_test):
+    """The fast path never forms the (n_test, P) test gradients: it projects the test rows like
+    the training rows. fast_path=False applies R to the full test gradients instead."""
+    model, task, X, y, Xt, yt = _setup()
+    cfg = dict(estimator="projected", proj_dim=150, damping=DAMPING, per_test=per_test, params="all")
+    fast = compute_influence(task, X, y, Xt, yt, InfluenceConfig(**cfg))
+    pj.clear_row_cache()
+    ref = compute_influence(task, X, y, Xt, yt, InfluenceConfig(**cfg, fast_path=False))
+    a, b = (fast.per_test, ref.per_test) if per_test else (fast.total, ref.total)
+    assert _rel(a, b) < 1e-11
+
+
+def test_slice_start_finds_views_of_the_training_rows_and_nothing_else():
+    whole = torch.arange(40.0).reshape(10, 4)
+    assert pj._slice_start(whole[3:7], whole) == 3
+    assert pj._slice_start(whole, whole) == 0
+    assert pj._slice_start(whole[3:7].clone(), whole) is None  # same content, other memory: hashed instead
+    assert pj._slice_start(whole[:, :2], whole) is None
+    assert pj._slice_start(whole[3:7], whole[2:]) == 1
+    assert pj._slice_start(whole[1:3], whole[2:]) is None  # before the start of whole
+
+
+def test_layernorms_and_the_position_embedding_take_their_rows_from_the_shared_backward_passes():
+    """The tiny ViT's LayerNorm scales/shifts and its position embedding are covered by the
+    fast structures (and the k >= P test above checks the result against dense autograd)."""
+    model, task, X, y, Xt, yt = _setup()
+    res = _projected(task, X, y, Xt, yt, 200)
+    fast = set(res.diagnostics["other_parameters_from_backward"])
+    assert {"pos_embed", "blocks.0.norm1.weight", "blocks.0.norm1.bias", "norm.weight", "norm.bias"} <= fast
+    assert res.diagnostics["other_parameters_by_jacobian"] == []
+
+
+class _Indexed(nn.Module):
+    """A parameter read through an index (``scale[0]``): a batched copy would give every sample
+    copy 0, the same logits and wrong per-sample gradients; a LayerNorm over a batch-second
+    layout breaks the per-sample sum the same way. Verification must send both to the
+    per-sample Jacobians."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        self.inp = nn.Linear(5, 6, dtype=F64)
+        self.scale = nn.Parameter(1 + 0.3 * torch.randn(1, 6, generator=g, dtype=F64))
+        self.norm = nn.LayerNorm(3, dtype=F64)
+        self.out = nn.Linear(6, 3, dtype=F64)
+        with torch.no_grad():
+            self.norm.weight.add_(0.2 * torch.randn(3, generator=g, dtype=F64))
+
+    def forward(self, x):
+        h = torch.tanh(self.inp(x)) * self.scale[0]
+        h = self.norm(h.reshape(-1, 2, 3).transpose(0, 1)).transpose(0, 1).reshape(-1, 6)  # batch second
+        return self.out(h)
+
+
+def test_a_parameter_the_structures_do_not_fit_goes_to_the_jacobians_and_stays_exact():
+    model = _Indexed()
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(30, 5, generator=g, dtype=F64), torch.randint(0, 3, (30,), generator=g)
+    Xt, yt = torch.randn(4, 5, generator=g, dtype=F64), torch.randint(0, 3, (4,), generator=g)
+    cfg = dict(damping=DAMPING, per_test=True, params="all", curvature="ggn")
+    exact = compute_influence(model, X, y, Xt, yt, InfluenceConfig(estimator="exact", **cfg), loss="ce")
+    res = compute_influence(
+        model, X, y, Xt, yt, InfluenceConfig(estimator="projected", proj_dim=10**4, **cfg), loss="ce"
+    )
+    assert set(res.diagnostics["other_parameters_by_jacobian"]) == {"scale", "norm.weight", "norm.bias"}
+    assert _rel(res.per_test, exact.per_test) < 1e-10
+
+
+def test_the_cli_refuses_an_unknown_proj_split_in_one_line(capsys):
+    from conftest import run_cli
+
+    assert run_cli("malleability", "--estimator", "projected", "--proj-split", "bogus", "--preset", "quick") == 2
+    err = capsys.readouterr().err
+    assert "unknown --proj-split 'bogus'; use layer or params" in err and "Traceback" not in err

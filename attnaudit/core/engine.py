@@ -129,9 +129,12 @@ class Engine:
         with eval_mode(self.module), math_attention():
             yield
 
-    def apply(self, theta: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """Logits (B, c) of flat rows (B, d) with tracked parameters ``theta`` (call inside :meth:`context`)."""
-        state = {**self.frozen, **self.unflatten(theta)}
+    def apply(
+        self, theta: torch.Tensor, rows: torch.Tensor, overrides: dict[str, torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """Logits (B, c) of flat rows (B, d) with tracked parameters ``theta`` (call inside :meth:`context`);
+        ``overrides`` replace named tensors of that state (per-sample copies of a parameter)."""
+        state = {**self.frozen, **self.unflatten(theta), **(overrides or {})}
         batch = self.inputs(rows)
         if self.inputs.keyword:
             out = functional_call(self.module, state, (), {self.inputs.keyword: batch})

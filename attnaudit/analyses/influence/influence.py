@@ -97,6 +97,7 @@ from attnaudit.analyses.influence.estimators import (
 )
 from attnaudit.analyses.influence.estimators.exact import count_negative_eigenvalues
 from attnaudit.analyses.influence.estimators.tracin import tracin_weights
+from attnaudit.analyses.influence.projection import PROJ_SPLITS
 from attnaudit.core.cg import batched_cg
 from attnaudit.core.engine import Engine, math_attention, ranges
 from attnaudit.core.task import (
@@ -228,12 +229,15 @@ class InfluenceConfig:
     curvature: str = "auto"  # kfac / ekfac: ggn (exact output-Hessian columns), fisher (sampled labels) or auto
     # projected: auto / ggn / empirical (projected Gauss-Newton or Fisher) or galerkin (the Hessian from k HVPs)
     proj_dim: int = 512  # projected: dimension k of the random sign projection
+    proj_split: str = "layer"  # projected: k shared equally between layers (LoGra) or by parameter count ("params")
     cache_dir: str | None = None  # kfac / ekfac: folder keeping fitted factors, keyed by model and data fingerprint
     seed: int = 0  # kfac / ekfac with the sampled Fisher
 
     def __post_init__(self) -> None:
         if isinstance(self.proj_dim, bool) or int(self.proj_dim) != self.proj_dim or self.proj_dim < 1:
             raise AuditError(f"--proj-dim must be a positive integer, got {self.proj_dim!r}")
+        if self.proj_split not in PROJ_SPLITS:
+            raise AuditError(f"unknown --proj-split {self.proj_split!r}; use {' or '.join(PROJ_SPLITS)}")
         if self.curvature not in ("auto", "ggn", "fisher", "empirical", "galerkin"):
             raise AuditError(f"unknown curvature {self.curvature!r}; use auto, ggn, fisher, empirical or galerkin")
         check_curvature(self.estimator, self.curvature)
@@ -767,12 +771,13 @@ def influence_sweep(
     chunk, mem = _plan(config, view, P, X_train, n_train, n_test, len(given))
 
     U_tr, T_tr = view.prepare(X_train), eng.targets(y_train)
-    B = _test_gradients(view, X_test, y_test, config.per_test, chunk)  # (k, P): per test point, or (1, P)
-    k = B.shape[0]
+    U_te, T_te = view.prepare(X_test), eng.targets(y_test)
 
     t_solve = time.perf_counter()
     targets = given if est.uses_damping else [None]
-    context = Context(config, eng, U_tr, T_tr, B, tuple(targets), chunk)
+    # the test gradients (k, P) are formed by the estimator on first use: a projection can skip them
+    context = Context(config, eng, U_tr, T_tr, U_te, T_te, tuple(targets), chunk)
+    k = context.n_test_rows
     hvp = context.hvp
     state = est.prepare(context)
     solutions = [est.solve(state, g) for g in targets]
@@ -829,15 +834,6 @@ def influence_sweep(
     return results if est.uses_damping else [results[0] for _ in given]
 
 
-def _test_gradients(view: _View, X_test, y_test, per_test: bool, chunk: int) -> torch.Tensor:
-    """Gradients of the test losses: (n_test, P) per test point, else (1, P) for their sum."""
-    eng = view.engine
-    U_te, T_te = view.prepare(X_test), eng.targets(y_test)
-    if per_test:
-        return eng.per_sample_grads(U_te, T_te, chunk=chunk)
-    return eng.summed_grad(U_te, T_te, chunk)[None]
-
-
 def _checkpoint_sweep(
     est: Estimator, task: Task, names, X_train, y_train, X_test, y_test, config, checkpoints, weights
 ) -> InfluenceResult:
@@ -880,8 +876,8 @@ def _checkpoint_sweep(
             chunk, mem = _plan(config, view, P, X_train, n_train, n_test, 1)
             common = _common_diagnostics(config, task, view, chunk, mem)
         U_tr, T_tr = view.prepare(X_train), eng.targets(y_train)
-        B = _test_gradients(view, X_test, y_test, config.per_test, chunk)
-        state = est.prepare(Context(config, eng, U_tr, T_tr, B, (None,), chunk))
+        U_te, T_te = view.prepare(X_test), eng.targets(y_test)
+        state = est.prepare(Context(config, eng, U_tr, T_tr, U_te, T_te, (None,), chunk))
         sol = est.solve(state, None)
         train_map = state.train_map
         own = {**sol.diagnostics, **state.info, **state.trailing_info}

@@ -363,8 +363,11 @@ def dense_gauss_newton(engine: Engine, X: torch.Tensor, budget_bytes: int = 256 
     return G.div_(max(n, 1))
 
 
-def _capture(engine: Engine, blocks: list[LinearBlock], rows: torch.Tensor):
-    """Logits of ``rows`` and, per block, the layer's inputs and outputs (B, T, .)."""
+def _capture(
+    engine: Engine, blocks: list[LinearBlock], rows: torch.Tensor, overrides: dict[str, torch.Tensor] | None = None
+):
+    """Logits of ``rows`` and, per block, the layer's inputs and outputs (B, T, .); ``overrides``
+    go to :meth:`Engine.apply`."""
     modules = dict(engine.module.named_modules())
     inputs: dict[str, torch.Tensor] = {}
     outputs: dict[str, torch.Tensor] = {}
@@ -420,7 +423,7 @@ def _capture(engine: Engine, blocks: list[LinearBlock], rows: torch.Tensor):
         hooks.append(modules[path].register_forward_hook(attention_hook_for(path, parts), with_kwargs=True))
     try:
         theta = engine.theta.detach().requires_grad_(True)  # so every layer output is in the graph
-        logits = engine.apply(theta, rows)
+        logits = engine.apply(theta, rows, overrides)
     finally:
         for h in hooks:
             h.remove()

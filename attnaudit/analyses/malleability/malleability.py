@@ -155,6 +155,7 @@ class MalleabilityConfig:
     cg_tol: float = 1e-8
     cg_max_iter: int = 1000
     proj_dim: int = 512  # --estimator projected
+    proj_split: str = "layer"  # --estimator projected: k per layer equal (LoGra) or by parameter count
     curvature: str = "auto"  # --estimator kfac / ekfac
     cache_dir: str | None = None  # --cache: fitted K-FAC factors kept on disk
     params: str | None = None
@@ -406,6 +407,7 @@ class MalleabilityConfig:
             cg_tol=self.cg_tol,
             cg_max_iter=self.cg_max_iter,
             proj_dim=self.proj_dim,
+            proj_split=self.proj_split,
             curvature=self.curvature,
             cache_dir=self.cache_dir,
         )
@@ -787,6 +789,9 @@ def _diag_row(seed, arch, role, res) -> dict:
         "factor_bytes",
         "proj_dim",
         "proj_dim_used",
+        "projection_layout",
+        "projected_rows_computed",
+        "projected_rows_reused",
         "hessian_vector_products",
         "projected_min_eigenvalue",
     )

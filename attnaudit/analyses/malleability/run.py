@@ -245,8 +245,15 @@ class MalleabilityRequest(ModelFields, PresetData, Request):
         512,
         "--proj-dim",
         panel=ANALYSIS,
-        help="Total projected dimension k of --estimator projected, split between layers by size (k >= the tracked "
-        "parameter count is exact).",
+        help="Total projected dimension k of --estimator projected, shared between layers by --proj-split (k >= the "
+        "tracked parameter count is exact).",
+    )
+    proj_split: str = option(
+        "layer",
+        "--proj-split",
+        panel=ANALYSIS,
+        help="How --estimator projected shares --proj-dim between linear layers: layer (LoGra's layout: an equal "
+        "share per layer, square factors) or params (in proportion to parameter counts).",
     )
     cache: str | None = option(
         None,
@@ -514,6 +521,7 @@ def _config_kw(request: MalleabilityRequest, values: dict, loaded: dict | None) 
         top_ks=top_ks,
         estimator=request.estimator,
         proj_dim=request.proj_dim,
+        proj_split=request.proj_split,
         curvature=request.curvature,
         cache_dir=request.cache,
         norm=request.norm,

@@ -40,8 +40,10 @@ class Context:
     """What an estimator's :meth:`Estimator.prepare` gets: one model at one set of parameter values.
 
     ``test_grads`` (k, P): the gradients of the test losses over the tracked parameters, one
-    row per test point (``per_test``) or one row for the summed test loss. ``train_rows`` /
-    ``train_targets``: the training set as the engine takes it (features on a fast path).
+    row per test point (``config.per_test``) or one row for the summed test loss, formed on
+    first use (an estimator that projects the test side from ``test_rows`` / ``test_targets``
+    never forms them). ``train_rows`` / ``train_targets``, ``test_rows`` / ``test_targets``:
+    the training and test sets as the engine takes them (features on a fast path).
     ``dampings``: the dampings as given (parsed: floats, and ``"<m>x"`` strings for multiples
     of lambda_max(H)); ``(None,)`` for an estimator without damping. ``chunk``: rows per
     chunk, fitted to the memory budget. ``hvp``: v -> H v for the mean training loss, built
@@ -52,9 +54,21 @@ class Context:
     engine: Engine
     train_rows: torch.Tensor
     train_targets: torch.Tensor
-    test_grads: torch.Tensor
+    test_rows: torch.Tensor
+    test_targets: torch.Tensor
     dampings: tuple
     chunk: int
+
+    @property
+    def n_test_rows(self) -> int:
+        """k: rows of ``test_grads`` (test points, or 1 for the summed test loss)."""
+        return int(self.test_rows.shape[0]) if self.config.per_test else 1
+
+    @cached_property
+    def test_grads(self) -> torch.Tensor:
+        if self.config.per_test:
+            return self.engine.per_sample_grads(self.test_rows, self.test_targets, chunk=self.chunk)
+        return self.engine.summed_grad(self.test_rows, self.test_targets, self.chunk)[None]
 
     @cached_property
     def hvp(self) -> HessianVectorProduct:

@@ -12,7 +12,9 @@ columns (QR of a seeded Gaussian; the identity when k_in >= w_in or k_out >= d_o
 other tracked parameter (position embeddings, norms, tied weights) goes through per-sample
 Jacobians of the engine restricted to those parameters (``vmap(jacrev)``) and a
 :class:`~attnaudit.analyses.influence.projection.SignProjection`. The total k (``--proj-dim``)
-is split in proportion to parameter counts (``projection_layout`` in the diagnostics).
+is shared between layers by ``--proj-split``: ``layer`` (default, LoGra's layout) gives every
+layer the same share as square factors k_in ~ k_out, ``params`` shares it in proportion to
+parameter counts (``projection_layout`` in the diagnostics).
 
 Curvature in the projected space, from the projected rows themselves (``--curvature``):
 
@@ -43,6 +45,7 @@ the cache off); :data:`CACHED_MODELS` models are kept, least recently used dropp
 from __future__ import annotations
 
 import hashlib
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -61,6 +64,7 @@ from attnaudit.analyses.influence.kfac import (
     linear_modules,
     shared_weights,
 )
+from attnaudit.analyses.influence.other_grads import OtherCapture, OtherPlan, plan_other
 from attnaudit.analyses.influence.projection import KroneckerProjection, SignProjection
 from attnaudit.core.engine import JACOBIAN_ROWS, ranges
 from attnaudit.errors import AuditError
@@ -71,7 +75,7 @@ __all__ = ["CACHED_MODELS", "ROW_CACHE_BYTES", "Projected", "clear_row_cache", "
 ROW_CACHE_BYTES = 512 * 2**20
 #: models whose projected rows are kept (least recently used dropped first)
 CACHED_MODELS = 2
-_ROW_CACHE: OrderedDict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
+_ROW_CACHE: OrderedDict[str, dict[bytes, tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
 
 
 def clear_row_cache() -> None:
@@ -85,15 +89,16 @@ def resolve_curvature(curvature: str, n_classes: int) -> str:
     return curvature
 
 
-def projection_for(engine: Any, k: int, seed: int = 0) -> KroneckerProjection:
+def projection_for(engine: Any, k: int, seed: int = 0, split: str = "layer") -> KroneckerProjection:
     """The projection of ``engine``'s tracked parameters: the linear layers K-FAC covers (a
-    weight tied to another module goes with the other parameters), the rest signs."""
+    weight tied to another module goes with the other parameters), the rest signs; ``split``
+    shares k between layers (:func:`~attnaudit.analyses.influence.projection.allocate`)."""
     blocks, _ = linear_modules(engine.module, engine.names)
     tied = set(shared_weights(engine.module, blocks))
     blocks = [b for b in blocks if b.weight not in tied and (b.bias is None or b.bias not in tied)]
     covered = {b.weight for b in blocks} | {b.bias for b in blocks if b.bias}
     other = [n for n in engine.names if n not in covered]
-    return KroneckerProjection(engine, blocks, other, k, seed=seed)
+    return KroneckerProjection(engine, blocks, other, k, seed=seed, split=split)
 
 
 def _other_rows(engine: Any, index: torch.Tensor, rows: torch.Tensor, targets: torch.Tensor, ggn: bool):
@@ -118,55 +123,194 @@ def _other_rows(engine: Any, index: torch.Tensor, rows: torch.Tensor, targets: t
     return torch.cat(parts)
 
 
+def _forward_backward(
+    engine: Any, proj: KroneckerProjection, rows: torch.Tensor, targets: torch.Tensor, ggn: bool, plan: OtherPlan
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """One forward pass and c (``ggn``) or 1 backward passes: (logits, dl/df, Phi (B, c', k)
+    with the linear layers' columns filled, {name: (B, c', numel)} for the parameters ``plan``
+    covers). The backward targets are logit j (``ggn``) or the loss (``dl . f``)."""
+    B, k = rows.shape[0], proj.k
+    blocks = [p.block for p in proj.layers]
+    cap = OtherCapture(engine, plan, B) if plan.fast else None
+    try:
+        logits, ins, outs = _capture(engine, blocks, rows, cap.overrides if cap else None)
+    finally:
+        if cap is not None:
+            cap.remove_hooks()
+    f = logits.detach().clone().requires_grad_(True)
+    (dl,) = torch.autograd.grad(engine.loss.per_sample(f, targets).sum(), f)  # (B, c)
+    n_cols = logits.shape[1] if ggn else 1
+    Phi = torch.empty(B, n_cols, k, dtype=logits.dtype, device=logits.device)
+    acts = {}
+    for p in proj.layers:
+        a = _tokens(ins[p.block.path].detach(), B)
+        if p.block.bias:
+            a = torch.cat([a, torch.ones(*a.shape[:2], 1, dtype=a.dtype, device=a.device)], 2)
+        acts[p.block.path] = a @ p.P_in if p.P_in is not None else a  # (B, T, k_in)
+    out_list = [outs[b.path] for b in blocks]
+    extra = cap.targets() if cap is not None else []
+    other: dict[str, list[torch.Tensor]] = {}
+    if out_list or extra:
+        for j in range(n_cols):
+            target = logits[:, j].sum() if ggn else (logits * dl).sum()
+            grads = torch.autograd.grad(target, out_list + extra, retain_graph=j + 1 < n_cols, allow_unused=True)
+            for p, g in zip(proj.layers, grads):
+                assert g is not None  # a captured layer output is on the path to the logits
+                s = _output_tokens(p.block, g.detach(), B)
+                if p.P_out is not None:
+                    s = s @ p.P_out  # (B, T, k_out)
+                Phi[:, j, p.col : p.col + p.dim] = torch.bmm(s.transpose(1, 2), acts[p.block.path]).reshape(B, -1)
+            if cap is not None:
+                rest: list[torch.Tensor | None] = [None if g is None else g.detach() for g in grads[len(out_list) :]]
+                for name, g in cap.rows(engine, rest).items():
+                    other.setdefault(name, []).append(g)
+    return logits.detach(), dl, Phi, {name: torch.stack(gs, 1) for name, gs in other.items()}
+
+
+def _other_slices(engine: Any, proj: KroneckerProjection) -> dict[str, tuple[int, int]]:
+    """Each other parameter's (start, stop) in the other-parameter vector (``proj.other_index``)."""
+    out, at = {}, 0
+    for name in proj.other_names:
+        numel = engine.numels[engine.names.index(name)]
+        out[name] = (at, at + numel)
+        at += numel
+    return out
+
+
+def _generic_rows(
+    engine: Any, proj: KroneckerProjection, names: list[str], rows: torch.Tensor, targets: torch.Tensor, ggn: bool
+) -> torch.Tensor:
+    """Per-sample Jacobians (B, c', m) over the other parameters ``names`` (vmap(jacrev))."""
+    slices = _other_slices(engine, proj)
+    index = torch.cat([proj.other_index[slice(*slices[n])] for n in names])
+    return _other_rows(engine, index, rows, targets, ggn)
+
+
+#: largest batched copy (B x numel elements) the plan makes of a parameter
+BATCHED_COPY_ELEMENTS = 2**24
+
+
+def verify_plan(
+    engine: Any, proj: KroneckerProjection, rows: torch.Tensor, targets: torch.Tensor, ggn: bool
+) -> OtherPlan:
+    """The structural plan for ``proj``'s other parameters, checked on ``rows`` (two are enough)
+    against per-sample Jacobians; what fails (an error, other logits, other rows) is generic."""
+    plan = plan_other(engine, proj.other_names)
+    embedding = {
+        f"{path}.{name}" if path else name
+        for path, module in engine.module.named_modules()
+        if isinstance(module, torch.nn.Embedding)
+        for name, _ in module.named_parameters(recurse=False)
+    }
+    too_big = {
+        n
+        for n in plan.batched
+        if n in embedding or engine.numels[engine.names.index(n)] * rows.shape[0] > BATCHED_COPY_ELEMENTS
+    }
+    plan = plan.without(too_big)
+    if not plan.fast:
+        return plan
+    with torch.no_grad():
+        reference = engine.apply(engine.theta.detach(), rows)
+    tol = 1e-8 if engine.dtype == torch.float64 else 1e-3
+
+    def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+        return a.shape == b.shape and float((a - b).abs().max()) <= tol * (1.0 + float(b.abs().max()))
+
+    def attempt(candidate: OtherPlan) -> tuple[torch.Tensor, dict[str, torch.Tensor]] | None:
+        try:
+            with (
+                warnings.catch_warnings()
+            ):  # a candidate's misuse of a copy may warn before it fails: not the user's concern
+                warnings.simplefilter("ignore")
+                logits, _, _, got = _forward_backward(engine, proj, rows, targets, ggn, candidate)
+        except Exception:  # noqa: BLE001 - a copy the forward cannot take (any error) rules the candidate out
+            return None
+        return (logits, got) if close(logits, reference) else None
+
+    result = attempt(plan)
+    if result is None:  # a batched copy broke the forward: keep those that run alone
+        keep = set()
+        for name in plan.batched:
+            alone = plan.without(set(plan.batched) - {name})
+            if attempt(alone) is not None:
+                keep.add(name)
+        plan = plan.without(set(plan.batched) - keep)
+        if not plan.fast:
+            return plan
+        result = attempt(plan)
+        if result is None:
+            return plan.without(set(plan.fast))
+    _, got = result
+    truth = _generic_rows(engine, proj, plan.fast, rows, targets, ggn)
+    slices, at, wrong = _other_slices(engine, proj), 0, set()
+    for name in plan.fast:
+        width = slices[name][1] - slices[name][0]
+        if name not in got or not close(
+            got[name].reshape(truth.shape[0], truth.shape[1], -1), truth[..., at : at + width]
+        ):
+            wrong.add(name)
+        at += width
+    return plan.without(wrong)
+
+
 def projected_rows(
     engine: Any, proj: KroneckerProjection, rows: torch.Tensor, targets: torch.Tensor, curvature: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(Psi (B, c', k), r (B, k)) for prepared rows and one-hot targets: r_i = R^T grad l_i and
     Psi_i with Psi_i^T Psi_i sample i's term of the projected curvature (``ggn``: L_i^T Phi_i,
     c' = c; ``empirical``: r_i, c' = 1). One forward pass and c (ggn) or 1 backward passes to
-    the linear layers' outputs, plus the other parameters' per-sample Jacobians."""
-    B, k, ggn = rows.shape[0], proj.k, curvature == "ggn"
-    blocks = [p.block for p in proj.layers]
+    the linear layers' outputs, which also give the LayerNorm and broadcast parameters'
+    per-sample gradients (:mod:`attnaudit.analyses.influence.other_grads`, verified on the
+    first rows a projection sees); any other parameter through per-sample Jacobians."""
+    ggn = curvature == "ggn"
     with engine.context(), torch.enable_grad():
-        if blocks:
-            logits, ins, outs = _capture(engine, blocks, rows)
-        else:
-            logits = engine.apply(engine.theta.detach(), rows)
-        f = logits.detach().clone().requires_grad_(True)
-        (dl,) = torch.autograd.grad(engine.loss.per_sample(f, targets).sum(), f)  # (B, c)
-        n_cols = logits.shape[1] if ggn else 1
-        Phi = torch.empty(B, n_cols, k, dtype=logits.dtype, device=logits.device)
-        if blocks:
-            acts = {}
-            for p in proj.layers:
-                a = _tokens(ins[p.block.path].detach(), B)
-                if p.block.bias:
-                    a = torch.cat([a, torch.ones(*a.shape[:2], 1, dtype=a.dtype, device=a.device)], 2)
-                acts[p.block.path] = a @ p.P_in if p.P_in is not None else a  # (B, T, k_in)
-            out_list = [outs[b.path] for b in blocks]
-            for j in range(n_cols):
-                target = logits[:, j].sum() if ggn else (logits * dl).sum()
-                grads = torch.autograd.grad(target, out_list, retain_graph=j + 1 < n_cols)
-                for p, g in zip(proj.layers, grads):
-                    s = _output_tokens(p.block, g.detach(), B)
-                    if p.P_out is not None:
-                        s = s @ p.P_out  # (B, T, k_out)
-                    Phi[:, j, p.col : p.col + p.dim] = torch.bmm(s.transpose(1, 2), acts[p.block.path]).reshape(B, -1)
-            del ins, outs, out_list
-    if proj.k_other:
-        J = _other_rows(engine, proj.other_index, rows, targets, ggn)
-        Phi[:, :, proj.other_col :] = proj.project_other(J.to(Phi.dtype))
+        if proj.other_plan is None:
+            proj.other_plan = verify_plan(engine, proj, rows[:2], targets[:2], ggn) if proj.k_other else OtherPlan()
+        plan = proj.other_plan
+        logits, dl, Phi, fast = _forward_backward(engine, proj, rows, targets, ggn, plan)
+        if proj.k_other:
+            B, n_cols = Phi.shape[0], Phi.shape[1]
+            J = torch.empty(B, n_cols, int(proj.other_index.numel()), dtype=Phi.dtype, device=Phi.device)
+            slices = _other_slices(engine, proj)
+            for name, g in fast.items():
+                J[:, :, slice(*slices[name])] = g.reshape(B, n_cols, -1).to(Phi.dtype)
+            if plan.generic:
+                G = _generic_rows(engine, proj, plan.generic, rows, targets, ggn).to(Phi.dtype)
+                at = 0
+                for name in plan.generic:
+                    a, b = slices[name]
+                    J[:, :, a:b] = G[:, :, at : at + b - a]
+                    at += b - a
+            Phi[:, :, proj.other_col :] = proj.project_other(J)
     if not ggn:
         return Phi, Phi[:, 0]
-    L = _output_hessian_root(engine.loss, logits.detach()).to(Phi.dtype)  # (B, c, c), L L^T = H
+    L = _output_hessian_root(engine.loss, logits).to(Phi.dtype)  # (B, c, c), L L^T = H
     r = torch.einsum("bc,bck->bk", dl.to(Phi.dtype), Phi)
     return torch.einsum("bcj,bck->bjk", L, Phi), r
 
 
-def _row_keys(rows: torch.Tensor, targets: torch.Tensor) -> list[str]:
-    r = rows.detach().cpu().contiguous().reshape(rows.shape[0], -1)
-    t = targets.detach().cpu().contiguous().reshape(targets.shape[0], -1)
-    return [hashlib.sha1(r[i].numpy().tobytes() + t[i].numpy().tobytes()).hexdigest() for i in range(r.shape[0])]
+def _row_keys(rows: torch.Tensor, targets: torch.Tensor) -> list[bytes]:
+    """One content hash per (row, target): the cache's key for that sample's projected rows."""
+    r = rows.detach().cpu().contiguous().reshape(rows.shape[0], -1).numpy()
+    t = targets.detach().cpu().contiguous().reshape(targets.shape[0], -1).numpy()
+    return [hashlib.sha1(r[i].data).digest() + hashlib.sha1(t[i].data).digest()[:8] for i in range(r.shape[0])]
+
+
+def _slice_start(part: torch.Tensor, whole: torch.Tensor) -> int | None:
+    """The first row of ``whole`` that ``part`` is a contiguous run of rows of (the same memory,
+    hence the same content), or None."""
+    if part.device != whole.device or part.dtype != whole.dtype or part.shape[1:] != whole.shape[1:]:
+        return None
+    if not (part.is_contiguous() and whole.is_contiguous()) or part.shape[0] == 0:
+        return None
+    if part.untyped_storage().data_ptr() != whole.untyped_storage().data_ptr():
+        return None
+    row = max(1, whole[0].numel())
+    offset = part.storage_offset() - whole.storage_offset()
+    if offset % row or not 0 <= offset // row <= whole.shape[0] - part.shape[0]:
+        return None
+    return int(offset // row)
 
 
 @dataclass
@@ -213,7 +357,7 @@ class Projected(base.Estimator):
         curvature = resolve_curvature(config.curvature, eng.n_classes)
         if curvature == "galerkin":
             return _galerkin(context)
-        proj = projection_for(eng, int(config.proj_dim), seed=config.seed)
+        proj = projection_for(eng, int(config.proj_dim), seed=config.seed, split=config.proj_split)
         k = proj.k
         rows, T = context.train_rows, context.train_targets
         n = rows.shape[0]
@@ -262,13 +406,26 @@ class Projected(base.Estimator):
         Fr = W.T @ F @ W
         evals, V = torch.linalg.eigh(0.5 * (Fr + Fr.T))
         U = W @ V  # (k, r): F U = M U diag(evals), U^T M U = I
-        Bp = proj.apply(context.test_grads).to(torch.float64)  # (k_test, k)
+        if config.fast_path:  # the test side projected like the training rows, never the (n_test, P) gradients
+            Bp = torch.cat(
+                [
+                    projected_rows(eng, proj, context.test_rows[a:b], context.test_targets[a:b], "empirical")[1]
+                    for a, b in ranges(context.test_rows.shape[0], context.chunk)
+                ]
+            ).to(torch.float64)
+            if not config.per_test:  # the summed test loss: R^T is linear
+                Bp = Bp.sum(0, keepdim=True)
+        else:  # the reference the tests compare with: full test gradients through R
+            Bp = proj.apply(context.test_grads).to(torch.float64)  # (k_test, k)
         coeff = Bp @ U
         lam_max = float(evals[-1])
 
         lookup = {key: i for i, key in enumerate(keys)}
 
         def score(rows_: torch.Tensor, targets_: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
+            a = _slice_start(rows_, rows)  # the sweep passes slices of the training rows: no hashing
+            if a is not None and _slice_start(targets_, T) == a:
+                return G[a : a + rows_.shape[0]].to(S.dtype) @ S
             found = [lookup.get(key) for key in _row_keys(rows_, targets_)]
             if all(i is not None for i in found):
                 R_ = G[torch.tensor(found, dtype=torch.long)]
@@ -288,6 +445,10 @@ class Projected(base.Estimator):
             "(Kronecker, LoGra); other parameters: random signs",
             "projection_seed": config.seed,
             "projection_layout": proj.describe(),
+            # parameters outside linear layers: per-sample gradients from the shared backward
+            # passes (LayerNorm, broadcast parameters; verified) or from per-sample Jacobians
+            "other_parameters_from_backward": proj.other_plan.fast if proj.other_plan is not None else None,
+            "other_parameters_by_jacobian": proj.other_plan.generic if proj.other_plan is not None else None,
             "curvature": curvature,
             "hessian_vector_products": 0,
             "backward_passes_per_chunk": cols,
@@ -320,7 +481,7 @@ class Projected(base.Estimator):
         diagnostics = state.diagnostics
         assert diagnostics is not None  # set by prepare
         d = base.absolute_damping(damping, state.lam_max) if isinstance(damping, str) else float(damping)
-        dtype = state.context.test_grads.dtype
+        dtype = state.context.engine.dtype
         if state.U is None:  # galerkin
             HR, M, Bp = state.HR, state.M, state.Bp
             assert HR is not None and M is not None and Bp is not None  # set by prepare
