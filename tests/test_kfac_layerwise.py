@@ -150,3 +150,75 @@ def test_tied_weights_fall_back_to_per_sample_gradients():
     res = influence_sweep(Task(model, 3, "ce"), X[:8], y[:8], X[8:], y[8:], InfluenceConfig(estimator="ekfac"))
     assert res[0].diagnostics["train_gradients"] == "per-sample gradients"
     assert not shared_weights(_Attention(), linear_blocks(Engine(Task(_Attention(), 3, "ce"), dtype=F64))[0])
+
+
+def test_the_planner_sizes_kfac_chunks_by_its_largest_layer_not_by_all_parameters():
+    """K-FAC forms one layer's per-sample gradients at a time, so a chunk reserves the
+    largest covered layer (50 x 21 = 1,050 entries per row here), not all 1,203 parameters;
+    with fast_path=False (per-sample gradients over everything) it is P again."""
+    import torch
+    from torch import nn
+
+    from attnaudit.analyses.influence.influence import InfluenceConfig, compute_influence
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(20, 50), nn.Tanh(), nn.Linear(50, 3)).double()
+    X, y = torch.randn(40, 20, dtype=torch.float64), torch.randint(0, 3, (40,))
+    for fast, per_row in ((True, 50 * 21), (False, 50 * 21 + 3 * 51)):
+        cfg = InfluenceConfig(estimator="ekfac", params="all", damping=1e-3, fast_path=fast)
+        res = compute_influence(model, X, y, X[:5], y[:5], cfg, loss="ce")
+        mem, chunk = res.diagnostics["memory_estimate_bytes"], res.diagnostics["chunk_size"]
+        assert mem["gradient_chunk"] == min(chunk, 40) * per_row * 8  # a chunk never exceeds the 40 rows
+
+
+def test_factors_fitted_without_covariances_precondition_the_same_and_hold_less():
+    import torch
+    from torch import nn
+
+    from attnaudit.analyses.influence.kfac import fit_factors, kfac_memory_bytes, linear_blocks
+    from attnaudit.core.engine import Engine
+    from attnaudit.core.task import Task
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 9), nn.Tanh(), nn.Linear(9, 3)).double()
+    X, y = torch.randn(30, 6, dtype=torch.float64), torch.randint(0, 3, (30,))
+    eng = Engine(Task(model, 3, "ce"), dtype=torch.float64)
+    kept = fit_factors(eng, X, "ekfac", chunk=8)
+    freed = fit_factors(eng, X, "ekfac", chunk=8, keep_covariances=False)
+    assert all(b.A is None and b.S is None for b in freed.blocks)
+    G = torch.randn(4, eng.n_params, dtype=torch.float64)
+    assert torch.equal(kept.precondition(G, eng, 1e-3), freed.precondition(G, eng, 1e-3))
+    # peak bytes: (7^2 + 9^2 + 10^2 + 3^2) eigenvectors + max(7^2 + 9^2, 10^2 + 3^2) in flight
+    # + (9 x 7 + 3 x 10) corrected eigenvalues, against twice the squares when A and S are kept
+    blocks = linear_blocks(eng)[0]
+    assert kfac_memory_bytes(blocks, keep_covariances=False) == 8 * (239 + 130 + 93)
+    assert kfac_memory_bytes(blocks) == 8 * (2 * 239 + 93)
+
+
+def test_a_refusal_names_a_memory_budget_that_then_runs():
+    import re
+
+    import pytest
+    import torch
+    from torch import nn
+
+    from attnaudit.analyses.influence.influence import InfluenceConfig, compute_influence
+    from attnaudit.errors import AuditError
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(30, 40), nn.Tanh(), nn.Linear(40, 3)).double()
+    X, y = torch.randn(40, 30, dtype=torch.float64), torch.randint(0, 3, (40,))
+    cfg = dict(estimator="ekfac", params="all", damping=1e-3)
+    with pytest.raises(AuditError, match="--memory-budget") as refused:
+        compute_influence(model, X, y, X[:5], y[:5], InfluenceConfig(**cfg, memory_budget_mb=0.01), loss="ce")
+    needed = int(re.search(r"--memory-budget (\d+) or more", str(refused.value)).group(1))
+    res = compute_influence(model, X, y, X[:5], y[:5], InfluenceConfig(**cfg, memory_budget_mb=needed), loss="ce")
+    assert res.diagnostics["memory_estimate_bytes"]["total"] <= needed * 2**20
+    with pytest.raises(AuditError, match="positive number of MiB"):
+        InfluenceConfig(**cfg, memory_budget_mb=-1)
+
+
+def test_malleability_passes_its_memory_budget_to_the_influence_config():
+    from attnaudit.analyses.malleability.malleability import MalleabilityConfig
+
+    assert MalleabilityConfig(memory_budget_mb=3000).influence_config().memory_budget_mb == 3000

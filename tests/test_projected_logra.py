@@ -326,3 +326,13 @@ def test_the_cli_refuses_an_unknown_proj_split_in_one_line(capsys):
     assert run_cli("malleability", "--estimator", "projected", "--proj-split", "bogus", "--preset", "quick") == 2
     err = capsys.readouterr().err
     assert "unknown --proj-split 'bogus'; use layer or params" in err and "Traceback" not in err
+
+
+def test_the_memory_estimate_counts_the_projected_rows_and_the_row_cache():
+    from attnaudit.analyses.influence.influence import influence_memory
+
+    mem = influence_memory("projected", 10_000, 300, 10, True, 64, proj_dim=512, n_classes=10)
+    # 300 projected gradients of 512 floats, and the cache: 300 rows x (10 + 1) x 512 floats
+    assert mem["projected_rows"] == 300 * 512 * 8 + 300 * 11 * 512 * 8
+    assert mem["projected_curvature"] == (3 * 512**2 + 2 * 64 * 10_000) * 8
+    assert influence_memory("ekfac", 10_000, 300, 10, True, 64)["projected_rows"] == 0

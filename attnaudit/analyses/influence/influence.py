@@ -236,6 +236,9 @@ class InfluenceConfig:
     def __post_init__(self) -> None:
         if isinstance(self.proj_dim, bool) or int(self.proj_dim) != self.proj_dim or self.proj_dim < 1:
             raise AuditError(f"--proj-dim must be a positive integer, got {self.proj_dim!r}")
+        budget = self.memory_budget_mb
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget) or budget <= 0:
+            raise AuditError(f"--memory-budget must be a positive number of MiB, got {budget!r}")
         if self.proj_split not in PROJ_SPLITS:
             raise AuditError(f"unknown --proj-split {self.proj_split!r}; use {' or '.join(PROJ_SPLITS)}")
         if self.curvature not in ("auto", "ggn", "fisher", "empirical", "galerkin"):
@@ -619,13 +622,17 @@ def influence_memory(
     activation_bytes_per_sample: int = 0,
     factor_bytes: int = 0,
     proj_dim: int = 0,
+    n_classes: int = 0,
+    gradient_params: int | None = None,
 ) -> dict:
     """Bytes the estimator holds at its peak.
 
     The estimator's own structures (:meth:`Estimator.memory_parts`; every registered
     estimator's keys are present, 0 for the others): exact / last-layer: Hessian +
     eigenvectors 2 P^2; cg: 4 P k vectors; kfac / ekfac: ``factor_bytes``; projected:
-    3 k^2 + 128 P. Always the transformed test gradients P k, one chunk of per-sample
+    3 k^2 + 128 P and its projected rows (n_train k, and the row cache's n_train (c + 1) k up
+    to ``ROW_CACHE_BYTES``). ``gradient_chunk``: chunk x ``gradient_params`` per-sample
+    gradient entries (default P; K-FAC: its largest layer). Always the transformed test gradients P k, one chunk of per-sample
     gradients chunk x P and the output n_train x k (k = n_test if per_test else 1, times the
     number of dampings for an estimator that uses damping); ``activations``: the model's own
     activations for one chunk, from ``activation_bytes_per_sample`` (measured by the engine
@@ -636,14 +643,21 @@ def influence_memory(
     k = (n_test if per_test else 1) * (n_dampings if est.uses_damping else 1)
     rows = min(chunk, max(n_train, n_test))
     query = MemoryQuery(
-        n_params=P, k=k, hvp_batch=hvp_batch, itemsize=itemsize, factor_bytes=factor_bytes, proj_dim=proj_dim
+        n_params=P,
+        k=k,
+        hvp_batch=hvp_batch,
+        itemsize=itemsize,
+        factor_bytes=factor_bytes,
+        proj_dim=proj_dim,
+        n_train=n_train,
+        n_classes=n_classes,
     )
     parts = {key: 0 for cls in ESTIMATORS.values() for key in cls().memory_parts(query)}
     parts.update(est().memory_parts(query))
     parts.update(
         {
             "transformed_test_gradients": P * k * itemsize,
-            "gradient_chunk": rows * P * itemsize,
+            "gradient_chunk": rows * (P if gradient_params is None else gradient_params) * itemsize,
             "activations": rows * int(activation_bytes_per_sample),
             "influence_output": n_train * k * itemsize,
         }
@@ -665,34 +679,42 @@ def _plan(config: InfluenceConfig, view: _View, P: int, X_train, n_train: int, n
     itemsize = view.engine.theta.element_size()
     act = 0 if view.path != PATH_GENERIC else view.engine.probe_bytes_per_sample(X_train)
     est, hvp_batch = config.estimator, config.hvp_batch
-    factors = estimator_class(est)().factor_bytes(view.engine)
-    mem = influence_memory(
-        est,
-        P,
-        n_train,
-        n_test,
-        config.per_test,
-        config.chunk_size,
-        hvp_batch,
-        n_dampings,
-        itemsize,
-        act,
-        factors,
-        config.proj_dim,
-    )
+    factors = estimator_class(est)().factor_bytes(view.engine, config)
+    # the per-sample gradient block a chunk holds: all P, or one layer's for an estimator that
+    # never forms all-parameter gradients (K-FAC's layer-wise fit and scores; not with fast_path=False)
+    per_row = estimator_class(est)().gradient_params_per_row(view.engine) if config.fast_path else P
+
+    def estimate(chunk: int) -> dict:
+        return influence_memory(
+            est,
+            P,
+            n_train,
+            n_test,
+            config.per_test,
+            chunk,
+            hvp_batch,
+            n_dampings,
+            itemsize,
+            act,
+            factors,
+            config.proj_dim,
+            view.engine.n_classes,
+            per_row,
+        )
+
+    mem = estimate(config.chunk_size)
     fixed = mem["total"] - mem["gradient_chunk"] - mem["activations"]
-    chunk = _budget_chunk(config, P, fixed, itemsize, act)
+    chunk = _budget_chunk(config, per_row, fixed, itemsize, act)
     if chunk == 0:
         alternatives = estimator_class(est).budget_hint
         largest = max((k for k in mem if k not in ("total", "gradient_chunk", "activations")), key=lambda k: mem[k])
         raise AuditError(
             f"{config.estimator} influence needs {fixed / 2**20:,.0f} MB before any chunk (most of it "
             f"{largest.replace('_', ' ')}: {mem[largest] / 2**20:,.1f} MB), above the memory budget of "
-            f"{config.memory_budget_mb:,g} MB; {alternatives}, or raise the budget"
+            f"{config.memory_budget_mb:,g} MB; {alternatives}, or raise the budget (--memory-budget "
+            f"{math.ceil((fixed + 2 * itemsize * per_row + act) / 2**20)} or more)"
         )
-    return chunk, influence_memory(
-        est, P, n_train, n_test, config.per_test, chunk, hvp_batch, n_dampings, itemsize, act, factors, config.proj_dim
-    )
+    return chunk, estimate(chunk)
 
 
 # --------------------------------------------------------------------------- the interface

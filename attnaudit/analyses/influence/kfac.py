@@ -102,7 +102,7 @@ class KroneckerFactors:
     diagnostics: dict = field(default_factory=dict)
 
     def memory_bytes(self) -> int:
-        return kfac_memory_bytes(self.blocks)
+        return kfac_memory_bytes(self.blocks, keep_covariances=all(b.A is not None for b in self.blocks))
 
     def precondition(self, grads: torch.Tensor, engine: Engine, damping: float | str) -> torch.Tensor:
         """(F + lambda I)^-1 applied to each row of ``grads`` (k, P) over ``engine.names``
@@ -516,6 +516,7 @@ def fit_factors(
     curvature: str = "auto",
     seed: int = 0,
     targets: torch.Tensor | None = None,
+    keep_covariances: bool = True,
 ) -> KroneckerFactors:
     """Fit the Kronecker factors (and, for EK-FAC, the corrected eigenvalues) of the linear
     layers tracked by ``engine`` on the rows ``X`` (the model is evaluated at the engine's
@@ -527,7 +528,10 @@ def fit_factors(
     pass; the same matrix in expectation, kronfluence's default); ``empirical``, the loss
     gradient at the true labels (``targets``, one-hot rows; the empirical Fisher, kronfluence's
     ``use_empirical_fisher``); ``auto``: ggn up to :data:`EXACT_COLUMNS_UP_TO` outputs, fisher
-    above (language-model vocabularies)."""
+    above (language-model vocabularies). ``keep_covariances=False`` frees each layer's A and S
+    once decomposed (only the factor cache and the tests read them; preconditioning uses
+    their eigenvectors and eigenvalues): the peak is then :func:`kfac_memory_bytes` with
+    ``keep_covariances=False``."""
     if kind not in KINDS:
         raise AuditError(f"unknown curvature {kind!r}; use one of {', '.join(KINDS)}")
     if curvature not in CURVATURES:
@@ -602,6 +606,9 @@ def fit_factors(
         b.lamS, b.QS = (t.contiguous() for t in torch.linalg.eigh(S))
         b.lamA.clamp_(min=0.0)
         b.lamS.clamp_(min=0.0)
+        if not keep_covariances:
+            b.A = b.S = None
+            del A, S
     if kind == "ekfac":
         gen.manual_seed(int(seed) + 1)  # fresh draws for the second pass
         for b in blocks:
@@ -638,9 +645,15 @@ def fit_factors(
     )
 
 
-def kfac_memory_bytes(blocks: Sequence[LinearBlock]) -> int:
-    """Bytes the factors of ``blocks`` hold (float64): A, Q_A, S, Q_S and the EK-FAC eigenvalues."""
-    return 8 * sum(2 * b.width_in**2 + 2 * b.d_out**2 + b.d_out * b.width_in for b in blocks)
+def kfac_memory_bytes(blocks: Sequence[LinearBlock], keep_covariances: bool = True) -> int:
+    """Peak bytes of the factors of ``blocks`` (float64): A, Q_A, S, Q_S and the EK-FAC
+    eigenvalues; without the covariances (:func:`fit_factors` ``keep_covariances=False``), the
+    accumulated A and S of every layer turn into Q_A and Q_S one layer at a time, so the peak is
+    the eigenvectors, the eigenvalues and one layer's A and S in flight."""
+    if keep_covariances:
+        return 8 * sum(2 * b.width_in**2 + 2 * b.d_out**2 + b.d_out * b.width_in for b in blocks)
+    square = [b.width_in**2 + b.d_out**2 for b in blocks]
+    return 8 * (sum(square) + max(square, default=0) + sum(b.d_out * b.width_in for b in blocks))
 
 
 # ----------------------------------------------------------------------------- cache on disk
@@ -775,8 +788,10 @@ def cached_factors(
     targets: torch.Tensor | None = None,
 ) -> KroneckerFactors:
     """:func:`fit_factors`, reading and writing ``cache_dir`` when given (one file per fingerprint)."""
-    if cache_dir is None:
-        return fit_factors(engine, rows, kind, chunk=chunk, curvature=curvature, seed=seed, targets=targets)
+    if cache_dir is None:  # nothing is saved: A and S are freed once decomposed
+        return fit_factors(
+            engine, rows, kind, chunk=chunk, curvature=curvature, seed=seed, targets=targets, keep_covariances=False
+        )
     resolved = curvature if curvature != "auto" else ("ggn" if engine.n_classes <= EXACT_COLUMNS_UP_TO else "fisher")
     key = factors_fingerprint(engine, engine.rows(rows), kind, resolved, seed)
     if resolved == "empirical" and targets is not None:  # the labels enter the curvature

@@ -92,7 +92,7 @@ from attnaudit.models.hf import HFEmbeddingShiftClassifier, HFSequenceClassifier
 from attnaudit.models.builtin import ARCHITECTURES, ModelSpec, TwoLayerNet, build_model
 from attnaudit.core.training import LOSSES, TrainConfig, TrainResult, accuracy, loss_value, train
 from attnaudit.core.task import select_parameter_names
-from attnaudit.analyses.influence.kfac import kfac_memory_bytes, linear_modules
+from attnaudit.analyses.influence.kfac import kfac_memory_bytes, linear_modules, shared_weights
 from attnaudit.core.fit import fit as fit_recipe
 from attnaudit.core.training import require_nonzero_inputs
 from attnaudit.runtime.sweep import CellTask, ExecutorConfig, cached, clear_cache, run_cells
@@ -156,6 +156,7 @@ class MalleabilityConfig:
     cg_max_iter: int = 1000
     proj_dim: int = 512  # --estimator projected
     proj_split: str = "layer"  # --estimator projected: k per layer equal (LoGra) or by parameter count
+    memory_budget_mb: float = 2048.0  # --memory-budget: the influence planner's bound
     curvature: str = "auto"  # --estimator kfac / ekfac
     cache_dir: str | None = None  # --cache: fitted K-FAC factors kept on disk
     params: str | None = None
@@ -408,6 +409,7 @@ class MalleabilityConfig:
             cg_max_iter=self.cg_max_iter,
             proj_dim=self.proj_dim,
             proj_split=self.proj_split,
+            memory_budget_mb=self.memory_budget_mb,
             curvature=self.curvature,
             cache_dir=self.cache_dir,
         )
@@ -531,13 +533,14 @@ def influence_memory_estimate(
         names = select_parameter_names(model, selector, probe, inputs)
         named = dict(model.named_parameters())
         factor_bytes = 0
+        count = int(sum(named[n].numel() for n in names))
+        per_row = count  # per-sample gradient entries a row holds at once
         if config.estimator in ("kfac", "ekfac"):
-            factor_bytes = kfac_memory_bytes(linear_modules(model, names)[0])
-        tracked[arch] = {
-            "names": names,
-            "count": int(sum(named[n].numel() for n in names)),
-            "factor_bytes": factor_bytes,
-        }
+            blocks = linear_modules(model, names)[0]
+            factor_bytes = kfac_memory_bytes(blocks, keep_covariances=config.cache_dir is not None)
+            if blocks and not shared_weights(model, blocks):  # K-FAC forms one layer's gradients at a time
+                per_row = max(b.d_out * (b.d_in + (1 if b.bias else 0)) for b in blocks)
+        tracked[arch] = {"names": names, "count": count, "factor_bytes": factor_bytes, "per_row": per_row}
     p = max(v["count"] for v in tracked.values())
     check_exact_budget(config.estimator, p, config.max_exact_params)
     mem = influence_memory(
@@ -549,6 +552,7 @@ def influence_memory_estimate(
         icfg.chunk_size,
         n_dampings=len(config.damping),
         factor_bytes=max(v["factor_bytes"] for v in tracked.values()),
+        gradient_params=max(v["per_row"] for v in tracked.values()),
     )
     return {
         "tracked_parameters": p,

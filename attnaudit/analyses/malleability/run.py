@@ -248,6 +248,13 @@ class MalleabilityRequest(ModelFields, PresetData, Request):
         help="Total projected dimension k of --estimator projected, shared between layers by --proj-split (k >= the "
         "tracked parameter count is exact).",
     )
+    memory_budget: float = option(
+        2048.0,
+        "--memory-budget",
+        panel=EXECUTION,
+        help="MiB the influence estimator's planned tensors may take (factors, curvature, gradient chunks); "
+        "a run that cannot fit is refused with the budget it needs.",
+    )
     proj_split: str = option(
         "layer",
         "--proj-split",
@@ -522,6 +529,7 @@ def _config_kw(request: MalleabilityRequest, values: dict, loaded: dict | None) 
         estimator=request.estimator,
         proj_dim=request.proj_dim,
         proj_split=request.proj_split,
+        memory_budget_mb=request.memory_budget,
         curvature=request.curvature,
         cache_dir=request.cache,
         norm=request.norm,

@@ -110,7 +110,8 @@ class Solution:
 class MemoryQuery:
     """What :meth:`Estimator.memory_parts` sizes: P tracked parameters, k transformed test
     gradients (test points x dampings), floats of ``itemsize`` bytes; ``factor_bytes`` from
-    :meth:`Estimator.factor_bytes`, ``proj_dim`` from the config."""
+    :meth:`Estimator.factor_bytes`, ``proj_dim`` from the config, ``n_train`` training rows and
+    ``n_classes`` outputs (0 when unknown)."""
 
     n_params: int
     k: int
@@ -118,6 +119,8 @@ class MemoryQuery:
     itemsize: int
     factor_bytes: int = 0
     proj_dim: int = 0
+    n_train: int = 0
+    n_classes: int = 0
 
 
 # --------------------------------------------------------------------------- the protocol
@@ -159,9 +162,15 @@ class Estimator:
         """Bytes held by the estimator's own structures, by name (the shared ones are added)."""
         return {}
 
-    def factor_bytes(self, engine: Engine) -> int:
-        """Bytes of fitted factors, measured on the engine before any compute (0: none)."""
+    def factor_bytes(self, engine: Engine, config: Any = None) -> int:
+        """Bytes of fitted factors, measured on the engine before any compute, for the
+        InfluenceConfig ``config`` (None: the largest any config needs; 0: no factors)."""
         return 0
+
+    def gradient_params_per_row(self, engine: Engine) -> int:
+        """Parameters whose per-sample gradients one training row holds at once while the
+        estimator runs (sizes the planner's gradient chunk): all P by default."""
+        return engine.n_params
 
     def check_budget(self, n_params: int, max_exact_params: int, itemsize: int = 8) -> None:
         """Refuse, with an AuditError, a parameter count the estimator cannot handle."""

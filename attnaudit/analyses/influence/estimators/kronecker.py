@@ -39,11 +39,23 @@ class KFAC(Estimator):
     allows_fast_path = False  # needs the real module's linear layers
     budget_hint = "track fewer layers with --params, use --estimator projected with a small --proj-dim"
 
-    def factor_bytes(self, engine) -> int:
-        return kfac_memory_bytes(linear_blocks(engine)[0])
+    def factor_bytes(self, engine, config=None) -> int:
+        # the covariances A and S are kept only to be written to a --cache folder
+        keep = config is not None and getattr(config, "cache_dir", None) is not None
+        return kfac_memory_bytes(linear_blocks(engine)[0], keep_covariances=keep)
 
     def memory_parts(self, query: MemoryQuery) -> dict[str, int]:
         return {"kronecker_factors": int(query.factor_bytes)}
+
+    def gradient_params_per_row(self, engine) -> int:
+        """The largest covered layer's weight and bias: the factors' fit, the eigenvalue
+        correction and the training scores (:meth:`train_scorer`) form one layer's per-sample
+        gradients at a time. All P when a covered weight is tied to another module's (then
+        the training scores stream per-sample gradients over all parameters)."""
+        blocks = linear_blocks(engine)[0]
+        if not blocks or shared_weights(engine.module, blocks):
+            return engine.n_params
+        return max(b.d_out * (b.d_in + (1 if b.bias else 0)) for b in blocks)
 
     def prepare(self, context: Context) -> State:
         config = context.config

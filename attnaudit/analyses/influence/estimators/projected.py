@@ -349,7 +349,14 @@ class Projected(base.Estimator):
     def memory_parts(self, query: base.MemoryQuery) -> dict[str, int]:
         # F (or R^T H R), R^T R and one eigendecomposition (3 k^2); galerkin: two column blocks of R and H R (2 x 64 P)
         P = query.n_params
-        return {"projected_curvature": (3 * min(query.proj_dim, P) ** 2 + 2 * 64 * P) * query.itemsize}
+        kp = min(query.proj_dim, P)
+        # the projected training gradients (n x k) and the row cache (n x (c + 1) x k, bounded)
+        cached = query.n_train * (max(query.n_classes, 1) + 1) * kp * query.itemsize
+        rows = query.n_train * kp * query.itemsize + (min(cached, ROW_CACHE_BYTES) if ROW_CACHE_BYTES > 0 else 0)
+        return {
+            "projected_curvature": (3 * kp**2 + 2 * 64 * P) * query.itemsize,
+            "projected_rows": rows,
+        }
 
     # ------------------------------------------------------------------ prepare
     def prepare(self, context: base.Context) -> base.State:
