@@ -181,7 +181,7 @@ def test_factors_fitted_without_covariances_precondition_the_same_and_hold_less(
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 9), nn.Tanh(), nn.Linear(9, 3)).double()
-    X, y = torch.randn(30, 6, dtype=torch.float64), torch.randint(0, 3, (30,))
+    X = torch.randn(30, 6, dtype=torch.float64)
     eng = Engine(Task(model, 3, "ce"), dtype=torch.float64)
     kept = fit_factors(eng, X, "ekfac", chunk=8)
     freed = fit_factors(eng, X, "ekfac", chunk=8, keep_covariances=False)
