@@ -222,3 +222,25 @@ def test_malleability_passes_its_memory_budget_to_the_influence_config():
     from attnaudit.analyses.malleability.malleability import MalleabilityConfig
 
     assert MalleabilityConfig(memory_budget_mb=3000).influence_config().memory_budget_mb == 3000
+
+
+def test_the_malleability_header_estimate_fits_the_chunk_to_the_budget_as_the_planner_does():
+    import torch
+    from torch import nn
+
+    from attnaudit.analyses.malleability.malleability import MalleabilityConfig, influence_memory_estimate
+
+    model = nn.Sequential(nn.Linear(30, 400), nn.Tanh(), nn.Linear(400, 3)).double()
+    probe = torch.randn(4, 30, dtype=torch.float64)
+
+    def total(budget):
+        cfg = MalleabilityConfig(
+            models=("mlp",), saved_models=True, estimator="ekfac", params="all", memory_budget_mb=budget
+        )
+        est = influence_memory_estimate(cfg, 30, 3, 2000, 100, models={"mlp": model}, probe=probe)
+        return est["bytes"]
+
+    roomy, tight = total(2048), total(20)
+    # 512 rows x the largest layer (400 x 31 entries) at the default budget; fewer rows at 20 MiB
+    assert roomy["gradient_chunk"] == 512 * 400 * 31 * 8
+    assert tight["gradient_chunk"] < roomy["gradient_chunk"] and tight["total"] <= 20 * 2**20

@@ -543,17 +543,28 @@ def influence_memory_estimate(
         tracked[arch] = {"names": names, "count": count, "factor_bytes": factor_bytes, "per_row": per_row}
     p = max(v["count"] for v in tracked.values())
     check_exact_budget(config.estimator, p, config.max_exact_params)
-    mem = influence_memory(
-        config.estimator,
-        p,
-        n_train,
-        n_test,
-        False,
-        icfg.chunk_size,
-        n_dampings=len(config.damping),
-        factor_bytes=max(v["factor_bytes"] for v in tracked.values()),
-        gradient_params=max(v["per_row"] for v in tracked.values()),
-    )
+    per_row = max(v["per_row"] for v in tracked.values())
+
+    def estimate(chunk: int) -> dict:
+        return influence_memory(
+            config.estimator,
+            p,
+            n_train,
+            n_test,
+            False,
+            chunk,
+            n_dampings=len(config.damping),
+            factor_bytes=max(v["factor_bytes"] for v in tracked.values()),
+            gradient_params=per_row,
+        )
+
+    mem = estimate(icfg.chunk_size)
+    budget = icfg.memory_budget_mb * 2**20
+    if mem["total"] > budget:  # the planner lowers the chunk to the budget (two gradient blocks a row)
+        fixed = mem["total"] - mem["gradient_chunk"] - mem["activations"]
+        fitted = int((budget - fixed) // (2 * 8 * max(per_row, 1)))
+        if fitted >= 1:
+            mem = estimate(min(icfg.chunk_size, fitted))
     return {
         "tracked_parameters": p,
         "tracked_parameter_names": {k: v["names"] for k, v in tracked.items()},
