@@ -344,10 +344,8 @@ def test_hf_config_nested_too_deep_is_refused(tmp_path):
     _refused(lambda: load_checkpoint(folder), str(folder / "config.json"), "too deeply")
 
 
-@pytest.mark.parametrize("key, value", [("vocab_size", 0), ("vocab_size", -1), ("hidden_size", -1)])
-def test_hf_lying_config_is_one_line_on_the_cli(tmp_path, key, value):
-    """Found by the fuzzer's CLI check: transformers logged its own warning ('pad_token_id must
-    be ... within the vocabulary') before the refusal, so stderr held two lines."""
+def _hf_folder_with(tmp_path, key, value):
+    """A valid fuzzer Hugging Face folder whose config.json says ``key: value``."""
     cfg, weights, _ = F.hf_base(0)
     config = json.loads(cfg)
     config[key] = value
@@ -355,6 +353,14 @@ def test_hf_lying_config_is_one_line_on_the_cli(tmp_path, key, value):
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "model.safetensors").write_bytes(weights)
+    return folder
+
+
+@pytest.mark.parametrize("key, value", [("vocab_size", 0), ("vocab_size", -1), ("hidden_size", -1)])
+def test_hf_lying_config_is_one_line_on_the_cli(tmp_path, key, value):
+    """Found by the fuzzer's CLI check: transformers logged its own warning ('pad_token_id must
+    be ... within the vocabulary') before the refusal, so stderr held two lines."""
+    folder = _hf_folder_with(tmp_path, key, value)
     code, err = run_cli(["kappa", "--checkpoint", str(folder)])
     check_one_line(code, err, tmp_path)
 
@@ -377,13 +383,7 @@ def test_hf_config_sizes_checked_before_transformers_builds(tmp_path, key, value
     (head size -8)."""
     from attnaudit.models.checkpoints import load_checkpoint
 
-    cfg, weights, _ = F.hf_base(0)
-    config = json.loads(cfg)
-    config[key] = value
-    folder = tmp_path / "hf"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(config))
-    (folder / "model.safetensors").write_bytes(weights)
+    folder = _hf_folder_with(tmp_path, key, value)
     tracemalloc.start()
     try:
         _refused(lambda: load_checkpoint(folder), str(folder / "config.json"), problem)

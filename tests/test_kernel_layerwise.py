@@ -9,7 +9,6 @@ import copy
 
 import pytest
 import torch
-from torch import nn
 
 from attnaudit.analyses.ntk_distance import movement
 from attnaudit.analyses.ntk_distance.movement import entk_by_group, kernel_movement, layer_kernels, parameter_groups
@@ -17,35 +16,9 @@ from attnaudit.core import Engine
 from attnaudit.core.task import Task
 from attnaudit.models.vit import ViT, ViTSpec
 
+from layer_models import AttentionNet, ConvNet
+
 F64 = torch.float64
-
-
-class _Attention(nn.Module):
-    """Linear embedding, torch's nn.MultiheadAttention, a LayerNorm and a head; 3 outputs."""
-
-    def __init__(self):
-        super().__init__()
-        self.embed = nn.Linear(4, 8, dtype=F64)
-        self.mha = nn.MultiheadAttention(8, 2, batch_first=True, dtype=F64)
-        self.norm = nn.LayerNorm(8, dtype=F64)
-        self.head = nn.Linear(8, 3, dtype=F64)
-
-    def forward(self, x):
-        h = torch.tanh(self.embed(x.reshape(x.shape[0], 4, 4)))
-        h, _ = self.mha(h, h, h)
-        return self.head(self.norm(h).mean(1))
-
-
-class _Convs(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.patch = nn.Conv2d(1, 3, 4, stride=4, dtype=F64)
-        self.conv = nn.Conv2d(3, 2, 3, padding="same", bias=False, dtype=F64)
-        self.head = nn.Linear(2 * 2 * 2, 3, dtype=F64)
-
-    def forward(self, x):
-        h = torch.tanh(self.patch(x.reshape(-1, 1, 8, 8)))
-        return self.head(torch.tanh(self.conv(h)).flatten(1))
 
 
 def _vit(seed):
@@ -60,7 +33,7 @@ def _pair(case):
         d = 64
     else:
         torch.manual_seed(0)
-        a = (_Attention if case == "attention" else _Convs)()
+        a = (AttentionNet if case == "attention" else ConvNet)()
         b = copy.deepcopy(a)
         with torch.no_grad():
             for p in b.parameters():

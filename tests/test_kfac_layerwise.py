@@ -19,38 +19,9 @@ from attnaudit.analyses.influence.kfac import layer_gradient_scores, linear_bloc
 from attnaudit.core import Engine
 from attnaudit.core.task import Task
 
+from layer_models import AttentionNet, ConvNet
+
 F64 = torch.float64
-
-
-class _Attention(nn.Module):
-    """4 tokens of width 8: a linear embedding, torch's nn.MultiheadAttention, a LayerNorm
-    (tracked, not covered) and a linear head on the mean token."""
-
-    def __init__(self):
-        super().__init__()
-        self.embed = nn.Linear(4, 8, dtype=F64)
-        self.mha = nn.MultiheadAttention(8, 2, batch_first=True, dtype=F64)
-        self.norm = nn.LayerNorm(8, dtype=F64)
-        self.head = nn.Linear(8, 3, dtype=F64)
-
-    def forward(self, x):
-        h = torch.tanh(self.embed(x.reshape(x.shape[0], 4, 4)))
-        h, _ = self.mha(h, h, h)
-        return self.head(self.norm(h).mean(1))
-
-
-class _Convs(nn.Module):
-    """A patch embedding, a padded convolution without bias and a linear head on 1x8x8 images."""
-
-    def __init__(self):
-        super().__init__()
-        self.patch = nn.Conv2d(1, 3, 4, stride=4, dtype=F64)
-        self.conv = nn.Conv2d(3, 2, 3, padding="same", bias=False, dtype=F64)
-        self.head = nn.Linear(2 * 2 * 2, 3, dtype=F64)
-
-    def forward(self, x):
-        h = torch.tanh(self.patch(x.reshape(-1, 1, 8, 8)))
-        return self.head(torch.tanh(self.conv(h)).flatten(1))
 
 
 class _Tied(nn.Module):
@@ -80,8 +51,8 @@ def _vit():
 
 
 CASES = {
-    "attention": (lambda: _Attention(), 16, "ce"),
-    "conv": (lambda: _Convs(), 64, "ce"),
+    "attention": (lambda: AttentionNet(), 16, "ce"),
+    "conv": (lambda: ConvNet(), 64, "ce"),
     "vit": (_vit, 64, "mse"),
 }
 
@@ -114,7 +85,7 @@ def test_layer_scores_are_the_products_of_torch_func_per_sample_gradients():
     """Against per-sample gradients written out here with torch.func (not the engine's code),
     with random vectors on the covered layers and zeros elsewhere."""
     torch.manual_seed(0)
-    model = _Attention().eval()
+    model = AttentionNet().eval()
     X, y = _data(9, 16)
     eng = Engine(Task(model, 3, "ce"), dtype=F64)
     blocks, excluded = linear_blocks(eng)
@@ -149,7 +120,7 @@ def test_tied_weights_fall_back_to_per_sample_gradients():
     X, y = _data(12)
     res = influence_sweep(Task(model, 3, "ce"), X[:8], y[:8], X[8:], y[8:], InfluenceConfig(estimator="ekfac"))
     assert res[0].diagnostics["train_gradients"] == "per-sample gradients"
-    assert not shared_weights(_Attention(), linear_blocks(Engine(Task(_Attention(), 3, "ce"), dtype=F64))[0])
+    assert not shared_weights(AttentionNet(), linear_blocks(Engine(Task(AttentionNet(), 3, "ce"), dtype=F64))[0])
 
 
 def test_the_planner_sizes_kfac_chunks_by_its_largest_layer_not_by_all_parameters():
