@@ -632,7 +632,8 @@ def influence_memory(
     eigenvectors 2 P^2; cg: 4 P k vectors; kfac / ekfac: ``factor_bytes``; projected:
     3 k^2 + 128 P and its projected rows (n_train k, and the row cache's n_train (c + 1) k up
     to ``ROW_CACHE_BYTES``). ``gradient_chunk``: chunk x ``gradient_params`` per-sample
-    gradient entries (default P; K-FAC: its largest layer). Always the transformed test gradients P k, one chunk of per-sample
+    gradient entries (default P; K-FAC: its largest layer). Always the transformed test
+    gradients P k, one chunk of per-sample
     gradients chunk x P and the output n_train x k (k = n_test if per_test else 1, times the
     number of dampings for an estimator that uses damping); ``activations``: the model's own
     activations for one chunk, from ``activation_bytes_per_sample`` (measured by the engine

@@ -645,6 +645,16 @@ def fit_factors(
     )
 
 
+def gradient_entries_per_row(module: nn.Module, blocks: Sequence[LinearBlock]) -> int | None:
+    """Per-sample gradient entries one row holds at once while K-FAC runs: the largest covered
+    layer's weight and bias (the fit, the eigenvalue correction and the training scores are
+    layer-wise), or None when a covered weight is tied to another module's (the training
+    scores then stream per-sample gradients over all parameters) or nothing is covered."""
+    if not blocks or shared_weights(module, list(blocks)):
+        return None
+    return max(b.d_out * b.width_in for b in blocks)
+
+
 def kfac_memory_bytes(blocks: Sequence[LinearBlock], keep_covariances: bool = True) -> int:
     """Peak bytes of the factors of ``blocks`` (float64): A, Q_A, S, Q_S and the EK-FAC
     eigenvalues; without the covariances (:func:`fit_factors` ``keep_covariances=False``), the

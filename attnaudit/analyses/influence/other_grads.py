@@ -103,8 +103,8 @@ class OtherCapture:
             shape = (B, *v.shape[1:]) if mode == 1 else (B, *v.shape)
             self.overrides[name] = (v if mode == 1 else v.unsqueeze(0)).expand(shape).clone().requires_grad_(True)
         self.calls: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {path: [] for path in plan.layernorm}
-        modules = dict(engine.module.named_modules())
-        self._hooks = [modules[path].register_forward_hook(self._hook_for(path)) for path in plan.layernorm]
+        self._modules = {path: m for path, m in engine.module.named_modules() if path in plan.layernorm}
+        self._hooks = [self._modules[path].register_forward_hook(self._hook_for(path)) for path in plan.layernorm]
 
     def _hook_for(self, path: str):
         def hook(module, args, out):
@@ -126,9 +126,8 @@ class OtherCapture:
         ``targets()`` (same order; None for a target the loss does not reach)."""
         B, out = self.B, {}
         i = 0
-        modules = dict(engine.module.named_modules())
         for path, (w, b) in self.plan.layernorm.items():
-            module = modules[path]
+            module = self._modules[path]
             N = math.prod(module.normalized_shape)
             gw = gb = None
             for x, y in self.calls[path]:

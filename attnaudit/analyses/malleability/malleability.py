@@ -92,7 +92,7 @@ from attnaudit.models.hf import HFEmbeddingShiftClassifier, HFSequenceClassifier
 from attnaudit.models.builtin import ARCHITECTURES, ModelSpec, TwoLayerNet, build_model
 from attnaudit.core.training import LOSSES, TrainConfig, TrainResult, accuracy, loss_value, train
 from attnaudit.core.task import select_parameter_names
-from attnaudit.analyses.influence.kfac import kfac_memory_bytes, linear_modules, shared_weights
+from attnaudit.analyses.influence.kfac import gradient_entries_per_row, kfac_memory_bytes, linear_modules
 from attnaudit.core.fit import fit as fit_recipe
 from attnaudit.core.training import require_nonzero_inputs
 from attnaudit.runtime.sweep import CellTask, ExecutorConfig, cached, clear_cache, run_cells
@@ -538,8 +538,7 @@ def influence_memory_estimate(
         if config.estimator in ("kfac", "ekfac"):
             blocks = linear_modules(model, names)[0]
             factor_bytes = kfac_memory_bytes(blocks, keep_covariances=config.cache_dir is not None)
-            if blocks and not shared_weights(model, blocks):  # K-FAC forms one layer's gradients at a time
-                per_row = max(b.d_out * (b.d_in + (1 if b.bias else 0)) for b in blocks)
+            per_row = gradient_entries_per_row(model, blocks) or count
         tracked[arch] = {"names": names, "count": count, "factor_bytes": factor_bytes, "per_row": per_row}
     p = max(v["count"] for v in tracked.values())
     check_exact_budget(config.estimator, p, config.max_exact_params)

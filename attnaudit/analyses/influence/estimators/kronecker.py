@@ -10,6 +10,7 @@ from attnaudit.analyses.influence.estimators.base import Context, Estimator, Mem
 from attnaudit.analyses.influence.kfac import (
     LinearBlock,
     cached_factors,
+    gradient_entries_per_row,
     kfac_memory_bytes,
     layer_gradient_scores,
     linear_blocks,
@@ -48,14 +49,10 @@ class KFAC(Estimator):
         return {"kronecker_factors": int(query.factor_bytes)}
 
     def gradient_params_per_row(self, engine) -> int:
-        """The largest covered layer's weight and bias: the factors' fit, the eigenvalue
-        correction and the training scores (:meth:`train_scorer`) form one layer's per-sample
-        gradients at a time. All P when a covered weight is tied to another module's (then
-        the training scores stream per-sample gradients over all parameters)."""
-        blocks = linear_blocks(engine)[0]
-        if not blocks or shared_weights(engine.module, blocks):
-            return engine.n_params
-        return max(b.d_out * (b.d_in + (1 if b.bias else 0)) for b in blocks)
+        """One layer's (:func:`~attnaudit.analyses.influence.kfac.gradient_entries_per_row`),
+        all P when K-FAC streams per-sample gradients over everything."""
+        per_row = gradient_entries_per_row(engine.module, linear_blocks(engine)[0])
+        return engine.n_params if per_row is None else per_row
 
     def prepare(self, context: Context) -> State:
         config = context.config

@@ -9,8 +9,11 @@ at its output), so its projection P_out^T G_i P_in = sum_t (P_out^T s_it)(P_in^T
 formed from the projected activations and output gradients alone: O(T (w_in k_in + d_out
 k_out + k_in k_out)) per sample and layer, never d_out x w_in. P_in, P_out have orthonormal
 columns (QR of a seeded Gaussian; the identity when k_in >= w_in or k_out >= d_out). Every
-other tracked parameter (position embeddings, norms, tied weights) goes through per-sample
-Jacobians of the engine restricted to those parameters (``vmap(jacrev)``) and a
+other tracked parameter gets its per-sample gradients from the same backward passes when a
+verified structure covers it (LayerNorm affines, parameters broadcast against the batch such
+as position embeddings: :mod:`attnaudit.analyses.influence.other_grads`), else from
+per-sample Jacobians restricted to those parameters (``vmap(jacrev)``: tied weights,
+embedding tables, anything the structures do not fit), then a
 :class:`~attnaudit.analyses.influence.projection.SignProjection`. The total k (``--proj-dim``)
 is shared between layers by ``--proj-split``: ``layer`` (default, LoGra's layout) gives every
 layer the same share as square factors k_in ~ k_out, ``params`` shares it in proportion to
@@ -219,9 +222,8 @@ def verify_plan(
 
     def attempt(candidate: OtherPlan) -> tuple[torch.Tensor, dict[str, torch.Tensor]] | None:
         try:
-            with (
-                warnings.catch_warnings()
-            ):  # a candidate's misuse of a copy may warn before it fails: not the user's concern
+            # a candidate's misuse of a copy may warn before it fails: not the user's concern
+            with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 logits, _, _, got = _forward_backward(engine, proj, rows, targets, ggn, candidate)
         except Exception:  # noqa: BLE001 - a copy the forward cannot take (any error) rules the candidate out
@@ -302,7 +304,7 @@ def _slice_start(part: torch.Tensor, whole: torch.Tensor) -> int | None:
     hence the same content), or None."""
     if part.device != whole.device or part.dtype != whole.dtype or part.shape[1:] != whole.shape[1:]:
         return None
-    if not (part.is_contiguous() and whole.is_contiguous()) or part.shape[0] == 0:
+    if not (part.is_contiguous() and whole.is_contiguous()) or part.shape[0] == 0 or whole.shape[0] == 0:
         return None
     if part.untyped_storage().data_ptr() != whole.untyped_storage().data_ptr():
         return None
