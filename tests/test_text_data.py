@@ -469,3 +469,37 @@ def test_kernel_movement_between_two_text_checkpoints_and_ekfac_influence(tmp_pa
     assert code.value.code == 0, capsys.readouterr().err
     rows = json.loads(out.read_text())["results"]["summary"]
     assert {r["estimator"] for r in rows} == {"ekfac"} and {r["attack"] for r in rows} == {"hotflip", "swap"}
+
+
+def test_per_layer_kappa_of_a_text_model_leaves_padding_out(tmp_path):
+    """Each sequence's token Gram and attention maps are over its real tokens: the truth is the
+    same model run on that sequence alone, unpadded (so nothing is masked), its hidden states
+    and attention maps read from transformers' own outputs and decomposed by numpy."""
+    transformers = pytest.importorskip("transformers")
+    from attnaudit.analyses.kappa.layers import LayerKappaConfig, analyse_layers
+    from attnaudit.models.hf import adapt_to_data, load_hf_directory
+
+    folder = _bert_folder(tmp_path)
+    ds = load_dataset(DataSpec(data=str(_jsonl(tmp_path / "d.jsonl")), tokenizer=str(folder), max_length=15))
+    ids = ds.X.long()
+    lengths = (ids != 0).sum(1)
+    assert lengths.min() < lengths.max() < 15  # sequences of several lengths, all padded
+    loaded = adapt_to_data(load_hf_directory(folder), ds.feature_shape)
+    result = analyse_layers(loaded, ds.X, LayerKappaConfig(n=len(RECORDS)))
+    layer = result.layers[0]
+    assert layer.name.endswith("layer.0.attention.self")
+    assert "padding excluded" in layer.attention_note
+    assert layer.input.rows_per_sample.tolist() == lengths.tolist()
+
+    model = transformers.BertForSequenceClassification.from_pretrained(folder, attn_implementation="eager")
+    model = model.double().eval()
+    for b in range(len(RECORDS)):
+        real = ids[b, : lengths[b]].unsqueeze(0)
+        with torch.no_grad():
+            out = model(input_ids=real, output_hidden_states=True, output_attentions=True)
+        X = out.hidden_states[0][0].numpy()  # the attention layer's input: the embeddings of the real tokens
+        lam = np.linalg.eigvalsh(X @ X.T)[::-1][: min(X.shape)]
+        assert layer.input.kappa_full[b] == pytest.approx(lam[0] / lam[-1], rel=1e-6)
+        for h, head in enumerate(layer.heads):
+            s = np.linalg.svd(out.attentions[0][0, h].numpy(), compute_uv=False)
+            assert head.kappa_full[b] == pytest.approx(s[0] / s[-1], rel=1e-6)

@@ -279,6 +279,16 @@ class HFSequenceClassifier(nn.Module):
         low = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=input_ids.device)
         return torch.where(keep, zero, low)[:, None, None, :]
 
+    def token_mask(self, input_ids: torch.Tensor) -> torch.Tensor | None:
+        """(B, L) bool, True at real tokens, or None without a padding mask: what per-token
+        analyses (per-layer kappa) restrict each sequence to."""
+        if self.mask == "none":
+            return None
+        if input_ids.ndim == 1:
+            input_ids = input_ids.unsqueeze(0)
+        ids = input_ids.round().long() if input_ids.is_floating_point() else input_ids.long()
+        return torch.ne(ids, int(self.pad_token_id or 0))
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         input_ids = input_ids.long()
         if input_ids.ndim == 1:
@@ -321,6 +331,9 @@ class HFEmbeddingShiftClassifier(HFSequenceClassifier):
                 )
             rows = rows.reshape(rows.shape[0], -1, width)
         return rows[..., 0].round().long(), rows[..., 1:]
+
+    def token_mask(self, rows: torch.Tensor) -> torch.Tensor | None:
+        return super().token_mask(self.split_rows(rows)[0])
 
     def forward(self, rows: torch.Tensor) -> torch.Tensor:  # type: ignore[override]  # rows, not input_ids
         ids, delta = self.split_rows(rows)

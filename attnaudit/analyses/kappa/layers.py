@@ -327,12 +327,21 @@ class SpectrumSummary:
     kappa_rank: np.ndarray
     rank: np.ndarray
     zero: int  # samples whose matrix is exactly zero
+    # per sample: the rows of its matrix when they differ (a padded sequence's real tokens), else None
+    rows_per_sample: np.ndarray | None = None
 
     @classmethod
-    def of(cls, spectra: np.ndarray, rows: int, cols: int, rank_tol: float | None) -> "SpectrumSummary":
+    def of(
+        cls, spectra: np.ndarray, rows: int, cols: int, rank_tol: float | None, sample_rows: np.ndarray | None = None
+    ) -> "SpectrumSummary":
+        """Summaries of descending spectra (B, >= min(rows, cols)). ``sample_rows`` (B,): the
+        matrix of sample b has only that many rows (the others were zeroed: padding), so its
+        spectrum is its first min(sample_rows[b], cols) values and its rank tolerance uses them."""
         kd, kr, rk, zero = [], [], [], 0
-        for lam in spectra:
-            rep = _report(lam, rows, cols, rank_tol)
+        for b, lam in enumerate(spectra):
+            n_rows = rows if sample_rows is None else int(sample_rows[b])
+            lam = lam[: min(n_rows, cols)]
+            rep = _report(lam, n_rows, cols, rank_tol)
             if rep is None:
                 zero += 1
                 kd.append(math.inf)
@@ -342,11 +351,18 @@ class SpectrumSummary:
                 kd.append(rep.kappa_full)
                 kr.append(rep.kappa_rank)
                 rk.append(rep.numerical_rank)
-        return cls(rows, cols, np.array(kd), np.array(kr), np.array(rk, dtype=np.int64), zero)
+        per = None if sample_rows is None else np.asarray(sample_rows, dtype=np.int64)
+        return cls(rows, cols, np.array(kd), np.array(kr), np.array(rk, dtype=np.int64), zero, per)
 
     @property
     def k(self) -> int:
         return min(self.rows, self.cols)
+
+    @property
+    def k_per_sample(self) -> np.ndarray:
+        """min(rows, cols) of each sample's matrix."""
+        rows = self.rows_per_sample if self.rows_per_sample is not None else np.full(self.samples, self.rows)
+        return np.minimum(rows, self.cols)
 
     @property
     def samples(self) -> int:
@@ -354,7 +370,7 @@ class SpectrumSummary:
 
     @property
     def rank_deficient(self) -> int:
-        return int(np.count_nonzero(self.rank < self.k))
+        return int(np.count_nonzero(self.rank < self.k_per_sample))
 
     @property
     def log10_kappa(self) -> np.ndarray:
@@ -371,7 +387,7 @@ class SpectrumSummary:
         return Spread.of(self.log10_kappa_rank)
 
     def to_dict(self, per_sample: bool = True) -> dict:
-        out = {
+        out: dict[str, Any] = {
             "rows": self.rows,
             "cols": self.cols,
             "min_rows_cols": self.k,
@@ -383,13 +399,20 @@ class SpectrumSummary:
             "log10_kappa": self.spread().to_dict(),
             "log10_kappa_at_numerical_rank": self.spread_rank().to_dict(),
         }
+        if self.rows_per_sample is not None:
+            n = self.rows_per_sample
+            out["rows_note"] = "padding excluded: each sample's matrix has its real tokens only"
+            out["rows_per_sample_min_median_max"] = [int(n.min()), float(np.median(n)), int(n.max())]
         if per_sample:
-            out["per_sample"] = {
+            samples: dict[str, list] = {
                 "kappa": [None if not math.isfinite(k) else float(k) for k in self.kappa_full],
                 "kappa_is_infinite": [bool(math.isinf(k)) for k in self.kappa_full],
                 "kappa_at_numerical_rank": [None if not math.isfinite(k) else float(k) for k in self.kappa_rank],
                 "numerical_rank": self.rank.tolist(),
             }
+            if self.rows_per_sample is not None:
+                samples["rows"] = self.rows_per_sample.tolist()
+            out["per_sample"] = samples
         return out
 
 
@@ -623,6 +646,8 @@ class _Record:
         self.shape_out: tuple[int, int] | None = None
         self.maps_shape: tuple[int, int] | None = None
         self.note = ""
+        self.real_tokens: list[np.ndarray] = []  # per sample, when padding is excluded
+        self.padding_note = ""
 
 
 def gram_spectra(tokens: torch.Tensor) -> torch.Tensor:
@@ -645,7 +670,11 @@ def _small_on_cpu(M: torch.Tensor) -> torch.Tensor:
     return M.cpu() if M.is_cuda and M.shape[-1] <= 1024 and M.shape[-2] <= 1024 else M
 
 
-def _capture(record: _Record, args: tuple, kwargs: dict, output: Any) -> None:
+def _capture(record: _Record, args: tuple, kwargs: dict, output: Any, keep: torch.Tensor | None = None) -> None:
+    """Spectra of one layer's call. ``keep`` (B, L) bool: the real (non-padding) tokens of the
+    batch; when the layer's tokens line up with them (L positions), padding rows of the token
+    matrices and padding rows and columns of the attention maps are zeroed, so each sample's
+    spectrum is its real tokens' plus zeros, which :meth:`SpectrumSummary.of` cuts off."""
     layer = record.layer
     where = layer.name
     mha = layer.kind == "multihead"
@@ -655,10 +684,25 @@ def _capture(record: _Record, args: tuple, kwargs: dict, output: Any) -> None:
     record.calls += 1
     record.shape_in = (x_in.shape[1], x_in.shape[2])
     record.shape_out = (x_out.shape[1], x_out.shape[2])
-    record.spec_in.append(gram_spectra(x_in).cpu().numpy())
-    record.spec_out.append(gram_spectra(x_out).cpu().numpy())
     maps, note = _attention_maps(layer, args, kwargs, output, x_in)
     record.note = note
+    if keep is not None:
+        aligned = keep.shape[0] == x_in.shape[0] and keep.shape[1] == x_in.shape[1] == x_out.shape[1]
+        if aligned:
+            k = keep.to(device=x_in.device, dtype=torch.float64)
+            x_in = x_in.to(torch.float64) * k[:, :, None]
+            x_out = x_out.to(torch.float64) * k[:, :, None]
+            if maps is not None and maps.shape[-1] == maps.shape[-2] == keep.shape[1]:
+                maps = maps.to(torch.float64) * k[:, None, :, None] * k[:, None, None, :]
+            record.real_tokens.append(keep.sum(1).cpu().numpy())
+            record.padding_note = "padding excluded: each sequence's Grams and maps over its real tokens"
+        else:
+            record.padding_note = (
+                f"padding included: the layer's {x_in.shape[1]} tokens do not line up with the "
+                f"{keep.shape[1]} input positions"
+            )
+    record.spec_in.append(gram_spectra(x_in).cpu().numpy())
+    record.spec_out.append(gram_spectra(x_out).cpu().numpy())
     if maps is not None:
         maps = maps.to(torch.float64)
         record.maps_shape = (maps.shape[-2], maps.shape[-1])
@@ -826,6 +870,8 @@ def analyse_layers(
     order: list[str] = []
     handles = []
     busy = [False]  # a layer's maps are recomputed inside its hook: calls made then are not the model's
+    keep_now: list[torch.Tensor | None] = [None]  # the current chunk's real tokens (text models with padding)
+    token_mask = getattr(twin, "token_mask", None)
     for layer in layers:
         rec = records[layer.name]
 
@@ -837,7 +883,7 @@ def analyse_layers(
                 order.append(rec.layer.name)
             busy[0] = True
             try:
-                _capture(rec, args, kwargs, output)
+                _capture(rec, args, kwargs, output, keep_now[0])
             finally:
                 busy[0] = False
 
@@ -847,7 +893,9 @@ def analyse_layers(
         with torch.no_grad(), math_attention(), softmax_in_input_dtype():
             for a, b in ranges(Xd.shape[0], config.chunk):
                 before = {k: r.calls for k, r in records.items()}
-                to_logits(task.inputs.call(twin, task.inputs(Xd[a:b])))
+                batch = task.inputs(Xd[a:b])
+                keep_now[0] = token_mask(batch) if callable(token_mask) else None
+                to_logits(task.inputs.call(twin, batch))
                 for name, rec in records.items():
                     ran = rec.calls - before[name]
                     if ran == 0:
@@ -870,14 +918,20 @@ def analyse_layers(
         assert rec.shape_in is not None and rec.shape_out is not None  # every layer ran (checked above)
         N, D = rec.shape_in
         No, Do = rec.shape_out
-        s_in = SpectrumSummary.of(np.concatenate(rec.spec_in), N, D, config.rank_tol)
-        s_out = SpectrumSummary.of(np.concatenate(rec.spec_out), No, Do, config.rank_tol)
+        real = np.concatenate(rec.real_tokens) if rec.real_tokens else None
+        s_in = SpectrumSummary.of(np.concatenate(rec.spec_in), N, D, config.rank_tol, real)
+        s_out = SpectrumSummary.of(np.concatenate(rec.spec_out), No, Do, config.rank_tol, real)
         heads = None
         if rec.svals:
             sv = np.concatenate(rec.svals)  # (B, H, k)
             assert rec.maps_shape is not None  # recorded with the singular values
             L, S = rec.maps_shape
-            heads = [SpectrumSummary.of(sv[:, h, :], L, S, config.rank_tol) for h in range(sv.shape[1])]
+            # a square map over the padded positions is a map over the real tokens (rows and columns zeroed)
+            on_real = real if real is not None and L == S == N else None
+            heads = [SpectrumSummary.of(sv[:, h, :], L, S, config.rank_tol, on_real) for h in range(sv.shape[1])]
+        if real is not None:
+            # the width formula's N: a sequence's tokens, here the median real length
+            N = No = max(1, int(np.median(real)))
         amp = Amplification(
             s_in.log10_kappa,
             s_out.log10_kappa,
@@ -937,9 +991,12 @@ def analyse_layers(
                 input=s_in,
                 output=s_out,
                 heads=heads,
-                attention_note=rec.note
-                if layer.kind != "selected" or heads is not None
-                else "selected by --layers: token Grams only",
+                attention_note=(
+                    rec.note
+                    if layer.kind != "selected" or heads is not None
+                    else "selected by --layers: token Grams only"
+                )
+                + (f"; {rec.padding_note}" if rec.padding_note else ""),
                 amplification=amp,
                 widths=widths,
             )
