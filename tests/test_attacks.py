@@ -171,6 +171,46 @@ def test_deterministic_given_seed(trained):
         assert not torch.equal(a.X_adv, c.X_adv)
 
 
+def test_a_memory_budget_attacks_in_chunks_that_fit_it_with_the_same_result(trained):
+    """The budget bounds one chunk's graph for the input gradient. Truth for the bytes per row:
+    autograd's saved tensors counted by hand in forward passes of a frozen copy with the input
+    requiring grad, at 16 rows less at 8 rows, over 8 (what each further row adds; the
+    parameters' own probe, which tracks one small parameter, would see almost none of the
+    activations); the perturbed rows equal the unchunked attack's."""
+    import copy
+
+    nets, X, y = trained
+    net = nets["attn"]
+    frozen = copy.deepcopy(net).requires_grad_(False)
+
+    def saved_bytes(rows: int) -> int:
+        saved = 0
+
+        def pack(t):
+            nonlocal saved
+            saved += t.numel() * t.element_size()
+            return t
+
+        x = X[:rows].clone().requires_grad_(True)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            per_sample_loss(frozen(x), y[:rows], "mse").sum()
+        return saved
+
+    per_row = (saved_bytes(16) - saved_bytes(8)) / 8
+    assert per_row > 0
+    budget_mb = 20 * per_row / 2**20  # room for 20 rows' graphs
+    whole = perturb(net, X, y, AttackConfig(method="pgd", eps=0.1, seed=3, clip_min=0.0, clip_max=1.0))
+    planned = perturb(
+        net, X, y, AttackConfig(method="pgd", eps=0.1, seed=3, clip_min=0.0, clip_max=1.0, memory_mb=budget_mb)
+    )
+    assert whole.chunk_rows == 4096 and planned.chunk_rows == 20
+    assert planned.to_dict()["chunk_rows"] == 20
+    torch.testing.assert_close(planned.X_adv, whole.X_adv, rtol=0, atol=1e-13)
+    assert planned.loss_after == pytest.approx(whole.loss_after, rel=1e-12)
+    # the controls draw no gradient: their chunk is not planned
+    assert perturb(net, X, y, AttackConfig(method="random", eps=0.1, memory_mb=budget_mb)).chunk_rows == 4096
+
+
 def test_model_parameters_untouched(trained):
     nets, X, y = trained
     before = {k: v.clone() for k, v in nets["relu"].state_dict().items()}
@@ -191,6 +231,8 @@ def test_model_parameters_untouched(trained):
         dict(step_size=-0.1),
         dict(clip_min=1.0, clip_max=0.0),
         dict(clip_min=0.0),
+        dict(memory_mb=0.0),
+        dict(memory_mb=float("nan")),
     ],
 )
 def test_bad_attack_config_rejected(kwargs):

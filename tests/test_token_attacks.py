@@ -11,6 +11,7 @@ from attnaudit.analyses.malleability.token_attacks import (
     TokenAttackConfig,
     hf_embedding_model,
     hotflip,
+    hotflip_bytes_per_row,
     random_swaps,
 )
 from attnaudit.errors import AuditError
@@ -100,6 +101,23 @@ def test_budget_protected_tokens_and_padding(bert):
     assert torch.all(res.loss_after >= res.loss_before)
     two = hotflip(logits_of, E, ids, y, TokenAttackConfig(budget=2, candidates=8, protected=(PAD, CLS, SEP)))
     assert torch.all(res.loss_after >= two.loss_after - 1e-12)
+
+
+def test_hotflip_in_chunks_of_texts_is_the_same_attack(bert):
+    """Texts are independent in eval mode: chunks of 2 or 5 give the ids, swaps and losses of one
+    pass over all; the memory per text counts its (L, V) gains and its graph."""
+    logits_of, E = hf_embedding_model(bert, PAD)
+    ids, y = _data(n=11, seed=5)
+    cfg = TokenAttackConfig(budget=2, candidates=4, protected=(PAD, CLS, SEP))
+    whole = hotflip(logits_of, E, ids, y, cfg)
+    for chunk in (2, 5):
+        part = hotflip(logits_of, E, ids, y, cfg, rows_per_chunk=chunk)
+        assert torch.equal(part.ids, whole.ids) and part.swaps == whole.swaps
+        torch.testing.assert_close(part.loss_after, whole.loss_after, rtol=1e-12, atol=0)
+        torch.testing.assert_close(part.loss_before, whole.loss_before, rtol=1e-12, atol=0)
+    per_row = hotflip_bytes_per_row(logits_of, E, ids, y)
+    gains = 2 * ids.shape[1] * E.shape[0] * 8  # float64 (L, V) gains, twice
+    assert per_row > gains  # and the graph of its embedding gradient on top
 
 
 def test_the_random_control_spends_the_same_budget(bert):

@@ -360,26 +360,33 @@ class Engine:
         return result()
 
     # ----------------------------------------------------------------- memory
-    def probe_bytes_per_sample(self, rows: torch.Tensor, batch: int = 4) -> int:
+    def probe_bytes_per_sample(self, rows: torch.Tensor, batch: int = 4, wrt: str = "params") -> int:
         """Bytes autograd saves per sample for one loss gradient, measured on a probe batch.
 
         Counts the tensors saved for backward (``saved_tensors_hooks``) in a forward and
         backward pass over ``batch`` rows; activations of attention layers (tokens x
-        tokens) are included, which parameter shapes alone would miss.
+        tokens) are included, which parameter shapes alone would miss. ``wrt``: the gradient
+        with respect to the tracked parameters (``params``) or to the rows (``inputs``, an
+        attack's: every layer after the input then saves its activations).
         """
         rows = self.rows(rows[:batch])
         T = self.targets(torch.zeros(rows.shape[0], dtype=torch.long, device=self.device))
         saved = 0
+        theta = self.theta.detach().requires_grad_(wrt == "params")
+        # weights saved for backward (a product's right factor) are the model's own storage,
+        # held once whatever the batch: not per-sample memory
+        own = {t.untyped_storage().data_ptr() for t in (theta, *self.frozen.values())}
 
         def pack(t: torch.Tensor) -> torch.Tensor:
             nonlocal saved
-            saved += t.numel() * t.element_size()
+            if t.untyped_storage().data_ptr() not in own:
+                saved += t.numel() * t.element_size()
             return t
 
-        theta = self.theta.detach().requires_grad_(True)
-        with self.context(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            loss = self.sum_loss(theta, rows, T)
-        torch.autograd.grad(loss, theta)
+        r = rows.detach().requires_grad_(wrt == "inputs")
+        with self.context(), torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = self.sum_loss(theta, r, T)
+        torch.autograd.grad(loss, theta if wrt == "params" else r)
         return max(1, math.ceil(saved / rows.shape[0]))
 
     def plan_chunk(self, rows: torch.Tensor, budget_bytes: float, per_sample_extra: int = 0, limit: int = 4096) -> int:

@@ -43,6 +43,7 @@ from __future__ import annotations
 import math
 import weakref
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -75,6 +76,9 @@ class AttackConfig:
     clip_max: float | None = None
     seed: int = 0
     chunk_size: int = 4096
+    # MiB one chunk's forward/backward graph may take (gradient attacks on continuous inputs;
+    # measured per row on a probe of 4 rows): None keeps chunk_size rows
+    memory_mb: float | None = None
 
     def __post_init__(self) -> None:
         if self.method not in ATTACKS:
@@ -95,6 +99,16 @@ class AttackConfig:
             raise AuditError(f"valid range must have clip_min < clip_max, got [{self.clip_min}, {self.clip_max}]")
         if self.chunk_size < 1:
             raise AuditError("attack chunk size must be >= 1")
+        if self.memory_mb is not None and not (math.isfinite(self.memory_mb) and self.memory_mb > 0):
+            raise AuditError(f"attack memory budget must be a positive number of MiB, got {self.memory_mb}")
+
+    def rows_per_chunk(self, engine: Engine, X: torch.Tensor) -> int:
+        """Rows attacked at once: ``chunk_size``, fewer when ``memory_mb`` holds fewer rows'
+        graphs (autograd's saved tensors for the input gradient, measured on the model)."""
+        if self.memory_mb is None or self.method not in ("fgsm", "pgd", "mim") or X.shape[0] <= 1:
+            return self.chunk_size
+        per_row = engine.probe_bytes_per_sample(X, wrt="inputs")
+        return int(max(1, min(self.chunk_size, self.memory_mb * 2**20 // per_row)))
 
     @property
     def resolved_step_size(self) -> float | None:
@@ -124,6 +138,7 @@ class AttackResult:
     linf_max: float | None = None
     l2_mean: float | None = None
     l2_max: float | None = None
+    chunk_rows: int | None = None  # rows attacked at once (the memory plan); None on paths without one
 
     def to_dict(self) -> dict:
         return {
@@ -148,6 +163,7 @@ class AttackResult:
             "perturbation_linf_max": self.linf_max,
             "perturbation_l2_mean": self.l2_mean,
             "perturbation_l2_max": self.l2_max,
+            "chunk_rows": self.chunk_rows,
         }
 
 
@@ -336,8 +352,9 @@ def perturb(
     if config.method == "sign":
         noise = _sign_noise(tuple(X.shape), config.eps, config.norm, gen).to(X.device, X.dtype)
     parts, clean = [], []
-    for a in range(0, X.shape[0], config.chunk_size):
-        b = min(X.shape[0], a + config.chunk_size)
+    chunk = config.rows_per_chunk(engine, X)
+    for a in range(0, X.shape[0], chunk):
+        b = min(X.shape[0], a + chunk)
         x_adv, logits = _attack_chunk(engine, X[a:b], y[a:b], config, None if noise is None else noise[a:b])
         parts.append(x_adv.detach())
         clean.append(logits)
@@ -348,10 +365,10 @@ def perturb(
     if evaluate:
         clean_logits = [c for c in clean if c is not None]
         if len(clean_logits) < len(clean):
-            out_clean = engine.logits(engine.rows(X), chunk=config.chunk_size)
+            out_clean = engine.logits(engine.rows(X), chunk=chunk)
         else:
             out_clean = torch.cat(clean_logits)
-        out_adv = engine.logits(engine.rows(X_adv), chunk=config.chunk_size)
+        out_adv = engine.logits(engine.rows(X_adv), chunk=chunk)
         T = engine.targets(y)
         with torch.no_grad():
             evaluated = {
@@ -361,7 +378,7 @@ def perturb(
                 "accuracy_after": accuracy(out_adv, y),
             }
     if not evaluate:
-        return AttackResult(X_adv=X_adv, config=config, **evaluated)
+        return AttackResult(X_adv=X_adv, config=config, **evaluated, chunk_rows=chunk)
     with torch.no_grad():
         delta = X_adv - X
         linf, l2 = _norm_rows(delta, "linf"), _norm_rows(delta, "l2")
@@ -380,6 +397,7 @@ def perturb(
             linf_max=stat(linf, "max"),
             l2_mean=stat(l2, "mean"),
             l2_max=stat(l2, "max"),
+            chunk_rows=chunk,
         )
 
 
@@ -392,6 +410,7 @@ def _perturb_tokens(
         TokenAttackConfig,
         hf_embedding_model,
         hotflip,
+        hotflip_bytes_per_row,
         protected_ids,
         random_swaps,
     )
@@ -415,8 +434,12 @@ def _perturb_tokens(
     ids = shift.split_rows(X)[0] if shift is not None else X.long()
     cfg = TokenAttackConfig(budget=int(round(config.eps)), protected=protected_ids(ids, pad))
     logits_of, E = hf_embedding_model(hf_model, pad)
+    chunk = None
     if config.method == "hotflip":
-        result = hotflip(logits_of, E, ids, y, cfg)
+        if config.memory_mb is not None and ids.shape[0] > 1:
+            per_row = hotflip_bytes_per_row(logits_of, E, ids, y)
+            chunk = int(max(1, min(ids.shape[0], config.memory_mb * 2**20 // per_row)))
+        result = hotflip(logits_of, E, ids, y, cfg, rows_per_chunk=chunk)
     else:
         result = random_swaps(ids, int(E.shape[0]), cfg, torch.Generator().manual_seed(int(config.seed)))
     if shift is not None:  # the swapped ids, unshifted embeddings
@@ -427,15 +450,28 @@ def _perturb_tokens(
         changed = (X_adv != X).sum(1).double()
     if not evaluate:
         return AttackResult(
-            X_adv=X_adv, config=config, loss_before=None, loss_after=None, accuracy_before=None, accuracy_after=None
+            X_adv=X_adv,
+            config=config,
+            loss_before=None,
+            loss_after=None,
+            accuracy_before=None,
+            accuracy_after=None,
+            chunk_rows=chunk,
         )
     # perturbation size: tokens swapped per text
     return _text_attack_result(
-        engine, X, X_adv, y, config, radius_mean=float(changed.mean()), radius_max=float(changed.max())
+        engine,
+        X,
+        X_adv,
+        y,
+        config,
+        radius_mean=float(changed.mean()),
+        radius_max=float(changed.max()),
+        chunk_rows=chunk,
     )
 
 
-def _text_attack_result(engine: Engine, X, X_adv, y, config: AttackConfig, **sizes: float) -> AttackResult:
+def _text_attack_result(engine: Engine, X, X_adv, y, config: AttackConfig, **sizes: Any) -> AttackResult:
     """An attack on text with the model's loss and accuracy before and after (texts in chunks of 64) and ``sizes``."""
     T = engine.targets(y)
     with torch.no_grad():

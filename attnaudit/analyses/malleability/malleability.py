@@ -425,6 +425,7 @@ class MalleabilityConfig:
             clip_min=lo,
             clip_max=hi,
             seed=seed,
+            memory_mb=self.memory_budget_mb,  # the influence planner's budget bounds the attacks' graphs too
         )
 
     def to_dict(self) -> dict:

@@ -87,12 +87,63 @@ def protected_ids(ids: torch.Tensor, pad: int | None) -> tuple[int, ...]:
     return tuple(sorted(protected))
 
 
+def hotflip_bytes_per_row(logits_of: LogitsOf, E: torch.Tensor, ids: torch.Tensor, y: torch.Tensor) -> int:
+    """Bytes one text takes in a hotflip step: the (L, V) first-order gains (and the same again
+    for the masking and top-k over them) plus autograd's saved tensors for its embedding
+    gradient, measured on two texts (the model's own weights, saved once, not counted)."""
+    probe = ids[:2].long()
+    weights = {E.untyped_storage().data_ptr()}
+    module = getattr(logits_of, "module", None)
+    if isinstance(module, nn.Module):
+        weights |= {p.untyped_storage().data_ptr() for p in module.parameters()}
+    saved = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal saved
+        if t.untyped_storage().data_ptr() not in weights:
+            saved += t.numel() * t.element_size()
+        return t
+
+    embeds = E.detach()[probe].clone().requires_grad_(True)
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        _per_sample_ce(logits_of(embeds, probe), y[:2].long()).sum()
+    gains = 2 * ids.shape[1] * E.shape[0] * E.element_size()
+    return int(gains + saved / probe.shape[0])
+
+
 def hotflip(
-    logits_of: LogitsOf, E: torch.Tensor, ids: torch.Tensor, y: torch.Tensor, config: TokenAttackConfig
+    logits_of: LogitsOf,
+    E: torch.Tensor,
+    ids: torch.Tensor,
+    y: torch.Tensor,
+    config: TokenAttackConfig,
+    rows_per_chunk: int | None = None,
 ) -> TokenAttackResult:
-    """Greedy, verified first-order token swaps raising each row's cross-entropy (see the module docstring)."""
+    """Greedy, verified first-order token swaps raising each row's cross-entropy (see the module docstring).
+
+    ``rows_per_chunk``: texts attacked at once (default all); the texts are independent (eval
+    mode), so the result does not depend on it, and memory is one chunk's graph and its
+    (rows, L, V) gains."""
     if ids.ndim != 2 or y.shape[0] != ids.shape[0]:
         raise AuditError(f"hotflip takes ids (n, L) and labels (n,), got {tuple(ids.shape)} and {tuple(y.shape)}")
+    n = ids.shape[0]
+    if rows_per_chunk is not None and 0 < rows_per_chunk < n:
+        parts = [
+            _hotflip_rows(logits_of, E, ids[a : a + rows_per_chunk], y[a : a + rows_per_chunk], config)
+            for a in range(0, n, rows_per_chunk)
+        ]
+        return TokenAttackResult(
+            ids=torch.cat([p.ids for p in parts]),
+            swaps=[s for p in parts for s in p.swaps],
+            loss_before=torch.cat([p.loss_before for p in parts]),
+            loss_after=torch.cat([p.loss_after for p in parts]),
+        )
+    return _hotflip_rows(logits_of, E, ids, y, config)
+
+
+def _hotflip_rows(
+    logits_of: LogitsOf, E: torch.Tensor, ids: torch.Tensor, y: torch.Tensor, config: TokenAttackConfig
+) -> TokenAttackResult:
     E = E.detach()
     V = E.shape[0]
     ids = ids.clone().long()
@@ -182,4 +233,5 @@ def hf_embedding_model(module: nn.Module, pad_token_id: int | None) -> tuple[Log
         with eval_mode(model):  # no dropout; the caller's training flags are restored
             return model(inputs_embeds=embeds, attention_mask=mask).logits
 
+    logits_of.module = model  # type: ignore[attr-defined]  # its weights, for hotflip_bytes_per_row
     return logits_of, E
