@@ -270,6 +270,26 @@ def test_linearized_model_is_the_first_order_expansion(digits):
     assert [n for n, _ in lin.named_parameters()] == ["theta"]  # the original module is not a submodule
 
 
+def test_linearized_model_gradient_is_the_jacobian_transpose_at_theta0(digits):
+    """The gradient of <W, f_lin(theta)> is J(theta_0)^T W wherever theta is (f_lin is linear in
+    theta): checked against the dense Jacobian, away from theta_0, in float64 and float32."""
+    net = tiny_vit(3)
+    for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 2e-4)):
+        engine = Engine(Task(net, 10, inputs=net.audit_inputs()), dtype=dtype)
+        lin = LinearizedModel(engine)
+        X = digits.X[:4].to(dtype)
+        gen = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            lin.theta.add_(1e-2 * torch.randn(engine.n_params, generator=gen, dtype=dtype))
+        W = torch.randn(4, 10, generator=gen, dtype=dtype)
+        (lin(X) * W).sum().backward()
+        J = Engine(Task(net, 10, inputs=net.audit_inputs()), dtype=torch.float64).jacobian(X.double())
+        expected = torch.einsum("iap,ia->p", J, W.double())
+        assert lin.theta.grad is not None and lin.theta.grad.dtype == dtype
+        err = (lin.theta.grad.double() - expected).norm() / expected.norm()
+        assert err < tol, (dtype, float(err))
+
+
 # ------------------------------------------------------------------------------- CLI
 
 

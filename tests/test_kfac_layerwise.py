@@ -125,8 +125,11 @@ def test_tied_weights_fall_back_to_per_sample_gradients():
 
 def test_the_planner_sizes_kfac_chunks_by_its_largest_layer_not_by_all_parameters():
     """K-FAC forms one layer's per-sample gradients at a time, so a chunk reserves the
-    largest covered layer (50 x 21 = 1,050 entries per row here), not all 1,203 parameters;
-    with fast_path=False (per-sample gradients over everything) it is P again."""
+    largest covered layer (50 x 21 = 1,050 entries per row here), not all 1,203 parameters,
+    plus what the fit and the scores capture per row: each layer's inputs with the bias column
+    and its output gradients, each twice (as captured and rotated), one token per flat row:
+    2 (21 + 50) + 2 (51 + 3) = 250; with fast_path=False (per-sample gradients over
+    everything) it is P again."""
     import torch
     from torch import nn
 
@@ -135,7 +138,7 @@ def test_the_planner_sizes_kfac_chunks_by_its_largest_layer_not_by_all_parameter
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(20, 50), nn.Tanh(), nn.Linear(50, 3)).double()
     X, y = torch.randn(40, 20, dtype=torch.float64), torch.randint(0, 3, (40,))
-    for fast, per_row in ((True, 50 * 21), (False, 50 * 21 + 3 * 51)):
+    for fast, per_row in ((True, 50 * 21 + 250), (False, 50 * 21 + 3 * 51)):
         cfg = InfluenceConfig(estimator="ekfac", params="all", damping=1e-3, fast_path=fast)
         res = compute_influence(model, X, y, X[:5], y[:5], cfg, loss="ce")
         mem, chunk = res.diagnostics["memory_estimate_bytes"], res.diagnostics["chunk_size"]

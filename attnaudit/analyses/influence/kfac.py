@@ -655,6 +655,18 @@ def gradient_entries_per_row(module: nn.Module, blocks: Sequence[LinearBlock]) -
     return max(b.d_out * b.width_in for b in blocks)
 
 
+def capture_entries_per_row(engine: Engine, blocks: Sequence[LinearBlock], rows: torch.Tensor) -> int:
+    """Float64 numbers one row holds at once, beyond its autograd graph, while K-FAC fits its
+    factors and scores training rows: per covered layer, over its T tokens, the captured inputs
+    (bias column included) and their rotation into the eigenbasis, and one output column's
+    gradients and their rotation, 2 T (w_in + d_out). T is read from one probe row."""
+    if not blocks:
+        return 0
+    with torch.no_grad(), engine.context():
+        _, ins, _ = _capture(engine, list(blocks), engine.rows(rows[:1]))
+    return sum(2 * _tokens(ins[b.path], 1).shape[1] * (b.width_in + b.d_out) for b in blocks)
+
+
 def kfac_memory_bytes(blocks: Sequence[LinearBlock], keep_covariances: bool = True) -> int:
     """Peak bytes of the factors of ``blocks`` (float64): A, Q_A, S, Q_S and the EK-FAC
     eigenvalues; without the covariances (:func:`fit_factors` ``keep_covariances=False``), the

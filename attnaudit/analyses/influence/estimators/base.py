@@ -167,9 +167,11 @@ class Estimator:
         InfluenceConfig ``config`` (None: the largest any config needs; 0: no factors)."""
         return 0
 
-    def gradient_params_per_row(self, engine: Engine) -> int:
-        """Parameters whose per-sample gradients one training row holds at once while the
-        estimator runs (sizes the planner's gradient chunk): all P by default."""
+    def gradient_params_per_row(self, engine: Engine, rows: Any = None) -> int:
+        """Numbers (of the engine's dtype) one training row holds at once while the estimator
+        runs, beyond its autograd graph (sizes the planner's gradient chunk): its per-sample
+        gradients over all P by default. ``rows``: training rows, for an estimator whose
+        working set depends on them (tokens per row)."""
         return engine.n_params
 
     def check_budget(self, n_params: int, max_exact_params: int, itemsize: int = 8) -> None:
