@@ -6,9 +6,10 @@ through the library (the same requests as the command line):
 * ``deit-tiny``: a DeiT-tiny-shaped ViT (12 blocks, width 192, 3 heads, patch 4) trained
   with ``attnaudit train``'s recipe on real MNIST (28 x 28; ../shared/data) or the embedded
   digits when MNIST is absent;
-* ``bert-mini``: a BERT-mini-shaped encoder (4 layers, width 256, 4 heads, sequences of 128
-  tokens) trained on the generated review set of examples/text (templated sentences: no
-  licence to track) with :func:`attnaudit.core.fit.fit`.
+* ``bert-mini``: a BERT-mini-shaped encoder (4 layers, width 256, 4 heads, sequences padded
+  to 128 tokens) trained on the generated review set of examples/text (templated sentences:
+  no licence to track; reviews of 5 to 128 tokens, 67 on average) with
+  :func:`attnaudit.core.fit.fit`.
 
 Each stage runs in its own process (its time includes the child's start-up, about 3 s of
 importing torch and transformers), and the peak resident memory printed is the largest of
@@ -18,7 +19,10 @@ per stage, then per model:
 
     SCALE model=<name> params=<count> total_s=<seconds> peak_gb=<GiB> [gpu_peak_gb=<GiB>] [failed=<stages>]
 
-and ``RATIO influence_over_gemm_floor=<x>``: the malleability stage's time over the time of
+Under each stage, ``STAGE_TIMINGS`` (the analysis's own timings, what dominates inside it)
+and ``STAGE_PLAN`` (the memory, chunk and pass choices its report records); each analysis's
+report is kept as ``<model>-<stage>.json`` in the output folder. Then
+``RATIO influence_over_gemm_floor=<x>``: the malleability stage's time over the time of
 the per-sample-gradient GEMM floor it cannot beat (one (n_train x P) x (P x n_test)
 product of the gradients it forms). ``--small`` shrinks everything for a quick check (the
 test suite does not run this file; ``--small`` takes about a minute on 2 cores).
@@ -57,6 +61,32 @@ SIZES = {
 
 # appended to every stage: the stage's peak GPU memory (torch's allocator), 0 without a GPU
 GPU_PEAK = "\nimport torch\nprint('GPU_PEAK_GIB', torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0)\n"
+# appended to every analysis stage (``r``, its result): the report is kept beside the
+# checkpoints and the stage prints its own timings and what its memory planner chose
+REPORT = """
+import json
+from pathlib import Path
+Path({path!r}).write_text(json.dumps(r.report, default=str, indent=1), encoding="utf-8")
+def plan(node, where=""):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if isinstance(value, (dict, list)):
+                yield from plan(value, f"{{where}}.{{key}}" if where else key)
+            elif any(w in key for w in ("memory", "chunk", "passes", "budget", "plan")) and "per_sample" not in where:
+                yield f"{{where}}.{{key}}={{value}}" if where else f"{{key}}={{value}}"
+    elif isinstance(node, list):
+        for i, value in enumerate(node[:2]):
+            yield from plan(value, f"{{where}}[{{i}}]")
+def timings(node, where=""):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key.startswith("timings") and isinstance(value, dict):
+                yield (f"{{where}}." if where else "") + key, {{k: round(float(v), 2) for k, v in value.items()}}
+            elif isinstance(value, dict):
+                yield from timings(value, f"{{where}}.{{key}}" if where else key)
+print("STAGE_TIMINGS", json.dumps(dict(timings(r.report)), default=str))
+print("STAGE_PLAN", "; ".join(list(dict.fromkeys(plan(r.report.get("results", {{}}))))[:12]))
+"""
 
 
 def _stage(code: str, env: dict, timeout: float | None = None) -> tuple[float, float, str, str | None]:
@@ -101,19 +131,20 @@ def deit_stages(size: dict, work: Path, device: str = "cpu") -> list[tuple[str, 
     ck = f"checkpoint=({str(ckpt)!r},)"
     return [
         ("train", train),
-        ("kappa", common + f"aa.run(aa.KappaRequest({ck}, n=({size['n']},), **data))"),
+        ("kappa", common + f"r = aa.run(aa.KappaRequest({ck}, n=({size['n']},), **data))"),
         (
             "ntk-distance",
-            common + f"aa.run(aa.NtkDistanceRequest({ck}, n_test={size['n']}, kernel_points={size['n'] // 4}, **data))",
+            common
+            + f"r = aa.run(aa.NtkDistanceRequest({ck}, n_test={size['n']}, kernel_points={size['n'] // 4}, **data))",
         ),
         (
             "malleability",
-            common + f"aa.run(aa.MalleabilityRequest({ck}, protocol='static', attacks=('pgd', 'sign'), "
+            common + f"r = aa.run(aa.MalleabilityRequest({ck}, protocol='static', attacks=('pgd', 'sign'), "
             f"estimator='ekfac', n_train={size['n']}, n_test={size['n'] // 4}, seeds=2, **data))",
         ),
         (
             "landscape",
-            common + f"aa.run(aa.LandscapeRequest({ck}, n_train={size['n']}, points=0, grid=0, eigenvalues=2, "
+            common + f"r = aa.run(aa.LandscapeRequest({ck}, n_train={size['n']}, points=0, grid=0, eigenvalues=2, "
             "hutchinson_samples=4, basin_directions=1, **data))",
         ),
     ]
@@ -126,7 +157,9 @@ import sys, torch, transformers
 sys.path.insert(0, {str(ROOT / "examples" / "text")!r})
 from make_text_checkpoint import write_data, write_model, POSITIVE, NEGATIVE, NOUNS, FILLER
 from pathlib import Path
-write_data(Path({str(reviews)!r}), n={size["n_records"]})
+# reviews of 3 to 126 words: token sequences (with [CLS] and [SEP]) of 5 to 128, so the
+# encoder's sequence length is used (padding is left out of per-token analyses, not computed away)
+write_data(Path({str(reviews)!r}), n={size["n_records"]}, phrases=(1, ({size["length"]} - 2) // 3))
 folder = Path({str(folder)!r})
 write_model(folder)  # tokenizer + a config we replace by the BERT-mini shape
 config = transformers.BertConfig(vocab_size=4 + len(POSITIVE + NEGATIVE + NOUNS + FILLER), hidden_size={size["width"]},
@@ -151,20 +184,20 @@ print(sum(p.numel() for p in model.parameters()))
     n = size["n"]
     return [
         ("train", build),
-        ("kappa", common + f"aa.run(aa.KappaRequest({data}, n=({n},)))"),
+        ("kappa", common + f"r = aa.run(aa.KappaRequest({data}, n=({n},)))"),
         (
             "ntk-distance",
-            common + f"aa.run(aa.NtkDistanceRequest({data}, reference_checkpoint={str(folder)!r}, "
+            common + f"r = aa.run(aa.NtkDistanceRequest({data}, reference_checkpoint={str(folder)!r}, "
             f"n_test={n}, kernel_points={max(4, n // 4)}))",
         ),
         (
             "malleability",
-            common + f"aa.run(aa.MalleabilityRequest({data}, protocol='static', attacks=('hotflip', 'swap'), "
+            common + f"r = aa.run(aa.MalleabilityRequest({data}, protocol='static', attacks=('hotflip', 'swap'), "
             f"eps=(1,), estimator='ekfac', n_train={n}, n_test={max(4, n // 4)}, seeds=2))",
         ),
         (
             "landscape",
-            common + f"aa.run(aa.LandscapeRequest({data}, n_train={n}, points=0, grid=0, eigenvalues=2, "
+            common + f"r = aa.run(aa.LandscapeRequest({data}, n_train={n}, points=0, grid=0, eigenvalues=2, "
             "hutchinson_samples=4, basin_directions=1))",
         ),
     ]
@@ -224,6 +257,8 @@ def main() -> int:
                 failed[stage] = "not run: the deadline had passed"
                 print(f"{name:10s} {stage:13s} not run (deadline)", flush=True)
                 continue
+            if stage != "train":
+                code += REPORT.format(path=str(work / f"{name}-{stage}.json"))
             seconds, gib, out, error = _stage(code + GPU_PEAK, env, left)
             total += seconds
             peak = max(peak, gib)
@@ -231,6 +266,8 @@ def main() -> int:
             lines = out.strip().splitlines()
             gpu = [float(line.split()[1]) for line in lines if line.startswith("GPU_PEAK_GIB ")]
             lines = [line for line in lines if not line.startswith("GPU_PEAK_GIB ")]
+            details = [line for line in lines if line.startswith(("STAGE_TIMINGS ", "STAGE_PLAN "))]
+            lines = [line for line in lines if line not in details]
             if stage == "train" and lines and lines[-1].isdigit():
                 params = int(lines[-1])
             on_gpu = ""
@@ -238,6 +275,8 @@ def main() -> int:
                 gpu_peak = max(gpu_peak, gpu[0])
                 on_gpu = f", GPU {gpu[0]:.2f} GiB"
             print(f"{name:10s} {stage:13s} {seconds:8.1f} s  peak so far {gib:.2f} GiB{on_gpu}", flush=True)
+            for line in details:
+                print(f"{name:10s} {stage:13s}   {line}", flush=True)
             if error is not None:
                 failed[stage] = error
                 print(f"{name:10s} {stage:13s} FAILED: {error}", flush=True)

@@ -203,12 +203,12 @@ def test_a_memory_budget_attacks_in_chunks_that_fit_it_with_the_same_result(trai
     planned = perturb(
         net, X, y, AttackConfig(method="pgd", eps=0.1, seed=3, clip_min=0.0, clip_max=1.0, memory_mb=budget_mb)
     )
-    assert whole.chunk_rows == 4096 and planned.chunk_rows == 20
+    assert whole.chunk_rows == X.shape[0] and planned.chunk_rows == 20
     assert planned.to_dict()["chunk_rows"] == 20
     torch.testing.assert_close(planned.X_adv, whole.X_adv, rtol=0, atol=1e-13)
     assert planned.loss_after == pytest.approx(whole.loss_after, rel=1e-12)
     # the controls draw no gradient: their chunk is not planned
-    assert perturb(net, X, y, AttackConfig(method="random", eps=0.1, memory_mb=budget_mb)).chunk_rows == 4096
+    assert perturb(net, X, y, AttackConfig(method="random", eps=0.1, memory_mb=budget_mb)).chunk_rows == X.shape[0]
 
 
 def test_model_parameters_untouched(trained):

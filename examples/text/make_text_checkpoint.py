@@ -25,14 +25,17 @@ NOUNS = ["film", "movie", "plot", "acting", "script", "score", "ending", "cast"]
 FILLER = ["the", "a", "very", "quite", "really", "and", "but", "was", "is", "not"]
 
 
-def write_data(path: Path, n: int = 200, seed: int = 0) -> None:
+def write_data(path: Path, n: int = 200, seed: int = 0, phrases: tuple[int, int] = (1, 4)) -> None:
+    """``n`` reviews of ``phrases`` (low, high) three-word phrases each (a phrase: filler,
+    sentiment word, noun), labelled by the sentiment words drawn."""
     rng = random.Random(seed)
     with path.open("w", encoding="utf-8") as fh:
         for _ in range(n):
             label = rng.choice(["negative", "positive"])
             words = POSITIVE if label == "positive" else NEGATIVE
             text = " ".join(
-                rng.choice(FILLER) + " " + rng.choice(words) + " " + rng.choice(NOUNS) for _ in range(rng.randint(1, 4))
+                rng.choice(FILLER) + " " + rng.choice(words) + " " + rng.choice(NOUNS)
+                for _ in range(rng.randint(*phrases))
             )
             fh.write(json.dumps({"text": text, "label": label}) + "\n")
 

@@ -105,10 +105,11 @@ class AttackConfig:
     def rows_per_chunk(self, engine: Engine, X: torch.Tensor) -> int:
         """Rows attacked at once: ``chunk_size``, fewer when ``memory_mb`` holds fewer rows'
         graphs (autograd's saved tensors for the input gradient, measured on the model)."""
-        if self.memory_mb is None or self.method not in ("fgsm", "pgd", "mim") or X.shape[0] <= 1:
-            return self.chunk_size
+        n = max(1, int(X.shape[0]))
+        if self.memory_mb is None or self.method not in ("fgsm", "pgd", "mim") or n <= 1:
+            return min(self.chunk_size, n)
         per_row = engine.probe_bytes_per_sample(X, wrt="inputs")
-        return int(max(1, min(self.chunk_size, self.memory_mb * 2**20 // per_row)))
+        return int(max(1, min(self.chunk_size, n, self.memory_mb * 2**20 // per_row)))
 
     @property
     def resolved_step_size(self) -> float | None:
