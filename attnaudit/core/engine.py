@@ -371,28 +371,38 @@ class Engine:
         """
         rows = self.rows(rows[:batch])
         T = self.targets(torch.zeros(rows.shape[0], dtype=torch.long, device=self.device))
-        saved = 0
         theta = self.theta.detach().requires_grad_(wrt == "params")
-        # weights saved for backward (a product's right factor) are the model's own storage,
-        # held once whatever the batch: not per-sample memory
-        own = {t.untyped_storage().data_ptr() for t in (theta, *self.frozen.values())}
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            nonlocal saved
-            if t.untyped_storage().data_ptr() not in own:
-                saved += t.numel() * t.element_size()
-            return t
-
         r = rows.detach().requires_grad_(wrt == "inputs")
-        with self.context(), torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            loss = self.sum_loss(theta, r, T)
-        torch.autograd.grad(loss, theta if wrt == "params" else r)
+
+        def loss() -> torch.Tensor:
+            with self.context():
+                return self.sum_loss(theta, r, T)
+
+        saved = saved_tensor_bytes(loss, (theta, *self.frozen.values()))
         return max(1, math.ceil(saved / rows.shape[0]))
 
     def plan_chunk(self, rows: torch.Tensor, budget_bytes: float, per_sample_extra: int = 0, limit: int = 4096) -> int:
         """Largest chunk of rows whose activations (measured) plus ``per_sample_extra`` bytes each fit the budget."""
         per = self.probe_bytes_per_sample(rows) + per_sample_extra
         return int(max(1, min(limit, budget_bytes // max(1, per))))
+
+
+def saved_tensor_bytes(build: Callable[[], torch.Tensor], own: Iterable[torch.Tensor] = ()) -> int:
+    """Bytes of the tensors autograd saves for backward while ``build()`` runs (with grad
+    enabled), leaving out those that share storage with ``own``: the model's weights, which a
+    product saves as its other factor but which are held once whatever the batch."""
+    owned = {t.untyped_storage().data_ptr() for t in own}
+    saved = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal saved
+        if t.untyped_storage().data_ptr() not in owned:
+            saved += t.numel() * t.element_size()
+        return t
+
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        build()
+    return saved
 
 
 class HessianVectorProduct:

@@ -108,8 +108,7 @@ class AttackConfig:
         n = max(1, int(X.shape[0]))
         if self.memory_mb is None or self.method not in ("fgsm", "pgd", "mim") or n <= 1:
             return min(self.chunk_size, n)
-        per_row = engine.probe_bytes_per_sample(X, wrt="inputs")
-        return int(max(1, min(self.chunk_size, n, self.memory_mb * 2**20 // per_row)))
+        return _rows_in_budget(min(self.chunk_size, n), self.memory_mb, engine.probe_bytes_per_sample(X, wrt="inputs"))
 
     @property
     def resolved_step_size(self) -> float | None:
@@ -166,6 +165,11 @@ class AttackResult:
             "perturbation_l2_max": self.l2_max,
             "chunk_rows": self.chunk_rows,
         }
+
+
+def _rows_in_budget(most: int, memory_mb: float, bytes_per_row: int) -> int:
+    """Rows whose ``bytes_per_row`` fit ``memory_mb`` MiB, between 1 and ``most``."""
+    return int(max(1, min(most, memory_mb * 2**20 // max(1, bytes_per_row))))
 
 
 def _norm_rows(delta: torch.Tensor, norm: str) -> torch.Tensor:
@@ -438,8 +442,8 @@ def _perturb_tokens(
     chunk = None
     if config.method == "hotflip":
         if config.memory_mb is not None and ids.shape[0] > 1:
-            per_row = hotflip_bytes_per_row(logits_of, E, ids, y)
-            chunk = int(max(1, min(ids.shape[0], config.memory_mb * 2**20 // per_row)))
+            per_row = hotflip_bytes_per_row(logits_of, E, ids, y, hf_model.parameters())
+            chunk = _rows_in_budget(ids.shape[0], config.memory_mb, per_row)
         result = hotflip(logits_of, E, ids, y, cfg, rows_per_chunk=chunk)
     else:
         result = random_swaps(ids, int(E.shape[0]), cfg, torch.Generator().manual_seed(int(config.seed)))

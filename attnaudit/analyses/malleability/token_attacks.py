@@ -21,12 +21,13 @@ classifier loaded by attnaudit (``inputs_embeds`` with the padding mask).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
+from attnaudit.core.engine import saved_tensor_bytes
 from attnaudit.core.task import eval_mode
 from attnaudit.errors import AuditError
 
@@ -87,26 +88,15 @@ def protected_ids(ids: torch.Tensor, pad: int | None) -> tuple[int, ...]:
     return tuple(sorted(protected))
 
 
-def hotflip_bytes_per_row(logits_of: LogitsOf, E: torch.Tensor, ids: torch.Tensor, y: torch.Tensor) -> int:
+def hotflip_bytes_per_row(
+    logits_of: LogitsOf, E: torch.Tensor, ids: torch.Tensor, y: torch.Tensor, weights: Iterable[torch.Tensor] = ()
+) -> int:
     """Bytes one text takes in a hotflip step: the (L, V) first-order gains (and the same again
     for the masking and top-k over them) plus autograd's saved tensors for its embedding
-    gradient, measured on two texts (the model's own weights, saved once, not counted)."""
+    gradient, measured on two texts (``E`` and the model's ``weights``, saved once, not counted)."""
     probe = ids[:2].long()
-    weights = {E.untyped_storage().data_ptr()}
-    module = getattr(logits_of, "module", None)
-    if isinstance(module, nn.Module):
-        weights |= {p.untyped_storage().data_ptr() for p in module.parameters()}
-    saved = 0
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        nonlocal saved
-        if t.untyped_storage().data_ptr() not in weights:
-            saved += t.numel() * t.element_size()
-        return t
-
     embeds = E.detach()[probe].clone().requires_grad_(True)
-    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        _per_sample_ce(logits_of(embeds, probe), y[:2].long()).sum()
+    saved = saved_tensor_bytes(lambda: _per_sample_ce(logits_of(embeds, probe), y[:2].long()).sum(), (E, *weights))
     gains = 2 * ids.shape[1] * E.shape[0] * E.element_size()
     return int(gains + saved / probe.shape[0])
 
@@ -233,5 +223,4 @@ def hf_embedding_model(module: nn.Module, pad_token_id: int | None) -> tuple[Log
         with eval_mode(model):  # no dropout; the caller's training flags are restored
             return model(inputs_embeds=embeds, attention_mask=mask).logits
 
-    logits_of.module = model  # type: ignore[attr-defined]  # its weights, for hotflip_bytes_per_row
     return logits_of, E
