@@ -677,3 +677,22 @@ def test_a_budget_that_cannot_hold_the_factors_is_refused_with_the_alternatives(
             InfluenceConfig(estimator="projected", proj_dim=4000, damping=0.1, memory_budget_mb=1),
             loss="ce",
         )
+
+
+@pytest.mark.parametrize("c", [2, 3, 10])
+def test_the_fewest_output_hessian_columns_square_to_autograds_hessian(c):
+    """Cross-entropy's output Hessian from c - 1 columns; the truth is autograd's Hessian of
+    the loss in the logits, row by row."""
+    from attnaudit.analyses.influence.kfac import _output_hessian_columns
+    from attnaudit.core.task import CrossEntropyLoss
+
+    g = torch.Generator().manual_seed(c)
+    logits = 3 * torch.randn(5, c, dtype=torch.float64, generator=g)
+    logits[0, 0] = 40.0  # a confident row: most of p underflows towards 0
+    L = _output_hessian_columns(CrossEntropyLoss(), logits)
+    assert L.shape == (5, c, c - 1)
+    for i in range(5):
+        H = torch.autograd.functional.hessian(
+            lambda f: torch.nn.functional.cross_entropy(f[None], torch.tensor([0])), logits[i]
+        )
+        assert torch.allclose(L[i] @ L[i].T, H, atol=1e-14)

@@ -245,7 +245,13 @@ class HFSequenceClassifier(nn.Module):
     """A Hugging Face sequence classifier fed rows of token ids.
 
     ``forward(input_ids)``: (B, L) integer ids -> ``model(input_ids, attention_mask).logits``.
-    With a ``pad_token_id``, padding is masked out. ``mask="4d"`` (the default) passes an
+    With a ``pad_token_id``, padding is masked out; ``trim_padding``: columns that are padding
+    in every row of a batch (trailing padding) are dropped before the model runs, which
+    changes nothing for a model whose real tokens never read padding (masked positions get
+    an exactly zero attention weight; the positions of the kept tokens are unchanged) and
+    saves their compute: the loader turns it on only after checking that on the model
+    (:func:`_padding_trim_exact`). Not while the ids are batched by ``vmap``, whose per-sample
+    rows cannot be cut to a data-dependent length. ``mask="4d"`` (the default) passes an
     additive (B, 1, 1, L) mask (0 to attend, the dtype's minimum for padding), which
     transformers 5 hands to the attention unchanged: it has no data-dependent branch, so
     ``vmap`` (per-sample gradients) works — the 2-D mask makes transformers test
@@ -254,13 +260,14 @@ class HFSequenceClassifier(nn.Module):
     position is attended.
     """
 
-    def __init__(self, model: nn.Module, *, pad_token_id: int | None, mask: str = "4d"):
+    def __init__(self, model: nn.Module, *, pad_token_id: int | None, mask: str = "4d", trim_padding: bool = False):
         super().__init__()
         if mask not in ("4d", "2d", "none"):
             raise AuditError(f"unknown attention-mask mode {mask!r}; use 4d, 2d or none")
         self.model = model
         self.pad_token_id = None if pad_token_id is None else int(pad_token_id)
         self.mask = mask if self.pad_token_id is not None else "none"
+        self.trim_padding = bool(trim_padding) and self.mask != "none"
         head = _classifier_head(model)
         if head is not None:
             self.head_parameter_names = _HeadNames(head)
@@ -280,19 +287,37 @@ class HFSequenceClassifier(nn.Module):
         return torch.where(keep, zero, low)[:, None, None, :]
 
     def token_mask(self, input_ids: torch.Tensor) -> torch.Tensor | None:
-        """(B, L) bool, True at real tokens, or None without a padding mask: what per-token
-        analyses (per-layer kappa) restrict each sequence to."""
+        """(B, L) bool over the positions the model runs (trailing padding dropped when
+        ``trim_padding``), True at real tokens, or None without a padding mask: what per-token
+        analyses (per-layer kappa, K-FAC's input factors) restrict each sequence to."""
         if self.mask == "none":
             return None
         if input_ids.ndim == 1:
             input_ids = input_ids.unsqueeze(0)
         ids = input_ids.round().long() if input_ids.is_floating_point() else input_ids.long()
-        return torch.ne(ids, int(self.pad_token_id or 0))
+        kept = self.kept_length(ids)
+        return torch.ne(ids if kept is None else ids[:, :kept], int(self.pad_token_id or 0))
+
+    def kept_length(self, input_ids: torch.Tensor) -> int | None:
+        """How many leading columns of a batch of ids (B, L) the model needs: through the last
+        column holding a real token in some row; None to keep all of them (trimming off, ids
+        batched by ``vmap``, or no trailing padding)."""
+        return kept_columns(input_ids, self.pad_token_id) if self.trim_padding else None
+
+    def cut_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """Rows of ids (B, L) without their trailing all-padding columns (``trim_padding``;
+        else as given): what a vmapped per-sample computation, which cannot cut inside, is fed."""
+        ids = rows.round().long() if rows.is_floating_point() else rows.long()
+        kept = self.kept_length(ids) if rows.ndim == 2 else None
+        return rows if kept is None else rows[:, :kept]
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         input_ids = input_ids.long()
         if input_ids.ndim == 1:
             input_ids = input_ids.unsqueeze(0)
+        kept = self.kept_length(input_ids)
+        if kept is not None:
+            input_ids = input_ids[:, :kept]
         kwargs: dict[str, torch.Tensor] = {"input_ids": input_ids}
         mask = self.attention_mask(input_ids)
         if mask is not None:
@@ -315,7 +340,7 @@ class HFEmbeddingShiftClassifier(HFSequenceClassifier):
     """
 
     def __init__(self, base: HFSequenceClassifier):
-        super().__init__(base.model, pad_token_id=base.pad_token_id, mask=base.mask)
+        super().__init__(base.model, pad_token_id=base.pad_token_id, mask=base.mask, trim_padding=base.trim_padding)
         embeddings = base.model.get_input_embeddings()  # type: ignore[operator]  # a transformers model's method
         self.hidden = int(embeddings.weight.shape[1])
 
@@ -335,8 +360,18 @@ class HFEmbeddingShiftClassifier(HFSequenceClassifier):
     def token_mask(self, rows: torch.Tensor) -> torch.Tensor | None:
         return super().token_mask(self.split_rows(rows)[0])
 
+    def cut_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """Flat rows (B, L (1 + h)) without the tokens of their trailing all-padding columns."""
+        if rows.ndim != 2:
+            return rows
+        kept = self.kept_length(self.split_rows(rows)[0])
+        return rows if kept is None else rows[:, : kept * (self.hidden + 1)]
+
     def forward(self, rows: torch.Tensor) -> torch.Tensor:  # type: ignore[override]  # rows, not input_ids
         ids, delta = self.split_rows(rows)
+        kept = None if _batched(rows) else self.kept_length(ids)
+        if kept is not None:
+            ids, delta = ids[:, :kept], delta[:, :kept]
         embeds = self.model.get_input_embeddings()(ids)  # type: ignore[operator]  # a transformers model's method
         kwargs: dict[str, torch.Tensor] = {"inputs_embeds": embeds + delta.to(embeds.dtype)}
         mask = self.attention_mask(ids)
@@ -344,6 +379,55 @@ class HFEmbeddingShiftClassifier(HFSequenceClassifier):
             kwargs["attention_mask"] = mask
         with math_attention():
             return self.model(**kwargs).logits
+
+
+def kept_columns(ids: torch.Tensor, pad: int | None) -> int | None:
+    """Leading columns of a batch of ids (B, L) that hold every real token: through the last
+    column that is not ``pad`` in some row. None to keep all of them: no pad token, no
+    trailing padding, or ids batched by ``vmap`` (their length must not depend on their
+    values)."""
+    if pad is None or ids.ndim != 2 or _batched(ids):
+        return None
+    where = torch.ne(ids, int(pad)).any(0).nonzero()
+    kept = int(where.max()) + 1 if where.numel() else 1
+    return kept if kept < ids.shape[1] else None
+
+
+def _batched(t: torch.Tensor) -> bool:
+    """Whether ``t`` is (or wraps) a ``vmap`` batch: its per-sample views must not be cut to a
+    data-dependent length. Tensors wrapped by ``grad``, ``vjp`` or ``jvp`` alone can be."""
+    functorch = torch._C._functorch
+    wrapped = getattr(functorch, "is_functorch_wrapped_tensor", None)
+    is_batch = getattr(functorch, "is_batchedtensor", None)
+    unwrap = getattr(functorch, "get_unwrapped", None)
+    if wrapped is None or is_batch is None or unwrap is None:
+        return True  # unknown torch internals: never cut
+    while wrapped(t):
+        if is_batch(t):
+            return True
+        t = unwrap(t)
+    return False
+
+
+def _padding_trim_exact(model: nn.Module, pad: int, mask: str, vocab: int | None, length: int | None) -> bool:
+    """Whether dropping trailing padding leaves this model's logits unchanged, on a probe: two
+    sequences of real tokens padded to ``length`` (at most 16) against the same sequences cut
+    after their longest; a model whose head or pooling reads padded positions fails it."""
+    if mask == "none" or not isinstance(vocab, int) or not 0 <= pad < vocab or vocab < 3:
+        return False
+    size = max(4, min(16, length if isinstance(length, int) and length > 0 else 16))
+    tokens = [c for c in range(min(vocab, size + 1)) if c != pad]
+    ids = torch.tensor([[tokens[(i + r) % len(tokens)] for i in range(size)] for r in range(2)])
+    ids[0, size // 2 :] = pad
+    ids[1, size // 2 + 1 :] = pad
+    try:
+        with torch.no_grad():
+            wrapped = HFSequenceClassifier(model, pad_token_id=pad, mask=mask)
+            full = wrapped(ids)
+            cut = wrapped(ids[:, : size // 2 + 1])
+    except Exception:  # noqa: BLE001 - the model cannot run on the shorter batch: keep the padding
+        return False
+    return bool(torch.allclose(full, cut, rtol=1e-5, atol=1e-6))
 
 
 def embedding_shift_rows(ids: torch.Tensor, hidden: int, delta: torch.Tensor | None = None) -> torch.Tensor:
@@ -899,7 +983,11 @@ def load_hf_directory(path: str | Path, *, trust_pickle: bool = False) -> Loaded
         mask = _choose_mask(
             model, pad, getattr(config, "vocab_size", None), getattr(config, "max_position_embeddings", None)
         )
-        module = HFSequenceClassifier(model, pad_token_id=pad, mask=mask)
+        max_length = getattr(config, "max_position_embeddings", None)
+        trim = pad is not None and _padding_trim_exact(
+            model, pad, mask, getattr(config, "vocab_size", None), max_length
+        )
+        module = HFSequenceClassifier(model, pad_token_id=pad, mask=mask, trim_padding=trim)
         inputs = Inputs(kind="tokens", shape=None, keyword="input_ids")
         extra = {
             "vocab_size": getattr(config, "vocab_size", None),
@@ -910,6 +998,11 @@ def load_hf_directory(path: str | Path, *, trust_pickle: bool = False) -> Loaded
                 "2d": f"input_ids != {pad}, as a 2-D mask (this model did not take a 4-D one: per-sample gradients may fail)",
                 "none": "none (no pad_token_id in the config)",
             }[mask],
+            "trailing_padding": (
+                "dropped per batch (checked: this model's logits do not depend on trailing padding)"
+                if trim
+                else "kept (no padding mask, or the model's logits depend on padded positions)"
+            ),
         }
     module.eval()
     id2label = getattr(config, "id2label", None) or {}

@@ -813,12 +813,12 @@ def influence_sweep(
     S = torch.cat([s.transformed for s in solutions]).T.contiguous()  # (P, k * n_dampings); projected: (proj_dim, ...)
     out = torch.empty(n_train, S.shape[1], dtype=S.dtype, device=S.device)
     t_train = time.perf_counter()
-    for a, b in ranges(n_train, chunk):
+    for part in eng.row_chunks(U_tr, chunk) if scorer is not None else [slice(a, b) for a, b in ranges(n_train, chunk)]:
         if scorer is not None:
-            out[a:b] = -scorer(U_tr[a:b], T_tr[a:b], S)
+            out[part] = -scorer(U_tr[part], T_tr[part], S)
             continue
-        g = eng.per_sample_grads(U_tr[a:b], T_tr[a:b])
-        out[a:b] = -((train_map(g) if train_map is not None else g) @ S)
+        g = eng.per_sample_grads(U_tr[part], T_tr[part])
+        out[part] = -((train_map(g) if train_map is not None else g) @ S)
     train_s = time.perf_counter() - t_train
     elapsed = time.perf_counter() - t0
 

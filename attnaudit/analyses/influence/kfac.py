@@ -342,6 +342,24 @@ def _output_hessian_root(loss, logits: torch.Tensor) -> torch.Tensor:
     raise AuditError(f"K-FAC needs the output Hessian of the loss; {type(loss).__name__} has no closed form here")
 
 
+def _output_hessian_columns(loss, logits: torch.Tensor) -> torch.Tensor:
+    """L (B, c, r) with L L^T = d^2 l / d f^2 for each row in the fewest columns, one backward
+    pass each in the K-FAC fit. Cross-entropy's Hessian diag(p) - p p^T annihilates the
+    all-ones vector, so r = c - 1: with Q (c, c - 1) an orthonormal basis of its complement,
+    L = Q V sqrt(lambda) where V diag(lambda) V^T = Q^T H Q (one small eigendecomposition per
+    row, float64). Two classes: one column instead of two. MSE: the identity, c columns."""
+    B, c = logits.shape
+    if not isinstance(loss, CrossEntropyLoss) or c < 2:
+        return _output_hessian_root(loss, logits)
+    p = torch.softmax(logits.detach().to(torch.float64), -1)
+    H = torch.diag_embed(p) - p[:, :, None] * p[:, None, :]
+    basis = torch.eye(c, dtype=torch.float64, device=p.device)
+    basis[:, 0] = 1.0
+    Q = torch.linalg.qr(basis)[0][:, 1:]  # (c, c - 1), orthogonal to the ones vector
+    lam, V = torch.linalg.eigh(Q.T @ H @ Q)
+    return (Q @ (V * lam.clamp(min=0.0).sqrt()[:, None, :])).to(logits.dtype)
+
+
 def dense_gauss_newton(engine: Engine, X: torch.Tensor, budget_bytes: int = 256 * 2**20) -> torch.Tensor:
     """The exact Gauss-Newton matrix of the mean loss over ``X``, the matrix K-FAC approximates:
     G = (1/n) sum_i J_i^T H_i J_i (P x P, float64), J_i the per-sample Jacobian of the logits
@@ -428,6 +446,16 @@ def _capture(
         for h in hooks:
             h.remove()
     return logits, inputs, outputs
+
+
+def _real_tokens(engine: Engine, rows: torch.Tensor) -> torch.Tensor | None:
+    """(B, L) bool, the real tokens at the positions the model runs on ``rows`` (text models
+    with a padding mask: their ``token_mask``), or None."""
+    mask_of = getattr(engine.module, "token_mask", None)
+    if not callable(mask_of):
+        return None
+    keep = mask_of(engine.inputs(rows))
+    return None if keep is None else keep.to(rows.device)
 
 
 def _tokens(t: torch.Tensor, B: int) -> torch.Tensor:
@@ -523,7 +551,8 @@ def fit_factors(
     parameters, in eval mode; nothing is modified). Two passes over X for EK-FAC, one for K-FAC.
 
     ``curvature``: ``ggn``, the Gauss-Newton matrix from the c exact columns of the output
-    Hessian's square root (c backward passes per batch, no sampling noise); ``fisher``, one
+    Hessian's square root (c - 1 backward passes per batch for cross-entropy, c for MSE; no
+    sampling noise); ``fisher``, one
     column per sample drawn from the model's predictive distribution (``seed``; one backward
     pass; the same matrix in expectation, kronfluence's default); ``empirical``, the loss
     gradient at the true labels (``targets``, one-hot rows; the empirical Fisher, kronfluence's
@@ -550,6 +579,11 @@ def fit_factors(
         )
     rows_all = engine.rows(X)
     n = rows_all.shape[0]
+    # text: the factors are sums over rows; neighbours in length run at their own longest sequence
+    order, spans = engine.sorted_spans(rows_all, chunk)
+    if order is not None:
+        rows_all = rows_all[order]
+        targets_all = None if targets_all is None else targets_all[order]
     for b in blocks:
         b.A = torch.zeros(b.width_in, b.width_in, dtype=torch.float64, device=engine.device)
         b.S = torch.zeros(b.d_out, b.d_out, dtype=torch.float64, device=engine.device)
@@ -562,28 +596,38 @@ def fit_factors(
         B = rows.shape[0]
         logits, ins, outs = _capture(engine, blocks, rows)
         if curvature == "ggn":
-            L = _output_hessian_root(engine.loss, logits)
+            L = _output_hessian_columns(engine.loss, logits)
         elif curvature == "empirical":
             assert tgt is not None  # the empirical Fisher is refused above without targets
             L = _label_column(engine.loss, logits, tgt)
         else:
             L = _sampled_column(engine.loss, logits, gen)
-        acts = {}
+        acts, real = {}, {}
+        keep = _real_tokens(engine, rows)
         for b in blocks:
             a = _tokens(ins[b.path].detach().to(torch.float64), B)
             if b.bias:
                 a = torch.cat([a, torch.ones(*a.shape[:2], 1, dtype=a.dtype, device=a.device)], 2)
+            if keep is not None and a.shape[1] == keep.shape[1]:
+                # a layer applied per token: padding positions carry no gradient (their
+                # output gradients are zero), so A averages over the real tokens only
+                a = a * keep[:, :, None].to(a.dtype)
+                real[b.path] = int(keep.sum())
             acts[b.path] = a
         out_list = [outs[b.path] for b in blocks]
         for k in range(L.shape[2]):
             target = (logits * L[:, :, k].to(logits.dtype)).sum()
             grads = torch.autograd.grad(target, out_list, retain_graph=k + 1 < L.shape[2])
-            yield acts, {b.path: _output_tokens(b, g.detach().to(torch.float64), B) for b, g in zip(blocks, grads)}
+            yield (
+                acts,
+                real,
+                {b.path: _output_tokens(b, g.detach().to(torch.float64), B) for b, g in zip(blocks, grads)},
+            )
 
     with engine.context(), torch.enable_grad():
-        for a0, b0 in ranges(n, chunk):
+        for a0, b0 in spans:
             first = True
-            for acts, sgrads in passes(rows_all[a0:b0], None if targets_all is None else targets_all[a0:b0]):
+            for acts, real, sgrads in passes(rows_all[a0:b0], None if targets_all is None else targets_all[a0:b0]):
                 for b in blocks:
                     A, S = b.A, b.S
                     assert A is not None and S is not None  # zeroed above
@@ -591,7 +635,7 @@ def fit_factors(
                     if first:
                         a = acts[b.path].reshape(-1, b.width_in)
                         A.addmm_(a.T, a)
-                        tokens_seen[b.path] += a.shape[0]
+                        tokens_seen[b.path] += real.get(b.path, a.shape[0])
                     s = sgrads[b.path].reshape(-1, b.d_out)
                     S.addmm_(s.T, s)
                 first = False
@@ -614,9 +658,9 @@ def fit_factors(
         for b in blocks:
             b.corrected = torch.zeros(b.d_out, b.width_in, dtype=torch.float64, device=engine.device)
         with engine.context(), torch.enable_grad():
-            for a0, b0 in ranges(n, chunk):
+            for a0, b0 in spans:
                 rotated_acts: dict[str, torch.Tensor] = {}
-                for acts, sgrads in passes(rows_all[a0:b0], None if targets_all is None else targets_all[a0:b0]):
+                for acts, _, sgrads in passes(rows_all[a0:b0], None if targets_all is None else targets_all[a0:b0]):
                     for b in blocks:
                         # Q_S^T G Q_A with G = sum_t s_t a_t^T, rotating the tokens first (B T d^2
                         # flops instead of B d^3 for the per-sample matrices)
@@ -659,11 +703,14 @@ def capture_entries_per_row(engine: Engine, blocks: Sequence[LinearBlock], rows:
     """Float64 numbers one row holds at once, beyond its autograd graph, while K-FAC fits its
     factors and scores training rows: per covered layer, over its T tokens, the captured inputs
     (bias column included) and their rotation into the eigenbasis, and one output column's
-    gradients and their rotation, 2 T (w_in + d_out). T is read from one probe row."""
+    gradients and their rotation, 2 T (w_in + d_out). T is read from one probe row (the
+    longest, for text that drops trailing padding)."""
     if not blocks:
         return 0
+    order = engine.length_order(rows)
+    probe = rows[:1] if order is None else rows[order[-1:]]
     with torch.no_grad(), engine.context():
-        _, ins, _ = _capture(engine, list(blocks), engine.rows(rows[:1]))
+        _, ins, _ = _capture(engine, list(blocks), engine.rows(probe))
     return sum(2 * _tokens(ins[b.path], 1).shape[1] * (b.width_in + b.d_out) for b in blocks)
 
 

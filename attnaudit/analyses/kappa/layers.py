@@ -865,6 +865,11 @@ def analyse_layers(
         torch.device(config.device) if config.device else (first.device if first is not None else torch.device("cpu"))
     )
     twin = _float64_copy(task.module, device)
+    for part in twin.modules():
+        if getattr(part, "trim_padding", False):
+            # per-layer spectra are stacked over chunks at the data's full length (padding
+            # is excluded by the token mask instead)
+            setattr(part, "trim_padding", False)  # noqa: B010 - an attribute of HFSequenceClassifier
     layers = find_attention_layers(twin, config.layers)
     records = {layer.name: _Record(layer) for layer in layers}
     order: list[str] = []

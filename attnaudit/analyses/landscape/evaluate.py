@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.func import vmap
 
-from attnaudit.core.engine import Engine, ranges
+from attnaudit.core.engine import Engine, length_spans, ranges
 from attnaudit.core.task import Task
 from attnaudit.errors import AuditError
 from attnaudit.analyses.landscape import structured
@@ -137,6 +137,11 @@ class SurfaceEvaluator:
         self.y = y.to(engine.device).long()
         check_labels(engine, self.y)
         self.T = engine.targets(self.y)
+        # text: losses are sums over rows; rows sorted by length run in chunks of neighbours,
+        # each at its own longest sequence
+        self.order = engine.length_order(self.X)
+        if self.order is not None:
+            self.X, self.y, self.T = self.X[self.order], self.y[self.order], self.T[self.order]
         self.fast_path_reason = structured.unavailable(engine) if fast_path else "the fast path is switched off"
         if backend == "auto":
             backend = "structured" if self.fast_path_reason is None else "vmap"
@@ -208,11 +213,13 @@ class SurfaceEvaluator:
         X, T, y = self.X, self.T, self.y
         n, n_points = X.shape[0], coeffs.shape[0]
         b, s = self._plan(n_points, len(directions))
+        # text (sorted at construction): spans of neighbours in length within s rows' tokens
+        spans = list(ranges(n, s)) if self.order is None else length_spans(self._lengths(), s)
         loss_sum = torch.zeros(n_points, dtype=torch.float64, device=eng.device)
         correct = torch.zeros(n_points, dtype=torch.float64, device=eng.device)
         with torch.no_grad(), eng.context():
-            for start in range(0, n, s):
-                Xc, Tc, yc = X[start : start + s], T[start : start + s], y[start : start + s]
+            for start, stop in spans:
+                Xc, Tc, yc = X[start:stop], T[start:stop], y[start:stop]
                 make = structured.chunk if self.backend == "structured" else _generic_chunk
                 chunk_fn = make(eng, theta0, D, Xc, Tc, yc)
                 for p0 in range(0, n_points, b):
@@ -231,7 +238,7 @@ class SurfaceEvaluator:
                             ls, cs = self._loop(chunk_fn, cb)
                     loss_sum[p0 : p0 + b] += ls.to(torch.float64)
                     correct[p0 : p0 + b] += cs.to(torch.float64)
-                    if progress is not None and start + s >= n:
+                    if progress is not None and stop >= n:
                         progress(len(cb))
         return PointEval(
             loss=(loss_sum / n).cpu(),
@@ -241,6 +248,11 @@ class SurfaceEvaluator:
             samples_per_batch=s,
             path=self.path,
         )
+
+    def _lengths(self) -> list[int]:
+        lengths = self.engine.real_lengths(self.X)
+        assert lengths is not None  # the rows were sorted by them
+        return lengths.tolist()
 
     @staticmethod
     def _loop(chunk_fn, cb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -292,10 +304,10 @@ def loss_and_accuracy(engine: Engine, X: torch.Tensor, y: torch.Tensor, chunk: i
     y = y.to(engine.device).long()
     total, correct, n = 0.0, 0.0, X.shape[0]
     with torch.no_grad(), engine.context():
-        for a, b in ranges(n, chunk):
-            out = engine.apply(engine.theta, X[a:b])
-            total += float(engine.loss.per_sample(out, engine.targets(y[a:b])).double().sum())
-            correct += float((out.argmax(1) == y[a:b]).double().sum())
+        for part in engine.row_chunks(X, chunk):
+            out = engine.apply(engine.theta, X[part])
+            total += float(engine.loss.per_sample(out, engine.targets(y[part])).double().sum())
+            correct += float((out.argmax(1) == y[part]).double().sum())
     return total / n, correct / n
 
 

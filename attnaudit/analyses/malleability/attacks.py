@@ -406,6 +406,10 @@ def perturb(
         )
 
 
+#: hotflip on text sorted by length: texts attacked at once (each chunk at its longest text)
+HOTFLIP_TEXT_ROWS = 32
+
+
 def _perturb_tokens(
     engine: Engine, X: torch.Tensor, y: torch.Tensor, config: AttackConfig, evaluate: bool
 ) -> AttackResult:
@@ -438,13 +442,18 @@ def _perturb_tokens(
     hf_model: nn.Module = getattr(module, "model")  # noqa: B009 - an nn.Module attribute mypy cannot see
     ids = shift.split_rows(X)[0] if shift is not None else X.long()
     cfg = TokenAttackConfig(budget=int(round(config.eps)), protected=protected_ids(ids, pad))
-    logits_of, E = hf_embedding_model(hf_model, pad)
+    logits_of, E = hf_embedding_model(hf_model, pad, trim_padding=bool(getattr(module, "trim_padding", False)))
     chunk = None
     if config.method == "hotflip":
+        # a model that drops trailing padding attacks neighbours in length together
+        order = engine.length_order(engine.rows(X))
         if config.memory_mb is not None and ids.shape[0] > 1:
-            per_row = hotflip_bytes_per_row(logits_of, E, ids, y, hf_model.parameters())
+            longest = slice(None) if order is None else order.flip(0)  # probed on the longest texts
+            per_row = hotflip_bytes_per_row(logits_of, E, ids[longest], y[longest], hf_model.parameters())
             chunk = _rows_in_budget(ids.shape[0], config.memory_mb, per_row)
-        result = hotflip(logits_of, E, ids, y, cfg, rows_per_chunk=chunk)
+        if order is not None:
+            chunk = min(chunk or ids.shape[0], HOTFLIP_TEXT_ROWS)
+        result = hotflip(logits_of, E, ids, y, cfg, rows_per_chunk=chunk, order=order)
     else:
         result = random_swaps(ids, int(E.shape[0]), cfg, torch.Generator().manual_seed(int(config.seed)))
     if shift is not None:  # the swapped ids, unshifted embeddings

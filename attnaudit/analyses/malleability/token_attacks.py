@@ -108,27 +108,35 @@ def hotflip(
     y: torch.Tensor,
     config: TokenAttackConfig,
     rows_per_chunk: int | None = None,
+    order: torch.Tensor | None = None,
 ) -> TokenAttackResult:
     """Greedy, verified first-order token swaps raising each row's cross-entropy (see the module docstring).
 
-    ``rows_per_chunk``: texts attacked at once (default all); the texts are independent (eval
-    mode), so the result does not depend on it, and memory is one chunk's graph and its
-    (rows, L, V) gains."""
+    ``rows_per_chunk``: texts attacked at once (default all); ``order``: a permutation of the
+    rows that chunks follow (neighbours in length, so a model that drops trailing padding
+    runs each chunk at its own longest text). The texts are independent (eval mode), so the
+    result depends on neither, and memory is one chunk's graph and its (rows, L, V) gains."""
     if ids.ndim != 2 or y.shape[0] != ids.shape[0]:
         raise AuditError(f"hotflip takes ids (n, L) and labels (n,), got {tuple(ids.shape)} and {tuple(y.shape)}")
     n = ids.shape[0]
-    if rows_per_chunk is not None and 0 < rows_per_chunk < n:
-        parts = [
-            _hotflip_rows(logits_of, E, ids[a : a + rows_per_chunk], y[a : a + rows_per_chunk], config)
-            for a in range(0, n, rows_per_chunk)
-        ]
-        return TokenAttackResult(
-            ids=torch.cat([p.ids for p in parts]),
-            swaps=[s for p in parts for s in p.swaps],
-            loss_before=torch.cat([p.loss_before for p in parts]),
-            loss_after=torch.cat([p.loss_after for p in parts]),
-        )
-    return _hotflip_rows(logits_of, E, ids, y, config)
+    size = rows_per_chunk if rows_per_chunk is not None and 0 < rows_per_chunk < n else n
+    if size == n and order is None:
+        return _hotflip_rows(logits_of, E, ids, y, config)
+    index = torch.arange(n, device=ids.device) if order is None else order.to(ids.device)
+    out_ids = ids.clone().long()
+    swaps: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
+    before = after = None
+    for a in range(0, n, size):
+        rows = index[a : a + size]
+        part = _hotflip_rows(logits_of, E, ids[rows], y[rows], config)
+        if before is None or after is None:
+            before = torch.empty(n, dtype=part.loss_before.dtype, device=part.loss_before.device)
+            after = torch.empty_like(before)
+        out_ids[rows], before[rows], after[rows] = part.ids, part.loss_before, part.loss_after
+        for i, row_swaps in zip(rows.tolist(), part.swaps):
+            swaps[i] = row_swaps
+    assert before is not None and after is not None  # n >= 1 rows were attacked
+    return TokenAttackResult(ids=out_ids, swaps=swaps, loss_before=before, loss_after=after)
 
 
 def _hotflip_rows(
@@ -208,10 +216,17 @@ def random_swaps(
     return TokenAttackResult(ids=ids, swaps=swaps, loss_before=nan, loss_after=nan)
 
 
-def hf_embedding_model(module: nn.Module, pad_token_id: int | None) -> tuple[LogitsOf, torch.Tensor]:
+def hf_embedding_model(
+    module: nn.Module, pad_token_id: int | None, trim_padding: bool = False
+) -> tuple[LogitsOf, torch.Tensor]:
     """``(logits_of, E)`` for a Hugging Face sequence classifier (the transformers model, or
     attnaudit's wrapper holding it as ``.model``): fed ``inputs_embeds`` with the padding
-    mask ``ids != pad``, evaluated in eval mode."""
+    mask ``ids != pad``, evaluated in eval mode. ``trim_padding``: columns that are padding in
+    every row are dropped first (only for a model checked not to read padding, see
+    :class:`attnaudit.models.hf.HFSequenceClassifier`): the embedding gradient there is zero,
+    as it is through the mask."""
+    from attnaudit.models.hf import kept_columns
+
     model = getattr(module, "model", module)
     get = getattr(model, "get_input_embeddings", None)
     if get is None:
@@ -219,6 +234,9 @@ def hf_embedding_model(module: nn.Module, pad_token_id: int | None) -> tuple[Log
     E = get().weight.detach()
 
     def logits_of(embeds: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        kept = kept_columns(ids, pad_token_id) if trim_padding else None
+        if kept is not None:
+            embeds, ids = embeds[:, :kept], ids[:, :kept]
         mask = None if pad_token_id is None else (ids != pad_token_id).long()
         with eval_mode(model):  # no dropout; the caller's training flags are restored
             return model(inputs_embeds=embeds, attention_mask=mask).logits

@@ -414,9 +414,11 @@ def layer_kernels(
     if not blocks:
         return K
 
-    # the tokens of each layer, from one row
+    # the tokens of each layer, from one row (the longest, for text that drops trailing padding:
+    # shorter chunks fill the leading positions, zeros after them add nothing to sum_t s_t a_t^T)
+    order = engine.length_order(rows)
     with engine.context(), torch.no_grad():
-        _, ins, outs = _capture(engine, blocks, rows[:1])
+        _, ins, outs = _capture(engine, blocks, rows[:1] if order is None else rows[order[-1:]])
     sizes = {b.path: (_tokens(ins[b.path], 1).shape[1], _output_tokens(b, outs[b.path], 1).shape[1]) for b in blocks}
     del ins, outs
 
@@ -442,8 +444,8 @@ def layer_kernels(
         grads: dict[str, torch.Tensor] = {}
         for b in run:
             t_in, t_out = sizes[b.path]
-            acts[b.path] = torch.empty(n, t_in, b.width_in, dtype=F64, device=dev)
-            grads[b.path] = torch.empty(n, c, t_out, b.d_out, dtype=F64, device=dev)
+            acts[b.path] = torch.zeros(n, t_in, b.width_in, dtype=F64, device=dev)
+            grads[b.path] = torch.zeros(n, c, t_out, b.d_out, dtype=F64, device=dev)
         with engine.context(), torch.enable_grad():
             for a0, b0 in ranges(n, LAYER_ROWS):
                 logits, ins, outs = _capture(engine, run, rows[a0:b0])
@@ -452,12 +454,13 @@ def layer_kernels(
                     a = _tokens(ins[b.path].detach(), B)
                     if b.bias:
                         a = torch.cat([a, torch.ones(*a.shape[:2], 1, dtype=a.dtype, device=a.device)], 2)
-                    acts[b.path][a0:b0] = a
+                    acts[b.path][a0:b0, : a.shape[1]] = a
                 targets = [outs[b.path] for b in run]
                 for k in range(c):
                     gs = torch.autograd.grad(logits[:, k].sum(), targets, retain_graph=k + 1 < c)
                     for b, g in zip(run, gs):
-                        grads[b.path][a0:b0, k] = _output_tokens(b, g.detach(), B)
+                        s_k = _output_tokens(b, g.detach(), B)
+                        grads[b.path][a0:b0, k, : s_k.shape[1]] = s_k
                 del logits, ins, outs, targets
         for b in run:
             a_all, s_all = acts.pop(b.path), grads.pop(b.path)
