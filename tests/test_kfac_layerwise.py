@@ -218,3 +218,20 @@ def test_the_malleability_header_estimate_fits_the_chunk_to_the_budget_as_the_pl
     # 512 rows x the largest layer (400 x 31 entries) at the default budget; fewer rows at 20 MiB
     assert roomy["gradient_chunk"] == 512 * 400 * 31 * 8
     assert tight["gradient_chunk"] < roomy["gradient_chunk"] and tight["total"] <= 20 * 2**20
+
+
+def test_the_malleability_header_counts_what_kfac_captures_per_row():
+    """The estimate announced before any compute reserves per row what the run's planner
+    does: the largest layer's gradient (50 x 21) and the captures (2 (21 + 50) + 2 (51 + 3))."""
+    import torch
+    from torch import nn
+
+    from attnaudit.analyses.malleability.malleability import MalleabilityConfig, influence_memory_estimate
+    from attnaudit.core.task import Task
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(20, 50), nn.Tanh(), nn.Linear(50, 3)).double()
+    config = MalleabilityConfig(models=("net",), saved_models=True, protocol="static", estimator="ekfac", params="all")
+    X = torch.randn(40, 20, dtype=torch.float64)
+    est = influence_memory_estimate(config, 20, 3, 40, 5, {"net": Task(model, 3, "ce")}, X[:1], X)
+    assert est["bytes"]["gradient_chunk"] == 40 * (50 * 21 + 250) * 8

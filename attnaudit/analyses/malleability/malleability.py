@@ -92,7 +92,14 @@ from attnaudit.models.hf import HFEmbeddingShiftClassifier, HFSequenceClassifier
 from attnaudit.models.builtin import ARCHITECTURES, ModelSpec, TwoLayerNet, build_model
 from attnaudit.core.training import LOSSES, TrainConfig, TrainResult, accuracy, loss_value, train
 from attnaudit.core.task import select_parameter_names
-from attnaudit.analyses.influence.kfac import gradient_entries_per_row, kfac_memory_bytes, linear_modules
+from attnaudit.analyses.influence.kfac import (
+    capture_entries_per_row,
+    gradient_entries_per_row,
+    kfac_memory_bytes,
+    linear_blocks,
+    linear_modules,
+)
+from attnaudit.core.engine import Engine
 from attnaudit.core.fit import fit as fit_recipe
 from attnaudit.core.training import require_nonzero_inputs
 from attnaudit.runtime.sweep import CellTask, ExecutorConfig, cached, clear_cache, run_cells
@@ -497,6 +504,7 @@ def influence_memory_estimate(
     n_test: int,
     models: Mapping[str, nn.Module | Task] | None = None,
     probe: torch.Tensor | None = None,
+    rows: torch.Tensor | None = None,
 ) -> dict:
     """Tracked parameters and peak bytes of one influence computation (before any compute).
 
@@ -507,7 +515,8 @@ def influence_memory_estimate(
     (``head`` for last-layer, ``all`` otherwise). The largest count sizes the estimate.
     Raises :class:`AuditError` (:func:`attnaudit.analyses.influence.influence.check_exact_budget`) when
     ``exact``/``last-layer`` would exceed the parameter budget, so an impossible run
-    fails before the first training.
+    fails before the first training. ``rows``: the training rows (default ``probe``), whose
+    longest K-FAC's capture per row is measured on.
     """
 
     icfg = config.influence_config()
@@ -526,6 +535,7 @@ def influence_memory_estimate(
             )
             placeholder = torch.zeros(d, d, dtype=torch.float64) if arch == "attn" else None
             model = TwoLayerNet(spec, context=placeholder)
+        task = model if isinstance(model, Task) else None
         if isinstance(model, Task):
             selector = icfg.selector(model)
             inputs, model = model.inputs, model.module
@@ -540,6 +550,13 @@ def influence_memory_estimate(
             blocks = linear_modules(model, names)[0]
             factor_bytes = kfac_memory_bytes(blocks, keep_covariances=config.cache_dir is not None)
             per_row = gradient_entries_per_row(model, blocks) or count
+            rows = probe if rows is None else rows
+            if task is not None and rows is not None and blocks:
+                # what the fit and the scores capture per row over every covered layer, as the
+                # run's planner counts it (the engine in the model's own dtype: shapes only)
+                engine = Engine(task, names=names)
+                per_row += capture_entries_per_row(engine, linear_blocks(engine)[0], rows)
+                del engine
         tracked[arch] = {"names": names, "count": count, "factor_bytes": factor_bytes, "per_row": per_row}
     p = max(v["count"] for v in tracked.values())
     check_exact_budget(config.estimator, p, config.max_exact_params)
@@ -981,7 +998,7 @@ def run_malleability(
             "keep at least two classes (e.g. --classes 3,5)"
         )
     memory = influence_memory_estimate(
-        config, int(X_train.shape[1]), n_classes, n_train, n_test, fixed_models, X_train[:1]
+        config, int(X_train.shape[1]), n_classes, n_train, n_test, fixed_models, X_train[:1], X_train
     )  # fails early
     ex = executor or ExecutorConfig()
     remote = ex.kind != "local" or ex.jobs > 1

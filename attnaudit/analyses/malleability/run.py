@@ -628,7 +628,7 @@ def run(
         n_classes = ds.n_classes
     timings["load"] = time.perf_counter() - t0
     memory = influence_memory_estimate(
-        config, train_ds.d, n_classes, train_ds.n, test_ds.n, fixed, train_ds.X[:1]
+        config, train_ds.d, n_classes, train_ds.n, test_ds.n, fixed, train_ds.X[:1], train_ds.X
     )  # refuses before compute
     if notice is not None:
         tracked = "; ".join(f"{arch}: {', '.join(names)}" for arch, names in memory["tracked_parameter_names"].items())
