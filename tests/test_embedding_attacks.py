@@ -15,6 +15,7 @@ from attnaudit.analyses.malleability.attacks import AttackConfig, perturb
 from attnaudit.analyses.malleability.embedding_attacks import perturb_embeddings, token_radii
 from attnaudit.core.task import Inputs, Task
 from attnaudit.errors import AuditError
+from hf_models import tiny_bert
 from attnaudit.models.hf import HFEmbeddingShiftClassifier, HFSequenceClassifier, embedding_shift_rows
 
 transformers = pytest.importorskip("transformers")
@@ -25,18 +26,7 @@ PROTECTED = (PAD, CLS, SEP)
 
 @pytest.fixture(scope="module")
 def bert():
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=14,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=16,
-        num_labels=3,
-        pad_token_id=PAD,
-    )
-    return transformers.BertForSequenceClassification(config).double().eval()
+    return tiny_bert(14, pad_token_id=PAD).double()
 
 
 def _data(n=6, L=7, seed=0):

@@ -16,6 +16,7 @@ import torch
 
 from attnaudit.core.engine import TEXT_PADDING_SHARE, Engine, length_spans
 from attnaudit.core.task import Inputs, Task
+from hf_models import tiny_bert
 
 transformers = pytest.importorskip("transformers")
 
@@ -26,18 +27,7 @@ PAD, CLS, SEP, L, N = 0, 1, 2, 40, 44
 
 @pytest.fixture(scope="module")
 def bert():
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=12,
-        hidden_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=L,
-        num_labels=3,
-        pad_token_id=PAD,
-    )
-    return transformers.BertForSequenceClassification(config).double().eval()
+    return tiny_bert(12, layers=2, max_positions=L, pad_token_id=PAD).double()
 
 
 @pytest.fixture(scope="module")

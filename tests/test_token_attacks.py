@@ -15,6 +15,7 @@ from attnaudit.analyses.malleability.token_attacks import (
     random_swaps,
 )
 from attnaudit.errors import AuditError
+from hf_models import tiny_bert
 
 transformers = pytest.importorskip("transformers")
 
@@ -23,19 +24,7 @@ PAD, CLS, SEP = 0, 1, 2
 
 @pytest.fixture(scope="module")
 def bert():
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=12,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=16,
-        num_labels=3,
-        pad_token_id=PAD,
-    )
-    model = transformers.BertForSequenceClassification(config).double().train()  # train(): the attack must not care
-    return model
+    return tiny_bert(12, pad_token_id=PAD).double().train()  # train(): the attack must not care
 
 
 def _data(n=6, L=7, seed=0):
