@@ -101,7 +101,9 @@ def test_rows_sorted_by_length_give_the_padded_models_numbers(bert, data):
     hv_fast = fast.hvp_operator(X, T, chunk=N).matvec(v)
     hv_plain = plain.hvp_operator(X, T, chunk=N).matvec(v)
     assert float((hv_fast - hv_plain).norm() / hv_plain.norm()) < 1e-10
-    # per-sample gradients: vmap cannot cut inside, so each chunk of neighbours is cut before it
+    # per-sample gradients: vmap cannot cut inside, so each chunk of neighbours is cut before it;
+    # a chunk holds a P-wide gradient per row however short, so never more than `chunk` rows
+    assert max(len(c) for c in fast.row_chunks(X, 8, max_rows=8)) <= 8 < max(len(c) for c in fast.row_chunks(X, 8))
     got = fast.per_sample_grads(X, T, chunk=8)
     want = plain.per_sample_grads(X, T, chunk=8)
     assert torch.allclose(got, want, rtol=1e-10, atol=1e-12)
@@ -191,7 +193,7 @@ def test_kernel_movement_by_layer_is_the_same_trimmed(bert, data):
 
     from attnaudit.analyses.ntk_distance.movement import _jacobian_plan_fits, _engines, kernel_movement
 
-    ids, y, _ = data
+    ids, y, lengths = data
     moved = copy.deepcopy(bert)
     with torch.no_grad():
         for p in moved.parameters():
@@ -209,6 +211,12 @@ def test_kernel_movement_by_layer_is_the_same_trimmed(bert, data):
         ]
 
     X = ids.double()
+    # fewer rows than are sorted, the shortest first: the token slots are sized on the longest
+    few = torch.argsort(lengths)[:: N // 10][:10]
+    assert not _jacobian_plan_fits(_engines(tasks(True), X[few], None, None)[0], 10, 3, 1 * 2**20)
+    fast_few = kernel_movement(*tasks(True), X[few], y[few], memory_bytes=1 * 2**20)
+    slow_few = kernel_movement(*tasks(False), X[few], y[few], memory_bytes=1 * 2**20)
+    assert fast_few.headline == pytest.approx(slow_few.headline, rel=1e-9)
     budget = 6 * 2**20  # below the whole Jacobians: the per-layer path
     engines = _engines(tasks(True), X, None, None)[0]
     assert not _jacobian_plan_fits(engines, N, 3, budget)
@@ -249,3 +257,4 @@ def test_length_spans_by_hand():
     assert length_spans([1, 1, 1, 10], 4) == [(0, 3), (3, 4)]  # 1,1,1,10 would be 36 of 40 padding
     assert length_spans([2, 2, 2, 8], 1) == [(0, 3), (3, 4)]  # three rows of 2 fit one row of 8
     assert length_spans([6, 7, 8], 3) == [(0, 3)]  # 24 tokens, 3 padding: one span
+    assert length_spans([6, 7, 8], 3, max_rows=2) == [(0, 2), (2, 3)]  # at most 2 rows a span

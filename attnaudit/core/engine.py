@@ -54,10 +54,11 @@ TEXT_PADDING_SHARE = 0.25
 TEXT_SORT_MIN_ROWS = 16
 
 
-def length_spans(lengths: Sequence[int], chunk: int) -> list[tuple[int, int]]:
+def length_spans(lengths: Sequence[int], chunk: int, max_rows: int | None = None) -> list[tuple[int, int]]:
     """[start, stop) spans over rows sorted by ascending real ``lengths``: a span runs at its
     last (longest) row's length and holds at most the tokens of ``chunk`` rows of the longest
-    length overall (so memory stays within what ``chunk`` full rows were planned for), and
+    length overall (so memory stays within what ``chunk`` full rows were planned for), at most
+    ``max_rows`` rows (for memory that does not shrink with length: per-sample gradients), and
     closes before its padding passes :data:`TEXT_PADDING_SHARE` of its tokens."""
     n = len(lengths)
     if n == 0:
@@ -68,7 +69,8 @@ def length_spans(lengths: Sequence[int], chunk: int) -> list[tuple[int, int]]:
         length = max(1, int(length))
         rows = i - start + 1
         padded = rows * length
-        if rows > 1 and (padded > budget or padded - (real + length) > TEXT_PADDING_SHARE * padded):
+        too_many = max_rows is not None and rows > max_rows
+        if rows > 1 and (too_many or padded > budget or padded - (real + length) > TEXT_PADDING_SHARE * padded):
             spans.append((start, i))
             start, real = i, 0
         real += length
@@ -174,7 +176,18 @@ class Engine:
         lengths = self.real_lengths(rows)
         return None if lengths is None else torch.argsort(lengths, stable=True)
 
-    def sorted_spans(self, rows: torch.Tensor, chunk: int) -> tuple[torch.Tensor | None, list[tuple[int, int]]]:
+    def longest_first(self, rows: torch.Tensor) -> torch.Tensor:
+        """Indices of ``rows``, the longest real length first for text that drops trailing
+        padding (any number of rows), else as they come: where a memory probe measures the
+        worst chunk."""
+        lengths = self.real_lengths(rows)
+        if lengths is None:
+            return torch.arange(rows.shape[0], device=rows.device)
+        return torch.argsort(lengths, descending=True, stable=True)
+
+    def sorted_spans(
+        self, rows: torch.Tensor, chunk: int, max_rows: int | None = None
+    ) -> tuple[torch.Tensor | None, list[tuple[int, int]]]:
         """(order, spans): :meth:`length_order` and :func:`length_spans` over the rows in that
         order for text; (None, consecutive chunks of ``chunk`` rows) otherwise."""
         order = self.length_order(rows)
@@ -182,7 +195,7 @@ class Engine:
             return None, list(ranges(int(rows.shape[0]), chunk))
         lengths = self.real_lengths(rows[order])
         assert lengths is not None  # an order was found
-        return order, length_spans(lengths.tolist(), chunk)
+        return order, length_spans(lengths.tolist(), chunk, max_rows)
 
     def cut_padding(self, rows: torch.Tensor) -> torch.Tensor:
         """``rows`` without the trailing columns that are padding in all of them, for a model
@@ -191,12 +204,14 @@ class Engine:
         cut = getattr(self.module, "cut_rows", None)
         return cut(rows) if getattr(self.module, "trim_padding", False) and callable(cut) else rows
 
-    def row_chunks(self, rows: torch.Tensor, chunk: int) -> list[slice] | list[torch.Tensor]:
+    def row_chunks(
+        self, rows: torch.Tensor, chunk: int, max_rows: int | None = None
+    ) -> list[slice] | list[torch.Tensor]:
         """Chunks of at most ``chunk`` rows' worth covering ``rows`` once: consecutive slices,
         or for text that drops trailing padding, index tensors of neighbours in length
-        (:meth:`sorted_spans`). Sums over chunks are the same either way (up to round-off);
-        per-row results go back to ``out[index]``."""
-        order, spans = self.sorted_spans(rows, chunk)
+        (:meth:`sorted_spans`; ``max_rows`` caps their rows). Sums over chunks are the same
+        either way (up to round-off); per-row results go back to ``out[index]``."""
+        order, spans = self.sorted_spans(rows, chunk, max_rows)
         if order is None:
             return [slice(a, b) for a, b in spans]
         return [order[a:b] for a, b in spans]
@@ -272,7 +287,7 @@ class Engine:
         fn = vmap(grad(self.sample_loss), in_dims=(None, 0, 0))
         size = rows.shape[0] if chunk is None else chunk
         with self.context():
-            parts = self.row_chunks(rows, size)
+            parts = self.row_chunks(rows, size, max_rows=size)  # a P-wide gradient per row, whatever its length
             if isinstance(parts[0], slice):
                 return torch.cat([fn(th, self.cut_padding(rows[part]), T[part]) for part in parts])
             out = torch.empty(rows.shape[0], th.numel(), dtype=th.dtype, device=th.device)
@@ -464,8 +479,7 @@ class Engine:
         attack's: every layer after the input then saves its activations). Text that drops
         trailing padding is probed on its longest rows (the worst chunk).
         """
-        order = self.length_order(rows)
-        rows = self.rows(rows[:batch] if order is None else rows[order.flip(0)[:batch]])
+        rows = self.rows(rows[self.longest_first(rows)[:batch]])
         T = self.targets(torch.zeros(rows.shape[0], dtype=torch.long, device=self.device))
         theta = self.theta.detach().requires_grad_(wrt == "params")
         r = rows.detach().requires_grad_(wrt == "inputs")

@@ -813,7 +813,8 @@ def influence_sweep(
     S = torch.cat([s.transformed for s in solutions]).T.contiguous()  # (P, k * n_dampings); projected: (proj_dim, ...)
     out = torch.empty(n_train, S.shape[1], dtype=S.dtype, device=S.device)
     t_train = time.perf_counter()
-    for part in eng.row_chunks(U_tr, chunk) if scorer is not None else [slice(a, b) for a, b in ranges(n_train, chunk)]:
+    # text: neighbours in length, at most `chunk` rows each (the gradient block the planner sized)
+    for part in eng.row_chunks(U_tr, chunk, max_rows=chunk):
         if scorer is not None:
             out[part] = -scorer(U_tr[part], T_tr[part], S)
             continue

@@ -707,9 +707,7 @@ def capture_entries_per_row(engine: Engine, blocks: Sequence[LinearBlock], rows:
     longest, for text that drops trailing padding)."""
     if not blocks:
         return 0
-    lengths = engine.real_lengths(rows)
-    longest = 0 if lengths is None else int(lengths.argmax())
-    probe = rows[longest : longest + 1]
+    probe = rows[engine.longest_first(rows)[:1]]
     with torch.no_grad(), engine.context():
         _, ins, _ = _capture(engine, list(blocks), engine.rows(probe))
     return sum(2 * _tokens(ins[b.path], 1).shape[1] * (b.width_in + b.d_out) for b in blocks)

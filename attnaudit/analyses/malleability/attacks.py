@@ -448,7 +448,7 @@ def _perturb_tokens(
         # a model that drops trailing padding attacks neighbours in length together
         order = engine.length_order(engine.rows(X))
         if config.memory_mb is not None and ids.shape[0] > 1:
-            longest = slice(None) if order is None else order.flip(0)  # probed on the longest texts
+            longest = engine.longest_first(engine.rows(X))  # probed on the longest texts
             per_row = hotflip_bytes_per_row(logits_of, E, ids[longest], y[longest], hf_model.parameters())
             chunk = _rows_in_budget(ids.shape[0], config.memory_mb, per_row)
         if order is not None:

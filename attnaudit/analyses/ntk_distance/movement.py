@@ -416,9 +416,8 @@ def layer_kernels(
 
     # the tokens of each layer, from one row (the longest, for text that drops trailing padding:
     # shorter chunks fill the leading positions, zeros after them add nothing to sum_t s_t a_t^T)
-    order = engine.length_order(rows)
     with engine.context(), torch.no_grad():
-        _, ins, outs = _capture(engine, blocks, rows[:1] if order is None else rows[order[-1:]])
+        _, ins, outs = _capture(engine, blocks, rows[engine.longest_first(rows)[:1]])
     sizes = {b.path: (_tokens(ins[b.path], 1).shape[1], _output_tokens(b, outs[b.path], 1).shape[1]) for b in blocks}
     del ins, outs
 
