@@ -17,7 +17,10 @@ the children so far (``ru_maxrss``). A stage that fails (a memory planner's refu
 printed with the last line of its error and the later stages still run. Printed, one line
 per stage, then per model:
 
-    SCALE model=<name> params=<count> total_s=<seconds> peak_gb=<GiB> [gpu_peak_gb=<GiB>] [failed=<stages>]
+    SCALE model=<name> params=<count> total_s=<seconds> audit_s=<seconds> peak_gb=<GiB> [gpu_peak_gb=<GiB>] [failed=<stages>]
+
+``total_s`` counts every stage, training included; ``audit_s`` the four analyses only (the
+audit of an already trained model, what the 15-minute target is about).
 
 Under each stage, ``STAGE_TIMINGS`` (the analysis's own timings, what dominates inside it)
 and ``STAGE_PLAN`` (the memory, chunk and pass choices its report records); each analysis's
@@ -168,6 +171,7 @@ config = transformers.BertConfig(vocab_size=4 + len(POSITIVE + NEGATIVE + NOUNS 
     label2id={{"negative": 0, "positive": 1}}, id2label={{0: "negative", 1: "positive"}})
 torch.manual_seed(0)
 model = transformers.BertForSequenceClassification(config).eval()
+model.save_pretrained(Path({str(work / "bert-init")!r}))  # the kernel-movement reference: the same network at initialization
 from attnaudit.data import DataSpec, load_dataset
 from attnaudit.core.fit import Recipe, fit
 from attnaudit.core.task import Inputs
@@ -187,7 +191,7 @@ print(sum(p.numel() for p in model.parameters()))
         ("kappa", common + f"r = aa.run(aa.KappaRequest({data}, n=({n},)))"),
         (
             "ntk-distance",
-            common + f"r = aa.run(aa.NtkDistanceRequest({data}, reference_checkpoint={str(folder)!r}, "
+            common + f"r = aa.run(aa.NtkDistanceRequest({data}, reference_checkpoint={str(work / 'bert-init')!r}, "
             f"n_test={n}, kernel_points={max(4, n // 4)}))",
         ),
         (
@@ -284,10 +288,17 @@ def main() -> int:
                     break
         refused = f" failed={','.join(failed)}" if failed else ""
         on_gpu = f" gpu_peak_gb={gpu_peak:.2f}" if gpu_peak else ""
-        print(f"SCALE model={name} params={params} total_s={total:.1f} peak_gb={peak:.2f}{on_gpu}{refused}", flush=True)
+        # the target is the audit (the four analyses); training the model first is set-up
+        audit = sum(seconds for stage, seconds in stages.items() if stage != "train")
+        print(
+            f"SCALE model={name} params={params} total_s={total:.1f} audit_s={audit:.1f} peak_gb={peak:.2f}"
+            f"{on_gpu}{refused}",
+            flush=True,
+        )
         summary[name] = {
             "params": params,
             "total_s": total,
+            "audit_s": audit,
             "peak_gb": peak,
             "gpu_peak_gb": gpu_peak,
             "stages_s": stages,

@@ -481,10 +481,18 @@ def test_malleability_finetune_protocol_with_zero_perturbation(app, vit_checkpoi
         ],
     )
     assert res.exit_code == 0, res.output
-    results = json.loads(res.stdout)["results"]
+    report = json.loads(res.stdout)
+    results = report["results"]
     by_attack = {row["attack"]: row for row in results["summary"]}
-    assert by_attack["none"]["flip_rate"]["values"] == [0.0, 0.0]  # same data, same order: identical fine-tunes
+    # same data, same order: identical fine-tunes; a batch of 64 holds all 60 rows, so the seed's data
+    # order changes nothing and seed 1 repeats seed 0 bit for bit: one replicate
+    assert by_attack["none"]["flip_rate"]["values"] == [0.0]
+    assert by_attack["none"]["same_inputs"] == [{"seed": 1, "as_seed": 0}]
     assert "reorder" in by_attack  # the control: clean fine-tuning in another data order
+    # ... which with every row in one batch is the clean fine-tune itself: flagged, not a floor
+    assert by_attack["reorder"]["degenerate"] is True
+    assert by_attack["reorder"]["flip_rate"]["values"] == [0.0]
+    assert any("reorder control reproduced the clean influence run" in w for w in report["warnings"])
     roles = {r["role"] for r in results["training"]}
     assert {"saved", "clean", "reorder"} <= roles
     assert all(r["steps_run"] == (0 if r["role"] == "saved" else 4) for r in results["training"])

@@ -151,6 +151,7 @@ def test_no_perturbation_gives_zero_flips_and_full_structure(digits, protocol):
     assert ("attn", "reinit", 0.1) in keys and ("relu", "pgd", 1e-3) in keys
     pgd = next(s for s in res.summary if s["model"] == "relu" and s["attack"] == "pgd" and s["damping"] == 1e-3)
     assert set(pgd["floors"]) == {"reinit", "random"}
+    assert all(s["degenerate"] is False for s in res.summary if s["attack"] == "reinit")  # another init: a real control
     assert pgd["clean_model_accuracy_on_perturbed_train"]["mean"] is not None
     assert {r["numerator"] for r in res.ratios} == {"attn"}
     assert len(res.sensitivity["by_attack"]) == 2  # pgd and random (none has no radius)

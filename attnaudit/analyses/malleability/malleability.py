@@ -42,9 +42,12 @@ control also draws a new data order). ``lr`` and ``match_loss`` may be given per
 Untrained models: a model whose mean clean training accuracy is below
 1/c + max(0.05, 2 sqrt((1/c)(1 - 1/c)/n_train)) (chance plus a few points, or two binomial
 standard errors) is flagged ``untrained`` and every verdict about it makes no claim. Over seeds we report mean, sample standard deviation
-and a percentile bootstrap interval (seeds resampled with replacement; with few seeds the
-interval is crude and says so by being wide). Model ratios (each model over the first of
-``models``) are bootstrapped pairing the same seeds.
+and Student's t interval (shares such as the flip rate: the variance floored at the binomial
+variance of top-k items, :func:`attnaudit.core.stats.proportion_interval`). Model ratios (each
+model over the first of ``models``) get Fieller's interval pairing the same seeds. A seed
+whose comparison ran on bitwise the inputs of an earlier seed (a deterministic attack on a
+saved model's fixed rows) is a copy, not a replicate: it is counted once
+(:func:`distinct_replicates`), and its influence runs are not computed again.
 
 Cost: seeds x models x (1 + reinit + eps x attacks) trainings and influence computations;
 see :func:`progress_total`. Memory: the data, a handful of models, and the influence
@@ -792,6 +795,48 @@ def _float64_copy(model: nn.Module | Task, device, always: bool = False) -> nn.M
     return replace(model, module=module) if isinstance(model, Task) else module
 
 
+def _tensor_bytes(h, name: str, t: torch.Tensor) -> None:
+    t = t.detach().cpu().contiguous().reshape(-1)
+    h.update(f"{name}|{t.dtype}|{t.numel()}|".encode())
+    if t.numel():
+        h.update(t.view(torch.uint8).numpy().tobytes())
+
+
+def _influence_key(
+    model: nn.Module | Task,
+    rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    config: "MalleabilityConfig",
+    n_classes: int,
+    arch: str,
+) -> str:
+    """sha256 over what one influence run depends on: the model (class, every parameter and
+    buffer, its input mapping), the training rows X with the cell's labels, the test rows, and
+    the estimator's settings (the influence estimators draw no randomness from the cell's seed:
+    their own seed is fixed in :class:`InfluenceConfig`). Equal keys give bitwise-equal results."""
+    import hashlib
+
+    module = model.module if isinstance(model, Task) else model
+    h = hashlib.sha256(f"{type(module).__qualname__}|{arch}|{config.loss}|{n_classes}|".encode())
+    h.update(repr((config.influence_config(), tuple(config.damping))).encode())
+    if isinstance(model, Task):
+        h.update(repr((model.inputs, model.loss.name, model.params)).encode())
+    h.update(repr(module).encode())  # the layer structure (the state dict holds the numbers)
+    for name, t in module.state_dict().items():
+        _tensor_bytes(h, name, t)
+    for name, t in zip(("X", "y", "X_test", "y_test"), rows):
+        _tensor_bytes(h, name, t)
+    return h.hexdigest()
+
+
+def _pair_key(clean: str | None, perturbed: str | None) -> str | None:
+    """The inputs of one clean-vs-perturbed comparison (None when either run has no key)."""
+    if clean is None or perturbed is None:
+        return None
+    import hashlib
+
+    return hashlib.sha256(f"{clean}|{perturbed}".encode()).hexdigest()[:16]
+
+
 def _diag_row(seed, arch, role, res) -> dict:
     d = res.diagnostics
     keys = (
@@ -1092,6 +1137,26 @@ def run_malleability(
     summary, ratios = _aggregate(config, runs, controls, status)
     sensitivity = _sensitivity(config, summary)
     warnings = _warnings(config, training, infl_warnings)
+    for row in summary:
+        if row.get("degenerate"):
+            warnings.append(
+                f"{row['model']}: the {row['attack']} control reproduced the clean influence run bit for bit ("
+                + (
+                    "the data order changes nothing when one batch holds every row: lower --finetune-batch-size"
+                    if config.protocol == "finetune"
+                    else "the other initialisation trained to the same model"
+                )
+                + "), so its flip rate is 0 by construction and is not used as a floor"
+            )
+        if row.get("same_inputs"):
+            again = ", ".join(str(c["seed"]) for c in row["same_inputs"])
+            warnings.append(
+                f"{row['model']}, {row['attack']}"
+                + (f"@{row['eps']:g}" if row["eps"] is not None and row["attack"] != config.control else "")
+                + f": seed(s) {again} ran on bitwise the inputs of seed {row['same_inputs'][0]['as_seed']} (a "
+                "deterministic comparison: the same model, rows and perturbation), so they are counted once; its "
+                f"summary rests on {len(row['seeds'])} distinct replicate(s)"
+            )
     for st in status:
         if st["untrained"]:
             warnings.append(
@@ -1266,6 +1331,10 @@ class _MalleabilityState:
     fixed_models: dict | None
     rebuild: dict
     split: dict | None = None
+    # influence results by the sha256 of everything they depend on (_influence_key): a run on
+    # identical inputs (the static protocol's clean run, or a deterministic attack's, repeated
+    # for every seed) is computed once
+    influence_memo: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.X_train = self.X_train.to(torch.float64)
@@ -1528,18 +1597,30 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
         return recorded(model, X, loss, head, after_loss)
 
     def influences(model, X, tr, seed, arch, role):
-        """Influence vectors per damping, and the absolute dampings they used (None for TracIn)."""
+        """Influence vectors per damping, the absolute dampings they used (None for TracIn), and
+        the key of the run's inputs (None for TracIn, whose checkpoints come from training)."""
         nonlocal t_infl
         t0 = time.perf_counter()
-        res = _influences(model, X, y_train, X_test, y_test, config, n_classes, tr, arch)
+        rows = (X, y_train, X_test, y_test)
+        key = None if config.estimator == "tracin" else _influence_key(model, rows, config, n_classes, arch)
+        earlier = state.influence_memo.get(key) if key is not None else None
+        if earlier is not None:
+            res, first = earlier
+        else:
+            res = _influences(model, X, y_train, X_test, y_test, config, n_classes, tr, arch)
+            if key is not None:
+                state.influence_memo[key] = (res, {"seed": seed, "role": role})
         t_infl += time.perf_counter() - t0
         note(res)
         seen = set()
         for r in res:
             if id(r) not in seen:
-                diags.append(_diag_row(seed, arch, role, r))
+                row = _diag_row(seed, arch, role, r)
+                if earlier is not None:  # bitwise the same inputs: the earlier result, not computed again
+                    row.update(seconds=0.0, same_inputs_as=first)
+                diags.append(row)
                 seen.add(id(r))
-        return [r.total.detach().cpu().numpy() for r in res], [r.damping for r in res]
+        return [r.total.detach().cpu().numpy() for r in res], [r.damping for r in res], key
 
     spec = (
         None
@@ -1570,7 +1651,7 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
         assert spec is not None  # built-in models
         clean_model, clean_tr, clean_row = fit(spec, X_train, X_train, "clean", seed)
         attack_target = clean_model
-    clean_infl, clean_abs = influences(clean_model, X_train, clean_tr, seed, arch, "clean")
+    clean_infl, clean_abs, clean_key = influences(clean_model, X_train, clean_tr, seed, arch, "clean")
     if config.controls:
         control_seed = seed + REINIT_SEED_OFFSET
         if fixed_models and config.protocol == "retrain":
@@ -1583,7 +1664,7 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
             r_model, r_tr, r_row = fit(
                 replace(spec, seed=control_seed), X_train, X_train, config.control, seed, order_seed=control_seed
             )
-        r_infl, r_abs = influences(r_model, X_train, r_tr, seed, arch, config.control)
+        r_infl, r_abs, r_key = influences(r_model, X_train, r_tr, seed, arch, config.control)
         for damping, ci, ri, ca, ra in zip(config.damping, clean_infl, r_infl, clean_abs, r_abs):
             controls.append(
                 {
@@ -1594,6 +1675,9 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
                     "damping_abs": ra,
                     "damping_abs_clean": ca,
                     f"{'data_order' if config.protocol == 'finetune' else 'reinit'}_seed": control_seed,
+                    "inputs_sha256": _pair_key(clean_key, r_key),
+                    # the control reproduced the clean influence run bit for bit: it varied nothing
+                    "same_as_clean": clean_key is not None and r_key == clean_key,
                     **stability_by_k(ci, ri, config.top_ks),
                     "perturbed_test_accuracy": r_row["test_accuracy"],
                     "perturbed_train_loss": r_row["final_loss"],
@@ -1629,7 +1713,7 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
                 p_model, p_tr, p_row = finetune(saved_model[0], ares.X_adv, seed, role, seed, arch)
             else:
                 p_model, p_tr, p_row = clean_model, clean_tr, clean_row
-            p_infl, p_abs = influences(p_model, ares.X_adv, p_tr, seed, arch, role)
+            p_infl, p_abs, p_key = influences(p_model, ares.X_adv, p_tr, seed, arch, role)
             for damping, ci, pi, ca, pa in zip(config.damping, clean_infl, p_infl, clean_abs, p_abs):
                 runs.append(
                     {
@@ -1652,6 +1736,7 @@ def _cell_raw(state: _MalleabilityState, seed: int, arch: str) -> dict:
                         "perturbed_train_loss": p_row["final_loss"] if config.protocol != "static" else None,
                         "clean_train_loss": clean_row["final_loss"],
                         "clean_test_accuracy": clean_row["test_accuracy"],
+                        "inputs_sha256": _pair_key(clean_key, p_key),
                     }
                 )
             if seed == config.seeds[0] and eps == config.eps[0]:
@@ -1714,6 +1799,7 @@ def _aggregate(
                         if r["model"] == model and r["attack"] == attack and r["eps"] == eps and r["damping"] == damping
                     ]
                 rows.sort(key=lambda r: config.seeds.index(r["seed"]))
+                rows, copies = distinct_replicates(rows)
                 entry: dict[str, Any] = {
                     "model": model,
                     "attack": attack,
@@ -1722,6 +1808,10 @@ def _aggregate(
                     "estimator": config.estimator,
                     "seeds": [r["seed"] for r in rows],
                 }
+                if copies:
+                    entry["same_inputs"] = copies
+                if attack == config.control and rows:
+                    entry["degenerate"] = all(r.get("same_as_clean") for r in rows)
                 for metric in _METRICS:
                     entry[metric] = summarize(
                         [r.get(metric) for r in rows], cf, config.top_k if shares.get(metric) else None
@@ -1763,8 +1853,8 @@ def _aggregate(
             floors = {}
             for name, key in sources:
                 other = by_key.get(key)
-                if other is None or get(other)["mean"] is None:
-                    continue
+                if other is None or get(other)["mean"] is None or other.get("degenerate"):
+                    continue  # a control that reproduced the clean run is no floor
                 lo = get(entry)["ci_low"]
                 floors[name] = {
                     "mean": get(other)["mean"],
@@ -1812,6 +1902,27 @@ def _aggregate(
                     }
                 )
     return list(by_key.values()), ratios
+
+
+def distinct_replicates(rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The rows that are independent replicates, and the others as [{"seed", "as_seed"}].
+
+    A seed whose comparison ran on bitwise the inputs of an earlier seed's (the same
+    ``inputs_sha256``: model, clean and perturbed rows, estimator) repeats it exactly -- a
+    deterministic attack on a fixed model and rows varies nothing with the seed -- so it is no
+    second sample: counting it would shrink an interval by sqrt(2) for no new information.
+    Rows without a key (TracIn) are always kept."""
+    first: dict[str, int] = {}
+    kept, copies = [], []
+    for r in rows:
+        key = r.get("inputs_sha256")
+        if key is not None and key in first:
+            copies.append({"seed": r["seed"], "as_seed": first[key]})
+            continue
+        if key is not None:
+            first[key] = r["seed"]
+        kept.append(r)
+    return kept, copies
 
 
 def _at_k(row: dict, k: int, key: str):
