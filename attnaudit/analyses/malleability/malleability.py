@@ -819,7 +819,7 @@ def _influence_key(
     h = hashlib.sha256(f"{type(module).__qualname__}|{arch}|{config.loss}|{n_classes}|".encode())
     h.update(repr((config.influence_config(), tuple(config.damping))).encode())
     if isinstance(model, Task):
-        h.update(repr((model.inputs, model.loss.name, model.params)).encode())
+        h.update(repr((model.inputs, getattr(model.loss, "name", model.loss), model.params)).encode())
     h.update(repr(module).encode())  # the layer structure (the state dict holds the numbers)
     for name, t in module.state_dict().items():
         _tensor_bytes(h, name, t)
