@@ -9,7 +9,9 @@ through the library (the same requests as the command line):
 * ``bert-mini``: a BERT-mini-shaped encoder (4 layers, width 256, 4 heads, sequences padded
   to 128 tokens) trained on the generated review set of examples/text (templated sentences:
   no licence to track; reviews of 5 to 128 tokens, 67 on average) with
-  :func:`attnaudit.core.fit.fit`.
+  :func:`attnaudit.core.fit.fit`; the network at initialization is saved first
+  (``bert-init``), the reference of its kernel movement (a Hugging Face checkpoint records
+  no training recipe, so its ntk-distance has no linearized comparator).
 
 Each stage runs in its own process (its time includes the child's start-up, about 3 s of
 importing torch and transformers), and the peak resident memory printed is the largest of

@@ -73,10 +73,14 @@ class LinearBlock:
     lamA: torch.Tensor | None = None
     lamS: torch.Tensor | None = None
     corrected: torch.Tensor | None = None  # (d_out, d_in + bias): EK-FAC eigenvalues
-    #: where the layer's activations come from: an ``nn.Linear`` module (``"linear"``), or the
-    #: packed input / output projection of the ``nn.MultiheadAttention`` at ``module``
+    #: where the layer's activations come from: an ``nn.Linear`` module (``"linear"``), the
+    #: packed input / output projection of the ``nn.MultiheadAttention`` at ``module``, or an
+    #: ``nn.Embedding`` read as a linear layer on one-hot rows (``"embedding"``; d_in the table's
+    #: rows, d_out its width; the weight is stored transposed, (d_in, d_out); the projected
+    #: estimator only: K-FAC's A would be d_in x d_in)
     source: str = "linear"
     module: str = ""
+    padding_idx: int | None = None  # embedding: the row that never receives a gradient
 
     @property
     def width_in(self) -> int:
@@ -431,9 +435,25 @@ def _capture(
 
         return hook
 
+    def embedding_hook_for(path: str, batch: int):
+        def hook(module, args, out):
+            once(path)
+            ids = args[0]
+            if batch > 1 and ids.dim() >= 1 and ids.shape[0] == 1:
+                # one row of ids for the whole batch (position embeddings), broadcast later: an
+                # expanded output carries each row's own gradient, and the sums it enters are unchanged
+                out = out.expand(batch, *out.shape[1:])
+                ids = ids.expand(batch, *ids.shape[1:])
+            inputs[path], outputs[path] = ids, out
+            return out
+
+        return hook
+
     attention: dict[str, dict[str, LinearBlock]] = {}
     for b in blocks:
-        if b.source in ("linear", "conv2d"):
+        if b.source == "embedding":
+            hooks.append(modules[b.path].register_forward_hook(embedding_hook_for(b.path, int(rows.shape[0]))))
+        elif b.source in ("linear", "conv2d"):
             hooks.append(modules[b.path].register_forward_hook(hook_for(b.path, b.source)))
         else:
             attention.setdefault(b.module, {})[b.source] = b

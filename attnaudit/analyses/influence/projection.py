@@ -156,7 +156,8 @@ def allocate(
 
 class KroneckerProjection:
     """The projection R (P x k) of LoGra / TRAK over an engine's tracked parameters, never
-    formed whole: per covered linear layer P_out (x) P_in (orthonormal, seeded per layer),
+    formed whole: per covered linear layer P_out (x) P_in (orthonormal, seeded per layer; an
+    embedding table is a linear layer on one-hot rows, its gradient the transpose of the table's),
     the other tracked parameters through a :class:`SignProjection` (entries +-1/sqrt(k_other)).
     The projected vector is [layer 1 | layer 2 | ... | other]. ``gram()`` is R^T R
     (the identity on the layers' columns)."""
@@ -200,10 +201,13 @@ class KroneckerProjection:
         # how the other parameters' per-sample gradients are taken (other_grads.OtherPlan), set
         # and verified by the projected estimator on the first rows it projects
         self.other_plan: Any = None
+        # the embedding tables whose columns come from per-sample Jacobians (verified likewise)
+        self.embedding_fallback: frozenset[str] | None = None
 
     def describe(self) -> dict:
         return {
             "layers": {p.block.path: [p.k_out, p.k_in] for p in self.layers},
+            "embeddings": [p.block.path for p in self.layers if p.block.source == "embedding"],
             "other_parameters": self.other_names,
             "other_dim": self.k_other,
             "split": self.split,
@@ -230,7 +234,10 @@ class KroneckerProjection:
         out = torch.empty(m, self.k, dtype=G.dtype, device=G.device)
         for p in self.layers:
             b = p.block
-            W = G[:, p.w_offset : p.w_offset + b.d_out * b.d_in].reshape(m, b.d_out, b.d_in)
+            if b.source == "embedding":  # stored (rows, width): the transpose of a linear weight
+                W = G[:, p.w_offset : p.w_offset + b.d_out * b.d_in].reshape(m, b.d_in, b.d_out).transpose(1, 2)
+            else:
+                W = G[:, p.w_offset : p.w_offset + b.d_out * b.d_in].reshape(m, b.d_out, b.d_in)
             if p.b_offset is not None:
                 W = torch.cat([W, G[:, p.b_offset : p.b_offset + b.d_out, None]], 2)
             out[:, p.col : p.col + p.dim] = self.project_layer(p, W)

@@ -59,6 +59,7 @@ from torch.func import grad, jacrev, vmap
 import attnaudit.analyses.influence.estimators.base as base
 from attnaudit.analyses.influence.kfac import (
     EXACT_COLUMNS_UP_TO,
+    LinearBlock,
     _capture,
     _output_hessian_root,
     _output_tokens,
@@ -92,11 +93,41 @@ def resolve_curvature(curvature: str, n_classes: int) -> str:
     return curvature
 
 
+def embedding_modules(module: torch.nn.Module, names: list[str]) -> list[LinearBlock]:
+    """The ``nn.Embedding`` tables of ``module`` whose weight is tracked, as linear layers on
+    one-hot rows (``source="embedding"``): a row's gradient is sum_t e_{id_t} g_t^T, so its
+    projection sum_t (P_out^T g_t)(P_in[id_t])^T needs the ids and the output gradients
+    only, never the (rows x width) table gradient. Left out (to the other parameters): tables
+    with ``max_norm`` (the forward rewrites rows) or ``scale_grad_by_freq`` (a row's gradient
+    then depends on the batch)."""
+    tracked = set(names)
+    out = []
+    for path, sub in module.named_modules():
+        if type(sub) is not torch.nn.Embedding or sub.max_norm is not None or sub.scale_grad_by_freq:
+            continue
+        weight = f"{path}.weight" if path else "weight"
+        if weight in tracked:
+            out.append(
+                LinearBlock(
+                    path,
+                    weight,
+                    None,
+                    sub.num_embeddings,
+                    sub.embedding_dim,
+                    source="embedding",
+                    padding_idx=sub.padding_idx,
+                )
+            )
+    return out
+
+
 def projection_for(engine: Any, k: int, seed: int = 0, split: str = "layer") -> KroneckerProjection:
-    """The projection of ``engine``'s tracked parameters: the linear layers K-FAC covers (a
-    weight tied to another module goes with the other parameters), the rest signs; ``split``
-    shares k between layers (:func:`~attnaudit.analyses.influence.projection.allocate`)."""
+    """The projection of ``engine``'s tracked parameters: the linear layers K-FAC covers and the
+    embedding tables (:func:`embedding_modules`; a weight tied to another module goes with the
+    other parameters), the rest signs; ``split`` shares k between layers
+    (:func:`~attnaudit.analyses.influence.projection.allocate`)."""
     blocks, _ = linear_modules(engine.module, engine.names)
+    blocks += embedding_modules(engine.module, engine.names)
     tied = set(shared_weights(engine.module, blocks))
     blocks = [b for b in blocks if b.weight not in tied and (b.bias is None or b.bias not in tied)]
     covered = {b.weight for b in blocks} | {b.bias for b in blocks if b.bias}
@@ -126,17 +157,38 @@ def _other_rows(engine: Any, index: torch.Tensor, rows: torch.Tensor, targets: t
     return torch.cat(parts)
 
 
+def _embedding_acts(p: Any, ids: torch.Tensor, B: int, dtype: torch.dtype) -> torch.Tensor:
+    """(B, T, k_in): the projected one-hot rows of an embedding's ids, P_in[id_t] (the one-hot
+    rows themselves when P_in is the identity), zero at ``padding_idx`` (its row gets no gradient)."""
+    ids = ids.reshape(B, -1)
+    if p.P_in is not None:
+        a = p.P_in.to(dtype)[ids]
+    else:
+        a = torch.nn.functional.one_hot(ids, p.block.d_in).to(dtype)
+    if p.block.padding_idx is not None:
+        a = a * (ids != p.block.padding_idx)[..., None].to(dtype)
+    return a
+
+
 def _forward_backward(
-    engine: Any, proj: KroneckerProjection, rows: torch.Tensor, targets: torch.Tensor, ggn: bool, plan: OtherPlan
+    engine: Any,
+    proj: KroneckerProjection,
+    rows: torch.Tensor,
+    targets: torch.Tensor,
+    ggn: bool,
+    plan: OtherPlan,
+    skip: frozenset[str] = frozenset(),
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """One forward pass and c (``ggn``) or 1 backward passes: (logits, dl/df, Phi (B, c', k)
-    with the linear layers' columns filled, {name: (B, c', numel)} for the parameters ``plan``
-    covers). The backward targets are logit j (``ggn``) or the loss (``dl . f``)."""
+    with the layers' columns filled (except the layers at the paths ``skip``), {name: (B, c',
+    numel)} for the parameters ``plan`` covers). The backward targets are logit j (``ggn``) or
+    the loss (``dl . f``). An embedding the forward does not read (text fed as embeddings)
+    has zero gradient: its columns are 0."""
     B, k = rows.shape[0], proj.k
-    blocks = [p.block for p in proj.layers]
+    layers = [p for p in proj.layers if p.block.path not in skip]
     cap = OtherCapture(engine, plan, B) if plan.fast else None
     try:
-        logits, ins, outs = _capture(engine, blocks, rows, cap.overrides if cap else None)
+        logits, ins, outs = _capture(engine, [p.block for p in layers], rows, cap.overrides if cap else None)
     finally:
         if cap is not None:
             cap.remove_hooks()
@@ -145,20 +197,29 @@ def _forward_backward(
     n_cols = logits.shape[1] if ggn else 1
     Phi = torch.empty(B, n_cols, k, dtype=logits.dtype, device=logits.device)
     acts = {}
-    for p in proj.layers:
-        a = _tokens(ins[p.block.path].detach(), B)
-        if p.block.bias:
-            a = torch.cat([a, torch.ones(*a.shape[:2], 1, dtype=a.dtype, device=a.device)], 2)
-        acts[p.block.path] = a @ p.P_in if p.P_in is not None else a  # (B, T, k_in)
-    out_list = [outs[b.path] for b in blocks]
+    for p in list(layers):
+        if p.block.path not in ins:  # an embedding never read: no gradient
+            Phi[:, :, p.col : p.col + p.dim] = 0.0
+            layers.remove(p)
+        elif p.block.source == "embedding":
+            acts[p.block.path] = _embedding_acts(p, ins[p.block.path], B, logits.dtype)
+        else:
+            a = _tokens(ins[p.block.path].detach(), B)
+            if p.block.bias:
+                a = torch.cat([a, torch.ones(*a.shape[:2], 1, dtype=a.dtype, device=a.device)], 2)
+            acts[p.block.path] = a @ p.P_in if p.P_in is not None else a  # (B, T, k_in)
+    out_list = [outs[p.block.path] for p in layers]
     extra = cap.targets() if cap is not None else []
     other: dict[str, list[torch.Tensor]] = {}
     if out_list or extra:
         for j in range(n_cols):
             target = logits[:, j].sum() if ggn else (logits * dl).sum()
             grads = torch.autograd.grad(target, out_list + extra, retain_graph=j + 1 < n_cols, allow_unused=True)
-            for p, g in zip(proj.layers, grads):
-                assert g is not None  # a captured layer output is on the path to the logits
+            for p, g in zip(layers, grads):
+                if g is None:  # an embedding whose output does not reach the logits
+                    assert p.block.source == "embedding"  # a captured linear layer's output always does
+                    Phi[:, j, p.col : p.col + p.dim] = 0.0
+                    continue
                 s = _output_tokens(p.block, g.detach(), B)
                 if p.P_out is not None:
                     s = s @ p.P_out  # (B, T, k_out)
@@ -189,12 +250,63 @@ def _generic_rows(
     return _other_rows(engine, index, rows, targets, ggn)
 
 
+def _layer_rows_generic(
+    engine: Any, proj: KroneckerProjection, p: Any, rows: torch.Tensor, targets: torch.Tensor, ggn: bool
+) -> torch.Tensor:
+    """(B, c', k_out k_in): layer ``p``'s projected columns from per-sample Jacobians over its
+    weight (``vmap(jacrev)``), the route an embedding takes when its ids cannot be used."""
+    b = p.block
+    index = torch.arange(p.w_offset, p.w_offset + b.d_in * b.d_out, device=engine.theta.device)
+    J = _other_rows(engine, index, rows, targets, ggn)  # (B, c', rows x width), the table's layout
+    B, n_cols = J.shape[0], J.shape[1]
+    W = J.reshape(B * n_cols, b.d_in, b.d_out).transpose(1, 2)
+    return proj.project_layer(p, W).reshape(B, n_cols, -1)
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, tol: float) -> bool:
+    return a.shape == b.shape and float((a - b).abs().max()) <= tol * (1.0 + float(b.abs().max()))
+
+
+def verify_embeddings(
+    engine: Any, proj: KroneckerProjection, rows: torch.Tensor, targets: torch.Tensor, ggn: bool
+) -> frozenset[str]:
+    """The embedding layers of ``proj`` whose columns must come from per-sample Jacobians: each
+    table's columns from its ids and output gradients are compared on ``rows`` (two are enough)
+    with the projection of its per-sample Jacobians, and the logits with the plain forward's; a
+    table that fails (other numbers, an error: read twice per forward, ids not batched) is listed."""
+    tables = [p for p in proj.layers if p.block.source == "embedding"]
+    if not tables:
+        return frozenset()
+    with torch.no_grad():
+        reference = engine.apply(engine.theta.detach(), rows)
+    tol = 1e-8 if engine.dtype == torch.float64 else 1e-3
+    failed = set()
+    for p in tables:
+        others = frozenset(q.block.path for q in proj.layers if q is not p)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                logits, _, Phi, _ = _forward_backward(engine, proj, rows, targets, ggn, OtherPlan(), skip=others)
+        except Exception:  # noqa: BLE001 - any failure of the structure sends the table to the Jacobian route
+            failed.add(p.block.path)
+            continue
+        truth = _layer_rows_generic(engine, proj, p, rows, targets, ggn)
+        if not (_close(logits, reference, tol) and _close(Phi[..., p.col : p.col + p.dim], truth, tol)):
+            failed.add(p.block.path)
+    return frozenset(failed)
+
+
 #: largest batched copy (B x numel elements) the plan makes of a parameter
 BATCHED_COPY_ELEMENTS = 2**24
 
 
 def verify_plan(
-    engine: Any, proj: KroneckerProjection, rows: torch.Tensor, targets: torch.Tensor, ggn: bool
+    engine: Any,
+    proj: KroneckerProjection,
+    rows: torch.Tensor,
+    targets: torch.Tensor,
+    ggn: bool,
+    skip: frozenset[str] = frozenset(),
 ) -> OtherPlan:
     """The structural plan for ``proj``'s other parameters, checked on ``rows`` (two are enough)
     against per-sample Jacobians; what fails (an error, other logits, other rows) is generic."""
@@ -218,14 +330,14 @@ def verify_plan(
     tol = 1e-8 if engine.dtype == torch.float64 else 1e-3
 
     def close(a: torch.Tensor, b: torch.Tensor) -> bool:
-        return a.shape == b.shape and float((a - b).abs().max()) <= tol * (1.0 + float(b.abs().max()))
+        return _close(a, b, tol)
 
     def attempt(candidate: OtherPlan) -> tuple[torch.Tensor, dict[str, torch.Tensor]] | None:
         try:
             # a candidate's misuse of a copy may warn before it fails: not the user's concern
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                logits, _, _, got = _forward_backward(engine, proj, rows, targets, ggn, candidate)
+                logits, _, _, got = _forward_backward(engine, proj, rows, targets, ggn, candidate, skip)
         except Exception:  # noqa: BLE001 - a copy the forward cannot take (any error) rules the candidate out
             return None
         return (logits, got) if close(logits, reference) else None
@@ -267,10 +379,18 @@ def projected_rows(
     first rows a projection sees); any other parameter through per-sample Jacobians."""
     ggn = curvature == "ggn"
     with engine.context(), torch.enable_grad():
+        if proj.embedding_fallback is None:
+            proj.embedding_fallback = verify_embeddings(engine, proj, rows[:2], targets[:2], ggn)
+        skip = proj.embedding_fallback
         if proj.other_plan is None:
-            proj.other_plan = verify_plan(engine, proj, rows[:2], targets[:2], ggn) if proj.k_other else OtherPlan()
+            proj.other_plan = (
+                verify_plan(engine, proj, rows[:2], targets[:2], ggn, skip) if proj.k_other else OtherPlan()
+            )
         plan = proj.other_plan
-        logits, dl, Phi, fast = _forward_backward(engine, proj, rows, targets, ggn, plan)
+        logits, dl, Phi, fast = _forward_backward(engine, proj, rows, targets, ggn, plan, skip)
+        for p in proj.layers:
+            if p.block.path in skip:
+                Phi[:, :, p.col : p.col + p.dim] = _layer_rows_generic(engine, proj, p, rows, targets, ggn)
         if proj.k_other:
             B, n_cols = Phi.shape[0], Phi.shape[1]
             J = torch.empty(B, n_cols, int(proj.other_index.numel()), dtype=Phi.dtype, device=Phi.device)
@@ -458,6 +578,13 @@ class Projected(base.Estimator):
             # passes (LayerNorm, broadcast parameters; verified) or from per-sample Jacobians
             "other_parameters_from_backward": proj.other_plan.fast if proj.other_plan is not None else None,
             "other_parameters_by_jacobian": proj.other_plan.generic if proj.other_plan is not None else None,
+            # embedding tables projected from their ids and output gradients, and those verification sent to Jacobians
+            "embeddings_from_ids": [
+                p.block.path
+                for p in proj.layers
+                if p.block.source == "embedding" and p.block.path not in (proj.embedding_fallback or ())
+            ],
+            "embeddings_by_jacobian": sorted(proj.embedding_fallback or ()),
             "curvature": curvature,
             "hessian_vector_products": 0,
             "backward_passes_per_chunk": cols,

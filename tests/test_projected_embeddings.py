@@ -1,0 +1,144 @@
+"""The projected estimator reads embedding tables as linear layers on one-hot rows.
+
+A row's gradient of a table E (V, d) is sum_t e_{id_t} g_t^T (zero at ``padding_idx``), so its
+projection needs the ids and the output gradients only. Truths: at k >= P (identity
+projections) the projected influence is exact Gauss-Newton influence, computed by the
+``exact`` estimator from dense autograd Hessian columns; at k < P, the same projection R
+applied to full per-sample gradients from ``vmap(jacrev)`` (``fast_path=False``), which never
+looks at ids. A table read twice per forward cannot be captured once: verification sends it to
+the Jacobian route, and the numbers stay exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from attnaudit.analyses.influence.estimators import projected as pj
+from attnaudit.analyses.influence.influence import InfluenceConfig, compute_influence
+from attnaudit.core.engine import Engine
+from attnaudit.core.task import Inputs, Task
+from hf_models import tiny_bert
+
+F64 = torch.float64
+DAMPING = 0.01
+V, L = 9, 7
+
+
+class _BagOfTokens(nn.Module):
+    """Word table with a padding row, a position table read with one row of ids for the whole
+    batch (broadcast, as BERT reads its position embeddings), a mean over positions, a linear head."""
+
+    def __init__(self, twice: bool = False):
+        super().__init__()
+        g = torch.Generator().manual_seed(4)
+        self.words = nn.Embedding(V, 4, padding_idx=0, dtype=F64)
+        self.positions = nn.Embedding(L, 4, dtype=F64)
+        self.head = nn.Linear(4, 3, dtype=F64)
+        self.twice = twice
+        with torch.no_grad():
+            self.words.weight.copy_(torch.randn(V, 4, generator=g, dtype=F64))
+            self.words.weight[0].zero_()
+
+    def forward(self, ids):
+        pos = torch.arange(ids.shape[1], device=ids.device)[None, :]
+        h = self.words(ids) + self.positions(pos)
+        if self.twice:  # the table read a second time: one capture cannot hold both reads
+            h = h + 0.5 * self.words(ids.flip(1))
+        # the mean over every position reads the padding too: its output gradient is not zero,
+        # and only padding_idx keeps the padding row's gradient at 0
+        return self.head(torch.tanh(h).mean(1))
+
+
+def _tokens(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, V, (n, L), generator=g)
+    lengths = torch.randint(2, L + 1, (n,), generator=g)
+    for i, k in enumerate(lengths.tolist()):
+        ids[i, k:] = 0  # trailing padding
+    return ids.to(F64), torch.randint(0, 3, (n,), generator=g)
+
+
+def _influence(model, X, y, Xt, yt, estimator, inputs, **kw):
+    task = Task(model, 3, "ce", inputs, "all")
+    cfg = InfluenceConfig(estimator=estimator, damping=DAMPING, per_test=True, params="all", curvature="ggn", **kw)
+    return compute_influence(task, X, y, Xt, yt, cfg)
+
+
+def _rel(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    pj.clear_row_cache()
+    yield
+    pj.clear_row_cache()
+
+
+@pytest.mark.parametrize("twice", [False, True])
+def test_tables_at_full_dimension_give_exact_ggn_influence(twice):
+    model = _BagOfTokens(twice)
+    X, y = _tokens(24, 0)
+    Xt, yt = _tokens(5, 1)
+    inputs = Inputs(kind="tokens")
+    exact = _influence(model, X, y, Xt, yt, "exact", inputs)
+    P = sum(p.numel() for p in model.parameters())
+    res = _influence(model, X, y, Xt, yt, "projected", inputs, proj_dim=P + 5)
+    assert _rel(res.per_test, exact.per_test) < 1e-10
+    d = res.diagnostics
+    if twice:  # verification caught the second read: the word table takes the Jacobian route
+        assert d["embeddings_by_jacobian"] == ["words"] and d["embeddings_from_ids"] == ["positions"]
+    else:
+        assert d["embeddings_from_ids"] == ["words", "positions"] and d["embeddings_by_jacobian"] == []
+    assert d["other_parameters_by_jacobian"] == []
+
+
+def test_compressed_tables_equal_the_projection_of_full_per_sample_gradients():
+    model = _BagOfTokens()
+    X, y = _tokens(30, 2)
+    Xt, yt = _tokens(4, 3)
+    inputs = Inputs(kind="tokens")
+    fast = _influence(model, X, y, Xt, yt, "projected", inputs, proj_dim=24)
+    layout = fast.diagnostics["projection_layout"]
+    assert layout["embeddings"] == ["words", "positions"]
+    assert layout["layers"]["words"][1] < V  # the table's rows are compressed: P_in is not the identity
+    full = _influence(model, X, y, Xt, yt, "projected", inputs, proj_dim=24, fast_path=False)
+    assert _rel(fast.per_test, full.per_test) < 1e-10
+
+
+def test_projected_rows_of_a_table_are_the_dense_projection_by_hand():
+    """Row by row: R^T of the per-sample gradient autograd gives (the table's rows, padding row zero)."""
+    model = _BagOfTokens()
+    X, y = _tokens(6, 5)
+    task = Task(model, 3, "ce", Inputs(kind="tokens"), "all")
+    eng = Engine(task, dtype=F64)
+    proj = pj.projection_for(eng, 40, seed=1)
+    R = proj.dense()
+    T = torch.nn.functional.one_hot(y, 3).to(F64)
+    Psi, r = pj.projected_rows(eng, proj, eng.rows(X), T, "empirical")
+    for i in range(X.shape[0]):
+        model.zero_grad()
+        out = model(X[i : i + 1].long())
+        nn.functional.cross_entropy(out, y[i : i + 1], reduction="sum").backward()
+        assert float(model.words.weight.grad[0].abs().max()) == 0.0  # the padding row
+        g = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        assert torch.allclose(r[i], g @ R, rtol=1e-10, atol=1e-12)
+
+
+def test_a_hugging_face_bert_projects_its_three_tables_from_ids():
+    pytest.importorskip("transformers")
+    from attnaudit.models.hf import HFSequenceClassifier
+
+    bert = tiny_bert(11, layers=1, max_positions=L, pad_token_id=0).double()
+    wrapper = HFSequenceClassifier(bert, pad_token_id=0, trim_padding=True)
+    inputs = Inputs(kind="tokens", keyword="input_ids")
+    ids, y = _tokens(20, 6)
+    ids = ids.clamp(max=10)
+    Xt, yt = _tokens(4, 7)
+    res = _influence(wrapper, ids, y, Xt, yt, "projected", inputs, proj_dim=64)
+    tables = {"word_embeddings", "position_embeddings", "token_type_embeddings"}
+    got = {path.rsplit(".", 1)[-1] for path in res.diagnostics["embeddings_from_ids"]}
+    assert got == tables and res.diagnostics["embeddings_by_jacobian"] == []
+    full = _influence(wrapper, ids, y, Xt, yt, "projected", inputs, proj_dim=64, fast_path=False)
+    assert _rel(res.per_test, full.per_test) < 1e-9
