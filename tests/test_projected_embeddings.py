@@ -10,6 +10,8 @@ the Jacobian route, and the numbers stay exact."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch import nn
@@ -18,6 +20,7 @@ from attnaudit.analyses.influence.estimators import projected as pj
 from attnaudit.analyses.influence.influence import InfluenceConfig, compute_influence
 from attnaudit.core.engine import Engine
 from attnaudit.core.task import Inputs, Task
+from attnaudit.errors import AuditError
 from hf_models import tiny_bert
 
 F64 = torch.float64
@@ -142,3 +145,41 @@ def test_a_hugging_face_bert_projects_its_three_tables_from_ids():
     assert got == tables and res.diagnostics["embeddings_by_jacobian"] == []
     full = _influence(wrapper, ids, y, Xt, yt, "projected", inputs, proj_dim=64, fast_path=False)
     assert _rel(res.per_test, full.per_test) < 1e-9
+
+
+class _BigTable(nn.Module):
+    """A 20,000-row word table and a linear head: 160,000 of 160,027 parameters in the table."""
+
+    def __init__(self):
+        super().__init__()
+        self.words = nn.Embedding(20_000, 8, dtype=F64)
+        self.head = nn.Linear(8, 3, dtype=F64)
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.words(ids)).mean(1))
+
+
+def test_the_planner_counts_the_projection_it_builds_not_galerkins_blocks():
+    """Sized before: 2 x 64 P numbers (galerkin's blocks of R, 164 MB here) for every curvature;
+    now the factors the projection holds (and a sign block for other parameters, none here)."""
+    model = _BigTable()
+    g = torch.Generator().manual_seed(8)
+    X = torch.randint(0, 20_000, (24, 6), generator=g).to(F64)
+    y = torch.randint(0, 3, (24,), generator=g)
+    inputs = Inputs(kind="tokens")
+    res = _influence(model, X[:20], y[:20], X[20:], y[20:], "projected", inputs, proj_dim=64, memory_budget_mb=32)
+    layout = res.diagnostics["projection_layout"]
+    sizes = {"words": (20_000, 8), "head": (9, 3)}  # (w_in, d_out): the table's rows; the head's inputs and bias
+    by_hand = 0
+    for path, (k_out, k_in) in layout["layers"].items():
+        w_in, d_out = sizes[path]
+        by_hand += (w_in * k_in if k_in < w_in else 0) + (d_out * k_out if k_out < d_out else 0)
+    task = Task(model, 3, "ce", inputs, "all")
+    est = pj.Projected()
+    cfg = InfluenceConfig(estimator="projected", proj_dim=64, params="all", curvature="ggn")
+    assert est.factor_bytes(Engine(task, dtype=F64), cfg) == by_hand * 8 < 32 * 2**20
+    P = sum(p.numel() for p in model.parameters())
+    galerkin = InfluenceConfig(estimator="projected", proj_dim=64, params="all", curvature="galerkin")
+    assert est.factor_bytes(Engine(task, dtype=F64), galerkin) == 2 * 64 * P * 8  # 164 MB: refused at 32 MB
+    with pytest.raises(AuditError, match="memory budget"):
+        compute_influence(task, X[:20], y[:20], X[20:], y[20:], replace(galerkin, memory_budget_mb=32))

@@ -468,15 +468,36 @@ class Projected(base.Estimator):
     # a cached-feature fast path is fine: its engine's linear layers (an nn.Linear head) are found the same way
     budget_hint = "lower --proj-dim, or use --estimator ekfac"
 
+    def factor_bytes(self, engine: Any, config: Any = None) -> int:
+        """The projection's own structures, measured on the engine: galerkin, two column blocks of
+        R and H R (2 x 64 P numbers); otherwise the layers' orthonormal factors P_in, P_out and one
+        64-column block of the sign projection of the other parameters (with its int8 signs).
+        Without ``config``: the largest of the two."""
+        itemsize = engine.theta.element_size()
+        galerkin = 2 * 64 * engine.n_params * itemsize
+        if config is None:
+            return galerkin
+        if resolve_curvature(config.curvature, engine.n_classes) == "galerkin":
+            return galerkin
+        proj = projection_for(engine, int(config.proj_dim), seed=config.seed, split=config.proj_split)
+        factors = sum(
+            (p.P_in.numel() if p.P_in is not None else 0) + (p.P_out.numel() if p.P_out is not None else 0)
+            for p in proj.layers
+        )
+        signs = proj.other.P * min(proj.other.block, proj.other.k) if proj.other is not None else 0
+        return factors * itemsize + signs * (itemsize + 1)
+
     def memory_parts(self, query: base.MemoryQuery) -> dict[str, int]:
-        # F (or R^T H R), R^T R and one eigendecomposition (3 k^2); galerkin: two column blocks of R and H R (2 x 64 P)
+        # F (or R^T H R), R^T R and one eigendecomposition (3 k^2), and the projection's own
+        # structures (factor_bytes; not measured: galerkin's two column blocks, 2 x 64 P, the larger)
         P = query.n_params
         kp = min(query.proj_dim, P)
         # the projected training gradients (n x k) and the row cache (n x (c + 1) x k, bounded)
         cached = query.n_train * (max(query.n_classes, 1) + 1) * kp * query.itemsize
         rows = query.n_train * kp * query.itemsize + (min(cached, ROW_CACHE_BYTES) if ROW_CACHE_BYTES > 0 else 0)
+        structures = query.factor_bytes if query.factor_bytes else 2 * 64 * P * query.itemsize
         return {
-            "projected_curvature": (3 * kp**2 + 2 * 64 * P) * query.itemsize,
+            "projected_curvature": 3 * kp**2 * query.itemsize + structures,
             "projected_rows": rows,
         }
 
