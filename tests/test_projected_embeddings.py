@@ -22,6 +22,7 @@ from attnaudit.core.engine import Engine
 from attnaudit.core.task import Inputs, Task
 from attnaudit.errors import AuditError
 from hf_models import tiny_bert
+from test_projected_logra import _fresh_cache, _rel  # noqa: F401 - the autouse fixture clears the row cache here too
 
 F64 = torch.float64
 DAMPING = 0.01
@@ -66,17 +67,6 @@ def _influence(model, X, y, Xt, yt, estimator, inputs, **kw):
     task = Task(model, 3, "ce", inputs, "all")
     cfg = InfluenceConfig(estimator=estimator, damping=DAMPING, per_test=True, params="all", curvature="ggn", **kw)
     return compute_influence(task, X, y, Xt, yt, cfg)
-
-
-def _rel(a, b):
-    return float((a - b).norm() / b.norm())
-
-
-@pytest.fixture(autouse=True)
-def _fresh_cache():
-    pj.clear_row_cache()
-    yield
-    pj.clear_row_cache()
 
 
 @pytest.mark.parametrize("twice", [False, True])
