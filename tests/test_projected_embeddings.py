@@ -173,3 +173,20 @@ def test_the_planner_counts_the_projection_it_builds_not_galerkins_blocks():
     assert est.factor_bytes(Engine(task, dtype=F64), galerkin) == 2 * 64 * P * 8  # 164 MB: refused at 32 MB
     with pytest.raises(AuditError, match="memory budget"):
         compute_influence(task, X[:20], y[:20], X[20:], y[20:], replace(galerkin, memory_budget_mb=32))
+
+
+def test_the_planner_sizes_a_row_by_what_the_projection_holds_not_p():
+    """A chunk holds c' x (k + other parameters) numbers per row, not the P-wide gradient: at a
+    7 MB budget (about 5.5 MB taken before any chunk, most of it P-wide test gradients) the
+    160,027-parameter model (2.6 MB per row for two P-wide gradient blocks) was refused; now it
+    runs in one chunk, with the numbers of one row at a time."""
+    model = _BigTable()
+    g = torch.Generator().manual_seed(9)
+    X = torch.randint(0, 20_000, (24, 6), generator=g).to(F64)
+    y = torch.randint(0, 3, (24,), generator=g)
+    inputs = Inputs(kind="tokens")
+    small = _influence(model, X[:20], y[:20], X[20:], y[20:], "projected", inputs, proj_dim=64, memory_budget_mb=7)
+    assert small.diagnostics["chunk_size"] >= 20  # every training row in one chunk
+    one = _influence(model, X[:20], y[:20], X[20:], y[20:], "projected", inputs, proj_dim=64, chunk_size=1)
+    assert one.diagnostics["chunk_size"] == 1
+    assert _rel(small.per_test, one.per_test) < 1e-12

@@ -683,7 +683,7 @@ def _plan(config: InfluenceConfig, view: _View, P: int, X_train, n_train: int, n
     factors = estimator_class(est)().factor_bytes(view.engine, config)
     # the per-sample gradient block a chunk holds: all P, or one layer's for an estimator that
     # never forms all-parameter gradients (K-FAC's layer-wise fit and scores; not with fast_path=False)
-    per_row = estimator_class(est)().gradient_params_per_row(view.engine, X_train) if config.fast_path else P
+    per_row = estimator_class(est)().gradient_params_per_row(view.engine, X_train, config) if config.fast_path else P
 
     def estimate(chunk: int) -> dict:
         return influence_memory(

@@ -167,11 +167,12 @@ class Estimator:
         InfluenceConfig ``config`` (None: the largest any config needs; 0: no factors)."""
         return 0
 
-    def gradient_params_per_row(self, engine: Engine, rows: Any = None) -> int:
+    def gradient_params_per_row(self, engine: Engine, rows: Any = None, config: Any = None) -> int:
         """Numbers (of the engine's dtype) one training row holds at once while the estimator
         runs, beyond its autograd graph (sizes the planner's gradient chunk): its per-sample
         gradients over all P by default. ``rows``: training rows, for an estimator whose
-        working set depends on them (tokens per row)."""
+        working set depends on them (tokens per row); ``config``: the InfluenceConfig, for one
+        whose working set depends on its settings (None: the largest any needs)."""
         return engine.n_params
 
     def check_budget(self, n_params: int, max_exact_params: int, itemsize: int = 8) -> None:

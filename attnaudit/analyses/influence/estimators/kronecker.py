@@ -49,7 +49,7 @@ class KFAC(Estimator):
     def memory_parts(self, query: MemoryQuery) -> dict[str, int]:
         return {"kronecker_factors": int(query.factor_bytes)}
 
-    def gradient_params_per_row(self, engine, rows=None) -> int:
+    def gradient_params_per_row(self, engine, rows=None, config=None) -> int:
         """One layer's (:func:`~attnaudit.analyses.influence.kfac.gradient_entries_per_row`),
         all P when K-FAC streams per-sample gradients over everything; with ``rows``, plus what
         the fit and the scores capture per row over every covered layer

@@ -70,7 +70,7 @@ from attnaudit.analyses.influence.kfac import (
 )
 from attnaudit.analyses.influence.other_grads import OtherCapture, OtherPlan, plan_other
 from attnaudit.analyses.influence.projection import KroneckerProjection, SignProjection
-from attnaudit.core.engine import JACOBIAN_ROWS, ranges
+from attnaudit.core.engine import JACOBIAN_ROWS, JACOBIAN_TRANSIENT, ranges
 from attnaudit.errors import AuditError
 
 __all__ = ["CACHED_MODELS", "ROW_CACHE_BYTES", "Projected", "clear_row_cache", "projected_rows", "projection_for"]
@@ -486,6 +486,21 @@ class Projected(base.Estimator):
         )
         signs = proj.other.P * min(proj.other.block, proj.other.k) if proj.other is not None else 0
         return factors * itemsize + signs * (itemsize + 1)
+
+    def gradient_params_per_row(self, engine: Any, rows: Any = None, config: Any = None) -> int:
+        """A row's working set: Phi (c' x k) and the other parameters' rows (c' x n_other), those
+        the structures do not cover formed by per-sample Jacobians (about JACOBIAN_TRANSIENT times
+        their size while formed); never the P-wide gradient, except for galerkin (R applied to
+        full per-sample gradients) and without ``config``."""
+        if config is None:
+            return engine.n_params
+        curvature = resolve_curvature(config.curvature, engine.n_classes)
+        if curvature == "galerkin":
+            return engine.n_params
+        proj = projection_for(engine, int(config.proj_dim), seed=config.seed, split=config.proj_split)
+        cols = engine.n_classes if curvature == "ggn" else 1
+        n_other = int(proj.other_index.numel())
+        return cols * (proj.k + (1 + JACOBIAN_TRANSIENT) * n_other)
 
     def memory_parts(self, query: base.MemoryQuery) -> dict[str, int]:
         # F (or R^T H R), R^T R and one eigendecomposition (3 k^2), and the projection's own
