@@ -190,3 +190,16 @@ def test_the_planner_sizes_a_row_by_what_the_projection_holds_not_p():
     one = _influence(model, X[:20], y[:20], X[20:], y[20:], "projected", inputs, proj_dim=64, chunk_size=1)
     assert one.diagnostics["chunk_size"] == 1
     assert _rel(small.per_test, one.per_test) < 1e-12
+
+
+def test_per_test_influence_holds_k_wide_test_columns_not_p_wide():
+    """40 test columns of P numbers would be 51 MB; the projected test side holds k each."""
+    model = _BigTable()
+    g = torch.Generator().manual_seed(10)
+    X = torch.randint(0, 20_000, (60, 6), generator=g).to(F64)
+    y = torch.randint(0, 3, (60,), generator=g)
+    res = _influence(
+        model, X[:20], y[:20], X[20:], y[20:], "projected", Inputs(kind="tokens"), proj_dim=64, memory_budget_mb=8
+    )
+    assert res.per_test.shape == (20, 40)
+    assert res.diagnostics["memory_estimate_bytes"]["total"] < 8 * 2**20

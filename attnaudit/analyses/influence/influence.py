@@ -624,16 +624,17 @@ def influence_memory(
     proj_dim: int = 0,
     n_classes: int = 0,
     gradient_params: int | None = None,
+    test_params: int | None = None,
 ) -> dict:
     """Bytes the estimator holds at its peak.
 
     The estimator's own structures (:meth:`Estimator.memory_parts`; every registered
     estimator's keys are present, 0 for the others): exact / last-layer: Hessian +
     eigenvectors 2 P^2; cg: 4 P k vectors; kfac / ekfac: ``factor_bytes``; projected:
-    3 k^2 + 128 P and its projected rows (n_train k, and the row cache's n_train (c + 1) k up
+    3 k^2 and the projection's structures (``factor_bytes``; unmeasured: Galerkin's 128 P) and its projected rows (n_train k, and the row cache's n_train (c + 1) k up
     to ``ROW_CACHE_BYTES``). ``gradient_chunk``: chunk x ``gradient_params`` per-sample
     gradient entries (default P; K-FAC: its largest layer). Always the transformed test
-    gradients P k, one chunk of per-sample
+    gradients P k (``test_params`` instead of P: projected, k), one chunk of per-sample
     gradients chunk x P and the output n_train x k (k = n_test if per_test else 1, times the
     number of dampings for an estimator that uses damping); ``activations``: the model's own
     activations for one chunk, from ``activation_bytes_per_sample`` (measured by the engine
@@ -657,7 +658,7 @@ def influence_memory(
     parts.update(est().memory_parts(query))
     parts.update(
         {
-            "transformed_test_gradients": P * k * itemsize,
+            "transformed_test_gradients": (P if test_params is None else test_params) * k * itemsize,
             "gradient_chunk": rows * (P if gradient_params is None else gradient_params) * itemsize,
             "activations": rows * int(activation_bytes_per_sample),
             "influence_output": n_train * k * itemsize,
@@ -684,6 +685,7 @@ def _plan(config: InfluenceConfig, view: _View, P: int, X_train, n_train: int, n
     # the per-sample gradient block a chunk holds: all P, or one layer's for an estimator that
     # never forms all-parameter gradients (K-FAC's layer-wise fit and scores; not with fast_path=False)
     per_row = estimator_class(est)().gradient_params_per_row(view.engine, X_train, config) if config.fast_path else P
+    test_params = estimator_class(est)().test_gradient_params(view.engine, config) if config.fast_path else P
 
     def estimate(chunk: int) -> dict:
         return influence_memory(
@@ -701,6 +703,7 @@ def _plan(config: InfluenceConfig, view: _View, P: int, X_train, n_train: int, n
             config.proj_dim,
             view.engine.n_classes,
             per_row,
+            test_params,
         )
 
     mem = estimate(config.chunk_size)

@@ -175,6 +175,11 @@ class Estimator:
         whose working set depends on its settings (None: the largest any needs)."""
         return engine.n_params
 
+    def test_gradient_params(self, engine: Engine, config: Any = None) -> int:
+        """Numbers per test column the estimator's transformed test gradients hold: P by default
+        (H^-1 g_test over every parameter)."""
+        return engine.n_params
+
     def check_budget(self, n_params: int, max_exact_params: int, itemsize: int = 8) -> None:
         """Refuse, with an AuditError, a parameter count the estimator cannot handle."""
 

@@ -502,6 +502,13 @@ class Projected(base.Estimator):
         n_other = int(proj.other_index.numel())
         return cols * (proj.k + (1 + JACOBIAN_TRANSIENT) * n_other)
 
+    def test_gradient_params(self, engine: Any, config: Any = None) -> int:
+        """The test side is projected like the training rows (k numbers per test column), except
+        for galerkin and without ``config`` (P)."""
+        if config is None or resolve_curvature(config.curvature, engine.n_classes) == "galerkin":
+            return engine.n_params
+        return projection_for(engine, int(config.proj_dim), seed=config.seed, split=config.proj_split).k
+
     def memory_parts(self, query: base.MemoryQuery) -> dict[str, int]:
         # F (or R^T H R), R^T R and one eigendecomposition (3 k^2), and the projection's own
         # structures (factor_bytes; not measured: galerkin's two column blocks, 2 x 64 P, the larger)
