@@ -149,13 +149,17 @@ class _BigTable(nn.Module):
         return self.head(torch.tanh(self.words(ids)).mean(1))
 
 
+def _table_rows(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """n rows of 6 token ids into the 20,000-row table, and their labels."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 20_000, (n, 6), generator=g).to(F64), torch.randint(0, 3, (n,), generator=g)
+
+
 def test_the_planner_counts_the_projection_it_builds_not_galerkins_blocks():
     """Sized before: 2 x 64 P numbers (galerkin's blocks of R, 164 MB here) for every curvature;
     now the factors the projection holds (and a sign block for other parameters, none here)."""
     model = _BigTable()
-    g = torch.Generator().manual_seed(8)
-    X = torch.randint(0, 20_000, (24, 6), generator=g).to(F64)
-    y = torch.randint(0, 3, (24,), generator=g)
+    X, y = _table_rows(24, 8)
     inputs = Inputs(kind="tokens")
     res = _influence(model, X[:20], y[:20], X[20:], y[20:], "projected", inputs, proj_dim=64, memory_budget_mb=32)
     layout = res.diagnostics["projection_layout"]
@@ -181,9 +185,7 @@ def test_the_planner_sizes_a_row_by_what_the_projection_holds_not_p():
     160,027-parameter model (2.6 MB per row for two P-wide gradient blocks) was refused; now it
     runs in one chunk, with the numbers of one row at a time."""
     model = _BigTable()
-    g = torch.Generator().manual_seed(9)
-    X = torch.randint(0, 20_000, (24, 6), generator=g).to(F64)
-    y = torch.randint(0, 3, (24,), generator=g)
+    X, y = _table_rows(24, 9)
     inputs = Inputs(kind="tokens")
     small = _influence(model, X[:20], y[:20], X[20:], y[20:], "projected", inputs, proj_dim=64, memory_budget_mb=7)
     assert small.diagnostics["chunk_size"] >= 20  # every training row in one chunk
@@ -195,9 +197,7 @@ def test_the_planner_sizes_a_row_by_what_the_projection_holds_not_p():
 def test_per_test_influence_holds_k_wide_test_columns_not_p_wide():
     """40 test columns of P numbers would be 51 MB; the projected test side holds k each."""
     model = _BigTable()
-    g = torch.Generator().manual_seed(10)
-    X = torch.randint(0, 20_000, (60, 6), generator=g).to(F64)
-    y = torch.randint(0, 3, (60,), generator=g)
+    X, y = _table_rows(60, 10)
     res = _influence(
         model, X[:20], y[:20], X[20:], y[20:], "projected", Inputs(kind="tokens"), proj_dim=64, memory_budget_mb=8
     )
