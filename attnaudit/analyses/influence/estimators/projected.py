@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+from torch.func import grad, jacrev, vmap
 
 import attnaudit.analyses.influence.estimators.base as base
 from attnaudit.analyses.influence.kfac import (
@@ -69,7 +70,7 @@ from attnaudit.analyses.influence.kfac import (
 )
 from attnaudit.analyses.influence.other_grads import OtherCapture, OtherPlan, plan_other
 from attnaudit.analyses.influence.projection import KroneckerProjection, SignProjection
-from attnaudit.core.engine import JACOBIAN_ROWS, JACOBIAN_TRANSIENT, Engine, ranges
+from attnaudit.core.engine import JACOBIAN_ROWS, JACOBIAN_TRANSIENT, ranges
 from attnaudit.errors import AuditError
 
 __all__ = ["CACHED_MODELS", "ROW_CACHE_BYTES", "Projected", "clear_row_cache", "projected_rows", "projection_for"]
@@ -134,22 +135,26 @@ def projection_for(engine: Any, k: int, seed: int = 0, split: str = "layer") -> 
     return KroneckerProjection(engine, blocks, other, k, seed=seed, split=split)
 
 
-def _other_rows(engine: Any, names: list[str], rows: torch.Tensor, targets: torch.Tensor, ggn: bool):
+def _other_rows(engine: Any, index: torch.Tensor, rows: torch.Tensor, targets: torch.Tensor, ggn: bool):
     """Per-sample Jacobians of the logits (B, c, m) (``ggn``) or loss gradients (B, 1, m) over
-    the tracked parameter tensors ``names``, every other tensor held at the engine's values:
-    an engine over those tensors alone (:meth:`Engine.jacobian`, :meth:`Engine.per_sample_grads`,
-    in sub-batches of JACOBIAN_ROWS rows), so ``vmap`` batches copies of them, not of theta
-    (a batched copy of the whole theta per row and output took 4.5 GiB on two rows of a
-    DistilBERT-size model)."""
-    full = engine.unflatten(engine.theta.detach())
-    chosen = set(names)
-    sub = Engine(engine.task, dtype=engine.dtype, device=engine.device, names=list(names))
-    sub.theta = torch.cat([full[n].reshape(-1) for n in names])
-    sub.frozen = {**engine.frozen, **{k: v for k, v in full.items() if k not in chosen}}
-    sub._frozen_shared = False  # evaluated through the state above, never the module as it is
-    if ggn:
-        return sub.jacobian(rows)
-    return sub.per_sample_grads(rows, targets, chunk=JACOBIAN_ROWS)[:, None, :]
+    the tracked parameters at positions ``index`` of theta, the others held at their values."""
+    theta = engine.theta.detach()
+    p0 = theta[index]
+
+    def logits_one(po: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
+        return engine.apply(theta.index_put((index,), po), row.unsqueeze(0)).squeeze(0)
+
+    def loss_one(po: torch.Tensor, row: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return engine.loss.per_sample(logits_one(po, row).unsqueeze(0), t.unsqueeze(0)).squeeze(0)
+
+    parts = []
+    with engine.context():
+        for a, b in ranges(rows.shape[0], JACOBIAN_ROWS):
+            if ggn:
+                parts.append(vmap(jacrev(logits_one), in_dims=(None, 0))(p0, rows[a:b]))
+            else:
+                parts.append(vmap(grad(loss_one), in_dims=(None, 0, 0))(p0, rows[a:b], targets[a:b])[:, None, :])
+    return torch.cat(parts)
 
 
 def _embedding_acts(p: Any, ids: torch.Tensor, B: int, dtype: torch.dtype) -> torch.Tensor:
@@ -239,8 +244,10 @@ def _other_slices(engine: Any, proj: KroneckerProjection) -> dict[str, tuple[int
 def _generic_rows(
     engine: Any, proj: KroneckerProjection, names: list[str], rows: torch.Tensor, targets: torch.Tensor, ggn: bool
 ) -> torch.Tensor:
-    """Per-sample Jacobians (B, c', m) over the other parameters ``names`` (:func:`_other_rows`)."""
-    return _other_rows(engine, names, rows, targets, ggn)
+    """Per-sample Jacobians (B, c', m) over the other parameters ``names`` (vmap(jacrev))."""
+    slices = _other_slices(engine, proj)
+    index = torch.cat([proj.other_index[slice(*slices[n])] for n in names])
+    return _other_rows(engine, index, rows, targets, ggn)
 
 
 def _layer_rows_generic(
@@ -249,7 +256,8 @@ def _layer_rows_generic(
     """(B, c', k_out k_in): layer ``p``'s projected columns from per-sample Jacobians over its
     weight (``vmap(jacrev)``), the route an embedding takes when its ids cannot be used."""
     b = p.block
-    J = _other_rows(engine, [b.weight], rows, targets, ggn)  # (B, c', rows x width), the table's layout
+    index = torch.arange(p.w_offset, p.w_offset + b.d_in * b.d_out, device=engine.theta.device)
+    J = _other_rows(engine, index, rows, targets, ggn)  # (B, c', rows x width), the table's layout
     B, n_cols = J.shape[0], J.shape[1]
     W = J.reshape(B * n_cols, b.d_in, b.d_out).transpose(1, 2)
     return proj.project_layer(p, W).reshape(B, n_cols, -1)
