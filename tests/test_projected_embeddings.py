@@ -203,3 +203,22 @@ def test_per_test_influence_holds_k_wide_test_columns_not_p_wide():
     )
     assert res.per_test.shape == (20, 40)
     assert res.diagnostics["memory_estimate_bytes"]["total"] < 8 * 2**20
+
+
+@pytest.mark.parametrize("ggn", [True, False])
+def test_the_jacobian_route_over_some_tensors_is_plain_autograd_row_by_row(ggn):
+    """The generic route (``vmap(jacrev)`` over a slice of theta) against the verification's
+    truth, autograd one row and one output at a time: logit Jacobians and loss gradients."""
+    model = _BagOfTokens(twice=True)
+    X, y = _tokens(5, 11)
+    task = Task(model, 3, "ce", Inputs(kind="tokens"), "all")
+    eng = Engine(task, dtype=F64)
+    names = ["words.weight", "head.bias"]
+    rows, T = eng.rows(X), eng.targets(y)
+    offsets = dict(zip(eng.names, torch.cumsum(torch.tensor([0, *eng.numels[:-1]]), 0).tolist()))
+    index = torch.cat([torch.arange(offsets[n], offsets[n] + eng.numels[eng.names.index(n)]) for n in names])
+    with eng.context(), torch.enable_grad():
+        got = pj._other_rows(eng, index, rows, T, ggn)
+        truth = pj._rows_by_autograd(eng, index, rows, T, ggn)
+    assert got.shape == truth.shape == (5, 3 if ggn else 1, V * 4 + 3)
+    assert torch.allclose(got, truth, rtol=1e-11, atol=1e-13)
