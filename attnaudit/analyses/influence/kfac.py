@@ -44,7 +44,7 @@ import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -793,7 +793,7 @@ def save_factors(factors: KroneckerFactors, path: str | Path, fingerprint: str) 
     meta = {
         "format": CACHE_FORMAT,
         "fingerprint": fingerprint,
-        "content_sha256": _tensors_sha256(tensors),
+        "content_sha256": tensors_sha256(tensors),
         "kind": factors.kind,
         "n_samples": factors.n_samples,
         "excluded": factors.excluded,
@@ -804,15 +804,17 @@ def save_factors(factors: KroneckerFactors, path: str | Path, fingerprint: str) 
     write_bytes_atomic(path, save(tensors, metadata={"attnaudit": json.dumps(meta)}))
 
 
-def _tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
-    """sha256 over every tensor's name, dtype, shape and bytes, in name order (the cache entry's content)."""
+def tensors_sha256(tensors: Mapping[str, torch.Tensor]) -> str:
+    """sha256 over every tensor's name, dtype, shape and bytes, in name order (a factor cache
+    entry's content; the malleability run key)."""
     import hashlib
 
     h = hashlib.sha256()
     for key in sorted(tensors):
         t = tensors[key].detach().cpu().contiguous()
         h.update(f"{key}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        # flat: a 0-dim tensor (a buffer such as a step counter) has no byte view of its own
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
 
 
@@ -841,7 +843,7 @@ def load_factors(path: str | Path, fingerprint: str, device: torch.device | str 
             f"{str(meta.get('fingerprint'))[:12]} vs {fingerprint[:12]}); it is not used: delete it or "
             "use another --cache folder"
         )
-    if meta.get("content_sha256") != _tensors_sha256(tensors):
+    if meta.get("content_sha256") != tensors_sha256(tensors):
         raise AuditError(f"K-FAC cache {path} does not match its sha256 (damaged); delete it")
     blocks = []
     for i, layer in enumerate(meta["layers"]):

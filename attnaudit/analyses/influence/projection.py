@@ -228,6 +228,12 @@ class KroneckerProjection:
             G = p.P_out.to(G.dtype).T @ G
         return G.reshape(*G.shape[:-2], -1)
 
+    def project_table(self, p: LayerProjection, G: torch.Tensor) -> torch.Tensor:
+        """(..., rows x width) per-sample gradients of an embedding table in its stored layout ->
+        (..., k_out k_in): transposed to the linear layout (width, rows), then projected."""
+        W = G.reshape(*G.shape[:-1], p.block.d_in, p.block.d_out).transpose(-1, -2)
+        return self.project_layer(p, W)
+
     def apply(self, G: torch.Tensor) -> torch.Tensor:
         """R^T g for every row of full gradients G (m, P) -> (m, k)."""
         m = G.shape[0]
@@ -235,9 +241,9 @@ class KroneckerProjection:
         for p in self.layers:
             b = p.block
             if b.source == "embedding":  # stored (rows, width): the transpose of a linear weight
-                W = G[:, p.w_offset : p.w_offset + b.d_out * b.d_in].reshape(m, b.d_in, b.d_out).transpose(1, 2)
-            else:
-                W = G[:, p.w_offset : p.w_offset + b.d_out * b.d_in].reshape(m, b.d_out, b.d_in)
+                out[:, p.col : p.col + p.dim] = self.project_table(p, G[:, p.w_offset : p.w_offset + b.d_out * b.d_in])
+                continue
+            W = G[:, p.w_offset : p.w_offset + b.d_out * b.d_in].reshape(m, b.d_out, b.d_in)
             if p.b_offset is not None:
                 W = torch.cat([W, G[:, p.b_offset : p.b_offset + b.d_out, None]], 2)
             out[:, p.col : p.col + p.dim] = self.project_layer(p, W)

@@ -57,6 +57,7 @@ estimator's own need (recorded in the diagnostics).
 from __future__ import annotations
 
 import copy
+import hashlib
 import math
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -101,6 +102,7 @@ from attnaudit.analyses.influence.kfac import (
     kfac_memory_bytes,
     linear_blocks,
     linear_modules,
+    tensors_sha256,
 )
 from attnaudit.core.engine import Engine
 from attnaudit.core.fit import fit as fit_recipe
@@ -795,13 +797,6 @@ def _float64_copy(model: nn.Module | Task, device, always: bool = False) -> nn.M
     return replace(model, module=module) if isinstance(model, Task) else module
 
 
-def _tensor_bytes(h, name: str, t: torch.Tensor) -> None:
-    t = t.detach().cpu().contiguous().reshape(-1)
-    h.update(f"{name}|{t.dtype}|{t.numel()}|".encode())
-    if t.numel():
-        h.update(t.view(torch.uint8).numpy().tobytes())
-
-
 def _influence_key(
     model: nn.Module | Task,
     rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
@@ -809,22 +804,20 @@ def _influence_key(
     n_classes: int,
     arch: str,
 ) -> str:
-    """sha256 over what one influence run depends on: the model (class, every parameter and
-    buffer, its input mapping), the training rows X with the cell's labels, the test rows, and
-    the estimator's settings (the influence estimators draw no randomness from the cell's seed:
-    their own seed is fixed in :class:`InfluenceConfig`). Equal keys give bitwise-equal results."""
-    import hashlib
-
+    """sha256 over what one influence run depends on: the model (class, layer structure, every
+    parameter and buffer, its input mapping), the training rows X with the cell's labels, the
+    test rows, and the estimator's settings (the influence estimators draw no randomness from the
+    cell's seed: their own seed is fixed in :class:`InfluenceConfig`). Equal keys give
+    bitwise-equal results."""
     module = model.module if isinstance(model, Task) else model
     h = hashlib.sha256(f"{type(module).__qualname__}|{arch}|{config.loss}|{n_classes}|".encode())
     h.update(repr((config.influence_config(), tuple(config.damping))).encode())
     if isinstance(model, Task):
         h.update(repr((model.inputs, getattr(model.loss, "name", model.loss), model.params)).encode())
     h.update(repr(module).encode())  # the layer structure (the state dict holds the numbers)
-    for name, t in module.state_dict().items():
-        _tensor_bytes(h, name, t)
-    for name, t in zip(("X", "y", "X_test", "y_test"), rows):
-        _tensor_bytes(h, name, t)
+    tensors = {f"state.{name}": t for name, t in module.state_dict().items()}
+    tensors.update(zip(("X", "y", "X_test", "y_test"), rows))
+    h.update(tensors_sha256(tensors).encode())
     return h.hexdigest()
 
 
@@ -832,8 +825,6 @@ def _pair_key(clean: str | None, perturbed: str | None) -> str | None:
     """The inputs of one clean-vs-perturbed comparison (None when either run has no key)."""
     if clean is None or perturbed is None:
         return None
-    import hashlib
-
     return hashlib.sha256(f"{clean}|{perturbed}".encode()).hexdigest()[:16]
 
 

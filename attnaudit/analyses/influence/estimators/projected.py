@@ -255,12 +255,12 @@ def _layer_rows_generic(
 ) -> torch.Tensor:
     """(B, c', k_out k_in): layer ``p``'s projected columns from per-sample Jacobians over its
     weight (``vmap(jacrev)``), the route an embedding takes when its ids cannot be used."""
-    b = p.block
-    index = torch.arange(p.w_offset, p.w_offset + b.d_in * b.d_out, device=engine.theta.device)
-    J = _other_rows(engine, index, rows, targets, ggn)  # (B, c', rows x width), the table's layout
-    B, n_cols = J.shape[0], J.shape[1]
-    W = J.reshape(B * n_cols, b.d_in, b.d_out).transpose(1, 2)
-    return proj.project_layer(p, W).reshape(B, n_cols, -1)
+    return proj.project_table(p, _other_rows(engine, _weight_index(engine, p), rows, targets, ggn))
+
+
+def _weight_index(engine: Any, p: Any) -> torch.Tensor:
+    """The positions of layer ``p``'s weight in theta."""
+    return torch.arange(p.w_offset, p.w_offset + p.block.d_in * p.block.d_out, device=engine.theta.device)
 
 
 def _rows_by_autograd(
@@ -295,12 +295,7 @@ def _layer_rows_by_autograd(
 ) -> torch.Tensor:
     """(B, c', k_out k_in): layer ``p``'s projected columns from :func:`_rows_by_autograd` over
     its weight (a table's gradient transposed to the linear layout, then projected)."""
-    b = p.block
-    index = torch.arange(p.w_offset, p.w_offset + b.d_in * b.d_out, device=engine.theta.device)
-    J = _rows_by_autograd(engine, index, rows, targets, ggn)
-    B, n_cols = J.shape[0], J.shape[1]
-    W = J.reshape(B * n_cols, b.d_in, b.d_out).transpose(1, 2)
-    return proj.project_layer(p, W).reshape(B, n_cols, -1)
+    return proj.project_table(p, _rows_by_autograd(engine, _weight_index(engine, p), rows, targets, ggn))
 
 
 def _capture_numbers(engine: Any, proj: KroneckerProjection, rows: torch.Tensor) -> int:
@@ -344,7 +339,8 @@ def verify_embeddings(
 ) -> frozenset[str]:
     """The embedding layers of ``proj`` whose columns must come from per-sample Jacobians: each
     table's columns from its ids and output gradients are compared on ``rows`` (two are enough)
-    with the projection of its per-sample Jacobians, and the logits with the plain forward's; a
+    with the projection of its per-sample gradients from plain autograd, and the logits with the
+    plain forward's; a
     table that fails (other numbers, an error: read twice per forward, ids not batched) is listed."""
     tables = [p for p in proj.layers if p.block.source == "embedding"]
     if not tables:
@@ -428,10 +424,9 @@ def verify_plan(
         if result is None:
             return plan.without(set(plan.fast))
     _, got = result
-    slices_all = _other_slices(engine, proj)
-    index = torch.cat([proj.other_index[slice(*slices_all[n])] for n in plan.fast])
-    truth = _rows_by_autograd(engine, index, rows, targets, ggn)
     slices, at, wrong = _other_slices(engine, proj), 0, set()
+    index = torch.cat([proj.other_index[slice(*slices[n])] for n in plan.fast])
+    truth = _rows_by_autograd(engine, index, rows, targets, ggn)
     for name in plan.fast:
         width = slices[name][1] - slices[name][0]
         if name not in got or not close(
