@@ -17,7 +17,7 @@ from attnaudit.analyses.request import EXECUTION, PROTOCOL, FieldError, Request,
 from attnaudit.analyses.result import Progress, Result, progress_or_silent
 from attnaudit.analyses.sources import DataFields
 from attnaudit.errors import AuditError, check_seed
-from attnaudit.claims import scorecard
+from attnaudit.claims import plan, scorecard
 from attnaudit.report.envelope import build_report
 from attnaudit.runtime.sweep import CellTask, ExecutorConfig, run_cells
 
@@ -152,9 +152,7 @@ class ClaimsRequest(DataFields, Request):
     def check(self) -> None:
         """Every run's command line checked (options, model files, data) before anything trains."""
 
-        runs, _ = scorecard.plan(
-            self.mode, self.data_args(), self.seed, n_seeds=self.n_seeds, match_loss=self.match_loss
-        )
+        runs, _ = plan.plan(self.mode, self.data_args(), self.seed, n_seeds=self.n_seeds, match_loss=self.match_loss)
         for r in runs:
             try:
                 check_argv(r.command, list(r.args))
@@ -170,7 +168,7 @@ def run(request: ClaimsRequest, *, progress: Progress | None = None, executor: A
     executor.check_available()
     mode, seed, n_seeds = request.mode, request.seed, request.n_seeds
     data_args = request.data_args()
-    runs, variants = scorecard.plan(mode, data_args, seed, n_seeds=n_seeds, match_loss=request.match_loss)
+    runs, variants = plan.plan(mode, data_args, seed, n_seeds=n_seeds, match_loss=request.match_loss)
     commands = {r.id: shell_line(r.command, list(r.args)) for r in runs}
     request.check()
     t0 = time.perf_counter()

@@ -2,35 +2,41 @@
 
 ``attnaudit claims`` runs the analyses (as library requests stated by command lines, so every row has a
 command line that reproduces it) and reads one verdict per claim. Every row states its
-null hypothesis and the alternative (the claim), the boundary ``null_value`` between them,
-the interval it is read from (method, confidence, the per-seed estimates behind it) and the
-warnings of the run it comes from. The verdict is
+null hypothesis and the alternative (the claim), the boundary ``null_value`` between them
+(the claim's minimum effect of interest, ``min_effect``), the interval it is read from
+(method, confidence, the per-seed estimates behind it), its p-values (raw and
+Holm-adjusted) and the warnings of the run it comes from. The verdict is
 
-* **supported**: the interval lies entirely on the claim's side of ``null_value``;
-* **contradicted**: it lies entirely on the other side;
-* **not resolved**: it includes ``null_value``, or it rests on fewer than 3 seeds, or a
-  control says the effect is inside the noise;
-* **not testable here**: the protocol cannot test it on these data (a model at chance in a
-  cell the claim uses, training losses too far apart to compare, a quantity beyond float64),
-  with why.
+* **supported**: the claim's one-sided test rejects after Holm's adjustment across the
+  scorecard's seed-based rows, and the 95 % interval lies entirely on the claim's side;
+* **contradicted**: the same on the other side;
+* **not resolved**: neither, or fewer than 3 seeds, or a blocking condition (failed seeds,
+  the edge of stability, not a minimum); the row says how many seeds would resolve it;
+* **not testable here**: the protocol cannot test it on these data (a model at chance,
+  training losses too far apart to compare, a quantity beyond float64, no report), with why.
 
-An interval that straddles the null is never read as support for "no effect": a claim of
-"no fall" is tested against a stated margin (``slope_margin``), and supported only when the
-whole interval lies above it. The interval procedures and their simulated coverage are in
-:mod:`attnaudit.core.stats` and docs/findings.md. No threshold is tuned to make a claim come out.
+The tests hold for any seed distribution (:mod:`attnaudit.claims.decision`,
+:mod:`attnaudit.core.stats`): betting tests for the bounded flip rates, the sign test of the
+median seed for slopes and log ratios. A claim of "no effect" is an equivalence test (TOST)
+against a stated margin. No threshold is tuned to make a claim come out; the simulated error
+rates and coverage are in docs/findings.md (``benchmarks/power_claims.py``,
+``benchmarks/bench_coverage.py``, which score synthetic reports through this module).
 
 A second table runs the malleability comparison under protocol variants (eps, damping,
-optimizer and loss, input scale, loss matching) so a reader sees which conclusion survives
-which choice.
+optimizer and loss, input scale, loss matching, the data split) so a reader sees which
+conclusion survives which choice.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
-from attnaudit.errors import AuditError
+import numpy as np
+
+from attnaudit.analyses.landscape.compare import EOS_SHARE
+from attnaudit.claims.decision import SeedTest, adjust
 from attnaudit.core.stats import (
     CONFIDENCE,
     CONTRADICTED,
@@ -39,68 +45,74 @@ from attnaudit.core.stats import (
     NOT_TESTABLE,
     SUPPORTED,
     Interval,
+    bounded_mean_interval,
+    bounded_mean_p,
+    bounded_ratio_interval,
+    bounded_ratio_p,
     decide,
-    difference_interval,
-    mean_interval,
-    ratio_interval,
+    median_interval,
+    sign_p,
 )
-from attnaudit.data import PREPROCESS
-from attnaudit.analyses.malleability.run import PRESETS as MALL_PRESETS
-from attnaudit.analyses.registry import COMMANDS
-from attnaudit.analyses.registry import request_type
-from attnaudit.analyses.malleability.run import PRESETS
 from attnaudit.report.envelope import Record
 
-SCHEMA = "attnaudit.claims/2"
+SCHEMA = "attnaudit.claims/3"
 VERDICTS = (SUPPORTED, CONTRADICTED, NOT_RESOLVED, NOT_TESTABLE)
-MODES = ("quick", "full")
-#: Slopes above -SLOPE_MARGIN count as "no fall with width" (a tenfold width then shrinks the
-#: distance by less than 21 %; the kernel regime's rate is -0.5).
+#: The NTK rows' minimum effect: a log-log slope of size 0.1 (a tenfold width changes the
+#: distance by 21 %; the kernel regime's rate is -0.5). "Approaches" needs slope < -0.1; "does
+#: not approach" is equivalence within +-0.1; "more slowly" a slope difference > 0.1.
 SLOPE_MARGIN = 0.1
+#: Minimum effect of every ratio claim (flip rates, sharpness, approximation errors): 5 %.
+MIN_RATIO = 1.05
 #: The paper compares the required width with the largest trained architectures, ~1e12
 #: parameters: 1e24 (MNIST) and 1e29 (CIFAR-10) are "12-17 orders beyond".
 REFERENCE_LOG10_WIDTH = 12.0
-#: Seeds of every stochastic run of the scorecard (t(0.975, 4) = 2.78; 3 is the least that may decide).
-DEFAULT_SEEDS = 5
 #: Landscape comparisons need training losses within 10 % of each other (landscape's own gate).
 LANDSCAPE_LOSS_RATIO = 1.1
 
 RULES = {
     "verdict": (
-        f"supported / contradicted only when the whole {int(100 * CONFIDENCE)} % interval lies on one side of "
-        f"null_value and (seed-based intervals) rests on >= {MIN_SEEDS} seeds; otherwise not resolved"
+        "each seed-based row has two one-sided tests (the claim's side and the other side) at the row's minimum "
+        "effect; p_value = 2 min of them; Holm adjusts p_value across the scorecard's seed-based rows; supported / "
+        f"contradicted only when the adjusted p <= {1 - CONFIDENCE:.2g} on that side, the {int(100 * CONFIDENCE)} % "
+        f"interval excludes null_value, and >= {MIN_SEEDS} seeds; raw_verdict is the reading before Holm"
     ),
     "intervals": (
-        "seed means and slopes: Student t with k - 1 degrees of freedom; paired differences: paired Student t; "
-        "flip-rate ratios: Fieller's interval for a ratio of paired means (binomial variance floor of the "
-        "top-k; unbounded above, reported as null, when the denominator is not clearly above 0); kappa rows: "
-        "deterministic computations with their float64 round-off bound"
+        "flip rates, their ratio and attack-minus-control excess: betting tests and intervals for bounded means "
+        "(Waudby-Smith & Ramdas), valid for any seed distribution and any correlation between models; a ratio "
+        "whose denominator is 0 on every seed has no point estimate and its lower end comes from how large the "
+        "denominator's mean could still be; slopes, log ratios and error ratios: the median seed, exact sign test "
+        "and order-statistic interval (no 95 % interval below 6 seeds); kappa rows: deterministic computations "
+        "with their float64 round-off bound"
+    ),
+    "min_effect": (
+        f"ratios (flip rates, sharpness, approximation errors) >= {MIN_RATIO} (log ratio >= log {MIN_RATIO}); "
+        f"slopes: approach means slope < -{SLOPE_MARGIN}, no approach means |slope| < {SLOPE_MARGIN} (TOST), "
+        f"more slowly means a slope difference > {SLOPE_MARGIN}"
+    ),
+    "noise_control": (
+        "attention is more malleable only when the ratio test and attention's paired attack-minus-noise test both "
+        "reject (an intersection-union test: p = the larger of the two); a control that does not reject reads "
+        "'not shown beyond noise'"
+    ),
+    "blocking": (
+        "a model at chance (clean or perturbed), training losses too far apart: not testable here; failed seeds, "
+        "the edge of stability, not a minimum: not resolved; diverged or chance-level NTK cells: their width is "
+        "left out for every seed, visibly"
     ),
     "chance": "a model whose training accuracy is below 1/c + max(0.05, 2 sqrt((1/c)(1 - 1/c)/n)) learned nothing; "
     "claims are read only from cells (model, width, seed) above it, each judged on its own accuracy; a width "
-    "at which any seed is at chance is left out for every seed and the slopes are refitted over the other "
-    "widths (at least 3), so every seed is kept",
+    "at which any seed is at chance or diverged is left out for every seed and the slopes are refitted over the "
+    "other widths (at least 3); a sensitivity row keeps every width",
     "comparable": (
         "malleability ratios need the models' mean training losses within the run's loss-gap factor; "
         "landscape comparisons within 10 %, seed by seed"
     ),
-    "no_effect": f"a claim of 'no fall' is tested against the margin -{SLOPE_MARGIN} (log-log slope), not against 0",
 }
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """One command line of the scorecard."""
-
-    id: str
-    command: str
-    args: tuple[str, ...]
-    purpose: str
 
 
 @dataclass
 class ClaimRow(Record):
-    """One claim, the interval it is read from, and its verdict."""
+    """One claim, the interval and tests it is read from, and its verdict."""
 
     claim: str
     paper: str
@@ -119,6 +131,19 @@ class ClaimRow(Record):
     run: str
     command: str
     warnings: list = field(default_factory=list)
+    min_effect: str = ""
+    estimand: str = ""
+    role: str = "claim"  # or "sensitivity": shown, not counted in the headline nor in Holm's family
+    p_value: float | None = None
+    p_adjusted: float | None = None
+    raw_verdict: str = ""
+    seeds_needed: int | None = None
+    equivalence_margin: list | None = None
+    controls: dict = field(default_factory=dict)
+    test: SeedTest | None = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "test"}
 
 
 @dataclass
@@ -139,6 +164,10 @@ class VariantRow(Record):
     error: str | None = None
 
 
+#: Variant readings that resolve the ordering (the headline's "reads the same" needs all variants among them).
+RESOLVED_READINGS = ("attn more malleable", "relu more malleable")
+
+
 @dataclass
 class ClaimsResult:
     mode: str
@@ -149,17 +178,22 @@ class ClaimsResult:
     protocol: dict = field(default_factory=dict)
 
     def verdicts(self) -> list[str]:
-        counts = {v: sum(c.verdict == v for c in self.claims) for v in VERDICTS}
-        head = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
-        robust = [v for v in self.variants if v.error is None]
-        orders = {v.reading for v in robust}
-        tail = (
-            f"; the malleability ordering reads the same under all {len(robust)} protocol variants ({orders.pop()})"
-            if len(orders) == 1 and robust
-            else f"; the malleability reading changes across the {len(robust)} protocol variants"
-            if robust
-            else ""
-        )
+        main = [c for c in self.claims if c.role == "claim"]
+        counts = {v: sum(c.verdict == v for c in main) for v in VERDICTS}
+        head = ", ".join(f"{n} {v}" for v, n in counts.items() if n) + " (Holm-adjusted)"
+        robust = list(self.variants)  # a failed variant resolves nothing
+        orders = {v.reading if v.error is None else "failed" for v in robust}
+        if robust and len(orders) == 1 and orders <= set(RESOLVED_READINGS):
+            tail = (
+                f"; the malleability ordering reads the same under all {len(robust)} protocol variants ({orders.pop()})"
+            )
+        elif robust and orders <= set(RESOLVED_READINGS):
+            tail = f"; the malleability reading changes across the {len(robust)} protocol variants"
+        elif robust:
+            resolved = sum(v.reading in RESOLVED_READINGS for v in robust)
+            tail = f"; {resolved} of {len(robust)} malleability protocol variants resolve an ordering"
+        else:
+            tail = ""
         return [f"claims scorecard ({self.mode}): {head}{tail}"] + [
             f"{c.claim}: {c.verdict.upper()}: {c.why}" for c in self.claims
         ]
@@ -173,122 +207,6 @@ class ClaimsResult:
             "protocol_variants": [v.to_dict() for v in self.variants],
             "runs": self.runs,
         }
-
-
-# ----------------------------------------------------------------------------- the plan
-def _has_choice(command: str, option: str, value: str) -> bool:
-    """Whether this build's command accepts ``--option value`` (variants added by newer options)."""
-    if not _has_option(command, option):
-        return False
-    if option == "preprocess":
-        return value in PREPROCESS
-    return True
-
-
-def plan(
-    mode: str, data_args: list[str], seed: int, n_seeds: int = DEFAULT_SEEDS, match_loss: float | str | None = None
-) -> tuple[list[RunSpec], list[tuple[str, str]]]:
-    """The scorecard's runs, and (variant name, run id) of the protocol variants.
-
-    ``n_seeds``: seeds of every stochastic run (ntk-distance, malleability, landscape,
-    alignment). ``match_loss``: a common training-loss target for malleability and landscape
-    (full-batch GD stops there); the variant rows then also show the other choice."""
-    if mode not in MODES:
-        raise AuditError(f"unknown scorecard mode {mode!r}; use --quick or --full")
-    if n_seeds < 1:
-        raise AuditError(f"--seeds must be >= 1, got {n_seeds}")
-    if isinstance(match_loss, str):
-        if match_loss.strip().lower() not in ("auto", "none"):
-            raise AuditError(f"--match-loss: {match_loss!r} is not a training loss; give a number, auto or none")
-        match_loss = match_loss.strip().lower()
-    elif match_loss is not None and not (math.isfinite(match_loss) and match_loss > 0):
-        raise AuditError(f"--match-loss must be a positive training loss, got {match_loss}")
-    preset = "quick" if mode == "quick" else "paper"
-    common = [*data_args, "--seed", str(seed)]
-    seeds = ("--seeds", str(n_seeds))
-    ml_text = None if match_loss is None else match_loss if isinstance(match_loss, str) else f"{match_loss:g}"
-    matched = ("--match-loss", ml_text) if ml_text is not None else ()
-    runs = [
-        RunSpec("kappa", "kappa", (*common,), "amplification kappa(G~) = kappa(G)^3 and the paper's width requirement"),
-        RunSpec("ntk", "ntk-distance", ("--preset", preset, *common, *seeds), "distance to the NTK predictor vs width"),
-        RunSpec(
-            "malleability",
-            "malleability",
-            ("--preset", preset, *common, *seeds, *matched),
-            "attn / relu flip-rate ratio with controls",
-        ),
-        RunSpec(
-            "landscape",
-            "landscape",
-            ("--preset", preset, *common, *seeds, *matched),
-            "relative sharpness of the minima",
-        ),
-    ]
-    if _has_command("alignment"):
-        runs.append(
-            RunSpec(
-                "alignment",
-                "alignment",
-                ("--preset", preset, *common, *seeds) if _has_option("alignment", "preset") else (*common, *seeds),
-                "approximation error on principal-direction targets (the dual implication)",
-            )
-        )
-
-    main_match = ml_text if ml_text is not None else (MALL_PRESETS.get(preset, {}).get("match_loss") or "none")
-    variants = [
-        (
-            "preset protocol, " + ("fixed steps" if main_match == "none" else f"matched training loss ({main_match})"),
-            "malleability",
-        )
-    ]
-    extra: list[tuple[str, tuple[str, ...]]] = [
-        ("eps 0.1", ("--eps", "0.1")),
-        ("damping x100 (0.1)", ("--damping", "0.1")),
-    ]
-    if _has_choice("malleability", "optimizer", "adam"):
-        extra.append(("cross-entropy, Adam lr 1e-3", ("--loss", "ce", "--optimizer", "adam", "--lr", "0.001")))
-    if _has_choice("malleability", "preprocess", "ntk-scale"):
-        extra.append(("inputs scaled to mean ||x||^2 = d", ("--preprocess", "ntk-scale")))
-    for i, (name, args) in enumerate(extra):
-        rid = f"malleability-v{i + 1}"
-        runs.append(
-            RunSpec(
-                rid, "malleability", ("--preset", preset, *common, *seeds, *matched, *args), f"protocol variant: {name}"
-            )
-        )
-        variants.append((name, rid))
-    # loss matching as a protocol variant: the other choice from the main run's
-    other = _loss_matching_variant(preset, match_loss)
-    if other is not None:
-        name, args = other
-        rid = f"malleability-v{len(extra) + 1}"
-        runs.append(
-            RunSpec(rid, "malleability", ("--preset", preset, *common, *seeds, *args), f"protocol variant: {name}")
-        )
-        variants.append((name, rid))
-    return runs, variants
-
-
-def _has_command(name: str) -> bool:
-
-    return name in COMMANDS
-
-
-def _has_option(command: str, option: str) -> bool:
-
-    return request_type(command).field_of(option) is not None
-
-
-def _loss_matching_variant(preset: str, match_loss: float | str | None) -> tuple[str, tuple[str, ...]] | None:
-    """The variant row that flips the loss-matching choice of the main run: fixed steps when the
-    main run matches losses (``--match-loss`` given, or the preset's own ``auto``), else matched
-    loss by the ``auto`` rule (every model trained to the largest loss any reaches in the budget)."""
-
-    preset_match = PRESETS.get(preset, {}).get("match_loss") or "none"
-    matches = preset_match != "none" if match_loss is None else match_loss != "none"
-    if matches:
-        return ("fixed steps, no loss matching", ("--match-loss", "none"))
-    return ("matched training loss (auto)", ("--match-loss", "auto"))
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -338,24 +256,68 @@ def _untestable(
     )
 
 
-def _decided(
+def _tested(
     claim: tuple[str, str, str, str, float],
     measured: str,
-    iv: Interval,
-    direction: str,
+    test: SeedTest,
     run: str,
     command: str,
     warnings: list,
-    per_seed: list,
     untestable: str | None = None,
+    **more: Any,
 ) -> ClaimRow:
-    """The row of ``claim`` (its statement: the first arguments of :func:`_row`): not testable,
-    saying ``untestable``, when given; else decided from ``iv`` against the claim's null value
-    (``direction``: the alternative is above or below it)."""
+    """The row of ``claim`` (its statement: the first arguments of :func:`_row`) read from ``test``
+    (the unadjusted reading; :func:`score` applies Holm); not testable, saying ``untestable``, when given."""
     if untestable is not None:
-        return _untestable(*claim, untestable, run, command, warnings)
-    verdict, reason = decide(iv, claim[4], direction, iv.n)
-    return _row(*claim, measured, iv, verdict, reason, run, command, warnings, per_seed=per_seed)
+        return _untestable(*claim, untestable, run, command, warnings, **more)
+    verdict, reason = test.reading(test.p_value)
+    why = "; ".join(x for x in (f"{test.estimand}: {reason}", test.context) if x)
+    per_seed = more.pop("per_seed", test.units)
+    row = _row(*claim, measured, test.interval, verdict, why, run, command, warnings, per_seed=per_seed, **more)
+    row.test, row.p_value, row.raw_verdict, row.estimand = test, test.p_value, verdict, test.estimand
+    return row
+
+
+def _sides(null: float, claim_side: str) -> Callable[[Interval], bool | None]:
+    """Whether an interval lies on the claim's side of ``null`` (True), the other side (False), or neither."""
+
+    def inside(iv: Interval) -> bool | None:
+        side = iv.side(null)
+        return None if side == "straddles" else side == claim_side
+
+    return inside
+
+
+def median_test(values: list, null: float, claim_side: str, context: str = "") -> SeedTest:
+    """The median seed against ``null`` by the exact sign test (claim: the median lies ``claim_side``)."""
+    other = "below" if claim_side == "above" else "above"
+
+    def recompute(u: np.ndarray) -> tuple[float, float]:
+        return sign_p(u, null, claim_side), sign_p(u, null, other)
+
+    return SeedTest(
+        list(values), recompute, _sides(null, claim_side), median_interval(values), "median seed, sign test", context
+    )
+
+
+def equivalence_test(values: list, margin: float, context: str = "") -> SeedTest:
+    """TOST for the median seed inside (-margin, margin): the claim's p is the larger of the two
+    one-sided sign tests; the other side's, the smaller of the tests for lying below -margin or
+    above +margin (disjoint alternatives, so no correction is needed)."""
+
+    def recompute(u: np.ndarray) -> tuple[float, float]:
+        claim = max(sign_p(u, -margin, "above"), sign_p(u, margin, "below"))
+        other = min(sign_p(u, -margin, "below"), sign_p(u, margin, "above"))
+        return claim, other
+
+    def inside(iv: Interval) -> bool | None:
+        if iv.lo() > -margin and iv.hi() < margin:
+            return True
+        if iv.hi() < -margin or iv.lo() > margin:
+            return False
+        return None
+
+    return SeedTest(list(values), recompute, inside, median_interval(values), "median seed, TOST (sign tests)", context)
 
 
 def _row(
@@ -374,6 +336,7 @@ def _row(
     per_seed: list | None = None,
     value: float | None = None,
     n_seeds: int | None = None,
+    **more: Any,
 ) -> ClaimRow:
     return ClaimRow(
         claim=claim,
@@ -393,7 +356,15 @@ def _row(
         run=run,
         command=command,
         warnings=list(warnings),
+        **more,
     )
+
+
+def _block(row: ClaimRow, why: str, verdict: str = NOT_RESOLVED) -> ClaimRow:
+    """A blocking condition: the row gives no verdict (and leaves Holm's family), saying why."""
+    row.test, row.p_value, row.verdict, row.raw_verdict = None, None, verdict, verdict
+    row.why = f"blocked: {why}"
+    return row
 
 
 def _run_warnings(report: dict) -> list[str]:
@@ -492,14 +463,22 @@ def _width_row(r: dict, command: str, warns: list, deficient: bool) -> ClaimRow:
         if deficient
         else "at kappa_d"
     )
-    why = f"log10 m = {val:.1f} {where}, {val - ref:.1f} orders beyond 1e{ref:g}; {reason}"
+    others = "; ".join(
+        f"{x.get('label') or x.get('basis')}: log10 m = {_fmt(x.get('log10_required_width'))}"
+        for x in rows
+        if x is not w
+    )
+    why = (
+        f"computed, not measured: log10 m = {val:.1f} {where} with the Omega constant taken as 1, "
+        f"{val - ref:.1f} orders beyond 1e{ref:g}; {reason}"
+    )
     return _row(
         name,
         paper,
         null,
         alt,
         ref,
-        f"log10 m = {_fmt(val)} ({w.get('label')})",
+        f"log10 m = {_fmt(val)} ({w.get('label')})" + (f"; rank-tolerance sensitivity: {others}" if others else ""),
         iv,
         verdict,
         why,
@@ -507,11 +486,12 @@ def _width_row(r: dict, command: str, warns: list, deficient: bool) -> ClaimRow:
         command,
         warns,
         n_seeds=0,
+        estimand="computed: kappa_d(G)^6 n ln n, Omega constant omitted",
     )
 
 
 # ----------------------------------------------------------------------------- ntk-distance
-#: Fewest widths a per-seed log-log slope is fitted over once widths at chance are left out.
+#: Fewest widths a per-seed log-log slope is fitted over once excluded widths are left out.
 MIN_SLOPE_WIDTHS = 3
 
 
@@ -523,27 +503,38 @@ def _loglog_slope(widths: list, values: list) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
 
 
-def _slopes(r: dict, arch: str, drop: frozenset = frozenset()) -> tuple[list, list, list, list]:
-    """(seeds, per-seed slopes, cells at chance, widths used) of one model.
+def _excluded(r: dict, cell: dict, keep_chance: bool) -> str | None:
+    """Why a cell is left out (diverged always; at chance unless ``keep_chance``), else None."""
+    if cell.get("diverged"):
+        return "diverged"
+    if not keep_chance and _chance(cell.get("net_train_acc"), r.get("n_classes"), r.get("n_train")):
+        return f"at chance ({100 * (cell.get('net_train_acc') or 0):.0f} %)"
+    return None
 
-    Every cell (model, width, seed) is judged on its own training accuracy. A width at which
-    any seed trained to chance is left out *for every seed*, so all slopes span the same widths
-    and every seed is kept; the slopes are refitted over the remaining widths (at least
-    :data:`MIN_SLOPE_WIDTHS`, else no slope). With no cell at chance they are the run's own.
-    ``drop``: widths to leave out as well (a paired comparison uses the widths both models keep)."""
+
+def _slopes(
+    r: dict, arch: str, drop: frozenset = frozenset(), keep_chance: bool = False
+) -> tuple[list, list, list, list]:
+    """(seeds, per-seed slopes, excluded cells as (cell, why), widths used) of one model.
+
+    Every cell (model, width, seed) is judged on its own: a width at which any seed diverged
+    or (unless ``keep_chance``) trained to chance is left out *for every seed*, so all slopes
+    span the same widths and no seed is chosen by its outcome; the slopes are refitted over the
+    remaining widths (at least :data:`MIN_SLOPE_WIDTHS`, else no slope). With nothing left out
+    they are the run's own. ``drop``: widths to leave out as well (a paired comparison uses the
+    widths both models keep)."""
     seeds = list((r.get("config") or {}).get("seeds") or [])
-    c, n = r.get("n_classes"), r.get("n_train")
     cells = [x for x in r.get("cells") or [] if x.get("model") == arch]
-    at_chance = [x for x in cells if _chance(x.get("net_train_acc"), c, n)]
-    dropped = {x.get("width") for x in at_chance} | set(drop)
+    excluded = [(x, why) for x in cells if (why := _excluded(r, x, keep_chance)) is not None]
+    dropped = {x.get("width") for x, _ in excluded} | set(drop)
     widths = sorted({x.get("width") for x in cells} - dropped)
-    if not dropped:
+    if not dropped and not keep_chance:
         slopes = list(((r.get("models") or {}).get(arch) or {}).get("slope_per_seed") or [])
         if len(seeds) == len(slopes):
             keep = [(s, v) for s, v in zip(seeds, slopes) if v is not None and math.isfinite(v)]
             return [s for s, _ in keep], [v for _, v in keep], [], widths
     if len(widths) < MIN_SLOPE_WIDTHS:
-        return [], [], at_chance, widths
+        return [], [], excluded, widths
     out_seeds, out = [], []
     for s in seeds:
         mine = {x.get("width"): x.get("distance_rms") for x in cells if x.get("seed") == s}
@@ -551,22 +542,19 @@ def _slopes(r: dict, arch: str, drop: frozenset = frozenset()) -> tuple[list, li
         if all(v is not None and math.isfinite(v) and v > 0 for v in vals):
             out_seeds.append(s)
             out.append(_loglog_slope(widths, vals))
-    return out_seeds, out, at_chance, widths
+    return out_seeds, out, excluded, widths
 
 
-def _over(chance_cells: list, widths: list) -> str:
+def _over(excluded: list, widths: list) -> str:
     """ ", widths a, b, c" when widths were left out (the slopes span only these), else ""."""
-    return f", widths {', '.join(map(str, widths))}" if chance_cells else ""
+    return f", widths {', '.join(map(str, widths))}" if excluded else ""
 
 
-def _chance_text(arch: str, cells: list, widths: list) -> str:
-    dropped = sorted({x.get("width") for x in cells})
+def _excluded_text(arch: str, excluded: list, widths: list) -> str:
+    dropped = sorted({x.get("width") for x, _ in excluded})
     return (
-        f"{len(cells)} {arch} cell(s) trained to chance accuracy: "
-        + ", ".join(
-            f"width {x.get('width')} seed {x.get('seed')} ({100 * (x.get('net_train_acc') or 0):.0f} %)"
-            for x in cells[:6]
-        )
+        f"{len(excluded)} {arch} cell(s) left out: "
+        + ", ".join(f"width {x.get('width')} seed {x.get('seed')} {why}" for x, why in excluded[:6])
         + f"; width(s) {', '.join(map(str, dropped))} left out for every seed"
         + (
             f", slopes refitted over widths {', '.join(map(str, widths))}"
@@ -580,67 +568,82 @@ def claim_ntk(report: dict, command: str, slope_margin: float = SLOPE_MARGIN) ->
     r = report["results"]
     warns = _run_warnings(report)
     rows = []
-    rs, rv, rchance, rwidths = _slopes(r, "relu")
-    as_, av, achance, awidths = _slopes(r, "attn")
+    d = slope_margin
+    rs, rv, rex, rwidths = _slopes(r, "relu")
+    as_, av, aex, awidths = _slopes(r, "attn")
     n_total = len((r.get("config") or {}).get("seeds") or [])
-    # 1. 2L-ReLU approaches its predictor
-    w1 = warns + ([_chance_text("relu", rchance, rwidths)] if rchance else [])
-    iv = mean_interval(rv)
+    # 1. 2L-ReLU approaches its predictor (by at least the minimum effect)
+    w1 = warns + ([_excluded_text("relu", rex, rwidths)] if rex else [])
+    t1 = median_test(rv, -d, "below")
     name = "2L-ReLU approaches its NTK predictor as width grows"
-    null, alt = "log-log slope of the distance vs width >= 0 (no approach)", "slope < 0 (the distance falls with width)"
+    null, alt = f"the median seed's log-log slope >= -{d:g} (no approach)", f"slope < -{d:g} (the distance falls)"
     untestable = (
         None
         if rv
-        else f"fewer than {MIN_SLOPE_WIDTHS} widths where every seed of 2L-ReLU trained above chance"
-        if rchance
+        else f"fewer than {MIN_SLOPE_WIDTHS} widths where every seed of 2L-ReLU trained above chance without diverging"
+        if rex
         else "no finished cells for 2L-ReLU"
     )
-    claim = (name, "distance falls monotonically with width", null, alt, 0.0)
-    measured = f"slope {iv.text()} over {iv.n} of {n_total} seeds{_over(rchance, rwidths)} (kernel regime about -0.5)"
-    rows.append(_decided(claim, measured, iv, "below", "ntk", command, w1, rv, untestable))
-    # 2. MLP-Attn does not approach (tested against a margin, never against 0)
-    w2 = warns + ([_chance_text("attn", achance, awidths)] if achance else [])
-    iva = mean_interval(av)
-    name = "MLP-Attn does not approach its NTK predictor as width grows (non-convergent NTK dynamics)"
-    null = f"slope <= -{slope_margin:g} (it approaches at a non-negligible rate)"
-    alt = f"slope > -{slope_margin:g} (flat or rising: no approach)"
-    untestable = (
-        None
-        if av
-        else f"fewer than {MIN_SLOPE_WIDTHS} widths where every seed of MLP-Attn trained above "
-        "chance (a flat distance of a model that learned nothing is no evidence)"
-        if achance
-        else "no finished cells for MLP-Attn"
+    claim = (name, "distance falls monotonically with width", null, alt, -d)
+    measured = f"median slope {t1.interval.text()} over {t1.n} of {n_total} seeds{_over(rex, rwidths)} (kernel regime about -0.5)"
+    rows.append(_tested(claim, measured, t1, "ntk", command, w1, untestable, min_effect=f"slope < -{d:g}"))
+    # 2. MLP-Attn does not approach: equivalence within +-margin (TOST), and the same keeping every width
+    w2 = warns + ([_excluded_text("attn", aex, awidths)] if aex else [])
+    name = (
+        "MLP-Attn does not approach its NTK predictor: its distance stays flat in width (non-convergent NTK dynamics)"
     )
-    claim = (name, "non-monotone on MNIST, rising on CIFAR-10", null, alt, -slope_margin)
-    measured = f"slope {iva.text()} over {iva.n} of {n_total} seeds{_over(achance, awidths)}"
-    rows.append(_decided(claim, measured, iva, "above", "ntk", command, w2, av, untestable))
+    null = f"|median slope| >= {d:g} (it approaches, or moves away, at a non-negligible rate)"
+    alt = f"-{d:g} < slope < {d:g} (equivalence: neither falls nor rises by more than the margin)"
+    for sens in (False, True):
+        seeds_, vals, ex, widths = (as_, av, aex, awidths) if not sens else _slopes(r, "attn", keep_chance=True)
+        t2 = equivalence_test(vals, d)
+        untestable = (
+            None
+            if vals
+            else f"fewer than {MIN_SLOPE_WIDTHS} widths where every seed of MLP-Attn trained above chance without "
+            "diverging (a flat distance of a model that learned nothing is no evidence)"
+            if ex
+            else "no finished cells for MLP-Attn"
+        )
+        label = name if not sens else name + " [sensitivity: every width kept, chance-level cells included]"
+        claim = (label, "non-monotone on MNIST, rising on CIFAR-10", null, alt, -d)
+        measured = f"median slope {t2.interval.text()} over {t2.n} of {n_total} seeds{_over(ex, widths)}"
+        wr = warns + ([_excluded_text("attn", ex, widths)] if ex else []) if sens else w2
+        rows.append(
+            _tested(
+                claim,
+                measured,
+                t2,
+                "ntk",
+                command,
+                wr,
+                untestable,
+                min_effect=f"|slope| < {d:g}",
+                equivalence_margin=[-d, d],
+                role="sensitivity" if sens else "claim",
+            )
+        )
     # 3. attention approaches more slowly than ReLU (paired by seed, over the widths both keep)
-    both_drop = frozenset({x.get("width") for x in rchance + achance})
+    both_drop = frozenset({x.get("width") for x, _ in rex + aex})
     if both_drop:
         rs, rv, _, _ = _slopes(r, "relu", both_drop)
         as_, av, _, _ = _slopes(r, "attn", both_drop)
     common = sorted(set(rs) & set(as_))
-    da = [av[as_.index(s)] for s in common]
-    dr = [rv[rs.index(s)] for s in common]
-    ivd = difference_interval(da, dr)
+    per_seed = [av[as_.index(s)] - rv[rs.index(s)] for s in common]
+    t3 = median_test(per_seed, d, "above")
     name = "MLP-Attn approaches its NTK predictor more slowly than 2L-ReLU"
-    null, alt = "slope(attn) - slope(relu) <= 0", "slope(attn) - slope(relu) > 0"
+    null, alt = f"slope(attn) - slope(relu) <= {d:g}", f"slope(attn) - slope(relu) > {d:g}"
     untestable = (
         None if common else f"fewer than {MIN_SLOPE_WIDTHS} widths where both models trained above chance in every seed"
     )
-    claim = (name, "attention stays farther from its kernel regime", null, alt, 0.0)
-    measured = f"slope difference {ivd.text()} over {ivd.n} paired seeds" + (
+    claim = (name, "attention stays farther from its kernel regime", null, alt, d)
+    measured = f"median slope difference {t3.interval.text()} over {t3.n} paired seeds" + (
         f", widths {', '.join(map(str, sorted({x.get('width') for x in r.get('cells') or []} - both_drop)))}"
         if both_drop
         else ""
     )
-    per_seed = [a - b for a, b in zip(da, dr)]
-    rows.append(
-        _decided(
-            claim, measured, ivd, "above", "ntk", command, w1 + [w for w in w2 if w not in w1], per_seed, untestable
-        )
-    )
+    w3 = w1 + [w for w in w2 if w not in w1]
+    rows.append(_tested(claim, measured, t3, "ntk", command, w3, untestable, min_effect=f"difference > {d:g}"))
     return rows
 
 
@@ -650,6 +653,27 @@ def _main_cell(r: dict) -> tuple[str, float] | None:
     attack = next((a for a in cfg.get("attacks") or [] if a not in ("none", "random", "sign")), None)
     eps = (cfg.get("eps") or [None])[0]
     return (attack, eps) if attack is not None else None
+
+
+def _control_values(r: dict, row: dict | None, seeds: list) -> tuple[str, list] | None:
+    """(control name, per-seed flip rates of the random-noise control paired with ``seeds``) for
+    a summary row, from the control's own summary row (same model, eps and damping)."""
+    floors = (row or {}).get("floors") or {}
+    floor = floors.get("sign") or floors.get("random")
+    if floor is None:
+        return None
+    name = floor.get("attack") or ("sign" if "sign" in floors else "random")
+    for other in r.get("summary") or []:
+        if (
+            other.get("model") == row.get("model")  # type: ignore[union-attr]
+            and other.get("attack") == name
+            and other.get("damping") == row.get("damping")  # type: ignore[union-attr]
+            and other.get("eps") is not None
+            and math.isclose(float(other["eps"]), float(row["eps"]))  # type: ignore[index]
+        ):
+            by_seed = dict(zip(other.get("seeds") or [], (other.get("flip_rate") or {}).get("values") or []))
+            return name, [by_seed.get(s) for s in seeds]
+    return None
 
 
 def _malleability_numbers(report: dict) -> dict:
@@ -679,10 +703,12 @@ def _malleability_numbers(report: dict) -> dict:
         None,
     )
     n, c = r.get("n_train"), _n_classes(r)
-    at_chance = []  # each clean training judged on its own accuracy
+    at_chance = []  # each training judged on its own accuracy, clean and perturbed
     for row in r.get("training") or []:
-        if row.get("role") == "clean" and _chance(row.get("train_accuracy"), c, n or 0):
-            at_chance.append(f"{row['model']} seed {row.get('seed')} ({100 * row['train_accuracy']:.0f} %)")
+        if row.get("role") in ("clean", "perturbed") and _chance(row.get("train_accuracy"), c, n or 0):
+            at_chance.append(
+                f"{row['model']} seed {row.get('seed')} {row.get('role')} ({100 * row['train_accuracy']:.0f} %)"
+            )
     top_k = (r.get("config") or {}).get("top_k")
     return {
         "attack": attack,
@@ -692,29 +718,93 @@ def _malleability_numbers(report: dict) -> dict:
         "ratio": ratio,
         "at_chance": at_chance,
         "top_k": top_k,
+        "failed": list(r.get("failed_cells") or []),
     }
 
 
-def _floor_reading(row: dict) -> bool | None:
-    floors = (row or {}).get("floors") or {}
-    rnd = floors.get("sign") or floors.get("random")
-    return None if rnd is None else bool(rnd.get("exceeded"))
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.3g} %"
 
 
-def _ratio_interval_of(nums: dict) -> tuple[Interval | None, list]:
-    """The attn / relu Fieller interval, recomputed from the per-seed flip rates the run recorded."""
+def malleability_test(nums: dict) -> tuple[SeedTest | None, dict]:
+    """The ratio row's test and its controls, from the per-seed rates the run recorded.
+
+    Units per seed: (attn, relu, attn's noise control, relu's noise control). Claim side: the
+    betting test of E[attn] / E[relu] > :data:`MIN_RATIO` AND attention's paired attack-minus-
+    control excess > 0 (intersection-union: p = the larger); other side: the ratio < MIN_RATIO
+    AND relu's excess > 0."""
     ratio = nums["ratio"] or {}
     a, b = ratio.get("numerator_values"), ratio.get("denominator_values")
     if a is None or b is None:  # a report from before the per-seed values were recorded
         fa = (nums["flips"].get("attn") or {}).get("flip_rate", {}).get("values")
         fr = (nums["flips"].get("relu") or {}).get("flip_rate", {}).get("values")
         if fa is None or fr is None or len(fa) != len(fr):
-            return None, []
+            return None, {}
         a, b = fa, fr
-    k = nums.get("top_k")
-    iv = ratio_interval(a, b, CONFIDENCE, trials=(k, k) if k else None)
-    per_seed = [{"attn": x, "relu": y} for x, y in zip(a, b)]
-    return iv, per_seed
+    ctrl = {m: (nums.get("controls") or {}).get(m) for m in ("attn", "relu")}
+    ca = (ctrl.get("attn") or (None, [None] * len(a)))[1]
+    cb = (ctrl.get("relu") or (None, [None] * len(a)))[1]
+    nan = float("nan")
+    units = [
+        (float(x), float(y), nan if u is None else float(u), nan if v is None else float(v))
+        for x, y, u, v in zip(a, b, ca, cb)
+        if x is not None and y is not None
+    ]
+
+    def excess_p(att: np.ndarray, con: np.ndarray) -> float:
+        ok = np.isfinite(con)
+        return bounded_mean_p(att[ok] - con[ok], 0.0, "above", -1.0, 1.0) if ok.any() else 1.0
+
+    def recompute(u: np.ndarray) -> tuple[float, float]:
+        u = np.atleast_2d(u)
+        pa = bounded_ratio_p(u[:, 0], u[:, 1], MIN_RATIO, "above")
+        pb = bounded_ratio_p(u[:, 0], u[:, 1], MIN_RATIO, "below")
+        return max(pa, excess_p(u[:, 0], u[:, 2])), max(pb, excess_p(u[:, 1], u[:, 3]))
+
+    controls: dict = {}
+    arr = np.array(units, dtype=float).reshape(-1, 4)
+    for j, m in ((0, "attn"), (1, "relu")):
+        got = ctrl.get(m)
+        if got is None:
+            controls[m] = {"control": None, "reading": "no noise control in the run"}
+            continue
+        ok = np.isfinite(arr[:, 2 + j])
+        diffs = (arr[ok, j] - arr[ok, 2 + j]).tolist()
+        iv = bounded_mean_interval(diffs, -1.0, 1.0)
+        p = excess_p(arr[:, j], arr[:, 2 + j])
+        controls[m] = {
+            "control": got[0],
+            "estimand": "E[attack flip rate - control flip rate], paired by seed",
+            "excess": iv.estimate,
+            "interval": iv.bounds,
+            "interval_method": iv.method,
+            "p_value": p,
+            "per_seed": diffs,
+            "reading": "beyond noise" if p <= (1 - CONFIDENCE) / 2 else "not shown beyond noise",
+        }
+    iv = bounded_ratio_interval(arr[:, 0].tolist(), arr[:, 1].tolist())
+    context = []
+    if iv.estimate is None and len(units):
+        context.append(
+            "relu flipped on no seed: the ratio has no point estimate; its lower end comes from how large relu's mean "
+            "flip rate could still be given its seeds (inside the paired betting test), never from a plug-in 0"
+        )
+    for m in ("attn", "relu"):
+        c = controls[m]
+        if c.get("control"):
+            context.append(
+                f"{m}'s attack minus its {c['control']}-noise control: {_fmt(c['excess'])} "
+                f"[{_fmt((c['interval'] or [None])[0])}, {_fmt((c['interval'] or [None, None])[1])}], {c['reading']}"
+            )
+    test = SeedTest(
+        [list(x) for x in units],
+        recompute,
+        _sides(MIN_RATIO, "above"),
+        iv,
+        "ratio of mean flip rates (betting, paired) with the noise control",
+        "; ".join(context),
+    )
+    return test, controls
 
 
 def claim_malleability(report: dict, command: str) -> ClaimRow:
@@ -722,18 +812,27 @@ def claim_malleability(report: dict, command: str) -> ClaimRow:
     warns = _run_warnings(report)
     name = "attention is more malleable: attn / relu flip-rate ratio > 1"
     paper = "MNIST PGD eps 0.3: MLP-Attn 28.9 %, 2L-ReLU 3.3 %; 2-9x overall"
-    null, alt = "attn / relu ratio of mean flip rates <= 1", "ratio > 1, and attn's attack beats the noise control"
-    claim = (name, paper, null, alt, 1.0)  # what is tested: the first arguments of every row below
+    null = f"E[attn flip rate] / E[relu flip rate] <= {MIN_RATIO:g}, or attn's attack not beyond its noise control"
+    alt = f"ratio > {MIN_RATIO:g}, and attn's attack beats its paired random-noise control"
+    claim = (name, paper, null, alt, MIN_RATIO)  # what is tested: the first arguments of every row below
+    more: dict[str, Any] = {"min_effect": f"ratio > {MIN_RATIO:g}"}
     if "error" in nums:
-        return _untestable(*claim, nums["error"], "malleability", command, warns)
-    iv, per_seed = _ratio_interval_of(nums)
+        return _untestable(*claim, nums["error"], "malleability", command, warns, **more)
+    r = report["results"]
+    nums["controls"] = {}
+    seeds_of = (nums["ratio"] or {}).get("seeds") or (nums["flips"].get("attn") or {}).get("seeds")
+    for m in ("attn", "relu"):
+        row = nums["flips"].get(m)
+        seeds = (row or {}).get("seeds") or seeds_of or []
+        nums["controls"][m] = _control_values(r, row, list(seeds_of or seeds)) if row else None
+    test, controls = malleability_test(nums)
     fr = {m: (nums["flips"].get(m) or {}).get("flip_rate", {}).get("mean") for m in ("relu", "attn")}
     measured = (
         f"{nums['attack']} eps {nums['eps']}: attn {_fmt(fr['attn'])}, relu {_fmt(fr['relu'])}, ratio "
-        f"{'n/a' if iv is None else iv.text()}"
+        f"{'n/a' if test is None else test.interval.text()}"
     )
+    more["controls"] = controls
     gate = (nums["ratio"] or {}).get("loss_gate") or {}
-    above = {m: _floor_reading(nums["flips"].get(m)) for m in ("relu", "attn")}
     why = None
     if nums["at_chance"]:
         why = f"trained to chance accuracy: {', '.join(nums['at_chance'][:6])}"
@@ -743,67 +842,33 @@ def claim_malleability(report: dict, command: str) -> ClaimRow:
             f"{_fmt(gate.get('denominator_loss'))} relu) differ by more than {gate.get('factor')}x: the ratio "
             "compares two training outcomes; rerun with --match-loss"
         )
+    keys = ("attn", "relu", "attn_control", "relu_control")
+    per = [] if test is None else [{k: (None if math.isnan(v) else v) for k, v in zip(keys, u)} for u in test.units]
     if why is not None:
-        return _untestable(*claim, why, "malleability", command, warns, measured=measured, iv=iv, per_seed=per_seed)
-    if iv is None:
-        why = "no per-seed flip rates to build an interval from"
-        return _row(*claim, measured, None, NOT_RESOLVED, why, "malleability", command, warns)
-    if iv.estimate is None and iv.low is not None:
-        # the denominator's mean is 0: no point estimate, but the interval still carries the verdict
-        iv = Interval(math.inf, iv.low, iv.high, iv.method, iv.confidence, iv.n, iv.note)
-    verdict, reason = decide(iv, 1.0, "above", iv.n)
-    if iv.estimate == math.inf:
-        iv = Interval(None, iv.low, iv.high, iv.method, iv.confidence, iv.n, iv.note)
-    if verdict == SUPPORTED and above["attn"] is None:
-        verdict, reason = NOT_RESOLVED, reason + ", but the run has no noise control for attn's attack to beat"
-    elif verdict == CONTRADICTED and above["relu"] is None:
-        verdict, reason = NOT_RESOLVED, reason + ", but the run has no noise control for relu's attack to beat"
-    elif verdict == SUPPORTED and above["attn"] is False:
-        verdict, reason = (
+        iv = None if test is None else test.interval
+        return _untestable(*claim, why, "malleability", command, warns, measured=measured, iv=iv, per_seed=per, **more)
+    if test is None:
+        return _row(
+            *claim,
+            measured,
+            None,
             NOT_RESOLVED,
-            reason + ", but attn's attacked flip rate is not beyond its random-noise control",
+            "no per-seed flip rates to test",
+            "malleability",
+            command,
+            warns,
+            **more,
         )
-    elif verdict == CONTRADICTED and above["relu"] is False:
-        verdict, reason = (
-            NOT_RESOLVED,
-            reason + ", but relu's attacked flip rate is not beyond its random-noise control",
+    more["per_seed"] = per
+    row = _tested(claim, measured, test, "malleability", command, warns, **more)
+    if nums["failed"]:
+        cells = "; ".join(str(f.get("cell", f)) if isinstance(f, dict) else str(f) for f in nums["failed"][:3])
+        _block(
+            row,
+            f"{len(nums['failed'])} cell(s) failed ({cells}); the seeds that finished are not a sample the "
+            "protocol chose, so no verdict; rerun the failed seeds",
         )
-    if iv.note:
-        reason += f" ({iv.note})"
-    row_warns = warns + _dispersion_warnings(per_seed, nums.get("top_k"))
-    return _row(*claim, measured, iv, verdict, reason, "malleability", command, row_warns, per_seed=per_seed)
-
-
-#: Seed dispersion rho = Var(p_seed) / (mu (1 - mu)) above which the flip-rate intervals were
-#: measured to undercover (benchmarks/bench_coverage.py, docs/findings.md).
-RHO_WARN = 0.1
-
-
-def _dispersion_warnings(per_seed: list, top_k: int | None) -> list[str]:
-    """A warning per model whose per-seed flip rates vary far beyond binomial noise: the
-    moment estimate rho = (s^2 - m (1 - m) / K) / (m (1 - m)) above :data:`RHO_WARN`, where the
-    simulated coverage of Fieller's interval fell to 0.78-0.86 and a true ratio of 1 read as
-    above 1 in up to 20 % of runs (zero-inflated denominators)."""
-    out: list[str] = []
-    if not per_seed or not top_k or len(per_seed) < 2:
-        return out
-    for model in ("attn", "relu"):
-        vals = [float(r[model]) for r in per_seed if r.get(model) is not None]
-        if len(vals) < 2:
-            continue
-        m = sum(vals) / len(vals)
-        if not 0 < m < 1:
-            continue
-        s2 = sum((v - m) ** 2 for v in vals) / (len(vals) - 1)
-        rho = (s2 - m * (1 - m) / top_k) / (m * (1 - m))
-        if rho > RHO_WARN:
-            out.append(
-                f"{model}'s per-seed flip rates ({', '.join(f'{v:.3g}' for v in vals)}) vary far beyond binomial "
-                f"noise (dispersion rho ~ {rho:.2f} > {RHO_WARN:g}); in simulation Fieller's interval covers only "
-                "0.78-0.86 there and a true ratio of 1 can read as above 1 in up to 20 % of runs "
-                "(docs/findings.md): read this row's interval as optimistic"
-            )
-    return out
+    return row
 
 
 # ----------------------------------------------------------------------------- landscape
@@ -821,7 +886,9 @@ def _landscape_pairs(r: dict) -> tuple[list[dict], list[str]]:
                 "loss": entry.get("loss"),
                 "accuracy": entry.get("accuracy"),
                 "lambda_max": ((entry.get("top_eigenvalues") or {}).get("eigenvalues") or [None])[0],
+                "top_eigenvalues": (entry.get("top_eigenvalues") or {}).get("eigenvalues"),
                 "trace": (entry.get("trace") or {}).get("estimate"),
+                "trace_stderr": (entry.get("trace") or {}).get("stderr"),
             }
         ]
         recs[m] = {v.get("seed"): (v, entry.get("n_samples")) for v in vals}
@@ -842,6 +909,29 @@ def _landscape_pairs(r: dict) -> tuple[list[dict], list[str]]:
     return pairs, dropped
 
 
+def _landscape_blocks(r: dict, pairs: list[dict], warns: list[str]) -> list[str]:
+    """Why no sharpness verdict can be read: a seed at GD's edge of stability (lambda_max >= EOS_SHARE x
+    2 / lr: the optimiser, not the model, sets the sharpness), or not at a minimum (the top
+    eigenvalues exceed the trace by more than 3 standard errors, or a trace <= 0)."""
+    out = []
+    bound = r.get("gd_stability_bound")
+    for p in pairs:
+        for m in ("relu", "attn"):
+            v = p[m]
+            lam, tr = v.get("lambda_max"), v.get("trace")
+            b = bound.get(m) if isinstance(bound, dict) else bound
+            if b and lam is not None and lam >= EOS_SHARE * b:
+                out.append(f"seed {p['seed']} {m}: edge of stability (lambda_max {lam:.3g} >= {EOS_SHARE:g} x 2/lr)")
+            top = [x for x in v.get("top_eigenvalues") or [] if x is not None]
+            se = v.get("trace_stderr") or 0.0
+            if tr is not None and (tr <= 0 or (top and sum(top) > tr + 3 * se)):
+                out.append(f"seed {p['seed']} {m}: not a minimum (top eigenvalues {sum(top):.3g} vs trace {tr:.3g})")
+    for w in warns:
+        if "edge of stability" in w or "not a minimum" in w:
+            out.append(w)
+    return out
+
+
 def claim_landscape(report: dict, command: str) -> list[ClaimRow]:
     r = report["results"]
     warns = _run_warnings(report)
@@ -851,13 +941,15 @@ def claim_landscape(report: dict, command: str) -> list[ClaimRow]:
         "2L-ReLU ends in sharper minima than MLP-Attn: higher top Hessian eigenvalue",
         "2L-ReLU ends in sharper minima than MLP-Attn: higher Hessian trace",
     )
+    lm = math.log(MIN_RATIO)
     nulls = (
-        ("log(lambda_max relu / lambda_max attn) <= 0", "log ratio > 0"),
-        ("trace(relu) - trace(attn) <= 0", "trace difference > 0"),
+        (f"median seed's log(lambda_max relu / attn) <= log {MIN_RATIO:g}", f"log ratio > log {MIN_RATIO:g}"),
+        (f"median seed's log(trace relu / trace attn) <= log {MIN_RATIO:g}", f"log ratio > log {MIN_RATIO:g}"),
     )
+    more: dict[str, Any] = {"min_effect": f"ratio > {MIN_RATIO:g}"}
     if models.get("relu") is None or models.get("attn") is None:
         return [
-            _untestable(n, paper, h0, h1, 0.0, "the run did not train both models", "landscape", command, warns)
+            _untestable(n, paper, h0, h1, lm, "the run did not train both models", "landscape", command, warns, **more)
             for n, (h0, h1) in zip(names, nulls)
         ]
     pairs, dropped = _landscape_pairs(r)
@@ -867,162 +959,124 @@ def claim_landscape(report: dict, command: str) -> list[ClaimRow]:
         "other (sharpness at different losses is not comparable; rerun with --match-loss)"
         + (f": {'; '.join(dropped[:3])}" if dropped else "")
     )
+    blocks = _landscape_blocks(r, pairs, warns)
     out = []
     for name, (h0, h1), key in zip(names, nulls, ("lambda_max", "trace")):
+        claim = (name, paper, h0, h1, lm)
         if not pairs:
-            out.append(_untestable(name, paper, h0, h1, 0.0, no_pairs, "landscape", command, row_warns))
+            out.append(_untestable(*claim, no_pairs, "landscape", command, row_warns, **more))
             continue
-        if key == "lambda_max":
-            per = [
-                math.log(p["relu"]["lambda_max"] / p["attn"]["lambda_max"])
-                for p in pairs
-                if (p["relu"].get("lambda_max") or 0) > 0 and (p["attn"].get("lambda_max") or 0) > 0
-            ]
-            iv = mean_interval(per)
-            iv = Interval(iv.estimate, iv.low, iv.high, "paired student-t (log ratio)", iv.confidence, iv.n, iv.note)
-            measured = (
-                f"log(lambda_max relu / attn) {iv.text()} (ratio {_fmt(math.exp(iv.estimate)) if iv.estimate is not None else 'n/a'}) "
-                f"over {iv.n} seeds"
-            )
-        else:
-            per = [
-                p["relu"]["trace"] - p["attn"]["trace"]
-                for p in pairs
-                if p["relu"].get("trace") is not None and p["attn"].get("trace") is not None
-            ]
-            iv = mean_interval(per)
-            iv = Interval(iv.estimate, iv.low, iv.high, "paired student-t", iv.confidence, iv.n, iv.note)
-            measured = f"trace(relu) - trace(attn) {iv.text()} over {iv.n} seeds"
-        verdict, reason = decide(iv, 0.0, "above", iv.n)
-        out.append(
-            _row(name, paper, h0, h1, 0.0, measured, iv, verdict, reason, "landscape", command, row_warns, per_seed=per)
+        per = [
+            math.log(p["relu"][key] / p["attn"][key])
+            for p in pairs
+            if (p["relu"].get(key) or 0) > 0 and (p["attn"].get(key) or 0) > 0
+        ]
+        t = median_test(per, lm, "above")
+        measured = (
+            f"log({key} relu / attn) {t.interval.text()} (median ratio "
+            f"{_fmt(math.exp(t.interval.estimate)) if t.interval.estimate is not None else 'n/a'}) over {t.n} seeds"
         )
+        row = _tested(claim, measured, t, "landscape", command, row_warns, **more)
+        if blocks:
+            _block(row, "; ".join(blocks[:4]) + ": sharpness there reflects the optimiser, not the minimum's shape")
+        out.append(row)
     return out
 
 
 # ----------------------------------------------------------------------------- the dual implication
+#: The alignment rows read (quantity, target): ln(err_relu / err_attn) per seed of kernel ridge
+#: regression; > 0: MLP-Attn has the lower error, as a factor.
+ALIGNMENT_ROWS = (
+    (
+        "kernel_log_error_ratio_attn_contrast",
+        "principal-random",
+        "attention's kernel advantage is larger on principal-direction targets than on random-direction ones",
+        "the median seed's ln(err_relu / err_attn) on principal minus on random targets",
+    ),
+    (
+        "kernel_log_error_ratio_attn",
+        "principal",
+        "on principal-direction targets MLP-Attn's kernel has the lower approximation error",
+        "the median seed's ln(err_relu / err_attn) on principal-direction targets",
+    ),
+    (
+        "kernel_log_error_ratio_attn",
+        "labels",
+        "on the real labels MLP-Attn's kernel has the lower approximation error",
+        "the median seed's ln(err_relu / err_attn) on the real labels",
+    ),
+)
+
+
 def claim_alignment(report: dict, command: str) -> list[ClaimRow]:
     """The paper's other half: the data-dependent kernel lowers the approximation error on
-    targets aligned with the data's principal modes (more than on other targets)."""
+    targets aligned with the data's principal modes (more than on other targets), by at least
+    the minimum effect (a factor :data:`MIN_RATIO`)."""
     r = report["results"]
     warns = _run_warnings(report)
     paper = "the same data-dependent kernel reduces approximation error when the target aligns with the principal modes"
+    lm = math.log(MIN_RATIO)
+    table = {
+        (row.get("quantity"), row.get("target")): row for row in (r.get("summary") or []) + (r.get("contrast") or [])
+    }
     out = []
-    contrasts = {(row.get("quantity"), row.get("target")): row for row in r.get("contrast") or []}
-    summary = {(row.get("quantity"), row.get("target")): row for row in r.get("summary") or []}
-
-    def interval_of(row: dict) -> Interval:
-        per = row.get("per_seed") or []
-        iv = mean_interval(per)
-        return Interval(
-            iv.estimate, iv.low, iv.high, row.get("interval_method") or "paired student-t", iv.confidence, iv.n, iv.note
-        )
-
-    specs = [
-        (
-            "contrast",
-            "kernel",
-            "attention's kernel-regression advantage is larger on principal-direction targets than on "
-            "random-direction ones",
-            "advantage(principal) - advantage(random) <= 0",
-            "the contrast > 0",
-        ),
-        (
-            "summary",
-            "principal",
-            "on principal-direction targets MLP-Attn's kernel has the lower approximation error",
-            "err(relu) - err(attn) <= 0",
-            "err(relu) - err(attn) > 0",
-        ),
-        (
-            "summary",
-            "labels",
-            "on the real labels MLP-Attn's kernel has the lower approximation error",
-            "err(relu) - err(attn) <= 0",
-            "err(relu) - err(attn) > 0",
-        ),
-    ]
-    for kind, which, name, h0, h1 in specs:
-        table = contrasts if kind == "contrast" else summary
-        row = _find_alignment_row(table, which, kind)
+    for quantity, target, name, what in ALIGNMENT_ROWS:
+        claim = (name, paper, f"{what} <= log {MIN_RATIO:g}", f"{what} > log {MIN_RATIO:g}", lm)
+        more: dict[str, Any] = {"min_effect": f"error ratio > {MIN_RATIO:g}"}
+        row = table.get((quantity, target))
         if row is None:
-            out.append(
-                _untestable(name, paper, h0, h1, 0.0, "the run reported no such quantity", "alignment", command, warns)
-            )
+            why = f"the run reported no {quantity} row for target {target}"
+            out.append(_untestable(*claim, why, "alignment", command, warns, **more))
             continue
-        iv = interval_of(row)
-        verdict, reason = decide(iv, float(row.get("null_value") or 0.0), "above", iv.n)
-        extra = row.get("warnings") or []
-        out.append(
-            _row(
-                name,
-                paper,
-                h0,
-                h1,
-                float(row.get("null_value") or 0.0),
-                f"{row.get('quantity')} ({row.get('target')}): {iv.text()} over {iv.n} seeds",
-                iv,
-                verdict,
-                reason,
-                "alignment",
-                command,
-                warns + list(extra),
-                per_seed=row.get("per_seed") or [],
-            )
-        )
+        per = [v for v in row.get("per_seed") or [] if v is not None]
+        t = median_test(per, lm, "above")
+        measured = f"{quantity} ({target}): {t.interval.text()} over {t.n} seeds"
+        out.append(_tested(claim, measured, t, "alignment", command, warns + list(row.get("warnings") or []), **more))
     return out
-
-
-def _find_alignment_row(table: dict, which: str, kind: str) -> dict | None:
-    """The kernel-error row of ``which`` target (summary) or the principal-vs-random kernel contrast."""
-    for (quantity, target), row in table.items():
-        q = str(quantity or "")
-        if "kernel" not in q or "cka" in q.lower():
-            continue
-        t = str(target or "")
-        if kind == "contrast" and "principal" in t and "random" in t:
-            return row
-        if kind == "summary" and t == which:
-            return row
-    return None
 
 
 # ----------------------------------------------------------------------------- variants and scoring
 def variant_row(name: str, report: dict | None, command: str, error: str | None) -> VariantRow:
+    """The malleability comparison under one protocol variant, read with the claim row's own tests
+    (unadjusted: the variants are a sensitivity table, not claims)."""
     if report is None:
         return VariantRow(
             name, command.split(" --seed ")[-1], None, None, None, None, "none", 0, {}, None, "n/a", command, [], error
         )
-    nums = _malleability_numbers(report)
     warns = _run_warnings(report)
+    row = claim_malleability(report, command)
+    nums = _malleability_numbers(report)
     if "error" in nums:
         return VariantRow(name, "", None, None, None, None, "none", 0, {}, None, "n/a", command, warns, nums["error"])
-    iv, _ = _ratio_interval_of(nums)
     fr = {m: (nums["flips"].get(m) or {}).get("flip_rate", {}).get("mean") for m in ("relu", "attn")}
-    above = {m: _floor_reading(nums["flips"].get(m)) for m in ("relu", "attn")}
+    above = {
+        m: None if not row.controls.get(m, {}).get("control") else row.controls[m]["reading"] == "beyond noise"
+        for m in ("relu", "attn")
+    }
     comparable = ((nums["ratio"] or {}).get("loss_gate") or {}).get("comparable")
+    t = row.test
+    level = (1 - CONFIDENCE) / 2
     if nums["at_chance"]:
         reading = "a model at chance"
     elif comparable is False:
         reading = "training losses not comparable"
-    elif iv is None or iv.estimate is None and iv.low is None:
+    elif nums["failed"]:
+        reading = "failed seeds"
+    elif t is None:
         reading = "undefined ratio"
-    elif iv.n < MIN_SEEDS:
+    elif t.n < MIN_SEEDS:
         reading = f"fewer than {MIN_SEEDS} seeds"
-    elif iv.side(1.0) == "above":
-        reading = {
-            True: "attn more malleable",
-            False: "within the noise control",
-            None: "attn more sensitive (no noise control)",
-        }[above["attn"]]
-    elif iv.side(1.0) == "below":
-        reading = {
-            True: "relu more malleable",
-            False: "within the noise control",
-            None: "relu more sensitive (no noise control)",
-        }[above["relu"]]
+    elif row.raw_verdict == SUPPORTED:
+        reading = "attn more malleable"
+    elif row.raw_verdict == CONTRADICTED:
+        reading = "relu more malleable"
+    elif bounded_ratio_p(_col(t, 0), _col(t, 1), MIN_RATIO, "above") <= level:
+        reading = "attn more sensitive, not shown beyond noise"
+    elif bounded_ratio_p(_col(t, 0), _col(t, 1), MIN_RATIO, "below") <= level:
+        reading = "relu more sensitive, not shown beyond noise"
     else:
         reading = "not resolved"
+    iv = None if t is None else t.interval
     return VariantRow(
         name,
         "",
@@ -1040,11 +1094,16 @@ def variant_row(name: str, report: dict | None, command: str, error: str | None)
     )
 
 
+def _col(test: SeedTest, j: int) -> np.ndarray:
+    return np.array(test.units, dtype=float).reshape(len(test.units), -1)[:, j]
+
+
 TITLES = {
     "kappa": ["kappa(G~) = kappa(G)^3", "the width linearized attention needs is beyond any trainable width"],
     "ntk": [
         "2L-ReLU approaches its NTK predictor",
         "MLP-Attn does not approach its NTK predictor",
+        "MLP-Attn does not approach its NTK predictor [sensitivity: every width]",
         "MLP-Attn approaches its NTK predictor more slowly than 2L-ReLU",
     ],
     "malleability": ["attention is more malleable"],
@@ -1057,6 +1116,20 @@ TITLES = {
 }
 
 
+def _failed_cells_block(rows: list[ClaimRow], report: dict) -> None:
+    """Rows of a run with failed cells give no verdict (the finished seeds were not chosen by the protocol)."""
+    failed = (report.get("results") or {}).get("failed_cells") or []
+    if not failed:
+        return
+    for row in rows:
+        if row.test is not None:
+            _block(
+                row,
+                f"{len(failed)} cell(s) of the run failed; rerun them (a verdict from the seeds that finished "
+                "would rest on seeds chosen by outcome)",
+            )
+
+
 def score(
     mode: str,
     reports: dict[str, dict | None],
@@ -1065,7 +1138,9 @@ def score(
     variants: list[tuple[str, str]],
     slope_margin: float = SLOPE_MARGIN,
 ) -> ClaimsResult:
-    """Every claim row and variant row from the runs' reports (a failed run gives 'not testable here')."""
+    """Every claim row and variant row from the runs' reports (a failed run gives 'not testable
+    here'), with Holm's adjustment across the seed-based claim rows (sensitivity rows take the
+    family's Bonferroni factor)."""
     claims: list[ClaimRow] = []
     readers: dict[str, Callable[[dict, str], ClaimRow | list[ClaimRow]]] = {
         "kappa": claim_kappa,
@@ -1086,6 +1161,21 @@ def score(
         report = reports[rid]
         assert report is not None  # checked above
         got = read(report, commands[rid])
-        claims.extend(got if isinstance(got, list) else [got])
+        got = got if isinstance(got, list) else [got]
+        _failed_cells_block(got, report)
+        claims.extend(got)
+    family = [c for c in claims if c.role == "claim"]
+    adjust(family)
+    m = sum(c.test is not None and c.test.n >= MIN_SEEDS for c in family)
+    for c in claims:
+        if c.role != "claim":
+            if c.test is None or c.test.n < MIN_SEEDS:
+                c.raw_verdict = c.verdict
+                continue
+            c.p_adjusted = min(1.0, c.test.p_value * max(1, m))
+            c.verdict, reason = c.test.reading(c.p_adjusted)
+            c.why = f"{c.test.estimand}: Bonferroni over the {m} seed-based rows: {reason}"
+            if c.verdict == NOT_RESOLVED:
+                c.seeds_needed = c.test.seeds_needed(max(1, m))
     rows = [variant_row(name, reports.get(rid), commands[rid], errors.get(rid)) for name, rid in variants]
     return ClaimsResult(mode, claims, rows)

@@ -39,6 +39,7 @@ KNOWN_SCHEMAS = (
     "attnaudit.audit/1",
     "attnaudit.claims/1",
     "attnaudit.claims/2",
+    "attnaudit.claims/3",
     "attnaudit.alignment/1",
 )
 
@@ -54,7 +55,11 @@ CLAIM_FIELDS = (
     "confidence",
     "n_seeds",
     "per_seed",
+    "p_value",
+    "p_adjusted",
+    "raw_verdict",
     "verdict",
+    "seeds_needed",
     "why",
     "warnings",
     "command",
@@ -273,6 +278,8 @@ def _claim_cell(key: str, value: Any) -> str:
         return _number(value)
     if key == "warnings" and isinstance(value, list):
         return "<br>".join(esc(w) for w in value) if value else '<span class="none">none</span>'
+    if key in ("p_value", "p_adjusted") and isinstance(value, float):
+        return esc(format(value, ".3g"))
     if key == "verdict":
         cls = {"supported": "pass", "contradicted": "fail"}.get(str(value), "skipped")
         return f'<span class="{cls}">{esc(value)}</span>'

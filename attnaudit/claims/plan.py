@@ -1,0 +1,146 @@
+"""The scorecard's plan: which command lines ``attnaudit claims`` runs, and its protocol variants.
+
+Every run is a library request stated as the command line that reproduces it, so every row
+of the scorecard names its command. The variants rerun the malleability comparison under
+other protocol choices (eps, damping, optimizer and loss, input scale, loss matching).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from attnaudit.analyses.malleability.run import PRESETS
+from attnaudit.analyses.registry import COMMANDS, request_type
+from attnaudit.data import PREPROCESS
+from attnaudit.errors import AuditError
+
+MODES = ("quick", "full")
+#: Seeds of every stochastic run of the scorecard (t(0.975, 4) = 2.78; 3 is the least that may decide).
+DEFAULT_SEEDS = 5
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One command line of the scorecard."""
+
+    id: str
+    command: str
+    args: tuple[str, ...]
+    purpose: str
+
+
+# ----------------------------------------------------------------------------- the plan
+def _has_choice(command: str, option: str, value: str) -> bool:
+    """Whether this build's command accepts ``--option value`` (variants added by newer options)."""
+    if not _has_option(command, option):
+        return False
+    if option == "preprocess":
+        return value in PREPROCESS
+    return True
+
+
+def plan(
+    mode: str, data_args: list[str], seed: int, n_seeds: int = DEFAULT_SEEDS, match_loss: float | str | None = None
+) -> tuple[list[RunSpec], list[tuple[str, str]]]:
+    """The scorecard's runs, and (variant name, run id) of the protocol variants.
+
+    ``n_seeds``: seeds of every stochastic run (ntk-distance, malleability, landscape,
+    alignment). ``match_loss``: a common training-loss target for malleability and landscape
+    (full-batch GD stops there); the variant rows then also show the other choice."""
+    if mode not in MODES:
+        raise AuditError(f"unknown scorecard mode {mode!r}; use --quick or --full")
+    if n_seeds < 1:
+        raise AuditError(f"--seeds must be >= 1, got {n_seeds}")
+    if isinstance(match_loss, str):
+        if match_loss.strip().lower() not in ("auto", "none"):
+            raise AuditError(f"--match-loss: {match_loss!r} is not a training loss; give a number, auto or none")
+        match_loss = match_loss.strip().lower()
+    elif match_loss is not None and not (math.isfinite(match_loss) and match_loss > 0):
+        raise AuditError(f"--match-loss must be a positive training loss, got {match_loss}")
+    preset = "quick" if mode == "quick" else "paper"
+    common = [*data_args, "--seed", str(seed)]
+    seeds = ("--seeds", str(n_seeds))
+    ml_text = None if match_loss is None else match_loss if isinstance(match_loss, str) else f"{match_loss:g}"
+    matched = ("--match-loss", ml_text) if ml_text is not None else ()
+    runs = [
+        RunSpec("kappa", "kappa", (*common,), "amplification kappa(G~) = kappa(G)^3 and the paper's width requirement"),
+        RunSpec("ntk", "ntk-distance", ("--preset", preset, *common, *seeds), "distance to the NTK predictor vs width"),
+        RunSpec(
+            "malleability",
+            "malleability",
+            ("--preset", preset, *common, *seeds, *matched),
+            "attn / relu flip-rate ratio with controls",
+        ),
+        RunSpec(
+            "landscape",
+            "landscape",
+            ("--preset", preset, *common, *seeds, *matched),
+            "relative sharpness of the minima",
+        ),
+    ]
+    if _has_command("alignment"):
+        runs.append(
+            RunSpec(
+                "alignment",
+                "alignment",
+                ("--preset", preset, *common, *seeds) if _has_option("alignment", "preset") else (*common, *seeds),
+                "approximation error on principal-direction targets (the dual implication)",
+            )
+        )
+
+    main_match = ml_text if ml_text is not None else (PRESETS.get(preset, {}).get("match_loss") or "none")
+    variants = [
+        (
+            "preset protocol, " + ("fixed steps" if main_match == "none" else f"matched training loss ({main_match})"),
+            "malleability",
+        )
+    ]
+    extra: list[tuple[str, tuple[str, ...]]] = [
+        ("eps 0.1", ("--eps", "0.1")),
+        ("damping x100 (0.1)", ("--damping", "0.1")),
+    ]
+    if _has_choice("malleability", "optimizer", "adam"):
+        extra.append(("cross-entropy, Adam lr 1e-3", ("--loss", "ce", "--optimizer", "adam", "--lr", "0.001")))
+    if _has_choice("malleability", "preprocess", "ntk-scale"):
+        extra.append(("inputs scaled to mean ||x||^2 = d", ("--preprocess", "ntk-scale")))
+    for i, (name, args) in enumerate(extra):
+        rid = f"malleability-v{i + 1}"
+        runs.append(
+            RunSpec(
+                rid, "malleability", ("--preset", preset, *common, *seeds, *matched, *args), f"protocol variant: {name}"
+            )
+        )
+        variants.append((name, rid))
+    # loss matching as a protocol variant: the other choice from the main run's
+    other = _loss_matching_variant(preset, match_loss)
+    if other is not None:
+        name, args = other
+        rid = f"malleability-v{len(extra) + 1}"
+        runs.append(
+            RunSpec(rid, "malleability", ("--preset", preset, *common, *seeds, *args), f"protocol variant: {name}")
+        )
+        variants.append((name, rid))
+    return runs, variants
+
+
+def _has_command(name: str) -> bool:
+
+    return name in COMMANDS
+
+
+def _has_option(command: str, option: str) -> bool:
+
+    return request_type(command).field_of(option) is not None
+
+
+def _loss_matching_variant(preset: str, match_loss: float | str | None) -> tuple[str, tuple[str, ...]] | None:
+    """The variant row that flips the loss-matching choice of the main run: fixed steps when the
+    main run matches losses (``--match-loss`` given, or the preset's own ``auto``), else matched
+    loss by the ``auto`` rule (every model trained to the largest loss any reaches in the budget)."""
+
+    preset_match = PRESETS.get(preset, {}).get("match_loss") or "none"
+    matches = preset_match != "none" if match_loss is None else match_loss != "none"
+    if matches:
+        return ("fixed steps, no loss matching", ("--match-loss", "none"))
+    return ("matched training loss (auto)", ("--match-loss", "auto"))
