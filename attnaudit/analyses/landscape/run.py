@@ -176,6 +176,7 @@ def run_landscape(
     recipe=None,
     loss_ratio: float | None = None,
     match_loss_auto: bool = False,
+    seed_data: Mapping[int, Any] | None = None,
 ) -> LandscapeRun:
     """Train the reference models ``models`` (default relu, attn) on ``data``, or take the
     ``saved`` ones (label -> module or Task), analyse each with ``config`` and compare them.
@@ -197,6 +198,10 @@ def run_landscape(
     ``match_loss_auto`` (full-batch GD): every model and seed is first trained for the whole
     step budget; the largest final loss L* becomes ``train_config.loss_tol``, so every model
     is then trained until its loss first reaches L* (the slowest one runs its whole budget).
+
+    ``seed_data`` (built-in models; ``--resample-data``): seed -> that seed's own rows (like
+    ``data``), on which its model is built (MLP-Attn's context), trained and analysed; None:
+    every seed uses ``data``.
     """
 
     X, y = data.X, data.y
@@ -243,6 +248,24 @@ def run_landscape(
         raise AuditError(
             "--optimizer and --batch-size say how to train the built-in models; a saved model is trained already"
         )
+    if seed_data is not None:
+        if saved:
+            raise AuditError(
+                "--resample-data draws new training rows per seed, which a saved model was not trained on; drop it"
+            )
+        missing = [s for s in seed_list if s not in seed_data]
+        if missing:
+            raise AuditError(f"seed_data holds no rows for seed(s) {', '.join(map(str, missing))}; give every seed's")
+        if any(seed_data[s].y is None for s in seed_list):
+            raise AuditError("the loss landscape needs labelled data")
+
+    def rows(s: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(X, y) seed ``s`` trains and is analysed on: its own rows with ``seed_data``, else ``data``'s."""
+        if seed_data is None:
+            return X, y
+        own = seed_data[s]
+        return own.X, own.y.to(own.X.device).long()
+
     for net in nets.values():  # a selector that matches nothing fails now, before training or analysis
         parameter_names(landscape_task(net, X, config.loss, config.params), X)
 
@@ -257,7 +280,8 @@ def run_landscape(
         runs: list[dict[str, Any]] = []
         for label in nets:
             for s in seed_list:
-                tr = gd.train(build_reference_model(label, X, data.n_classes, width=width, seed=s), X, y, budget)
+                Xs, ys = rows(s)
+                tr = gd.train(build_reference_model(label, Xs, data.n_classes, width=width, seed=s), Xs, ys, budget)
                 if tr.diverged:
                     raise AuditError(f"training {label} diverged (loss {tr.final_loss}); lower the learning rate")
                 runs.append({"model": label, "seed": s, "final_loss": float(tr.final_loss), "steps_run": tr.steps_run})
@@ -276,12 +300,14 @@ def run_landscape(
     seed_training: dict[str, list[dict]] = {label: [] for label in nets}
     for label in list(nets):
         for i, s in enumerate(seed_list):
-            net = nets[label] if i == 0 else build_reference_model(label, X, data.n_classes, width=width, seed=s)
+            Xs, ys = rows(s)
+            own = i == 0 and Xs is X  # the model built above, on these rows
+            net = nets[label] if own else build_reference_model(label, Xs, data.n_classes, width=width, seed=s)
             cfg = config if i == 0 else dataclasses.replace(config, seed=config.seed + (s - seed_list[0]))
             t1 = time.perf_counter()
             if train_config is not None:
                 assert isinstance(net, nn.Module)  # only built-in models are trained (train_config is None if saved)
-                info = _train_one(label, net, X, y, train_config, recipe, s, gd)
+                info = _train_one(label, net, Xs, ys, train_config, recipe, s, gd)
                 seed_training[label].append(info)
                 if i == 0:
                     training[label] = info
@@ -289,7 +315,7 @@ def run_landscape(
                     progress(info.pop("_units"))
             timings[f"{label}.train"] = timings.get(f"{label}.train", 0.0) + time.perf_counter() - t1
             t1 = time.perf_counter()
-            res = analyse_landscape(net, X, y, cfg, progress=progress)
+            res = analyse_landscape(net, Xs, ys, cfg, progress=progress)
             timings[f"{label}.analysis"] = timings.get(f"{label}.analysis", 0.0) + time.perf_counter() - t1
             seed_results[label].append(res)
             if i == 0:
@@ -492,7 +518,16 @@ class LandscapeRequest(ModelFields, PresetData, Request):
         kind=int,
         help="Independent initialisations, trainings and analyses per built-in model (seeds seed, seed+1, ...; default "
         "3 for --preset quick, 1 for paper); the JSON gains per-seed values with mean/sd, and the comparison uses "
-        "the mean with its Student-t tolerance (fewer than 3 seeds never resolve it).",
+        "the mean with its Student-t tolerance (fewer than 3 seeds never resolve it); with --resample-data each seed "
+        "also draws its own training rows.",
+    )
+    resample_data: bool = option(
+        False,
+        "--resample-data",
+        panel=PROTOCOL,
+        negative="--fixed-data",
+        help="Each seed draws its own training rows (the rows a run with that --seed uses), so intervals include "
+        "the choice of training rows. Built-in models only.",
     )
     optimizer: str | None = option(
         None,
@@ -561,7 +596,12 @@ class LandscapeRequest(ModelFields, PresetData, Request):
         help="Precision of the analysis: float64 (default) or float32. The engine works on copies; a saved model "
         "keeps its own dtype. (--dtype is its older spelling: elsewhere --dtype is the training dtype.)",
     )
-    seed: int = option(0, "--seed", panel=PROTOCOL, help="Base random seed (recorded in the report).")
+    seed: int = option(
+        0,
+        "--seed",
+        panel=PROTOCOL,
+        help="Base random seed; also fixes the training rows (each seed draws its own with --resample-data).",
+    )
     device: str = option("auto", "--device", panel=EXECUTION, help="auto, cpu, cuda or cuda:<i>.")
 
     @property
@@ -617,6 +657,17 @@ class LandscapeRequest(ModelFields, PresetData, Request):
                     "seeds",
                     "{name} trains independent copies of the built-in models; a saved model is one model, drop {name}",
                 )
+            if self.resample_data:
+                raise FieldError(
+                    "resample_data",
+                    "{name} draws new training rows per seed, which a saved model was not trained on; drop it",
+                )
+        if self.loaded_data is not None and self.resample_data:
+            raise FieldError(
+                "resample_data",
+                "{name} draws each seed's rows from a data recipe; a request holding "
+                "loaded data has none (give the data as dataset or data, or drop it)",
+            )
         check_seeds(
             self.seed, 1 if saved else (self.seeds if self.seeds is not None else p["seeds"]), rule="a positive integer"
         )
@@ -694,21 +745,23 @@ def _on_device(task, device):
     return dataclasses.replace(task, module=copy.deepcopy(task.module).to(device))
 
 
-def _load_rows(request: LandscapeRequest, r: LandscapeRequest, saved_models: dict):
+def _load_rows(request: LandscapeRequest, r: LandscapeRequest, saved_models: dict, seed: int | None = None):
     """The audited rows: the saved models' own training split when their side-cars prove it,
-    else ``n_train`` stratified rows; and the note on where the rows came from (or None)."""
+    else ``n_train`` stratified rows drawn with ``seed`` (default the base seed; with
+    ``--resample-data`` each model seed's); and the note on where the rows came from (or None)."""
     assert r.n_train is not None  # r is resolved(): the preset fills n_train
+    seed = r.seed if seed is None else seed
 
     if saved_models:
         if request.loaded_data is not None:
             full = request.loaded_data
         else:
             full = load_dataset(
-                dataclasses.replace(r.data_spec(r.seed, n=r.n_train, stratify=True), n=None, stratify=False)
+                dataclasses.replace(r.data_spec(seed, n=r.n_train, stratify=True), n=None, stratify=False)
             )
         rebuilt = recorded_split(full, saved_models)
         if rebuilt is not None:
-            ds = subset(rebuilt[0], min(r.n_train, rebuilt[0].n), r.seed)
+            ds = subset(rebuilt[0], min(r.n_train, rebuilt[0].n), seed)
             note = {
                 "rows": "checkpoint split",
                 "detail": f"{ds.n} of the checkpoint's {rebuilt[0].n} training rows "
@@ -722,15 +775,27 @@ def _load_rows(request: LandscapeRequest, r: LandscapeRequest, saved_models: dic
             raise FieldError(
                 "n_train", "{name} " + f"{r.n_train} is more than the {full.n} rows of the loaded data set"
             )
-        return subset(full, r.n_train, r.seed, stratify=True), None
+        return subset(full, r.n_train, seed, stratify=True), None
     try:
-        return r.load_data(r.seed, n=r.n_train, stratify=True), None
+        return r.load_data(seed, n=r.n_train, stratify=True), None
     except AuditError as exc:
         if "--n " in str(exc):
             raise FieldError(
                 "n_train", literal(str(exc)).replace("--n ", "{name} ").replace("lower --n", "lower {name}")
             ) from None
         raise
+
+
+def _rows_record(seed: int, ds) -> dict:
+    """Which rows model seed ``seed`` trained and was analysed on: the seed they were drawn with,
+    their index checksum and a checksum of their contents."""
+    drawn = ds.info.get("holdout") or ds.info
+    return {
+        "seed": seed,
+        "subset_seed": drawn.get("seed"),
+        "indices_sha256": drawn.get("indices_sha256"),
+        "train_data_sha256": data_fingerprint(ds.X, ds.y),
+    }
 
 
 def run(request: LandscapeRequest, *, progress: RunProgress | None = None, executor=None) -> Result:
@@ -792,6 +857,11 @@ def run(request: LandscapeRequest, *, progress: RunProgress | None = None, execu
         ds, rows_note = _load_rows(request, r, saved_models)
         if ds.y is None:
             raise AuditError(f"{ds.name} has no labels; the loss landscape needs labelled data")
+        seed_list = (r.seed,) if model else tuple(range(r.seed, r.seed + n_seeds))
+        # every model seed's rows: the base seed's, or (--resample-data) the rows a run with --seed s draws
+        seed_rows = {
+            s: ds if s == r.seed or not r.resample_data else _load_rows(request, r, {}, s)[0] for s in seed_list
+        }
         if saved_models:
             fitted = {label: fit_to_data(lm, ds) for label, lm in saved_models.items()}
             saved_tasks = {label: _on_device(lm.task(loss=loss_name), dev) for label, lm in fitted.items()}
@@ -802,6 +872,7 @@ def run(request: LandscapeRequest, *, progress: RunProgress | None = None, execu
             else f"models {','.join(labels)}, width {r.width}, {opt_name} {train_cfg.steps} steps, lr {train_cfg.lr:g}"
             + (f", batch {r.batch_size}" if r.batch_size else "")
             + (f", {n_seeds} seeds" if n_seeds > 1 else "")
+            + (", rows resampled per seed" if r.resample_data else "")
         )
         header = f"landscape: {ds.name} ({r.split}), n={ds.n}, {what}"
         steps_per_model = (
@@ -810,9 +881,10 @@ def run(request: LandscapeRequest, *, progress: RunProgress | None = None, execu
         total = run_work_units(config, len(labels) * n_seeds, steps_per_model)
         trainer = {"gd": "GD", "sgd": "SGD", "adam": "Adam"}[opt_name]
         unit = "Hessian/loss evaluations" if model else f"{trainer} steps and Hessian/loss evaluations"
+        on_dev = {s: dataclasses.replace(d, X=d.X.to(dev), y=d.y.to(dev)) for s, d in seed_rows.items()}
         with progress("landscape", total, unit) as advance:
             out_run = run_landscape(
-                dataclasses.replace(ds, X=ds.X.to(dev), y=ds.y.to(dev)),
+                on_dev[r.seed],
                 config,
                 models=None if model else arch_list,
                 width=width,
@@ -822,6 +894,7 @@ def run(request: LandscapeRequest, *, progress: RunProgress | None = None, execu
                 seeds=None if model else tuple(range(r.seed, r.seed + n_seeds)),
                 recipe=recipe,
                 match_loss_auto=match_auto,
+                seed_data=on_dev if r.resample_data else None,
                 saved_info={
                     label: {
                         "source": lm.source.get("path") or lm.source.get("factory"),
@@ -862,6 +935,7 @@ def run(request: LandscapeRequest, *, progress: RunProgress | None = None, execu
                 }
             ),
             "seeds": None if model else n_seeds,
+            "resample_data": r.resample_data,
             "match_loss": match_target,
             "match_loss_resolution": out_run.match_loss_resolution,
             "loss_comparable_within": LOSS_COMPARABLE_WITHIN,
@@ -870,7 +944,12 @@ def run(request: LandscapeRequest, *, progress: RunProgress | None = None, execu
         seeds={
             "base_seed": r.seed,
             "model_seed": None if model else r.seed,
-            "subset_seed": r.seed,
+            "subset_seed": "per model seed" if r.resample_data else r.seed,
+            "subset_seeds": [s if r.resample_data else r.seed for s in seed_list],
+            "data": "--resample-data: model seed s trains and is analysed on its own rows, the subset a run with "
+            "--seed s draws"
+            if r.resample_data
+            else "one subset of training rows drawn with the base seed, shared by every model seed",
             "landscape": config.seeds(),
             "model_seeds": None if model else list(range(r.seed, r.seed + n_seeds)),
         },
@@ -879,6 +958,7 @@ def run(request: LandscapeRequest, *, progress: RunProgress | None = None, execu
         timings=timings,
         results={
             "dataset": ds.info,
+            "rows_by_seed": [_rows_record(s, seed_rows[s if r.resample_data else r.seed]) for s in seed_list],
             "models": out["models"],
             "gd_stability_bound": out["gd_stability_bound"],
             "optimizer": out["optimizer"],

@@ -4,7 +4,8 @@ Three modes, chosen by the request:
 
 * the 2-layer width sweep (default): finite 2L-ReLU / MLP-Attn networks against their NTK
   predictor across ``widths`` (:mod:`attnaudit.analyses.ntk_distance.widths`); ``preset``
-  quick or paper sets the sizes, explicit fields beat it;
+  quick or paper sets the sizes, explicit fields beat it; ``resample_data``: each seed trains
+  and is measured on its own rows (those a run with that base seed uses), not the base seed's;
 * ``checkpoint`` (or ``factory`` / ``loaded_models``): how far training moved a trained model's
   kernel from its initialization (:mod:`attnaudit.analyses.ntk_distance.movement`);
 * ``arch`` vit,vit-linear: the width sweep of the built-in transformers
@@ -49,7 +50,13 @@ from attnaudit.core.recipes import MINI_BATCH, VIT_DEFAULTS
 from attnaudit.errors import AuditError, check_seed
 from attnaudit.runtime.device import resolve_device
 from attnaudit.data import HoldoutRecipe, holdout_split
-from attnaudit.analyses.ntk_distance.widths import SCHEMA, build_tables, plot_ntk_distance, run_ntk_distance
+from attnaudit.analyses.ntk_distance.widths import (
+    SCHEMA,
+    build_tables,
+    plot_ntk_distance,
+    run_ntk_distance,
+    seed_recipe,
+)
 from attnaudit.data import data_fingerprint
 from attnaudit.models.builtin import save_model
 from attnaudit.report.envelope import build_report, check_target
@@ -275,7 +282,16 @@ class NtkDistanceRequest(ModelFields, DataFields, Request):
         "--seeds",
         panel=PROTOCOL,
         kind=int,
-        help="Number of initialisation seeds per width: seed, seed+1, ... (default: preset; 2 with --arch).",
+        help="Number of initialisation seeds per width: seed, seed+1, ... (default: preset; 2 with --arch); with "
+        "--resample-data each seed also draws its own rows.",
+    )
+    resample_data: bool = option(
+        False,
+        "--resample-data",
+        panel=PROTOCOL,
+        negative="--fixed-data",
+        help="Each seed draws its own train/held-out rows (the rows a run with that --seed uses), so intervals "
+        "include the choice of training rows. 2-layer sweep only.",
     )
     n_train: int | None = option(
         None, "--n-train", panel=PROTOCOL, kind=int, help="Training points (default: preset; 1000 with --arch)."
@@ -380,7 +396,12 @@ class NtkDistanceRequest(ModelFields, DataFields, Request):
         kind=int,
         help="With --arch: passes over the training rows (default 5); give --epochs or --steps.",
     )
-    seed: int = option(0, "--seed", panel=PROTOCOL, help="Base random seed (recorded in the report).")
+    seed: int = option(
+        0,
+        "--seed",
+        panel=PROTOCOL,
+        help="Base random seed; also fixes the train/held-out rows (each seed draws its own with --resample-data).",
+    )
     device: str = option("auto", "--device", panel=EXECUTION, help="auto, cpu, cuda or cuda:<i>.")
 
     # ---- the mode and its defaults
@@ -462,6 +483,11 @@ class NtkDistanceRequest(ModelFields, DataFields, Request):
                 "set how the sweeps train new networks and do not apply to --checkpoint "
                 "(a trained model, compared with its initialization)",
             )
+            if self.resample_data:
+                raise FieldError(
+                    "resample_data",
+                    "{name} draws new training rows per seed, which a saved model was not trained on; drop it",
+                )
             self.checkpoint_config()
             return
         if self.reference_checkpoint is not None:
@@ -475,6 +501,12 @@ class NtkDistanceRequest(ModelFields, DataFields, Request):
                 TRANSFORMER_REFUSES,
                 "belong to the 2-layer sweep (--models relu,attn), not to the transformer sweep (--arch)",
             )
+            if self.resample_data:
+                raise FieldError(
+                    "resample_data",
+                    "{name} resamples the rows of the 2-layer sweep; the transformer sweep (--arch) trains every "
+                    "seed on one split, drop it",
+                )
             self.transformer_config()
             return
         _refuse(
@@ -483,6 +515,12 @@ class NtkDistanceRequest(ModelFields, DataFields, Request):
             "apply to --checkpoint or --arch vit,vit-linear, not to the 2-layer sweep (which "
             "trains by full-batch GD with the lr rule)",
         )
+        if self.loaded_data is not None and self.resample_data:
+            raise FieldError(
+                "resample_data",
+                "{name} draws each seed's rows from a data recipe; a request holding "
+                "loaded data has none (give the data as dataset or data, or drop it)",
+            )
         self.sweep_config()
 
     def _sizes(self, r: Any) -> None:
@@ -549,6 +587,7 @@ class NtkDistanceRequest(ModelFields, DataFields, Request):
             train_dtype=train_dtype,
             float32_from_width=f32_from,
             kernel_points=r.kernel_points,
+            resample_data=r.resample_data,
         )
 
     def transformer_config(self):
@@ -642,6 +681,23 @@ def _load_holdout(request: NtkDistanceRequest, n_train: int, n_test: int):
     return (*recipe.load(), recipe)
 
 
+def _holdout_seeds(base: int, seeds: Sequence[int], resample: bool) -> dict:
+    """The report's record of which rows each model seed used: one split drawn with the base
+    seed, or (``--resample-data``) seed s's own, the split a run with ``--seed s`` draws."""
+    if not resample:
+        return {
+            "holdout_seed": base,
+            "holdout_seeds": [base for _ in seeds],
+            "data": "one train/held-out split drawn with the base seed, shared by every model seed",
+        }
+    return {
+        "holdout_seed": "per model seed",
+        "holdout_seeds": list(seeds),
+        "data": "--resample-data: model seed s trains and is measured on its own rows, the subset and split a "
+        "run with --seed s draws",
+    }
+
+
 def _holdout_error(exc: AuditError, n_train: int, n_test: int) -> AuditError:
     """The data layer speaks of ``--n``; here the row count is n_train + n_test."""
     if "--n " not in str(exc):
@@ -702,6 +758,14 @@ def _run_widths(request: NtkDistanceRequest, progress: Progress, executor, overw
 
     saved: list[str] = []
 
+    def seed_training_data(s: int) -> dict:
+        """The side-car's record of the rows seed ``s`` trained on (its own with --resample-data)."""
+        if not config.resample_data:
+            return training_data
+        assert recipe is not None  # --resample-data is refused with loaded data
+        rows, _ = seed_recipe(recipe, s).load()  # cached: the rows its cells trained on
+        return {**training_data, "n": rows.n, "seed": s, "fingerprint": data_fingerprint(rows.X, rows.y)}
+
     def on_model(arch: str, width: int, s: int, net) -> None:
         assert save_dir is not None
         path = save_model(
@@ -712,7 +776,7 @@ def _run_widths(request: NtkDistanceRequest, progress: Progress, executor, overw
                 "command": "ntk-distance",
                 "dataset": ds.name,
                 "steps": config.steps,
-                "training_data": training_data,
+                "training_data": seed_training_data(s),
             },
         )
         saved.append(str(path))
@@ -750,7 +814,11 @@ def _run_widths(request: NtkDistanceRequest, progress: Progress, executor, overw
             **config.to_dict(),
             "execution": result.execution,
         },
-        seeds={"base_seed": request.seed, "model_seeds": list(config.seeds), "holdout_seed": request.seed},
+        seeds={
+            "base_seed": request.seed,
+            "model_seeds": list(config.seeds),
+            **_holdout_seeds(request.seed, config.seeds, config.resample_data),
+        },
         device=dev,
         dtype=f"float64 (kernels, predictor, metrics); training {config.train_dtype}"
         + (f", float32 from width {f32_from}" if f32_from else ""),

@@ -22,6 +22,13 @@ Protocol (one *cell* per model x width x seed):
 5. Per model: log-log least-squares slope of distance vs width, per seed; the kernel
    regime predicts about -1/2 (kernel fluctuations and movement are O(1/sqrt(m))).
 
+Seeds: each seed fixes the network's initialisation; the training and held-out rows are
+drawn once (the caller's split), unless ``resample_data``: then seed s trains and is
+measured on its own rows, the caller's :class:`~attnaudit.data.HoldoutRecipe` with every
+seed replaced by s (:func:`seed_recipe`: the rows a run whose base seed is s uses), and
+everything computed from the rows (the analytic NTK Theta_inf, the lr rule, the kernel
+predictor, the distances, the kernel metrics) is computed per seed from that seed's rows.
+
 Learning-rate rule (when no lr is given): lr = lr_fraction * 2n / lambda_max(Theta_inf on
 the training set), the stable step of linearized GD on the trainer's MSE
 (L = 1/(2n) sum ||f - y||^2). The default fraction 1/2 critically damps the top mode and
@@ -31,6 +38,7 @@ standard parametrization Theta_inf grows with width, so the rule gives one lr pe
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -69,7 +77,7 @@ from attnaudit.core.training import (
     train,
 )
 from attnaudit.runtime.sweep import CellTask, ExecutorConfig, cached, clear_cache, run_cells
-from attnaudit.data import HoldoutRecipe
+from attnaudit.data import HoldoutRecipe, data_fingerprint
 
 if TYPE_CHECKING:
     from attnaudit.data import HoldoutRecipe
@@ -89,6 +97,8 @@ class NTKDistanceConfig:
     predictor and all metrics stay float64); None trains everything in ``train_dtype``.
     ``kernel_points``: rows of the training set used for the kernel metrics (None: all;
     otherwise a fixed random subset, drawn with seed 0).
+    ``resample_data``: each seed draws its own training and held-out rows
+    (:func:`seed_recipe`); False: every seed uses the caller's rows.
     """
 
     models: tuple[str, ...] = ("relu", "attn")
@@ -105,6 +115,7 @@ class NTKDistanceConfig:
     train_dtype: str = "float64"
     float32_from_width: int | None = None
     kernel_points: int | None = None
+    resample_data: bool = False
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -226,6 +237,9 @@ class ModelSummary:
     untrained: bool = False  # at chance at every width: no trend claim
     chance: float | None = None
     untrained_threshold: float | None = None
+    # resample_data: each seed's own analytic-kernel diagnostics and lr per width (the fields
+    # above are the first seed's); empty when every seed shares the rows
+    kernel_by_seed: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return _clean(asdict(self))
@@ -245,6 +259,7 @@ class NTKDistanceResult:
     seconds: float
     failed_cells: list = field(default_factory=list)
     execution: dict = field(default_factory=dict)  # executor, cells, resumed (how it ran; not a result)
+    rows_by_seed: list = field(default_factory=list)  # per seed: which rows it trained and was measured on
 
     def summary_rows(self) -> list[dict]:
         """Mean and spread over seeds, one row per model x width."""
@@ -286,6 +301,7 @@ class NTKDistanceResult:
                 "relative: divided by RMS ||f_NTK(x)||_2",
                 "kernel_definition": "full (n c) x (n c) empirical NTK on the training set (or its first "
                 "kernel_points rows, a fixed random subset); complement = both sides projected off the top eigenvector of Theta_inf",
+                "rows_by_seed": list(self.rows_by_seed),
                 "cells": [c.to_dict() for c in self.cells],
                 "summary": self.summary_rows(),
                 "models": {k: v.to_dict() for k, v in self.models.items()},
@@ -302,12 +318,19 @@ def _cell_grid(
     grid: tuple[str, Sequence[str], Sequence[int], Sequence[int]],
     label: Callable[[str, int, int], str],
     cost: Callable[[int], float],
+    per_seed: Callable[[int], dict] | None = None,
 ) -> list[CellTask]:
     """A width sweep's cells: one per name, width and seed of ``grid`` (the key the names go
-    under, the names, the widths, the seeds), each calling ``function`` on ``base`` and the three."""
+    under, the names, the widths, the seeds), each calling ``function`` on ``base`` and the three.
+    ``per_seed(seed)``: payload entries that replace ``base``'s for that seed's cells (its own data)."""
     by, names, widths, seeds = grid
     return [
-        CellTask(function, {**base, by: name, "width": width, "seed": seed}, label(name, width, seed), cost=cost(width))
+        CellTask(
+            function,
+            {**base, **(per_seed(seed) if per_seed is not None else {}), by: name, "width": width, "seed": seed},
+            label(name, width, seed),
+            cost=cost(width),
+        )
         for name in names
         for width in widths
         for seed in seeds
@@ -715,6 +738,10 @@ def run_ntk_distance(
             "--save-models keeps the trained networks of this process; use it with the local executor "
             "and without --resume"
         )
+    if config.resample_data and data is None:
+        raise AuditError(
+            "--resample-data draws each seed's rows from the data recipe; pass data=HoldoutRecipe(...) (the CLI does)"
+        )
     # the driver's own tensors serve the in-process cells; workers load theirs from the recipe
     memory_key = data.key if data is not None else f"memory:{id(X_train)}"
     sweep = _Sweep(memory_key, X_train, y_train, X_test, y_test, c)
@@ -732,14 +759,35 @@ def run_ntk_distance(
         "device": str(device),
         "hook": hook_key,
     }
+
+    def seed_data(seed: int) -> dict:
+        """The cell's data: the caller's rows, or (resample_data) the rows drawn with ``seed``."""
+        if not config.resample_data:
+            return {}
+        assert data is not None  # refused above
+        rec = seed_recipe(data, seed)
+        return {"data": rec.to_dict(), "memory_key": rec.key}
+
     tasks = _cell_grid(
         "attnaudit.analyses.ntk_distance.widths:ntk_cell",
         base,
         ("model", config.models, config.widths, config.seeds),
         lambda arch, width, seed: f"{arch} m={width} seed={seed}",
         float,
+        per_seed=seed_data if config.resample_data else None,
     )
     try:
+        # each seed's rows (one shared sweep unless resample_data), loaded before any training so
+        # a seed whose rows cannot serve fails now; the in-process cells reuse them
+        sweeps = {s: _seed_sweep(sweep, {**base, **seed_data(s)}) for s in config.seeds}
+        if config.resample_data:
+            for s, sw in sweeps.items():
+                classes = torch.unique(sw.y).tolist()
+                if len(classes) < 2:
+                    raise AuditError(
+                        f"seed {s}'s training rows hold a single class ({classes[0]}); keep at least two classes "
+                        "(e.g. --classes 3,5) or more --n-train"
+                    )
         outcomes = run_cells(
             tasks,
             ex,
@@ -751,26 +799,51 @@ def run_ntk_distance(
         cells = [Cell(**o.result) for o in outcomes if o.ok]
         failed = [o.failure() for o in outcomes if not o.ok]
         summaries: dict[str, ModelSummary] = {}
+        # one diagnostic pass per distinct set of rows: the shared sweep, or (resample_data) each seed's
+        kernel_seeds: list[tuple[int, _Sweep]] = []
+        for s, sw in sweeps.items():
+            if all(sw is not other for _, other in kernel_seeds):
+                kernel_seeds.append((s, sw))
         for arch in config.models:
-            ctx = sweep.arch_context(arch, config)
-            lr_by_width = {}
-            for width in config.widths:
-                w = sweep.width_context(arch, width, config)
-                lr_by_width[width] = w.lr
-                if config.lr is not None and w.lr * w.lam_max / n > 2:
-                    warnings.append(
-                        f"{arch} m={width}: --lr {w.lr:g} exceeds the stable step 2n/lambda_max = {2 * n / w.lam_max:.4g}; "
-                        "the linearized dynamics (and probably the network) diverge"
+            ctx = kernel_seeds[0][1].arch_context(arch, config)  # the first seed's rows
+            lr_by_width: dict[int, float] = {}
+            kernel_by_seed = []
+            singular = []
+            for s, sw in kernel_seeds:
+                who = f"seed {s} " if config.resample_data else ""
+                seed_ctx = sw.arch_context(arch, config)
+                seed_lr = {}
+                for width in config.widths:
+                    w = sw.width_context(arch, width, config)
+                    seed_lr[width] = w.lr
+                    if config.lr is not None and w.lr * w.lam_max / n > 2:
+                        warnings.append(
+                            f"{who}{arch} m={width}: --lr {w.lr:g} exceeds the stable step 2n/lambda_max = "
+                            f"{2 * n / w.lam_max:.4g}; the linearized dynamics (and probably the network) diverge"
+                        )
+                lr_by_width = lr_by_width or seed_lr
+                diag = seed_ctx.spec_diag
+                if config.resample_data:
+                    kernel_by_seed.append(
+                        {
+                            "seed": s,
+                            **{k: diag[k] for k in ("condition_number", "numerical_rank", "top_eig_share")},
+                            "mean_pairwise_cosine": _mean_pairwise_cosine(seed_ctx.Z),
+                            "lr_by_width": {str(w): lr for w, lr in seed_lr.items()},
+                        }
+                    )
+                if diag["condition_number"] > 1 / torch.finfo(F64).eps or diag["numerical_rank"] < n:
+                    singular.append(
+                        f"{who}{arch}: the analytic NTK on the training set is numerically singular (numerical rank "
+                        f"{diag['numerical_rank']} of {n}); the predictor stays finite (eigen-decomposition, "
+                        "null directions follow the lr*T/n limit) but directions below round-off are not resolved"
                     )
             group = [cl for cl in cells if cl.model == arch]
             if group:
                 summaries[arch] = _summarise(arch, group, config, ctx, lr_by_width, n_present=len(present))
-            if ctx.spec_diag["condition_number"] > 1 / torch.finfo(F64).eps or ctx.spec_diag["numerical_rank"] < n:
-                warnings.append(
-                    f"{arch}: the analytic NTK on the training set is numerically singular (numerical rank "
-                    f"{ctx.spec_diag['numerical_rank']} of {n}); the predictor stays finite (eigen-decomposition, "
-                    "null directions follow the lr*T/n limit) but directions below round-off are not resolved"
-                )
+                summaries[arch].kernel_by_seed = kernel_by_seed
+            warnings.extend(singular)
+        rows_by_seed = _rows_by_seed(config, sweeps, data, seed_recipe if config.resample_data else None)
     finally:
         clear_cache()
     if failed:
@@ -806,7 +879,48 @@ def run_ntk_distance(
         seconds=time.perf_counter() - t_start,
         failed_cells=failed,
         execution={**ex.to_dict(), "cells": len(tasks), "resumed": sum(o.resumed for o in outcomes)},
+        rows_by_seed=rows_by_seed,
     )
+
+
+def seed_recipe(recipe: HoldoutRecipe, seed: int) -> HoldoutRecipe:
+    """``recipe`` with every seed replaced by ``seed`` (the rows' subset and their split): the rows
+    a run whose base seed is ``seed`` trains and is measured on (``resample_data``)."""
+    return dataclasses.replace(recipe, seed=int(seed), spec={**recipe.spec, "seed": int(seed)})
+
+
+def _seed_sweep(shared: "_Sweep", payload: dict) -> "_Sweep":
+    """A seed's :class:`_Sweep`: the shared one when the payload names its rows, else built (and
+    cached for the in-process cells) from the payload's recipe."""
+    return shared if payload["memory_key"] == shared.key else _sweep_for(payload)
+
+
+def _rows_by_seed(
+    config: NTKDistanceConfig,
+    sweeps: Mapping[int, "_Sweep"],
+    data: "HoldoutRecipe | None",
+    reseed: Callable[[HoldoutRecipe, int], HoldoutRecipe] | None,
+) -> list[dict]:
+    """Per seed, the rows it trained and was measured on: the split's seed, the holdout index
+    checksums (from the recipe) and checksums of the rows' contents; ``reseed`` None: one split."""
+    out = []
+    for s in config.seeds:
+        sw = sweeps[s]
+        rec = data if data is None or reseed is None else reseed(data, s)
+        info: dict = {
+            "seed": s,
+            "split_seed": None if rec is None else int(rec.seed),
+            "train_indices_sha256": None,
+            "test_indices_sha256": None,
+            "train_data_sha256": data_fingerprint(sw.X, sw.y),
+            "test_data_sha256": data_fingerprint(sw.Xt, sw.yt),
+        }
+        if rec is not None:
+            tr, te = rec.load()  # cached: the rows this run loaded
+            info["train_indices_sha256"] = (tr.info.get("holdout") or {}).get("indices_sha256")
+            info["test_indices_sha256"] = (te.info.get("holdout") or {}).get("indices_sha256")
+        out.append(info)
+    return out
 
 
 @dataclass
@@ -1188,7 +1302,8 @@ def build_tables(result: NTKDistanceResult) -> list:
     from rich.text import Text
 
     n_seeds = len(result.config.seeds)
-    table = Table(title=f"NTK distance (held-out n={result.n_test}, mean ± sd over {n_seeds} seed(s))")
+    rows = ", rows resampled per seed" if result.config.resample_data else ""
+    table = Table(title=f"NTK distance (held-out n={result.n_test}, mean ± sd over {n_seeds} seed(s){rows})")
     for col in (
         "model",
         "width",
