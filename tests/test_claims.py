@@ -1444,9 +1444,9 @@ def test_quick_scorecard_on_digits_end_to_end(tmp_path, monkeypatch):
     real_plan = P.plan
     asked = {}
 
-    def small_plan(mode, data_args, seed, n_seeds=P.DEFAULT_SEEDS, match_loss=None):
-        asked.update(n_seeds=n_seeds, match_loss=match_loss)
-        runs, variants = real_plan(mode, data_args, seed, n_seeds=n_seeds, match_loss=match_loss)
+    def small_plan(mode, data_args, seed, n_seeds=P.DEFAULT_SEEDS, match_loss=None, resample=True):
+        asked.update(n_seeds=n_seeds, match_loss=match_loss, resample=resample)
+        runs, variants = real_plan(mode, data_args, seed, n_seeds=n_seeds, match_loss=match_loss, resample=resample)
         return [P.RunSpec(r.id, r.command, (*r.args, *SMALL[r.command]), r.purpose) for r in runs], variants
 
     monkeypatch.setattr(P, "plan", small_plan)
@@ -1456,7 +1456,7 @@ def test_quick_scorecard_on_digits_end_to_end(tmp_path, monkeypatch):
     report = json.loads(out.read_text())
     failed = {r["id"]: r["error"] for r in report["results"]["runs"] if r["error"]}
     assert info.value.code == 0 and not failed, failed
-    assert asked == {"n_seeds": 3, "match_loss": None}
+    assert asked == {"n_seeds": 3, "match_loss": None, "resample": True}
     assert report["schema"] == C.SCHEMA
     res = report["results"]
     assert res["protocol"]["n_seeds"] == 3 and res["protocol"]["seeds"] == [0, 1, 2]
@@ -1503,9 +1503,12 @@ def test_quick_scorecard_on_digits_end_to_end(tmp_path, monkeypatch):
     mall = next(r for r in rows if r["run"] == "malleability")
     assert set(mall["controls"]) == {"attn", "relu"}
     variants = res["protocol_variants"]
-    # the quick preset matches training losses, and the last variant shows the other choice
+    # the quick preset matches training losses and resamples the split; the variants show the other choices
     assert variants[0]["variant"] == "preset protocol, matched training loss (auto)" and len(variants) >= 3
-    assert variants[-1]["variant"] == "fixed steps, no loss matching" and "--match-loss none" in variants[-1]["command"]
+    by_name = {v["variant"]: v for v in variants}
+    assert "--match-loss none" in by_name["fixed steps, no loss matching"]["command"]
+    fixed = by_name["fixed data split (seeds replicate the initialisation only)"]["command"]
+    assert "--resample-data" not in fixed and "--resample-data" in variants[0]["command"]
     assert variants[0]["losses_comparable"] is not False
     assert all(v["error"] is None for v in variants)
     assert png.stat().st_size > 0

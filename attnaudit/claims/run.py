@@ -7,22 +7,51 @@ library through the executor (:func:`attnaudit.analyses.registry.run_cell`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 import time
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 from attnaudit.analyses.registry import check_argv, shell_line
-from attnaudit.analyses.request import EXECUTION, PROTOCOL, FieldError, Request, field_check, option, unknown_preset
+from attnaudit.analyses.request import (
+    EXECUTION,
+    OUTPUT,
+    PROTOCOL,
+    FieldError,
+    Request,
+    field_check,
+    internal,
+    literal,
+    option,
+    unknown_preset,
+)
 from attnaudit.analyses.result import Progress, Result, progress_or_silent
 from attnaudit.analyses.sources import DataFields
 from attnaudit.errors import AuditError, check_seed
 from attnaudit.claims import plan, scorecard
-from attnaudit.report.envelope import build_report
+from attnaudit.report.envelope import build_report, dumps, folder_problem, read_json_file
+from attnaudit.runtime.atomic import StagedFiles
 from attnaudit.runtime.sweep import CellTask, ExecutorConfig, run_cells
 
 PNG_NAME = "claims.png"
 MODES = {"quick": "quick", "paper": "full"}
+#: What --keep-reports writes beside the reports: the command lines, the errors and the protocol of the runs.
+MANIFEST = "manifest.json"
+MANIFEST_SCHEMA = "attnaudit.claims-reports/1"
+#: The file each main run's report is kept in; a protocol variant's is its run id + .json (malleability-v1.json).
+REPORT_FILES = {
+    "kappa": "kappa.json",
+    "ntk": "ntk-distance.json",
+    "malleability": "malleability.json",
+    "landscape": "landscape.json",
+    "alignment": "alignment.json",
+}
+MAX_REPORT_BYTES = 2**30
+MAX_MANIFEST_BYTES = 2**24
+_RUN_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
 
 
 def _match_loss(value: Any, name: str) -> float | str | None:
@@ -73,11 +102,13 @@ class ClaimsRequest(DataFields, Request):
     seed: int = option(0, "--seed", panel=PROTOCOL, help="Base random seed (recorded in the report).")
     device: str = option("auto", "--device", panel=EXECUTION, help="auto, cpu, cuda or cuda:<i>.")
     n_seeds: int = option(
-        5,
+        10,
         "--seeds",
         panel=PROTOCOL,
-        help="Seeds of every stochastic run (seed, seed+1, ...); intervals are Student t / Fieller over them, and "
-        "fewer than 3 never give supported or contradicted.",
+        help="Seeds of every stochastic run (seed, seed+1, ...). Verdicts use tests valid for any seed distribution "
+        "(betting tests for flip rates, the sign test of the median seed for slopes and log ratios) with Holm across "
+        "the rows: with fewer than about 9 seeds whose signs agree no seed-based row resolves, and each unresolved "
+        "row says how many seeds it would need.",
     )
     match_loss: float | str | None = option(
         None,
@@ -97,9 +128,47 @@ class ClaimsRequest(DataFields, Request):
         help="Log-log slopes above -margin count as 'no fall with width' in the MLP-Attn claim (tested against "
         "the margin, never against 0).",
     )
+    fixed_split: bool = option(
+        False,
+        "--fixed-split",
+        panel=PROTOCOL,
+        help="Keep one data split for every seed (seeds then replicate the initialisation only); default: each seed "
+        "draws its own split, so verdicts cover the data set, not one sample of it.",
+    )
+    keep_reports: str | None = option(
+        None,
+        "--keep-reports",
+        panel=OUTPUT,
+        metavar="PATH",
+        help="Also write every run's JSON report into this folder (kappa.json, ntk-distance.json, malleability.json, "
+        "landscape.json, alignment.json, malleability-v1.json, ...) with a manifest.json of their command lines and "
+        "protocol, so --reports can score them again without running anything. Existing files are kept unless "
+        "--overwrite.",
+    )
+    reports_dir: str | None = option(
+        None,
+        "--reports",
+        panel=OUTPUT,
+        metavar="PATH",
+        help="Run nothing: score the reports in this folder (written by --keep-reports). Its manifest.json gives the "
+        "command lines and the protocol (without one, this command's options do); a missing report makes its rows "
+        "'not testable here'. --slope-margin applies when given; --preset, --seed, --seeds, --match-loss and "
+        "--fixed-split must agree with the manifest; the other options are not used.",
+    )
+    overwrite: bool = internal(False)  # --keep-reports may replace files already there (the CLI's --overwrite)
 
     def validate(self) -> None:
         self.mode  # noqa: B018 - refuses a bad preset
+        if self.reports_dir is not None and self.keep_reports is not None:
+            raise FieldError(
+                "keep_reports",
+                "{name} keeps the reports of the runs, and --reports runs none; give one of them "
+                "(the folder --reports reads already holds its reports)",
+            )
+        for name in ("reports_dir", "keep_reports"):
+            value = getattr(self, name)
+            if value is not None and not str(value).strip():
+                raise FieldError(name, "{name} is empty; give a folder")
         field_check("seed", check_seed, self.seed)
         if self.n_seeds < 1:
             raise FieldError("n_seeds", "{name} must be >= 1, got " + str(self.n_seeds))
@@ -149,26 +218,88 @@ class ClaimsRequest(DataFields, Request):
             args += ["--device", self.device]
         return args
 
-    def check(self) -> None:
-        """Every run's command line checked (options, model files, data) before anything trains."""
+    def planned(self) -> tuple[list[plan.RunSpec], list[tuple[str, str]]]:
+        """The scorecard's runs and its protocol variants (name, run id) for these options."""
+        return plan.plan(
+            self.mode,
+            self.data_args(),
+            self.seed,
+            n_seeds=self.n_seeds,
+            match_loss=self.match_loss,
+            resample=not self.fixed_split,
+        )
 
-        runs, _ = plan.plan(self.mode, self.data_args(), self.seed, n_seeds=self.n_seeds, match_loss=self.match_loss)
+    def check(self) -> None:
+        """Every run's command line checked (options, model files, data) and the --keep-reports folder before
+        anything trains; with --reports, only that the folder is there (nothing runs)."""
+
+        if self.reports_dir is not None:
+            reports_folder(self.reports_dir)
+            return
+        runs, _ = self.planned()
+        if self.keep_reports is not None:
+            check_keep(self, [r.id for r in runs])
         for r in runs:
             try:
                 check_argv(r.command, list(r.args))
             except AuditError as exc:
                 raise AuditError(f"{r.id} ({r.purpose}): {exc}") from None
 
+    def to_argv(self) -> list[str]:
+        # ``overwrite`` is an output permission (the CLI's --overwrite), not part of the protocol
+        if self.overwrite:
+            return dataclasses.replace(self, overwrite=False).to_argv()
+        return super().to_argv()
+
+
+@dataclass(frozen=True)
+class RunsProtocol:
+    """What the runs of a scorecard were: the request's options, or those a kept manifest records."""
+
+    mode: str
+    seed: int
+    n_seeds: int
+    match_loss: float | str | None
+    slope_margin: float
+    resample_data: bool
+    data_args: tuple[str, ...]
+    execution: dict | None = None
+
+    @classmethod
+    def of(cls, request: ClaimsRequest, execution: dict | None) -> RunsProtocol:
+        return cls(
+            request.mode,
+            request.seed,
+            request.n_seeds,
+            request.match_loss.strip().lower() if isinstance(request.match_loss, str) else request.match_loss,
+            request.slope_margin,
+            not request.fixed_split,
+            tuple(request.data_args()),
+            execution,
+        )
+
+    @property
+    def match_loss_text(self) -> str | None:
+        """``--match-loss`` as the report shows it (None: the presets' own choice)."""
+        ml = self.match_loss
+        return None if ml is None else _show_match_loss(ml) if isinstance(ml, str) else f"{ml:g}"
+
+
+def _run_seeds(spec: plan.RunSpec, seed: int, n_seeds: int) -> list[int]:
+    return list(range(seed, seed + n_seeds)) if "--seeds" in spec.args else [seed]
+
 
 def run(request: ClaimsRequest, *, progress: Progress | None = None, executor: Any = None) -> Result:
     """Run the scorecard; the report is the one ``attnaudit claims --json`` writes. Runs that
-    fail are rows with their error (``failed_cells``), not an exception."""
+    fail are rows with their error (``failed_cells``), not an exception. With ``reports_dir``
+    nothing runs: the kept reports there are scored (:func:`rescore`)."""
 
+    if request.reports_dir is not None:
+        return rescore(request)
     executor = executor or ExecutorConfig()
     executor.check_available()
-    mode, seed, n_seeds = request.mode, request.seed, request.n_seeds
-    data_args = request.data_args()
-    runs, variants = plan.plan(mode, data_args, seed, n_seeds=n_seeds, match_loss=request.match_loss)
+    seed, n_seeds = request.seed, request.n_seeds
+    runs, variants = request.planned()
     commands = {r.id: shell_line(r.command, list(r.args)) for r in runs}
     request.check()
     t0 = time.perf_counter()
@@ -178,70 +309,94 @@ def run(request: ClaimsRequest, *, progress: Progress | None = None, executor: A
     ]
     with progress_or_silent(progress)("claims", len(tasks), "runs") as advance:
         outcomes = run_cells(tasks, executor, on_done=lambda o: advance(1))
-    reports: dict[str, dict | None] = {}
-    errors: dict[str, str] = {}
-    run_info: list[dict[str, Any]] = []
+    records: list[dict[str, Any]] = []
     for r, o in zip(runs, outcomes):
-        if o.ok and "report" in o.result:
-            reports[r.id] = o.result["report"]
-        else:
-            errors[r.id] = o.error if o.error is not None else o.result.get("error")
-            reports[r.id] = None
-        run_info.append(
+        ok = o.ok and "report" in o.result
+        records.append(
             {
                 "id": r.id,
+                "analysis": r.command,
                 "purpose": r.purpose,
                 "command": commands[r.id],
                 "seconds": o.seconds,
-                "error": errors.get(r.id),
-                "report": reports[r.id],
+                "error": None if ok else o.error if o.error is not None else o.result.get("error"),
+                "report": o.result["report"] if ok else None,
+                "seeds": _run_seeds(r, seed, n_seeds),
             }
         )
-    match_loss_text = (
-        None
-        if request.match_loss is None
-        else _show_match_loss(request.match_loss)
-        if isinstance(request.match_loss, str)
-        else f"{request.match_loss:g}"
-    )
-    result = scorecard.score(mode, reports, errors, commands, variants, slope_margin=request.slope_margin)
+    protocol = RunsProtocol.of(request, executor.to_dict())
+    problems: list[tuple[str, str]] = []
+    if request.keep_reports is not None:
+        try:
+            keep(request.keep_reports, protocol, records, variants, overwrite=request.overwrite)
+        except (AuditError, OSError) as exc:  # the scorecard is still scored and written; the run says so
+            problems.append(("keep-reports", f"the reports were not kept in {request.keep_reports}: {exc}"))
+    return score_runs(request, protocol, records, variants, t0=t0, problems=problems)
+
+
+def score_runs(
+    request: ClaimsRequest,
+    protocol: RunsProtocol,
+    records: list[dict[str, Any]],
+    variants: list[tuple[str, str]],
+    *,
+    t0: float,
+    rescored_from: str | None = None,
+    problems: list[tuple[str, str]] | None = None,
+) -> Result:
+    """The scorecard of the runs' reports: a run just finished, or reports read back by :func:`rescore`.
+
+    ``records``: per run, its id, purpose, command line, seconds, seeds, error and report (None when it
+    failed); ``problems``: (what, error) beside the runs (listed as failed, and as warnings)."""
+
+    reports: dict[str, dict | None] = {r["id"]: r["report"] for r in records}
+    errors: dict[str, str] = {r["id"]: r["error"] for r in records if r["report"] is None}
+    commands = {r["id"]: r["command"] for r in records}
+    run_info = [
+        {k: r[k] for k in ("id", "purpose", "command", "seconds")}
+        | {"error": errors.get(r["id"]), "report": r["report"]}
+        for r in records
+    ]
+    mode, seed, n_seeds = protocol.mode, protocol.seed, protocol.n_seeds
+    result = scorecard.score(mode, reports, errors, commands, variants, slope_margin=protocol.slope_margin)
     result.runs = run_info
     result.protocol = {
         "n_seeds": n_seeds,
         "seeds": list(range(seed, seed + n_seeds)),
-        "match_loss": match_loss_text,
-        "slope_margin": request.slope_margin,
+        "resample_data": protocol.resample_data,
+        "match_loss": protocol.match_loss_text,
+        "slope_margin": protocol.slope_margin,
         "confidence": 0.95,
     }
     result.warnings = [f"{rid}: {err}" for rid, err in errors.items()]
     for rid, rep in reports.items():  # every sub-run's warnings reach the scorecard, named by run
         for w in (rep or {}).get("warnings") or []:
             result.warnings.append(f"{rid}: {w}")
+    result.warnings += [f"{what}: {err}" for what, err in problems or ()]
+    seconds = {f"run:{x['id']}": x["seconds"] for x in run_info if isinstance(x["seconds"], (int, float))}
     report = build_report(
         scorecard.SCHEMA,
         inputs={
             "mode": mode,
-            "data": data_args,
+            "data": list(protocol.data_args),
             "seed": seed,
             "n_seeds": n_seeds,
-            "match_loss": match_loss_text,
-            "slope_margin": request.slope_margin,
-            "execution": executor.to_dict(),
+            "match_loss": protocol.match_loss_text,
+            "slope_margin": protocol.slope_margin,
+            "execution": protocol.execution,
+            "rescored_from": rescored_from,
         },
-        seeds={
-            "base_seed": seed,
-            "n_seeds": n_seeds,
-            "runs": {r.id: list(range(seed, seed + n_seeds)) if "--seeds" in r.args else [seed] for r in runs},
-        },
+        seeds={"base_seed": seed, "n_seeds": n_seeds, "runs": {r["id"]: r["seeds"] for r in records}},
         device=None,
         dtype="as each run records",
-        timings={"total": time.perf_counter() - t0, **{f"run:{x['id']}": x["seconds"] for x in run_info}},
+        timings={"total": time.perf_counter() - t0, **seconds},
         results=result.to_dict(),
         warnings=result.warnings,
         verdicts=result.verdicts(),
         request=request,
     )
     failed = [{"cell": rid, "error": err} for rid, err in errors.items()]
+    failed += [{"cell": what, "error": err} for what, err in problems or ()]
     return Result(
         report,
         request,
@@ -252,27 +407,322 @@ def run(request: ClaimsRequest, *, progress: Progress | None = None, executor: A
     )
 
 
+# ----------------------------------------------------------------------------- kept reports
+def report_file(run_id: str) -> str:
+    """The file a run's report is kept in (:data:`REPORT_FILES`; a variant's: ``<run id>.json``)."""
+    return REPORT_FILES.get(run_id, f"{run_id}.json")
+
+
+def check_keep(request: ClaimsRequest, run_ids: list[str]) -> None:
+    """Refuse a ``keep_reports`` folder that cannot be made or written, or whose report files (or manifest)
+    exist already unless ``overwrite``: before anything runs."""
+    assert request.keep_reports is not None
+    folder = Path(request.keep_reports)
+    if folder.exists() and not folder.is_dir():
+        raise FieldError("keep_reports", "{name} " + literal(folder) + " is a file; give a folder")
+    if folder.is_dir():
+        problem = folder_problem(folder)
+        if problem:
+            raise FieldError("keep_reports", "{name}: " + literal(problem))
+        for name in [*map(report_file, run_ids), MANIFEST]:
+            if (folder / name).exists() and not request.overwrite:
+                raise FieldError(
+                    "overwrite",
+                    literal(folder / name) + " already exists; pass {name} or choose another --keep-reports folder",
+                )
+        return
+    ancestor = folder.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    problem = (
+        f"{ancestor} is a file, so the folder cannot be created; choose another folder"
+        if not ancestor.is_dir()
+        else folder_problem(ancestor)
+    )
+    if problem:
+        raise FieldError("keep_reports", "{name} " + literal(folder) + ": " + literal(problem))
+
+
+def keep(
+    folder: str,
+    protocol: RunsProtocol,
+    records: list[dict[str, Any]],
+    variants: list[tuple[str, str]],
+    *,
+    overwrite: bool = False,
+) -> None:
+    """Write every run's report to ``folder`` (:func:`report_file`) and :data:`MANIFEST`, all renamed into
+    place together (a failed run has no report; with ``overwrite`` an older file of its name is removed)."""
+    from attnaudit import __version__
+
+    target = Path(folder)
+    target.mkdir(parents=True, exist_ok=True)
+    manifest = {
+        "schema": MANIFEST_SCHEMA,
+        "attnaudit_version": __version__,
+        "mode": protocol.mode,
+        "seed": protocol.seed,
+        "n_seeds": protocol.n_seeds,
+        "match_loss": protocol.match_loss,
+        "slope_margin": protocol.slope_margin,
+        "resample_data": protocol.resample_data,
+        "data": list(protocol.data_args),
+        "execution": protocol.execution,
+        "variants": [{"name": name, "run": rid} for name, rid in variants],
+        "runs": [
+            {"file": report_file(r["id"])}
+            | {k: r[k] for k in ("id", "analysis", "purpose", "command", "seconds", "seeds", "error")}
+            for r in records
+        ],
+    }
+    with StagedFiles(overwrite=overwrite) as files:
+        for r in records:
+            if r["report"] is not None:
+                files.stage(target / report_file(r["id"]), _json_writer(r["report"]))
+        files.stage(target / MANIFEST, _json_writer(manifest))
+        files.commit()
+    for r in records:
+        stale = target / report_file(r["id"])
+        if r["report"] is None and overwrite and stale.is_file():
+            stale.unlink()  # an earlier run's report must not be scored as this run's
+
+
+def _json_writer(payload: dict) -> Callable[[Path], object]:
+    text = dumps(payload) + "\n"
+    return lambda p: Path(p).write_text(text, encoding="utf-8")
+
+
+def reports_folder(path: str) -> Path:
+    """``reports_dir`` as a folder that is there."""
+    folder = Path(path)
+    if not folder.is_dir():
+        what = "is a file" if folder.exists() else "does not exist"
+        raise FieldError(
+            "reports_dir", "{name} " + literal(folder) + f" {what}; give the folder --keep-reports wrote the reports to"
+        )
+    return folder
+
+
+def rescore(request: ClaimsRequest) -> Result:
+    """Score the reports kept in ``request.reports_dir`` without running anything, through the same
+    :func:`score_runs` as a run. The folder's manifest gives the command lines, variants and protocol
+    (without one, the request's own options rebuild the plan); a missing report is a failed run."""
+    assert request.reports_dir is not None
+    t0 = time.perf_counter()
+    folder = reports_folder(request.reports_dir)
+    if (folder / MANIFEST).exists():
+        protocol, records, variants = read_manifest(folder / MANIFEST, request)
+    else:
+        protocol = RunsProtocol.of(request, None)
+        runs, variants = request.planned()
+        records = [
+            {
+                "id": r.id,
+                "analysis": r.command,
+                "purpose": r.purpose,
+                "command": shell_line(r.command, list(r.args)),
+                "seconds": None,
+                "seeds": _run_seeds(r, request.seed, request.n_seeds),
+                "error": None,
+            }
+            for r in runs
+        ]
+    for r in records:
+        name = report_file(r["id"])
+        path = folder / name
+        if path.exists():
+            r["report"], r["error"] = read_report(path, r.get("analysis")), None
+        else:  # a run that failed keeps its error; any other missing report is named
+            r["report"] = None
+            r["error"] = r["error"] or f"no report ({name} not in {request.reports_dir})"
+    return score_runs(request, protocol, records, variants, t0=t0, rescored_from=request.reports_dir)
+
+
+_REPORT_FIX = "write the folder again with --keep-reports, or remove the file to score that run as not testable"
+
+
+def read_report(path: Path, analysis: str | None) -> dict:
+    """A kept report (untrusted: JSON only): an object with a ``results`` mapping, of ``analysis``'s schema
+    when it names one; else an :class:`AuditError` naming the file and what is wrong."""
+    if not path.is_file():
+        raise AuditError(f"{path} is not a file; {_REPORT_FIX}")
+    data = read_json_file(path, str(path), _REPORT_FIX, MAX_REPORT_BYTES)
+    if not isinstance(data, dict):
+        raise AuditError(f"{path}: not a report (JSON {type(data).__name__}, not an object); {_REPORT_FIX}")
+    if not isinstance(data.get("results"), dict):
+        raise AuditError(f"{path}: not a report (no 'results' mapping); {_REPORT_FIX}")
+    schema = data.get("schema")
+    if analysis and isinstance(schema, str) and not schema.startswith(f"attnaudit.{analysis}/"):
+        raise AuditError(
+            f"{path}: a report of schema {literal(schema)[:80]!r} where the {analysis} run's belongs; {_REPORT_FIX}"
+        )
+    return data
+
+
+def _manifest_error(path: Path, what: str) -> AuditError:
+    return AuditError(
+        f"{path}: {what}; write the folder again with --keep-reports, or remove {MANIFEST} to score the reports "
+        "under this command's options"
+    )
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def read_manifest(
+    path: Path, request: ClaimsRequest
+) -> tuple[RunsProtocol, list[dict[str, Any]], list[tuple[str, str]]]:
+    """The protocol, run records (without reports) and variants a kept manifest records (untrusted: every
+    entry checked). ``request``'s slope margin applies when given; its other protocol options must agree."""
+    data = read_json_file(path, str(path), "write the folder again with --keep-reports", MAX_MANIFEST_BYTES)
+    if not isinstance(data, dict):
+        raise _manifest_error(path, "not a manifest (a JSON object belongs here)")
+
+    def need(key: str, ok: Any, what: str) -> Any:
+        if key not in data or not ok(data[key]):
+            raise _manifest_error(path, f"'{key}' must be {what}")
+        return data[key]
+
+    mode = need("mode", lambda v: v in plan.MODES, "quick or full")
+    seed = need("seed", lambda v: _is_int(v) and v >= 0, "a seed (an integer >= 0)")
+    n_seeds = need("n_seeds", lambda v: _is_int(v) and v >= 1, "an integer >= 1")
+    margin = need("slope_margin", lambda v: _is_number(v) and v >= 0, "a non-negative number")
+    match_loss = need(
+        "match_loss",
+        lambda v: v is None or (_is_number(v) and v > 0) or v in ("auto", "none"),
+        "a number, auto or none",
+    )
+    resample = need("resample_data", lambda v: isinstance(v, bool), "true or false")
+    data_args = need("data", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings")
+    execution = data.get("execution") if isinstance(data.get("execution"), dict) else None
+    runs = need("runs", lambda v: isinstance(v, list) and v and all(isinstance(r, dict) for r in v), "a list of runs")
+    records: list[dict[str, Any]] = []
+    for i, r in enumerate(runs):
+        rid = r.get("id")
+        if not (isinstance(rid, str) and _RUN_ID.fullmatch(rid)) or rid in {x["id"] for x in records}:
+            raise _manifest_error(path, f"runs[{i}].id must be a run id of its own, such as malleability-v1")
+        checks = {
+            "command": lambda v: isinstance(v, str),
+            "analysis": lambda v: v is None or (isinstance(v, str) and _RUN_ID.fullmatch(v) is not None),
+            "purpose": lambda v: v is None or isinstance(v, str),
+            "error": lambda v: v is None or isinstance(v, str),
+            "seconds": lambda v: v is None or _is_number(v),
+            "seeds": lambda v: v is None or (isinstance(v, list) and all(_is_int(s) for s in v)),
+        }
+        for key, ok in checks.items():
+            if not ok(r.get(key)):
+                raise _manifest_error(path, f"runs[{i}].{key} ({rid}) is not what --keep-reports writes")
+        records.append(
+            {
+                "id": rid,
+                "analysis": r.get("analysis"),
+                "purpose": r.get("purpose") or "",
+                "command": r["command"],
+                "seconds": r.get("seconds"),
+                "seeds": r.get("seeds") if r.get("seeds") is not None else [seed],
+                "error": r.get("error"),
+            }
+        )
+    ids = {x["id"] for x in records}
+    listed = need(
+        "variants",
+        lambda v: (
+            isinstance(v, list)
+            and all(isinstance(x, dict) and isinstance(x.get("name"), str) and x.get("run") in ids for x in v)
+        ),
+        "a list of {name, run} naming runs of 'runs'",
+    )
+    variants = [(x["name"], x["run"]) for x in listed]
+    given_margin = request.slope_margin != scorecard.SLOPE_MARGIN
+    protocol = RunsProtocol(
+        mode,
+        seed,
+        n_seeds,
+        float(match_loss) if _is_number(match_loss) else match_loss,
+        request.slope_margin if given_margin else float(margin),
+        resample,
+        tuple(data_args),
+        execution,
+    )
+    _agree(request, protocol, path)
+    return protocol, records, variants
+
+
+def _agree(request: ClaimsRequest, kept: RunsProtocol, path: Path) -> None:
+    """Refuse a protocol option given with ``reports_dir`` that the kept runs did not run under."""
+    fix = "; drop {name} to score them as they ran, or run the scorecard again"
+    preset = {mode: name for name, mode in MODES.items()}
+    if (request.preset is not None or request.quick is not None) and request.mode != kept.mode:
+        where = literal(path)
+        raise FieldError(
+            "preset",
+            f"{{name}} asks for the {preset[request.mode]} scorecard, and {where} records {preset[kept.mode]} runs"
+            + fix,
+        )
+    defaults = {f.name: f.default for f in dataclasses.fields(request)}
+    asked = RunsProtocol.of(request, None)
+    splits = {True: "one fixed split", False: "a split per seed"}
+    pairs: dict[str, tuple[Any, Any, str]] = {
+        "seed": (asked.seed, kept.seed, str(kept.seed)),
+        "n_seeds": (asked.n_seeds, kept.n_seeds, str(kept.n_seeds)),
+        "match_loss": (asked.match_loss_text, kept.match_loss_text, kept.match_loss_text or "the presets' own choice"),
+        "fixed_split": (not asked.resample_data, not kept.resample_data, splits[not kept.resample_data]),
+    }
+    for name, (mine, theirs, recorded) in pairs.items():
+        if getattr(request, name) != defaults[name] and mine != theirs:
+            shown = "" if isinstance(mine, bool) else f" {literal(mine)}"
+            where = literal(path.parent)
+            raise FieldError(
+                name,
+                f"{{name}}{shown} disagrees with the runs in {where} ({MANIFEST} records {literal(recorded)})" + fix,
+            )
+
+
 def _tables(result) -> list:
     from rich.table import Table
     from rich.text import Text
 
     style = {"supported": "green", "contradicted": "bold red", "not resolved": "yellow", "not testable here": "dim"}
     claims = Table(title=f"The paper's claims, tested ({result.mode})", title_justify="left", show_lines=True)
-    for col in ("claim", "H0 (null) / null value", "measured [95 % interval]", "seeds", "verdict", "why"):
+    for col in (
+        "claim",
+        "H0 (null) / minimum effect",
+        "measured [95 % interval]",
+        "seeds",
+        "p raw / Holm",
+        "verdict",
+        "why",
+    ):
         claims.add_column(col, overflow="fold")
     for c in result.claims:
         null = c.null + ("" if c.null_value is None else f" (boundary {c.null_value:g})")
         why = c.why + (f"\nwarnings: {len(c.warnings)} (see JSON)" if c.warnings else "")
+        p = (
+            "-"
+            if c.p_value is None
+            else f"{c.p_value:.3g} / " + ("-" if c.p_adjusted is None else f"{c.p_adjusted:.3g}")
+        )
+        verdict = Text(c.verdict, style=style[c.verdict])
+        if c.raw_verdict and c.raw_verdict != c.verdict:
+            verdict.append(f"\n(unadjusted: {c.raw_verdict})", style="dim")
+        if c.seeds_needed is not None:
+            verdict.append(f"\nneeds ~{c.seeds_needed} seeds", style="dim")
         claims.add_row(
-            c.claim,
+            c.claim + (" [sensitivity]" if c.role == "sensitivity" and "sensitivity" not in c.claim else ""),
             null,
             f"{c.measured}\n({c.interval_method})",
             str(c.n_seeds),
-            Text(c.verdict, style=style[c.verdict]),
+            p,
+            verdict,
             why,
         )
     variants = Table(
-        title="Malleability under protocol variants (attn / relu flip-rate ratio, Fieller interval)",
+        title="Malleability under protocol variants (attn / relu flip-rate ratio, betting interval; unadjusted)",
         title_justify="left",
     )
     for col in (
@@ -334,7 +784,7 @@ def _plot(result, path) -> None:
     ax.set_xscale("symlog", linthresh=1.0)
     ax.set_xlim(0, right)
     ax.set_yticks(range(len(rows)), [textwrap.fill(v.variant, 30) for v in rows], fontsize=8)
-    ax.set_xlabel("flip-rate ratio attn / relu (95 % Fieller interval over seeds)")
+    ax.set_xlabel("flip-rate ratio attn / relu (95 % betting interval over seeds)")
     ax.set_title(f"Malleability ratio across protocol choices ({result.mode})", fontsize=10)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     fig.tight_layout()
