@@ -1,33 +1,41 @@
-"""Power of the claims protocol to resolve an attn/relu flip-rate ratio of 2 (and 3, 9).
+"""Error rates of the claims scorecard's verdicts at the null boundaries, through the real scoring.
 
-The claim "attention is more malleable" is supported only when the 95 % Fieller interval of
-the ratio mean(attn flip rate) / mean(relu flip rate), paired by seed, lies entirely above 1
-and rests on at least 3 seeds (``attnaudit.core.stats.ratio_interval`` with binomial floors
-``trials=(K, K)``, then ``attnaudit.core.stats.decide(iv, 1, "above", k)``). This script measures
-how often that happens when the true ratio is 2 (the paper claims 2-9x), for relu mean rates
-0.05, 0.1, 0.2, 0.3 (attn = 2x), K = 30 (quick preset) and 200 (paper preset) audited
-examples, and k = 3, 5, 10 seeds. For context it also gives the power at 3x and 9x (where
-the attn rate stays <= 1) and the rate of a false "supported" at a true ratio of 1.
+Every replication writes synthetic command reports from a known truth (benchmarks/claims_synth.py
+describes the data-generating processes), passes them to ``attnaudit.claims.scorecard.score`` and
+reads its rows, so gates, replicate counting, seeds left out, the ratio with no point estimate
+and Holm's adjustment are the scorecard's own. The truth of each targeted row sits exactly at
+its null boundary (the worst case for a false "supported"): the flip-rate ratio at
+scorecard.MIN_RATIO with attention's attack far above its noise control, or the attack equal to
+its control (a false "beats noise") at the paper's ratio; the NTK rows' median per-seed slope at
+-SLOPE_MARGIN ("approaches"), at +-SLOPE_MARGIN (the equivalence row) and the median slope
+difference at +SLOPE_MARGIN ("more slowly"); the landscape and alignment rows' median log ratio
+at log MIN_RATIO. The null values are checked against each row's own ``null_value``.
 
-Data-generating process (the one of benchmarks/bench_coverage.py): seed s trains each model
-with a flip probability p_s ~ Beta(mean mu, Var = rho mu (1 - mu)); flips_s ~ Binomial(K, p_s);
-rate_s = flips_s / K. The relu and attn models of one seed are coupled by a Gaussian copula
-with latent correlation ``corr``. Defaults rho = 0.05 and corr = 0.5: rho = 0.05 is the median
-moment estimate over the 35 flip-rate rows of the quick claims run (/tmp/base/claims_quick.json;
-per-seed sds of 2-37 points against 2-9 points of binomial noise at K = 30), 0.01 matches the
-paper preset's MNIST rows (K = 200, seed sd about 3.4 points at 40 %), 0.2 the zero-inflated
-attn rows at low rates (seeds 0, 0, 0.27); the power at 2x under rho = 0.01 and 0.2 is printed
-too. The correlation between the two models' seed effects cannot be estimated from 3 seeds;
-0.5 is an assumption (a positive one helps a paired interval). Last, the rate of a false
-"supported" at a true ratio of 1 when the two models' seeds are dispersed differently
-(rho 0.2 for one, 0.01 for the other): a skewed, zero-inflated denominator makes the
-interval too narrow exactly when its mean comes out low.
+Settings (k = 5 and 10 seeds): flip rates with seed dispersion rho 0.01 / 0.05 / 0.2 at K = 30
+and 200 audited examples; zero-inflated seed rates (relu, attn, both; and relu at 1 % with 80 %
+of seeds at 0, where the ratio often has no point estimate); mean rates 0.02 and 0.03; a
+negative copula correlation; flips in clusters of 5; a data-split effect shared by both models;
+20 seeds at rates of 30 % (there the noise-control test passes, so the ratio test alone guards
+the boundary: at k <= 10 the control's betting test rarely rejects and keeps the malleability
+row's false "supported" near 0 whatever the ratio test does); slopes with normal, shifted log-normal and t3 seed noise, and with some width-16 cells
+at chance; landscape and alignment log ratios with symmetric and skewed seed noise, and
+landscape seeds left out for unmatched losses. Abstention settings (failed cells, models at
+chance) report how often any verdict was issued (target 0). The family-wise setting puts all
+nine seed-based rows at their nulls in one score() call. Power at the paper's effect (attn
+28.9 %, relu 3.3 % flips; slopes -0.33 relu, -0.04 attn) is printed for context: the
+malleability and NTK runs scored together (Holm over their 4 rows).
 
-Output: tables, then ``RATIO power_<m>x_k<k>_K<K>_p<p>=<value>`` (p = the relu rate; the
-default dispersion; m = 1 is the false-supported rate), ``RATIO power_2x_rho<rho>_k<k>_K<K>_p<p>``
-for the other dispersions and ``RATIO false_supported_1x_rho<relu>_<attn>_k<k>_K<K>_p<p>``.
-Monte Carlo se at 2,000 replications: at most 0.011. Run: ``python benchmarks/power_claims.py
-[--reps 2000] [--rho 0.05] [--corr 0.5]``.
+Output, one line each: ``RATIO false_supported_<setting>`` (the Holm-adjusted ``row.verdict``;
+target <= 0.025 + 3 MCSE) with ``raw_false_supported_<setting>`` (before Holm, info) and ``RATIO
+false_interval_side_<setting>`` (the row's interval alone lies on the claim's side of the null:
+for the malleability row the ratio's interval without the noise control);
+``RATIO coverage_<procedure>_<setting>`` of every interval a verdict uses (target >= 0.93);
+``RATIO verdict_issued_<setting>`` (abstention settings, target 0);
+``RATIO false_supported_family_global_null``; ``RATIO power_<setting>_<row>``; ``BASELINE ...``:
+the retired procedures (Student t, Fieller with binomial floors, no Holm) on the same
+replications; then ``RATIO false_supported_max``, ``RATIO coverage_min``, ``RATIO
+verdict_issued_max`` and the wall time. Run: ``python benchmarks/power_claims.py [--reps N]
+[--seed S] [--quick] [--seeds-needed]``.
 """
 
 from __future__ import annotations
@@ -40,88 +48,169 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_coverage import seed_rates  # noqa: E402  (the shared data-generating process)
+import claims_synth as S  # noqa: E402  (the shared data-generating processes and scoring loop)
+from claims_synth import AlignSetting, FamilySetting, LandSetting, MallSetting, NtkSetting, Rate  # noqa: E402
 
-from attnaudit.core import stats  # noqa: E402
-
-RELU_RATES = (0.05, 0.1, 0.2, 0.3)
-KS = (30, 200)
-SEEDS = (3, 5, 10)
-MULTIPLIERS = (1, 2, 3, 9)
+DEFAULT_REPS = 450
+QUICK_REPS = 40
+PAPER = dict(relu=Rate(0.033), attn=Rate(0.289))
+NOISES = ("normal", "lognorm", "t3")
 
 
-def power(rng, mu_relu: float, mult: float, K: int, k: int, rho: float, corr: float, reps: int) -> dict:
-    relu, attn = seed_rates(rng, (mu_relu, mult * mu_relu), rho, corr, k, reps, K)
-    supported = unbounded = 0
-    lows = np.empty(reps)
-    for i in range(reps):
-        iv = stats.ratio_interval(attn[i].tolist(), relu[i].tolist(), trials=(K, K))
-        supported += stats.decide(iv, 1.0, "above", k)[0] == stats.SUPPORTED
-        unbounded += iv.high is None
-        lows[i] = iv.lo()
-    return dict(power=supported / reps, unbounded=unbounded / reps, median_low=float(np.median(lows)))
+def boundary_mall(name: str, k: int, K: int, **kw) -> MallSetting:
+    kw.setdefault("relu", Rate(0.1))
+    kw.setdefault("attn", kw["relu"])
+    return MallSetting(f"{name}_K{K}_k{k}", k=k, K=K, ratio=S.MIN_RATIO, **kw)
+
+
+def settings(quick: bool) -> list:
+    d = S.SLOPE_MARGIN
+    out: list = []
+    ks = (5, 10)
+    if quick:
+        return [
+            boundary_mall("mall_rho0.05", 10, 30),
+            MallSetting("mall_ctrl_eq_attack_K200_k10", k=10, K=200, ctrl_attn=PAPER["attn"], **PAPER),
+            MallSetting("mall_failed_K200_k10", purpose="abstain", k=10, K=200, failed=True, **PAPER),
+            approach("ntk_approach_lognorm_k10", k=10, noise="lognorm"),
+            flat("ntk_flat_hi_chance_k10", k=10, attn_median=d, chance="attn"),
+            LandSetting("land_lognorm_k10", k=10, noise="lognorm"),
+            AlignSetting("align_t3_k10", k=10, noise="t3"),
+            family(10),
+            paper(10),
+        ]
+    # flip rates
+    for k in ks:
+        for K in (30, 200):
+            for rho in (0.01, 0.05, 0.2):
+                out.append(boundary_mall(f"mall_rho{rho:g}", k, K, relu=Rate(0.1, rho)))
+        zr, za = Rate(0.2, 0.05, 0.5), Rate(0.1, 0.05)  # zero-inflated: p_s = 0 with probability 0.5
+        out += [
+            boundary_mall("mall_zero_relu", k, 200, relu=zr, attn=za),
+            boundary_mall("mall_zero_attn", k, 200, relu=za, attn=zr),
+            boundary_mall("mall_zero_both", k, 200, relu=zr, attn=zr),
+            boundary_mall("mall_mu0.02", k, 30, relu=Rate(0.02)),
+            boundary_mall("mall_mu0.03", k, 30, relu=Rate(0.03)),
+            # relu flips on no seed in a large share of runs: the ratio with no point estimate
+            boundary_mall("mall_zero0.8_mu0.01", k, 30, relu=Rate(0.05, 0.05, 0.8)),
+            boundary_mall("mall_negcorr", k, 200, corr=-0.5),
+            boundary_mall("mall_cluster5", k, 30, cluster=5),
+            boundary_mall("mall_split1", k, 200, split=1.0),
+        ]
+        for K in (30, 200):  # attention's attack no stronger than its noise control, at the paper's ratio
+            out.append(MallSetting(f"mall_ctrl_eq_attack_K{K}_k{k}", k=k, K=K, ctrl_attn=PAPER["attn"], **PAPER))
+    # 20 seeds at high rates: where the noise-control test passes, so the ratio test alone stands between
+    # the boundary and a false "supported" (at k <= 10 the control's betting test rarely rejects)
+    for K in (30, 200):
+        out.append(boundary_mall("mall_hi_rho0.05", 20, K, relu=Rate(0.3)))
+    # slopes, log ratios
+    for k in ks:
+        for noise in NOISES:
+            out += [
+                approach(f"ntk_approach_{noise}_k{k}", k=k, noise=noise),
+                flat(f"ntk_flat_hi_{noise}_k{k}", k=k, attn_median=d, noise=noise),
+                flat(f"ntk_flat_lo_{noise}_k{k}", k=k, attn_median=-d, noise=noise),
+                slower(f"ntk_slower_{noise}_k{k}", k=k, noise=noise),
+                LandSetting(f"land_{noise}_k{k}", k=k, noise=noise),
+                AlignSetting(f"align_{noise}_k{k}", k=k, noise=noise),
+            ]
+        out += [
+            approach(f"ntk_approach_chance_k{k}", k=k, chance="relu"),
+            flat(f"ntk_flat_hi_chance_k{k}", k=k, attn_median=d, chance="attn"),
+            slower(f"ntk_slower_chance_k{k}", k=k, chance="relu"),
+            LandSetting(f"land_dropped_k{k}", k=k, noise="lognorm", dropped=0.25),
+        ]
+    # abstention: failed cells, models at chance (at the paper's effect, where a verdict would come)
+    for k in ks:
+        out += [
+            MallSetting(f"mall_failed_K200_k{k}", purpose="abstain", k=k, K=200, failed=True, **PAPER),
+            MallSetting(f"mall_chance_K200_k{k}", purpose="abstain", k=k, K=200, at_chance=True, **PAPER),
+            NtkSetting(f"ntk_failed_k{k}", purpose="abstain", k=k, failed=True),
+            LandSetting(f"land_chance_k{k}", purpose="abstain", k=k, lam=1.0, trace=1.0, at_chance=True),
+        ]
+    out.append(family(10))
+    out += [paper(k) for k in (5, 10, 20)]
+    return out
+
+
+def approach(name: str, **kw) -> NtkSetting:
+    """relu's median slope at -SLOPE_MARGIN (attn flat at 0)."""
+    return NtkSetting(name, relu_median=-S.SLOPE_MARGIN, attn_median=0.0, only=("ntk_approach",), **kw)
+
+
+def flat(name: str, attn_median: float, **kw) -> NtkSetting:
+    """attn's median slope at one end of the equivalence margin (relu at the paper's -0.33)."""
+    return NtkSetting(name, relu_median=-0.33, attn_median=attn_median, only=("ntk_flat",), **kw)
+
+
+def slower(name: str, **kw) -> NtkSetting:
+    """The median paired slope difference at +SLOPE_MARGIN (relu at -0.33)."""
+    return NtkSetting(name, relu_median=-0.33, attn_median=None, diff_median=S.SLOPE_MARGIN, only=("ntk_slower",), **kw)
+
+
+def family(k: int) -> FamilySetting:
+    """All nine seed-based rows at their nulls in one score() call: the flip-rate ratio at MIN_RATIO;
+    relu's and attn's median slopes at -SLOPE_MARGIN (so the slope difference's median, 0, lies
+    inside its null); both landscape and all three alignment log ratios at log MIN_RATIO."""
+    d = S.SLOPE_MARGIN
+    return FamilySetting(
+        "family_global_null",
+        k=k,
+        parts=[
+            boundary_mall("fam_mall", k, 200),
+            NtkSetting("fam_ntk", relu_median=-d, attn_median=-d),
+            LandSetting("fam_land", noise="lognorm"),
+            AlignSetting("fam_align", noise="normal"),
+        ],
+    )
+
+
+def paper(k: int) -> FamilySetting:
+    """The paper's effects, malleability (K = 200, rho 0.05, noise controls at a fifth of the attack)
+    and ntk-distance (normal seed noise) scored together."""
+    return FamilySetting(
+        f"paper_k{k}",
+        purpose="power",
+        k=k,
+        parts=[
+            MallSetting("paper_mall", K=200, **PAPER),
+            NtkSetting("paper_ntk", relu_median=-0.33, attn_median=-0.04),
+        ],
+    )
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=2000, help="replications per setting (default 2000)")
-    ap.add_argument("--rho", type=float, default=0.05, help="seed dispersion: Var(p_s) = rho mu (1 - mu)")
-    ap.add_argument("--corr", type=float, default=0.5, help="latent correlation of the two models' seed effects")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--reps",
+        type=int,
+        default=None,
+        help=f"replications per setting (default {DEFAULT_REPS}; --quick {QUICK_REPS})",
+    )
+    ap.add_argument("--seed", type=int, default=0, help="numpy generator seed (default 0)")
+    ap.add_argument("--quick", action="store_true", help="a handful of settings at a few replications")
+    ap.add_argument(
+        "--seeds-needed",
+        action="store_true",
+        help="keep the scorecard's seeds_needed resampling (10-20 s per unresolved malleability row)",
+    )
     args = ap.parse_args(argv)
+    reps = args.reps or (QUICK_REPS if args.quick else DEFAULT_REPS)
     t0 = time.perf_counter()
     rng = np.random.default_rng(args.seed)
-    lines: dict[str, float] = {}
+    todo = settings(args.quick)
     print(
-        f"P(95 % Fieller interval of attn/relu entirely above 1, k >= 3): rho = {args.rho}, corr = {args.corr}, "
-        f"{args.reps} replications per cell"
+        f"claims scorecard error rates at the null boundaries: {len(todo)} settings x {reps} replications, "
+        f"scored by attnaudit.claims.scorecard.score (MIN_RATIO {S.MIN_RATIO:g}, SLOPE_MARGIN {S.SLOPE_MARGIN:g}); "
+        f"seeds_needed {'computed' if args.seeds_needed else 'skipped'}"
     )
-    print("unb = share of intervals with no finite upper end; low = median lower end")
-    for mult in MULTIPLIERS:
-        print(f"\ntrue ratio {mult}x" + ("  (a false 'supported': nominal <= 0.025)" if mult == 1 else ""))
-        print(f"{'relu':>6} {'attn':>6} {'K':>5} " + " ".join(f"{'k=' + str(k):>24}" for k in SEEDS))
-        print(f"{'':>6} {'':>6} {'':>5} " + " ".join(f"{'power   unb    low':>24}" for _ in SEEDS))
-        for K in KS:
-            for p in RELU_RATES:
-                if mult * p > 1:
-                    continue
-                cells = []
-                for k in SEEDS:
-                    r = power(rng, p, mult, K, k, args.rho, args.corr, args.reps)
-                    cells.append(f"{r['power']:>8.3f} {r['unbounded']:>6.3f} {r['median_low']:>8.3f}")
-                    lines[f"power_{mult}x_k{k}_K{K}_p{p:g}"] = r["power"]
-                print(f"{p:>6.2f} {mult * p:>6.2f} {K:>5} " + " ".join(f"{c:>24}" for c in cells))
-    for rho in (0.01, 0.2):
-        if rho == args.rho:
-            continue
-        print(f"\ntrue ratio 2x, rho = {rho} (sensitivity to the seed dispersion)")
-        print(f"{'relu':>6} {'K':>5} " + " ".join(f"{'k=' + str(k):>8}" for k in SEEDS))
-        for K in KS:
-            for p in RELU_RATES:
-                vals = []
-                for k in SEEDS:
-                    v = power(rng, p, 2, K, k, rho, args.corr, args.reps)["power"]
-                    vals.append(v)
-                    lines[f"power_2x_rho{rho:g}_k{k}_K{K}_p{p:g}"] = v
-                print(f"{p:>6.2f} {K:>5} " + " ".join(f"{v:>8.3f}" for v in vals))
-    print(
-        "\nfalse 'supported' at a true ratio of 1 when the two models' seeds are dispersed differently "
-        "(rho_relu, rho_attn; nominal <= 0.025)"
-    )
-    print(f"{'rate':>6} {'K':>5} {'rho_relu':>9} {'rho_attn':>9} " + " ".join(f"{'k=' + str(k):>8}" for k in SEEDS))
-    for K in KS:
-        for p in RELU_RATES:
-            for rhos in ((0.2, 0.01), (0.01, 0.2)):
-                vals = []
-                for k in SEEDS:
-                    v = power(rng, p, 1, K, k, rhos, args.corr, args.reps)["power"]
-                    vals.append(v)
-                    lines[f"false_supported_1x_rho{rhos[0]:g}_{rhos[1]:g}_k{k}_K{K}_p{p:g}"] = v
-                print(f"{p:>6.2f} {K:>5} {rhos[0]:>9g} {rhos[1]:>9g} " + " ".join(f"{v:>8.3f}" for v in vals))
-    print()
-    for name, v in lines.items():
-        print(f"RATIO {name}={v:.4f}")
-    print(f"RATIO power_wall_s={time.perf_counter() - t0:.1f}")
+    if not args.quick and not args.seeds_needed:
+        S.time_seeds_needed(boundary_mall("timing_mall", 10, 30), np.random.default_rng(args.seed + 1))
+    outcomes = []
+    with S.seeds_needed(args.seeds_needed):
+        for s in todo:
+            outcomes.append(S.run_setting(s, reps, rng))
+    S.report(outcomes, t0)
     return 0
 
 
