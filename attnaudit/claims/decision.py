@@ -93,7 +93,7 @@ class SeedTest:
 
     def seeds_needed(self, family: int) -> int | None:
         """Seeds at which the observed direction's one-sided test reaches Holm's strictest level
-        ALPHA / family in 80 % of resampled runs (None: over 200, or no direction)."""
+        ALPHA / family in 80 % of resampled runs (None: over 100, or no direction)."""
         claim_side = self.p_claim <= self.p_contra
 
         def p_of(units: np.ndarray) -> float:
@@ -129,5 +129,5 @@ def adjust(rows: Sequence[Any]) -> None:
             r.why += (
                 f"; at its observed effect and spread it would need about {r.seeds_needed} seeds for 80 % power"
                 if r.seeds_needed is not None
-                else "; at its observed effect no number of seeds up to 200 resolves it"
+                else "; at its observed effect no number of seeds up to 100 resolves it"
             )
