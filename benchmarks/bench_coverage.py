@@ -34,7 +34,6 @@ false_supported_max`` and the wall time. Run: ``python benchmarks/bench_coverage
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -134,21 +133,7 @@ def settings(quick: bool) -> list:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "--reps",
-        type=int,
-        default=None,
-        help=f"replications per setting (default {DEFAULT_REPS}; --quick {QUICK_REPS})",
-    )
-    ap.add_argument("--seed", type=int, default=0, help="numpy generator seed (default 0)")
-    ap.add_argument("--quick", action="store_true", help="a handful of settings at a few replications")
-    ap.add_argument(
-        "--seeds-needed",
-        action="store_true",
-        help="keep the scorecard's seeds_needed resampling (10-20 s per unresolved malleability row)",
-    )
-    args = ap.parse_args(argv)
+    args = S.parse_synth_args(__doc__, argv, DEFAULT_REPS, QUICK_REPS)
     reps = args.reps or (QUICK_REPS if args.quick else DEFAULT_REPS)
     t0 = time.perf_counter()
     rng = np.random.default_rng(args.seed)

@@ -1004,3 +1004,24 @@ def parse_lines(text: str) -> dict[str, dict[str, float]]:
         if m:
             out[m.group(1)][m.group(2)] = float(m.group(3))
     return out
+
+
+def parse_synth_args(doc: str | None, argv, default_reps: int, quick_reps: int):
+    """The command line shared by power_claims.py and bench_coverage.py."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=(doc or "").splitlines()[0] if doc else None)
+    ap.add_argument(
+        "--reps",
+        type=int,
+        default=None,
+        help=f"replications per setting (default {default_reps}; --quick {quick_reps})",
+    )
+    ap.add_argument("--seed", type=int, default=0, help="numpy generator seed (default 0)")
+    ap.add_argument("--quick", action="store_true", help="a handful of settings at a few replications")
+    ap.add_argument(
+        "--seeds-needed",
+        action="store_true",
+        help="keep the scorecard's seeds_needed resampling (up to a few seconds per unresolved malleability row)",
+    )
+    return ap.parse_args(argv)
