@@ -57,8 +57,14 @@ def key_mismatch(missing: list, unexpected: list) -> str:
     return "; ".join(parts)
 
 
-def _is_integer(value: Any) -> bool:
+def is_int(value: Any) -> bool:
+    """An integer (numpy integers included), not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_real(value: Any) -> bool:
+    """A real number (ints and numpy floats included), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def check_seed(value: Any, option: str = "--seed", count: int = 1) -> None:
@@ -67,9 +73,9 @@ def check_seed(value: Any, option: str = "--seed", count: int = 1) -> None:
     ``count`` is how many consecutive seeds will be used (e.g. ``--seeds``). Raises
     :class:`AuditError` naming ``option`` and the allowed range.
     """
-    count = int(count) if _is_integer(count) and count > 1 else 1
+    count = int(count) if is_int(count) and count > 1 else 1
     top = MAX_SEED - count + 1
     if top < 0:
         raise AuditError(f"{count} consecutive seeds do not fit in 0..{MAX_SEED}; use fewer seeds")
-    if not _is_integer(value) or not 0 <= value <= top:
+    if not is_int(value) or not 0 <= value <= top:
         raise AuditError(f"{option} must be an integer in 0..{top}, got {clip_text(value, 80)}")

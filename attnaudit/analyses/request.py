@@ -120,11 +120,17 @@ def option(
     return field(default=default, metadata={_OPTION: meta})
 
 
-def redefault(owner: type, name: str, default: Any) -> Any:
+_KEEP: Any = object()
+
+
+def redefault(owner: type, name: str, default: Any = _KEEP, *, help: str | None = None) -> Any:
     """The option field ``name`` of ``owner`` (a request or a part of one: its flags, help and
-    panel) with another default, for a request that inherits it."""
+    panel) with another default and/or help text, for a request that inherits it."""
     inherited = {f.name: f for f in dataclasses.fields(owner)}[name]
-    return field(default=default, metadata=inherited.metadata)
+    metadata = inherited.metadata
+    if help is not None:
+        metadata = {_OPTION: dataclasses.replace(metadata[_OPTION], help=help)}
+    return field(default=inherited.default if default is _KEEP else default, metadata=metadata)
 
 
 def internal(default: Any = None) -> Any:
@@ -438,6 +444,49 @@ class Preset:
         """Refuse a preset (``key``: as the request reads it; default :attr:`preset_key`) that names none of ``PRESETS``."""
         if (self.preset_key if key is None else key) not in self.PRESETS:
             raise unknown_preset(self.preset, self.PRESETS)
+
+
+# --------------------------------------------------------------------------- shared options
+# Declared once and mixed into the requests that take them; a request that needs another
+# default or help text redeclares the field with :func:`redefault`.
+
+
+@dataclass(frozen=True)
+class SeedField:
+    """``seed``: the base random seed, recorded in every report (``--seed``)."""
+
+    seed: int = option(0, "--seed", panel=PROTOCOL, help="Base random seed (recorded in the report).")
+
+
+@dataclass(frozen=True)
+class DeviceField:
+    """``device``: where the computation runs (``--device``)."""
+
+    device: str = option("auto", "--device", panel=EXECUTION, help="auto, cpu, cuda or cuda:<i>.")
+
+
+@dataclass(frozen=True)
+class TrainingRecipe:
+    """How a command trains its built-in models: ``optimizer``, ``steps`` and ``resample_data``
+    (the defaults None come from the command's preset)."""
+
+    optimizer: str | None = option(
+        None,
+        "--optimizer",
+        panel=PROTOCOL,
+        help="How built-in models are trained: gd (full batch, default), sgd or adam.",
+    )
+    steps: int | None = option(
+        None, "--steps", panel=PROTOCOL, kind=int, help="Optimizer steps (default from --preset)."
+    )
+    resample_data: bool = option(
+        False,
+        "--resample-data",
+        panel=PROTOCOL,
+        negative="--fixed-data",
+        help="Each seed draws its own training rows (the rows a run with that --seed uses), so intervals include "
+        "the choice of training rows.",
+    )
 
 
 # --------------------------------------------------------------------------- the commands

@@ -7,6 +7,8 @@ library through the executor (:func:`attnaudit.analyses.registry.run_cell`).
 
 from __future__ import annotations
 
+from attnaudit.errors import is_int
+
 import dataclasses
 import math
 import re
@@ -566,10 +568,6 @@ def _manifest_error(path: Path, what: str) -> AuditError:
     )
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -589,8 +587,8 @@ def read_manifest(
         return data[key]
 
     mode = need("mode", lambda v: v in plan.MODES, "quick or full")
-    seed = need("seed", lambda v: _is_int(v) and v >= 0, "a seed (an integer >= 0)")
-    n_seeds = need("n_seeds", lambda v: _is_int(v) and v >= 1, "an integer >= 1")
+    seed = need("seed", lambda v: is_int(v) and v >= 0, "a seed (an integer >= 0)")
+    n_seeds = need("n_seeds", lambda v: is_int(v) and v >= 1, "an integer >= 1")
     margin = need("slope_margin", lambda v: _is_number(v) and v >= 0, "a non-negative number")
     match_loss = need(
         "match_loss",
@@ -612,7 +610,7 @@ def read_manifest(
             "purpose": lambda v: v is None or isinstance(v, str),
             "error": lambda v: v is None or isinstance(v, str),
             "seconds": lambda v: v is None or _is_number(v),
-            "seeds": lambda v: v is None or (isinstance(v, list) and all(_is_int(s) for s in v)),
+            "seeds": lambda v: v is None or (isinstance(v, list) and all(is_int(s) for s in v)),
         }
         for key, ok in checks.items():
             if not ok(r.get(key)):

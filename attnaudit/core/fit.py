@@ -35,8 +35,9 @@ not used — an audit should see the function that was trained, not a random sub
 
 from __future__ import annotations
 
+from attnaudit.errors import is_int, is_real
+
 import math
-import numbers
 import time
 import dataclasses
 from dataclasses import asdict, dataclass, field, fields
@@ -63,14 +64,6 @@ def _show(value: object, limit: int = 60) -> str:
     except ValueError:
         text = f"<{type(value).__name__} too large to print>"
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_real(value: object) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -100,12 +93,12 @@ class Recipe:
             raise AuditError(f"unknown --optimizer {_show(self.optimizer)}; use one of {', '.join(OPTIMIZERS)}")
         if not isinstance(self.loss, str) or self.loss not in LOSSES:
             raise AuditError(f"unknown --loss {_show(self.loss)}; use one of {', '.join(LOSSES)}")
-        if not _is_real(self.lr) or not math.isfinite(self.lr) or not self.lr > 0:
+        if not is_real(self.lr) or not math.isfinite(self.lr) or not self.lr > 0:
             raise AuditError(f"--lr must be a positive number, got {_show(self.lr)}")
         object.__setattr__(self, "lr", float(self.lr))
         for name, option in (("momentum", "--momentum"), ("weight_decay", "--weight-decay")):
             value = getattr(self, name)
-            if not _is_real(value) or not math.isfinite(value) or value < 0:
+            if not is_real(value) or not math.isfinite(value) or value < 0:
                 raise AuditError(f"{option} must be a number >= 0, got {_show(value)}")
             object.__setattr__(self, name, float(value))
         if self.momentum >= 1:
@@ -113,7 +106,7 @@ class Recipe:
         if self.momentum and self.optimizer != "sgd":
             raise AuditError(f"--momentum applies to --optimizer sgd, not {self.optimizer}; drop it")
         if self.batch_size is not None:
-            if not _is_int(self.batch_size) or self.batch_size < 1:
+            if not is_int(self.batch_size) or self.batch_size < 1:
                 raise AuditError(f"--batch-size must be a positive integer, got {_show(self.batch_size)}")
             object.__setattr__(self, "batch_size", int(self.batch_size))
             if self.optimizer == "gd":
@@ -130,7 +123,7 @@ class Recipe:
         for name in ("epochs", "steps"):
             value = getattr(self, name)
             if value is not None:
-                if not _is_int(value) or value < 0:
+                if not is_int(value) or value < 0:
                     raise AuditError(f"--{name} must be an integer >= 0, got {_show(value)}")
                 object.__setattr__(self, name, int(value))
         check_seed(self.seed, "--seed")

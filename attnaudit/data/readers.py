@@ -4,6 +4,8 @@ read from disk goes through."""
 
 from __future__ import annotations
 
+from attnaudit.errors import is_int
+
 import csv
 import gzip
 import os
@@ -20,7 +22,7 @@ import numpy as np
 import torch
 
 from attnaudit.errors import AuditError
-from attnaudit.data.spec import MAX_CLASSES, _clip, _is_int, _one_line, _short_list, _show, _Source
+from attnaudit.data.spec import MAX_CLASSES, _clip, _one_line, _short_list, _show, _Source
 
 USER_SUFFIXES = (".npz", ".npy", ".safetensors", ".pt", ".pth", ".csv")
 MAX_IMAGE_PIXELS = 1 << 24  # per image (4096 x 4096): audits flatten images into rows of features
@@ -224,7 +226,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
         if subtype is not _NdarrayToken:
             raise self._refuse(f"numpy _reconstruct of {_show(subtype, 40)}")
         dims = shape if isinstance(shape, tuple) else (shape,)
-        if not all(_is_int(k) and k >= 0 for k in dims) or int(np.prod(dims, dtype=object)) > _MAX_PLACEHOLDER:
+        if not all(is_int(k) and k >= 0 for k in dims) or int(np.prod(dims, dtype=object)) > _MAX_PLACEHOLDER:
             raise self._refuse(f"numpy _reconstruct of shape {_show(shape, 40)}")
         return _numpy_function("multiarray", "_reconstruct")(np.ndarray, dims, self._checked_dtype(dtype))
 
@@ -268,7 +270,7 @@ def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
                 "batch never holds; delete it and fetch the data again"
             )
     if not isinstance(labels, (list, tuple, np.ndarray)) or not all(
-        _is_int(v) for v in (labels.tolist() if isinstance(labels, np.ndarray) else labels)
+        is_int(v) for v in (labels.tolist() if isinstance(labels, np.ndarray) else labels)
     ):
         raise AuditError(
             f"{path}: b'labels' must be a list of integer labels, got {_clip(type(labels).__name__)}; "

@@ -3,6 +3,8 @@ and the assembly of a :class:`~attnaudit.data.spec.Dataset` from a source."""
 
 from __future__ import annotations
 
+from attnaudit.errors import is_int
+
 import hashlib
 
 import numpy as np
@@ -10,7 +12,7 @@ import torch
 
 from attnaudit.errors import AuditError
 from attnaudit.data.preprocess import _preprocess_inplace, ntk_scale_factor
-from attnaudit.data.spec import Dataset, DataSpec, _is_int, _short_list, _show, _Source, check_seed
+from attnaudit.data.spec import Dataset, DataSpec, _short_list, _show, _Source, check_seed
 
 
 def _checksum(indices: np.ndarray) -> str:
@@ -62,7 +64,7 @@ def holdout_split(ds: Dataset, n_train: int, n_test: int, seed: int, stratify: b
     to a uniform draw). The test rows are drawn from the rows left after the train draw.
     """
     for name, value in (("n_train", n_train), ("n_test", n_test)):
-        if not _is_int(value) or value < 1:
+        if not is_int(value) or value < 1:
             raise AuditError(f"{name} must be a positive integer, got {_show(value)}")
     check_seed(seed)
     if n_train + n_test > ds.n:
@@ -107,7 +109,7 @@ def subset(ds: Dataset, n: int, seed: int, stratify: bool = True) -> Dataset:
     """A seeded subset of n rows of ``ds`` (in original order; all rows when n >= ds.n),
     stratified by label when ``stratify`` and labelled. ``info['holdout']`` records the draw
     (``part``: ``subset``)."""
-    if not _is_int(n) or n < 1:
+    if not is_int(n) or n < 1:
         raise AuditError(f"subset size must be a positive integer, got {_show(n)}")
     check_seed(seed)
     labels = ds.y.cpu().numpy() if ds.y is not None else None

@@ -4,6 +4,8 @@ echo user input in one-line messages."""
 
 from __future__ import annotations
 
+from attnaudit.errors import is_int
+
 import hashlib
 import numbers
 from dataclasses import dataclass, field
@@ -21,10 +23,6 @@ MAX_CLASSES = 100_000  # labels are class indices 0..K-1 with K at most this
 
 
 # --------------------------------------------------------------------------- message helpers
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _clip(text: object, limit: int = 80) -> str:
@@ -141,12 +139,12 @@ class DataSpec:
         if preprocess not in PREPROCESS:
             raise AuditError(f"unknown preprocessing {_show(self.preprocess)}; choose one of {', '.join(PREPROCESS)}")
         object.__setattr__(self, "preprocess", preprocess)
-        if self.n is not None and (not _is_int(self.n) or self.n < 1):
+        if self.n is not None and (not is_int(self.n) or self.n < 1):
             raise AuditError(f"--n must be a positive integer, got {_show(self.n)}")
         check_seed(self.seed)
         if self.classes is not None:
             classes = tuple(self.classes)
-            if not classes or not all(_is_int(c) and c >= 0 for c in classes):
+            if not classes or not all(is_int(c) and c >= 0 for c in classes):
                 raise AuditError(
                     f"--classes must list non-negative integer labels like 0,1,7; got {_show(self.classes)}"
                 )
@@ -159,7 +157,7 @@ class DataSpec:
             object.__setattr__(self, "classes", tuple(sorted({int(c) for c in classes})))
         for name in ("synthetic_d", "synthetic_n"):
             value = getattr(self, name)
-            if not _is_int(value) or value < 1:
+            if not is_int(value) or value < 1:
                 raise AuditError(f"{name} must be a positive integer, got {_show(value)}")
         kappa = self.synthetic_kappa
         if not isinstance(kappa, numbers.Real) or not np.isfinite(kappa) or kappa < 1:
@@ -169,7 +167,7 @@ class DataSpec:
         if self.synthetic_rank is not None:
             rows = self.n if self.n is not None else self.synthetic_n
             max_rank = min(rows, self.synthetic_d)
-            if not _is_int(self.synthetic_rank) or not 1 <= self.synthetic_rank <= max_rank:
+            if not is_int(self.synthetic_rank) or not 1 <= self.synthetic_rank <= max_rank:
                 raise AuditError(
                     f"synthetic_rank must be an integer in 1..min(n, d) = 1..{max_rank}, "
                     f"got {_show(self.synthetic_rank)}"

@@ -40,6 +40,8 @@ Side-cars of the older schema ``attnaudit.model/1`` (2-layer nets only, no ``arc
 
 from __future__ import annotations
 
+from attnaudit.errors import is_int
+
 import json
 import math
 from dataclasses import asdict, dataclass, field, fields
@@ -52,7 +54,7 @@ from torch import nn
 from attnaudit.runtime.atomic import StagedFiles
 from attnaudit.core.task import Inputs
 from attnaudit.errors import AuditError
-from attnaudit.models.vit import VIT_ARCHITECTURES, ViT, ViTSpec, _clip, _is_int, _show  # one set of message helpers
+from attnaudit.models.vit import VIT_ARCHITECTURES, ViT, ViTSpec, _clip, _show  # one set of message helpers
 from attnaudit.models.weights import match_state_dict
 from attnaudit.models.weights import load_into
 
@@ -96,7 +98,7 @@ class ModelSpec:
                 raise AuditError(f"unknown {what} {_show(value)}; use one of {', '.join(allowed)}")
         for name in ("d_in", "width", "n_out", "seed"):
             value = getattr(self, name)
-            if not _is_int(value):
+            if not is_int(value):
                 raise AuditError(f"model {name} must be an integer, got {_show(value)} ({type(value).__name__})")
             object.__setattr__(self, name, int(value))  # numpy ints would not survive json.dumps
         if self.width < 1 or self.d_in < 1 or self.n_out < 1:

@@ -39,8 +39,9 @@ under ``torch.func`` (``functional_call``, ``vmap(grad)``, ``jvp``) and in any d
 
 from __future__ import annotations
 
+from attnaudit.errors import is_int
+
 import math
-import numbers
 from dataclasses import dataclass
 from typing import Literal
 
@@ -67,10 +68,6 @@ def _clip(text: object, limit: int = 60) -> str:
 
 def _show(value: object, limit: int = 60) -> str:
     return show_value(value, limit)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _either(values: list[int]) -> str:
@@ -103,7 +100,7 @@ class ViTSpec:
         if not isinstance(self.arch, str) or self.arch not in VIT_ARCHITECTURES:
             raise AuditError(f"unknown transformer {_show(self.arch)}; use one of {', '.join(VIT_ARCHITECTURES)}")
         shape = self.image_shape
-        if not isinstance(shape, (tuple, list)) or len(shape) != 3 or not all(_is_int(s) for s in shape):
+        if not isinstance(shape, (tuple, list)) or len(shape) != 3 or not all(is_int(s) for s in shape):
             raise AuditError(
                 f"ViT image_shape must be three integers (channels, height, width), got {_show(shape)}; "
                 "give image data such as (1, 28, 28)"
@@ -111,7 +108,7 @@ class ViTSpec:
         object.__setattr__(self, "image_shape", tuple(int(s) for s in shape))
         for name in ("n_out", "depth", "dim", "heads", "patch", "mlp_ratio", "seed"):
             value = getattr(self, name)
-            if not _is_int(value):
+            if not is_int(value):
                 raise AuditError(f"ViT {name} must be an integer, got {_show(value)} ({type(value).__name__})")
             object.__setattr__(self, name, int(value))
         for name in ("n_out", "depth", "dim", "heads", "patch", "mlp_ratio"):

@@ -65,8 +65,9 @@ Each is summarised by the paired Student-t interval over seeds
 
 from __future__ import annotations
 
+from attnaudit.errors import is_int, is_real
+
 import math
-import numbers
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Literal
@@ -117,14 +118,6 @@ PRESETS: dict[str, dict] = {
 }
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_real(value: object) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
 # ----------------------------------------------------------------------------- the request
 
 
@@ -167,12 +160,12 @@ class AlignmentConfig:
             ("steps", "--steps", 0),
         ):
             value = getattr(self, name)
-            if not _is_int(value) or value < low:
+            if not is_int(value) or value < low:
                 raise AuditError(f"{option} must be an integer >= {low}, got {value!r}")
             object.__setattr__(self, name, int(value))
         for name, option in (("ridge", "--ridge"), ("lr_fraction", "--lr-fraction"), ("match_loss", "--match-loss")):
             value = getattr(self, name)
-            if not _is_real(value) or not math.isfinite(value) or not value > 0:
+            if not is_real(value) or not math.isfinite(value) or not value > 0:
                 raise AuditError(f"{option} must be a positive number, got {value!r}")
             object.__setattr__(self, name, float(value))
         if self.lr_fraction >= 1:
@@ -185,11 +178,11 @@ class AlignmentConfig:
                 f"got {self.match_loss:g}"
             )
         if self.lr is not None:
-            if not _is_real(self.lr) or not math.isfinite(self.lr) or not self.lr > 0:
+            if not is_real(self.lr) or not math.isfinite(self.lr) or not self.lr > 0:
                 raise AuditError(f"--lr must be a positive number, got {self.lr!r}")
             object.__setattr__(self, "lr", float(self.lr))
         if self.rank_tol is not None:
-            if not _is_real(self.rank_tol) or not math.isfinite(self.rank_tol) or not 0 < self.rank_tol < 1:
+            if not is_real(self.rank_tol) or not math.isfinite(self.rank_tol) or not 0 < self.rank_tol < 1:
                 raise AuditError(f"--rank-tol must be a number in (0, 1), got {self.rank_tol!r}")
             object.__setattr__(self, "rank_tol", float(self.rank_tol))
         targets = tuple(self.targets) if not isinstance(self.targets, str) else (self.targets,)
@@ -213,7 +206,7 @@ class AlignmentConfig:
             raise AuditError(f"unknown --attn-scaling {self.attn_scaling!r}; use one of {', '.join(ATTN_SCALINGS)}")
         if not isinstance(self.nets, bool):
             raise AuditError(f"nets must be true or false, got {self.nets!r}")
-        if not _is_real(self.confidence) or not 0 < self.confidence < 1:
+        if not is_real(self.confidence) or not 0 < self.confidence < 1:
             raise AuditError(f"confidence must be in (0, 1), got {self.confidence!r}")
 
     @property

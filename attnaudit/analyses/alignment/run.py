@@ -13,13 +13,15 @@ principal target minus that on the random (or trailing) one, positive = the pape
 
 from __future__ import annotations
 
+from attnaudit.errors import is_int, is_real
+
 import dataclasses
 import math
 import time
 from dataclasses import dataclass
 from typing import ClassVar
 
-from attnaudit.analyses.alignment.alignment import PRESETS, TARGETS, _is_int, _is_real
+from attnaudit.analyses.alignment.alignment import PRESETS, TARGETS
 from attnaudit.analyses.request import ANALYSIS, EXECUTION, PROTOCOL, FieldError, Request, check_seeds, list_of, literal
 from attnaudit.analyses.request import option, redefault
 from attnaudit.analyses.result import Progress, Result, progress_or_silent
@@ -190,11 +192,11 @@ class AlignmentRequest(PresetData, Request):
             raise FieldError("targets", "{name} lists a target twice; give each once")
         for name, low in (("k", 1), ("n_train", 2), ("n_test", 1), ("width", 1), ("steps", 0)):
             value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value < low):
+            if value is not None and (not is_int(value) or value < low):
                 raise FieldError(name, "{name} must be an integer >= " + f"{low}, got " + literal(repr(value)))
         for name in ("ridge", "lr_fraction", "match_loss", "lr"):
             value = getattr(self, name)
-            if value is not None and (not _is_real(value) or not math.isfinite(value) or not value > 0):
+            if value is not None and (not is_real(value) or not math.isfinite(value) or not value > 0):
                 raise FieldError(name, "{name} must be a positive number, got " + literal(repr(value)))
         if self.lr_fraction >= 1:
             raise FieldError(
@@ -208,7 +210,7 @@ class AlignmentRequest(PresetData, Request):
                 "got " + f"{self.match_loss:g}",
             )
         if self.rank_tol is not None and (
-            not _is_real(self.rank_tol) or not math.isfinite(self.rank_tol) or not 0 < self.rank_tol < 1
+            not is_real(self.rank_tol) or not math.isfinite(self.rank_tol) or not 0 < self.rank_tol < 1
         ):
             raise FieldError("rank_tol", "{name} must be a number in (0, 1), got " + literal(repr(self.rank_tol)))
         scaling = str(self.attn_scaling).strip().lower()

@@ -334,7 +334,7 @@ def _label_column(loss, logits: torch.Tensor, targets: torch.Tensor) -> torch.Te
     return v.to(logits.dtype)[:, :, None]
 
 
-def _output_hessian_root(loss, logits: torch.Tensor) -> torch.Tensor:
+def output_hessian_root(loss, logits: torch.Tensor) -> torch.Tensor:
     """L (B, c, c) with L L^T = d^2 l / d f^2 for each row."""
     B, c = logits.shape
     if isinstance(loss, MSELoss):
@@ -354,7 +354,7 @@ def _output_hessian_columns(loss, logits: torch.Tensor) -> torch.Tensor:
     row, float64). Two classes: one column instead of two. MSE: the identity, c columns."""
     B, c = logits.shape
     if not isinstance(loss, CrossEntropyLoss) or c < 2:
-        return _output_hessian_root(loss, logits)
+        return output_hessian_root(loss, logits)
     p = torch.softmax(logits.detach().to(torch.float64), -1)
     H = torch.diag_embed(p) - p[:, :, None] * p[:, None, :]
     basis = torch.eye(c, dtype=torch.float64, device=p.device)
@@ -379,13 +379,13 @@ def dense_gauss_newton(engine: Engine, X: torch.Tensor, budget_bytes: int = 256 
         J = engine.jacobian(rows).to(torch.float64)  # (B, c, P)
         with torch.no_grad(), engine.context():
             logits = engine.apply(engine.theta.detach(), rows)
-        L = _output_hessian_root(engine.loss, logits).to(device=J.device, dtype=torch.float64)  # (B, c, c)
+        L = output_hessian_root(engine.loss, logits).to(device=J.device, dtype=torch.float64)  # (B, c, c)
         M = torch.einsum("bck,bcp->bkp", L, J).reshape(-1, P)
         G.addmm_(M.T, M)
     return G.div_(max(n, 1))
 
 
-def _capture(
+def capture_activations(
     engine: Engine, blocks: list[LinearBlock], rows: torch.Tensor, overrides: dict[str, torch.Tensor] | None = None
 ):
     """Logits of ``rows`` and, per block, the layer's inputs and outputs (B, T, .); ``overrides``
@@ -478,17 +478,17 @@ def _real_tokens(engine: Engine, rows: torch.Tensor) -> torch.Tensor | None:
     return None if keep is None else keep.to(rows.device)
 
 
-def _tokens(t: torch.Tensor, B: int) -> torch.Tensor:
+def token_rows(t: torch.Tensor, B: int) -> torch.Tensor:
     """(B, T, d) view of a layer's activations (T = 1 for flat rows)."""
     return t.reshape(B, -1, t.shape[-1])
 
 
-def _output_tokens(block: LinearBlock, t: torch.Tensor, B: int) -> torch.Tensor:
+def output_token_rows(block: LinearBlock, t: torch.Tensor, B: int) -> torch.Tensor:
     """(B, T, d_out) view of a layer's output (a convolution's channels come first, its
     positions are the tokens)."""
     if block.source == "conv2d":
         return t.reshape(B, block.d_out, -1).transpose(1, 2)
-    return _tokens(t, B)
+    return token_rows(t, B)
 
 
 #: per-sample matrices formed at once when adding up squares (bounds the transient memory)
@@ -532,13 +532,13 @@ def layer_gradient_scores(
     rows, targets = engine.rows(rows), engine._as_targets(targets)
     B = rows.shape[0]
     with engine.context(), torch.enable_grad():
-        logits, ins, outs = _capture(engine, list(blocks), rows)
+        logits, ins, outs = capture_activations(engine, list(blocks), rows)
         loss = engine.loss.per_sample(logits, targets).sum()
         grads = torch.autograd.grad(loss, [outs[b.path] for b in blocks])
     out = torch.zeros(B, transformed.shape[1], dtype=transformed.dtype, device=transformed.device)
     for b, g in zip(blocks, grads):
-        a = _tokens(ins[b.path].detach(), B).to(transformed.dtype)
-        s = _output_tokens(b, g.detach(), B).to(transformed.dtype)
+        a = token_rows(ins[b.path].detach(), B).to(transformed.dtype)
+        s = output_token_rows(b, g.detach(), B).to(transformed.dtype)
         o_w, n_w = offsets[b.weight]
         W = transformed[o_w : o_w + n_w]  # (d_out d_in, k), row-major like the weight
         for r0, r1 in ranges(B, SQUARES_ROWS):
@@ -614,7 +614,7 @@ def fit_factors(
         """Per block: inputs a (B, T, w) with bias column, and per output column k the
         back-propagated s (B, T, d_out)."""
         B = rows.shape[0]
-        logits, ins, outs = _capture(engine, blocks, rows)
+        logits, ins, outs = capture_activations(engine, blocks, rows)
         if curvature == "ggn":
             L = _output_hessian_columns(engine.loss, logits)
         elif curvature == "empirical":
@@ -625,7 +625,7 @@ def fit_factors(
         acts, real = {}, {}
         keep = _real_tokens(engine, rows)
         for b in blocks:
-            a = _tokens(ins[b.path].detach().to(torch.float64), B)
+            a = token_rows(ins[b.path].detach().to(torch.float64), B)
             if b.bias:
                 a = torch.cat([a, torch.ones(*a.shape[:2], 1, dtype=a.dtype, device=a.device)], 2)
             if keep is not None and a.shape[1] == keep.shape[1]:
@@ -641,7 +641,7 @@ def fit_factors(
             yield (
                 acts,
                 real,
-                {b.path: _output_tokens(b, g.detach().to(torch.float64), B) for b, g in zip(blocks, grads)},
+                {b.path: output_token_rows(b, g.detach().to(torch.float64), B) for b, g in zip(blocks, grads)},
             )
 
     with engine.context(), torch.enable_grad():
@@ -729,8 +729,8 @@ def capture_entries_per_row(engine: Engine, blocks: Sequence[LinearBlock], rows:
         return 0
     probe = rows[engine.longest_first(rows)[:1]]
     with torch.no_grad(), engine.context():
-        _, ins, _ = _capture(engine, list(blocks), engine.rows(probe))
-    return sum(2 * _tokens(ins[b.path], 1).shape[1] * (b.width_in + b.d_out) for b in blocks)
+        _, ins, _ = capture_activations(engine, list(blocks), engine.rows(probe))
+    return sum(2 * token_rows(ins[b.path], 1).shape[1] * (b.width_in + b.d_out) for b in blocks)
 
 
 def kfac_memory_bytes(blocks: Sequence[LinearBlock], keep_covariances: bool = True) -> int:

@@ -322,9 +322,9 @@ def layer_kernels(
     instead of one Jacobian pass, and the same contraction work as :func:`_upper_blocks`.
     """
     from attnaudit.analyses.influence.kfac import (
-        _capture,
-        _output_tokens,
-        _tokens,
+        capture_activations,
+        output_token_rows,
+        token_rows,
         linear_modules,
         shared_weights,
     )
@@ -417,8 +417,10 @@ def layer_kernels(
     # the tokens of each layer, from one row (the longest, for text that drops trailing padding:
     # shorter chunks fill the leading positions, zeros after them add nothing to sum_t s_t a_t^T)
     with engine.context(), torch.no_grad():
-        _, ins, outs = _capture(engine, blocks, rows[engine.longest_first(rows)[:1]])
-    sizes = {b.path: (_tokens(ins[b.path], 1).shape[1], _output_tokens(b, outs[b.path], 1).shape[1]) for b in blocks}
+        _, ins, outs = capture_activations(engine, blocks, rows[engine.longest_first(rows)[:1]])
+    sizes = {
+        b.path: (token_rows(ins[b.path], 1).shape[1], output_token_rows(b, outs[b.path], 1).shape[1]) for b in blocks
+    }
     del ins, outs
 
     def stored(b) -> int:
@@ -447,10 +449,10 @@ def layer_kernels(
             grads[b.path] = torch.zeros(n, c, t_out, b.d_out, dtype=F64, device=dev)
         with engine.context(), torch.enable_grad():
             for a0, b0 in ranges(n, LAYER_ROWS):
-                logits, ins, outs = _capture(engine, run, rows[a0:b0])
+                logits, ins, outs = capture_activations(engine, run, rows[a0:b0])
                 B = b0 - a0
                 for b in run:
-                    a = _tokens(ins[b.path].detach(), B)
+                    a = token_rows(ins[b.path].detach(), B)
                     if b.bias:
                         a = torch.cat([a, torch.ones(*a.shape[:2], 1, dtype=a.dtype, device=a.device)], 2)
                     acts[b.path][a0:b0, : a.shape[1]] = a
@@ -458,7 +460,7 @@ def layer_kernels(
                 for k in range(c):
                     gs = torch.autograd.grad(logits[:, k].sum(), targets, retain_graph=k + 1 < c)
                     for b, g in zip(run, gs):
-                        s_k = _output_tokens(b, g.detach(), B)
+                        s_k = output_token_rows(b, g.detach(), B)
                         grads[b.path][a0:b0, k, : s_k.shape[1]] = s_k
                 del logits, ins, outs, targets
         for b in run:

@@ -60,10 +60,10 @@ import attnaudit.analyses.influence.estimators.base as base
 from attnaudit.analyses.influence.kfac import (
     EXACT_COLUMNS_UP_TO,
     LinearBlock,
-    _capture,
-    _output_hessian_root,
-    _output_tokens,
-    _tokens,
+    capture_activations,
+    output_hessian_root,
+    output_token_rows,
+    token_rows,
     factors_fingerprint,
     linear_modules,
     shared_weights,
@@ -188,7 +188,7 @@ def _forward_backward(
     layers = [p for p in proj.layers if p.block.path not in skip]
     cap = OtherCapture(engine, plan, B) if plan.fast else None
     try:
-        logits, ins, outs = _capture(engine, [p.block for p in layers], rows, cap.overrides if cap else None)
+        logits, ins, outs = capture_activations(engine, [p.block for p in layers], rows, cap.overrides if cap else None)
     finally:
         if cap is not None:
             cap.remove_hooks()
@@ -204,7 +204,7 @@ def _forward_backward(
         elif p.block.source == "embedding":
             acts[p.block.path] = _embedding_acts(p, ins[p.block.path], B, logits.dtype)
         else:
-            a = _tokens(ins[p.block.path].detach(), B)
+            a = token_rows(ins[p.block.path].detach(), B)
             if p.block.bias:
                 a = torch.cat([a, torch.ones(*a.shape[:2], 1, dtype=a.dtype, device=a.device)], 2)
             acts[p.block.path] = a @ p.P_in if p.P_in is not None else a  # (B, T, k_in)
@@ -220,7 +220,7 @@ def _forward_backward(
                     assert p.block.source == "embedding"  # a captured linear layer's output always does
                     Phi[:, j, p.col : p.col + p.dim] = 0.0
                     continue
-                s = _output_tokens(p.block, g.detach(), B)
+                s = output_token_rows(p.block, g.detach(), B)
                 if p.P_out is not None:
                     s = s @ p.P_out  # (B, T, k_out)
                 Phi[:, j, p.col : p.col + p.dim] = torch.bmm(s.transpose(1, 2), acts[p.block.path]).reshape(B, -1)
@@ -311,11 +311,11 @@ def _capture_numbers(engine: Any, proj: KroneckerProjection, rows: torch.Tensor)
     layers = proj.layers
     try:
         with torch.no_grad(), engine.context():
-            _, ins, _ = _capture(engine, [p.block for p in layers], probe)
+            _, ins, _ = capture_activations(engine, [p.block for p in layers], probe)
     except AuditError:  # a table read twice per forward (verification sends it to the Jacobians)
         layers = [p for p in proj.layers if p.block.source != "embedding"]
         with torch.no_grad(), engine.context():
-            _, ins, _ = _capture(engine, [p.block for p in layers], probe)
+            _, ins, _ = capture_activations(engine, [p.block for p in layers], probe)
     total = 0
     for p in proj.layers:
         b = p.block
@@ -325,7 +325,7 @@ def _capture_numbers(engine: Any, proj: KroneckerProjection, rows: torch.Tensor)
         elif b.path not in ins:
             continue
         else:
-            T = int(_tokens(ins[b.path], 1).shape[1])
+            T = int(token_rows(ins[b.path], 1).shape[1])
             total += T * (b.width_in + b.d_out + p.k_in + p.k_out)
     return total
 
@@ -476,7 +476,7 @@ def projected_rows(
             Phi[:, :, proj.other_col :] = proj.project_other(J)
     if not ggn:
         return Phi, Phi[:, 0]
-    L = _output_hessian_root(engine.loss, logits).to(Phi.dtype)  # (B, c, c), L L^T = H
+    L = output_hessian_root(engine.loss, logits).to(Phi.dtype)  # (B, c, c), L L^T = H
     r = torch.einsum("bc,bck->bk", dl.to(Phi.dtype), Phi)
     return torch.einsum("bcj,bck->bjk", L, Phi), r
 
