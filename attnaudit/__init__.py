@@ -20,9 +20,6 @@ Names are imported on first use, so ``import attnaudit`` stays light.
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.util
-import sys
 import warnings as _warnings
 
 __version__ = "0.1.0"
@@ -99,7 +96,6 @@ _PUBLIC = {
     "run_malleability": "analyses.malleability.malleability",
     "LandscapeConfig": "analyses.landscape",
     "analyse_landscape": "analyses.landscape",
-    "analyze_landscape": "analyses.landscape.analysis",
     "run_landscape": "analyses.landscape",
     # CI audit files (attnaudit audit)
     "load_audit_file": "audit",
@@ -108,63 +104,6 @@ _PUBLIC = {
     # errors
     "AuditError": "errors",
 }
-
-# Modules that moved in 0.2 (issue 26): the old dotted path still imports, with a
-# DeprecationWarning, for one release. ``attnaudit.fit`` is deliberately absent: the name is
-# the public training function, and a module alias would shadow it (import binds submodules).
-_MOVED_MODULES = {
-    "stats": "core.stats",
-    "ntk": "core.ntk",
-    "spectral": "core.spectral",
-    "training": "core.training",
-    "atomic": "runtime.atomic",
-    "device": "runtime.device",
-    "threads": "runtime.threads",
-    "sweep": "runtime.sweep",
-    "report": "report.envelope",
-    "html_report": "report.html",
-    "vit": "models.vit",
-    "checkpoints": "models.checkpoints",
-    "hf": "models.hf",
-    "loaded_model": "models.loaded",
-    "weights": "models.weights",
-    "kappa": "analyses.kappa.dataset",
-    "layer_kappa": "analyses.kappa.layers",
-    "ntk_distance": "analyses.ntk_distance.widths",
-    "kernel_regime": "analyses.ntk_distance.movement",
-    "alignment": "analyses.alignment.alignment",
-    "malleability": "analyses.malleability.malleability",
-    "attacks": "analyses.malleability.attacks",
-    "influence": "analyses.influence.influence",
-    "kfac": "analyses.influence.kfac",
-    "projection": "analyses.influence.projection",
-    "landscape": "analyses.landscape",
-    "landscape_report": "analyses.landscape.report",
-}
-
-
-class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Resolves ``attnaudit.<old>`` to the module's new home (see ``_MOVED_MODULES``)."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        prefix, _, old = fullname.partition(".")
-        if prefix != __name__ or old not in _MOVED_MODULES:
-            return None
-        return importlib.util.spec_from_loader(fullname, self)
-
-    def create_module(self, spec):
-        new = f"{__name__}.{_MOVED_MODULES[spec.name.partition('.')[2]]}"
-        _warnings.warn(
-            f"{spec.name} moved to {new}; the old name goes in the next release", DeprecationWarning, stacklevel=2
-        )
-        return importlib.import_module(new)
-
-    def exec_module(self, module):
-        pass
-
-
-if not any(isinstance(f, _MovedModuleFinder) for f in sys.meta_path):
-    sys.meta_path.append(_MovedModuleFinder())
 
 __all__ = sorted(_PUBLIC) + ["__version__"]
 

@@ -1360,7 +1360,7 @@ def test_match_loss_reaches_malleability_and_landscape():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"mode": "medium"}, "--quick or --full"),
+        ({"mode": "medium"}, "--preset quick or --preset paper"),
         ({"n_seeds": 0}, "--seeds"),
         ({"n_seeds": -2}, "--seeds"),
         ({"match_loss": 0.0}, "--match-loss"),
@@ -1383,7 +1383,7 @@ def test_cli_refuses_bad_settings_before_running(extra, tmp_path, capsys):
     from attnaudit.cli import main
 
     with pytest.raises(SystemExit) as info:
-        main(["claims", "--quick", "-q", "--json", str(tmp_path / "c.json"), *extra])
+        main(["claims", "--preset", "quick", "-q", "--json", str(tmp_path / "c.json"), *extra])
     assert info.value.code == 2
     assert extra[0] in capsys.readouterr().err
     assert not (tmp_path / "c.json").exists()
@@ -1452,7 +1452,7 @@ def test_quick_scorecard_on_digits_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setattr(P, "plan", small_plan)
     out, png = tmp_path / "claims.json", tmp_path / "c.png"
     with pytest.raises(SystemExit) as info:
-        main(["--threads", "1", "claims", "--quick", "--seeds", "3", "-q", "--json", str(out), "--png", str(png)])
+        main(["--threads", "1", "claims", "--preset", "quick", "--seeds", "3", "-q", "--json", str(out), "--png", str(png)])
     report = json.loads(out.read_text())
     failed = {r["id"]: r["error"] for r in report["results"]["runs"] if r["error"]}
     assert info.value.code == 0 and not failed, failed
@@ -1544,14 +1544,12 @@ def test_preset_names_the_scorecard_like_every_other_command(capsys):
     from attnaudit.cli import main
     from attnaudit.errors import AuditError
 
-    def _mode(preset, quick):
-        return ClaimsRequest(preset=preset, quick=quick).mode
+    def _mode(preset):
+        return ClaimsRequest(preset=preset).mode
 
-    assert _mode(None, None) == "quick" and _mode("quick", None) == "quick" and _mode("paper", None) == "full"
-    assert _mode(None, False) == "full" and _mode("paper", False) == "full"  # the older --full agrees
-    for bad in (("paper", True), ("quick", False), ("fast", None)):
-        with pytest.raises(AuditError, match="preset"):
-            _mode(*bad)
+    assert _mode(None) == "quick" and _mode("quick") == "quick" and _mode("paper") == "full"
+    with pytest.raises(AuditError, match="preset"):
+        _mode("fast")
     with pytest.raises(SystemExit) as exc:
-        main(["claims", "--preset", "paper", "--quick", "-q"])
-    assert exc.value.code == 2 and "disagree" in capsys.readouterr().err
+        main(["claims", "--quick", "-q"])  # the older spelling, removed in 0.2.0
+    assert exc.value.code == 2 and "--quick" in capsys.readouterr().err

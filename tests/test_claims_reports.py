@@ -59,7 +59,7 @@ def kept(tmp_path_factory):
     folder, out = root / "reports", root / "claims.json"
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(P, "plan", small(P.plan))
-        code = claims("--quick", "--seeds", "3", "-q", "--keep-reports", folder, "--json", out)
+        code = claims("--preset", "quick", "--seeds", "3", "-q", "--keep-reports", folder, "--json", out)
     report = json.loads(out.read_text())
     failed = {r["id"]: r["error"] for r in report["results"]["runs"] if r["error"]}
     assert code == 0 and not failed, failed
@@ -113,7 +113,7 @@ def test_kept_reports_score_the_same_scorecard_again(kept, tmp_path):
 def test_without_a_manifest_the_options_rebuild_the_plan(copy, kept, tmp_path, monkeypatch):
     (copy / "manifest.json").unlink()
     monkeypatch.setattr(P, "plan", small(P.plan))
-    code, again = rescore(copy, tmp_path, "--quick", "--seeds", "3")
+    code, again = rescore(copy, tmp_path, "--preset", "quick", "--seeds", "3")
     assert code == 0 and again is not None
     assert again["results"]["claims"] == kept[1]["results"]["claims"]
     assert again["results"]["protocol_variants"] == kept[1]["results"]["protocol_variants"]
@@ -172,7 +172,7 @@ def test_keep_reports_refuses_to_replace_files_unless_overwrite(kept, copy, tmp_
     monkeypatch.setattr(R, "run_cells", no_runs)
     monkeypatch.setattr(P, "plan", small(P.plan))
     capsys.readouterr()
-    code = claims("--quick", "--seeds", "3", "-q", "--keep-reports", copy, "--json", tmp_path / "c.json")
+    code = claims("--preset", "quick", "--seeds", "3", "-q", "--keep-reports", copy, "--json", tmp_path / "c.json")
     err = capsys.readouterr().err
     assert code == 2 and "already exists; pass --overwrite" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "c.json").exists()

@@ -486,11 +486,10 @@ def test_head_of_a_sequential_is_its_last_linear_layer_and_last_layer_influence_
     np.testing.assert_allclose(generic.per_test.numpy(), expected, rtol=1e-9, atol=1e-12)
 
 
-def test_deprecated_last_means_head():
-    with pytest.warns(DeprecationWarning, match="head"):
-        cfg = InfluenceConfig(estimator="exact", params="last")
-    assert cfg.params == "head"
-    assert resolve_tracked(Task(_mlp(), 2), cfg) == ["2.weight", "2.bias"]
+def test_params_last_removed_in_0_2_0_is_refused():
+    """params='last' (an older name for 'head') was removed in 0.2.0; it is now a module name that does not exist."""
+    with pytest.raises(AuditError, match="last"):
+        resolve_tracked(Task(_mlp(), 2), InfluenceConfig(estimator="exact", params="last"))
 
 
 def test_dropout_model_is_audited_in_eval_mode_and_left_in_training_mode():

@@ -5,6 +5,7 @@ the caller spelled it, and the CLI's options are exactly the request's (plus out
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -86,7 +87,7 @@ def test_every_registered_command_has_samples():
 @pytest.mark.parametrize(
     "command,argv",
     [(c, a) for c, samples in SAMPLES.items() for a in samples]
-    + [("claims", a) for a in ([], ["--full", "--seeds", "3"], ["--preset", "quick", "--match-loss", "0.5"])],
+    + [("claims", a) for a in ([], ["--preset", "paper", "--seeds", "3"], ["--preset", "quick", "--match-loss", "0.5"])],
 )
 def test_argv_request_argv_round_trips_through_the_cli(command, argv):
     from attnaudit.cli import request_of
@@ -198,23 +199,13 @@ def test_requests_are_frozen_and_replace_validates():
         request.replace(seeds=0)
 
 
-def test_an_older_spelling_is_accepted_warned_about_and_reproduced_in_the_new_one(capsys):
-    """landscape --top-k (an eigenvalue count, unlike malleability's list of k) is now --eigenvalues,
-    --dtype (the analysis precision, unlike the training dtype elsewhere) --precision, and --model
-    (a checkpoint, beside --models, the built-in nets) --checkpoint."""
-    from attnaudit.cli import request_of
-
+@pytest.mark.parametrize("flag", ["--top-k", "--dtype", "--model"])
+def test_the_spellings_removed_in_0_2_0_are_refused_with_a_hint(flag):
+    """landscape --top-k, --dtype and --model were renamed (--eigenvalues, --precision, --checkpoint)
+    and removed in 0.2.0: an old command line stops with exit 2 instead of meaning something else."""
     LandscapeRequest = request_type("landscape")
-    old = request_of(["landscape", "--top-k", "3", "--dtype", "float32", "--model", "m.safetensors"])
-    assert old == LandscapeRequest.from_argv(
-        ["--eigenvalues", "3", "--precision", "float32", "--checkpoint", "m.safetensors"]
-    )
-    assert old == LandscapeRequest.from_argv(["--top-k", "3", "--dtype", "float32", "--model", "m.safetensors"])
-    assert old.to_argv() == ["--checkpoint", "m.safetensors", "--eigenvalues", "3", "--precision", "float32"]
-    err = capsys.readouterr().err
-    for flag, new in (("--top-k", "--eigenvalues"), ("--dtype", "--precision"), ("--model", "--checkpoint")):
-        assert f"warning: {flag} is deprecated; use {new}" in err
-    assert LandscapeRequest.from_options({"top-k": 4}).eigenvalues == 4  # an audit file's older key
+    with pytest.raises(AuditError, match=re.escape(flag)):
+        LandscapeRequest.from_argv([flag, "3"])
 
 
 def test_help_shows_defaults_and_hides_the_older_spellings():

@@ -216,7 +216,6 @@ class ModelFields:
         panel=MODEL,
         metavar="PATH",
         multiple=True,
-        deprecated=("--model",),
         help="Audit a trained model: an attnaudit .safetensors (its .json side-car beside it) or a Hugging Face model "
         "folder (config.json + model.safetensors; needs attnaudit[hf]). Repeat to compare several. (--model is its "
         "older spelling, easily confused with --models, the built-in nets.)",

@@ -60,7 +60,7 @@ def plan(
     choice of training rows; False: the seeds replicate the initialisation only. The last
     variant row shows the other choice."""
     if mode not in MODES:
-        raise AuditError(f"unknown scorecard mode {mode!r}; use --quick or --full")
+        raise AuditError(f"unknown scorecard mode {mode!r}; use --preset quick or --preset paper")
     if n_seeds < 1:
         raise AuditError(f"--seeds must be >= 1, got {n_seeds}")
     if isinstance(match_loss, str):

@@ -93,14 +93,6 @@ class ClaimsRequest(DataFields, Request):
         help="quick (default): the commands' quick presets on digits; paper: their paper presets (MNIST-size), "
         "as in every other command.",
     )
-    quick: bool | None = option(
-        None,
-        "--quick",
-        panel=PROTOCOL,
-        kind=bool,
-        negative="--full",
-        help="Older spelling of --preset quick / --preset paper (kept for one release).",
-    )
     seed: int = option(0, "--seed", panel=PROTOCOL, help="Base random seed (recorded in the report).")
     device: str = option("auto", "--device", panel=EXECUTION, help="auto, cpu, cuda or cuda:<i>.")
     n_seeds: int = option(
@@ -191,13 +183,8 @@ class ClaimsRequest(DataFields, Request):
             key = self.preset.strip().lower()
             if key not in MODES:
                 raise unknown_preset(self.preset, MODES)
-            if self.quick is not None and self.quick != (key == "quick"):
-                raise FieldError(
-                    "preset",
-                    "{name} " + key + " and --" + ("quick" if self.quick else "full") + " disagree; give {name} alone",
-                )
             return MODES[key]
-        return "quick" if self.quick is None or self.quick else "full"
+        return "quick"
 
     def data_args(self) -> list[str]:
         """The data options every run gets: as given, else the mode's defaults (digits or mnist; the train split)."""
@@ -655,7 +642,7 @@ def _agree(request: ClaimsRequest, kept: RunsProtocol, path: Path) -> None:
     """Refuse a protocol option given with ``reports_dir`` that the kept runs did not run under."""
     fix = "; drop {name} to score them as they ran, or run the scorecard again"
     preset = {mode: name for name, mode in MODES.items()}
-    if (request.preset is not None or request.quick is not None) and request.mode != kept.mode:
+    if request.preset is not None and request.mode != kept.mode:
         where = literal(path)
         raise FieldError(
             "preset",

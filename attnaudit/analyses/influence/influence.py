@@ -80,7 +80,6 @@ from __future__ import annotations
 import copy
 import math
 import time
-import warnings
 from dataclasses import dataclass, field, replace
 from typing import Callable, NamedTuple, Sequence, TypeVar
 
@@ -253,13 +252,6 @@ class InfluenceConfig:
             params = params.strip()
             if not params:
                 raise AuditError("params is empty; use head, all, a module name, glob patterns or parameter names")
-            if params == "last":
-                warnings.warn(
-                    "params='last' is deprecated; it means 'head' (the layer that produces the logits)",
-                    DeprecationWarning,
-                    stacklevel=3,
-                )
-                params = "head"
         elif params is not None:
             params = tuple(str(p) for p in params)
             if not params:

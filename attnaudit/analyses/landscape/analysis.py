@@ -396,15 +396,3 @@ def analyse_landscape(
         loss_function=engine.loss.name,
         dtype=str(engine.dtype).replace("torch.", ""),
     )
-
-
-def analyze_landscape(*args, **kwargs):  # noqa: D103 - deprecated alias
-    """Deprecated spelling of :func:`analyse_landscape` (one spelling for every analysis); goes in the next release."""
-    import warnings
-
-    warnings.warn(
-        "analyze_landscape is now analyse_landscape; the old name goes in the next release",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return analyse_landscape(*args, **kwargs)

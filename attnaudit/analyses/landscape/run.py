@@ -547,7 +547,6 @@ class LandscapeRequest(ModelFields, PresetData, Request):
         5,
         "--eigenvalues",
         panel=ANALYSIS,
-        deprecated=("--top-k",),
         help="Number of top Hessian eigenvalues (Lanczos). (--top-k is its older spelling: "
         "in malleability --top-k is the list of k of the top-k overlap.)",
     )
@@ -592,7 +591,6 @@ class LandscapeRequest(ModelFields, PresetData, Request):
         "float64",
         "--precision",
         panel=ANALYSIS,
-        deprecated=("--dtype",),
         help="Precision of the analysis: float64 (default) or float32. The engine works on copies; a saved model "
         "keeps its own dtype. (--dtype is its older spelling: elsewhere --dtype is the training dtype.)",
     )
