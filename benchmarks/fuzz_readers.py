@@ -31,7 +31,7 @@ subprocess per case would be exact but costs a torch import (~3 s) per case; a p
 worker with these two limits keeps 5,000 cases per reader within minutes.
 
 The fast profile of the same strategies runs in the default test suite
-(``tests/test_fuzz_readers.py``).
+(``tests/data/test_fuzz_readers.py``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Small float64 models with every kind of layer K-FAC and the layer-wise kernels cover,
-shared by tests/test_kfac_layerwise.py and tests/test_kernel_layerwise.py."""
+shared by tests/analyses/influence/test_kfac_layerwise.py and tests/analyses/ntk_distance/test_kernel_layerwise.py."""
 
 from __future__ import annotations
 

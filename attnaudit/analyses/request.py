@@ -10,7 +10,7 @@ makes the request class the one table from flag to field:
 * the CLI builds its options from those fields and a request from the parsed options;
 * an audit file's ``options:`` keys are the same flags (``top-k``, ``--top-k`` or ``top_k``);
 * :meth:`Request.to_argv` derives the command line that reproduces a request, so
-  argv -> request -> argv round-trips (tests/test_requests.py).
+  argv -> request -> argv round-trips (tests/analyses/test_requests.py).
 
 Errors about a field are :class:`FieldError`: the message names the field as the caller
 spelled it (``seeds`` from Python, ``--seeds`` on the command line, ``checks[0].options.seeds``

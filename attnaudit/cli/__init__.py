@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def request_of(argv: list[str]):
     """The request the command line ``attnaudit <argv>`` builds, parsed exactly as the shell's
-    (nothing runs): for the argv -> request -> argv round trip (tests/test_requests.py)."""
+    (nothing runs): for the argv -> request -> argv round trip (tests/analyses/test_requests.py)."""
 
     name, *rest = argv
     command = typer.main.get_command(app).commands[name]  # type: ignore[attr-defined]

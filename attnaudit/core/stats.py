@@ -19,7 +19,7 @@ k seeds, with k between 3 and 5 in practice. Every interval here is built for th
   and the upper end is reported as ``None`` (unbounded), never as a finite number.
 * :func:`difference_interval`: the paired t-interval of mean(a - b).
 
-Coverage of each procedure is measured by simulation (tests/test_interval_coverage.py,
+Coverage of each procedure is measured by simulation (tests/core/test_interval_coverage.py,
 benchmarks/bench_coverage.py; docs/findings.md gives the figures). :func:`decide` turns an
 interval into a verdict: supported or contradicted only when the interval lies entirely on
 one side of the null value and rests on at least :data:`MIN_SEEDS` seeds.

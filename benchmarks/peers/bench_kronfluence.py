@@ -25,7 +25,7 @@ Tolerances (the script exits 1 after its RATIO lines when one is exceeded; each 
 
 * ``ekfac_empirical_fisher_rel_diff`` <= 1e-4: the deterministic comparison, both sides on
   the empirical Fisher, relative difference after a common scale (measured 2.3e-6, float32
-  model; tests/test_kfac.py holds the float64 comparison to 1e-7, measured 1e-8);
+  model; tests/analyses/influence/test_kfac.py holds the float64 comparison to 1e-7, measured 1e-8);
 * ``ekfac_empirical_fisher_scale_minus_1`` <= 1e-3: that common scale, |scale - 1|
   (measured: exactly 1, both normalise the factors the same way);
 * ``ekfac_sampled_fisher_1_minus_pearson`` <= 0.1 (Pearson >= 0.9): sampled Fisher on both

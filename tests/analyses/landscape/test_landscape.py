@@ -661,7 +661,7 @@ from pathlib import Path  # noqa: E402
 
 from typer.testing import CliRunner  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 SHARED = REPO.parent / "shared" / "data"
 HAS_MNIST = (SHARED / "MNIST" / "raw" / "t10k-images-idx3-ubyte.gz").exists()
 runner = CliRunner()

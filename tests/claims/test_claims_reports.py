@@ -1,7 +1,7 @@
 """`attnaudit claims --keep-reports DIR` and `--reports DIR`: keep every run's report, and score kept
 reports again without running anything (the same scoring code as a run).
 
-One real quick scorecard (shrunk like tests/test_claims.py's end-to-end test) is run once per module;
+One real quick scorecard (shrunk like tests/claims/test_claims.py's end-to-end test) is run once per module;
 the other tests copy its folder and edit it."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ MAIN_FILES = {
 
 
 def small(real_plan):
-    """``plan.plan`` with every run shrunk (SMALL), as the end-to-end test of tests/test_claims.py does."""
+    """``plan.plan`` with every run shrunk (SMALL), as the end-to-end test of tests/claims/test_claims.py does."""
     takes_resample = "resample" in inspect.signature(real_plan).parameters
 
     def small_plan(mode, data_args, seed, n_seeds=P.DEFAULT_SEEDS, match_loss=None, resample=True):

@@ -383,7 +383,7 @@ def test_run_cell_runs_alignment_in_process():
     ],
 )
 def test_help_follows_the_manual_conventions(check, capsys, monkeypatch):
-    """The same --help checks every other command passes (tests/test_help.py), run for alignment."""
+    """The same --help checks every other command passes (tests/cli/test_help.py), run for alignment."""
     import test_help
 
     getattr(test_help, check)("alignment", capsys, monkeypatch)

@@ -178,7 +178,7 @@ from typer.testing import CliRunner  # noqa: E402
 from attnaudit.cli import app  # noqa: E402
 from attnaudit.models.builtin import load_model  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 SHARED = REPO.parent / "shared" / "data"
 HAS_MNIST = (SHARED / "MNIST" / "raw" / "t10k-images-idx3-ubyte.gz").exists()
 TINY = ["ntk-distance", "--n-train", "30", "--n-test", "20", "--widths", "8,32", "--steps", "5"]

@@ -31,7 +31,7 @@ from attnaudit.core.spectral import (  # noqa: E402
     gram_eigenvalues,
 )
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "calibrate_kappa_check.py"
+BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "calibrate_kappa_check.py"
 _spec = importlib.util.spec_from_file_location("calibrate_kappa_check", BENCH)
 cal = importlib.util.module_from_spec(_spec)
 sys.modules.setdefault("calibrate_kappa_check", cal)  # its dataclasses look their module up there

@@ -36,7 +36,7 @@ from attnaudit.data import (
 from attnaudit.data.spec import _clip, _short_list
 from attnaudit.errors import AuditError
 
-REAL_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+REAL_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 REAL_MNIST = REAL_DATA / "MNIST" / "raw" / "t10k-images-idx3-ubyte.gz"
 
 

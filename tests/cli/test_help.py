@@ -13,7 +13,7 @@ from typer.core import TyperOption
 from attnaudit.cli import app, main
 from attnaudit.cli.options import PANELS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 COMMANDS = ["kappa", "ntk-distance", "malleability", "landscape", "train", "audit", "claims", "report"]
 PLAIN_METAVARS = {"TEXT", "INTEGER", "FLOAT", "PATH"}
 PATH_OPTIONS = {
@@ -40,7 +40,7 @@ def _group():
 
 
 def _options(name: str) -> list[TyperOption]:
-    """The options --help shows (older spellings are hidden: tests/test_requests.py covers them)."""
+    """The options --help shows (older spellings are hidden: tests/analyses/test_requests.py covers them)."""
     return [p for p in _group().commands[name].params if isinstance(p, TyperOption) and not p.hidden]
 
 

@@ -17,7 +17,7 @@ from attnaudit.models.builtin import ModelSpec, build_model, load_model
 from attnaudit.core.training import TrainConfig, train
 from attnaudit.models.vit import ViT, ViTSpec
 
-MNIST_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
+MNIST_DIR = Path(__file__).resolve().parents[4] / "shared" / "data"
 
 
 def data(n=40, d=12, c=3, seed=0, dtype=torch.float64):

@@ -266,7 +266,7 @@ def test_the_text_audit_example_runs(tmp_path):
     from pathlib import Path
 
     pytest.importorskip("transformers")
-    script = Path(__file__).resolve().parents[1] / "examples" / "text" / "make_text_checkpoint.py"
+    script = Path(__file__).resolve().parents[2] / "examples" / "text" / "make_text_checkpoint.py"
     out = subprocess.run(
         [sys.executable, str(script), str(tmp_path / "ex")],
         capture_output=True,

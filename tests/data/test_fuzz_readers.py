@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 
 from attnaudit.errors import AuditError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("fuzz_readers", ROOT / "benchmarks" / "fuzz_readers.py")
 assert _spec is not None and _spec.loader is not None
 F = importlib.util.module_from_spec(_spec)

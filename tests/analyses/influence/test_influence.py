@@ -416,7 +416,7 @@ def test_generic_path_equals_fast_path_for_every_estimator(arch, loss):
     weights = tracin_weights(len(tr.checkpoints), 25, tr.steps_run, 1.0)
     for est in (
         e for e in ESTIMATORS if e not in ("kfac", "ekfac")
-    ):  # K-FAC needs nn.Linear layers: tests/test_kfac.py
+    ):  # K-FAC needs nn.Linear layers: tests/analyses/influence/test_kfac.py
         out = {}
         for fast in (True, False):
             cfg = InfluenceConfig(

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "soak_resume.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "soak_resume.py"
 
 
 def test_the_soak_script_interrupts_resumes_and_compares(tmp_path):

@@ -33,7 +33,7 @@ from attnaudit.models.builtin import ModelSpec, build_model
 from attnaudit.report.envelope import dumps
 from attnaudit.core.training import TrainConfig, train
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 SHARED = REPO.parent / "shared" / "data"
 HAS_MNIST = (SHARED / "MNIST" / "raw" / "t10k-images-idx3-ubyte.gz").exists()
 runner = CliRunner()
