@@ -87,7 +87,9 @@ def test_every_registered_command_has_samples():
 @pytest.mark.parametrize(
     "command,argv",
     [(c, a) for c, samples in SAMPLES.items() for a in samples]
-    + [("claims", a) for a in ([], ["--preset", "paper", "--seeds", "3"], ["--preset", "quick", "--match-loss", "0.5"])],
+    + [
+        ("claims", a) for a in ([], ["--preset", "paper", "--seeds", "3"], ["--preset", "quick", "--match-loss", "0.5"])
+    ],
 )
 def test_argv_request_argv_round_trips_through_the_cli(command, argv):
     from attnaudit.cli import request_of

@@ -1452,7 +1452,22 @@ def test_quick_scorecard_on_digits_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setattr(P, "plan", small_plan)
     out, png = tmp_path / "claims.json", tmp_path / "c.png"
     with pytest.raises(SystemExit) as info:
-        main(["--threads", "1", "claims", "--preset", "quick", "--seeds", "3", "-q", "--json", str(out), "--png", str(png)])
+        main(
+            [
+                "--threads",
+                "1",
+                "claims",
+                "--preset",
+                "quick",
+                "--seeds",
+                "3",
+                "-q",
+                "--json",
+                str(out),
+                "--png",
+                str(png),
+            ]
+        )
     report = json.loads(out.read_text())
     failed = {r["id"]: r["error"] for r in report["results"]["runs"] if r["error"]}
     assert info.value.code == 0 and not failed, failed
