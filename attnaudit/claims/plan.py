@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from attnaudit.analyses.malleability.run import PRESETS
 from attnaudit.analyses.registry import COMMANDS, request_type
 from attnaudit.data import PREPROCESS
-from attnaudit.errors import AuditError
+from attnaudit.analyses.request import FieldError, literal
 
 MODES = ("quick", "full")
 #: Seeds of every stochastic run of the scorecard: the sign test of a median seed needs 6 for an exact 95 % interval
@@ -60,15 +60,18 @@ def plan(
     choice of training rows; False: the seeds replicate the initialisation only. The last
     variant row shows the other choice."""
     if mode not in MODES:
-        raise AuditError(f"unknown scorecard mode {mode!r}; use --preset quick or --preset paper")
+        raise FieldError("preset", "unknown scorecard {name} " + literal(repr(mode)) + "; use quick or paper")
     if n_seeds < 1:
-        raise AuditError(f"--seeds must be >= 1, got {n_seeds}")
+        raise FieldError("seeds", "{name} must be >= 1, got " + literal(n_seeds))
     if isinstance(match_loss, str):
         if match_loss.strip().lower() not in ("auto", "none"):
-            raise AuditError(f"--match-loss: {match_loss!r} is not a training loss; give a number, auto or none")
+            raise FieldError(
+                "match_loss",
+                "{name}: " + literal(repr(match_loss)) + " is not a training loss; give a number, auto or none",
+            )
         match_loss = match_loss.strip().lower()
     elif match_loss is not None and not (math.isfinite(match_loss) and match_loss > 0):
-        raise AuditError(f"--match-loss must be a positive training loss, got {match_loss}")
+        raise FieldError("match_loss", "{name} must be a positive training loss, got " + literal(match_loss))
     preset = "quick" if mode == "quick" else "paper"
     common = [*data_args, "--seed", str(seed)]
     seeds = ("--seeds", str(n_seeds))

@@ -1360,13 +1360,13 @@ def test_match_loss_reaches_malleability_and_landscape():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"mode": "medium"}, "--preset quick or --preset paper"),
-        ({"n_seeds": 0}, "--seeds"),
-        ({"n_seeds": -2}, "--seeds"),
-        ({"match_loss": 0.0}, "--match-loss"),
-        ({"match_loss": -0.1}, "--match-loss"),
-        ({"match_loss": float("nan")}, "--match-loss"),
-        ({"match_loss": float("inf")}, "--match-loss"),
+        ({"mode": "medium"}, "preset.*quick or paper"),
+        ({"n_seeds": 0}, "seeds must"),
+        ({"n_seeds": -2}, "seeds must"),
+        ({"match_loss": 0.0}, "match_loss"),
+        ({"match_loss": -0.1}, "match_loss"),
+        ({"match_loss": float("nan")}, "match_loss"),
+        ({"match_loss": float("inf")}, "match_loss"),
     ],
 )
 def test_plan_refuses_bad_settings(kwargs, match):
