@@ -19,7 +19,8 @@ from typing import Any, Callable
 
 from attnaudit.analyses.registry import check_argv, shell_line
 from attnaudit.analyses.request import (
-    EXECUTION,
+    DeviceField,
+    SeedField,
     OUTPUT,
     PROTOCOL,
     FieldError,
@@ -73,7 +74,7 @@ def _show_match_loss(value: float | str) -> str:
 
 
 @dataclass(frozen=True)
-class ClaimsRequest(DataFields, Request):
+class ClaimsRequest(DataFields, SeedField, DeviceField, Request):
     """What ``attnaudit claims`` runs: the mode's presets on one data set, over ``seeds`` seeds."""
 
     COMMAND = "claims"
@@ -93,8 +94,6 @@ class ClaimsRequest(DataFields, Request):
         help="quick (default): the commands' quick presets on digits; paper: their paper presets (MNIST-size), "
         "as in every other command.",
     )
-    seed: int = option(0, "--seed", panel=PROTOCOL, help="Base random seed (recorded in the report).")
-    device: str = option("auto", "--device", panel=EXECUTION, help="auto, cpu, cuda or cuda:<i>.")
     n_seeds: int = option(
         10,
         "--seeds",
