@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib
 import warnings as _warnings
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # torch's forward-mode AD (Hessian-vector products) loads a jit-scripted decomposition table
 # on first use and warns about torch's own deprecated API; nothing a user of this tool can act on.
