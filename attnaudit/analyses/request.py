@@ -330,6 +330,12 @@ class Request:
         except FieldError as exc:  # the caller wrote flags: the error names the flag
             raise fields_named(exc, cls) from None
 
+    def resolve(self) -> Any:
+        """The one configuration the analysis runs from: presets filled, derived settings (a
+        projection, attack settings) made, everything validated, once. ``run`` calls it once and
+        passes the result down; an analysis without derived settings runs from the request itself."""
+        return self
+
     def check(self) -> None:
         """Check what can be checked before any computation (an audit's dry run): the
         fields (already checked at construction), then model files and data, read but not
