@@ -12,7 +12,7 @@ import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Annotated, Any, Callable, Iterator, Sequence
 
 import typer
 from rich.console import Console
@@ -27,6 +27,20 @@ from attnaudit.report.html import RunPage, png_bytes, render_run
 # Models already saved by --save-models are complete files (each saved atomically), so the
 # promise is about the report and figure only.
 INTERRUPTED = "stopped by Ctrl-C (SIGINT); no report or figure was written"
+
+
+def path_option(flag: str, help: str, panel: str = "Output") -> Any:
+    """A ``--flag PATH`` typer option (no default shown) in ``panel``."""
+    return typer.Option(flag, help=help, metavar="PATH", show_default=False, rich_help_panel=panel)
+
+
+def switch(flag: str, help: str, panel: str = "Output", short: str | None = None) -> Any:
+    """A ``--flag`` switch (default off) in ``panel``."""
+    return typer.Option(flag, *([short] if short else []), help=help, rich_help_panel=panel)
+
+
+#: The switches of the commands that do not take a request's options (audit, report).
+Debug = Annotated[bool, switch("--debug", "Show the full traceback on errors.")]
 
 
 def error_line(label: str, message: str) -> None:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from attnaudit.cli.common import cli_errors
+from attnaudit.cli.common import Debug, cli_errors, path_option, switch
 from attnaudit.cli.options import ManualCommand
 from attnaudit.errors import AuditError
 from attnaudit.report.html import check_schema
@@ -48,21 +48,10 @@ def register(app: typer.Typer) -> None:
                 help="JSON reports written by --json (one or more).", show_default=False, metavar="RUN.json"
             ),
         ],
-        html: Annotated[
-            str,
-            typer.Option(
-                "--html", help="Write the HTML page here.", show_default=False, metavar="PATH", rich_help_panel="Output"
-            ),
-        ],
-        overwrite: Annotated[
-            bool, typer.Option("--overwrite", help="Allow replacing an existing file.", rich_help_panel="Output")
-        ] = False,
-        quiet: Annotated[
-            bool, typer.Option("--quiet", "-q", help="Print nothing on success.", rich_help_panel="Output")
-        ] = False,
-        debug: Annotated[
-            bool, typer.Option("--debug", help="Show the full traceback on errors.", rich_help_panel="Output")
-        ] = False,
+        html: Annotated[str, path_option("--html", "Write the HTML page here.")],
+        overwrite: Annotated[bool, switch("--overwrite", "Allow replacing an existing file.")] = False,
+        quiet: Annotated[bool, switch("--quiet", "Print nothing on success.", short="-q")] = False,
+        debug: Debug = False,
     ) -> None:
 
         with cli_errors(debug):
