@@ -51,33 +51,27 @@ def _field(default: Any, annotation: Any, *decls: str, help: str, metavar: Optio
     )
 
 
+def _path_field(flag: str, help: str) -> Any:
+    """An optional ``flag PATH`` (default None)."""
+    return _field(None, Optional[str], flag, metavar="PATH", help=help)
+
+
 @dataclass
 class OutputBundle:
     """Where results go (``--json``, ``--png``, ``--html``, ``--out-dir``), how much is printed, and ``--debug``."""
 
     PANEL: ClassVar[str] = OUTPUT
 
-    json: Optional[str] = _field(
-        None,
-        Optional[str],
-        "--json",
-        metavar="PATH",
-        help="Write the JSON report here ('-' = standard output, nothing else printed there).",
+    json: Optional[str] = _path_field(
+        "--json", help="Write the JSON report here ('-' = standard output, nothing else printed there)."
     )
-    png: Optional[str] = _field(None, Optional[str], "--png", metavar="PATH", help="Write the figure here (PNG).")
-    html: Optional[str] = _field(
-        None,
-        Optional[str],
+    png: Optional[str] = _path_field("--png", help="Write the figure here (PNG).")
+    html: Optional[str] = _path_field(
         "--html",
-        metavar="PATH",
         help="Write a self-contained HTML report here: verdicts first, then tables, figures, the protocol and the command that reproduces the run.",
     )
-    out_dir: Optional[str] = _field(
-        None,
-        Optional[str],
-        "--out-dir",
-        metavar="PATH",
-        help="Write report.json, report.html and figures into this folder.",
+    out_dir: Optional[str] = _path_field(
+        "--out-dir", help="Write report.json, report.html and figures into this folder."
     )
     quiet: bool = _field(False, bool, "--quiet", "-q", help="No table and no progress bar.")
     overwrite: bool = _field(False, bool, "--overwrite", help="Allow replacing existing output files.")
@@ -109,11 +103,8 @@ class ExecutorOptions:
         help="Join this running Ray cluster (default: start a local Ray for the run).",
     )
     gpus_per_cell: float = _field(0.0, float, "--gpus-per-cell", help="GPUs Ray reserves for each cell.")
-    resume: Optional[str] = _field(
-        None,
-        Optional[str],
+    resume: Optional[str] = _path_field(
         "--resume",
-        metavar="PATH",
         help="Folder that keeps every finished cell; a rerun skips the cells already there (same configuration and version).",
     )
 
