@@ -8,6 +8,7 @@ option, a missing file, unusable data. The message should name the problem and t
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
 from typing import Any
 
 MAX_SEED = 2**32 - 1  # numpy/torch seeds beyond this are refused rather than silently folded
@@ -17,6 +18,44 @@ class AuditError(Exception):
     """A problem with the user's input; the message names the problem and the fix."""
 
     exit_code = 2
+
+
+class FieldError(AuditError):
+    """A value of one named field (a request field, an option) that the library refuses.
+
+    ``template`` names the field as ``{name}``; :meth:`named` renders it for the spelling
+    the caller used (the field name from Python, the flag on the command line, the option
+    key in an audit file). Raised by any layer: the CLI and the audit runner rename it.
+    """
+
+    def __init__(self, field_name: str, template: str) -> None:
+        self.field = field_name
+        self.template = template
+        super().__init__(template.format(name=field_name))
+
+    def named(self, name: str) -> AuditError:
+        """The same error, naming the field as ``name`` (e.g. ``--seeds``)."""
+        return AuditError(self.template.format(name=name))
+
+
+def literal(text: Any) -> str:
+    """``text`` inside a :class:`FieldError` template (its braces kept literally)."""
+    return str(text).replace("{", "{{").replace("}", "}}")
+
+
+_MARK = "\x00name\x00"
+
+
+def field_check(field_name: str, check: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run a check that names its option in the message (``check(..., option)``: the option's
+    spelling as its last positional argument) and turn its :class:`AuditError` into a
+    :class:`FieldError` on ``field_name``."""
+    try:
+        return check(*args, _MARK, **kwargs)
+    except FieldError:
+        raise
+    except AuditError as exc:
+        raise FieldError(field_name, literal(exc).replace(_MARK, "{name}")) from None
 
 
 def clip_text(text: object, limit: int = 160) -> str:
@@ -45,6 +84,21 @@ def show_value(value: object, limit: int = 60) -> str:
     except ValueError:
         text = f"<{type(value).__name__} too large to print>"
     return clip_text(text, limit)
+
+
+def short_list(values: Any, limit: int = 10, sep: str = ", ") -> str:
+    """The first ``limit`` values (each clipped to 40 characters) joined by ``sep``, then
+    ``\u2026 (N more)`` when there are more: for listing user values in a one-line message."""
+    items = [clip_text(v, 40) for v in values]
+    if len(items) <= limit:
+        return sep.join(items)
+    return sep.join(items[:limit]) + f"{sep}\u2026 ({len(items) - limit} more)"
+
+
+def one_line(exc: BaseException) -> str:
+    """``"TypeName: message"`` of an exception on one line (just the type name when it has no message)."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def key_mismatch(missing: list, unexpected: list) -> str:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
-from attnaudit.errors import AuditError, check_seed, clip_text
+from attnaudit.errors import AuditError, FieldError, check_seed, clip_text, field_check, literal
 
 # The panels of every command's --help, in this order (docs/cli.md says what goes where).
 DATA = "Data"
@@ -42,23 +42,6 @@ PANELS = (DATA, MODEL, PROTOCOL, ANALYSIS, OUTPUT, EXECUTION)
 _OPTION = "attnaudit_option"
 _DEFINED: dict[str, type] = {}  # command -> the first request class defined for it (audit, claims register here)
 R = TypeVar("R", bound="Request")
-
-
-class FieldError(AuditError):
-    """A request field holds a value the protocol refuses.
-
-    ``template`` names the field as ``{name}``; :meth:`named` renders it for the spelling
-    the caller used (the field name from Python, the flag on the command line).
-    """
-
-    def __init__(self, field_name: str, template: str) -> None:
-        self.field = field_name
-        self.template = template
-        super().__init__(template.format(name=field_name))
-
-    def named(self, name: str) -> AuditError:
-        """The same error, naming the field as ``name`` (e.g. ``--seeds``)."""
-        return AuditError(self.template.format(name=name))
 
 
 @dataclass(frozen=True)
@@ -80,7 +63,9 @@ class Option:
     metavar: str | None = None
     parse: Callable[[Any, str], Any] | None = None
     show: Callable[[Any], str] | None = None
-    deprecated: tuple[str, ...] = ()  # older spellings, still accepted for one release (hidden from --help)
+    deprecated: tuple[
+        str, ...
+    ] = ()  # older spellings accepted with a warning during a rename (hidden from --help); the release that removes them is named in CHANGELOG.md
 
     @property
     def flag(self) -> str:
@@ -127,7 +112,7 @@ def redefault(owner: type, name: str, default: Any = _KEEP, *, help: str | None 
     """The option field ``name`` of ``owner`` (a request or a part of one: its flags, help and
     panel) with another default and/or help text, for a request that inherits it."""
     inherited = {f.name: f for f in dataclasses.fields(owner)}[name]
-    metadata = inherited.metadata
+    metadata: Mapping[str, Any] = inherited.metadata
     if help is not None:
         metadata = {_OPTION: dataclasses.replace(metadata[_OPTION], help=help)}
     return field(default=inherited.default if default is _KEEP else default, metadata=metadata)
@@ -203,11 +188,6 @@ def _show_scalar(value: Any) -> str:
 def normalise_key(key: Any) -> str:
     """An option key as written (eps, top-k, top_k, --top-k) -> its python spelling."""
     return str(key).strip().lstrip("-").replace("-", "_")
-
-
-def literal(text: Any) -> str:
-    """``text`` inside a :class:`FieldError` template (its braces kept literally)."""
-    return str(text).replace("{", "{{").replace("}", "}}")
 
 
 def hint(word: str, choices) -> str:
@@ -391,19 +371,6 @@ class Request:
     def replace(self: R, **changes: Any) -> R:
         """A copy with ``changes`` (validated again)."""
         return dataclasses.replace(self, **changes)
-
-
-_MARK = "\x00name\x00"
-
-
-def field_check(field_name: str, check: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Run a library check that names its option in the message (``check(..., option)``) and
-    turn its :class:`AuditError` into a :class:`FieldError` on ``field_name``."""
-    try:
-        return check(*args, _MARK, **kwargs)
-    except AuditError as exc:
-        text = literal(exc).replace(_MARK, "{name}")
-        raise FieldError(field_name, text) from None
 
 
 def fields_named(error: FieldError, request_type: type[Request]) -> AuditError:

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from attnaudit.analyses.request import DATA, MODEL, FieldError, Preset, internal, option, unset
-from attnaudit.errors import AuditError
 from attnaudit.data import DataSpec, parse_classes
 from attnaudit.data import load_dataset
 from attnaudit.models.checkpoints import load_model_source, unique_labels
@@ -77,8 +76,13 @@ class DataFields:
         metavar="PATH",
         help="Text data: tokenizer.json (or a folder holding it); default: the --checkpoint folder's own.",
     )
-    max_length: int = option(
-        128, "--max-length", panel=DATA, help="Text data: tokens per sample (longer texts truncated, shorter padded)."
+    max_length: int | None = option(
+        None,
+        "--max-length",
+        panel=DATA,
+        kind=int,
+        help="Text data: tokens per sample (longer texts truncated, shorter padded); default: the smaller of 128 "
+        "and the model's position limit (max_position_embeddings).",
     )
     loaded_data: Any = internal()
 
@@ -217,8 +221,7 @@ class ModelFields:
         metavar="PATH",
         multiple=True,
         help="Audit a trained model: an attnaudit .safetensors (its .json side-car beside it) or a Hugging Face model "
-        "folder (config.json + model.safetensors; needs attnaudit[hf]). Repeat to compare several. (--model is its "
-        "older spelling, easily confused with --models, the built-in nets.)",
+        "folder (config.json + model.safetensors; needs attnaudit[hf]). Repeat to compare several.",
     )
     factory: str | None = option(
         None,
@@ -285,7 +288,7 @@ class ModelFields:
 
         if self.factory is not None or self.weights is not None:
             if self.checkpoint:
-                raise AuditError("--checkpoint and --factory both name a model; give one of them")
+                raise FieldError("checkpoint", "{name} and factory both name a model; give one of them")
             loaded = [
                 load_model_source(
                     factory=self.factory, weights=self.weights, trust_pickle=self.trust_pickle, inputs=self.inputs

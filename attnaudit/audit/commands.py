@@ -52,10 +52,14 @@ def field_name(command: str, key: Any) -> str | None:
     return request_type(command).field_of(key)
 
 
-def to_args(command: str, options: dict[str, Any], where: str) -> list[str]:
-    """The argument list for ``options`` of ``command``; ``where`` is the key path for errors."""
+def to_values(command: str, options: dict[str, Any], where: str) -> dict[str, Any]:
+    """field name -> the value a command line carries for ``options`` of ``command``: text, a list
+    of texts for a repeatable option, True/False for a switch (what
+    :meth:`~attnaudit.analyses.request.Request.from_argv` reads from :func:`argv_of` of it, so
+    ``Request.from_options`` of these values is the request of that command line). ``where`` is
+    the key path for errors."""
     params = option_params(command)
-    args: list[str] = []
+    values: dict[str, Any] = {}
     for key, value in options.items():
         name = field_name(command, key)
         if name is None:
@@ -68,19 +72,38 @@ def to_args(command: str, options: dict[str, Any], where: str) -> list[str]:
         if opt.kind is bool and opt.parse is None:
             if not isinstance(value, bool):
                 raise AuditError(f"{where}.{key}: expected true or false (the flag {opt.flag}), got {value!r}")
-            if value:
-                args.append(opt.flag)
-            elif opt.negative:
-                args.append(opt.negative)
+            if value or opt.negative:
+                values[name] = value
             continue
-        values = value if isinstance(value, list) and opt.multiple else [value]
-        for item in values:
+        items = value if isinstance(value, list) and opt.multiple else [value]
+        texts = []
+        for item in items:
             if isinstance(item, dict) or (isinstance(item, list) and any(isinstance(v, (dict, list)) for v in item)):
                 raise AuditError(f"{where}.{key}: expected a value or a list of values for {opt.flag}, got a mapping")
             if isinstance(item, bool):
                 raise AuditError(f"{where}.{key}: {opt.flag} takes a value, not true/false")
-            args.extend([opt.flag, show_list(item) if isinstance(item, (list, tuple)) else _text(item)])
+            texts.append(show_list(item) if isinstance(item, (list, tuple)) else _text(item))
+        values[name] = [*values.get(name, []), *texts] if opt.multiple else texts[-1]
+    return values
+
+
+def argv_of(command: str, values: dict[str, Any]) -> list[str]:
+    """The command line of :func:`to_values`' ``values``."""
+    params = option_params(command)
+    args: list[str] = []
+    for name, value in values.items():
+        opt = params[name]
+        if isinstance(value, bool):
+            args.append(opt.flag if value else str(opt.negative))
+        else:
+            for text in value if isinstance(value, list) else [value]:
+                args.extend([opt.flag, text])
     return args
+
+
+def to_args(command: str, options: dict[str, Any], where: str) -> list[str]:
+    """The argument list for ``options`` of ``command``; ``where`` is the key path for errors."""
+    return argv_of(command, to_values(command, options, where))
 
 
 def _text(value: Any) -> str:

@@ -174,7 +174,12 @@ _MALL_LABELS = ("model", "attack", "eps", "damping")
 _SWEEP_LABELS = ("model", "width")
 
 
-def _build() -> dict[str, dict[str, Metric]]:
+def _one_row(results: dict) -> list[tuple[dict, dict]]:
+    return [({}, results)]  # the data kappa report is one row
+
+
+def _malleability_metrics() -> list[Metric]:
+    """The metrics of a malleability report: summary rows, floors, model ratios."""
     table: list[Metric] = []
     add = table.append
     mrows = _list_rows("summary", _MALL_LABELS)
@@ -210,7 +215,13 @@ def _build() -> dict[str, dict[str, Metric]]:
             "flip-rate ratio of two models (attn / relu), Fieller interval over seeds (an unbounded upper end is inf)",
         )
     )
+    return table
 
+
+def _landscape_metrics() -> list[Metric]:
+    """The metrics of a landscape report: one row per model."""
+    table: list[Metric] = []
+    add = table.append
     lrows = _model_rows()
     add(
         Metric(
@@ -251,17 +262,20 @@ def _build() -> dict[str, dict[str, Metric]]:
         )
     )
     add(Metric("accuracy", LANDSCAPE, ("model",), M, lrows, lambda row, stat: row.get("accuracy"), "training accuracy"))
+    return table
 
-    def one(results: dict) -> list[tuple[dict, dict]]:
-        return [({}, results)]  # the data kappa report is one row
 
+def _kappa_metrics() -> list[Metric]:
+    """The metrics of a data kappa report (one row) and its width estimates."""
+    table: list[Metric] = []
+    add = table.append
     add(
         Metric(
             "log10_kappa",
             KAPPA,
             (),
             M,
-            one,
+            _one_row,
             _log10_kappa(("gram",)),
             "log10 kappa_d of the Gram X X^T (+inf when rank deficient)",
         )
@@ -272,7 +286,7 @@ def _build() -> dict[str, dict[str, Metric]]:
             KAPPA,
             (),
             M,
-            one,
+            _one_row,
             lambda row, stat: _get(row, "gram", "log10_kappa_at_numerical_rank"),
             "log10 kappa of X X^T at its numerical rank",
         )
@@ -283,7 +297,7 @@ def _build() -> dict[str, dict[str, Metric]]:
             KAPPA,
             (),
             M,
-            one,
+            _one_row,
             _log10_kappa(("attention_gram_from_identity",)),
             "log10 kappa_d of the linearized attention Gram G^3 (+inf when rank deficient)",
         )
@@ -300,7 +314,14 @@ def _build() -> dict[str, dict[str, Metric]]:
             "or numerical_rank); +inf when kappa_d is infinite",
         )
     )
+    return table
 
+
+def _kappa_layer_metrics() -> list[Metric]:
+    """The metrics of a kappa report on a model: per layer, and the model's eNTK."""
+    table: list[Metric] = []
+    add = table.append
+    lrows = _model_rows()
     for name, path, what in (
         ("layer_log10_kappa_in", ("input_gram", "log10_kappa"), "log10 kappa of the layer input's token Gram"),
         ("layer_log10_kappa_out", ("output_gram", "log10_kappa"), "log10 kappa of the attention output's token Gram"),
@@ -342,7 +363,14 @@ def _build() -> dict[str, dict[str, Metric]]:
             "log10 kappa_d of the whole model's eNTK Gram (needs gram: entk; +inf when rank deficient)",
         )
     )
+    return table
 
+
+def _ntk_metrics() -> list[Metric]:
+    """The metrics of an ntk-distance width sweep of the 2-layer nets."""
+    table: list[Metric] = []
+    add = table.append
+    lrows = _model_rows()
     add(
         Metric(
             "distance_slope",
@@ -368,7 +396,14 @@ def _build() -> dict[str, dict[str, Metric]]:
     srows = _list_rows("summary", _SWEEP_LABELS)
     for name in ("distance_rel", "distance_rms", "kernel_movement"):
         add(Metric(name, NTK, _SWEEP_LABELS, MS, srows, _stat_dict(name), f"{name} per width (mean / std over seeds)"))
+    return table
 
+
+def _ntk_checkpoint_metrics() -> list[Metric]:
+    """The metrics of ntk-distance on a checkpoint: kernel movement, per group too."""
+    table: list[Metric] = []
+    add = table.append
+    lrows = _model_rows()
     add(
         Metric(
             "kernel_movement",
@@ -414,7 +449,13 @@ def _build() -> dict[str, dict[str, Metric]]:
             "kernel movement of one parameter group (block)",
         )
     )
+    return table
 
+
+def _ntk_transformer_metrics() -> list[Metric]:
+    """The metrics of the ntk-distance transformer sweep: slopes and per-width rows."""
+    table: list[Metric] = []
+    add = table.append
     arows = _model_rows("archs", "arch")
     for name, key in (
         ("movement_slope", "movement"),
@@ -435,10 +476,23 @@ def _build() -> dict[str, dict[str, Metric]]:
     trows = _list_rows("summary", ("arch", "width"))
     for name, key in (("kernel_movement", "movement"), ("distance_rel", "distance_rel")):
         add(Metric(name, NTK_TRANSFORMERS, ("arch", "width"), MS, trows, _stat_dict(key), f"{key} per width"))
+    return table
 
+
+def _build() -> dict[str, dict[str, Metric]]:
+    """schema -> metric name -> :class:`Metric`, every report's metrics in one table."""
     out: dict[str, dict[str, Metric]] = {}
-    for metric in table:
-        out.setdefault(metric.schema, {})[metric.name] = metric
+    for metrics in (
+        _malleability_metrics,
+        _landscape_metrics,
+        _kappa_metrics,
+        _kappa_layer_metrics,
+        _ntk_metrics,
+        _ntk_checkpoint_metrics,
+        _ntk_transformer_metrics,
+    ):
+        for metric in metrics():
+            out.setdefault(metric.schema, {})[metric.name] = metric
     return out
 
 

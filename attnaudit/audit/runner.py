@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from attnaudit.errors import AuditError
-from attnaudit.analyses.registry import check_argv, run_argv as invoke, shell_line
+from attnaudit.errors import AuditError, FieldError, field_check, literal
+from attnaudit.analyses.registry import run_argv as invoke, shell_line
 from attnaudit.audit import metrics as M
-from attnaudit.audit.commands import option_params, to_args
+from attnaudit.audit.commands import argv_of, option_params, to_args, to_values
 from attnaudit.audit.file import AuditPlan, CheckSpec
 from attnaudit.report.envelope import read_json_file
 from attnaudit.analyses.registry import request_type
@@ -115,6 +115,7 @@ class Run:
     error_kind: str | None = None
     seconds: float = 0.0
     shown_args: list[str] | None = None  # args as a user reruns them (the saved model's path, not a temporary one)
+    field_error: FieldError | None = None  # the error, when it was about one field (named per check)
 
     @property
     def command(self) -> str:
@@ -205,10 +206,14 @@ def format_value(value: Any) -> str:
 def read_baseline(path: str | Path) -> dict[str, dict]:
     """check name -> {value, metric, stat, better} from a --save-baseline file."""
 
-    data = read_json_file(path, f"--baseline {path}", "write a baseline with --save-baseline first")
+    data = field_check(
+        "baseline", lambda name: read_json_file(path, f"{name} {path}", "write a baseline with --save-baseline first")
+    )
+    named = "{name} " + literal(path)
     if not isinstance(data, dict) or data.get("schema") != BASELINE_SCHEMA or not isinstance(data.get("checks"), dict):
-        raise AuditError(
-            f"--baseline {path}: not an attnaudit baseline (schema {BASELINE_SCHEMA}); write one with --save-baseline"
+        raise FieldError(
+            "baseline",
+            named + f": not an attnaudit baseline (schema {BASELINE_SCHEMA}); write one with --save-baseline",
         )
     out = {}
     for name, entry in data["checks"].items():
@@ -216,7 +221,7 @@ def read_baseline(path: str | Path) -> dict[str, dict]:
         if isinstance(value, str) and value in ("inf", "-inf"):
             value = float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise AuditError(f"--baseline {path}: checks.{name}.value must be a number")
+            raise FieldError("baseline", named + literal(f": checks.{name}.value must be a number"))
         out[name] = {**entry, "value": float(value)}
     return out
 
@@ -352,12 +357,12 @@ def _rows(bad: list[dict], values: list[dict]) -> str:
 
 
 # ----------------------------------------------------------------------------- the plan of runs
-def _model_args(plan: AuditPlan, analysis: str, model_path: str | None, where: str) -> list[str]:
+def _model_values(plan: AuditPlan, analysis: str, model_path: str | None) -> dict[str, Any]:
     if plan.model is None:
-        return []
+        return {}
     if plan.model.kind == "trained":
-        return ["--checkpoint", str(model_path)]
-    return to_args(analysis, plan.model.options, "model")
+        return to_values(analysis, {"checkpoint": [str(model_path)]}, "model")
+    return to_values(analysis, plan.model.options, "model")
 
 
 def _train_args(plan: AuditPlan, out: str, stand_in: bool) -> list[str]:
@@ -389,32 +394,42 @@ def _train(args: list[str]) -> dict:
     return run_request(_train_request(args)).to_dict()
 
 
-def _check_args(plan: AuditPlan, spec: CheckSpec, model_path: str | None) -> list[str]:
+def _check_values(plan: AuditPlan, spec: CheckSpec, model_path: str | None) -> dict[str, Any]:
+    """The check's request as command-line values (:func:`attnaudit.audit.commands.to_values`):
+    its options, the audit's seed, and the model when the check uses it."""
     options = dict(spec.options)
     if "seed" in option_params(spec.analysis) and options.get("seed") is None:
         options["seed"] = plan.seed
     # a canonical order, so the same options written in another order share one run
-    args = to_args(spec.analysis, dict(sorted(options.items())), f"{spec.where}.options")
-    return args + (_model_args(plan, spec.analysis, model_path, spec.where) if spec.use_model else [])
+    values = to_values(spec.analysis, dict(sorted(options.items())), f"{spec.where}.options")
+    return {**values, **(_model_values(plan, spec.analysis, model_path) if spec.use_model else {})}
 
 
-def _dry(analysis: str, args: list[str], where: str) -> None:
-    """The request validates its options and reads its model files and data; nothing computes."""
-    try:
-        check_argv(analysis, args)
-    except AuditError as exc:
-        raise AuditError(f"{where}: {exc}") from None
+def _dry(analysis: str, values: dict[str, Any]) -> None:
+    """The request validates its options and reads its model files and data; nothing computes.
+    (``from_options`` of the command-line values: the request ``from_argv`` builds, its errors
+    still naming fields.)"""
+    request_type(analysis).from_options(values).check()
 
 
-def _option_key(message: str, spec: CheckSpec) -> str:
-    """The key path of the check option a command's error names (``--eps`` -> ``.options.eps``), if any."""
-    import re
+def option_key(error: FieldError, plan: AuditPlan, spec: CheckSpec) -> str:
+    """The key path in the audit file of the option that set the field ``error`` names:
+    ``checks[i].options.<key>``, ``data.<key>``, ``model.<key>`` or ``seed`` (a field the file
+    does not set: the check option that would set it)."""
+    key = error.field.replace("_", "-")
+    if error.field in plan.data and spec.options.get(error.field) == plan.data[error.field]:
+        return f"data.{key}"
+    if error.field == "seed" and "seed" not in spec.options:
+        return "seed"
+    if plan.model is not None and spec.use_model and error.field in ("checkpoint", *plan.model.options):
+        return "model" if plan.model.kind == "trained" else f"model.{key}"
+    return f"{spec.where}.options.{key}"
 
-    for flag in re.findall(r"--([a-z][a-z0-9-]*)", message):
-        name = flag.replace("-", "_")
-        if name in spec.options:
-            return f"{spec.where}.options.{name.replace('_', '-')}"
-    return spec.where
+
+def field_message(error: FieldError, plan: AuditPlan, spec: CheckSpec) -> str:
+    """``<key path>: <the error, naming the option by its key>`` for an audit file's user."""
+    where = option_key(error, plan, spec)
+    return f"{where}: {error.named(where.rpartition('.')[2])}"
 
 
 def run_audit(
@@ -437,9 +452,10 @@ def run_audit(
     ex = executor or ExecutorConfig()
     parallel = ex.kind != "local" or ex.jobs > 1 or ex.resume_dir is not None
     if fail_fast and parallel:
-        raise AuditError(
-            "--fail-fast stops a sequential audit at its first failure; drop it, or run without "
-            "--executor ray / --jobs / --resume"
+        raise FieldError(
+            "fail_fast",
+            "{name} stops a sequential audit at its first failure; drop it, or run without the ray executor, "
+            "worker processes (jobs) or resume",
         )
     ex.check_available()
     t0 = time.perf_counter()
@@ -473,20 +489,20 @@ def run_audit(
         checks: list[CheckResult] = []
         for spec in plan.checks:
             try:
-                args = _check_args(plan, spec, model_path)
+                values = _check_values(plan, spec, model_path)
             except AuditError as exc:
                 raise AuditError(f"{plan.path}: {exc}") from None
+            args = argv_of(spec.analysis, values)
             key = (spec.analysis, tuple(args))
             if key not in runs:
                 shown = [shown_model if a == model_path else a for a in args] if model_path else None
                 runs[key] = Run(f"run{len(runs) + 1}", spec.analysis, args, [], shown_args=shown)
                 try:
-                    _dry(spec.analysis, args, "")
+                    _dry(spec.analysis, values)
+                except FieldError as exc:
+                    raise AuditError(f"{plan.path}: {field_message(exc, plan, spec)} (check {spec.name!r})") from None
                 except AuditError as exc:
-                    message = str(exc).removeprefix(": ")
-                    raise AuditError(
-                        f"{plan.path}: {_option_key(message, spec)}: {message} (check {spec.name!r})"
-                    ) from None
+                    raise AuditError(f"{plan.path}: {spec.where}: {exc} (check {spec.name!r})") from None
             run = runs[key]
             run.checks.append(spec.name)
             checks.append(CheckResult(spec, run.command, run.id))
@@ -529,6 +545,8 @@ def run_audit(
                 tr = time.perf_counter()
                 try:
                     run.report = invoke(run.analysis, run.args)
+                except FieldError as exc:  # named for each check below, by the key that check wrote
+                    run.error, run.error_kind, run.field_error = str(exc), "input", exc
                 except AuditError as exc:
                     run.error, run.error_kind = str(exc), "input"
                 except (KeyboardInterrupt, SystemExit):
@@ -539,7 +557,8 @@ def run_audit(
                 run.seconds = time.perf_counter() - tr
             if run.error is not None:
                 c.status, c.error_kind = "error", run.error_kind
-                c.message = f"{run.error}; reproduce: {c.command}"
+                error = field_message(run.field_error, plan, c.spec) if run.field_error else run.error
+                c.message = f"{error}; reproduce: {c.command}"
             else:
                 assert run.report is not None  # a run without an error has its report
                 try:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from attnaudit.errors import AuditError
-from attnaudit.data.readers import _check_labels, _read_cifar_batch, read_idx
-from attnaudit.data.selection import _finish
-from attnaudit.data.spec import SPLITS, Dataset, DataSpec, _one_line, _Source
+from attnaudit.data.readers import check_labels, read_cifar_batch, read_idx
+from attnaudit.data.selection import assemble
+from attnaudit.data.spec import SPLITS, Dataset, DataSpec, Source
+from attnaudit.errors import AuditError, one_line
 
 SYNTHETIC_CLASSES = 4
 _DIGITS_TRAIN_FRACTION = 0.8
@@ -23,6 +23,26 @@ _IDX_FOLDERS = {"mnist": "MNIST", "fashion-mnist": "FashionMNIST"}
 _IDX_STEMS = {"train": "train", "test": "t10k"}
 _CIFAR_FOLDER = "cifar-10-batches-py"
 _CIFAR_FILES = {"train": tuple(f"data_batch_{i}" for i in range(1, 6)), "test": ("test_batch",)}
+
+
+# --------------------------------------------------------------------------- the built-in data sets
+
+
+def load_builtin(spec: DataSpec) -> Dataset:
+    """The built-in data set ``spec.dataset`` names, its ``spec.split``, with ``spec``'s class
+    filter, subset and preprocessing (``info['data_dir']``: the folder read, None for digits)."""
+    root = Path(spec.data_dir).expanduser() if spec.data_dir is not None else default_data_dir()
+    if spec.dataset == "digits":
+        src = _load_digits(spec.split)
+    elif spec.dataset in _IDX_FOLDERS:
+        src = _load_idx_dataset(spec.dataset, root, spec.split, spec.download)
+    elif spec.dataset == "cifar10":
+        src = _load_cifar10(root, spec.split, spec.download)
+    else:
+        return _load_synthetic(spec)
+    ds = assemble(src, spec, spec.n, spec.stratify)
+    ds.info["data_dir"] = str(root) if spec.dataset != "digits" else None
+    return ds
 
 
 # --------------------------------------------------------------------------- locating and downloading
@@ -64,7 +84,7 @@ def _download(name: str, root: Path, split: str) -> None:
         cls(root=str(root), train=(split == "train"), download=True)
     except Exception as exc:  # noqa: BLE001 - network/IO errors of many kinds
         raise AuditError(
-            f"downloading {name} into {root} failed ({_one_line(exc)}); check the network, "
+            f"downloading {name} into {root} failed ({one_line(exc)}); check the network, "
             "or copy the files there by hand and pass --data-dir"
         ) from None
 
@@ -72,7 +92,7 @@ def _download(name: str, root: Path, split: str) -> None:
 # --------------------------------------------------------------------------- digits
 
 
-def _load_digits(split: str) -> _Source:
+def _load_digits(split: str) -> Source:
     from sklearn.datasets import load_digits
 
     bunch = load_digits()
@@ -81,7 +101,7 @@ def _load_digits(split: str) -> _Source:
     n_train = int(total * _DIGITS_TRAIN_FRACTION)
     rows = np.sort(order[:n_train] if split == "train" else order[n_train:])
     images = bunch.images[rows]  # (n, 8, 8), values 0..16
-    return _Source(
+    return Source(
         X=images,
         y=bunch.target[rows].astype(np.int64),
         name="digits",
@@ -104,7 +124,7 @@ def _locate_idx(name: str, root: Path, split: str) -> tuple[Path | None, Path | 
     return images, labels, searched
 
 
-def _load_idx_dataset(name: str, root: Path, split: str, download: bool) -> _Source:
+def _load_idx_dataset(name: str, root: Path, split: str, download: bool) -> Source:
     images, labels, searched = _locate_idx(name, root, split)
     if (images is None or labels is None) and download:
         _download(name, root, split)
@@ -130,7 +150,7 @@ def _load_idx_dataset(name: str, root: Path, split: str, download: bool) -> _Sou
         raise AuditError(f"{images} holds no images; fetch the data again")
     if y.max() >= 10:
         raise AuditError(f"{labels} holds label {int(y.max())} outside 0..9; the file is corrupt, fetch it again")
-    return _Source(
+    return Source(
         X=X[:, None, :, :],  # (N, 1, H, W): channel axis as torchvision tensors have
         y=y.astype(np.int64),
         name=name,
@@ -144,7 +164,7 @@ def _load_idx_dataset(name: str, root: Path, split: str, download: bool) -> _Sou
 # --------------------------------------------------------------------------- CIFAR-10
 
 
-def _load_cifar10(root: Path, split: str, download: bool) -> _Source:
+def _load_cifar10(root: Path, split: str, download: bool) -> Source:
     folder = root / _CIFAR_FOLDER
     files = [folder / f for f in _CIFAR_FILES[split]]
     if not all(f.is_file() for f in files) and download:
@@ -160,12 +180,12 @@ def _load_cifar10(root: Path, split: str, download: bool) -> _Source:
             f"{_CIFAR_FOLDER}/{{data_batch_1..5,test_batch}}",
             other_present=all((folder / f).is_file() for f in other),
         )
-    parts = [_read_cifar_batch(f) for f in files]
+    parts = [read_cifar_batch(f) for f in files]
     X = parts[0][0] if len(parts) == 1 else np.concatenate([p[0] for p in parts])
-    y = _check_labels(np.concatenate([p[1] for p in parts]), len(X), str(folder))
+    y = check_labels(np.concatenate([p[1] for p in parts]), len(X), str(folder))
     if y.max() >= 10:
         raise AuditError(f"{folder}: label {int(y.max())} outside 0..9; the files are corrupt, fetch them again")
-    return _Source(
+    return Source(
         X=X.reshape(-1, 3, 32, 32),
         y=y,
         name="cifar10",
@@ -211,7 +231,7 @@ def synthetic_matrix(
 def _load_synthetic(spec: DataSpec) -> Dataset:
     rows = spec.n if spec.n is not None else spec.synthetic_n
     X, y, s = synthetic_matrix(rows, spec.synthetic_d, spec.synthetic_kappa, spec.synthetic_rank, spec.seed, spec.split)
-    src = _Source(
+    src = Source(
         X=X,
         y=y,
         name="synthetic",
@@ -229,7 +249,7 @@ def _load_synthetic(spec: DataSpec) -> Dataset:
         },
     )
     # n already set the number of rows generated; subsetting would break the spectrum.
-    ds = _finish(src, spec, None, False)
+    ds = assemble(src, spec, None, False)
     ds.value_range = None
     if spec.classes is None and spec.preprocess == "raw":
         # Only exact while X is untouched: filtering or preprocessing changes the spectrum.

@@ -27,7 +27,7 @@ def ntk_scale_factor(X: torch.Tensor) -> float:
     return math.sqrt(d / mean_sq) if mean_sq > 0 and math.isfinite(mean_sq) else 1.0
 
 
-def _preprocess_inplace(X: torch.Tensor, how: str) -> torch.Tensor:
+def preprocess_inplace(X: torch.Tensor, how: str) -> torch.Tensor:
     """Apply ``how`` to a float64 tensor in place (callers own X); returns X."""
     if how == "raw":
         return X
@@ -66,4 +66,4 @@ def apply_preprocess(X: torch.Tensor, how: str) -> torch.Tensor:
         raise AuditError(f"unknown preprocessing {how!r}; choose one of {', '.join(PREPROCESS)}")
     if X.ndim != 2:
         raise AuditError(f"preprocessing needs a 2-D (samples x features) matrix, got shape {tuple(X.shape)}")
-    return _preprocess_inplace(X.to(torch.float64, copy=True), how)
+    return preprocess_inplace(X.to(torch.float64, copy=True), how)

@@ -4,8 +4,6 @@ read from disk goes through."""
 
 from __future__ import annotations
 
-from attnaudit.errors import is_int
-
 import csv
 import gzip
 import os
@@ -21,8 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from attnaudit.errors import AuditError
-from attnaudit.data.spec import MAX_CLASSES, _clip, _one_line, _short_list, _show, _Source
+from attnaudit.data.spec import MAX_CLASSES, Source
+from attnaudit.errors import AuditError, FieldError, clip_text, is_int, literal, one_line, short_list, show_value
 
 USER_SUFFIXES = (".npz", ".npy", ".safetensors", ".pt", ".pth", ".csv")
 MAX_IMAGE_PIXELS = 1 << 24  # per image (4096 x 4096): audits flatten images into rows of features
@@ -38,7 +36,7 @@ _IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 
 # --------------------------------------------------------------------------- validation
 
 
-def _check_labels(y: Any, n_rows: int, where: str) -> np.ndarray:
+def check_labels(y: Any, n_rows: int, where: str) -> np.ndarray:
     """Return y as (n,) int64, or raise AuditError saying what is wrong with it."""
     y = np.asarray(y)
     if y.ndim == 2 and y.shape[1] == 1:
@@ -56,24 +54,24 @@ def _check_labels(y: Any, n_rows: int, where: str) -> np.ndarray:
         if bad.any():
             first = int(np.flatnonzero(bad)[0])
             raise AuditError(
-                f"{where}: labels y must be integer class labels; found {_show(y[first].item())} at row "
+                f"{where}: labels y must be integer class labels; found {show_value(y[first].item(), 80)} at row "
                 f"{first}; convert labels to 0..K-1 integers"
             )
     elif not np.issubdtype(y.dtype, np.integer):
         raise AuditError(
-            f"{where}: labels y must be integer class labels, got dtype {_clip(str(y.dtype))}; convert them to 0..K-1"
+            f"{where}: labels y must be integer class labels, got dtype {clip_text(str(y.dtype), 80)}; convert them to 0..K-1"
         )
     # Range checks on the original dtype: casting 1e30 or a uint64 above 2**63 to int64 would wrap.
     if len(y) and y.min() < 0:
         first = int(np.flatnonzero(y < 0)[0])
         raise AuditError(
-            f"{where}: labels must be non-negative class indices 0..K-1; found {_clip(int(y[first]))} at row {first}"
+            f"{where}: labels must be non-negative class indices 0..K-1; found {clip_text(int(y[first]), 80)} at row {first}"
         )
     if len(y) and y.max() >= MAX_CLASSES:
         first = int(np.flatnonzero(y >= MAX_CLASSES)[0])
         raise AuditError(
             f"{where}: labels must be class indices 0..K-1 with K <= {MAX_CLASSES}; found label "
-            f"{_clip(int(y[first]))} at row {first}; remap labels to 0..K-1"
+            f"{clip_text(int(y[first]), 80)} at row {first}; remap labels to 0..K-1"
         )
     return y.astype(np.int64, copy=False)
 
@@ -118,7 +116,7 @@ def _open_maybe_gzip(path: Path) -> bytes:
         return path.read_bytes()
     except (OSError, EOFError, zlib.error) as exc:
         raise AuditError(
-            f"cannot read {path} ({_one_line(exc)}); the file is corrupt or truncated, delete it and fetch it again"
+            f"cannot read {path} ({one_line(exc)}); the file is corrupt or truncated, delete it and fetch it again"
         ) from None
 
 
@@ -200,7 +198,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
     def _refuse(self, what: str) -> AuditError:
         return AuditError(
-            f"refused: the CIFAR batch {self._path} asks to load {_clip(what)}, which a genuine CIFAR-10 batch "
+            f"refused: the CIFAR batch {self._path} asks to load {clip_text(what, 80)}, which a genuine CIFAR-10 batch "
             "never holds; delete it and fetch the data again"
         )
 
@@ -215,7 +213,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
         if isinstance(text, np.dtype):
             text = text.str
         if not isinstance(text, str) or not _SIMPLE_DTYPE.fullmatch(text):
-            raise self._refuse(f"numpy.dtype({_show(text, 40)})")
+            raise self._refuse(f"numpy.dtype({show_value(text, 40)})")
         return text
 
     def _dtype(self, spec: Any, align: Any = False, copy: Any = False) -> np.dtype:
@@ -224,10 +222,10 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
     def _reconstruct(self, subtype: Any, shape: Any, dtype: Any) -> np.ndarray:
         if subtype is not _NdarrayToken:
-            raise self._refuse(f"numpy _reconstruct of {_show(subtype, 40)}")
+            raise self._refuse(f"numpy _reconstruct of {show_value(subtype, 40)}")
         dims = shape if isinstance(shape, tuple) else (shape,)
         if not all(is_int(k) and k >= 0 for k in dims) or int(np.prod(dims, dtype=object)) > _MAX_PLACEHOLDER:
-            raise self._refuse(f"numpy _reconstruct of shape {_show(shape, 40)}")
+            raise self._refuse(f"numpy _reconstruct of shape {show_value(shape, 40)}")
         return _numpy_function("multiarray", "_reconstruct")(np.ndarray, dims, self._checked_dtype(dtype))
 
     def _frombuffer(self, buf: Any, dtype: Any, shape: Any, order: Any) -> np.ndarray:
@@ -238,11 +236,13 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
     def _latin1_encode(self, text: Any, encoding: Any = "utf-8", errors: Any = "strict") -> bytes:
         if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
-            raise self._refuse(f"_codecs.encode with {_show(encoding, 30)}")
+            raise self._refuse(f"_codecs.encode with {show_value(encoding, 30)}")
         return text.encode("latin-1")
 
 
-def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+def read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(images (k, 3072) uint8, labels (k,) int64) of one CIFAR-10 python batch, read with the
+    restricted unpickler (a batch that asks for anything else is refused)."""
     try:
         with open(path, "rb") as fh:
             batch = _RestrictedUnpickler(fh, path, encoding="bytes").load()
@@ -250,16 +250,16 @@ def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
         raise
     except Exception as exc:  # noqa: BLE001 - unpickling can fail in many ways
         raise AuditError(
-            f"cannot read CIFAR batch {path} ({_clip(_one_line(exc), 200)}); the file is corrupt, "
+            f"cannot read CIFAR batch {path} ({clip_text(one_line(exc), 200)}); the file is corrupt, "
             "delete it and fetch it again"
         ) from None
     if isinstance(batch, dict):
         # Genuine batches (pickled by Python 2) have bytes keys; accept str keys as well.
         batch = {k.encode("latin-1") if isinstance(k, str) else k: v for k, v in batch.items()}
     if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:
-        keys = _short_list(sorted(map(repr, batch))) if isinstance(batch, dict) else type(batch).__name__
+        keys = short_list(sorted(map(repr, batch))) if isinstance(batch, dict) else type(batch).__name__
         raise AuditError(
-            f"{path} is not a CIFAR-10 batch (expected keys b'data' and b'labels', found {_clip(keys, 200)}); "
+            f"{path} is not a CIFAR-10 batch (expected keys b'data' and b'labels', found {clip_text(keys, 200)}); "
             "delete it and fetch the data again"
         )
     data, labels = batch[b"data"], batch[b"labels"]
@@ -273,7 +273,7 @@ def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
         is_int(v) for v in (labels.tolist() if isinstance(labels, np.ndarray) else labels)
     ):
         raise AuditError(
-            f"{path}: b'labels' must be a list of integer labels, got {_clip(type(labels).__name__)}; "
+            f"{path}: b'labels' must be a list of integer labels, got {clip_text(type(labels).__name__, 80)}; "
             "the file is corrupt, delete it and fetch it again"
         )
     try:
@@ -291,7 +291,7 @@ def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     ):
         what = f"{data.dtype} {data.shape}" if isinstance(data, np.ndarray) else type(data).__name__
         raise AuditError(
-            f"{path}: expected uint8 data of shape (k, 3072) and k labels, got data {_clip(what)} "
+            f"{path}: expected uint8 data of shape (k, 3072) and k labels, got data {clip_text(what, 80)} "
             f"and {len(labels)} labels; the file is corrupt, fetch it again"
         )
     return data, labels
@@ -325,7 +325,7 @@ def _to_numpy(value: Any, where: str) -> np.ndarray:
     try:
         return np.asarray(value)
     except Exception as exc:  # noqa: BLE001
-        raise AuditError(f"{where}: cannot turn {type(value).__name__} into an array ({_one_line(exc)})") from None
+        raise AuditError(f"{where}: cannot turn {type(value).__name__} into an array ({one_line(exc)})") from None
 
 
 # deflate cannot shrink data more than 1032:1, so a zip member that claims to unpack to more
@@ -347,7 +347,7 @@ def _npy_header(fh: Any, where: str) -> tuple[tuple[int, ...], np.dtype, int]:
             shape, _, dtype = npformat._read_array_header(fh, version)  # type: ignore[attr-defined]
     except Exception as exc:  # noqa: BLE001 - ValueError, EOFError, SyntaxError ...
         raise AuditError(
-            f"cannot read {where} as .npy ({_clip(_one_line(exc), 200)}); save it with numpy.save"
+            f"cannot read {where} as .npy ({clip_text(one_line(exc), 200)}); save it with numpy.save"
         ) from None
     count = int(np.prod(shape, dtype=object)) if shape else 1
     return tuple(shape), dtype, count * dtype.itemsize
@@ -359,7 +359,7 @@ def _check_npy_size(shape: tuple, dtype: np.dtype, declared: int, available: int
         return  # a pickle: np.load(allow_pickle=False) refuses it without allocating
     if declared != available:
         raise AuditError(
-            f"{where}: the .npy header promises shape {_clip(shape, 60)} of {dtype} ({_clip(declared, 40)} bytes) but "
+            f"{where}: the .npy header promises shape {clip_text(shape, 60)} of {dtype} ({clip_text(declared, 40)} bytes) but "
             f"the file holds {available} bytes of data; the file is truncated or corrupt, save it again with numpy.save"
         )
 
@@ -370,7 +370,7 @@ def _check_npz_members(path: Path) -> None:
     try:
         with zipfile.ZipFile(path) as archive:
             for info in archive.infolist():
-                where = f"{path} (member {_clip(info.filename, 60)})"
+                where = f"{path} (member {clip_text(info.filename, 60)})"
                 limit = (
                     info.compress_size
                     if info.compress_type == zipfile.ZIP_STORED
@@ -391,7 +391,7 @@ def _check_npz_members(path: Path) -> None:
         raise
     except Exception as exc:  # noqa: BLE001 - zipfile raises BadZipFile, OSError, ValueError, EOFError ...
         raise AuditError(
-            f"cannot read {path} as .npz ({_clip(_one_line(exc), 200)}); save it with numpy.savez(X=..., y=...)"
+            f"cannot read {path} as .npz ({clip_text(one_line(exc), 200)}); save it with numpy.savez(X=..., y=...)"
         ) from None
 
 
@@ -402,7 +402,7 @@ def _read_npz(path: Path) -> tuple[Any, Any]:
             arrays = {k: archive[k] for k in archive.files}
     except Exception as exc:  # noqa: BLE001 - zip/format/pickle errors
         raise AuditError(
-            f"cannot read {path} as .npz ({_one_line(exc)}); save it with numpy.savez(X=..., y=...)"
+            f"cannot read {path} as .npz ({one_line(exc)}); save it with numpy.savez(X=..., y=...)"
         ) from None
     return _pick(arrays, str(path))
 
@@ -418,7 +418,7 @@ def _read_npy(path: Path) -> tuple[Any, Any]:
                 shape, dtype, declared = _npy_header(fh, str(path))
                 available = os.fstat(fh.fileno()).st_size - fh.tell()
     except OSError as exc:
-        raise AuditError(f"cannot read {path} ({_one_line(exc)})") from None
+        raise AuditError(f"cannot read {path} ({one_line(exc)})") from None
     if magic != b"\x93NUMPY":
         raise AuditError(f"cannot read {path} as .npy (no .npy header); save it with numpy.save")
     _check_npy_size(shape, dtype, declared, available, str(path))
@@ -430,9 +430,9 @@ def _read_npy(path: Path) -> tuple[Any, Any]:
                 f"{path} holds a Python object (e.g. a dict), not a numeric array; save a plain array, "
                 "or use .npz with arrays X and y"
             ) from None
-        raise AuditError(f"cannot read {path} as .npy ({_one_line(exc)})") from None
+        raise AuditError(f"cannot read {path} as .npy ({one_line(exc)})") from None
     except Exception as exc:  # noqa: BLE001
-        raise AuditError(f"cannot read {path} as .npy ({_one_line(exc)})") from None
+        raise AuditError(f"cannot read {path} as .npy ({one_line(exc)})") from None
     return arr, None
 
 
@@ -442,7 +442,7 @@ def _read_safetensors(path: Path) -> tuple[Any, Any]:
     try:
         tensors = load_file(str(path), device="cpu")
     except Exception as exc:  # noqa: BLE001
-        raise AuditError(f"cannot read {path} as .safetensors ({_one_line(exc)})") from None
+        raise AuditError(f"cannot read {path} as .safetensors ({one_line(exc)})") from None
     return _pick(tensors, str(path))
 
 
@@ -457,7 +457,7 @@ def _torch_load_reason(exc: BaseException) -> str:
     if kept and kept[0].startswith("WeightsUnpickler error:"):
         kept[0] = kept[0][len("WeightsUnpickler error:") :].strip()
     text = " ".join(line for line in kept if line)
-    return _clip(f"{type(exc).__name__}: {text}" if text else type(exc).__name__, 200)
+    return clip_text(f"{type(exc).__name__}: {text}" if text else type(exc).__name__, 200)
 
 
 def _read_pt(path: Path) -> tuple[Any, Any]:
@@ -488,7 +488,7 @@ def _read_csv(path: Path) -> tuple[Any, Any]:
     except UnicodeDecodeError:
         raise AuditError(f"{path}: {_bad_utf8_line(path)} is not valid UTF-8 text; save the file as UTF-8") from None
     except OSError as exc:
-        raise AuditError(f"cannot read {path} as .csv ({_one_line(exc)})") from None
+        raise AuditError(f"cannot read {path} as .csv ({one_line(exc)})") from None
     if not header:
         raise AuditError(f"{path}: the CSV file is empty; it needs a header row and one row per sample")
     names = [h.strip() for h in header]
@@ -569,18 +569,18 @@ def _inside(entry: Path, root: Path) -> Path:
         target = entry.resolve(strict=True)
     except (OSError, RuntimeError):  # dangling link, or a loop of links
         raise AuditError(
-            f"{entry}: symbolic link to {_clip(os.readlink(entry) if entry.is_symlink() else '?', 120)}, which does "
+            f"{entry}: symbolic link to {clip_text(os.readlink(entry) if entry.is_symlink() else '?', 120)}, which does "
             "not exist; remove the link or copy the image in"
         ) from None
     if not target.is_relative_to(root):
         raise AuditError(
-            f"{entry}: symbolic link to {_clip(target, 120)}, outside the image folder {root}; links are followed "
+            f"{entry}: symbolic link to {clip_text(target, 120)}, outside the image folder {root}; links are followed "
             "only within the folder: copy the file in or remove the link"
         )
     return entry
 
 
-def _read_image_folder(path: Path) -> _Source:
+def _read_image_folder(path: Path) -> Source:
     from PIL import Image
 
     root = path.resolve()
@@ -612,7 +612,7 @@ def _read_image_folder(path: Path) -> _Source:
             with Image.open(f) as img:
                 mode, this_size = img.mode, img.size
         except Exception as exc:  # noqa: BLE001 - PIL's decoders raise OSError, ValueError, SyntaxError ...
-            raise AuditError(f"cannot read image {f} ({_clip(_one_line(exc), 200)}); remove or replace it") from None
+            raise AuditError(f"cannot read image {f} ({clip_text(one_line(exc), 200)}); remove or replace it") from None
         if this_size[0] * this_size[1] > MAX_IMAGE_PIXELS:
             raise AuditError(
                 f"image {f} is {this_size[0]}x{this_size[1]} pixels, more than the {MAX_IMAGE_PIXELS:,} an image "
@@ -636,13 +636,13 @@ def _read_image_folder(path: Path) -> _Source:
             with Image.open(f) as img:
                 pixels = np.asarray(img.convert(mode))
         except Exception as exc:  # noqa: BLE001 - as above
-            raise AuditError(f"cannot read image {f} ({_clip(_one_line(exc), 200)}); remove or replace it") from None
+            raise AuditError(f"cannot read image {f} ({clip_text(one_line(exc), 200)}); remove or replace it") from None
         if pixels.shape[:2] != (height, width):  # the file changed between the passes
             raise AuditError(f"image {f} changed while it was read; read the folder again")
         decoded.append(pixels[None] if channels == 1 else pixels.transpose(2, 0, 1))
     X = np.stack(decoded)
     del decoded
-    return _Source(
+    return Source(
         X=X,
         y=np.array([label for _, label in files], dtype=np.int64),
         name=path.name,
@@ -668,10 +668,12 @@ _READERS = {
 }
 
 
-def _load_user(path_text: str) -> _Source:
+def load_user(path_text: str) -> Source:
+    """A user's file (.npz, .npy, .safetensors, .pt/.pth, .csv) or image folder (field ``data``)
+    as a :class:`Source`, every array checked."""
     path = Path(path_text).expanduser()
     if not path.exists():
-        raise AuditError(f"data path {path} does not exist; check the --data path")
+        raise FieldError("data", "{name} " + literal(path) + " does not exist; check the path")
     if path.is_dir():
         return _read_image_folder(path)
     suffix = path.suffix.lower()
@@ -684,8 +686,8 @@ def _load_user(path_text: str) -> _Source:
     X_raw, y_raw = reader(path)
     where = str(path)
     X = _check_features(_to_numpy(X_raw, where), where)
-    y = _check_labels(_to_numpy(y_raw, where), len(X), where) if y_raw is not None else None
-    return _Source(
+    y = check_labels(_to_numpy(y_raw, where), len(X), where) if y_raw is not None else None
+    return Source(
         X=X,
         y=y,
         name=path.name,

@@ -3,16 +3,14 @@ and the assembly of a :class:`~attnaudit.data.spec.Dataset` from a source."""
 
 from __future__ import annotations
 
-from attnaudit.errors import is_int
-
 import hashlib
 
 import numpy as np
 import torch
 
-from attnaudit.errors import AuditError
-from attnaudit.data.preprocess import _preprocess_inplace, ntk_scale_factor
-from attnaudit.data.spec import Dataset, DataSpec, _short_list, _show, _Source, check_seed
+from attnaudit.data.preprocess import ntk_scale_factor, preprocess_inplace
+from attnaudit.data.spec import Dataset, DataSpec, Source, check_seed
+from attnaudit.errors import AuditError, FieldError, is_int, literal, short_list, show_value
 
 
 def _checksum(indices: np.ndarray) -> str:
@@ -65,7 +63,7 @@ def holdout_split(ds: Dataset, n_train: int, n_test: int, seed: int, stratify: b
     """
     for name, value in (("n_train", n_train), ("n_test", n_test)):
         if not is_int(value) or value < 1:
-            raise AuditError(f"{name} must be a positive integer, got {_show(value)}")
+            raise AuditError(f"{name} must be a positive integer, got {show_value(value, 80)}")
     check_seed(seed)
     if n_train + n_test > ds.n:
         raise AuditError(
@@ -110,7 +108,7 @@ def subset(ds: Dataset, n: int, seed: int, stratify: bool = True) -> Dataset:
     stratified by label when ``stratify`` and labelled. ``info['holdout']`` records the draw
     (``part``: ``subset``)."""
     if not is_int(n) or n < 1:
-        raise AuditError(f"subset size must be a positive integer, got {_show(n)}")
+        raise AuditError(f"subset size must be a positive integer, got {show_value(n, 80)}")
     check_seed(seed)
     labels = ds.y.cpu().numpy() if ds.y is not None else None
     use_strata = stratify and labels is not None
@@ -121,34 +119,45 @@ def subset(ds: Dataset, n: int, seed: int, stratify: bool = True) -> Dataset:
 # --------------------------------------------------------------------------- assembly
 
 
-def _select_rows(src: _Source, spec: DataSpec, n: int | None, stratify: bool) -> np.ndarray:
+def _select_rows(src: Source, spec: DataSpec, n: int | None, stratify: bool) -> np.ndarray:
     """Row indices into src after the class filter and subset (sorted)."""
     total = len(src.X)
     pool = np.arange(total)
     what = f"{src.name} ({spec.split})" if spec.data is None else src.name
     if spec.classes is not None:
         if src.y is None:
-            raise AuditError(f"{what} has no labels, so --classes cannot be applied; drop --classes or add labels")
+            raise FieldError(
+                "classes", literal(what) + " has no labels, so {name} cannot be applied; drop {name} or add labels"
+            )
         present = np.unique(src.y)
         absent = [c for c in spec.classes if c not in set(present.tolist())]
         if absent:
-            raise AuditError(
-                f"--classes names label(s) {_short_list(absent)} not present in {what}; "
-                f"labels present: {_short_list(present.tolist())}"
+            raise FieldError(
+                "classes",
+                "{name} names label(s) "
+                + literal(
+                    f"{short_list(absent)} not present in {what}; labels present: {short_list(present.tolist())}"
+                ),
             )
         pool = pool[np.isin(src.y, np.asarray(spec.classes))]
     if n is None:
         return pool
     if n > len(pool):
-        scope = f" with classes {_short_list(spec.classes, sep=',')}" if spec.classes is not None else ""
-        raise AuditError(f"--n {n} is more than the {len(pool)} rows available in {what}{scope}; lower --n")
+        scope = f" with classes {short_list(spec.classes, sep=',')}" if spec.classes is not None else ""
+        raise FieldError(
+            "n",
+            "{name} " + literal(f"{n} is more than the {len(pool)} rows available in {what}{scope}") + "; lower {name}",
+        )
     if stratify and src.y is None:
-        raise AuditError(f"{what} has no labels, so --stratify cannot be applied; drop --stratify")
+        raise FieldError("stratify", literal(what) + " has no labels, so {name} cannot be applied; drop {name}")
     rng = np.random.default_rng(spec.seed)
     return _choose(pool, src.y[pool] if src.y is not None else None, n, rng, stratify)
 
 
-def _finish(src: _Source, spec: DataSpec, n: int | None, stratify: bool) -> Dataset:
+def assemble(src: Source, spec: DataSpec, n: int | None, stratify: bool) -> Dataset:
+    """The :class:`Dataset` of ``src``'s rows that ``spec`` keeps (class filter, then ``n`` rows
+    drawn with ``spec.seed``, per class when ``stratify``): float64 values (raw / scale), then
+    preprocessed; ``info`` records the draw and the preprocessing."""
     idx = _select_rows(src, spec, n, stratify)
     everything = len(idx) == len(src.X)
     rows = src.X if everything else src.X[idx]
@@ -169,7 +178,7 @@ def _finish(src: _Source, spec: DataSpec, n: int | None, stratify: bool) -> Data
     else:
         value_range = (float(X.min()), float(X.max()))
     scale = ntk_scale_factor(X) if spec.preprocess == "ntk-scale" else None
-    _preprocess_inplace(X, spec.preprocess)
+    preprocess_inplace(X, spec.preprocess)
     y = torch.from_numpy(np.ascontiguousarray(src.y[idx])) if src.y is not None else None
     info = dict(src.info)
     info.update(

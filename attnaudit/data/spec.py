@@ -1,50 +1,23 @@
 """What to load and what comes back: :class:`DataSpec`, :class:`Dataset`, the limits
-(MAX_SEED, MAX_CLASSES), :func:`check_seed`, :func:`parse_classes`, and the helpers that
-echo user input in one-line messages."""
+(MAX_SEED, MAX_CLASSES), :func:`check_seed`, :func:`parse_classes`, and :class:`Source`, a
+source before row selection."""
 
 from __future__ import annotations
-
-from attnaudit.errors import is_int
 
 import hashlib
 import numbers
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
 
-from attnaudit.errors import MAX_SEED as MAX_SEED, AuditError, check_seed as check_seed, clip_text, show_value
+from attnaudit.errors import MAX_SEED as MAX_SEED, AuditError, FieldError, check_seed as check_seed, clip_text, is_int
+from attnaudit.errors import literal, show_value
 
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "synthetic")
 PREPROCESS = ("raw", "center", "standardize", "unit-norm", "ntk-scale")
 SPLITS = ("train", "test")
 MAX_CLASSES = 100_000  # labels are class indices 0..K-1 with K at most this
-
-
-# --------------------------------------------------------------------------- message helpers
-
-
-def _clip(text: object, limit: int = 80) -> str:
-    return clip_text(text, limit)
-
-
-def _show(value: Any, limit: int = 80) -> str:
-    """``repr(value)`` clipped like :func:`_clip` (and safe for huge ints)."""
-    return show_value(value, limit)
-
-
-def _short_list(values: Any, limit: int = 10, sep: str = ", ") -> str:
-    """The first ``limit`` values joined by ``sep``, then ``… (N more)`` when there are more."""
-    items = [_clip(v, 40) for v in values]
-    if len(items) <= limit:
-        return sep.join(items)
-    return sep.join(items[:limit]) + f"{sep}\u2026 ({len(items) - limit} more)"
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 # --------------------------------------------------------------------------- limits and options
@@ -68,22 +41,32 @@ def parse_classes(text: str | None) -> tuple[int, ...] | None:
                 if lo < 0:
                     raise ValueError
         except ValueError:  # also int() of a number with thousands of digits
-            raise AuditError(
-                f"--classes expects comma-separated non-negative integer labels like 0,1,7 or 0-4; "
-                f"could not read {_show(item, 40)} in {_show(str(text))}"
+            raise FieldError(
+                "classes",
+                "{name} expects comma-separated non-negative integer labels like 0,1,7 or 0-4; "
+                + literal(f"could not read {show_value(item, 40)} in {show_value(str(text), 80)}"),
             ) from None
         if hi - lo + 1 > MAX_CLASSES:
-            raise AuditError(
-                f"--classes range {_clip(item, 40)} spans {_clip(hi - lo + 1, 40)} labels, more than the {MAX_CLASSES} "
-                f"classes supported; list the labels you want (labels are 0..K-1 with K <= {MAX_CLASSES})"
+            raise FieldError(
+                "classes",
+                "{name} range "
+                + literal(f"{clip_text(item, 40)} spans {clip_text(hi - lo + 1, 40)} labels")
+                + f", more than the {MAX_CLASSES} classes supported; list the labels you want "
+                f"(labels are 0..K-1 with K <= {MAX_CLASSES})",
             )
         if hi >= MAX_CLASSES:
-            raise AuditError(
-                f"--classes names label {_clip(hi, 40)}, but labels are class indices 0..K-1 with "
-                f"K <= {MAX_CLASSES}; pick labels below {MAX_CLASSES}"
-            )
+            raise _label_too_big(hi)
         labels.update(range(lo, hi + 1))
     return tuple(sorted(labels))
+
+
+def _label_too_big(label: object) -> FieldError:
+    return FieldError(
+        "classes",
+        "{name} names label "
+        + literal(clip_text(label, 40))
+        + f", but labels are class indices 0..K-1 with K <= {MAX_CLASSES}; pick labels below {MAX_CLASSES}",
+    )
 
 
 # --------------------------------------------------------------------------- spec / result
@@ -116,16 +99,17 @@ class DataSpec:
     text_field: str = "text"
     label_field: str = "label"
     tokenizer: str | None = None
-    max_length: int = 128
+    max_length: int | None = None  # None: min(128, the model's position limit) (attnaudit.data.text)
 
     def __post_init__(self) -> None:
         # Normalise spelling variants ("Fashion_MNIST") so the CLI can pass text through.
         dataset = str(self.dataset).strip().lower().replace("_", "-")
         object.__setattr__(self, "dataset", dataset)
         if self.data is None and dataset not in DATASETS:
-            raise AuditError(
-                f"unknown --dataset {_show(self.dataset)}; choose one of {', '.join(DATASETS)}, "
-                "or pass --data with a .npz/.npy/.safetensors/.pt/.csv file or an image folder"
+            raise FieldError(
+                "dataset",
+                "unknown {name} " + literal(show_value(self.dataset, 80)) + f"; choose one of {', '.join(DATASETS)}, "
+                "or give your own data (a .npz/.npy/.safetensors/.pt/.csv file or an image folder)",
             )
         if self.data is not None:
             object.__setattr__(self, "data", str(self.data))
@@ -133,36 +117,40 @@ class DataSpec:
             object.__setattr__(self, "data_dir", str(self.data_dir))
         split = str(self.split).strip().lower()
         if split not in SPLITS:
-            raise AuditError(f"unknown split {_show(self.split)}; use --split train or --split test")
+            raise FieldError("split", "unknown {name} " + literal(show_value(self.split, 80)) + "; use train or test")
         object.__setattr__(self, "split", split)
         preprocess = str(self.preprocess).strip().lower()
         if preprocess not in PREPROCESS:
-            raise AuditError(f"unknown preprocessing {_show(self.preprocess)}; choose one of {', '.join(PREPROCESS)}")
+            raise FieldError(
+                "preprocess",
+                "unknown {name} "
+                + literal(show_value(self.preprocess, 80))
+                + f"; choose one of {', '.join(PREPROCESS)}",
+            )
         object.__setattr__(self, "preprocess", preprocess)
         if self.n is not None and (not is_int(self.n) or self.n < 1):
-            raise AuditError(f"--n must be a positive integer, got {_show(self.n)}")
+            raise FieldError("n", "{name} must be a positive integer, got " + literal(show_value(self.n, 80)))
         check_seed(self.seed)
         if self.classes is not None:
             classes = tuple(self.classes)
             if not classes or not all(is_int(c) and c >= 0 for c in classes):
-                raise AuditError(
-                    f"--classes must list non-negative integer labels like 0,1,7; got {_show(self.classes)}"
+                raise FieldError(
+                    "classes",
+                    "{name} must list non-negative integer labels like 0,1,7; got "
+                    + literal(show_value(self.classes, 80)),
                 )
             too_big = [c for c in classes if c >= MAX_CLASSES]
             if too_big:
-                raise AuditError(
-                    f"--classes names label {_clip(too_big[0])}, but labels are class indices 0..K-1 with "
-                    f"K <= {MAX_CLASSES}; pick labels below {MAX_CLASSES}"
-                )
+                raise _label_too_big(too_big[0])
             object.__setattr__(self, "classes", tuple(sorted({int(c) for c in classes})))
         for name in ("synthetic_d", "synthetic_n"):
             value = getattr(self, name)
             if not is_int(value) or value < 1:
-                raise AuditError(f"{name} must be a positive integer, got {_show(value)}")
+                raise AuditError(f"{name} must be a positive integer, got {show_value(value, 80)}")
         kappa = self.synthetic_kappa
         if not isinstance(kappa, numbers.Real) or not np.isfinite(kappa) or kappa < 1:
             raise AuditError(
-                f"synthetic_kappa must be a finite number >= 1 (sigma_max / sigma_min), got {_show(kappa)}"
+                f"synthetic_kappa must be a finite number >= 1 (sigma_max / sigma_min), got {show_value(kappa, 80)}"
             )
         if self.synthetic_rank is not None:
             rows = self.n if self.n is not None else self.synthetic_n
@@ -170,7 +158,7 @@ class DataSpec:
             if not is_int(self.synthetic_rank) or not 1 <= self.synthetic_rank <= max_rank:
                 raise AuditError(
                     f"synthetic_rank must be an integer in 1..min(n, d) = 1..{max_rank}, "
-                    f"got {_show(self.synthetic_rank)}"
+                    f"got {show_value(self.synthetic_rank, 80)}"
                 )
 
 
@@ -199,7 +187,7 @@ class Dataset:
 
 
 @dataclass
-class _Source:
+class Source:
     """A source before row selection: X keeps its on-disk dtype (uint8 images stay small)."""
 
     X: np.ndarray  # (N, ...) real dtype

@@ -4,7 +4,10 @@ audited checkpoint's own tokenizer (``tokenizer.json``, read by the ``tokenizers
 A record's text goes through the tokenizer as the checkpoint was trained with it (its
 normaliser, pre-tokenizer, special tokens and post-processor), truncated to ``max_length``
 tokens and padded to exactly ``max_length`` with the tokenizer's pad token, so every sample
-is one row of ``max_length`` token ids. The model wrapper masks the padding
+is one row of ``max_length`` token ids. ``max_length`` unset (None) means the smaller of 128 and
+the model's position limit (:func:`position_limit`: ``max_position_embeddings`` of the
+``config.json`` beside the tokenizer, else the tokenizer's ``model_max_length``); a value above
+that limit is refused. The report's data ``info`` records the length used and where it came from. The model wrapper masks the padding
 (:class:`attnaudit.models.hf.HFSequenceClassifier`: attention mask ``input_ids != pad``), so
 the pad id of the tokenizer must be the model's ``pad_token_id`` (checked where both are
 known). Labels are integers 0..K-1, or strings mapped through the checkpoint's ``label2id``
@@ -28,13 +31,14 @@ from typing import Any
 
 import numpy as np
 
-from attnaudit.data.spec import MAX_CLASSES, _Source, _clip
-from attnaudit.errors import AuditError
+from attnaudit.data.spec import MAX_CLASSES, Source
+from attnaudit.errors import AuditError, FieldError, clip_text, literal
 
 TEXT_SUFFIXES = (".jsonl", ".csv")
 MAX_FILE_BYTES = 1 << 30  # 1 GiB of text is far more than an audit reads
 MAX_LINE_BYTES = 1 << 20  # one record of more than 1 MiB is refused (a broken file, not a text)
 MAX_LENGTH_LIMIT = 1 << 16
+DEFAULT_MAX_LENGTH = 128  # tokens per sample when max_length is unset and the model allows as many
 # tokenizer.json of the largest public vocabularies (250k tokens, merges included) is ~35 MB;
 # a bigger file is refused from its size, before the tokenizers library parses any of it.
 MAX_TOKENIZER_BYTES = 64 << 20
@@ -48,20 +52,23 @@ class TextOptions:
     text_field: str = "text"
     label_field: str = "label"
     tokenizer: str | None = None  # tokenizer.json, or a folder holding it (a Hugging Face checkpoint)
-    max_length: int = 128
+    max_length: int | None = None  # None: min(DEFAULT_MAX_LENGTH, the model's position limit)
 
     def __post_init__(self) -> None:
         for name in ("text_field", "label_field"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value.strip():
-                raise AuditError(f"--{name.replace('_', '-')} must name a field, got {_clip(repr(value))}")
-        if (
+                raise FieldError(name, "{name} must name a field, got " + literal(clip_text(repr(value), 80)))
+        if self.max_length is not None and (
             isinstance(self.max_length, bool)
             or not isinstance(self.max_length, int)
             or not (2 <= self.max_length <= MAX_LENGTH_LIMIT)
         ):
-            raise AuditError(
-                f"--max-length must be an integer in 2..{MAX_LENGTH_LIMIT}, got {_clip(repr(self.max_length))}"
+            raise FieldError(
+                "max_length",
+                "{name} must be an integer in 2.."
+                + f"{MAX_LENGTH_LIMIT}, got "
+                + literal(clip_text(repr(self.max_length), 80)),
             )
 
 
@@ -85,7 +92,7 @@ def is_text_file(path: Path, text_field: str = "text") -> bool:
 
 def _read_bytes(path: Path) -> bytes:
     if not path.is_file():
-        raise AuditError(f"{path}: no such file; check the --data path")
+        raise FieldError("data", literal(path) + ": no such file; check the {name} path")
     size = path.stat().st_size
     if size > MAX_FILE_BYTES:
         raise AuditError(f"{path}: {size / 2**30:.1f} GiB is more text than an audit reads (limit 1 GiB); use a sample")
@@ -133,9 +140,11 @@ def read_records(path: str | Path, text_field: str = "text", label_field: str = 
         header = reader.fieldnames or []
         for name, what in ((text_field, "text"), (label_field, "label")):
             if name not in header:
-                raise AuditError(
-                    f"{path}: no {name!r} column (columns: {_clip(', '.join(header), 120)}); name the "
-                    f"{what} column with --{what}-field"
+                raise FieldError(
+                    f"{what}_field",
+                    literal(f"{path}: no {name!r} column (columns: {clip_text(', '.join(header), 120)})")
+                    + f"; name the {what} column with "
+                    + "{name}",
                 )
         for i, row in enumerate(reader, start=2):
             if None in row:  # more cells than the header names
@@ -151,9 +160,11 @@ def read_records(path: str | Path, text_field: str = "text", label_field: str = 
 
 def _field(record: Mapping[str, Any], name: str, path: Path, line: int, what: str) -> Any:
     if name not in record or record[name] is None:
-        raise AuditError(
-            f"{path}: line {line} has no {name!r} field; every record needs one (or name the "
-            f"{what} field with --{what}-field)"
+        raise FieldError(
+            f"{what}_field",
+            literal(f"{path}: line {line} has no {name!r} field")
+            + f"; every record needs one (or name the {what} field with "
+            + "{name})",
         )
     value = record[name]
     if what == "text":
@@ -183,25 +194,25 @@ def label_ids(labels: Sequence[Any], label2id: Mapping[str, int] | None, where: 
         )
         if out_of_range is not None:
             raise AuditError(
-                f"{where}: label {_clip(out_of_range, 40)} is outside 0..{MAX_CLASSES - 1}; labels are class indices"
+                f"{where}: label {clip_text(out_of_range, 40)} is outside 0..{MAX_CLASSES - 1}; labels are class indices"
             )
         return np.asarray(values, dtype=np.int64), {}
     if not all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in labels):
         bad = next(v for v in labels if not isinstance(v, (str, int)) or isinstance(v, bool))
-        raise AuditError(f"{where}: label {_clip(repr(bad))} is neither a class index nor a class name")
+        raise AuditError(f"{where}: label {clip_text(repr(bad), 80)} is neither a class index nor a class name")
     names = [str(v) for v in labels]
     if label2id:
         unknown = sorted(set(names) - set(label2id))
         if unknown:
             raise AuditError(
-                f"{where}: unknown label {_clip(repr(unknown[0]))}; the checkpoint's classes are "
-                f"{_clip(', '.join(sorted(label2id)), 120)}"
+                f"{where}: unknown label {clip_text(repr(unknown[0]), 80)}; the checkpoint's classes are "
+                f"{clip_text(', '.join(sorted(label2id)), 120)}"
             )
         mapping = {k: int(v) for k, v in label2id.items()}
         outside = sorted(k for k, v in mapping.items() if not 0 <= v < MAX_CLASSES)
         if outside:
             raise AuditError(
-                f"{where}: the checkpoint's label2id maps {_clip(repr(outside[0]))} to {_clip(mapping[outside[0]])}, "
+                f"{where}: the checkpoint's label2id maps {clip_text(repr(outside[0]), 80)} to {clip_text(mapping[outside[0]], 80)}, "
                 f"outside 0..{MAX_CLASSES - 1}; fix label2id in config.json"
             )
     else:
@@ -217,9 +228,10 @@ def tokenizer_file(path: str | Path) -> Path:
     p = Path(path).expanduser()
     candidate = p / "tokenizer.json" if p.is_dir() else p
     if not candidate.is_file():
-        raise AuditError(
-            f"{p}: no tokenizer.json; text data is tokenized with the checkpoint's own tokenizer: save it beside the "
-            "model (tokenizer.save_pretrained) or name it with --tokenizer"
+        raise FieldError(
+            "tokenizer",
+            literal(p) + ": no tokenizer.json; text data is tokenized with the checkpoint's own tokenizer: save it "
+            "beside the model (tokenizer.save_pretrained) or name it with {name}",
         )
     return candidate
 
@@ -240,7 +252,7 @@ def load_tokenizer(path: str | Path) -> Any:
     try:
         return Tokenizer.from_file(str(file))
     except Exception as exc:  # noqa: BLE001 - the library's own parse errors, one line
-        raise AuditError(f"{file}: not a tokenizers tokenizer.json ({_clip(str(exc), 120)})") from None
+        raise AuditError(f"{file}: not a tokenizers tokenizer.json ({clip_text(str(exc), 120)})") from None
 
 
 def pad_id_of(tokenizer: Any, where: str) -> int:
@@ -277,21 +289,23 @@ def _copy(tokenizer: Any) -> Any:
 # --------------------------------------------------------------------------- source
 
 
-def read_text_source(path: str | Path, options: TextOptions) -> _Source:
+def read_text_source(path: str | Path, options: TextOptions) -> Source:
     """The records of ``path`` as token rows (n, max_length) with class ids, for the data layer."""
     path = Path(path)
     if options.tokenizer is None:
-        raise AuditError(
-            f"{path}: text data needs a tokenizer: give --checkpoint (a Hugging Face folder with its "
-            "tokenizer.json) or --tokenizer"
+        raise FieldError(
+            "tokenizer",
+            literal(path) + ": text data needs a tokenizer: give {name} (a tokenizer.json), or a Hugging Face "
+            "checkpoint folder that holds its tokenizer.json",
         )
     texts, labels = read_records(path, options.text_field, options.label_field)
     tokenizer = load_tokenizer(options.tokenizer)
     label2id = _label2id(options.tokenizer)
     y, mapping = label_ids(labels, label2id, str(path))
-    ids, truncated = tokenize(tokenizer, texts, options.max_length, str(path))
+    max_length, length_from = text_length(options.max_length, options.tokenizer)
+    ids, truncated = tokenize(tokenizer, texts, max_length, str(path))
     file = tokenizer_file(options.tokenizer)
-    return _Source(
+    return Source(
         X=ids,
         y=y,
         name=path.name,
@@ -304,7 +318,8 @@ def read_text_source(path: str | Path, options: TextOptions) -> _Source:
             "modality": "text",
             "text_field": options.text_field,
             "label_field": options.label_field,
-            "max_length": options.max_length,
+            "max_length": max_length,
+            "max_length_from": length_from,
             "tokenizer": str(file),
             "tokenizer_sha256": hashlib.sha256(file.read_bytes()).hexdigest(),
             "pad_id": pad_id_of(tokenizer, str(path)),
@@ -314,19 +329,59 @@ def read_text_source(path: str | Path, options: TextOptions) -> _Source:
     )
 
 
-def _label2id(tokenizer_path: str) -> dict[str, int] | None:
-    """The checkpoint's label2id (config.json beside the tokenizer), when it names real classes."""
+def _beside(tokenizer_path: str, name: str) -> dict | None:
+    """The JSON object ``name`` (config.json, tokenizer_config.json) in the tokenizer's folder, or None.
+
+    A broken config.json is the model loader's to refuse (attnaudit.models.hf); here it only
+    means nothing is known. It is not read past MAX_CONFIG_BYTES, nor parsed past Python's depth."""
     p = Path(tokenizer_path).expanduser()
-    config = (p if p.is_dir() else p.parent) / "config.json"
-    # A broken config.json is the model loader's to refuse (attnaudit.models.hf); here it only
-    # means no class names. It is not read past MAX_CONFIG_BYTES, nor parsed past Python's depth.
-    if not config.is_file() or config.stat().st_size > MAX_CONFIG_BYTES:
+    file = (p if p.is_dir() else p.parent) / name
+    if not file.is_file() or file.stat().st_size > MAX_CONFIG_BYTES:
         return None
     try:
-        data = json.loads(config.read_text(encoding="utf-8"))
+        data = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         return None
-    mapping = data.get("label2id") if isinstance(data, dict) else None
+    return data if isinstance(data, dict) else None
+
+
+def position_limit(tokenizer_path: str) -> tuple[int, str] | None:
+    """(tokens per sample the model takes at most, where that comes from), or None when unknown:
+    ``max_position_embeddings`` of the checkpoint's config.json beside the tokenizer, else the
+    tokenizer's own ``model_max_length`` (tokenizer_config.json; its "no limit" placeholder, a huge
+    number, is ignored)."""
+    for file, key, what in (
+        ("config.json", "max_position_embeddings", "the model's max_position_embeddings"),
+        ("tokenizer_config.json", "model_max_length", "the tokenizer's model_max_length"),
+    ):
+        value = (_beside(tokenizer_path, file) or {}).get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and 2 <= value <= MAX_LENGTH_LIMIT:
+            return value, what
+    return None
+
+
+def text_length(max_length: int | None, tokenizer_path: str) -> tuple[int, str]:
+    """(tokens per sample, where that comes from): ``max_length`` as given (a :class:`FieldError` on
+    ``max_length`` when it is more than the model's :func:`position_limit`), else the smaller of
+    :data:`DEFAULT_MAX_LENGTH` and that limit."""
+    limit = position_limit(tokenizer_path)
+    if max_length is not None:
+        if limit is not None and max_length > limit[0]:
+            raise FieldError(
+                "max_length",
+                "{name} " + f"{max_length} is more than the model takes: {limit[1]} is {limit[0]}; give at most "
+                f"{limit[0]}, or leave it unset to use min({DEFAULT_MAX_LENGTH}, {limit[0]})",
+            )
+        return max_length, "given"
+    if limit is not None and limit[0] < DEFAULT_MAX_LENGTH:
+        return limit[0], f"{limit[1]} ({limit[0]}, below the default {DEFAULT_MAX_LENGTH})"
+    return DEFAULT_MAX_LENGTH, "default"
+
+
+def _label2id(tokenizer_path: str) -> dict[str, int] | None:
+    """The checkpoint's label2id (config.json beside the tokenizer), when it names real classes."""
+    data = _beside(tokenizer_path, "config.json")
+    mapping = data.get("label2id") if data is not None else None
     if not isinstance(mapping, dict) or not mapping:
         return None
     if all(str(k).upper().startswith("LABEL_") for k in mapping):  # transformers' placeholder names

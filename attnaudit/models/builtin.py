@@ -53,8 +53,8 @@ from torch import nn
 
 from attnaudit.runtime.atomic import StagedFiles
 from attnaudit.core.task import Inputs
-from attnaudit.errors import AuditError
-from attnaudit.models.vit import VIT_ARCHITECTURES, ViT, ViTSpec, _clip, _show  # one set of message helpers
+from attnaudit.errors import AuditError, FieldError, clip_text, literal, show_value
+from attnaudit.models.vit import VIT_ARCHITECTURES, ViT, ViTSpec
 from attnaudit.models.weights import match_state_dict
 from attnaudit.models.weights import load_into
 
@@ -95,20 +95,20 @@ class ModelSpec:
         ):
             value = getattr(self, name)
             if not isinstance(value, str) or value not in allowed:
-                raise AuditError(f"unknown {what} {_show(value)}; use one of {', '.join(allowed)}")
+                raise AuditError(f"unknown {what} {show_value(value)}; use one of {', '.join(allowed)}")
         for name in ("d_in", "width", "n_out", "seed"):
             value = getattr(self, name)
             if not is_int(value):
-                raise AuditError(f"model {name} must be an integer, got {_show(value)} ({type(value).__name__})")
+                raise AuditError(f"model {name} must be an integer, got {show_value(value)} ({type(value).__name__})")
             object.__setattr__(self, name, int(value))  # numpy ints would not survive json.dumps
         if self.width < 1 or self.d_in < 1 or self.n_out < 1:
             raise AuditError(
-                f"model sizes must be positive (width, input dimension, outputs), got width {_clip(self.width)}, "
-                f"d_in {_clip(self.d_in)}, n_out {_clip(self.n_out)}"
+                f"model sizes must be positive (width, input dimension, outputs), got width {clip_text(self.width, 60)}, "
+                f"d_in {clip_text(self.d_in, 60)}, n_out {clip_text(self.n_out, 60)}"
             )
         lo, hi = _TORCH_SEED_RANGE
         if not lo <= self.seed <= hi:
-            raise AuditError(f"model seed must be an integer in {lo}..{hi}, got {_clip(self.seed)}")
+            raise AuditError(f"model seed must be an integer in {lo}..{hi}, got {clip_text(self.seed, 60)}")
         if not isinstance(self.extra, dict):
             raise AuditError(f"model extra must be a dict, got {type(self.extra).__name__}")
         if self.init == "antisymmetric" and self.width % 2:
@@ -258,9 +258,10 @@ def image_shape_of(feature_shape, arch: str = "vit") -> tuple[int, int, int]:
     if len(shape) == 2:
         return (1, *shape)  # type: ignore[return-value]
     features = math.prod(shape) if shape else 0
-    raise AuditError(
-        f"--arch {arch} needs image data (samples of shape (C, H, W)), but the data set has flat rows of {features} "
-        "features; use --arch relu or attn, or give image data (mnist, cifar10, digits or an image folder)"
+    raise FieldError(
+        "arch",
+        "{name} " + literal(arch) + f" needs image data (samples of shape (C, H, W)), but the data set has flat rows "
+        f"of {features} features; use {{name}} relu or attn, or give image data (mnist, cifar10, digits or an image folder)",
     )
 
 
@@ -289,7 +290,9 @@ def build_builtin(
     default float64 for the 2-layer nets (the NTK comparisons need it), float32 for ViTs.
     """
     if not isinstance(arch, str) or arch not in BUILTIN_ARCHITECTURES:
-        raise AuditError(f"unknown --arch {_show(arch)}; use one of {', '.join(BUILTIN_ARCHITECTURES)}")
+        raise FieldError(
+            "arch", "unknown {name} " + literal(show_value(arch)) + f"; use one of {', '.join(BUILTIN_ARCHITECTURES)}"
+        )
     if arch in VIT_ARCHITECTURES:
         spec = ViTSpec(
             arch,  # type: ignore[arg-type]  # one of VIT_ARCHITECTURES, checked above
@@ -305,7 +308,7 @@ def build_builtin(
         return ViT(spec, dtype=dtype or torch.float32, device=device)
     d_in = math.prod(int(s) for s in feature_shape)
     if arch == "attn" and X_train is None:
-        raise AuditError("--arch attn needs the training inputs to build its attention context")
+        raise FieldError("arch", "{name} attn needs the training inputs to build its attention context")
     return build_model(
         # arch is one of ARCHITECTURES here (checked above)
         ModelSpec(arch, d_in, width, n_out, seed=seed),  # type: ignore[arg-type]
@@ -391,7 +394,7 @@ def save_model(
     try:
         side_text = json.dumps(side, indent=2, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise AuditError(f"cannot save model {path}: its metadata is not JSON ({_clip(exc, 120)})") from None
+        raise AuditError(f"cannot save model {path}: its metadata is not JSON ({clip_text(exc, 120)})") from None
     try:
         with StagedFiles() as files:
             files.stage(sidecar, lambda p: Path(p).write_text(side_text, encoding="utf-8"))
@@ -399,7 +402,7 @@ def save_model(
             files.commit()
     except OSError as exc:
         raise AuditError(
-            f"cannot save model {path} ({type(exc).__name__}: {_clip(exc, 200)}); check the folder is writable "
+            f"cannot save model {path} ({type(exc).__name__}: {clip_text(exc, 200)}); check the folder is writable "
             "and has space"
         ) from None
     return path
@@ -425,10 +428,10 @@ def _sidecar_document(path: Path, sidecar: Path) -> dict:
     except UnicodeDecodeError:
         raise _bad_model(path, f"side-car {sidecar.name} is not UTF-8 text") from None
     except (ValueError, RecursionError) as exc:
-        raise _bad_model(path, f"side-car {sidecar.name} is not valid JSON ({_clip(exc, 120)})") from None
+        raise _bad_model(path, f"side-car {sidecar.name} is not valid JSON ({clip_text(exc, 120)})") from None
     except OSError as exc:
         raise _bad_model(
-            path, f"cannot read side-car {sidecar.name} ({type(exc).__name__}: {_clip(exc, 120)})"
+            path, f"cannot read side-car {sidecar.name} ({type(exc).__name__}: {clip_text(exc, 120)})"
         ) from None
     if not isinstance(side, dict):
         raise _bad_model(path, f"side-car {sidecar.name} holds a JSON {type(side).__name__}, not an object")
@@ -442,7 +445,7 @@ def _typed_spec(path: Path, raw: object, cls: type, required: tuple[str, ...]):
     known = [f.name for f in fields(cls)]
     unknown = sorted(str(k) for k in raw if k not in known)
     if unknown:
-        raise _bad_model(path, f"side-car spec has unknown field(s) {_clip(', '.join(unknown), 120)}")
+        raise _bad_model(path, f"side-car spec has unknown field(s) {clip_text(', '.join(unknown), 120)}")
     missing = [k for k in required if k not in raw]
     if missing:
         raise _bad_model(path, f"side-car spec lacks field(s) {', '.join(missing)}")
@@ -477,13 +480,13 @@ def _read_sidecar(path: Path, sidecar: Path) -> tuple[ModelSpec | ViTSpec, dict,
         if unknown:
             raise _bad_model(
                 path,
-                f"side-car has unknown field(s) {_clip(', '.join(unknown), 120)} "
+                f"side-car has unknown field(s) {clip_text(', '.join(unknown), 120)} "
                 f"(an {SIDECAR_SCHEMA} side-car holds {', '.join(_SIDECAR_FIELDS)})",
             )
         arch = side.get("arch")
         if not isinstance(arch, str) or arch not in BUILTIN_ARCHITECTURES:
             raise _bad_model(
-                path, f"side-car 'arch' is {_show(arch)}; expected one of {', '.join(BUILTIN_ARCHITECTURES)}"
+                path, f"side-car 'arch' is {show_value(arch)}; expected one of {', '.join(BUILTIN_ARCHITECTURES)}"
             )
         cls = ViTSpec if arch in VIT_ARCHITECTURES else ModelSpec
         spec = _typed_spec(path, side.get("spec"), cls, _REQUIRED[cls])
@@ -498,12 +501,13 @@ def _read_sidecar(path: Path, sidecar: Path) -> tuple[ModelSpec | ViTSpec, dict,
             )
             if record != expected:
                 raise _bad_model(
-                    path, f"side-car 'input' is {_show(record, 100)} but its spec needs {_show(expected, 100)}"
+                    path,
+                    f"side-car 'input' is {show_value(record, 100)} but its spec needs {show_value(expected, 100)}",
                 )
     else:
         raise _bad_model(
             path,
-            f"side-car schema is {_show(schema)}, expected {SIDECAR_SCHEMA!r} (or the older {LEGACY_SIDECAR_SCHEMA!r})",
+            f"side-car schema is {show_value(schema)}, expected {SIDECAR_SCHEMA!r} (or the older {LEGACY_SIDECAR_SCHEMA!r})",
         )
     metadata = side.get("metadata")
     if metadata is None:
@@ -512,7 +516,7 @@ def _read_sidecar(path: Path, sidecar: Path) -> tuple[ModelSpec | ViTSpec, dict,
         raise _bad_model(path, f"side-car 'metadata' must be an object, got {type(metadata).__name__}")
     dtype = side.get("dtype")
     if dtype is not None and dtype not in ("float32", "float64"):
-        raise _bad_model(path, f"side-car dtype is {_show(dtype)}; expected 'float32' or 'float64'")
+        raise _bad_model(path, f"side-car dtype is {show_value(dtype)}; expected 'float32' or 'float64'")
     return spec, metadata, dtype
 
 
@@ -532,7 +536,7 @@ def _check_tensors(path: Path, spec: ModelSpec, tensors: dict, recorded_dtype: s
     if extra:
         raise _bad_model(
             path,
-            f"the weights file holds unexpected tensor(s) {_clip(', '.join(extra), 120)} "
+            f"the weights file holds unexpected tensor(s) {clip_text(', '.join(extra), 120)} "
             f"(a {spec.arch} model holds only {', '.join(expected)})",
         )
     for name in expected:
@@ -559,8 +563,8 @@ def _check_tensors(path: Path, spec: ModelSpec, tensors: dict, recorded_dtype: s
         if got != shape:
             raise _bad_model(
                 path,
-                f"tensor {name} has shape {got} but the side-car spec (width {_clip(m)}, "
-                f"d_in {_clip(d)}, n_out {_clip(c)}) needs {_show(shape, 120)}; the two files "
+                f"tensor {name} has shape {got} but the side-car spec (width {clip_text(m, 60)}, "
+                f"d_in {clip_text(d, 60)}, n_out {clip_text(c, 60)}) needs {show_value(shape, 120)}; the two files "
                 "do not belong together",
             )
     for name in expected:
@@ -604,7 +608,7 @@ def load_model(path: str | Path, device=None) -> TwoLayerNet | ViT:
     path = Path(path)
     sidecar = path.with_suffix(path.suffix + ".json")
     if not path.exists():
-        raise AuditError(f"--model {path}: model file not found; check the path")
+        raise AuditError(f"{path}: model file not found; check the path")
     if not sidecar.exists():
         raise AuditError(f"model side-car {sidecar} not found; save models with attnaudit so both files exist")
     spec, metadata, recorded_dtype = _read_sidecar(path, sidecar)
@@ -614,7 +618,7 @@ def load_model(path: str | Path, device=None) -> TwoLayerNet | ViT:
         raise _bad_model(
             path,
             f"the weights are not a readable .safetensors file ({type(exc).__name__}: "
-            f"{_clip(' '.join(str(exc).split()), 160)})",
+            f"{clip_text(' '.join(str(exc).split()), 160)})",
         ) from None
     model: TwoLayerNet | ViT
     if isinstance(spec, ViTSpec):

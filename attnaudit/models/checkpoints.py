@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from attnaudit.core.task import Inputs
-from attnaudit.errors import AuditError, clip_text as _clip
+from attnaudit.errors import AuditError, FieldError, clip_text, field_check, literal
 from attnaudit.models.loaded import LoadedModel
 from attnaudit.models.weights import PICKLE_SUFFIXES, pickle_refusal
 from attnaudit.models.builtin import load_model
@@ -63,8 +63,9 @@ def _sha256(path: Path, limit: int = 1 << 34) -> str | None:
     return h.hexdigest()
 
 
-def load_checkpoint(path: str | Path, *, trust_pickle: bool = False) -> LoadedModel:
-    """A model from ``--checkpoint PATH``: an attnaudit checkpoint or a Hugging Face folder.
+def load_checkpoint(path: str | Path, *, trust_pickle: bool = False, field: str = "checkpoint") -> LoadedModel:
+    """A model from a checkpoint path: an attnaudit checkpoint or a Hugging Face folder. A path
+    that is none is refused with a :class:`FieldError` on ``field`` (the request field that named it).
 
     * a folder with ``config.json``: a Hugging Face model (:func:`attnaudit.models.hf.load_hf_directory`);
     * ``.safetensors`` with its side-car ``PATH.json``: a model written by attnaudit;
@@ -74,35 +75,40 @@ def load_checkpoint(path: str | Path, *, trust_pickle: bool = False) -> LoadedMo
     """
 
     path = Path(path)
+    named = "{name} " + literal(path)
     if not path.exists():
-        raise AuditError(f"--checkpoint {path} not found; check the path")
+        raise FieldError(field, named + " not found; check the path")
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise AuditError(
-                f"--checkpoint {path} is a folder without config.json: a Hugging Face model folder holds config.json "
-                "and model.safetensors (save_pretrained writes both); for an attnaudit checkpoint give the .safetensors file"
+            raise FieldError(
+                field,
+                named + " is a folder without config.json: a Hugging Face model folder holds config.json and "
+                "model.safetensors (save_pretrained writes both); for an attnaudit checkpoint give the .safetensors file",
             )
 
         return load_hf_directory(path, trust_pickle=trust_pickle)
     suffix = path.suffix.lower()
     if suffix in PICKLE_SUFFIXES:
         if not trust_pickle:
-            raise pickle_refusal(path, "--checkpoint")
-        raise AuditError(
-            f"--checkpoint {path} is a bare weights file that does not say which architecture it belongs to; load it "
-            f"with --factory package.module:function --weights {path.name} --trust-pickle"
+            raise pickle_refusal(path, field=field)
+        raise FieldError(
+            field,
+            named + " is a bare weights file that does not say which architecture it belongs to; load it with a "
+            "factory (package.module:function) and these weights, trusting pickle",
         )
     if suffix != ".safetensors":
-        raise AuditError(
-            f"--checkpoint {path}: unknown checkpoint format {suffix or '(no suffix)'}; give an attnaudit .safetensors "
-            "file (with its .json side-car) or a Hugging Face model folder"
+        raise FieldError(
+            field,
+            named + literal(f": unknown checkpoint format {suffix or '(no suffix)'}") + "; give an attnaudit "
+            ".safetensors file (with its .json side-car) or a Hugging Face model folder",
         )
     sidecar = path.with_suffix(path.suffix + ".json")
     if not sidecar.exists():
-        raise AuditError(
-            f"--checkpoint {path} has no side-car {sidecar.name}, so it was not written by attnaudit and its "
-            "architecture is unknown; for your own model use --factory package.module:function --weights "
-            f"{path.name}; for a Hugging Face model give its folder"
+        raise FieldError(
+            field,
+            named + literal(f" has no side-car {sidecar.name}") + ", so it was not written by attnaudit and its "
+            "architecture is unknown; for your own model give a factory (package.module:function) and its weights; "
+            "for a Hugging Face model give its folder",
         )
 
     module = load_model(path)
@@ -138,9 +144,12 @@ def load_checkpoint(path: str | Path, *, trust_pickle: bool = False) -> LoadedMo
 def _import_factory(factory: str):
     text = str(factory).strip()
     module_name, sep, attr = text.partition(":")
+    named = "{name} " + literal(text)
     if not sep or not module_name or not attr:
-        raise AuditError(
-            f"--factory {text!r} must look like package.module:function (a module path, a colon, a callable)"
+        raise FieldError(
+            "factory",
+            "{name} " + literal(repr(text)) + " must look like package.module:function (a module path, a colon, "
+            "a callable)",
         )
     # Like `python -m`, look in the working directory first: users keep their model code there.
     cwd = os.getcwd()
@@ -149,22 +158,25 @@ def _import_factory(factory: str):
     try:
         mod = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        raise AuditError(
-            f"--factory {text}: cannot import module {module_name!r} ({_clip(exc)}); run from the folder that holds "
-            "it or install it"
+        raise FieldError(
+            "factory",
+            named + literal(f": cannot import module {module_name!r} ({clip_text(exc)})") + "; run from the folder "
+            "that holds it or install it",
         ) from None
     except Exception as exc:  # noqa: BLE001 - the user's module failed while importing
-        raise AuditError(
-            f"--factory {text}: importing {module_name!r} failed ({type(exc).__name__}: {_clip(exc)})"
+        raise FieldError(
+            "factory",
+            named + literal(f": importing {module_name!r} failed ({type(exc).__name__}: {clip_text(exc)})"),
         ) from None
     target = mod
     for part in attr.split("."):
         if not hasattr(target, part):
-            raise AuditError(f"--factory {text}: module {module_name!r} has no attribute {attr!r}")
+            raise FieldError("factory", named + literal(f": module {module_name!r} has no attribute {attr!r}"))
         target = getattr(target, part)
     if not callable(target):
-        raise AuditError(
-            f"--factory {text}: {attr!r} is a {type(target).__name__}, not a function that builds the model"
+        raise FieldError(
+            "factory",
+            named + literal(f": {attr!r} is a {type(target).__name__}") + ", not a function that builds the model",
         )
     return target
 
@@ -176,9 +188,10 @@ def load_factory(
     trust_pickle: bool = False,
     inputs: str = "auto",
 ) -> LoadedModel:
-    """A user's own ``torch.nn.Module`` from ``--factory package.module:function`` (called
-    without arguments), with the weights of ``--weights`` (safetensors; pickle only with
-    ``trust_pickle``) checked against it key by key and shape by shape.
+    """A user's own ``torch.nn.Module`` from ``factory`` (``package.module:function``, called
+    without arguments), with the ``weights`` (safetensors; pickle only with ``trust_pickle``)
+    checked against it key by key and shape by shape. A refusal is a :class:`FieldError` on the
+    field at fault (``factory``, ``weights`` or ``inputs``).
 
     ``inputs``: how data rows reach the module -- ``flat`` rows, ``images`` in the data
     set's (C, H, W), ``tokens``, or ``auto`` (the module's own ``audit_inputs()`` when it
@@ -187,25 +200,33 @@ def load_factory(
     """
 
     if inputs not in INPUT_KINDS:
-        raise AuditError(f"unknown --inputs {inputs!r}; use one of {', '.join(INPUT_KINDS)}")
+        raise FieldError("inputs", "unknown {name} " + literal(repr(inputs)) + f"; use one of {', '.join(INPUT_KINDS)}")
     builder = _import_factory(factory)
     tensors = None
     if weights is not None:
-        tensors = read_weights(weights, trust_pickle=trust_pickle, what="--weights")
+        tensors = field_check("weights", lambda name: read_weights(weights, trust_pickle=trust_pickle, what=name))
     try:
         module = builder()
     except Exception as exc:  # noqa: BLE001 - the user's code failed
-        raise AuditError(f"--factory {factory}: calling it failed ({type(exc).__name__}: {_clip(exc)})") from None
+        raise FieldError(
+            "factory",
+            "{name} " + literal(f"{factory}: calling it failed ({type(exc).__name__}: {clip_text(exc)})"),
+        ) from None
     if not isinstance(module, nn.Module):
-        raise AuditError(
-            f"--factory {factory} returned a {type(module).__name__}, not a torch.nn.Module; return the model itself"
+        raise FieldError(
+            "factory",
+            "{name} " + literal(f"{factory} returned a {type(module).__name__}") + ", not a torch.nn.Module; return "
+            "the model itself",
         )
     if tensors is not None:
-        load_into(
-            module,
-            tensors,
-            where=f"--weights {weights}",
-            fix="check that --factory builds the model these weights belong to",
+        field_check(
+            "weights",
+            lambda name: load_into(
+                module,
+                tensors,
+                where=f"{name} {weights}",
+                fix="check that the factory builds the model these weights belong to",
+            ),
         )
     module.eval()
     declare = getattr(module, "audit_inputs", None) if inputs == "auto" else None  # a model's optional declaration
@@ -254,8 +275,10 @@ def fit_to_data(loaded: LoadedModel, dataset) -> LoadedModel:
         if images is not None:
             loaded = dataclasses.replace(loaded, inputs=Inputs(kind="images", shape=images))
         elif loaded.source.get("inputs") == "images":
-            raise AuditError(
-                f"--inputs images needs image data (C, H, W), but {dataset.name} has flat rows of {d} features"
+            raise FieldError(
+                "inputs",
+                "{name} images needs image data (C, H, W), but "
+                + literal(f"{dataset.name} has flat rows of {d} features"),
             )
     if loaded.inputs.kind == "tokens" and loaded.inputs.shape is None:
         loaded = dataclasses.replace(loaded, inputs=Inputs(kind="tokens", shape=None, keyword=loaded.inputs.keyword))
@@ -284,7 +307,7 @@ def fit_to_data(loaded: LoadedModel, dataset) -> LoadedModel:
     except Exception as exc:  # noqa: BLE001 - the user's model rejected the data
         raise AuditError(
             f"model {loaded.label} cannot take {dataset.name}'s samples as {loaded.inputs.kind} of shape "
-            f"{loaded.inputs.shape or (d,)} ({type(exc).__name__}: {_clip(exc)}); give data of the shape it expects"
+            f"{loaded.inputs.shape or (d,)} ({type(exc).__name__}: {clip_text(exc)}); give data of the shape it expects"
             + (" or set --inputs" if loaded.source.get("kind") == "factory" else "")
         ) from None
     width = int(logits.shape[1])
@@ -293,9 +316,12 @@ def fit_to_data(loaded: LoadedModel, dataset) -> LoadedModel:
     if dataset.y is not None and dataset.y.numel():
         top = int(dataset.y.max())
         if top >= width:
-            raise AuditError(
-                f"model {loaded.label} has {width} outputs (classes 0..{width - 1}) but {dataset.name}'s labels go up "
-                f"to {top}; select matching classes (--classes) or audit it on the data it was trained on"
+            raise FieldError(
+                "classes",
+                literal(
+                    f"model {loaded.label} has {width} outputs (classes 0..{width - 1}) but {dataset.name}'s labels "
+                )
+                + f"go up to {top}; select matching classes ({{name}}) or audit it on the data it was trained on",
             )
     return dataclasses.replace(loaded, n_classes=width, n_features=d)
 
@@ -307,22 +333,25 @@ def load_model_source(
     weights: str | Path | None = None,
     trust_pickle: bool = False,
     inputs: str = "auto",
+    field: str = "checkpoint",
 ) -> LoadedModel:
-    """One model from the CLI's model options: ``--checkpoint`` or ``--factory`` (+ ``--weights``)."""
+    """One model from a request's model fields: ``checkpoint`` (named ``field`` in the request) or
+    ``factory`` (+ ``weights``)."""
     if checkpoint is not None and factory is not None:
-        raise AuditError("--checkpoint and --factory both name a model; give one of them")
+        raise FieldError(field, "{name} and factory both name a model; give one of them")
     if weights is not None and factory is None:
-        raise AuditError(
-            "--weights goes with --factory (the function that builds the model); for an attnaudit or "
-            "Hugging Face checkpoint use --checkpoint alone"
+        raise FieldError(
+            "weights",
+            "{name} go with a factory (the function that builds the model); for an attnaudit or Hugging Face "
+            "checkpoint give the checkpoint alone",
         )
     if factory is not None:
         return load_factory(factory, weights, trust_pickle=trust_pickle, inputs=inputs)
     if checkpoint is None:
-        raise AuditError("no model given; use --checkpoint PATH or --factory package.module:function")
+        raise AuditError("no model given; give a checkpoint (a path) or a factory (package.module:function)")
     if inputs != "auto":
-        raise AuditError("--inputs applies to --factory models; a checkpoint records its own input layout")
-    return load_checkpoint(checkpoint, trust_pickle=trust_pickle)
+        raise FieldError("inputs", "{name} applies to factory models; a checkpoint records its own input layout")
+    return load_checkpoint(checkpoint, trust_pickle=trust_pickle, field=field)
 
 
 def unique_labels(labels: list[str]) -> list[str]:
@@ -390,7 +419,9 @@ def audit_split(dataset, models: dict[str, LoadedModel], n_train: int, n_test: i
     if rebuilt is not None:
         train_all, held_all, rec = rebuilt
         if n_test > held_all.n:
-            raise AuditError(f"--n-test {n_test} exceeds the checkpoint's {held_all.n} held-out rows; lower --n-test")
+            raise FieldError(
+                "n_test", "{name} " + f"{n_test} exceeds the checkpoint's {held_all.n} held-out rows; lower {{name}}"
+            )
         train = subset(train_all, min(n_train, train_all.n), seed)
         test = subset(held_all, n_test, seed)
         return (

@@ -72,7 +72,7 @@ from torch import nn
 from attnaudit.models.loaded import LoadedModel
 from attnaudit.core.engine import math_attention
 from attnaudit.core.task import Inputs
-from attnaudit.errors import AuditError, clip_text as _clip, key_mismatch, name_list as _names
+from attnaudit.errors import AuditError, FieldError, clip_text as _clip, key_mismatch, literal, name_list as _names
 from attnaudit.models.weights import load_into, read_weights
 
 INSTALL_HINT = 'loading a Hugging Face checkpoint needs transformers: pip install "attnaudit[hf]"'
@@ -882,6 +882,78 @@ def _quiet_transformers(func):
 
 
 @_quiet_transformers
+def _image_wrapper(
+    model: nn.Module,
+    num_channels: int,
+    image_size: tuple[int, int] | None,
+    size_from: str,
+    preprocessing: dict,
+    processor: dict | None,
+) -> tuple[nn.Module, Inputs, dict]:
+    """(the :class:`HFImageClassifier` around ``model``, its native :class:`Inputs`, the report's
+    image fields: size, channels, and the preprocessing the wrapper applies)."""
+    norm = preprocessing.get("normalize")
+    module: nn.Module = HFImageClassifier(
+        model,
+        num_channels=num_channels,
+        image_size=image_size,
+        image_mean=norm["mean"] if norm else None,
+        image_std=norm["std"] if norm else None,
+    )
+    native_hw = image_size or (224, 224)
+    inputs = Inputs(kind="images", shape=(num_channels, *native_hw))
+    preprocessing = {
+        "channels": (
+            f"{num_channels} as is; "
+            + ("3 -> 1 by the mean" if num_channels == 1 else f"1 -> {num_channels} by repetition")
+        ),
+        "resize": (
+            f"bilinear (align_corners=False, no antialias) to {image_size[0]}x{image_size[1]} when the data differs"
+            if image_size
+            else "none"
+        ),
+        "image_size_from": size_from,
+        **preprocessing,
+    }
+    extra = {
+        "image_size": list(image_size) if image_size else None,
+        "num_channels": num_channels,
+        "preprocessing": preprocessing,
+        "preprocessor_config": processor is not None,
+    }
+    return module, inputs, extra
+
+
+def _text_wrapper(model: nn.Module, config: Any) -> tuple[nn.Module, Inputs, dict]:
+    """(the :class:`HFSequenceClassifier` around ``model``, token :class:`Inputs`, the report's
+    text fields: vocabulary, position limit, pad id and how padding is masked and trimmed)."""
+    pad = getattr(config, "pad_token_id", None)
+    pad = pad if isinstance(pad, int) and not isinstance(pad, bool) else None
+    mask = _choose_mask(
+        model, pad, getattr(config, "vocab_size", None), getattr(config, "max_position_embeddings", None)
+    )
+    max_length = getattr(config, "max_position_embeddings", None)
+    trim = pad is not None and _padding_trim_exact(model, pad, mask, getattr(config, "vocab_size", None), max_length)
+    module = HFSequenceClassifier(model, pad_token_id=pad, mask=mask, trim_padding=trim)
+    inputs = Inputs(kind="tokens", shape=None, keyword="input_ids")
+    extra = {
+        "vocab_size": getattr(config, "vocab_size", None),
+        "max_length": getattr(config, "max_position_embeddings", None),
+        "pad_token_id": pad,
+        "attention_mask": {
+            "4d": f"input_ids != {pad}, as an additive 4-D mask (checked against the model's own masking)",
+            "2d": f"input_ids != {pad}, as a 2-D mask (this model did not take a 4-D one: per-sample gradients may fail)",
+            "none": "none (no pad_token_id in the config)",
+        }[mask],
+        "trailing_padding": (
+            "dropped per batch (checked: this model's logits do not depend on trailing padding)"
+            if trim
+            else "kept (no padding mask, or the model's logits depend on padded positions)"
+        ),
+    }
+    return module, inputs, extra
+
+
 def load_hf_directory(path: str | Path, *, trust_pickle: bool = False) -> LoadedModel:
     """A Hugging Face classifier folder (``save_pretrained`` output) as a :class:`LoadedModel`.
 
@@ -948,62 +1020,9 @@ def load_hf_directory(path: str | Path, *, trust_pickle: bool = False) -> Loaded
     model.eval()
 
     if kind == "images":
-        norm = preprocessing.get("normalize")
-        module: nn.Module = HFImageClassifier(
-            model,
-            num_channels=num_channels,
-            image_size=image_size,
-            image_mean=norm["mean"] if norm else None,
-            image_std=norm["std"] if norm else None,
-        )
-        native_hw = image_size or (224, 224)
-        inputs = Inputs(kind="images", shape=(num_channels, *native_hw))
-        preprocessing = {
-            "channels": (
-                f"{num_channels} as is; "
-                + ("3 -> 1 by the mean" if num_channels == 1 else f"1 -> {num_channels} by repetition")
-            ),
-            "resize": (
-                f"bilinear (align_corners=False, no antialias) to {image_size[0]}x{image_size[1]} when the data differs"
-                if image_size
-                else "none"
-            ),
-            "image_size_from": size_from,
-            **preprocessing,
-        }
-        extra = {
-            "image_size": list(image_size) if image_size else None,
-            "num_channels": num_channels,
-            "preprocessing": preprocessing,
-            "preprocessor_config": processor is not None,
-        }
+        module, inputs, extra = _image_wrapper(model, num_channels, image_size, size_from, preprocessing, processor)
     else:
-        pad = getattr(config, "pad_token_id", None)
-        pad = pad if isinstance(pad, int) and not isinstance(pad, bool) else None
-        mask = _choose_mask(
-            model, pad, getattr(config, "vocab_size", None), getattr(config, "max_position_embeddings", None)
-        )
-        max_length = getattr(config, "max_position_embeddings", None)
-        trim = pad is not None and _padding_trim_exact(
-            model, pad, mask, getattr(config, "vocab_size", None), max_length
-        )
-        module = HFSequenceClassifier(model, pad_token_id=pad, mask=mask, trim_padding=trim)
-        inputs = Inputs(kind="tokens", shape=None, keyword="input_ids")
-        extra = {
-            "vocab_size": getattr(config, "vocab_size", None),
-            "max_length": getattr(config, "max_position_embeddings", None),
-            "pad_token_id": pad,
-            "attention_mask": {
-                "4d": f"input_ids != {pad}, as an additive 4-D mask (checked against the model's own masking)",
-                "2d": f"input_ids != {pad}, as a 2-D mask (this model did not take a 4-D one: per-sample gradients may fail)",
-                "none": "none (no pad_token_id in the config)",
-            }[mask],
-            "trailing_padding": (
-                "dropped per batch (checked: this model's logits do not depend on trailing padding)"
-                if trim
-                else "kept (no padding mask, or the model's logits depend on padded positions)"
-            ),
-        }
+        module, inputs, extra = _text_wrapper(model, config)
     module.eval()
     id2label = getattr(config, "id2label", None) or {}
     labels = [str(id2label.get(i, id2label.get(str(i), i))) for i in range(num_labels)]
@@ -1087,8 +1106,10 @@ def adapt_to_data(loaded: LoadedModel, feature_shape: Sequence[int] | None) -> L
             )
         limit = source.get("max_length")
         if isinstance(limit, int) and shape[0] > limit:
-            raise AuditError(
-                f"model {label} takes at most {limit} tokens per sample; the data set has {shape[0]}: truncate the sequences"
+            raise FieldError(
+                "max_length",
+                literal(f"model {label} takes at most {limit} tokens per sample; the data set has {shape[0]}")
+                + f": set {{name}} {limit} or lower (unset, it is the smaller of 128 and the model's limit)",
             )
         source["data_shape"] = list(shape)
         return dataclasses.replace(loaded, n_features=shape[0], source=source)

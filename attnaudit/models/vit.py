@@ -62,14 +62,6 @@ _TORCH_SEED_RANGE = (-(2**63), 2**64 - 1)
 _MAX_SIZE = 1 << 20
 
 
-def _clip(text: object, limit: int = 60) -> str:
-    return clip_text(text, limit)
-
-
-def _show(value: object, limit: int = 60) -> str:
-    return show_value(value, limit)
-
-
 def _either(values: list[int]) -> str:
     """``[4, 7, 14]`` -> ``'4, 7 or 14'``."""
     text = [str(v) for v in values]
@@ -98,29 +90,29 @@ class ViTSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.arch, str) or self.arch not in VIT_ARCHITECTURES:
-            raise AuditError(f"unknown transformer {_show(self.arch)}; use one of {', '.join(VIT_ARCHITECTURES)}")
+            raise AuditError(f"unknown transformer {show_value(self.arch)}; use one of {', '.join(VIT_ARCHITECTURES)}")
         shape = self.image_shape
         if not isinstance(shape, (tuple, list)) or len(shape) != 3 or not all(is_int(s) for s in shape):
             raise AuditError(
-                f"ViT image_shape must be three integers (channels, height, width), got {_show(shape)}; "
+                f"ViT image_shape must be three integers (channels, height, width), got {show_value(shape)}; "
                 "give image data such as (1, 28, 28)"
             )
         object.__setattr__(self, "image_shape", tuple(int(s) for s in shape))
         for name in ("n_out", "depth", "dim", "heads", "patch", "mlp_ratio", "seed"):
             value = getattr(self, name)
             if not is_int(value):
-                raise AuditError(f"ViT {name} must be an integer, got {_show(value)} ({type(value).__name__})")
+                raise AuditError(f"ViT {name} must be an integer, got {show_value(value)} ({type(value).__name__})")
             object.__setattr__(self, name, int(value))
         for name in ("n_out", "depth", "dim", "heads", "patch", "mlp_ratio"):
             value = getattr(self, name)
             if not 1 <= value <= _MAX_SIZE:
-                raise AuditError(f"ViT {name} must be a positive integer up to {_MAX_SIZE}, got {_clip(value)}")
+                raise AuditError(f"ViT {name} must be a positive integer up to {_MAX_SIZE}, got {clip_text(value, 60)}")
         c, h, w = self.image_shape
         if not all(1 <= s <= _MAX_SIZE for s in self.image_shape):
             raise AuditError(f"ViT image_shape must be positive (channels, height, width), got {self.image_shape}")
         lo, hi = _TORCH_SEED_RANGE
         if not lo <= self.seed <= hi:
-            raise AuditError(f"ViT seed must be an integer in {lo}..{hi}, got {_clip(self.seed)}")
+            raise AuditError(f"ViT seed must be an integer in {lo}..{hi}, got {clip_text(self.seed, 60)}")
         if self.dim % self.heads:
             divisors = [k for k in range(1, min(self.dim, 64) + 1) if self.dim % k == 0][:6]
             raise AuditError(

@@ -20,19 +20,21 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from attnaudit.errors import AuditError, clip_text as _clip, key_mismatch, name_list as _names
+from attnaudit.errors import AuditError, FieldError, clip_text as _clip, key_mismatch, literal, name_list as _names
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle")
 SAFE_SUFFIXES = (".safetensors",)
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def pickle_refusal(path: Path, what: str = "weights") -> AuditError:
-    """The one message for a pickle-based file given without ``--trust-pickle``."""
-    return AuditError(
-        f"{what} {path} is a pickle-based file ({path.suffix}): loading it can run arbitrary code; convert it to "
+def pickle_refusal(path: Path, what: str = "weights", field: str | None = None) -> AuditError:
+    """The one message for a pickle-based file given without ``--trust-pickle``: about ``what``,
+    or a :class:`FieldError` on ``field`` when a request field named the file."""
+    rest = (
+        f" {path} is a pickle-based file ({path.suffix}): loading it can run arbitrary code; convert it to "
         "safetensors, or pass --trust-pickle if you trust its author (it is then read with torch.load(weights_only=True))"
     )
+    return AuditError(what + rest) if field is None else FieldError(field, "{name}" + literal(rest))
 
 
 def read_weights(path: str | Path, *, trust_pickle: bool = False, what: str = "weights") -> dict[str, torch.Tensor]:

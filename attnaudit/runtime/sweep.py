@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from attnaudit.errors import AuditError
+from attnaudit.errors import AuditError, FieldError, literal
 from attnaudit import __version__
 from attnaudit.runtime.atomic import write_text_atomic
 
@@ -106,23 +106,25 @@ class ExecutorConfig:
     def __post_init__(self) -> None:
         self.kind = str(self.kind).strip().lower()
         if self.kind not in EXECUTORS:
-            raise AuditError(
-                f"unknown --executor {self.kind!r}; use local (default; --jobs N for worker processes) or ray"
+            raise FieldError(
+                "executor",
+                "unknown {name} " + literal(repr(self.kind)) + "; use local (default; jobs > 1 for worker processes) "
+                "or ray",
             )
         if isinstance(self.jobs, bool) or int(self.jobs) != self.jobs or self.jobs < 1:
-            raise AuditError(f"--jobs must be a positive integer, got {self.jobs}")
+            raise FieldError("jobs", "{name} must be a positive integer, got " + literal(self.jobs))
         if self.gpus_per_cell < 0:
-            raise AuditError(f"--gpus-per-cell must be >= 0, got {self.gpus_per_cell}")
+            raise FieldError("gpus_per_cell", "{name} must be >= 0, got " + literal(self.gpus_per_cell))
         if self.gpus_per_cell and self.kind != "ray":
-            raise AuditError("--gpus-per-cell asks Ray for accelerators; use it with --executor ray")
+            raise FieldError("gpus_per_cell", "{name} asks Ray for accelerators; use it with the ray executor")
         if self.ray_address is not None and self.kind != "ray":
-            raise AuditError("--ray-address joins a Ray cluster; use it with --executor ray")
+            raise FieldError("ray_address", "{name} joins a Ray cluster; use it with the ray executor")
         if self.threads is not None and self.threads < 1:
             raise AuditError(f"threads per cell must be >= 1, got {self.threads}")
         if self.resume_dir is not None:
             p = Path(self.resume_dir)
             if p.exists() and not p.is_dir():
-                raise AuditError(f"--resume {p} is a file; give a folder (created if missing)")
+                raise FieldError("resume", "{name} " + literal(p) + " is a file; give a folder (created if missing)")
 
     @property
     def name(self) -> str:
@@ -136,7 +138,9 @@ class ExecutorConfig:
             import importlib.util
 
             if importlib.util.find_spec("ray") is None:
-                raise AuditError(f"--executor ray needs Ray, which is not installed; install it with {RAY_INSTALL}")
+                raise FieldError(
+                    "executor", "{name} ray needs Ray, which is not installed; install it with " + literal(RAY_INSTALL)
+                )
 
     def to_dict(self) -> dict:
         return {

@@ -481,7 +481,7 @@ def test_a_built_in_model_is_trained_once_and_audited_by_checkpoint(tmp_path):
                 "max": 1000.0,
                 "options": {
                     "n-train": 40,
-                    "top-k": 1,
+                    "eigenvalues": 1,
                     "hutchinson-samples": 5,
                     "basin-directions": 1,
                     "points": 0,
@@ -643,6 +643,44 @@ def test_configuration_errors_exit_2_with_one_line_naming_the_key_path(case, tmp
         assert word in line, line
     assert not out.exists() and not xml.exists()  # nothing ran, nothing written
     assert "PASS" not in captured.out and "FAIL" not in captured.out
+
+
+def test_a_field_error_in_the_dry_run_names_the_audit_files_key(tmp_path, capsys):
+    """A data option the run refuses (labels not in the data) is named by its key in the file, not a flag."""
+    doc = audit_doc(kappa_check("k", max=100.0), data={"dataset": "digits", "classes": "0,77"})
+    path = write_audit(tmp_path / "audit.yaml", doc)
+    capsys.readouterr()
+    assert cli("audit", path) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"{path}: data.classes: classes names label(s) 77 not present" in line and "--classes" not in line
+
+
+@pytest.mark.parametrize(
+    "field, data, key_path",
+    [
+        ("eps", {}, "checks[0].options.eps: eps went wrong"),
+        ("n_train", {}, "checks[0].options.n-train: n-train went wrong"),
+        ("classes", {"classes": "0,1"}, "data.classes: classes went wrong"),
+        ("seed", {}, "seed: seed went wrong"),
+    ],
+)
+def test_a_field_error_while_a_check_runs_names_the_audit_files_key(tmp_path, monkeypatch, field, data, key_path):
+    """A FieldError raised anywhere while a check runs is reported with the option key the
+    audit file wrote (``checks[0].options.eps``), never a command-line flag."""
+    from attnaudit.audit import load_audit_file, run_audit
+    from attnaudit.audit import runner
+    from attnaudit.errors import FieldError
+
+    def refuse(analysis, args):
+        raise FieldError(field, "{name} went wrong at run time")
+
+    monkeypatch.setattr(runner, "invoke", refuse)
+    doc = audit_doc({**GOOD_CHECK, "options": dict(GOOD_CHECK["options"])}, data={"dataset": "digits", **data})
+    result = run_audit(load_audit_file(write_audit(tmp_path / "audit.yaml", doc)))
+    check = result.checks[0]
+    assert check.status == "error" and check.error_kind == "input" and result.exit_code == 2
+    assert check.message.startswith(key_path + " at run time; reproduce: attnaudit malleability"), check.message
+    assert "--" + field.replace("_", "-") + " " not in check.message.partition("; reproduce")[0]
 
 
 def test_bad_option_value_is_refused_before_the_audit_trains_its_model(tmp_path, capsys):

@@ -148,12 +148,12 @@ def test_a_checkpoint_without_a_tokenizer_says_so(tmp_path):
 
 
 def test_options_are_checked(tmp_path):
-    with pytest.raises(AuditError, match="--max-length must be an integer in 2"):
+    with pytest.raises(AuditError, match="^max_length must be an integer in 2"):
         TextOptions(max_length=1)
-    with pytest.raises(AuditError, match="--text-field must name a field"):
+    with pytest.raises(AuditError, match="^text_field must name a field"):
         TextOptions(text_field=" ")
     folder = _tokenizer(tmp_path / "ckpt")
-    with pytest.raises(AuditError, match="--preprocess center applies to numbers, not token ids"):
+    with pytest.raises(AuditError, match="^preprocess center applies to numbers, not token ids"):
         load_dataset(DataSpec(data=str(_jsonl(tmp_path / "d.jsonl")), tokenizer=str(folder), preprocess="center"))
 
 
@@ -234,6 +234,40 @@ def test_the_command_line_audits_a_text_checkpoint_with_its_own_tokenizer(tmp_pa
     assert info["label_map"] == {"negative": 0, "positive": 1} and info["max_length"] == 8
     assert "attention.self" in json.dumps(report["results"]["models"]["bert"])  # the encoder's attention layers
     assert "--max-length 8" in report["command"]
+
+
+def test_without_max_length_texts_fit_the_models_position_limit(tmp_path, capsys):
+    """A BERT of 64 positions and texts of up to 100 tokens: unset, max_length is min(128, 64) = 64
+    (recorded with where it came from); --max-length 100 is refused naming the flag."""
+    pytest.importorskip("transformers")
+    from hf_models import tiny_bert
+
+    from attnaudit.cli import main
+
+    folder = tmp_path / "bert64"
+    tiny_bert(len(VOCAB), max_positions=64, num_labels=2).save_pretrained(folder)
+    _tokenizer(folder)
+    long = [(" ".join(["very"] * (20 * i) + ["good"]), "positive") for i in range(1, 6)]
+    data = _jsonl(tmp_path / "long.jsonl", (RECORDS + long) * 2)
+    out = tmp_path / "k.json"
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as code:
+        main(["kappa", "--checkpoint", str(folder), "--data", str(data), "-q", "--json", str(out)])
+    assert code.value.code == 0, capsys.readouterr().err
+    info = json.loads(out.read_text())["results"]["dataset"]
+    assert info["max_length"] == 64 and info["truncated"] > 0
+    assert "max_position_embeddings" in info["max_length_from"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as code:
+        main(["kappa", "--checkpoint", str(folder), "--data", str(data), "--max-length", "100", "-q"])
+    err = capsys.readouterr().err
+    assert code.value.code == 2 and "--max-length 100 is more than the model takes" in err, err
+    # from Python the error names the field
+    with pytest.raises(AuditError, match="^max_length 100 is more than the model takes"):
+        load_dataset(DataSpec(data=str(data), tokenizer=str(folder), max_length=100))
+    # without a model's limit the default stays 128
+    plain = _tokenizer(tmp_path / "plain")
+    assert load_dataset(DataSpec(data=str(data), tokenizer=str(plain))).info["max_length_from"] == "default"
 
 
 @pytest.mark.parametrize(

@@ -275,7 +275,7 @@ def test_build_builtin_for_every_architecture():
     assert build_builtin("relu", n_out=2, feature_shape=(64,)).W.dtype == torch.float64
     _one_line_error(lambda: build_builtin("vit", n_out=4, feature_shape=(64,)), "needs image data", "64 features")
     _one_line_error(lambda: build_builtin("attn", n_out=4, feature_shape=(64,)), "attn needs the training inputs")
-    _one_line_error(lambda: build_builtin("lstm", n_out=4, feature_shape=(64,)), "unknown --arch")
+    _one_line_error(lambda: build_builtin("lstm", n_out=4, feature_shape=(64,)), "unknown arch")
     _one_line_error(lambda: build_builtin("vit", n_out=4, feature_shape=(8, 8), patch=3), "patch size 3", "8x8")
 
 

@@ -107,16 +107,16 @@ def test_a_failing_cell_does_not_lose_the_others(jobs):
 
 
 def test_a_failed_ntk_cell_gives_partial_results_and_exit_1(tmp_path, monkeypatch, ntk_local):
-    import attnaudit.analyses.ntk_distance.widths as nd
+    import attnaudit.analyses.ntk_distance.cells as nd
 
-    real = nd._run_cell
+    real = nd.train_cell
 
     def flaky(arch, width, seed, *args):
         if arch == "attn" and width == 16 and seed == 1:
             raise RuntimeError("simulated out-of-memory in one cell")
         return real(arch, width, seed, *args)
 
-    monkeypatch.setattr(nd, "_run_cell", flaky)
+    monkeypatch.setattr(nd, "train_cell", flaky)
     path = tmp_path / "partial.json"
     code = _cli(
         [
@@ -153,7 +153,7 @@ def test_a_failed_ntk_cell_gives_partial_results_and_exit_1(tmp_path, monkeypatc
 
 
 def test_resume_skips_finished_cells_and_gives_the_same_report(tmp_path, monkeypatch, ntk_local):
-    import attnaudit.analyses.ntk_distance.widths as nd
+    import attnaudit.analyses.ntk_distance.cells as nd
 
     folder = tmp_path / "cells"
     first = _tiny_ntk(tmp_path, "first", "--resume", str(folder))
@@ -164,7 +164,7 @@ def test_resume_skips_finished_cells_and_gives_the_same_report(tmp_path, monkeyp
     def must_not_run(*args, **kwargs):
         raise AssertionError("a finished cell was recomputed")
 
-    monkeypatch.setattr(nd, "_run_cell", must_not_run)
+    monkeypatch.setattr(nd, "train_cell", must_not_run)
     again = _tiny_ntk(tmp_path, "again", "--resume", str(folder))
     assert _without_timings(again["results"]) == _without_timings(ntk_local["results"])
     assert again["inputs"]["execution"]["resumed"] == 8
@@ -300,8 +300,8 @@ def test_missing_ray_is_one_line_with_the_install_command(tmp_path, monkeypatch,
     [
         (["--executor", "dask"], "unknown --executor"),
         (["--jobs", "0"], "--jobs must be a positive integer"),
-        (["--gpus-per-cell", "1"], "use it with --executor ray"),
-        (["--ray-address", "auto"], "use it with --executor ray"),
+        (["--gpus-per-cell", "1"], "--gpus-per-cell asks Ray for accelerators; use it with the ray executor"),
+        (["--ray-address", "auto"], "--ray-address joins a Ray cluster; use it with the ray executor"),
     ],
 )
 def test_bad_executor_options_exit_2(args, message, capsys):
