@@ -10,7 +10,7 @@ default). The stage is what ``malleability --checkpoint vit.safetensors --params
 --n-train 300 --n-test 100 --seeds 1 --attacks pgd`` (``--protocol static``, the default for a
 checkpoint) runs per seed: influence on the clean training set, then on the PGD-perturbed one
 (eps 0.3, 10 steps, against the same model), each through ``influence_sweep`` with the
-config ``MalleabilityConfig.influence_config()`` builds. The PGD rows are computed once,
+config ``MalleabilityConfig.influence`` holds. The PGD rows are computed once,
 outside the timings. Projected starts with an empty row cache (``clear_row_cache``), so its
 time includes computing every projected row of both training sets (PGD moves every row).
 

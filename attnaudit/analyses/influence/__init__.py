@@ -25,7 +25,9 @@ transformed test gradient s. An estimator only says how B is transformed:
 * ``solve(state, damping) -> Solution``: the transformed test gradients for one damping as
   given (a float, or ``"<m>x"`` for m x lambda_max(H); None when ``uses_damping`` is
   False), with the absolute damping used, per-damping diagnostics and warnings.
-* ``memory_parts(query) -> dict[str, int]``: bytes of the estimator's own structures
+* memory, before any compute (:func:`~attnaudit.analyses.influence.influence.plan_influence`, the
+  one planner, asks one estimator instance, the one that then runs, with the run's config):
+  ``memory_parts(query) -> dict[str, int]``: bytes of the estimator's own structures
   (added to the shared terms of ``influence_memory``); ``factor_bytes(engine)``: sizes
   fitted factors before any compute; ``check_budget(P, max_exact_params, itemsize)`` and
   ``check_params(params)``: refusals (AuditError) before any compute.

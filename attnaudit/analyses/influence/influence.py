@@ -43,7 +43,7 @@ Every derivative comes from the functional :class:`~attnaudit.core.engine.Engine
 from the task (``"path": "generic: engine"``): eval mode, frozen buffers, the math kernel
 of scaled dot-product attention, parameters copied in ``InfluenceConfig.dtype`` (float64
 by default) -- the user's module is never modified. One declared fast path,
-:func:`twolayer_head_fast_path` (``"path": "fast: TwoLayerNet head, cached features"``),
+:func:`~attnaudit.analyses.influence.paths.twolayer_head_fast_path` (``"path": "fast: TwoLayerNet head, cached features"``),
 computes the hidden features of a built-in 2-layer net once when only its head is
 tracked; ``InfluenceConfig(fast_path=False)`` switches it off, and the tests assert both
 paths give the same numbers.
@@ -77,11 +77,10 @@ Hessian (k = 1 for the test-set total, n_test for per-test-point influence).
 
 from __future__ import annotations
 
-import copy
 import math
 import time
-from dataclasses import dataclass, field, replace
-from typing import Callable, NamedTuple, Sequence, TypeVar
+from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -96,20 +95,19 @@ from attnaudit.analyses.influence.estimators import (
 )
 from attnaudit.analyses.influence.estimators.exact import count_negative_eigenvalues
 from attnaudit.analyses.influence.estimators.tracin import tracin_weights
+from attnaudit.analyses.influence.paths import PATH_GENERIC, EngineView, engine_view
 from attnaudit.analyses.influence.projection import PROJ_SPLITS
 from attnaudit.core.cg import batched_cg
-from attnaudit.core.engine import Engine, math_attention, ranges
+from attnaudit.core.engine import ranges
 from attnaudit.core.task import (
     LOSSES as LOSS_TABLE,
     Inputs,
     Task,
     as_task,
-    eval_mode,
     select_parameter_names,
-    to_logits,
 )
+from attnaudit.analyses.request import FieldError, field_check, literal
 from attnaudit.errors import AuditError
-from attnaudit.models.builtin import TwoLayerNet
 
 __all__ = [
     "parse_damping",
@@ -118,21 +116,17 @@ __all__ = [
     "SOLVERS",
     "ESTIMATORS",
     "SIGN_CONVENTION",
-    "PATH_FAST_LINEAR_HEAD",
-    "PATH_FAST_TWOLAYER_HEAD",
-    "PATH_GENERIC",
-    "FastPath",
     "InfluenceConfig",
     "InfluenceResult",
     "batched_cg",
     "check_exact_budget",
     "compute_influence",
+    "InfluencePlan",
     "influence_memory",
     "influence_sweep",
-    "linear_head_fast_path",
+    "plan_influence",
     "resolve_tracked",
     "tracin_weights",
-    "twolayer_head_fast_path",
 ]
 
 SOLVERS = ("auto", "cholesky", "eigh")  # how exact / last-layer solve (see InfluenceConfig)
@@ -142,10 +136,9 @@ SIGN_CONVENTION = (
     "influence = d(test loss)/d(weight of the training sample) = -g_test^T (H + damping I)^-1 g_train; "
     "negative = helpful (up-weighting the sample lowers the test loss), positive = harmful"
 )
-PATH_GENERIC = "generic: engine"
 
 
-def parse_damping(value, option: str = "--damping") -> float | str:
+def parse_damping(value, option: str = "damping") -> float | str:
     """A damping as given: an absolute number >= 0 (returned as float), or a multiple of
     lambda_max(H) written ``"<m>x"`` with m > 0 (returned in canonical form ``f"{m:g}x"``).
     Anything else raises a one-line :class:`AuditError`."""
@@ -185,10 +178,6 @@ def damping_label(value) -> str:
     return value if isinstance(value, str) else f"{value:g}"
 
 
-PATH_FAST_TWOLAYER_HEAD = "fast: TwoLayerNet head, cached features"
-PATH_FAST_LINEAR_HEAD = "fast: nn.Linear head, cached features"
-
-
 # --------------------------------------------------------------------------- config / result
 @dataclass(frozen=True)
 class InfluenceConfig:
@@ -203,7 +192,7 @@ class InfluenceConfig:
     (lowered automatically to fit ``memory_budget_mb``). ``hvp_batch``: Hessian columns
     built per vectorised block (``exact``). ``dtype``: the engine's floating dtype
     (``float64`` default; parameters are copied, the module is untouched).
-    ``fast_path``: use a declared fast path when one applies (:func:`twolayer_head_fast_path`);
+    ``fast_path``: use a declared fast path when one applies (:mod:`attnaudit.analyses.influence.paths`);
     False forces the generic engine path. ``solver`` (exact, last-layer): ``cholesky``
     factors H + damping I once (P^3/3 flops) with lambda_min / lambda_max from Lanczos on the
     dense H and the count of negative eigenvalues from an LDL^T factorisation (Sylvester's
@@ -234,46 +223,54 @@ class InfluenceConfig:
 
     def __post_init__(self) -> None:
         if isinstance(self.proj_dim, bool) or int(self.proj_dim) != self.proj_dim or self.proj_dim < 1:
-            raise AuditError(f"--proj-dim must be a positive integer, got {self.proj_dim!r}")
+            raise FieldError("proj_dim", "{name} must be a positive integer, got " + literal(repr(self.proj_dim)))
         budget = self.memory_budget_mb
         if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget) or budget <= 0:
-            raise AuditError(f"--memory-budget must be a positive number of MiB, got {budget!r}")
+            raise FieldError(
+                "memory_budget_mb", "{name} must be a positive number of MiB, got " + literal(repr(budget))
+            )
         if self.proj_split not in PROJ_SPLITS:
-            raise AuditError(f"unknown --proj-split {self.proj_split!r}; use {' or '.join(PROJ_SPLITS)}")
+            raise FieldError(
+                "proj_split", "unknown {name} " + literal(repr(self.proj_split)) + f"; use {' or '.join(PROJ_SPLITS)}"
+            )
         if self.curvature not in ("auto", "ggn", "fisher", "empirical", "galerkin"):
-            raise AuditError(f"unknown curvature {self.curvature!r}; use auto, ggn, fisher, empirical or galerkin")
+            raise FieldError(
+                "curvature",
+                "unknown {name} " + literal(repr(self.curvature)) + "; use auto, ggn, fisher, empirical or galerkin",
+            )
         check_curvature(self.estimator, self.curvature)
         if self.solver not in SOLVERS:
-            raise AuditError(f"unknown influence solver {self.solver!r}; use one of {', '.join(SOLVERS)}")
-        estimator_class(self.estimator)  # refuses an unknown name
-        object.__setattr__(self, "damping", parse_damping(self.damping, "damping"))
+            raise FieldError(
+                "solver",
+                "unknown influence {name} " + literal(repr(self.solver)) + f"; use one of {', '.join(SOLVERS)}",
+            )
+        if self.estimator not in ESTIMATORS:
+            raise FieldError(
+                "estimator", "unknown {name} " + literal(repr(self.estimator)) + f"; use one of {', '.join(ESTIMATORS)}"
+            )
+        object.__setattr__(self, "damping", field_check("damping", parse_damping, self.damping))
         params = self.params
         if isinstance(params, str):
             params = params.strip()
-            if not params:
-                raise AuditError("params is empty; use head, all, a module name, glob patterns or parameter names")
         elif params is not None:
             params = tuple(str(p) for p in params)
-            if not params:
-                raise AuditError(
-                    "params is an empty list; use head, all, a module name, glob patterns or parameter names"
-                )
+        if params is not None and not params:
+            raise FieldError(
+                "params", "{name} is empty; use head, all, a module name, glob patterns or parameter names"
+            )
         object.__setattr__(self, "params", params)
         ESTIMATORS[self.estimator]().check_params(params)
         if isinstance(self.dtype, torch.dtype):
             object.__setattr__(self, "dtype", str(self.dtype).replace("torch.", ""))
         if self.dtype not in DTYPES:
-            raise AuditError(f"unknown influence dtype {self.dtype!r}; use one of {', '.join(DTYPES)}")
-        if self.max_exact_params < 1:
-            raise AuditError(f"max_exact_params must be >= 1, got {self.max_exact_params}")
+            raise FieldError(
+                "dtype", "unknown influence {name} " + literal(repr(self.dtype)) + f"; use one of {', '.join(DTYPES)}"
+            )
+        for name in ("max_exact_params", "cg_max_iter", "chunk_size", "hvp_batch"):
+            if getattr(self, name) < 1:
+                raise FieldError(name, "{name} must be >= 1, got " + literal(getattr(self, name)))
         if not (0 < self.cg_tol < 1):
-            raise AuditError(f"cg tolerance must be in (0, 1), got {self.cg_tol}")
-        if self.cg_max_iter < 1:
-            raise AuditError(f"cg max iterations must be >= 1, got {self.cg_max_iter}")
-        if self.chunk_size < 1 or self.hvp_batch < 1:
-            raise AuditError("chunk_size and hvp_batch must be >= 1")
-        if not (self.memory_budget_mb > 0 and math.isfinite(self.memory_budget_mb)):
-            raise AuditError(f"memory budget must be a positive number of MB, got {self.memory_budget_mb}")
+            raise FieldError("cg_tol", "{name} must be in (0, 1), got " + literal(self.cg_tol))
 
     @property
     def tracked(self) -> str | tuple[str, ...]:
@@ -359,247 +356,6 @@ def check_exact_budget(estimator: str, n_params: int, max_exact_params: int, ite
     ESTIMATORS.get(estimator, Estimator)().check_budget(int(n_params), max_exact_params, itemsize)
 
 
-# --------------------------------------------------------------------------- paths
-class _CachedFeatureHead(nn.Module):
-    """logits = u @ a on cached features u: the head of a TwoLayerNet, on its own."""
-
-    def __init__(self, a: torch.Tensor):
-        super().__init__()
-        self.a = nn.Parameter(a.detach().clone())
-
-    def forward(self, u: torch.Tensor) -> torch.Tensor:
-        return u @ self.a
-
-
-@dataclass(frozen=True)
-class FastPath:
-    """A cheaper evaluation of a task restricted to its tracked parameters.
-
-    ``engine``: an engine over *prepared* rows whose tracked parameters are exactly the
-    task's (same names, same order, same values); ``prepare(rows)``: the part of the
-    forward pass that does not depend on them, run once without gradients.
-    """
-
-    description: str
-    engine: Engine
-    prepare: Callable[[torch.Tensor], torch.Tensor]
-
-
-_M = TypeVar("_M", bound=nn.Module)
-
-
-def _copy_with(module: _M, dtype: torch.dtype, state: dict[str, torch.Tensor] | None) -> _M:
-    """A copy of ``module`` in ``dtype``, its parameters set from ``state`` where it has them
-    (TracIn checkpoints); the module itself is never changed."""
-    work = copy.deepcopy(module).to(dtype=dtype)
-    if state is not None:
-        with torch.no_grad():
-            for name, p in work.named_parameters():
-                if name in state:
-                    p.copy_(state[name].to(p.device, p.dtype))
-    return work
-
-
-def twolayer_head_fast_path(
-    task: Task,
-    names: Sequence[str],
-    *,
-    dtype: torch.dtype = torch.float64,
-    state: dict[str, torch.Tensor] | None = None,
-    probe: torch.Tensor | None = None,
-) -> FastPath | None:
-    """The cached-feature head of a built-in 2-layer net, or None when it does not apply.
-
-    Applies exactly when all of these hold:
-
-    * ``task.module`` is a :class:`~attnaudit.models.builtin.TwoLayerNet` (that exact class: a
-      subclass may change ``forward``);
-    * the tracked parameters are its head alone: ``names == ["a"]``;
-    * ``task.inputs`` is the default flat adapter (rows reach ``forward`` unchanged).
-
-    Then the logits are f(x) = h(x) a with h(x) = relu(s_in W z) * s_out (z = x, or
-    f_att(x) for MLP-Attn; s_in = 1/sqrt(d), s_out = 1/sqrt(m) under the NTK
-    parametrization, 1 under the standard one) independent of ``a``: h is computed once per row (no gradients, eval mode, in ``dtype``), and the
-    tracked model is the linear map u -> u a, for any loss. Same numbers as the generic
-    engine path (tested). ``state``: parameter values to use instead of the module's
-    (TracIn checkpoints); they are loaded into a copy, never into the module.
-    """
-
-    module = task.module
-    if type(module) is not TwoLayerNet or list(names) != ["a"] or task.inputs != Inputs():
-        return None
-    work = module
-    if state is not None or module.a.dtype != dtype:
-        work = _copy_with(module, dtype, state)
-    device = work.a.device
-    _, s_out = work.preactivation_scale()
-
-    def prepare(rows: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad(), eval_mode(work), math_attention():
-            return work.hidden(rows.to(device=device, dtype=dtype)) * s_out
-
-    head = Task(_CachedFeatureHead(work.a), task.n_classes, task.loss, name="TwoLayerNet head")
-    return FastPath(PATH_FAST_TWOLAYER_HEAD, Engine(head, dtype=dtype, device=device, names=["a"]), prepare)
-
-
-class _LinearOnFeatures(nn.Module):
-    """A copy of a model's ``nn.Linear`` head at the same parameter path (``a.b.head``), applied to cached features."""
-
-    def __init__(self, path: str, head: nn.Linear):
-        super().__init__()
-        parts = path.split(".")
-        self._path = parts
-        node: nn.Module = self
-        for part in parts[:-1]:
-            child = nn.Module()
-            node.add_module(part, child)
-            node = child
-        node.add_module(parts[-1], head)
-
-    def forward(self, u: torch.Tensor) -> torch.Tensor:
-        node: nn.Module = self
-        for part in self._path:
-            node = getattr(node, part)
-        return node(u)
-
-
-def _single_use(module: nn.Module, head: nn.Module) -> bool:
-    """Whether the head's parameters belong to no other module (no weight tying)."""
-    own = {id(p) for p in head.parameters(recurse=False)}
-    for sub in module.modules():
-        if sub is not head and any(id(p) in own for p in sub.parameters(recurse=False)):
-            return False
-    return True
-
-
-def linear_head_fast_path(
-    task: Task,
-    names: Sequence[str],
-    *,
-    dtype: torch.dtype = torch.float64,
-    state: dict[str, torch.Tensor] | None = None,
-    probe: torch.Tensor | None = None,
-    chunk: int = 512,
-) -> FastPath | None:
-    """Cached features for an ``nn.Linear`` head of any model, or None when it does not apply.
-
-    Applies exactly when all of these hold:
-
-    * the tracked parameters are all the trainable parameters of one ``nn.Linear`` module
-      (that exact class) -- its weight and bias, if any -- and no other module holds them
-      (no weight tying, so the features cannot depend on them);
-    * on probe rows, the linear module runs exactly once per forward pass, on (B, in)
-      inputs, and its output *is* the model's logits bit for bit (nothing follows it).
-      The same is checked again on every chunk of rows the path prepares; a violation
-      raises rather than return wrong numbers.
-
-    Then logits = phi(x) W^T + b with features phi(x) that do not depend on the tracked
-    parameters: phi is computed once per row (no gradients, eval mode, math attention
-    kernel, in ``dtype``, on a copy of the module) and the tracked model is that linear map
-    on the features, for any loss. Same numbers as the generic engine path (tested).
-    ``state``: parameter values to use instead of the module's (TracIn checkpoints),
-    loaded into the copy.
-    """
-    module = task.module
-    names = list(names)
-    path = names[0].rpartition(".")[0] if names else ""
-    head = dict(module.named_modules()).get(path) if path else None
-    if probe is None or type(head) is not nn.Linear:
-        return None
-    own = [f"{path}.{n}" for n, p in head.named_parameters(recurse=False) if p.requires_grad]
-    if names != own or not _single_use(module, head):
-        return None
-    ref = next((t for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()), None)
-    device = ref.device if ref is not None else torch.device("cpu")
-    work = _copy_with(module, dtype, state)
-    work_head = dict(work.named_modules())[path]
-    captured: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def run(rows: torch.Tensor) -> tuple[torch.Tensor, bool]:
-        """(head inputs, whether the assumptions held) for a batch of rows."""
-        captured.clear()
-        hook = work_head.register_forward_hook(lambda m, args, out: captured.append((args[0], out)))
-        try:
-            with torch.no_grad(), eval_mode(work), math_attention():
-                rows = rows.to(device=device, dtype=dtype) if rows.is_floating_point() else rows.to(device)
-                logits = to_logits(task.inputs.call(work, task.inputs(rows)))
-        finally:
-            hook.remove()
-        ok = (
-            len(captured) == 1
-            and captured[0][0].ndim == 2
-            and captured[0][1].shape == logits.shape
-            and torch.equal(captured[0][1], logits)
-        )
-        return (captured[0][0] if captured else logits), ok
-
-    try:
-        _, ok = run(probe[:2])
-    except Exception:  # noqa: BLE001 - the generic path will report what is wrong with the model
-        return None
-    if not ok:
-        return None
-
-    def prepare(rows: torch.Tensor) -> torch.Tensor:
-        parts = []
-        for a, b in ranges(rows.shape[0], chunk):
-            feats, ok = run(rows[a:b])
-            if not ok:
-                raise AuditError(
-                    f"the head {path} stopped producing the logits directly on some rows (data-dependent forward pass); "
-                    "the cached-feature fast path does not apply: rerun with the fast path off"
-                )
-            parts.append(feats)
-        return torch.cat(parts) if parts else rows.new_zeros((0, work_head.in_features), dtype=dtype)
-
-    head_copy = copy.deepcopy(work_head)
-    reduced = Task(_LinearOnFeatures(path, head_copy), task.n_classes, task.loss, name=f"{task.name} head")
-    return FastPath(PATH_FAST_LINEAR_HEAD, Engine(reduced, dtype=dtype, device=device, names=names), prepare)
-
-
-FAST_PATHS: tuple[Callable[..., FastPath | None], ...] = (twolayer_head_fast_path, linear_head_fast_path)
-
-
-class _View(NamedTuple):
-    engine: Engine
-    prepare: Callable[[torch.Tensor], torch.Tensor]
-    path: str
-
-
-def _load_state(engine: Engine, state: dict[str, torch.Tensor]) -> None:
-    """Point ``engine`` at the parameter values in ``state`` (names it lacks keep their values)."""
-    current = engine.unflatten(engine.theta)
-    engine.theta = torch.cat(
-        [
-            (state[n] if n in state else current[n]).detach().to(engine.device, engine.dtype).reshape(-1)
-            for n in engine.names
-        ]
-    ).clone()
-    for name in list(engine.frozen):
-        if name in state:
-            t = state[name].detach()
-            engine.frozen[name] = t.to(engine.device, engine.dtype if t.is_floating_point() else t.dtype)
-
-
-def _view(
-    task: Task,
-    names: list[str],
-    config: InfluenceConfig,
-    state: dict[str, torch.Tensor] | None = None,
-    probe: torch.Tensor | None = None,
-) -> _View:
-    """The first fast path that applies (when allowed; ``probe``: rows to check it on), else the generic engine."""
-    if config.fast_path:
-        for fast in FAST_PATHS:
-            found = fast(task, names, dtype=config.torch_dtype, state=state, probe=probe)
-            if found is not None:
-                return _View(found.engine, found.prepare, found.description)
-    engine = Engine(task, dtype=config.torch_dtype, names=names)
-    if state is not None:
-        _load_state(engine, state)
-    return _View(engine, engine.rows, PATH_GENERIC)
-
-
 # --------------------------------------------------------------------------- memory
 def influence_memory(
     estimator: str,
@@ -668,32 +424,36 @@ def _budget_chunk(config: InfluenceConfig, P: int, fixed_bytes: int, itemsize: i
     return int(max(1, min(config.chunk_size, left // (2 * itemsize * max(P, 1) + activation_bytes))))
 
 
-def _plan(config: InfluenceConfig, view: _View, P: int, X_train, n_train: int, n_test: int, n_dampings: int):
-    """(chunk, memory estimate) for one influence run, or an AuditError when nothing fits."""
-    itemsize = view.engine.theta.element_size()
-    act = 0 if view.path != PATH_GENERIC else view.engine.probe_bytes_per_sample(X_train)
-    est, hvp_batch = config.estimator, config.hvp_batch
-    factors = estimator_class(est)().factor_bytes(view.engine, config)
+def _plan(
+    config: InfluenceConfig, est: Estimator, view: EngineView, X_train, n_train: int, n_test: int, n_dampings: int
+):
+    """(chunk, memory estimate) for one influence run, or an AuditError when nothing fits: the
+    estimator's own hooks (``factor_bytes``, ``gradient_params_per_row``, ``test_gradient_params``,
+    ``memory_parts``) asked with the run's config, on the engine the run uses."""
+    eng = view.engine
+    P, itemsize = eng.n_params, eng.theta.element_size()
+    act = 0 if view.path != PATH_GENERIC else eng.probe_bytes_per_sample(X_train)
+    factors = est.factor_bytes(eng, config)
     # the per-sample gradient block a chunk holds: all P, or one layer's for an estimator that
     # never forms all-parameter gradients (K-FAC's layer-wise fit and scores; not with fast_path=False)
-    per_row = estimator_class(est)().gradient_params_per_row(view.engine, X_train, config) if config.fast_path else P
-    test_params = estimator_class(est)().test_gradient_params(view.engine, config) if config.fast_path else P
+    per_row = est.gradient_params_per_row(eng, X_train, config) if config.fast_path else P
+    test_params = est.test_gradient_params(eng, config) if config.fast_path else P
 
     def estimate(chunk: int) -> dict:
         return influence_memory(
-            est,
+            config.estimator,
             P,
             n_train,
             n_test,
             config.per_test,
             chunk,
-            hvp_batch,
+            config.hvp_batch,
             n_dampings,
             itemsize,
             act,
             factors,
             config.proj_dim,
-            view.engine.n_classes,
+            eng.n_classes,
             per_row,
             test_params,
         )
@@ -702,15 +462,76 @@ def _plan(config: InfluenceConfig, view: _View, P: int, X_train, n_train: int, n
     fixed = mem["total"] - mem["gradient_chunk"] - mem["activations"]
     chunk = _budget_chunk(config, per_row, fixed, itemsize, act)
     if chunk == 0:
-        alternatives = estimator_class(est).budget_hint
         largest = max((k for k in mem if k not in ("total", "gradient_chunk", "activations")), key=lambda k: mem[k])
+        needed = math.ceil((fixed + 2 * itemsize * per_row + act) / 2**20)
         raise AuditError(
-            f"{config.estimator} influence needs {fixed / 2**20:,.0f} MB before any chunk (most of it "
-            f"{largest.replace('_', ' ')}: {mem[largest] / 2**20:,.1f} MB), above the memory budget of "
-            f"{config.memory_budget_mb:,g} MB; {alternatives}, or raise the budget (--memory-budget "
-            f"{math.ceil((fixed + 2 * itemsize * per_row + act) / 2**20)} or more)"
+            f"{config.estimator} influence needs {fixed / 2**20:,.0f} MiB before any chunk (most of it "
+            f"{largest.replace('_', ' ')}: {mem[largest] / 2**20:,.1f} MiB), above the memory budget of "
+            f"{config.memory_budget_mb:,g} MiB; {est.budget_hint}, or raise the memory budget to {needed} MiB or more"
         )
     return chunk, estimate(chunk)
+
+
+@dataclass(frozen=True)
+class InfluencePlan:
+    """What one influence run will track and hold, planned before any compute (:func:`plan_influence`).
+
+    ``tracked``: the parameter names; ``n_params``: their count P; ``chunk``: training rows per
+    gradient chunk, fitted to the memory budget; ``bytes``: the estimator's peak memory by part
+    (:func:`influence_memory`), ``bytes["total"]`` in all."""
+
+    tracked: list[str]
+    n_params: int
+    chunk: int
+    bytes: dict
+
+
+@dataclass
+class _Setup:
+    """One model's influence run before any compute: the task, the estimator, the engine view and the plan."""
+
+    task: Task
+    names: list[str]
+    est: Estimator
+    view: EngineView
+    chunk: int
+    mem: dict
+
+
+def _setup(
+    task: Task, config: InfluenceConfig, X_train: torch.Tensor, n_test: int, n_dampings: int, state=None
+) -> _Setup:
+    """Resolve the tracked parameters, pick the engine view, refuse a P the estimator cannot
+    hold and plan the memory: what :func:`influence_sweep` and :func:`plan_influence` share."""
+    names = resolve_tracked(task, config, X_train)
+    est = estimator_class(config.estimator)()
+    # K-FAC needs the real module's linear layers: the generic engine, never a feature-cached fast path
+    fast = config.fast_path and est.allows_fast_path
+    view = engine_view(task, names, config.torch_dtype, fast, state=state, probe=X_train[:2])
+    P = view.engine.n_params
+    est.check_budget(P, config.max_exact_params, view.engine.theta.element_size())
+    chunk, mem = _plan(config, est, view, X_train, int(X_train.shape[0]), n_test, n_dampings)
+    return _Setup(task, names, est, view, chunk, mem)
+
+
+def plan_influence(
+    model: Task | nn.Module,
+    X_train: torch.Tensor,
+    n_test: int,
+    config: InfluenceConfig,
+    *,
+    n_dampings: int = 1,
+    loss: str = "mse",
+    n_classes: int | None = None,
+    inputs: Inputs | None = None,
+) -> InfluencePlan:
+    """The plan :func:`influence_sweep` makes for ``model`` on the training rows ``X_train``
+    and ``n_test`` test rows (``n_dampings`` dampings), made the same way -- the estimator's
+    own memory hooks with the config's settings -- without computing anything: refuses (an
+    AuditError) what the run would refuse before any compute."""
+    task = as_task(model, loss=loss, n_classes=n_classes, inputs=inputs, probe=X_train[:1])
+    setup = _setup(task, config, X_train, n_test, n_dampings)
+    return InfluencePlan(list(setup.names), setup.view.engine.n_params, setup.chunk, setup.mem)
 
 
 # --------------------------------------------------------------------------- the interface
@@ -730,7 +551,7 @@ def _check_inputs(X_train, y_train, X_test, y_test) -> None:
         raise AuditError("influence needs at least one training and one test sample")
 
 
-def _common_diagnostics(config: InfluenceConfig, task: Task, view: _View, chunk: int, mem: dict) -> dict:
+def _common_diagnostics(config: InfluenceConfig, task: Task, view: EngineView, chunk: int, mem: dict) -> dict:
     selector = config.selector(task)
     return {
         "path": view.path,
@@ -772,21 +593,15 @@ def influence_sweep(
     _check_inputs(X_train, y_train, X_test, y_test)
     given = [config.damping] if dampings is None else [parse_damping(d, "damping") for d in dampings]
     task = as_task(model, loss=loss, n_classes=n_classes, inputs=inputs, probe=X_test)
-    names = resolve_tracked(task, config, X_train)
-    est = estimator_class(config.estimator)()
-    if est.uses_checkpoints:
-        res = _checkpoint_sweep(
-            est, task, names, X_train, y_train, X_test, y_test, config, checkpoints, checkpoint_weights
-        )
+    if estimator_class(config.estimator).uses_checkpoints:
+        res = _checkpoint_sweep(task, X_train, y_train, X_test, y_test, config, checkpoints, checkpoint_weights)
         return [res for _ in given]
     t0 = time.perf_counter()
-    # K-FAC needs the real module's linear layers: the generic engine, never a feature-cached fast path
-    view = _view(task, names, config if est.allows_fast_path else replace(config, fast_path=False), probe=X_train[:2])
+    setup = _setup(task, config, X_train, int(X_test.shape[0]), len(given))
+    est, view, names, chunk, mem = setup.est, setup.view, setup.names, setup.chunk, setup.mem
     eng = view.engine
     P = eng.n_params
-    n_train, n_test = X_train.shape[0], X_test.shape[0]
-    check_exact_budget(config.estimator, P, config.max_exact_params, eng.theta.element_size())
-    chunk, mem = _plan(config, view, P, X_train, n_train, n_test, len(given))
+    n_train = X_train.shape[0]
 
     U_tr, T_tr = view.prepare(X_train), eng.targets(y_train)
     U_te, T_te = view.prepare(X_test), eng.targets(y_test)
@@ -853,47 +668,36 @@ def influence_sweep(
     return results if est.uses_damping else [results[0] for _ in given]
 
 
-def _checkpoint_sweep(
-    est: Estimator, task: Task, names, X_train, y_train, X_test, y_test, config, checkpoints, weights
-) -> InfluenceResult:
+def _checkpoint_sweep(task: Task, X_train, y_train, X_test, y_test, config, checkpoints, weights) -> InfluenceResult:
     """-sum_t w_t train_map(g_train(theta_t)) . solve(g_test(theta_t)) over weighted checkpoints (``tracin``)."""
+    name = config.estimator
     if not checkpoints:
         raise AuditError(
-            f"{est.name} needs checkpoints saved during training (TrainConfig.checkpoint_every); none were given"
+            f"{name} needs checkpoints saved during training (TrainConfig.checkpoint_every); none were given"
         )
     if weights is None:
         raise AuditError(
-            f"{est.name} needs one weight per checkpoint (learning rate x steps it stands for); see tracin_weights"
+            f"{name} needs one weight per checkpoint (learning rate x steps it stands for); see tracin_weights"
         )
     if len(weights) != len(checkpoints):
-        raise AuditError(f"{est.name} got {len(checkpoints)} checkpoints but {len(weights)} weights")
+        raise AuditError(f"{name} got {len(checkpoints)} checkpoints but {len(weights)} weights")
     t0 = time.perf_counter()
-    n_train, n_test = X_train.shape[0], X_test.shape[0]
+    n_train = X_train.shape[0]
     out = None
-    P = 0
-    mem: dict = {}
-    chunk = config.chunk_size
-    path = PATH_GENERIC
-    common: dict = {}
+    setup: _Setup | None = None
     own: dict = {}
     warns: list[str] = []
     used = 0
     for ckpt, w in zip(checkpoints, weights):
         if w == 0:
             continue
-        view = _view(
-            task,
-            names,
-            config if est.allows_fast_path else replace(config, fast_path=False),
-            state=ckpt,
-            probe=X_train[:2],
-        )
-        eng = view.engine
-        if out is None:
-            P, path = eng.n_params, view.path
-            est.check_budget(P, config.max_exact_params, eng.theta.element_size())
-            chunk, mem = _plan(config, view, P, X_train, n_train, n_test, 1)
-            common = _common_diagnostics(config, task, view, chunk, mem)
+        if setup is None:  # planned on the first checkpoint used; the others have the same shapes
+            setup = _setup(task, config, X_train, int(X_test.shape[0]), 1, state=ckpt)
+            view = setup.view
+        else:
+            fast = config.fast_path and setup.est.allows_fast_path
+            view = engine_view(task, setup.names, config.torch_dtype, fast, state=ckpt, probe=X_train[:2])
+        est, chunk, eng = setup.est, setup.chunk, view.engine
         U_tr, T_tr = view.prepare(X_train), eng.targets(y_train)
         U_te, T_te = view.prepare(X_test), eng.targets(y_test)
         state = est.prepare(Context(config, eng, U_tr, T_tr, U_te, T_te, (None,), chunk))
@@ -909,10 +713,10 @@ def _checkpoint_sweep(
             g = eng.per_sample_grads(U_tr[a:b], T_tr[a:b])
             out[a:b] -= w * ((train_map(g) if train_map is not None else g) @ S)
         used += 1
-    if out is None:
-        raise AuditError(f"every {est.name} checkpoint has weight 0 (no training steps); train for at least one step")
+    if out is None or setup is None:
+        raise AuditError(f"every {name} checkpoint has weight 0 (no training steps); train for at least one step")
     diag = {
-        **common,
+        **_common_diagnostics(config, task, setup.view, setup.chunk, setup.mem),
         **own,
         "checkpoints_used": used,
         "checkpoint_weights": [float(w) for w in weights],
@@ -923,11 +727,11 @@ def _checkpoint_sweep(
         damping=None,
         total=out.sum(1),
         per_test=out if config.per_test else None,
-        n_params=P,
-        tracked=list(names),
+        n_params=setup.view.engine.n_params,
+        tracked=list(setup.names),
         diagnostics=diag,
         warnings=warns,
-        path=path,
+        path=setup.view.path,
     )
 
 

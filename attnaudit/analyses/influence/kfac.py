@@ -51,6 +51,7 @@ from torch import nn
 
 from attnaudit.core.engine import Engine, ranges
 from attnaudit.core.task import CrossEntropyLoss, MSELoss
+from attnaudit.analyses.request import FieldError, literal
 from attnaudit.errors import AuditError
 from attnaudit.runtime.atomic import write_bytes_atomic
 
@@ -225,7 +226,7 @@ def _conv_patches(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     if x.dim() != 4:
         raise AuditError(
             f"K-FAC covers batched nn.Conv2d inputs (4-D), got shape {tuple(x.shape)}; leave the "
-            "layer's parameters out with --params, or use --estimator cg"
+            "layer's parameters out (params), or use the cg estimator"
         )
     padding: int | tuple[int, ...]
     if isinstance(conv.padding, str):  # "valid", or "same" (stride 1), which may pad one more on the right
@@ -274,13 +275,13 @@ def _attention_with_visible_projections(mha: nn.MultiheadAttention, args: tuple,
     if not (q is k and k is v):
         raise AuditError(
             "K-FAC covers nn.MultiheadAttention as self-attention (query, key and value the same "
-            "tensor); this model calls it with different ones: leave its parameters out with --params, "
-            "or use --estimator cg"
+            "tensor); this model calls it with different ones: leave its parameters out (params), "
+            "or use the cg estimator"
         )
     if q.dim() != 3:
         raise AuditError(
             f"K-FAC covers batched nn.MultiheadAttention inputs (3-D), got shape {tuple(q.shape)}; leave "
-            "its parameters out with --params, or use --estimator cg"
+            "its parameters out (params), or use the cg estimator"
         )
     x = q if mha.batch_first else q.transpose(0, 1)  # (B, T, E)
     B, T, E = x.shape
@@ -402,7 +403,7 @@ def capture_activations(
             raise AuditError(
                 f"K-FAC: the layer {path or 'at the model root'!r} runs more than once per forward pass "
                 "(shared weights), which its Kronecker factors cannot represent; leave its parameters "
-                "out with --params, or use --estimator cg"
+                "out (params), or use the cg estimator"
             )
 
     def hook_for(path: str, source: str):
@@ -424,8 +425,8 @@ def capture_activations(
             if not gap <= tol * (1.0 + float(theirs.detach().abs().max())):
                 raise AuditError(
                     f"K-FAC could not reproduce the nn.MultiheadAttention at {path or 'the model root'!r} "
-                    f"(largest difference {gap:.3g}); leave its parameters out with --params, or use "
-                    "--estimator cg"
+                    f"(largest difference {gap:.3g}); leave its parameters out (params), or use "
+                    "the cg estimator"
                 )
             if "mha-in" in parts:
                 inputs[parts["mha-in"].path], outputs[parts["mha-in"].path] = x, qkv
@@ -555,6 +556,26 @@ CURVATURES = ("auto", "ggn", "fisher", "empirical")
 EXACT_COLUMNS_UP_TO = 32
 
 
+def _decompose(blocks: Sequence[LinearBlock], tokens_seen: dict[str, int], n: int, keep_covariances: bool) -> None:
+    """Each block's summed covariances made means (A over its ``tokens_seen``, S over the ``n``
+    rows) and decomposed, A = Q_A diag(lam_A) Q_A^T and S likewise (eigenvalues clamped at 0);
+    A and S are freed unless ``keep_covariances``."""
+    for b in blocks:
+        A, S = b.A, b.S
+        assert A is not None and S is not None  # accumulated by the fit
+        A /= tokens_seen[b.path]
+        S /= n
+        # contiguous: the same memory layout whether fitted here or read from a cache, so the
+        # products (and the scores) are bitwise the same either way
+        b.lamA, b.QA = (t.contiguous() for t in torch.linalg.eigh(A))
+        b.lamS, b.QS = (t.contiguous() for t in torch.linalg.eigh(S))
+        b.lamA.clamp_(min=0.0)
+        b.lamS.clamp_(min=0.0)
+        if not keep_covariances:
+            b.A = b.S = None
+            del A, S
+
+
 def fit_factors(
     engine: Engine,
     X: torch.Tensor,
@@ -594,8 +615,7 @@ def fit_factors(
     if not blocks:
         raise AuditError(
             "K-FAC covers nn.Linear, nn.Conv2d and nn.MultiheadAttention layers, and none of the "
-            "tracked parameters belongs to one; use --estimator cg or exact, or track such layers with "
-            "--params"
+            "tracked parameters belongs to one; use the cg or exact estimator, or track such layers (params)"
         )
     rows_all = engine.rows(X)
     n = rows_all.shape[0]
@@ -659,20 +679,7 @@ def fit_factors(
                     s = sgrads[b.path].reshape(-1, b.d_out)
                     S.addmm_(s.T, s)
                 first = False
-    for b in blocks:
-        A, S = b.A, b.S
-        assert A is not None and S is not None  # accumulated above
-        A /= tokens_seen[b.path]
-        S /= n
-        # contiguous: the same memory layout whether fitted here or read from a cache, so the
-        # products (and the scores) are bitwise the same either way
-        b.lamA, b.QA = (t.contiguous() for t in torch.linalg.eigh(A))
-        b.lamS, b.QS = (t.contiguous() for t in torch.linalg.eigh(S))
-        b.lamA.clamp_(min=0.0)
-        b.lamS.clamp_(min=0.0)
-        if not keep_covariances:
-            b.A = b.S = None
-            del A, S
+    _decompose(blocks, tokens_seen, n, keep_covariances)
     if kind == "ekfac":
         gen.manual_seed(int(seed) + 1)  # fresh draws for the second pass
         for b in blocks:
@@ -890,7 +897,7 @@ def cached_factors(
         key = hashlib.sha256((key + targets.detach().cpu().contiguous().numpy().tobytes().hex()).encode()).hexdigest()
     folder = Path(cache_dir)
     if folder.exists() and not folder.is_dir():
-        raise AuditError(f"--cache {folder} is a file; give a folder (created if missing)")
+        raise FieldError("cache_dir", "{name} " + literal(folder) + " is a file; give a folder (created if missing)")
     path = folder / f"{kind}-{key[:24]}.safetensors"
     damaged = None
     if path.is_file():

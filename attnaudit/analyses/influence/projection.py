@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 import torch
 
-from attnaudit.errors import AuditError
+from attnaudit.analyses.request import FieldError, literal
 
 
 class SignProjection:
@@ -37,7 +37,7 @@ class SignProjection:
         device: torch.device | str = "cpu",
     ):
         if k < 1:
-            raise AuditError(f"--proj-dim must be >= 1, got {k}")
+            raise FieldError("proj_dim", "{name} must be >= 1, got " + literal(k))
         self.P, self.k, self.seed, self.block = int(P), int(k), int(seed), max(1, int(block))
         self.dtype, self.device = dtype, torch.device(device)
 

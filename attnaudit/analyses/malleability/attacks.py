@@ -50,6 +50,7 @@ from torch import nn
 
 from attnaudit.core.engine import Engine
 from attnaudit.core.task import Inputs, Loss, Task, as_task
+from attnaudit.analyses.request import FieldError
 from attnaudit.errors import AuditError
 from attnaudit.core.training import accuracy
 
@@ -344,7 +345,7 @@ def perturb(
     if config.method in ADVERSARIAL and not engine.inputs.differentiable:
         raise AuditError(
             "the model takes token ids, which have no input gradient; audit a Hugging Face text classifier (its "
-            "embeddings are attacked) or use --attacks hotflip (gradient-guided token swaps) with swap, or none"
+            "embeddings are attacked) or use the hotflip attack (gradient-guided token swaps) with swap, or none"
         )
     gen = torch.Generator().manual_seed(int(config.seed))
     need_noise = config.method == "random" or (config.method == "pgd" and config.random_start)
@@ -428,16 +429,17 @@ def _perturb_tokens(
     shift = _shift_module(engine)
     if engine.inputs.kind != "tokens" and shift is None:
         raise AuditError(
-            f"--attacks {config.method} swaps tokens of text; this model takes {engine.inputs.kind} inputs"
+            f"the {config.method} attack swaps tokens of text; this model takes {engine.inputs.kind} inputs"
         )
     if config.eps != round(config.eps) or config.eps < 1:
-        raise AuditError(
-            f"with --attacks {config.method}, --eps is the number of tokens swapped per text: give an "
-            f"integer >= 1, got {config.eps:g}"
+        raise FieldError(
+            "eps",
+            f"with the {config.method} attack, " + "{name} is the number of tokens swapped per text: give an "
+            f"integer >= 1, got {config.eps:g}",
         )
     module = engine.task.module
     if not hasattr(module, "pad_token_id") or not hasattr(module, "model"):
-        raise AuditError(f"--attacks {config.method} needs a Hugging Face sequence classifier (its input embeddings)")
+        raise AuditError(f"the {config.method} attack needs a Hugging Face sequence classifier (its input embeddings)")
     pad: int | None = getattr(module, "pad_token_id", None)
     hf_model: nn.Module = getattr(module, "model")  # noqa: B009 - an nn.Module attribute mypy cannot see
     ids = shift.split_rows(X)[0] if shift is not None else X.long()
@@ -519,10 +521,10 @@ def _perturb_text_embeddings(
 
     if config.method not in EMBEDDING_ATTACKS:
         raise AuditError(
-            f"--attacks {config.method} does not apply to text embeddings; use fgsm, pgd, mim, sign or random"
+            f"the {config.method} attack does not apply to text embeddings; use fgsm, pgd, mim, sign or random"
         )
     if config.clip_min is not None:
-        raise AuditError("text embeddings have no valid value range; pass no range (no --value-range) for a text model")
+        raise AuditError("text embeddings have no valid value range; give no clip_min/clip_max for a text model")
     outcome = perturb_embeddings(
         engine.task,
         X,

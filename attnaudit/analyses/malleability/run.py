@@ -12,47 +12,66 @@ every field a preset sets defaults to None, and an explicit value beats the pres
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from attnaudit.analyses.request import ANALYSIS, DATA, EXECUTION, OUTPUT, PROTOCOL, FieldError, Request, field_check
-from attnaudit.analyses.request import internal, list_of
-from attnaudit.analyses.request import check_seeds, option, show_list
+from attnaudit.analyses.influence.influence import damping_label, parse_damping
+from attnaudit.analyses.malleability.attacks import TOKEN_ATTACKS
+from attnaudit.analyses.malleability.config import AUTO_MATCH, MalleabilityConfig, parse_per_model
+from attnaudit.analyses.malleability.malleability import SCHEMA, MalleabilityResult, run_malleability
+from attnaudit.analyses.malleability.planning import check_executor, check_recipes, plan_memory, progress_total
+from attnaudit.analyses.malleability.report import build_tables, plot_malleability
+from attnaudit.analyses.request import (
+    ANALYSIS,
+    DATA,
+    EXECUTION,
+    OUTPUT,
+    PROTOCOL,
+    DeviceField,
+    FieldError,
+    Request,
+    SeedField,
+    TrainingRecipe,
+    check_seeds,
+    field_check,
+    internal,
+    list_of,
+    option,
+    redefault,
+    show_list,
+)
 from attnaudit.analyses.result import Progress, Result, progress_or_silent
 from attnaudit.analyses.sources import DATASET_HELP, ModelFields, PresetData
+from attnaudit.core.fit import DEFAULT_ADAM_LR
 from attnaudit.core.task import Task
-from attnaudit.errors import AuditError
-from attnaudit.analyses.malleability.malleability import parse_per_model
-from attnaudit.analyses.malleability.attacks import TOKEN_ATTACKS
-from attnaudit.analyses.influence.influence import parse_damping
-from attnaudit.analyses.malleability.malleability import AUTO_MATCH as LIB_AUTO, MalleabilityConfig
-from attnaudit.analyses.malleability.malleability import (
-    SCHEMA,
-    build_tables,
-    influence_memory_estimate,
-    plot_malleability,
-    progress_total,
-    run_malleability,
-)
 from attnaudit.data import HoldoutRecipe, data_fingerprint, holdout_split, load_dataset
+from attnaudit.errors import AuditError
+from attnaudit.models.builtin import training_data_mismatch
+from attnaudit.models.checkpoints import audit_split, fit_to_data, rebuild_of
 from attnaudit.report.envelope import build_report, check_target
 from attnaudit.runtime.atomic import write_text_atomic
 from attnaudit.runtime.device import resolve_device
 from attnaudit.runtime.sweep import ExecutorConfig
-from attnaudit.models.checkpoints import rebuild_of
-from attnaudit.models.checkpoints import audit_split, fit_to_data
-from attnaudit.models.builtin import training_data_mismatch
-from attnaudit.analyses.influence.influence import damping_label
-from attnaudit.core.fit import DEFAULT_ADAM_LR
 
 DEFAULT_MODELS = ("relu", "attn")
+#: settings of :class:`MalleabilityConfig` no option sets (the report's inputs leave them out; its config has them)
+LIBRARY_SETTINGS = (
+    "seeds",
+    "parametrization",
+    "attn_scaling",
+    "confidence",
+    "loss_gap_factor",
+    "tracin_checkpoints",
+    "max_exact_params",
+    "cg_tol",
+    "cg_max_iter",
+)
 DEFAULT_ATTACKS = ("pgd", "fgsm", "mim", "sign")
-AUTO_MATCH = "auto"
 
 # Presets, in request terms: sizes chosen for run time on 2 CPU cores, never for what the
 # result looks like.
@@ -148,7 +167,7 @@ def _damping(value: Any, name: str) -> tuple:
 
 
 @dataclass(frozen=True)
-class MalleabilityRequest(ModelFields, PresetData, Request):
+class MalleabilityRequest(ModelFields, PresetData, SeedField, DeviceField, TrainingRecipe, Request):
     """What ``attnaudit malleability`` computes; every field is one option (see :class:`Option`)."""
 
     COMMAND = "malleability"
@@ -212,12 +231,6 @@ class MalleabilityRequest(ModelFields, PresetData, Request):
         kind=int,
         help="Number of repeats (seeds seed, seed+1, ...): initialisation, attack randomness, data order (sgd/adam) and, "
         "with --resample-data, the training rows. " + _by_preset("seeds"),
-    )
-    seed: int = option(
-        0,
-        "--seed",
-        panel=PROTOCOL,
-        help="First seed; also fixes the train/test split (each seed draws its own with --resample-data).",
     )
     protocol: str | None = option(
         None,
@@ -331,13 +344,6 @@ class MalleabilityRequest(ModelFields, PresetData, Request):
         help="Held-out samples whose summed loss the influence is measured on. " + _by_preset("n_test"),
     )
     width: int | None = option(None, "--width", panel=PROTOCOL, kind=int, help="Hidden width m. " + _by_preset("width"))
-    steps: int | None = option(
-        None,
-        "--steps",
-        panel=PROTOCOL,
-        kind=int,
-        help="Optimizer steps (the budget under --match-loss). " + _by_preset("steps"),
-    )
     lr: float | dict | None = option(
         None,
         "--lr",
@@ -347,22 +353,8 @@ class MalleabilityRequest(ModelFields, PresetData, Request):
         show=_show_number_or_models,
         help="Learning rate, or per model (relu=10,attn=8). Default: the preset's (4) for gd/sgd, 1e-3 for adam.",
     )
-    optimizer: str | None = option(
-        None,
-        "--optimizer",
-        panel=PROTOCOL,
-        help="How built-in models are trained: gd (full-batch gradient descent, default), sgd or adam.",
-    )
     batch_size: int | None = option(
         None, "--batch-size", panel=PROTOCOL, kind=int, help="Mini-batch of --optimizer sgd/adam (default: full batch)."
-    )
-    resample_data: bool = option(
-        False,
-        "--resample-data",
-        panel=PROTOCOL,
-        negative="--fixed-data",
-        help="Each seed draws its own train/held-out rows (split seeded by that seed), so intervals include the choice "
-        "of training rows.",
     )
     loss: str | None = option(
         None, "--loss", panel=PROTOCOL, help="mse or ce (default mse; a checkpoint's recorded training loss)."
@@ -400,9 +392,28 @@ class MalleabilityRequest(ModelFields, PresetData, Request):
         kind=float,
         help="Exit 1 when a model's mean flip rate under an attack exceeds this share (CI gate).",
     )
-    device: str = option("auto", "--device", panel=EXECUTION, help="auto, cpu, cuda or cuda:<i>.")
 
-    # ---- presets and validation
+    seed: int = redefault(
+        SeedField,
+        "seed",
+        help="First seed; also fixes the train/test split (each seed draws its own with --resample-data).",
+    )
+    optimizer: str | None = redefault(
+        TrainingRecipe,
+        "optimizer",
+        help="How built-in models are trained: gd (full-batch gradient descent, default), sgd or adam.",
+    )
+    steps: int | None = redefault(
+        TrainingRecipe, "steps", help="Optimizer steps (the budget under --match-loss). " + _by_preset("steps")
+    )
+    resample_data: bool = redefault(
+        TrainingRecipe,
+        "resample_data",
+        help="Each seed draws its own train/held-out rows (split seeded by that seed), so intervals include the choice "
+        "of training rows.",
+    )
+
+    # ---- presets, validation and the resolved configuration
     def resolve_preset(self) -> dict[str, Any]:
         """Every option field's value, the preset filling the fields left None (explicit beats
         preset). ``dataset`` is filled only when no other data are given; ``match_loss`` only
@@ -434,7 +445,7 @@ class MalleabilityRequest(ModelFields, PresetData, Request):
         if self.model_given:
             if self.models is not None:
                 raise FieldError(
-                    "models", "--checkpoint audits saved models and {name} trains new ones; give one of them"
+                    "models", "a checkpoint is audited as saved and {name} trains new ones; give one of them"
                 )
             self.refuse_training()
             if self.resample_data:
@@ -455,106 +466,76 @@ class MalleabilityRequest(ModelFields, PresetData, Request):
                 "save_perturbed",
                 "{name} writes the texts hotflip/swap edited; add --attacks hotflip (and swap, its control)",
             )
-        try:  # every value the protocol takes, checked now (models not loaded yet: recorded values assumed)
-            _config_kw(self, values, None)
-        except FieldError:
-            raise
-        except AuditError as exc:
-            raise _named(exc, type(self)) from None
+        # every value the protocol takes, checked now (a saved model not loaded yet: its recorded
+        # loss and fine-tuning recipe assumed); built-in models run from this configuration
+        object.__setattr__(self, "_resolved", self.resolve())
+
+    def resolve(self, loaded: dict | None = None) -> MalleabilityConfig:
+        """The configuration the analysis runs from: the preset filled in, the seeds from ``seed``
+        and ``seeds``, the protocol, controls, loss and fine-tuning recipe defaulted (for saved
+        models from what they recorded: ``loaded`` is label -> LoadedModel, None before they are
+        loaded), every value validated once. Built-in models: the one built at construction."""
+        resolved = self.__dict__.get("_resolved")
+        if resolved is not None and not loaded:
+            return resolved
+        values = self.resolve_preset()
+        saved = self.model_given
+        loaded = loaded or {}
+        protocol = self.protocol if self.protocol is not None else ("static" if saved else "retrain")
+        losses = {lm.loss for lm in loaded.values() if lm.loss}
+        recorded = next(iter(lm.recipe or {} for lm in loaded.values()), {})
+        recorded_lr, recorded_batch = recorded.get("lr"), recorded.get("batch_size")
+        match_loss = values["match_loss"]
+        models = (tuple(loaded) or ("model",)) if saved else (self.models or DEFAULT_MODELS)
+        return MalleabilityConfig(
+            models=models,
+            attacks=tuple(self.attacks),
+            eps=tuple(values["eps"]),
+            damping=tuple(values["damping"]),
+            seeds=tuple(range(self.seed, self.seed + values["seeds"])),
+            protocol=protocol,
+            top_k=values["top_k"][0],
+            top_ks=tuple(values["top_k"]),
+            estimator=self.estimator,
+            proj_dim=self.proj_dim,
+            proj_split=self.proj_split,
+            memory_budget=self.memory_budget,
+            curvature=self.curvature,
+            cache=self.cache,
+            norm=self.norm,
+            pgd_steps=values["pgd_steps"],
+            step_size=self.step_size,
+            width=values["width"],
+            steps=values["steps"],
+            lr=values["lr"],
+            loss=self.loss or (losses.pop() if len(losses) == 1 else "mse"),
+            match_loss=None if match_loss in (None, "none") else match_loss,
+            optimizer=self.optimizer or "gd",
+            batch_size=self.batch_size,
+            resample_data=self.resample_data,
+            attn_context=self.attn_context,
+            controls=self.controls if self.controls is not None else (not saved or protocol != "static"),
+            max_flip_rate=self.max_flip_rate,
+            params=self.params,
+            finetune_steps=self.finetune_steps,
+            finetune_optimizer=self.finetune_optimizer
+            or (recorded["optimizer"] if recorded.get("optimizer") in ("gd", "sgd", "adam") else "adam"),
+            finetune_lr=self.finetune_lr
+            if self.finetune_lr is not None
+            else (float(recorded_lr) if isinstance(recorded_lr, (int, float)) else 1e-4),
+            finetune_batch_size=self.finetune_batch_size
+            if self.finetune_batch_size is not None
+            else (int(recorded_batch) if isinstance(recorded_batch, int) else 64),
+            saved_models=saved,
+        )
 
     def to_argv(self) -> list[str]:
         # ``overwrite`` is an output permission (the CLI's --overwrite), not part of the protocol
         if self.overwrite:
-            return dataclasses.replace(self, overwrite=False).to_argv()
+            shown = copy.copy(self)  # not validated again
+            object.__setattr__(shown, "overwrite", False)
+            return shown.to_argv()
         return super().to_argv()
-
-
-def _named(exc: AuditError, request_type: type[Request]) -> AuditError:
-    """A library error naming a flag of ``request_type`` -> a :class:`FieldError` on that field
-    (its text unchanged on the command line); other errors as they are."""
-    text = str(exc)
-    for match in re.finditer(r"--[a-z][a-z0-9-]*", text):
-        flag = match.group()
-        name = request_type.field_of(flag)
-        if name is not None and request_type.flag_of(name) == flag:
-            template = text.replace("{", "{{").replace("}", "}}")
-            return FieldError(name, re.sub(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", "{name}", template))
-    return exc
-
-
-def _config_kw(request: MalleabilityRequest, values: dict, loaded: dict | None) -> dict:
-    """The :class:`MalleabilityConfig` arguments (validated by building it): ``loaded`` is label ->
-    LoadedModel for saved models, {} for built-in models, None before a saved model is loaded
-    (its recorded loss and fine-tuning recipe are then assumed)."""
-
-    saved = request.model_given
-    loaded = loaded or {}
-    protocol = request.protocol if request.protocol is not None else ("static" if saved else "retrain")
-    controls = request.controls if request.controls is not None else (not saved or protocol != "static")
-    loss = request.loss
-    if loss is None:
-        losses = {lm.loss for lm in loaded.values() if lm.loss}
-        loss = losses.pop() if len(losses) == 1 else "mse"
-    recorded = [lm.recipe or {} for lm in loaded.values()]
-    first = recorded[0] if recorded else {}
-    ft_optimizer = request.finetune_optimizer or (
-        first.get("optimizer") if first.get("optimizer") in ("gd", "sgd", "adam") else "adam"
-    )
-    ft_lr = (
-        request.finetune_lr
-        if request.finetune_lr is not None
-        else (float(first["lr"]) if isinstance(first.get("lr"), (int, float)) else 1e-4)
-    )
-    ft_batch = (
-        request.finetune_batch_size
-        if request.finetune_batch_size is not None
-        else (int(first["batch_size"]) if isinstance(first.get("batch_size"), int) else 64)
-    )
-    match_loss = values["match_loss"]
-    top_ks = tuple(values["top_k"])
-    n_seeds = values["seeds"]
-    if saved:
-        models = tuple(loaded) if loaded else ("model",)
-    else:
-        models = request.models if request.models is not None else DEFAULT_MODELS
-    kw = dict(
-        models=models,
-        attacks=tuple(request.attacks),
-        eps=tuple(values["eps"]),
-        damping=tuple(values["damping"]),
-        seeds=tuple(range(request.seed, request.seed + n_seeds)),
-        protocol=protocol,
-        top_k=top_ks[0],
-        top_ks=top_ks,
-        estimator=request.estimator,
-        proj_dim=request.proj_dim,
-        proj_split=request.proj_split,
-        memory_budget_mb=request.memory_budget,
-        curvature=request.curvature,
-        cache_dir=request.cache,
-        norm=request.norm,
-        pgd_steps=values["pgd_steps"],
-        step_size=request.step_size,
-        width=values["width"],
-        steps=values["steps"],
-        lr=values["lr"],
-        loss=loss,
-        match_loss=LIB_AUTO if match_loss == AUTO_MATCH else (None if match_loss in (None, "none") else match_loss),
-        optimizer=request.optimizer if request.optimizer is not None else "gd",
-        batch_size=request.batch_size,
-        resample_data=request.resample_data,
-        attn_context=request.attn_context,
-        controls=controls,
-        max_flip_rate=request.max_flip_rate,
-        params=request.params,
-        finetune_steps=request.finetune_steps,
-        finetune_optimizer=ft_optimizer,
-        finetune_lr=ft_lr,
-        finetune_batch_size=ft_batch,
-        saved_models=saved,
-    )
-    MalleabilityConfig(**kw)  # validates every value before any data is read
-    return kw
 
 
 # --------------------------------------------------------------------------- the run
@@ -573,40 +554,90 @@ def run(
     default this process). ``notice(text)``: told, before any training, what the run will do
     and the memory its influence computation needs. Failed cells are in ``failed_cells``.
     """
-    from rich.text import Text
-
     progress = progress_or_silent(progress)
-    values = request.resolve_preset()
-    seed, ntr, nte = request.seed, values["n_train"], values["n_test"]
     if request.save_perturbed is not None:
         check_target(request.save_perturbed, request.overwrite)
-    loaded: dict = request.load_models() if request.model_given else {}  # every file checked before any data are read
-    protocol = request.protocol if request.protocol is not None else ("static" if loaded else "retrain")
-    rebuild = {}
-    if loaded and protocol == "retrain":
-        rebuild = {label: rb for label, rb in ((label, rebuild_of(lm)) for label, lm in loaded.items()) if rb}
-        missing = [label for label in loaded if label not in rebuild]
-        if missing:
-            raise FieldError(
-                "protocol",
-                "{name} " + f"retrain re-runs a checkpoint's recorded training recipe, and {', '.join(missing)} "
-                "records none (attnaudit train writes it); audit it as it is (--protocol static) or fine-tune "
-                "it (--protocol finetune --finetune-steps N)",
-            )
-    kw = _config_kw(request, values, loaded)
-    config = MalleabilityConfig(**kw)
+    rows = _load(request, executor)
+    config = rows.config
     dev = resolve_device(request.device)
-    ds_name = values["dataset"]
-    split_name = values["split"]
-    spec = request.data_spec(seed, dataset=ds_name, split=split_name) if request.loaded_data is None else None
+    memory = plan_memory(config, rows.train.X, rows.test.n, rows.n_classes, rows.fixed)  # refuses before compute
+    if notice is not None:
+        notice(_notice(rows, memory))
+    token_models = any(isinstance(m, Task) and m.inputs.kind == "tokens" for m in (rows.fixed or {}).values())
+    value_range = None if token_models else rows.ds.value_range  # token ids have no value range to clip to
+    t1 = time.perf_counter()
+    with progress("malleability", progress_total(config), "trainings with influence") as advance:
+        result = run_malleability(
+            rows.train.X.to(dev),
+            rows.train.y.to(dev),
+            rows.test.X.to(dev),
+            rows.test.y.to(dev),
+            rows.n_classes,
+            config,
+            value_range=value_range,
+            progress=advance,
+            fixed_models=rows.fixed,
+            rebuild=rows.rebuild,
+            executor=rows.executor,
+            data=rows.recipe,
+            memory=memory,
+        )
+    if rows.fixed and rows.audit_rows is not None and rows.audit_rows["rows"] != "checkpoint split":
+        fingerprint = data_fingerprint(rows.train.X, rows.train.y)
+        mismatch = (training_data_mismatch(lm, label, fingerprint) for label, lm in rows.loaded.items())
+        result.warnings[:0] = [w for w in mismatch if w]
+    timings = {"load": rows.load_seconds, **result.timings, "analysis": time.perf_counter() - t1}
+    timings["total"] = time.perf_counter() - rows.t0
+    perturbed_texts = None
+    if request.save_perturbed is not None:
+        tokenizer = request.tokenizer or request.checkpoint_tokenizer()
+        perturbed_texts = write_edited_texts(request.save_perturbed, result.edits, rows.train.y, tokenizer)
+    report = _report(request, rows, result, value_range, perturbed_texts, timings, dev)
+    return _result(request, rows, result, report)
 
+
+@dataclass
+class _Rows:
+    """What a run reads before any compute: the configuration, the training and held-out rows,
+    the saved models (as tasks, with their recipes) and how long reading took."""
+
+    config: MalleabilityConfig
+    ds: Any
+    train: Any
+    test: Any
+    n_classes: int
+    loaded: dict
+    fixed: dict | None
+    rebuild: dict
+    recipe: HoldoutRecipe | None
+    audit_rows: dict | None
+    executor: ExecutorConfig
+    dataset: str | None
+    split: str | None
+    n_train: int  # as asked (a saved model's audit split may hold fewer rows)
+    n_test: int
+    t0: float
+    load_seconds: float
+
+
+def _load(request: MalleabilityRequest, executor: ExecutorConfig | None) -> _Rows:
+    """The saved models (every file checked before any data are read), the configuration
+    resolved from them, and the rows: the recipe's split, or the saved models' audit split."""
+    values = request.resolve_preset()
+    seed, ntr, nte = request.seed, values["n_train"], values["n_test"]
+    loaded: dict = request.load_models() if request.model_given else {}
+    config = request.resolve(loaded)
+    rebuild = {}
+    if loaded and config.protocol == "retrain":
+        rebuild = {label: rb for label, rb in ((label, rebuild_of(lm)) for label, lm in loaded.items()) if rb}
+        check_recipes(config, loaded, rebuild)
+    dataset, split = values["dataset"], values["split"]
+    spec = request.data_spec(seed, dataset=dataset, split=split) if request.loaded_data is None else None
     ex = executor if executor is not None else ExecutorConfig()
-    if loaded and (ex.kind != "local" or ex.jobs > 1 or ex.resume_dir):
-        raise AuditError("saved models are audited in this process; drop --executor ray / --jobs / --resume")
-    ex.check_available()
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
     recipe = None if loaded or spec is None else HoldoutRecipe.of(spec, ntr, nte, seed, stratify=True)
+    check_executor(ex, bool(loaded), recipe is not None)  # before any data are read
+    ex.check_available()
+    t0 = time.perf_counter()
     if recipe is not None:  # the rows every worker rebuilds from the recipe
         train_ds, test_ds = recipe.load()
         ds = train_ds
@@ -617,91 +648,93 @@ def run(
         ds = train_ds
     if ds.y is None:
         raise AuditError(f"{ds.name} has no labels; malleability needs labelled data (influence is defined on a loss)")
-    fixed = None
-    rows_note = None
+    fixed, audit_rows = None, None
     if loaded:
         loaded = {label: fit_to_data(lm, ds) for label, lm in loaded.items()}
         fixed = {label: lm.task(loss=config.loss, params="all") for label, lm in loaded.items()}
-        train_ds, test_ds, rows_note = audit_split(ds, loaded, ntr, nte, seed)
+        train_ds, test_ds, audit_rows = audit_split(ds, loaded, ntr, nte, seed)
         n_classes = next(iter(fixed.values())).n_classes
     else:
         n_classes = ds.n_classes
-    timings["load"] = time.perf_counter() - t0
-    memory = influence_memory_estimate(
-        config, train_ds.d, n_classes, train_ds.n, test_ds.n, fixed, train_ds.X[:1], train_ds.X
-    )  # refuses before compute
-    if notice is not None:
-        tracked = "; ".join(f"{arch}: {', '.join(names)}" for arch, names in memory["tracked_parameter_names"].items())
-        work = (
-            {
-                "static": "saved models, no training",
-                "finetune": f"{progress_total(config)} fine-tunings",
-                "retrain": f"{progress_total(config)} re-runs of the recorded recipe",
-            }[config.protocol]
-            if fixed
-            else f"{progress_total(config)} trainings"
-        )
-        notice(
-            f"malleability: {ds.name} ({split_name}), {train_ds.n} train / {test_ds.n} held-out, models {','.join(config.models)}, "
-            f"attacks {','.join(config.attacks)}, {len(config.seeds)} seed(s), {work}; "
-            f"{config.estimator} influence over {memory['tracked_parameters']:,} parameters "
-            f"({tracked}) needs about "
-            f"{memory['bytes']['total'] / 2**20:,.1f} MB"
-        )
-    token_models = any(isinstance(m, Task) and m.inputs.kind == "tokens" for m in (fixed or {}).values())
-    t1 = time.perf_counter()
-    with progress("malleability", progress_total(config), "trainings with influence") as advance:
-        result = run_malleability(
-            train_ds.X.to(dev),
-            train_ds.y.to(dev),
-            test_ds.X.to(dev),
-            test_ds.y.to(dev),
-            n_classes,
-            config,
-            value_range=None if token_models else ds.value_range,  # token ids have no value range to clip to
-            progress=advance,
-            fixed_models=fixed,
-            rebuild=rebuild,
-            executor=ex,
-            data=recipe,
-        )
-    if fixed and rows_note is not None and rows_note["rows"] != "checkpoint split":  # rows_note: set with fixed
-        fingerprint = data_fingerprint(train_ds.X, train_ds.y)
-        result.warnings[:0] = [
-            w for w in (training_data_mismatch(lm, label, fingerprint) for label, lm in loaded.items()) if w
-        ]
-    timings.update({k: v for k, v in result.timings.items()})
-    timings["analysis"] = time.perf_counter() - t1
-    timings["total"] = time.perf_counter() - t0
+    return _Rows(
+        config,
+        ds,
+        train_ds,
+        test_ds,
+        n_classes,
+        loaded,
+        fixed,
+        rebuild,
+        recipe,
+        audit_rows,
+        ex,
+        dataset,
+        split,
+        ntr,
+        nte,
+        t0,
+        time.perf_counter() - t0,
+    )
 
-    perturbed_texts = None
-    if request.save_perturbed is not None:
-        perturbed_texts = write_edited_texts(
-            request.save_perturbed, result.edits, train_ds.y, request.tokenizer or request.checkpoint_tokenizer()
-        )
+
+def _notice(rows: _Rows, memory: dict) -> str:
+    """What the run will do and the memory its influence runs need (said before any training)."""
+    config = rows.config
+    tracked = "; ".join(f"{arch}: {', '.join(names)}" for arch, names in memory["tracked_parameter_names"].items())
+    total = progress_total(config)
+    work = (
+        {
+            "static": "saved models, no training",
+            "finetune": f"{total} fine-tunings",
+            "retrain": f"{total} re-runs of the recorded recipe",
+        }[config.protocol]
+        if rows.fixed
+        else f"{total} trainings"
+    )
+    return (
+        f"malleability: {rows.ds.name} ({rows.split}), {rows.train.n} train / {rows.test.n} held-out, models "
+        f"{','.join(config.models)}, attacks {','.join(config.attacks)}, {len(config.seeds)} seed(s), {work}; "
+        f"{config.estimator} influence over {memory['tracked_parameters']:,} parameters ({tracked}) needs about "
+        f"{memory['bytes']['total'] / 2**20:,.1f} MB"
+    )
+
+
+def _report(
+    request: MalleabilityRequest,
+    rows: _Rows,
+    result: MalleabilityResult,
+    value_range,
+    perturbed_texts: dict | None,
+    timings: dict,
+    dev,
+) -> dict:
+    """The JSON report: the request's inputs, the seeds, the rows read and the result."""
+    config = rows.config
     results = {
-        "dataset": train_ds.info,
-        "held_out": test_ds.info.get("holdout"),
+        "dataset": rows.train.info,
+        "held_out": rows.test.info.get("holdout"),
         "perturbed_texts": perturbed_texts,
-        "value_range": None if token_models else ds.value_range,
-        "audit_rows": rows_note,
-        "checkpoints": {label: lm.source for label, lm in loaded.items()} or None,
+        "value_range": value_range,
+        "audit_rows": rows.audit_rows,
+        "checkpoints": {label: lm.source for label, lm in rows.loaded.items()} or None,
         **result.to_dict(),
     }
-    data_inputs = {**request.preset_data_inputs(ds_name, split_name), "split": split_name}
-    report = build_report(
+    # the settings as resolved, without those no option sets (fixed in the library) and the seeds (below)
+    settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in LIBRARY_SETTINGS}
+    inputs = {
+        "preset": request.preset,
+        **request.preset_data_inputs(rows.dataset, rows.split),
+        "split": rows.split,
+        "n_train": rows.n_train,
+        "n_test": rows.n_test,
+        **settings,
+        "saved_models": request.model_sources() or None,
+        "execution": result.execution,
+    }
+    return build_report(
         SCHEMA,
-        inputs={
-            "preset": request.preset,
-            **data_inputs,
-            "n_train": ntr,
-            "n_test": nte,
-            **{k: v for k, v in kw.items() if k != "seeds"},
-            "loss": config.loss,
-            "saved_models": request.model_sources() or None,
-            "execution": result.execution,
-        },
-        seeds={"seeds": list(config.seeds), "split_seed": seed, "reinit_seed_offset": 1_000_003},
+        inputs=inputs,
+        seeds={"seeds": list(config.seeds), "split_seed": request.seed, "reinit_seed_offset": 1_000_003},
         device=dev,
         dtype="float64",
         timings=timings,
@@ -710,11 +743,18 @@ def run(
         verdicts=result.verdicts,
         request=request,
     )
+
+
+def _result(request: MalleabilityRequest, rows: _Rows, result: MalleabilityResult, report: dict) -> Result:
+    """The :class:`Result`: the report, the tables, verdicts and warnings, and the figure."""
+    from rich.text import Text
+
     renderables: list = build_tables(result)
     # Text, not markup strings: verdicts contain brackets ([low, high]) that are not rich tags.
     renderables.extend(Text(f"- {v}") for v in result.verdicts)
     renderables.extend(Text(f"warning: {w}", style="yellow") for w in result.warnings)
-    title = f"{ds.name}: {train_ds.n} train, {config.protocol}, {config.estimator}, {config.norm}"
+    config = rows.config
+    title = f"{rows.ds.name}: {rows.train.n} train, {config.protocol}, {config.estimator}, {config.norm}"
     return Result(
         report,
         request,

@@ -16,10 +16,9 @@ from torch import nn
 from attnaudit.core.engine import Engine
 from attnaudit.core.task import Inputs, Task
 from attnaudit.errors import AuditError
+from attnaudit.analyses.influence.paths import PATH_FAST_TWOLAYER_HEAD, PATH_GENERIC
 from attnaudit.analyses.influence.influence import (
     ESTIMATORS,
-    PATH_FAST_TWOLAYER_HEAD,
-    PATH_GENERIC,
     InfluenceConfig,
     batched_cg,
     compute_influence,
@@ -650,12 +649,8 @@ def _tiny_data(n=24, seed=0):
 
 @pytest.mark.parametrize("estimator", ["exact", "cg"])
 def test_linear_head_fast_path_matches_generic(estimator):
-    from attnaudit.analyses.influence.influence import (
-        PATH_FAST_LINEAR_HEAD,
-        PATH_GENERIC,
-        InfluenceConfig,
-        compute_influence,
-    )
+    from attnaudit.analyses.influence.influence import InfluenceConfig, compute_influence
+    from attnaudit.analyses.influence.paths import PATH_FAST_LINEAR_HEAD
 
     net = _TinyAttentionNet()
     X, y = _tiny_data()
@@ -675,7 +670,7 @@ def test_linear_head_fast_path_matches_generic(estimator):
 
 @pytest.mark.parametrize("variant", ["softmax after the head", "tied weights", "not only the head"])
 def test_linear_head_fast_path_declines(variant):
-    from attnaudit.analyses.influence.influence import PATH_GENERIC, InfluenceConfig, compute_influence
+    from attnaudit.analyses.influence.influence import InfluenceConfig, compute_influence
 
     X, y = _tiny_data()
     Xt, yt = _tiny_data(6, seed=2)

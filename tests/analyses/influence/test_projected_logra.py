@@ -193,7 +193,7 @@ def test_galerkin_keeps_the_hessian_variant_and_fisher_is_refused():
     assert _rel(res.per_test, exact) < 1e-7
     with pytest.raises(AuditError, match="projected takes"):
         InfluenceConfig(estimator="projected", curvature="fisher")
-    with pytest.raises(AuditError, match="galerkin is for --estimator projected"):
+    with pytest.raises(AuditError, match="curvature galerkin is for estimator projected"):
         InfluenceConfig(estimator="kfac", curvature="galerkin")
 
 
@@ -247,7 +247,7 @@ def test_proj_split_reaches_the_projection_and_an_unknown_one_is_refused():
     assert layer.diagnostics["projection_layout"]["split"] == "layer"
     assert params.diagnostics["projection_layout"]["split"] == "params"
     assert layer.diagnostics["projection_layout"]["layers"] != params.diagnostics["projection_layout"]["layers"]
-    with pytest.raises(AuditError, match="--proj-split"):
+    with pytest.raises(AuditError, match="unknown proj_split"):
         InfluenceConfig(estimator="projected", proj_split="bogus")
 
 

@@ -203,7 +203,8 @@ def _fixed(bert, loss="ce"):
 def test_clean_influences_through_embedding_rows_equal_the_token_path(bert, estimator):
     """run_malleability feeds a text model embedding-shift rows when its embeddings are attacked:
     the clean influence scores must be those of the plain token-id path."""
-    from attnaudit.analyses.malleability.malleability import MalleabilityConfig, run_malleability
+    from attnaudit.analyses.malleability.config import MalleabilityConfig
+    from attnaudit.analyses.malleability.malleability import run_malleability
 
     ids, y = _data(n=12, L=7, seed=9)
     y[:6], y[6:] = 0, 1
@@ -239,7 +240,8 @@ def test_clean_influences_through_embedding_rows_equal_the_token_path(bert, esti
 
 
 def test_embedding_attacks_on_text_refuse_the_retrain_protocol(bert):
-    from attnaudit.analyses.malleability.malleability import MalleabilityConfig, run_malleability
+    from attnaudit.analyses.malleability.config import MalleabilityConfig
+    from attnaudit.analyses.malleability.malleability import run_malleability
 
     ids, y = _data(n=12, L=7, seed=9)
     cfg = MalleabilityConfig(attacks=("fgsm",), eps=(0.1,), seeds=(0,), protocol="retrain", controls=False, top_k=2)

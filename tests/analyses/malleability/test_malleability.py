@@ -16,19 +16,11 @@ from typer.testing import CliRunner
 
 from attnaudit.analyses.malleability.attacks import AttackConfig, perturb
 from attnaudit.errors import AuditError
-from attnaudit.analyses.malleability.malleability import (
-    MalleabilityConfig,
-    build_tables,
-    flip_rate,
-    parse_match_loss,
-    plot_malleability,
-    progress_total,
-    ratio_summary,
-    run_malleability,
-    stability,
-    summarize,
-    top_k_indices,
-)
+from attnaudit.analyses.malleability.config import MalleabilityConfig
+from attnaudit.analyses.malleability.malleability import run_malleability
+from attnaudit.analyses.malleability.planning import progress_total
+from attnaudit.analyses.malleability.report import build_tables, plot_malleability
+from attnaudit.analyses.malleability.stability import flip_rate, ratio_summary, stability, summarize, top_k_indices
 from attnaudit.models.builtin import ModelSpec, build_model
 from attnaudit.report.envelope import dumps
 from attnaudit.core.training import TrainConfig, train
@@ -222,16 +214,17 @@ def test_match_loss_auto_trains_every_model_to_the_slowest_budget_loss(digits):
     assert all(t["steps_run"] == 40 for t in fixed.training)
     res = run_malleability(X, y, Xt, yt, 10, MalleabilityConfig(**kw, match_loss="auto"), value_range=(0.0, 1.0))
     target = max(budget.values())
-    assert res.config.match_loss == pytest.approx(target, rel=1e-12)
-    resolution = res.config.match_loss_resolution
+    assert res.config.match_loss == "auto"  # the settings as given; the run's resolution beside them
+    resolution = res.match_loss_resolution
     assert resolution["target"] == pytest.approx(target, rel=1e-12) and len(resolution["budget_runs"]) == 4
     slowest = max(budget, key=budget.get)
     assert resolution["set_by"] == f"{slowest[0]} seed {slowest[1]}"
     clean = [t for t in res.training if t["role"] == "clean"]
     assert all(t["reached_match_loss"] and t["final_loss"] <= target for t in clean)
     assert any(t["steps_run"] < 40 for t in clean)  # the faster model stopped early
-    assert res.to_dict()["config"]["match_loss_resolution"]["target"] == pytest.approx(target)
-    assert parse_match_loss("auto") == "auto" and parse_match_loss("none") is None and parse_match_loss("0.5") == 0.5
+    config = res.to_dict()["config"]
+    assert config["match_loss_resolution"]["target"] == pytest.approx(target)
+    assert config["match_loss"] == config["match_loss_per_model"]["relu"] == pytest.approx(target)
 
 
 def test_tables_and_figure(digits, tmp_path):
@@ -269,7 +262,7 @@ def test_bad_config_rejected(kwargs):
 
 def test_top_k_above_n_train_rejected(digits):
     X, y, Xt, yt = digits
-    with pytest.raises(AuditError, match="top-k"):
+    with pytest.raises(AuditError, match="top_k 61 exceeds"):
         run_malleability(X, y, Xt, yt, 10, MalleabilityConfig(top_k=61, seeds=(0,)), value_range=(0.0, 1.0))
 
 
@@ -466,19 +459,20 @@ def test_exact_over_budget_fails_before_training(digits):
     "estimator,per_model", [("last-layer", 8 * 10), ("exact", 8 * (64 + 10)), ("cg", 8 * (64 + 10))]
 )
 def test_memory_estimate_counts_the_parameters_of_the_models_built(estimator, per_model):
-    from attnaudit.analyses.malleability.malleability import influence_memory_estimate
+    from attnaudit.analyses.malleability.planning import plan_memory
 
     cfg = MalleabilityConfig(
         estimator=estimator, seeds=(0,), damping=(0.05,), **SMALL
     )  # width 8, digits: d 64, 10 classes
-    est = influence_memory_estimate(cfg, 64, 10, 60, 30)
+    X = torch.rand(60, 64, dtype=torch.float64)
+    est = plan_memory(cfg, X, 30, 10)
     assert est["tracked_parameters"] == per_model
     names = ["a"] if estimator == "last-layer" else ["W", "a"]
     assert est["tracked_parameter_names"] == {"relu": names, "attn": names}
     # a saved model counts as it is (its own width), not as the configured width
     saved = build_model(ModelSpec("relu", 64, 5, 10))
     cfg1 = MalleabilityConfig(models=("relu",), estimator=estimator, seeds=(0,), damping=(0.05,), **SMALL)
-    assert influence_memory_estimate(cfg1, 64, 10, 60, 30, {"relu": saved})["tracked_parameters"] == per_model // 8 * 5
+    assert plan_memory(cfg1, X, 30, 10, {"relu": saved})["tracked_parameters"] == per_model // 8 * 5
 
 
 def test_saved_float32_model_is_audited_without_being_modified(digits):

@@ -20,13 +20,10 @@ from typer.testing import CliRunner
 from attnaudit.analyses.malleability.attacks import AttackConfig, perturb
 from attnaudit.errors import AuditError
 from attnaudit.analyses.influence.influence import InfluenceConfig, compute_influence, parse_damping
-from attnaudit.analyses.malleability.malleability import (
-    MalleabilityConfig,
-    parse_per_model,
-    run_malleability,
-    stability,
-    untrained_threshold,
-)
+from attnaudit.analyses.malleability.aggregate import untrained_threshold
+from attnaudit.analyses.malleability.config import MalleabilityConfig, parse_per_model
+from attnaudit.analyses.malleability.malleability import run_malleability
+from attnaudit.analyses.malleability.stability import stability
 from attnaudit.models.builtin import ModelSpec, build_model
 from attnaudit.core.training import TrainConfig, loss_value, train
 

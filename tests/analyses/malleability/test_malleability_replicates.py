@@ -14,8 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from attnaudit.analyses.malleability import malleability as mall
-from attnaudit.analyses.malleability.malleability import MalleabilityConfig, distinct_replicates, run_malleability
+from attnaudit.analyses.malleability.cell_tools import influence_key
+from attnaudit.analyses.malleability.cells import Cell
+from attnaudit.analyses.malleability.config import MalleabilityConfig
+from attnaudit.analyses.malleability.malleability import run_malleability
+from attnaudit.analyses.malleability.stability import distinct_replicates
 from attnaudit.core.training import TrainConfig, train
 from attnaudit.models.builtin import ModelSpec, build_model
 
@@ -32,13 +35,13 @@ def saved_relu(digits):
 
 def _static(digits, model, seeds, monkeypatch, calls):
     X, y, Xt, yt = digits
-    real = mall._influences
+    real = Cell.sweep
 
     def counted(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(mall, "_influences", counted)
+    monkeypatch.setattr(Cell, "sweep", counted)
     cfg = MalleabilityConfig(
         attacks=("fgsm", "sign"), eps=(0.1,), seeds=seeds, protocol="static", controls=False, **SMALL
     )
@@ -92,17 +95,17 @@ def test_a_changed_model_is_never_served_from_the_memo(digits, saved_relu, monke
     X, y, Xt, yt = digits
     config = MalleabilityConfig(attacks=("fgsm",), seeds=(0,), protocol="static", controls=False, **SMALL)
     rows = (X, y, Xt, yt)
-    key = mall._influence_key(saved_relu, rows, config, 10, "relu")
+    key = influence_key(saved_relu, rows, config, 10, "relu")
     other = build_model(ModelSpec("relu", 64, 8, 10, seed=3))
     other.load_state_dict(saved_relu.state_dict())
-    assert mall._influence_key(other, rows, config, 10, "relu") == key
+    assert influence_key(other, rows, config, 10, "relu") == key
     with torch.no_grad():
         other.W[0, 0] += 1e-12
-    assert mall._influence_key(other, rows, config, 10, "relu") != key
+    assert influence_key(other, rows, config, 10, "relu") != key
     X2 = X.clone()
     X2[0, 0] = np.nextafter(float(X2[0, 0]), math.inf)
-    assert mall._influence_key(saved_relu, (X2, y, Xt, yt), config, 10, "relu") != key
+    assert influence_key(saved_relu, (X2, y, Xt, yt), config, 10, "relu") != key
     damped = MalleabilityConfig(
         attacks=("fgsm",), seeds=(0,), protocol="static", controls=False, damping=(1e-2,), **SMALL
     )
-    assert mall._influence_key(saved_relu, rows, damped, 10, "relu") != key
+    assert influence_key(saved_relu, rows, damped, 10, "relu") != key

@@ -48,7 +48,7 @@ def test_presets_resolve_and_explicit_values_win():
         (
             dict(checkpoint=("m.safetensors",), models=("relu",)),
             "models",
-            "--checkpoint audits saved models and models",
+            "a checkpoint is audited as saved and models trains new ones",
         ),
     ],
 )

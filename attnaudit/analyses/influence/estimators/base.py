@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import torch
 
+from attnaudit.analyses.request import FieldError, literal
 from attnaudit.errors import AuditError
 
 if TYPE_CHECKING:
@@ -217,18 +218,23 @@ def _and(names: list[str]) -> str:
 
 
 def check_curvature(name: str, curvature: str) -> None:
-    """Refuse an ``InfluenceConfig.curvature`` the estimator ``name`` does not take (unknown names take auto only)."""
+    """Refuse an ``InfluenceConfig.curvature`` the estimator ``name`` does not take (unknown names take auto only):
+    a :class:`~attnaudit.analyses.request.FieldError` on ``curvature``."""
     accepted = ESTIMATORS.get(name, Estimator).curvatures
     if curvature in accepted:
         return
     if len(accepted) > 1:
         owners = "/".join(n for n, c in ESTIMATORS.items() if curvature in c.curvatures)
         takes = " or ".join(f"{what} ({value})" for value, what in accepted.items())
-        raise AuditError(f"--curvature {curvature} is for --estimator {owners}; --estimator {name} takes {takes}")
+        raise FieldError(
+            "curvature", "{name} " + literal(f"{curvature} is for estimator {owners}; estimator {name} takes {takes}")
+        )
     users = [n for n, c in ESTIMATORS.items() if len(c.curvatures) > 1]
-    raise AuditError(
-        f"--curvature applies to --estimator {_and(users)}, not {name} (which uses "
-        f"{accepted.get('auto', 'its own curvature')}); leave it at auto"
+    raise FieldError(
+        "curvature",
+        "{name} applies to estimator "
+        + literal(f"{_and(users)}, not {name} (which uses {accepted.get('auto', 'its own curvature')})")
+        + "; leave it at auto",
     )
 
 
@@ -238,7 +244,10 @@ def absolute_damping(value: float | str, lam_max: float | None) -> float:
         return float(value)
     m = float(value[:-1])
     if lam_max is None or not (math.isfinite(lam_max) and lam_max > 0):
-        raise AuditError(
-            f"relative damping {value} needs lambda_max(H) > 0, but lambda_max = {lam_max}; give an absolute --damping"
+        raise FieldError(
+            "damping",
+            "relative {name} "
+            + literal(f"{value} needs lambda_max(H) > 0, but lambda_max = {lam_max}")
+            + "; give an absolute {name}",
         )
     return m * lam_max

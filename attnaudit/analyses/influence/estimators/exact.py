@@ -10,6 +10,7 @@ import torch
 import attnaudit.analyses.influence.estimators.base as base
 from attnaudit.analyses.influence.kfac import dense_gauss_newton
 from attnaudit.core.linalg import lanczos_top_eigen
+from attnaudit.analyses.request import FieldError, literal
 from attnaudit.errors import AuditError
 
 __all__ = ["Exact", "LastLayer", "count_negative_eigenvalues"]
@@ -96,7 +97,7 @@ class Exact(base.Estimator):
 
     name = "exact"
     curvatures = {"auto": "the Hessian", "ggn": "the exact Gauss-Newton matrix"}
-    budget_hint = "use --estimator ekfac, projected or cg"
+    budget_hint = "use the ekfac, projected or cg estimator"
     size_hint = "use --estimator last-layer or cg"  # above max_exact_params
 
     def check_budget(self, n_params: int, max_exact_params: int, itemsize: int = 8) -> None:
@@ -162,9 +163,10 @@ class Exact(base.Estimator):
         w: list[str] = []
         smallest_abs = float(shifted.abs().min())
         if smallest_abs <= 1e-12 * scale:
-            raise AuditError(
+            raise FieldError(
+                "damping",
                 f"the damped Hessian is singular (smallest |eigenvalue + damping| = {smallest_abs:.3g}, "
-                f"lambda_max = {lam_max:.3g}); pass a damping > 0, e.g. --damping {max(1e-3 * lam_max, 1e-8):.1g}"
+                f"lambda_max = {lam_max:.3g}); pass " + "{name} > 0, e.g. {name} " + f"{max(1e-3 * lam_max, 1e-8):.1g}",
             )
         # eigenvalues within round-off of 0 (P eps lambda_max, numpy's rank rule) are not counted negative
         n_neg = int((evals < -evals.numel() * torch.finfo(evals.dtype).eps * scale).sum())
@@ -191,12 +193,14 @@ class LastLayer(Exact):
 
     name = "last-layer"
     tracks_parameters = "head"
-    budget_hint = "use --estimator cg"
+    budget_hint = "use the cg estimator"
     size_hint = "use --estimator cg or a smaller --width"
 
     def check_params(self, params) -> None:
         if params not in (None, self.tracks_parameters):
-            raise AuditError(
-                "the last-layer estimator tracks the head (the layer that produces the logits) only; "
-                "use --estimator exact or cg for other parameters"
+            raise FieldError(
+                "params",
+                "the last-layer estimator tracks the head (the layer that produces the logits) only, not {name} "
+                + literal(repr(params))
+                + "; use the exact or cg estimator for other parameters",
             )

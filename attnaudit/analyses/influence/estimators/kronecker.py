@@ -39,7 +39,7 @@ class KFAC(Estimator):
         "empirical": "the empirical Fisher",
     }
     allows_fast_path = False  # needs the real module's linear layers
-    budget_hint = "track fewer layers with --params, use --estimator projected with a small --proj-dim"
+    budget_hint = "track fewer layers (params), use the projected estimator with a small proj_dim"
 
     def factor_bytes(self, engine, config=None) -> int:
         # the covariances A and S are kept only to be written to a --cache folder

@@ -27,7 +27,7 @@ Curvature in the projected space, from the projected rows themselves (``--curvat
   Phi_i^T dl/df, from the same passes. This is R^T GGN R exactly.
 * ``empirical`` (``auto`` above 32 classes): F = (1/n) sum_i r_i r_i^T, r_i = R^T grad l_i
   (one backward pass per chunk).
-* ``galerkin``: the previous estimator, R^T (H + lambda I) R with the true Hessian, from k
+* ``galerkin``: R^T (H + lambda I) R with the true Hessian, from k
   Hessian-vector products over the training set, with R a dense random sign matrix applied
   to full per-sample gradients (cost: k HVPs, each a pass over all n training rows).
 
@@ -71,6 +71,7 @@ from attnaudit.analyses.influence.kfac import (
 from attnaudit.analyses.influence.other_grads import OtherCapture, OtherPlan, plan_other
 from attnaudit.analyses.influence.projection import KroneckerProjection, SignProjection
 from attnaudit.core.engine import JACOBIAN_ROWS, ranges
+from attnaudit.analyses.request import FieldError
 from attnaudit.errors import AuditError
 
 __all__ = ["CACHED_MODELS", "ROW_CACHE_BYTES", "Projected", "clear_row_cache", "projected_rows", "projection_for"]
@@ -535,7 +536,20 @@ class Projected(base.Estimator):
         "galerkin": "the Hessian, Galerkin-projected from k Hessian-vector products",
     }
     # a cached-feature fast path is fine: its engine's linear layers (an nn.Linear head) are found the same way
-    budget_hint = "lower --proj-dim, or use --estimator ekfac"
+    budget_hint = "lower proj_dim, or use the ekfac estimator"
+
+    def __init__(self) -> None:
+        self._built: tuple[Any, tuple, KroneckerProjection] | None = None
+
+    def projection(self, engine: Any, config: Any) -> KroneckerProjection:
+        """The projection of ``engine`` for ``config`` (proj_dim, seed, proj_split): built once
+        (one QR per layer) and shared by the memory plan and :meth:`prepare` of one run, since
+        the sweep asks one estimator instance for both."""
+        key = (int(config.proj_dim), int(config.seed), str(config.proj_split))
+        if self._built is None or self._built[0] is not engine or self._built[1] != key:
+            proj = projection_for(engine, key[0], seed=key[1], split=key[2])
+            self._built = (engine, key, proj)
+        return self._built[2]
 
     def factor_bytes(self, engine: Any, config: Any = None) -> int:
         """The projection's own structures, measured on the engine: galerkin, two column blocks of
@@ -548,7 +562,7 @@ class Projected(base.Estimator):
             return galerkin
         if resolve_curvature(config.curvature, engine.n_classes) == "galerkin":
             return galerkin
-        proj = projection_for(engine, int(config.proj_dim), seed=config.seed, split=config.proj_split)
+        proj = self.projection(engine, config)
         factors = sum(
             (p.P_in.numel() if p.P_in is not None else 0) + (p.P_out.numel() if p.P_out is not None else 0)
             for p in proj.layers
@@ -569,7 +583,7 @@ class Projected(base.Estimator):
         curvature = resolve_curvature(config.curvature, engine.n_classes)
         if curvature == "galerkin":
             return engine.n_params
-        proj = projection_for(engine, int(config.proj_dim), seed=config.seed, split=config.proj_split)
+        proj = self.projection(engine, config)
         cols = engine.n_classes if curvature == "ggn" else 1
         n_other = int(proj.other_index.numel())
         per_row = cols * (proj.k + n_other)
@@ -582,7 +596,7 @@ class Projected(base.Estimator):
         for galerkin and without ``config`` (P)."""
         if config is None or resolve_curvature(config.curvature, engine.n_classes) == "galerkin":
             return engine.n_params
-        return projection_for(engine, int(config.proj_dim), seed=config.seed, split=config.proj_split).k
+        return self.projection(engine, config).k
 
     def memory_parts(self, query: base.MemoryQuery) -> dict[str, int]:
         # F (or R^T H R), R^T R and one eigendecomposition (3 k^2), and the projection's own
@@ -604,7 +618,7 @@ class Projected(base.Estimator):
         curvature = resolve_curvature(config.curvature, eng.n_classes)
         if curvature == "galerkin":
             return _galerkin(context)
-        proj = projection_for(eng, int(config.proj_dim), seed=config.seed, split=config.proj_split)
+        proj = self.projection(eng, config)
         k = proj.k
         rows, T = context.train_rows, context.train_targets
         n = rows.shape[0]
@@ -746,9 +760,10 @@ class Projected(base.Estimator):
         shifted = evals + d
         scale = max(float(evals.abs().max()) if evals.numel() else 0.0, 1e-300)
         if not evals.numel() or float(shifted.abs().min()) <= 1e-12 * scale:
-            raise AuditError(
+            raise FieldError(
+                "damping",
                 f"the damped projected curvature is singular (damping {d:g}, largest eigenvalue {state.lam_max:.3g}); "
-                f"pass a damping > 0, e.g. --damping {max(1e-3 * state.lam_max, 1e-8):.1g}"
+                "pass {name} > 0, e.g. {name} " + f"{max(1e-3 * state.lam_max, 1e-8):.1g}",
             )
         Z = (coeff / shifted) @ U.T  # (k_test, k)
         diag = {**diagnostics, "damped_min_eigenvalue": float(shifted[0])}
