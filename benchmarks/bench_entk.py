@@ -104,7 +104,8 @@ def bench_entk(jac_rows: int, memory_mb: int) -> None:
 def bench_paper_preset() -> None:
     from attnaudit.data import DataSpec, holdout_split, load_dataset
     from attnaudit.analyses.ntk_distance.run import PRESETS
-    from attnaudit.analyses.ntk_distance.widths import NTKDistanceConfig, run_ntk_distance
+    from attnaudit.analyses.ntk_distance.config import NTKDistanceConfig
+    from attnaudit.analyses.ntk_distance.widths import run_ntk_distance
 
     preset = PRESETS["paper"]
     t0 = time.perf_counter()

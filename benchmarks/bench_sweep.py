@@ -25,7 +25,8 @@ def main() -> None:
     import torch
 
     from attnaudit.data import DataSpec, HoldoutRecipe
-    from attnaudit.analyses.ntk_distance.widths import NTKDistanceConfig, run_ntk_distance
+    from attnaudit.analyses.ntk_distance.config import NTKDistanceConfig
+    from attnaudit.analyses.ntk_distance.widths import run_ntk_distance
     from attnaudit.runtime.sweep import ExecutorConfig
 
     parser = argparse.ArgumentParser()

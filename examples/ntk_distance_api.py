@@ -4,7 +4,8 @@ Run: python examples/ntk_distance_api.py   (digits, embedded; about 10 s on 2 co
 """
 
 from attnaudit.data import DataSpec, holdout_split, load_dataset
-from attnaudit.analyses.ntk_distance.widths import NTKDistanceConfig, run_ntk_distance
+from attnaudit.analyses.ntk_distance.config import NTKDistanceConfig
+from attnaudit.analyses.ntk_distance.widths import run_ntk_distance
 
 digits = load_dataset(DataSpec(dataset="digits"))
 train, test = holdout_split(digits, n_train=150, n_test=150, seed=0)

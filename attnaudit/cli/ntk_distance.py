@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import typer
 
-from attnaudit.analyses.ntk_distance.run import NtkDistanceRequest
+from attnaudit.analyses.ntk_distance.run import NtkDistanceRequest, run
 from attnaudit.cli.common import cli_errors, emit_result, exit_if_cells_failed
 from attnaudit.cli.options import ExecutorOptions, OutputBundle, RequestOptions, request_command
-from attnaudit.analyses.ntk_distance.run import run
-
 
 EPILOG = "Example: attnaudit ntk-distance --dataset digits --preset quick --json ntk.json --png ntk.png"
 

@@ -96,25 +96,26 @@ def test_kappa_sweep_reports_log10_width_per_n_with_median_and_spread(app):
 
 
 def test_ntk_trend_no_clear_trend_when_slope_interval_includes_zero():
-    from attnaudit.analyses.ntk_distance.widths import _trend, _verdict, slope_interval
+    from attnaudit.analyses.ntk_distance.aggregate import slope_interval, trend_word
+    from attnaudit.analyses.ntk_distance.verdicts import distance_verdict
 
     rng = np.random.default_rng(0)
     flat = list(rng.normal(0.0, 0.05, size=4))  # slope 0 +- noise
-    assert _trend(flat) == "no-clear-trend"
+    assert trend_word(flat) == "no-clear-trend"
     # same sign but an interval that still includes 0
-    assert _trend([-0.02, -0.3, -0.01]) == "no-clear-trend"
+    assert trend_word([-0.02, -0.3, -0.01]) == "no-clear-trend"
     mean, lo, hi, k = slope_interval([-0.02, -0.3, -0.01])
     assert k == 3 and lo < 0 < hi
-    text = _verdict("MLP-Attn", "no-clear-trend", mean, 0.16, 3, 0.5, 16, 256, 1.0, 0.9, interval=(lo, hi))
+    text = distance_verdict("MLP-Attn", "no-clear-trend", mean, 0.16, 3, 0.5, 16, 256, 1.0, 0.9, interval=(lo, hi))
     assert "no clear trend" in text and "approaching the kernel regime" not in text.replace(
         "no evidence of approaching", ""
     )
     # a clear fall: interval excludes 0
-    assert _trend([-0.5, -0.45, -0.55]) == "falls"
-    clear = _verdict("MLP-Attn", "falls", -0.5, 0.05, 3, 0.1, 16, 256, 1.0, 0.25, interval=(-0.56, -0.44))
+    assert trend_word([-0.5, -0.45, -0.55]) == "falls"
+    clear = distance_verdict("MLP-Attn", "falls", -0.5, 0.05, 3, 0.1, 16, 256, 1.0, 0.25, interval=(-0.56, -0.44))
     assert "approaching the kernel regime" in clear
     # ... but not when some widths are at chance: the trend is stated, the regime claim withheld
-    partial = _verdict(
+    partial = distance_verdict(
         "MLP-Attn",
         "falls",
         -0.5,
@@ -134,19 +135,20 @@ def test_ntk_trend_no_clear_trend_when_slope_interval_includes_zero():
 
 
 def test_ntk_non_monotone_only_beyond_the_seed_spread():
-    from attnaudit.analyses.ntk_distance.widths import _trend, increases_beyond_spread
+    from attnaudit.analyses.ntk_distance.aggregate import increases_beyond_spread, trend_word
 
     slopes = [-0.5, -0.45, -0.55]
     widths, sds = (16, 64, 256), (0.1, 0.1, 0.1)
-    assert _trend(slopes, widths=widths, means=(1.0, 1.05, 0.5), sds=sds) == "falls"  # rise 0.05 < spread 0.1
-    assert _trend(slopes, widths=widths, means=(1.0, 1.3, 0.5), sds=sds) == "falls-non-monotone"
+    assert trend_word(slopes, widths=widths, means=(1.0, 1.05, 0.5), sds=sds) == "falls"  # rise 0.05 < spread 0.1
+    assert trend_word(slopes, widths=widths, means=(1.0, 1.3, 0.5), sds=sds) == "falls-non-monotone"
     assert increases_beyond_spread(widths, (1.0, 1.3, 0.5), sds) == [[16, 64, pytest.approx(0.3), 0.1]]
     # the larger of the two widths' spreads decides
-    assert _trend(slopes, widths=widths, means=(1.0, 1.3, 0.5), sds=(0.1, 0.4, 0.1)) == "falls"
+    assert trend_word(slopes, widths=widths, means=(1.0, 1.3, 0.5), sds=(0.1, 0.4, 0.1)) == "falls"
 
 
 def test_transformer_sweep_verdict_reads_no_clear_trend_on_noise():
-    from attnaudit.analyses.ntk_distance.movement import TransformerCell, _arch_summary
+    from attnaudit.analyses.ntk_distance.transformers import TransformerCell
+    from attnaudit.analyses.ntk_distance.verdicts import arch_summary
 
     rng = np.random.default_rng(1)
     cells = []
@@ -158,7 +160,7 @@ def test_transformer_sweep_verdict_reads_no_clear_trend_on_noise():
                     "vit", w, 4, seed, 1, 1, False, 0.0, 0.0, 0.0, m, m, m, k, None, None, {}, {}, 10 * r, r, 0.0
                 )
             )
-    summary = _arch_summary("vit", cells, (16, 32, 64), (0, 1, 2), True)
+    summary = arch_summary("vit", cells, (16, 32, 64), (0, 1, 2), True)
     if any(t.trend == "no-clear-trend" for t in (summary.movement, summary.kernel_distance, summary.distance)):
         assert "no clear trend" in summary.verdict
     assert not summary.approaches_kernel_regime and "approaching the kernel regime as it widens" not in summary.verdict
@@ -195,7 +197,8 @@ def test_untrained_rule_fires_at_zero_steps_and_not_after_training():
 
 def test_ntk_distance_untrained_at_every_width_makes_no_trend_claim():
     from attnaudit.data import holdout_split
-    from attnaudit.analyses.ntk_distance.widths import NTKDistanceConfig, run_ntk_distance
+    from attnaudit.analyses.ntk_distance.config import NTKDistanceConfig
+    from attnaudit.analyses.ntk_distance.widths import run_ntk_distance
 
     full = load_dataset(DataSpec(dataset="digits"))
     tr, te = holdout_split(full, 100, 60, seed=0)
@@ -318,12 +321,12 @@ def test_landscape_optimizer_adam_with_batches_is_recorded(app):
 def test_ntk_slope_interval_is_student_t_and_two_seeds_claim_no_trend():
     from scipy import stats as st
 
-    from attnaudit.analyses.ntk_distance.widths import _trend, slope_interval
+    from attnaudit.analyses.ntk_distance.aggregate import slope_interval, trend_word
 
     slopes = [-0.42, -0.47, -0.51]
     mean, lo, hi, k = slope_interval(slopes)
     half = st.t.ppf(0.975, 2) * np.std(slopes, ddof=1) / np.sqrt(3)  # independent: scipy's t quantile
     assert k == 3 and (lo, hi) == pytest.approx((np.mean(slopes) - half, np.mean(slopes) + half), rel=1e-12)
-    assert _trend(slopes) == "falls"
+    assert trend_word(slopes) == "falls"
     # two seeds: however clear, no trend word beyond "no clear trend" (a verdict needs 3 seeds)
-    assert _trend([-0.5, -0.5001]) == "no-clear-trend"
+    assert trend_word([-0.5, -0.5001]) == "no-clear-trend"

@@ -1,5 +1,5 @@
 """Kernel movement with the kernels summed layer by layer
-(attnaudit.analyses.ntk_distance.movement.layer_kernels), the plan taken when even two rows'
+(attnaudit.analyses.ntk_distance.layerwise.layer_kernels), the plan taken when even two rows'
 Jacobians over all parameters do not fit the memory budget, against the Jacobian-contraction
 plan (:func:`_upper_blocks`) and against explicit per-group Jacobian products."""
 
@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from attnaudit.analyses.ntk_distance import movement
-from attnaudit.analyses.ntk_distance.movement import entk_by_group, kernel_movement, layer_kernels, parameter_groups
+from attnaudit.analyses.ntk_distance.layerwise import layer_kernels
+from attnaudit.analyses.ntk_distance.movement import entk_by_group, kernel_movement, parameter_groups
 from attnaudit.core import Engine
 from attnaudit.core.task import Task
 from attnaudit.models.vit import ViT, ViTSpec

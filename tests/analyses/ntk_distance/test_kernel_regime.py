@@ -18,15 +18,13 @@ from attnaudit.core.task import Task
 from attnaudit.data import DataSpec, load_dataset
 from attnaudit.errors import AuditError
 from attnaudit.core.fit import Recipe, fit
+from attnaudit.analyses.ntk_distance.config import SCHEMA_CHECKPOINT, SCHEMA_TRANSFORMERS
+from attnaudit.analyses.ntk_distance.linearized import LinearizedModel, linearized_prediction
 from attnaudit.analyses.ntk_distance.movement import (
-    SCHEMA_CHECKPOINT,
-    SCHEMA_TRANSFORMERS,
-    LinearizedModel,
     centered_kernel_alignment,
     entk_by_group,
     group_of,
     kernel_movement,
-    linearized_prediction,
     parameter_groups,
 )
 from attnaudit.models.builtin import save_model
@@ -517,7 +515,8 @@ def test_cli_checkpoint_refusals(tmp_path, digits):
 
 
 def test_sweep_verdict_needs_every_scale_free_measure_to_fall():
-    from attnaudit.analyses.ntk_distance.movement import TransformerCell, _arch_summary
+    from attnaudit.analyses.ntk_distance.transformers import TransformerCell
+    from attnaudit.analyses.ntk_distance.verdicts import arch_summary
 
     def cells(move, shape, rel):
         out = []
@@ -551,16 +550,16 @@ def test_sweep_verdict_needs_every_scale_free_measure_to_fall():
         return out
 
     widths, seeds = (16, 32, 64), (0, 1, 2)
-    lazy = _arch_summary("vit", cells((1.0, 0.5, 0.25), (0.4, 0.2, 0.1), (0.8, 0.4, 0.2)), widths, seeds, True)
+    lazy = arch_summary("vit", cells((1.0, 0.5, 0.25), (0.4, 0.2, 0.1), (0.8, 0.4, 0.2)), widths, seeds, True)
     assert lazy.approaches_kernel_regime and lazy.movement.slope_mean == pytest.approx(-1.0)
     # the same curves from two seeds carry no trend claim (a verdict needs 3 seeds)
     two = [c for c in cells((1.0, 0.5, 0.25), (0.4, 0.2, 0.1), (0.8, 0.4, 0.2)) if c.seed < 2]
-    assert not _arch_summary("vit", two, widths, (0, 1), True).approaches_kernel_regime
+    assert not arch_summary("vit", two, widths, (0, 1), True).approaches_kernel_regime
     assert "approaching the kernel regime" in lazy.verdict and "slowly" not in lazy.verdict
     # the kernel shrinks in size only: its shape change stays, so no kernel regime is claimed
-    scale_only = _arch_summary("vit", cells((1.0, 0.5, 0.25), (0.7, 0.7, 0.7), (0.8, 0.4, 0.2)), widths, seeds, True)
+    scale_only = arch_summary("vit", cells((1.0, 0.5, 0.25), (0.7, 0.7, 0.7), (0.8, 0.4, 0.2)), widths, seeds, True)
     assert not scale_only.approaches_kernel_regime and "not clearly approaching" in scale_only.verdict
-    away = _arch_summary("vit", cells((1.0, 0.5, 0.25), (0.4, 0.2, 0.1), (0.2, 0.4, 0.8)), widths, seeds, True)
+    away = arch_summary("vit", cells((1.0, 0.5, 0.25), (0.4, 0.2, 0.1), (0.2, 0.4, 0.8)), widths, seeds, True)
     assert not away.approaches_kernel_regime and "moving away" in away.verdict
-    slow = _arch_summary("vit", cells((1.0, 0.5, 0.25), (0.4, 0.38, 0.36), (0.8, 0.4, 0.2)), widths, seeds, True)
+    slow = arch_summary("vit", cells((1.0, 0.5, 0.25), (0.4, 0.38, 0.36), (0.8, 0.4, 0.2)), widths, seeds, True)
     assert slow.approaches_kernel_regime and "slowly" in slow.verdict

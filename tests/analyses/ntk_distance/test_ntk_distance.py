@@ -11,14 +11,10 @@ import torch
 from attnaudit.errors import AuditError
 from attnaudit.models.builtin import ModelSpec, build_model
 from attnaudit.core.ntk import TwoLayerState, analytic_ntk, entk_two_layer, flatten_kernel
-from attnaudit.analyses.ntk_distance.widths import (
-    SCHEMA,
-    NTKDistanceConfig,
-    _kernel_metrics,
-    build_tables,
-    plot_ntk_distance,
-    run_ntk_distance,
-)
+from attnaudit.analyses.ntk_distance.cells import kernel_metrics
+from attnaudit.analyses.ntk_distance.config import SCHEMA, NTKDistanceConfig
+from attnaudit.analyses.ntk_distance.report import build_tables, plot_ntk_distance
+from attnaudit.analyses.ntk_distance.widths import run_ntk_distance
 from attnaudit.core.training import TrainConfig, train
 
 F64 = torch.float64
@@ -115,7 +111,7 @@ def test_kernel_metrics_match_full_kernel():
     KT = flatten_kernel(entk_two_layer(net, X))
     kinf = analytic_ntk(X)
     v = torch.linalg.eigh(kinf)[1][:, -1]
-    got = _kernel_metrics(s0, sT, X, kinf, v)
+    got = kernel_metrics(s0, sT, X, kinf, v)
     I3 = torch.eye(3, dtype=F64)
     A = torch.kron(kinf, I3)
     Q = torch.kron(torch.eye(9, dtype=F64) - torch.outer(v, v), I3)
@@ -228,7 +224,7 @@ def test_cli_tiny_run_writes_json_png_and_models(tmp_path):
         (["--widths", "8,abc"], "not an integer"),
         (["--widths", "9"], "even widths"),
         (["--preset", "huge"], "unknown --preset"),
-        (["--loss", "hinge"], "unknown loss"),
+        (["--loss", "hinge"], "unknown --loss"),
         (["--n-train", "1"], "--n-train"),
         (["--lr", "-1"], "--lr"),
         (["--dtype", "float16"], "--dtype"),

@@ -64,13 +64,13 @@ def test_presets_and_mode_defaults_explicit_beats_preset():
     paper = R(preset="Paper", widths=(16, 64), n_test=50).resolved()
     assert paper.preset == "paper" and paper.widths == (16, 64) and paper.n_test == 50
     assert paper.n_train == PRESETS["paper"]["n_train"]
-    assert R(preset="paper").sweep_config().float32_from_width == 1024
-    assert R(preset="paper", dtype="float64").sweep_config().float32_from_width is None
+    assert R(preset="paper").resolve().analysis.float32_from_width == 1024
+    assert R(preset="paper", dtype="float64").resolve().analysis.float32_from_width is None
     vit = R(arch=("ViT",)).resolved()
     assert vit.arch == ("vit",) and vit.widths == TRANSFORMER_DEFAULTS["widths"] and vit.optimizer == "adam"
     assert vit.lr == 1e-3 and vit.epochs == 5 and vit.batch_size == 64 and vit.preset is None
     gd = R(arch=("vit",), optimizer="gd", lr=0.1, steps=3).resolved()
-    assert gd.batch_size is None and gd.epochs is None and gd.transformer_config().recipe.steps == 3
+    assert gd.batch_size is None and gd.epochs is None and gd.resolve().analysis.recipe.steps == 3
     ckpt = R(checkpoint=("m.safetensors",)).resolved()
     assert (ckpt.kernel_points, ckpt.n_test, ckpt.linearized) == tuple(CHECKPOINT_DEFAULTS.values())
     assert R().to_argv() == []  # the defaults stay None: nothing given, nothing to reproduce
