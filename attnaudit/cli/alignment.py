@@ -12,7 +12,7 @@ import typer
 
 from attnaudit.analyses.alignment.run import AlignmentRequest
 from attnaudit.cli.options import OutputBundle, RequestOptions, emit_run, request_command
-from attnaudit.analyses.alignment.alignment import PNG_NAME
+from attnaudit.analyses.alignment.report import PNG_NAME
 from attnaudit.analyses.alignment.run import run
 
 EPILOG = "Example: attnaudit alignment --preset quick --json alignment.json --png alignment.png"

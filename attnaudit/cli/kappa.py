@@ -6,7 +6,7 @@ import typer
 
 from attnaudit.analyses.kappa.run import KappaRequest
 from attnaudit.cli.options import OutputBundle, RequestOptions, emit_run, request_command
-from attnaudit.analyses.kappa.layers import PNG_NAME
+from attnaudit.analyses.kappa.layer_report import PNG_NAME
 from attnaudit.analyses.kappa.run import run
 
 

@@ -48,7 +48,7 @@ import torch
 from torch import nn
 
 from attnaudit.core.task import LOSSES as LOSS_TABLE, Inputs, as_loss, closed_form_blocker, eval_mode, to_logits
-from attnaudit.errors import AuditError, clip_text as _clip
+from attnaudit.errors import AuditError, FieldError, literal, clip_text as _clip
 from attnaudit.errors import check_seed
 
 OPTIMIZERS = ("gd", "sgd", "adam")
@@ -68,7 +68,7 @@ def _show(value: object, limit: int = 60) -> str:
 
 @dataclass(frozen=True)
 class Recipe:
-    """How to train; validated on construction (one-line AuditErrors naming the CLI option).
+    """How to train; validated on construction (a :class:`~attnaudit.errors.FieldError` naming the field).
 
     ``optimizer``: ``gd`` (full-batch gradient descent), ``sgd`` or ``adam``. ``lr``: the
     learning rate. ``batch_size``: rows per step, None = every row (must be None for gd).
@@ -88,45 +88,56 @@ class Recipe:
     weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
-
         if not isinstance(self.optimizer, str) or self.optimizer not in OPTIMIZERS:
-            raise AuditError(f"unknown --optimizer {_show(self.optimizer)}; use one of {', '.join(OPTIMIZERS)}")
+            raise FieldError(
+                "optimizer",
+                "unknown {name} " + literal(_show(self.optimizer)) + f"; use one of {', '.join(OPTIMIZERS)}",
+            )
         if not isinstance(self.loss, str) or self.loss not in LOSSES:
-            raise AuditError(f"unknown --loss {_show(self.loss)}; use one of {', '.join(LOSSES)}")
+            raise FieldError(
+                "loss", "unknown {name} " + literal(_show(self.loss)) + f"; use one of {', '.join(LOSSES)}"
+            )
         if not is_real(self.lr) or not math.isfinite(self.lr) or not self.lr > 0:
-            raise AuditError(f"--lr must be a positive number, got {_show(self.lr)}")
+            raise FieldError("lr", "{name} must be a positive number, got " + literal(_show(self.lr)))
         object.__setattr__(self, "lr", float(self.lr))
-        for name, option in (("momentum", "--momentum"), ("weight_decay", "--weight-decay")):
+        for name in ("momentum", "weight_decay"):
             value = getattr(self, name)
             if not is_real(value) or not math.isfinite(value) or value < 0:
-                raise AuditError(f"{option} must be a number >= 0, got {_show(value)}")
+                raise FieldError(name, "{name} must be a number >= 0, got " + literal(_show(value)))
             object.__setattr__(self, name, float(value))
         if self.momentum >= 1:
-            raise AuditError(f"--momentum must be below 1 (0.9 is usual), got {self.momentum:g}")
+            raise FieldError("momentum", "{name} must be below 1 (0.9 is usual), got " + f"{self.momentum:g}")
         if self.momentum and self.optimizer != "sgd":
-            raise AuditError(f"--momentum applies to --optimizer sgd, not {self.optimizer}; drop it")
+            raise FieldError("momentum", "{name} applies to the sgd optimizer, not " + f"{self.optimizer}; drop it")
         if self.batch_size is not None:
             if not is_int(self.batch_size) or self.batch_size < 1:
-                raise AuditError(f"--batch-size must be a positive integer, got {_show(self.batch_size)}")
+                raise FieldError(
+                    "batch_size", "{name} must be a positive integer, got " + literal(_show(self.batch_size))
+                )
             object.__setattr__(self, "batch_size", int(self.batch_size))
             if self.optimizer == "gd":
-                raise AuditError(
-                    "--batch-size does not apply to --optimizer gd (full-batch gradient descent uses every row at "
-                    "every step); drop it, or use --optimizer sgd for mini-batches"
+                raise FieldError(
+                    "batch_size",
+                    "{name} does not apply to the gd optimizer (full-batch gradient descent uses every row at "
+                    "every step); drop it, or use sgd for mini-batches",
                 )
         if (self.epochs is None) == (self.steps is None):
-            raise AuditError(
-                "give exactly one of --epochs and --steps (how long to train)"
+            raise FieldError(
+                "epochs",
+                "{name} and steps both say how long to train; give one of them"
                 if self.epochs is not None
-                else "say how long to train: give --epochs or --steps"
+                else "say how long to train: give {name} or steps",
             )
         for name in ("epochs", "steps"):
             value = getattr(self, name)
             if value is not None:
                 if not is_int(value) or value < 0:
-                    raise AuditError(f"--{name} must be an integer >= 0, got {_show(value)}")
+                    raise FieldError(name, "{name} must be an integer >= 0, got " + literal(_show(value)))
                 object.__setattr__(self, name, int(value))
-        check_seed(self.seed, "--seed")
+        try:
+            check_seed(self.seed, "seed")
+        except AuditError as exc:
+            raise FieldError("seed", literal(str(exc)).replace("seed", "{name}", 1)) from None
         object.__setattr__(self, "seed", int(self.seed))
 
     def batch_rows(self, n: int) -> int:
@@ -246,6 +257,15 @@ def evaluate(
     return total / n, correct / n
 
 
+def _validation(
+    model: nn.Module, X_val: torch.Tensor | None, y_val: torch.Tensor | None, loss: str, inputs: Inputs
+) -> tuple[float | None, float | None]:
+    """(loss, accuracy) on the validation rows; (None, None) without any."""
+    if X_val is None or y_val is None or not X_val.shape[0]:
+        return None, None
+    return evaluate(model, X_val, y_val, loss, inputs)
+
+
 def _default_inputs(model: nn.Module) -> Inputs:
     declared = getattr(model, "audit_inputs", None)
     return declared() if callable(declared) else Inputs()
@@ -263,6 +283,51 @@ def _optimizer(params: list[nn.Parameter], recipe: Recipe) -> torch.optim.Optimi
     if recipe.optimizer == "adam":
         return torch.optim.Adam(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
     return torch.optim.SGD(params, lr=recipe.lr, momentum=recipe.momentum, weight_decay=recipe.weight_decay)
+
+
+def _check_fit_inputs(
+    model: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    recipe: Recipe,
+    X_val: torch.Tensor | None,
+    y_val: torch.Tensor | None,
+) -> None:
+    """Refuse what :func:`fit` cannot train: not a Recipe or a module, malformed rows or labels, no rows."""
+    if not isinstance(recipe, Recipe):
+        raise AuditError(f"fit needs a Recipe, got {type(recipe).__name__}")
+    if not isinstance(model, nn.Module):
+        raise AuditError(f"fit trains a torch.nn.Module, got {type(model).__name__}")
+    _check_data(X, y, "training")
+    if (X_val is None) != (y_val is None):
+        raise AuditError("give both X_val and y_val, or neither")
+    if X_val is not None and y_val is not None:  # both or neither, checked above
+        _check_data(X_val, y_val, "validation")
+    if int(X.shape[0]) == 0:
+        raise AuditError("no training rows; give at least one")
+
+
+def _check_full_batch_options(
+    loss_tol: float | None, final_loss: bool, checkpoint_every: int | None, shuffle: bool
+) -> None:
+    """``loss_tol`` and ``final_loss`` need full-batch steps; a checkpoint interval is >= 1."""
+    if (loss_tol is not None or final_loss) and shuffle:
+        raise AuditError("loss_tol and final_loss are full-batch options; drop batch_size")
+    if checkpoint_every is not None and checkpoint_every < 1:
+        raise AuditError("checkpoint interval must be >= 1")
+
+
+def _output_width(model: nn.Module, inputs: Inputs, Xd: torch.Tensor, yd: torch.Tensor) -> int:
+    """The model's number of outputs (one probe row); refused when the labels go beyond it."""
+    with torch.no_grad(), eval_mode(model):
+        width = int(to_logits(inputs.call(model, inputs(Xd[:1]))).shape[-1])
+    top = int(yd.max())
+    if top >= width:
+        raise AuditError(
+            f"the model has {width} outputs (classes 0..{width - 1}) but the labels go up to {top}; "
+            "build it with one output per class"
+        )
+    return width
 
 
 def fit(
@@ -307,18 +372,8 @@ def fit(
     ``evaluate_after=False`` skips the whole-set evaluation (``final_train_loss`` is then
     the curve's last value and ``train_accuracy`` NaN).
     """
-    if not isinstance(recipe, Recipe):
-        raise AuditError(f"fit needs a Recipe, got {type(recipe).__name__}")
-    if not isinstance(model, nn.Module):
-        raise AuditError(f"fit trains a torch.nn.Module, got {type(model).__name__}")
-    _check_data(X, y, "training")
-    if (X_val is None) != (y_val is None):
-        raise AuditError("give both X_val and y_val, or neither")
-    if X_val is not None and y_val is not None:  # both or neither, checked above
-        _check_data(X_val, y_val, "validation")
+    _check_fit_inputs(model, X, y, recipe, X_val, y_val)
     n = int(X.shape[0])
-    if n == 0:
-        raise AuditError("no training rows; give at least one")
     inputs = inputs if inputs is not None else _default_inputs(model)
     ref = _model_reference(model)
     device, dtype = ref.device, ref.dtype
@@ -328,14 +383,7 @@ def fit(
     loss_fn = as_loss(recipe.loss)
     Xd = X.to(device=device, dtype=dtype)
     yd = y.to(device).long()
-    with torch.no_grad(), eval_mode(model):
-        width = int(to_logits(inputs.call(model, inputs(Xd[:1]))).shape[-1])
-    top = int(yd.max())
-    if top >= width:
-        raise AuditError(
-            f"the model has {width} outputs (classes 0..{width - 1}) but the labels go up to {top}; "
-            "build it with one output per class"
-        )
+    width = _output_width(model, inputs, Xd, yd)
     forward: Callable[[torch.Tensor], torch.Tensor] | None = None
     if fast_path and _attention_features_apply(model, inputs):
         with torch.no_grad():
@@ -350,10 +398,7 @@ def fit(
     shuffle = batch < n  # full-batch steps see every row, in the data's own order
     gen = torch.Generator().manual_seed(recipe.seed)
 
-    if (loss_tol is not None or final_loss) and shuffle:
-        raise AuditError("loss_tol and final_loss are full-batch options; drop batch_size")
-    if checkpoint_every is not None and checkpoint_every < 1:
-        raise AuditError("checkpoint interval must be >= 1")
+    _check_full_batch_options(loss_tol, final_loss, checkpoint_every, shuffle)
     curve: list[float] = []
     checkpoints: list[dict[str, torch.Tensor]] = []
     diverged = False
@@ -414,9 +459,7 @@ def fit(
         train_loss, train_acc = evaluate(model, X, y, recipe.loss, inputs)
     else:
         train_loss, train_acc = (curve[-1] if curve else float("nan")), float("nan")
-    val_loss = val_acc = None
-    if X_val is not None and y_val is not None and X_val.shape[0]:
-        val_loss, val_acc = evaluate(model, X_val, y_val, recipe.loss, inputs)
+    val_loss, val_acc = _validation(model, X_val, y_val, recipe.loss, inputs)
     return FitResult(
         steps_run=steps_run,
         epochs_run=steps_run / per_epoch if per_epoch else 0.0,

@@ -182,7 +182,7 @@ def condition_report(
     if lam.ndim != 1 or lam.size == 0:
         raise AuditError("empty spectrum: the data have no rows or no columns; check the input")
     if rank_tol is not None and not (0 < rank_tol < 1):
-        raise AuditError(f"--rank-tol must lie in (0, 1) (relative to the largest eigenvalue), got {rank_tol}")
+        raise AuditError(f"rank_tol must lie in (0, 1) (relative to the largest eigenvalue), got {rank_tol}")
     lam = np.sort(lam)[::-1]
     k = lam.size
     lam_max = float(lam[0])

@@ -70,14 +70,15 @@ from attnaudit.errors import is_int, is_real
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Literal
+from typing import Any, Callable, Literal
 
 import numpy as np
 import torch
 from torch import nn
 
 from attnaudit.core.linalg import centered_kernel_alignment
-from attnaudit.errors import AuditError
+from attnaudit.analyses.request import FieldError, field_check, literal, unknown_preset
+from attnaudit.errors import AuditError, check_seed
 from attnaudit.models.builtin import attention_context
 from attnaudit.models.builtin import ModelSpec, TwoLayerNet, build_model
 from attnaudit.core.training import TrainConfig, train
@@ -85,12 +86,10 @@ from attnaudit.data import holdout_split
 from attnaudit.core.ntk import analytic_ntk
 from attnaudit.core.stats import decide, difference_interval
 from attnaudit.core.stats import mean_interval
-from attnaudit.data import check_seed
 from attnaudit.models.builtin import ATTN_SCALINGS
 from attnaudit.report.envelope import Record
 
 SCHEMA = "attnaudit.alignment/1"
-PNG_NAME = "alignment.png"
 TARGETS = ("principal", "trailing", "random", "labels")
 DESIGNED = ("principal", "trailing", "random")
 MODELS: tuple[Literal["relu", "attn"], ...] = ("relu", "attn")
@@ -121,9 +120,24 @@ PRESETS: dict[str, dict] = {
 # ----------------------------------------------------------------------------- the request
 
 
+def _check_targets(targets: Any) -> tuple[str, ...]:
+    """The targets (a subset of :data:`TARGETS`, each once) in canonical order, else a FieldError on ``targets``."""
+    given = tuple(targets) if not isinstance(targets, str) else (targets,)
+    if not given:
+        raise FieldError("targets", "{name} is empty; give some of " + ", ".join(TARGETS))
+    bad = [t for t in given if not isinstance(t, str) or t not in TARGETS]
+    if bad:
+        raise FieldError(
+            "targets", "{name}: unknown target " + literal(repr(bad[0])) + "; use some of " + ", ".join(TARGETS)
+        )
+    if len(set(given)) != len(given):
+        raise FieldError("targets", "{name} lists a target twice; give each once")
+    return tuple(t for t in TARGETS if t in given)
+
+
 @dataclass(frozen=True)
 class AlignmentConfig:
-    """The whole protocol (module docstring), validated on construction; errors name the CLI option.
+    """The whole protocol (module docstring), validated on construction; errors name the field.
 
     ``k``: directions per designed target. ``ridge``: kernel ridge relative to the kernel's
     mean eigenvalue. ``targets``: which targets (subset of :data:`TARGETS`). ``seeds``: one
@@ -151,63 +165,51 @@ class AlignmentConfig:
     confidence: float = 0.95
 
     def __post_init__(self) -> None:
-
-        for name, option, low in (
-            ("k", "--k", 1),
-            ("n_train", "--n-train", 2),
-            ("n_test", "--n-test", 1),
-            ("width", "--width", 1),
-            ("steps", "--steps", 0),
-        ):
+        for name, low in (("k", 1), ("n_train", 2), ("n_test", 1), ("width", 1), ("steps", 0)):
             value = getattr(self, name)
             if not is_int(value) or value < low:
-                raise AuditError(f"{option} must be an integer >= {low}, got {value!r}")
+                raise FieldError(name, "{name} must be an integer >= " + f"{low}, got " + literal(repr(value)))
             object.__setattr__(self, name, int(value))
-        for name, option in (("ridge", "--ridge"), ("lr_fraction", "--lr-fraction"), ("match_loss", "--match-loss")):
+        for name in ("ridge", "lr_fraction", "match_loss", "lr"):
             value = getattr(self, name)
+            if value is None and name == "lr":
+                continue
             if not is_real(value) or not math.isfinite(value) or not value > 0:
-                raise AuditError(f"{option} must be a positive number, got {value!r}")
+                raise FieldError(name, "{name} must be a positive number, got " + literal(repr(value)))
             object.__setattr__(self, name, float(value))
         if self.lr_fraction >= 1:
-            raise AuditError(
-                f"--lr-fraction must be below 1 (GD diverges at lr = 2n / lambda_max), got {self.lr_fraction:g}"
+            raise FieldError(
+                "lr_fraction",
+                "{name} must be below 1 (GD diverges at lr = 2n / lambda_max), got " + f"{self.lr_fraction:g}",
             )
         if self.match_loss >= 1:
-            raise AuditError(
-                f"--match-loss is a relative training MSE and must be below 1 (the loss at f = 0), "
-                f"got {self.match_loss:g}"
+            raise FieldError(
+                "match_loss",
+                "{name} is a relative training MSE and must be below 1 (the loss at f = 0), "
+                "got " + f"{self.match_loss:g}",
             )
-        if self.lr is not None:
-            if not is_real(self.lr) or not math.isfinite(self.lr) or not self.lr > 0:
-                raise AuditError(f"--lr must be a positive number, got {self.lr!r}")
-            object.__setattr__(self, "lr", float(self.lr))
         if self.rank_tol is not None:
             if not is_real(self.rank_tol) or not math.isfinite(self.rank_tol) or not 0 < self.rank_tol < 1:
-                raise AuditError(f"--rank-tol must be a number in (0, 1), got {self.rank_tol!r}")
+                raise FieldError("rank_tol", "{name} must be a number in (0, 1), got " + literal(repr(self.rank_tol)))
             object.__setattr__(self, "rank_tol", float(self.rank_tol))
-        targets = tuple(self.targets) if not isinstance(self.targets, str) else (self.targets,)
-        if not targets:
-            raise AuditError(f"--targets is empty; give some of {', '.join(TARGETS)}")
-        bad = [t for t in targets if not isinstance(t, str) or t not in TARGETS]
-        if bad:
-            raise AuditError(f"--targets: unknown target {bad[0]!r}; use some of {', '.join(TARGETS)}")
-        if len(set(targets)) != len(targets):
-            raise AuditError("--targets lists a target twice; give each once")
-        object.__setattr__(self, "targets", tuple(t for t in TARGETS if t in targets))  # canonical order
+        object.__setattr__(self, "targets", _check_targets(self.targets))
         seeds = tuple(self.seeds)
         if not seeds:
-            raise AuditError("--seeds must be >= 1")
+            raise FieldError("seeds", "{name} must be >= 1")
         for s in seeds:
-            check_seed(s, "--seed")
+            field_check("seed", check_seed, s)
         if len(set(seeds)) != len(seeds):
-            raise AuditError("a seed is listed twice; give each seed once")
+            raise FieldError("seeds", "a seed is listed twice in {name}; give each seed once")
         object.__setattr__(self, "seeds", tuple(int(s) for s in seeds))
         if not isinstance(self.attn_scaling, str) or self.attn_scaling not in ATTN_SCALINGS:
-            raise AuditError(f"unknown --attn-scaling {self.attn_scaling!r}; use one of {', '.join(ATTN_SCALINGS)}")
+            raise FieldError(
+                "attn_scaling",
+                "unknown {name} " + literal(repr(self.attn_scaling)) + "; use one of " + ", ".join(ATTN_SCALINGS),
+            )
         if not isinstance(self.nets, bool):
-            raise AuditError(f"nets must be true or false, got {self.nets!r}")
+            raise FieldError("nets", "{name} must be true or false, got " + literal(repr(self.nets)))
         if not is_real(self.confidence) or not 0 < self.confidence < 1:
-            raise AuditError(f"confidence must be in (0, 1), got {self.confidence!r}")
+            raise FieldError("confidence", "{name} must be in (0, 1), got " + literal(repr(self.confidence)))
 
     @property
     def loss_tol(self) -> float:
@@ -219,7 +221,7 @@ class AlignmentConfig:
         """The config of a preset (sizes from :data:`PRESETS`), explicit ``overrides`` winning."""
         key = str(name).strip().lower()
         if key not in PRESETS:
-            raise AuditError(f"unknown --preset {name!r}; use {' or '.join(PRESETS)}")
+            raise unknown_preset(name, PRESETS)
         sizes = {k: v for k, v in PRESETS[key].items() if k in ("n_train", "n_test", "width", "steps", "match_loss")}
         return cls(**{**sizes, **overrides})
 
@@ -313,9 +315,10 @@ def design_targets(
     Xc, Xtc = X - spec.mean, Xt - spec.mean
     d = X.shape[1]
     if any(t in DESIGNED for t in kinds) and k > spec.rank:
-        raise AuditError(
-            f"--k {k} exceeds the numerical rank {spec.rank} of the centred training rows; "
-            f"lower --k to at most {spec.rank}"
+        raise FieldError(
+            "k",
+            "{name} " + f"{k} exceeds the numerical rank {spec.rank} of the centred training rows; "
+            "lower {name} to at most " + f"{spec.rank}",
         )
     rng = np.random.default_rng([int(seed), 0xA11])
     w = torch.from_numpy(rng.standard_normal(k)).to(X.device, F64)
@@ -324,7 +327,7 @@ def design_targets(
     for kind in kinds:
         if kind == "labels":
             if y_train is None or y_test is None:
-                raise AuditError("the labels target needs labelled data; drop labels from --targets")
+                raise FieldError("targets", "the labels target needs labelled data; drop labels from {name}")
             present = sorted(set(int(c) for c in (classes if classes is not None else y_train.tolist())))
             index = {c: i for i, c in enumerate(present)}
             ytr = [index.get(int(c), -1) for c in y_train.tolist()]
@@ -664,9 +667,10 @@ def run_alignment(
     ``progress(1)`` after each (seed, target). Every number is float64."""
 
     if config.n_train + config.n_test > ds.n:
-        raise AuditError(
-            f"--n-train {config.n_train} + --n-test {config.n_test} = {config.n_train + config.n_test} rows, "
-            f"but {ds.name} has {ds.n}; lower --n-train/--n-test"
+        raise FieldError(
+            "n_train",
+            "{name} " + f"{config.n_train} + n_test {config.n_test} = {config.n_train + config.n_test} rows, "
+            f"but {literal(ds.name)} has {ds.n}; lower {{name}} or n_test",
         )
     warnings: list[str] = []
     kinds = config.targets
@@ -674,8 +678,9 @@ def run_alignment(
         kinds = tuple(t for t in kinds if t != "labels")
         warnings.append(f"{ds.name} has no labels: the labels target is left out")
         if not kinds:
-            raise AuditError(
-                f"{ds.name} has no labels, and --targets asks only for labels; add principal, trailing or random"
+            raise FieldError(
+                "targets",
+                f"{literal(ds.name)} has no labels, and {{name}} asks only for labels; add principal, trailing or random",
             )
     classes = sorted(set(ds.y.tolist())) if ds.y is not None else None
     dev = torch.device(device) if device is not None else ds.X.device
@@ -905,188 +910,3 @@ def summarise(rows: list[SeedRow], config: AlignmentConfig, kinds: tuple[str, ..
                 iv = mean_interval(per, config.confidence)
                 levels.append(LevelRow(metric, kind, arch, iv.estimate, iv.bounds, iv.n, per))
     return summary, contrast, levels
-
-
-# ----------------------------------------------------------------------------- table and figure
-
-
-def _num(v, fmt: str = ".3g") -> str:
-    return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, fmt)
-
-
-def _ci(row: SummaryRow | None) -> str:
-    if row is None or row.estimate is None:
-        return "-"
-    lo, hi = row.interval
-    return f"{row.estimate:+.2g} [{_num(lo, '+.2g') if lo is not None else '-inf'}, {_num(hi, '+.2g') if hi is not None else '+inf'}]"
-
-
-def build_tables(result: AlignmentResult, title: str = "attnaudit alignment") -> list:
-    """Rich tables: the kernels per target (errors, CKA, paired differences), the trained nets per
-    target, the contrasts, then one line per verdict and warning."""
-    from rich.table import Table
-    from rich.text import Text
-
-    cfg = result.config
-    level = {(r.metric, r.target, r.model): r for r in result.levels}
-    summ = {(r.quantity, r.target): r for r in result.summary}
-    kinds = [t for t in TARGETS if any(r.target == t for r in result.summary)]
-    kt = Table(
-        title=f"{title}: kernel ridge (relative test MSE ||f - y||^2/||y||^2) and CKA; "
-        "every difference > 0 = attention better"
-    )
-    for c in (
-        "target",
-        "err relu",
-        "err attn",
-        "Δ err relu-attn [95 % CI]",
-        "ln(err relu/attn) [95 % CI]",
-        "CKA relu",
-        "CKA attn",
-        "Δ CKA attn-relu [95 % CI]",
-    ):
-        kt.add_column(c, justify="left" if c == "target" else "right")
-    for kind in kinds:
-        kt.add_row(
-            kind,
-            _num(level[("kernel_error", kind, "relu")].estimate),
-            _num(level[("kernel_error", kind, "attn")].estimate),
-            _ci(summ.get(("kernel_error_advantage_attn", kind))),
-            _ci(summ.get(("kernel_log_error_ratio_attn", kind))),
-            _num(level[("cka", kind, "relu")].estimate),
-            _num(level[("cka", kind, "attn")].estimate),
-            _ci(summ.get(("cka_advantage_attn", kind))),
-        )
-    out: list = [kt]
-    if cfg.nets:
-        nt = Table(
-            title=f"trained nets, width {cfg.width}, GD to relative training MSE {cfg.match_loss:g} "
-            f"(<= {cfg.steps} steps): relative test MSE; only seeds where both reached it are compared"
-        )
-        for c in ("target", "err relu", "err attn", "reached relu", "reached attn", "Δ err relu-attn [95 % CI]"):
-            nt.add_column(c, justify="left" if c == "target" else "right")
-        for kind in kinds:
-            reached = []
-            for arch in MODELS:
-                mine = [r for r in result.per_seed if r.target == kind and r.model == arch]
-                reached.append(f"{sum(bool(r.net_reached_loss) for r in mine)}/{len(mine)}")
-            nt.add_row(
-                kind,
-                _num(level[("net_error", kind, "relu")].estimate),
-                _num(level[("net_error", kind, "attn")].estimate),
-                *reached,
-                _ci(summ.get(("net_error_advantage_attn", kind))),
-            )
-        out.append(nt)
-    if result.contrast:
-        ct = Table(
-            title="contrast: attention's advantage on principal minus on the other target (> 0 = the paper's claim)"
-        )
-        for c in ("quantity", "targets", "estimate [95 % CI]", "seeds", "verdict"):
-            ct.add_column(c, justify="left" if c in ("quantity", "targets", "verdict") else "right")
-        for r in result.contrast:
-            ct.add_row(r.quantity, r.target, _ci(r), str(r.n_seeds), r.verdict)
-        out.append(ct)
-    out.extend(Text(f"- {v}") for v in result.verdicts())
-    out.extend(Text(f"warning: {w}", style="yellow") for w in result.warnings)
-    return out
-
-
-def plot_alignment(result: AlignmentResult, path, title: str) -> None:
-    """Errors (kernel, nets) and CKA by target and model: per-seed points and mean +- t-interval bars."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    metrics = [("kernel_error", "kernel ridge: relative test MSE (log)"), ("cka", "CKA(K, y y^T) on training rows")]
-    if result.config.nets:
-        metrics.insert(1, ("net_error", "trained nets (matched loss): relative test MSE (log)"))
-    kinds = [t for t in TARGETS if any(r.target == t for r in result.levels)]
-    colors = {"relu": "tab:blue", "attn": "tab:orange"}
-    fig, axes = plt.subplots(1, len(metrics) + 1, figsize=(4.6 * (len(metrics) + 1), 4.4))
-    axes = np.atleast_1d(axes)
-    try:
-        for ax, (metric, label) in zip(axes, metrics):
-            for j, arch in enumerate(MODELS):
-                offset = -0.15 if j == 0 else 0.15
-                for i, kind in enumerate(kinds):
-                    lv = next(r for r in result.levels if r.metric == metric and r.target == kind and r.model == arch)
-                    rows = [r for r in result.per_seed if r.target == kind and r.model == arch]
-                    xs = i + offset
-                    for r in rows:
-                        v = getattr(r, metric)
-                        if v is None or not math.isfinite(v) or (metric != "cka" and v <= 0):
-                            continue
-                        hollow = metric == "net_error" and not r.net_reached_loss
-                        ax.scatter(
-                            [xs + np.random.default_rng(r.seed).uniform(-0.05, 0.05)],
-                            [v],
-                            s=14,
-                            facecolors="none" if hollow else colors[arch],
-                            edgecolors=colors[arch],
-                            alpha=0.7,
-                        )
-                    if lv.estimate is not None:
-                        lo, hi = lv.interval
-                        err = None
-                        if lo is not None and hi is not None:
-                            low = lv.estimate - lo if metric == "cka" or lo > 0 else 0.0  # log axes: no bar below 0
-                            err = [[low], [hi - lv.estimate]]
-                        ax.errorbar(
-                            [xs],
-                            [lv.estimate],
-                            yerr=err,
-                            fmt="s",
-                            color=colors[arch],
-                            capsize=4,
-                            ms=6,
-                            label=MODEL_LABELS[arch] if i == 0 else None,
-                        )
-            ax.set_xticks(range(len(kinds)))
-            ax.set_xticklabels(kinds)
-            ax.set_title(label, fontsize=10)
-            ax.grid(alpha=0.3)
-            if metric != "cka":
-                ax.set_yscale("log")
-            if metric == "net_error":
-                ax.text(
-                    0.01,
-                    0.99,
-                    "hollow: did not reach the loss (not compared)",
-                    transform=ax.transAxes,
-                    va="top",
-                    fontsize=8,
-                )
-        # the differences themselves: per-target advantages and the contrasts, > 0 = attention better
-        ax = axes[-1]
-        errs = ("kernel_error_advantage_attn", "net_error_advantage_attn")
-        shown = [r for r in result.summary if r.quantity in errs] + [
-            r for r in result.contrast if r.quantity.removesuffix("_contrast") in errs
-        ]
-        labels_x = []
-        for i, row in enumerate(shown):
-            color = "tab:green" if row.quantity.startswith("kernel") else "tab:purple"
-            for v in row.per_seed:
-                if v is not None:
-                    ax.scatter([i], [v], s=10, color=color, alpha=0.5)
-            if row.estimate is not None:
-                lo, hi = row.interval
-                err = None if lo is None or hi is None else [[row.estimate - lo], [hi - row.estimate]]
-                ax.errorbar([i], [row.estimate], yerr=err, fmt="D", color=color, capsize=4, ms=5)
-            labels_x.append(
-                ("K " if row.quantity.startswith("kernel") else "net ") + row.target.replace("principal-", "P-")
-            )
-        ax.axhline(0.0, color="black", lw=0.8)
-        ax.set_yscale("symlog", linthresh=1e-3)
-        ax.set_xticks(range(len(shown)))
-        ax.set_xticklabels(labels_x, rotation=60, ha="right", fontsize=7)
-        ax.set_title("err_relu - err_attn (> 0: attention better); P-x: contrast", fontsize=10)
-        ax.text(0.01, 0.99, "green: kernel, purple: nets", transform=ax.transAxes, va="top", fontsize=8)
-        ax.grid(alpha=0.3)
-        axes[0].legend(fontsize=8)
-        fig.suptitle(title, fontsize=11)
-        fig.tight_layout()
-        fig.savefig(path, format="png", dpi=120)
-    finally:
-        plt.close(fig)

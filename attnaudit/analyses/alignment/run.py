@@ -13,33 +13,32 @@ principal target minus that on the random (or trailing) one, positive = the pape
 
 from __future__ import annotations
 
-from attnaudit.errors import is_int, is_real
-
 import dataclasses
-import math
 import time
 from dataclasses import dataclass
 from typing import ClassVar
 
 from attnaudit.analyses.alignment.alignment import PRESETS, TARGETS
-from attnaudit.analyses.request import ANALYSIS, EXECUTION, PROTOCOL, FieldError, Request, check_seeds, list_of, literal
-from attnaudit.analyses.request import option, redefault
+from attnaudit.analyses.request import ANALYSIS, PROTOCOL, DeviceField, FieldError, Request, SeedField, check_seeds
+from attnaudit.analyses.request import list_of, option, redefault
 from attnaudit.analyses.result import Progress, Result, progress_or_silent
 from attnaudit.analyses.sources import DataFields, PresetData
-from attnaudit.analyses.alignment.alignment import PNG_NAME, SCHEMA, build_tables, plot_alignment, run_alignment
+from attnaudit.analyses.alignment.alignment import SCHEMA, run_alignment
+from attnaudit.analyses.alignment.report import PNG_NAME, build_tables, plot_alignment
 from attnaudit.report.envelope import build_report
 from attnaudit.runtime.device import resolve_device
 from attnaudit.analyses.alignment.alignment import AlignmentConfig
-from attnaudit.models.builtin import ATTN_SCALINGS
 
 
 @dataclass(frozen=True)
-class AlignmentRequest(PresetData, Request):
+class AlignmentRequest(PresetData, SeedField, DeviceField, Request):
     """What ``attnaudit alignment`` computes; every field is one option.
 
     Kernel ridge and trained-net errors, and CKA, of 2L-ReLU and MLP-Attn on targets aligned
     with the data's principal, trailing or random directions (and the labels). The fields left
     None are filled by the preset (:meth:`resolved`); an explicit value beats the preset.
+    :meth:`resolve` gives the :class:`~attnaudit.analyses.alignment.alignment.AlignmentConfig`
+    the run uses, which also checks the protocol's values.
     """
 
     COMMAND = "alignment"
@@ -140,8 +139,6 @@ class AlignmentRequest(PresetData, Request):
         kind=float,
         help="Relative tolerance of the numerical rank that bounds the trailing directions (default max(n,d)*eps).",
     )
-    seed: int = option(0, "--seed", panel=PROTOCOL, help="Base random seed (recorded in the report).")
-    device: str = option("auto", "--device", panel=EXECUTION, help="auto, cpu, cuda or cuda:<i>.")
 
     @property
     def target_list(self) -> tuple[str, ...]:
@@ -154,10 +151,13 @@ class AlignmentRequest(PresetData, Request):
         fill = self.preset_fill("n_train", "n_test", "width", "steps", "match_loss")
         return dataclasses.replace(self, **fill) if fill else self
 
-    def config(self):
-        """The :class:`~attnaudit.analyses.alignment.alignment.AlignmentConfig` this request runs."""
-
+    def resolve(self) -> AlignmentConfig:
+        """The :class:`~attnaudit.analyses.alignment.alignment.AlignmentConfig` this request runs
+        (its preset filled); the configuration checks every value, naming the request's field."""
         r = self.resolved()
+        # the preset fills every size
+        assert r.n_train is not None and r.n_test is not None and r.width is not None and r.steps is not None
+        assert r.match_loss is not None
         return AlignmentConfig(
             k=r.k,
             ridge=r.ridge,
@@ -177,47 +177,11 @@ class AlignmentRequest(PresetData, Request):
 
     # ---- validation (before anything is read)
     def validate(self) -> None:
-
         self.check_preset()
         check_seeds(self.seed, self.seeds, rule="a positive integer", integer=True)
-        targets = self.target_list
-        if not targets:
+        if self.targets is not None and not self.targets:
             raise FieldError("targets", "{name} is empty; give some of " + ", ".join(TARGETS))
-        bad = [t for t in targets if t not in TARGETS]
-        if bad:
-            raise FieldError(
-                "targets", "{name}: unknown target " + literal(repr(bad[0])) + "; use some of " + ", ".join(TARGETS)
-            )
-        if len(set(targets)) != len(targets):
-            raise FieldError("targets", "{name} lists a target twice; give each once")
-        for name, low in (("k", 1), ("n_train", 2), ("n_test", 1), ("width", 1), ("steps", 0)):
-            value = getattr(self, name)
-            if value is not None and (not is_int(value) or value < low):
-                raise FieldError(name, "{name} must be an integer >= " + f"{low}, got " + literal(repr(value)))
-        for name in ("ridge", "lr_fraction", "match_loss", "lr"):
-            value = getattr(self, name)
-            if value is not None and (not is_real(value) or not math.isfinite(value) or not value > 0):
-                raise FieldError(name, "{name} must be a positive number, got " + literal(repr(value)))
-        if self.lr_fraction >= 1:
-            raise FieldError(
-                "lr_fraction",
-                "{name} must be below 1 (GD diverges at lr = 2n / lambda_max), got " + f"{self.lr_fraction:g}",
-            )
-        if self.match_loss is not None and self.match_loss >= 1:
-            raise FieldError(
-                "match_loss",
-                "{name} is a relative training MSE and must be below 1 (the loss at f = 0), "
-                "got " + f"{self.match_loss:g}",
-            )
-        if self.rank_tol is not None and (
-            not is_real(self.rank_tol) or not math.isfinite(self.rank_tol) or not 0 < self.rank_tol < 1
-        ):
-            raise FieldError("rank_tol", "{name} must be a number in (0, 1), got " + literal(repr(self.rank_tol)))
-        scaling = str(self.attn_scaling).strip().lower()
-        if scaling not in ATTN_SCALINGS:
-            raise FieldError(
-                "attn_scaling", "unknown {name} " + literal(repr(scaling)) + "; use one of " + ", ".join(ATTN_SCALINGS)
-            )
+        self.resolve()  # the configuration checks the protocol's values
 
 
 def run(request: AlignmentRequest, *, progress: Progress | None = None, executor=None) -> Result:
@@ -228,7 +192,7 @@ def run(request: AlignmentRequest, *, progress: Progress | None = None, executor
 
     progress = progress_or_silent(progress)
     r = request.resolved()
-    config = request.config()
+    config = r.resolve()
     dev = resolve_device(r.device)
     t0 = time.perf_counter()
     ds = r.load_data(r.seed, n=None)

@@ -22,6 +22,7 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
+from attnaudit.analyses.request import FieldError, literal
 from attnaudit.errors import AuditError
 from attnaudit.core.spectral import (
     PAPER_LABEL,
@@ -55,9 +56,12 @@ class KappaConfig:
 
     def __post_init__(self) -> None:
         if self.rank_tol is not None and not (0 < self.rank_tol < 1):
-            raise AuditError(f"--rank-tol must lie in (0, 1) (relative to the largest eigenvalue), got {self.rank_tol}")
+            raise FieldError(
+                "rank_tol",
+                "{name} must lie in (0, 1) (relative to the largest eigenvalue), got " + literal(self.rank_tol),
+            )
         if self.chunk_rows < 1:
-            raise AuditError("chunk size must be a positive number of rows")
+            raise FieldError("chunk_rows", "{name} must be a positive number of rows")
 
 
 @dataclass

@@ -12,10 +12,6 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-from attnaudit.analyses.request import ANALYSIS, PROTOCOL, FieldError, Request, field_check, list_of, option
-from attnaudit.analyses.result import Progress, Result, progress_or_silent
-from attnaudit.analyses.sources import DataFields, ModelFields
-from attnaudit.errors import check_seed
 from attnaudit.analyses.kappa.dataset import (
     SCHEMA,
     KappaConfig,
@@ -26,12 +22,28 @@ from attnaudit.analyses.kappa.dataset import (
     sweep_cell,
     sweep_verdicts,
 )
+from attnaudit.analyses.kappa.discovery import find_attention_layers
+from attnaudit.analyses.kappa.layers import LayerKappaConfig
+from attnaudit.analyses.request import (
+    ANALYSIS,
+    PROTOCOL,
+    DeviceField,
+    FieldError,
+    Request,
+    SeedField,
+    field_check,
+    list_of,
+    option,
+)
+from attnaudit.analyses.result import Progress, Result, progress_or_silent
+from attnaudit.analyses.sources import DataFields, ModelFields
+from attnaudit.errors import AuditError, check_seed
+from attnaudit.models.checkpoints import fit_to_data
 from attnaudit.report.envelope import build_report
 from attnaudit.runtime.device import resolve_device
-from attnaudit.errors import AuditError
-from attnaudit.models.checkpoints import fit_to_data
 
-GRAMS = ("tokens", "entk")
+#: the batch of the per-layer analysis when ``n`` is not given (all rows when the data have fewer)
+LAYER_BATCH = 256
 
 
 def _n_values(value, name: str) -> tuple:
@@ -39,8 +51,12 @@ def _n_values(value, name: str) -> tuple:
 
 
 @dataclass(frozen=True)
-class KappaRequest(ModelFields, DataFields, Request):
-    """What ``attnaudit kappa`` computes; every field is one option (see :class:`Option`)."""
+class KappaRequest(ModelFields, DataFields, SeedField, DeviceField, Request):
+    """What ``attnaudit kappa`` computes; every field is one option (see :class:`Option`).
+
+    :meth:`resolve` gives the one configuration the run uses: a :class:`KappaConfig` for the
+    data alone, a :class:`LayerKappaConfig` with a model.
+    """
 
     COMMAND = "kappa"
 
@@ -82,8 +98,6 @@ class KappaRequest(ModelFields, DataFields, Request):
         help="With a model: tokens (per-layer token Grams, default) or entk (also the empirical-NTK Gram of the "
         "whole model on the batch).",
     )
-    seed: int = option(0, "--seed", panel=PROTOCOL, help="Base random seed (recorded in the report).")
-    device: str = option("auto", "--device", panel="Execution", help="auto, cpu, cuda or cuda:<i>.")
 
     def validate(self) -> None:
         if self.model_given:
@@ -93,14 +107,13 @@ class KappaRequest(ModelFields, DataFields, Request):
                 )
             if self.n is not None and len(self.n) != 1:
                 raise FieldError("n", "with a model {name} is one batch size (e.g. {name} 256), not a list")
-            if self.gram is not None and self.gram.strip().lower() not in GRAMS:
-                raise FieldError("gram", "{name} must be tokens or entk, got " + repr(self.gram))
             field_check("seed", check_seed, self.seed)
+            self.layer_config()  # n, layers, gram and rank_tol are checked by the configuration
             return
         if self.layers is not None or self.gram is not None:
             raise FieldError(
                 "layers" if self.layers is not None else "gram",
-                "--layers and --gram analyse a model's layers; give the model with --checkpoint (or --factory)",
+                "{name} analyses a model's layers; give the model as a checkpoint or a factory",
             )
         if self.seeds < 1:
             raise FieldError("seeds", "{name} must be >= 1, got " + str(self.seeds))
@@ -110,19 +123,39 @@ class KappaRequest(ModelFields, DataFields, Request):
         if len(set(ns)) != len(ns):
             raise FieldError("n", "a value is listed twice in {name}; list each subset size once")
         field_check("seed", check_seed, self.seed, count=self.seeds)
+        KappaConfig(rank_tol=self.rank_tol, direct_check=self.direct_check)  # checks rank_tol
+
+    def layer_config(self, device: str | None = None) -> LayerKappaConfig:
+        """The per-layer configuration of this request (a model given), on ``device``."""
+        return LayerKappaConfig(
+            n=self.n[0] if self.n is not None else LAYER_BATCH,
+            layers=self.layers,
+            gram=(self.gram or "tokens").strip().lower(),
+            rank_tol=self.rank_tol,
+            seed=self.seed,
+            device=device,
+        )
+
+    def resolve(self) -> KappaConfig | LayerKappaConfig:
+        """The configuration the run uses: with a model, the :class:`LayerKappaConfig` on the resolved
+        device; for the data alone, the :class:`KappaConfig` (``n``, ``seeds`` and ``stratify``
+        say which subsets it analyses)."""
+        if self.model_given:
+            return self.layer_config(str(resolve_device(self.device)))
+        return KappaConfig(rank_tol=self.rank_tol, direct_check=self.direct_check)
 
 
 def run(request: KappaRequest, *, progress: Progress | None = None, executor=None) -> Result:
     """Run ``request``; the report is the one ``attnaudit kappa --json`` writes."""
-    if request.model_given:
-        return _run_layers(request, progress_or_silent(progress))
-    return _run_data(request, progress_or_silent(progress))
+    config = request.resolve()
+    if isinstance(config, LayerKappaConfig):
+        return _run_layers(request, config, progress_or_silent(progress))
+    return _run_data(request, config, progress_or_silent(progress))
 
 
-def _run_data(request: KappaRequest, progress: Progress) -> Result:
-
+def _run_data(request: KappaRequest, config: KappaConfig, progress: Progress) -> Result:
+    """Conditioning of the data alone: the detail of the largest subset, and the sweep over ``n`` and seeds."""
     ns = list(request.n) if request.n is not None else [None]
-    config = KappaConfig(rank_tol=request.rank_tol, direct_check=request.direct_check)
     dev = resolve_device(request.device)
     if request.loaded_data is None:
         request.data_spec(request.seed, n=ns[0], stratify=request.stratify)  # options checked before any work
@@ -187,28 +220,10 @@ def _run_data(request: KappaRequest, progress: Progress) -> Result:
     )
 
 
-def _run_layers(request: KappaRequest, progress: Progress) -> Result:
+def _run_layers(request: KappaRequest, config: LayerKappaConfig, progress: Progress) -> Result:
     """Per-layer conditioning of saved models on a batch of the data."""
-    from attnaudit.analyses.kappa.layers import (
-        PNG_NAME,
-        SCHEMA,
-        LayerKappaConfig,
-        analyse_layers,
-        build_tables,
-        find_attention_layers,
-        plot_layer_kappa,
-    )
-
-    n = request.n[0] if request.n is not None else 256
-    config = LayerKappaConfig(
-        n=n,
-        layers=request.layers,
-        gram=(request.gram or "tokens").strip().lower(),
-        rank_tol=request.rank_tol,
-        seed=request.seed,
-    )
-    dev = resolve_device(request.device)
-    config = dataclasses.replace(config, device=str(dev))
+    from attnaudit.analyses.kappa.layer_report import PNG_NAME, build_tables, plot_layer_kappa
+    from attnaudit.analyses.kappa.layers import SCHEMA, analyse_layers
 
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -245,7 +260,7 @@ def _run_layers(request: KappaRequest, progress: Progress) -> Result:
             "rank_tol": request.rank_tol,
         },
         seeds={"base_seed": request.seed, "subset_seeds": [request.seed]},
-        device=dev,
+        device=config.device,
         dtype="float64",
         timings=timings,
         results={

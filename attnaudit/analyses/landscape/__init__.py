@@ -9,7 +9,9 @@ Modules, one job each:
 * :mod:`.surfaces` -- 1-D and 2-D surfaces; :mod:`.basin` -- the basin width;
 * :mod:`.analysis` -- :class:`LandscapeConfig`, :class:`LandscapeResult`, :func:`analyse_landscape`;
 * :mod:`.compare` -- verdicts and warnings comparing models (10 % loss gate, seed tolerances, untrained rule);
-* :mod:`.run` -- :func:`run_landscape`: train or take saved models, analyse, compare;
+* :mod:`.reference` -- the built-in reference models (2L-ReLU, MLP-Attn) and their training;
+* :mod:`.pipeline` -- :func:`run_landscape`: train or take saved models, analyse, compare;
+* :mod:`.run` -- :class:`LandscapeRequest`, its resolved :class:`LandscapeSetup` and ``run``;
 * :mod:`.report` -- table and figure.
 
 Lanczos and Hutchinson live in :mod:`attnaudit.core.linalg` (re-exported here); the
@@ -47,14 +49,8 @@ from attnaudit.analyses.landscape.evaluate import (
     loss_and_accuracy,
     state_dict_loop,
 )
-from attnaudit.analyses.landscape.run import (
-    ARCHS,
-    LandscapeRun,
-    build_reference_model,
-    run_landscape,
-    run_work_units,
-    train_reference_model,
-)
+from attnaudit.analyses.landscape.pipeline import LandscapeRun, run_landscape, run_work_units
+from attnaudit.analyses.landscape.reference import ARCHS, build_reference_model, train_reference_model
 from attnaudit.analyses.landscape.setup import ParameterSelectionError, landscape_engine, landscape_task
 from attnaudit.analyses.landscape.surfaces import Surface1D, Surface2D, loss_surface_1d, loss_surface_2d, symmetric_grid
 

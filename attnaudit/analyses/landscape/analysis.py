@@ -29,6 +29,7 @@ from torch import nn
 
 from attnaudit.core.linalg import EigenResult, TraceResult, hutchinson_trace, lanczos_top_eigen
 from attnaudit.core.task import LOSSES, Task
+from attnaudit.analyses.request import FieldError, literal
 from attnaudit.errors import AuditError
 from attnaudit.analyses.landscape.basin import BasinResult, basin_width
 from attnaudit.analyses.landscape.directions import (
@@ -98,50 +99,40 @@ class LandscapeConfig:
 
     def __post_init__(self) -> None:
         if self.loss is not None and self.loss not in LOSSES:
-            raise AuditError(f"unknown --loss {self.loss!r}; use one of {', '.join(LOSSES)}")
+            raise FieldError("loss", "unknown {name} " + literal(repr(self.loss)) + f"; use one of {', '.join(LOSSES)}")
         if self.params is not None:
             items = self.params.split(",") if isinstance(self.params, str) else self.params
             object.__setattr__(self, "params", tuple(str(p).strip() for p in items if str(p).strip()))
             if not self.params:
-                raise AuditError("the parameter selector is empty; use all, head, a module name or glob patterns")
-        if self.directions not in DIRECTION_KINDS:
-            raise AuditError(f"unknown --directions {self.directions!r}; use one of {', '.join(DIRECTION_KINDS)}")
-        if self.backend not in BACKENDS:
-            raise AuditError(f"unknown evaluation backend {self.backend!r}; use one of {', '.join(BACKENDS)}")
+                raise FieldError("params", "{name} is empty; use all, head, a module name or glob patterns")
+        for name, kinds in (("directions", DIRECTION_KINDS), ("backend", BACKENDS), ("dtype", tuple(DTYPES))):
+            value = getattr(self, name)
+            if value not in kinds:
+                raise FieldError(name, "unknown {name} " + literal(repr(value)) + f"; use one of {', '.join(kinds)}")
         if self.backend == "structured" and not self.fast_path:
-            raise AuditError("the structured backend is the fast path; it cannot run with fast_path=False")
-        if self.dtype not in DTYPES:
-            raise AuditError(f"unknown --dtype {self.dtype!r}; use one of {', '.join(DTYPES)}")
-        if self.points != 0 and self.points < 3:
-            raise AuditError(f"--points must be 0 (skip) or >= 3, got {self.points}")
-        if self.grid != 0 and self.grid < 3:
-            raise AuditError(f"--grid must be 0 (skip) or >= 3, got {self.grid}")
-        if not (self.span > 0 and math.isfinite(self.span)):
-            raise AuditError(f"--span must be a positive number, got {self.span}")
-        if self.top_k < 1:
-            raise AuditError(f"--top-k must be >= 1, got {self.top_k}")
-        if self.lanczos_steps < 1:
-            raise AuditError(f"Lanczos steps must be >= 1, got {self.lanczos_steps}")
-        if not (0 < self.lanczos_tol < 1):
-            raise AuditError(f"Lanczos tolerance must be in (0, 1), got {self.lanczos_tol}")
+            raise FieldError("backend", "the structured {name} is the fast path; it cannot run with fast_path=False")
+        for name in ("points", "grid"):
+            if getattr(self, name) != 0 and getattr(self, name) < 3:
+                raise FieldError(name, "{name} must be 0 (skip) or >= 3, got " + str(getattr(self, name)))
+        for name, low in (("top_k", 1), ("lanczos_steps", 1), ("basin_directions", 1), ("basin_points", 2)):
+            if getattr(self, name) < low:
+                raise FieldError(name, "{name} must be >= " + f"{low}, got {getattr(self, name)}")
         if self.hutchinson_samples < 2:
-            raise AuditError(
-                f"--hutchinson-samples must be >= 2 (a standard error needs two), got {self.hutchinson_samples}"
+            raise FieldError(
+                "hutchinson_samples",
+                "{name} must be >= 2 (a standard error needs two), got " + str(self.hutchinson_samples),
             )
-        if self.basin_directions < 1:
-            raise AuditError(f"--basin-directions must be >= 1, got {self.basin_directions}")
+        for name in ("span", "basin_max", "memory_mb"):
+            if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):
+                raise FieldError(name, "{name} must be a positive number, got " + str(getattr(self, name)))
+        if not (0 < self.lanczos_tol < 1):
+            raise FieldError("lanczos_tol", "{name} must be in (0, 1), got " + str(self.lanczos_tol))
         if not (self.basin_factor > 1 and math.isfinite(self.basin_factor)):
-            raise AuditError(f"--basin-factor must be > 1, got {self.basin_factor}")
-        if not (self.basin_max > 0 and math.isfinite(self.basin_max)):
-            raise AuditError(f"basin max radius must be positive, got {self.basin_max}")
-        if self.basin_points < 2:
-            raise AuditError(f"basin points must be >= 2, got {self.basin_points}")
-        if not self.memory_mb > 0:
-            raise AuditError(f"memory budget must be positive, got {self.memory_mb} MB")
+            raise FieldError("basin_factor", "{name} must be > 1, got " + str(self.basin_factor))
         for name in ("points_per_batch", "samples_per_batch"):
             v = getattr(self, name)
             if v is not None and v < 1:
-                raise AuditError(f"{name.replace('_', ' ')} must be >= 1, got {v}")
+                raise FieldError(name, "{name} must be >= 1, got " + str(v))
 
     @property
     def lanczos_k(self) -> int:
@@ -239,6 +230,36 @@ class _Ticks:
         self(self.total - self.done)
 
 
+def _surface_directions(
+    config: LandscapeConfig, params: dict, vecs: torch.Tensor, seeds: dict
+) -> tuple[Direction, Direction | None, dict]:
+    """The surfaces' directions (the second only with a 2-D grid) and how they were made:
+    filter-normalized random directions, or the top Hessian eigenvectors (``vecs``, scaled so
+    that ||d|| = ||theta||)."""
+    d1: Direction
+    d2: Direction | None
+    if config.directions == "random":
+        d1 = random_direction(params, seeds["direction_1"], config.keep_1d_params)
+        d2 = random_direction(params, seeds["direction_2"], config.keep_1d_params) if config.grid else None
+        dir_info = {
+            "kind": "random",
+            "normalization": "filter",
+            "keep_1d_params": config.keep_1d_params,
+            "seeds": [seeds["direction_1"], seeds["direction_2"]],
+        }
+    else:
+        d1 = eigenvector_direction(vecs[:, 0], params)
+        d2 = eigenvector_direction(vecs[:, 1], params) if config.grid and vecs.shape[1] > 1 else None
+        dir_info = {
+            "kind": "hessian",
+            "normalization": "global: ||d|| = ||theta||",
+            "eigen_index": [0, 1],
+            "lanczos_seed": seeds["lanczos_start"],
+        }
+    dir_info["theta_norm"] = params_norm(params)
+    return d1, d2, dir_info
+
+
 def analyse_landscape(
     model: nn.Module | Task, X: torch.Tensor, y: torch.Tensor, config: LandscapeConfig, progress: Progress = None
 ) -> LandscapeResult:
@@ -254,7 +275,7 @@ def analyse_landscape(
     if X.shape[0] != y.shape[0]:
         raise AuditError(f"{X.shape[0]} samples but {y.shape[0]} labels")
     if X.shape[0] == 0:
-        raise AuditError("no training samples; increase --n-train")
+        raise AuditError("no training samples; give more rows")
     task = landscape_task(model, X, config.loss, config.params)
     engine = landscape_engine(task, X, config.dtype)
     X, y = engine.rows(X), y.to(engine.device).long()
@@ -317,27 +338,7 @@ def analyse_landscape(
     trace_over_top = tr.estimate / lam1 if lam1 != 0 else float("nan")
 
     t0 = time.perf_counter()
-    d1: Direction
-    d2: Direction | None
-    if config.directions == "random":
-        d1 = random_direction(params, seeds["direction_1"], config.keep_1d_params)
-        d2 = random_direction(params, seeds["direction_2"], config.keep_1d_params) if config.grid else None
-        dir_info = {
-            "kind": "random",
-            "normalization": "filter",
-            "keep_1d_params": config.keep_1d_params,
-            "seeds": [seeds["direction_1"], seeds["direction_2"]],
-        }
-    else:
-        d1 = eigenvector_direction(vecs[:, 0], params)
-        d2 = eigenvector_direction(vecs[:, 1], params) if config.grid and vecs.shape[1] > 1 else None
-        dir_info = {
-            "kind": "hessian",
-            "normalization": "global: ||d|| = ||theta||",
-            "eigen_index": [0, 1],
-            "lanczos_seed": seeds["lanczos_start"],
-        }
-    dir_info["theta_norm"] = params_norm(params)
+    d1, d2, dir_info = _surface_directions(config, params, vecs, seeds)
     timings["directions"] = time.perf_counter() - t0
 
     evaluate = SurfaceEvaluator(

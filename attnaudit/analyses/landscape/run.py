@@ -1,10 +1,11 @@
-"""The two-model comparison end to end: train (or take saved) models, analyse each, compare.
+"""`landscape` as a request and a run: train (or take saved) models, analyse each, compare.
 
 :class:`LandscapeRequest` is what ``attnaudit landscape`` asks (its fields are the command's
-options; :data:`PRESETS` fill the ones left unset) and :func:`run` answers it with a
-:class:`~attnaudit.analyses.result.Result`. :func:`run_landscape` is the engine below: it
-builds every model and resolves the parameter selector on each before any training or
-analysis, so a selector that matches nothing fails at once.
+options; :data:`PRESETS` fill the ones left unset). :meth:`LandscapeRequest.resolve` gives the
+one :class:`LandscapeSetup` the run uses (the analysis' :class:`~.analysis.LandscapeConfig`,
+the training settings, the saved models, the seeds and the device, each made once) and
+:func:`run` answers it with a :class:`~attnaudit.analyses.result.Result` through
+:func:`~.pipeline.run_landscape`.
 """
 
 from __future__ import annotations
@@ -12,44 +13,40 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
-from torch import nn
 
-from attnaudit.core.task import LOSSES, Task
-from attnaudit.errors import AuditError, check_seed
-from attnaudit.analyses.landscape.analysis import LandscapeConfig, LandscapeResult, analyse_landscape
-from attnaudit.analyses.landscape.compare import compare_landscapes
-from attnaudit.analyses.landscape.directions import DIRECTION_KINDS
-from attnaudit.analyses.landscape.setup import DTYPES, ParameterSelectionError, landscape_task, parameter_names
-from attnaudit.analyses.request import ANALYSIS, EXECUTION, PROTOCOL, FieldError, Request, field_check, list_of, option
-from attnaudit.analyses.request import check_seeds, literal
+from attnaudit.analyses.landscape.analysis import LandscapeConfig
+from attnaudit.analyses.landscape.pipeline import LandscapeRun, run_landscape, run_work_units
+from attnaudit.analyses.landscape.reference import ARCHS, optimizer_record
+from attnaudit.analyses.landscape.report import PNG_NAME, SCHEMA, build_tables, plot_landscape
+from attnaudit.analyses.landscape.setup import DTYPES, ParameterSelectionError, check_selector
+from attnaudit.analyses.request import (
+    ANALYSIS,
+    PROTOCOL,
+    DeviceField,
+    FieldError,
+    Request,
+    SeedField,
+    TrainingRecipe,
+    check_seeds,
+    field_check,
+    list_of,
+    literal,
+    option,
+    redefault,
+)
 from attnaudit.analyses.result import Progress as RunProgress, Result, progress_or_silent
 from attnaudit.analyses.sources import ModelFields, PresetData
-from attnaudit.models.builtin import ModelSpec, build_model
-from attnaudit.core.training import train
-from attnaudit.core import training as gd
-from attnaudit.analyses.landscape.compare import untrained_status
-from attnaudit.core.fit import fit
-from attnaudit.data import data_fingerprint
-from attnaudit.models.builtin import training_data_mismatch
-from attnaudit.data import load_dataset, subset
-from attnaudit.models.checkpoints import recorded_split
-from attnaudit.analyses.landscape.compare import SEED_FIELDS as SEED_FIELDS, seed_record, seed_summary
-from attnaudit.analyses.landscape.report import PNG_NAME, SCHEMA, build_tables, plot_landscape
-from attnaudit.analyses.landscape.setup import check_selector
+from attnaudit.core.fit import DEFAULT_ADAM_LR, Recipe
 from attnaudit.core.training import TrainConfig
+from attnaudit.data import data_fingerprint, load_dataset, subset
+from attnaudit.errors import AuditError, check_seed
+from attnaudit.models.checkpoints import LoadedModel, fit_to_data, recorded_split
 from attnaudit.report.envelope import build_report
 from attnaudit.runtime.device import resolve_device
-from attnaudit.core.fit import Recipe
-from attnaudit.models.checkpoints import fit_to_data
-from attnaudit.core.fit import DEFAULT_ADAM_LR
-
-Progress = Callable[[int], None] | None
-ARCHS = ("relu", "attn")
 
 # Training and analysis sizes per preset; explicit options override every entry.
 PRESETS: dict[str, dict] = {
@@ -67,357 +64,6 @@ PRESETS: dict[str, dict] = {
     ),
 }
 
-
-def build_reference_model(arch: str, X: torch.Tensor, n_classes: int, *, width: int, seed: int) -> nn.Module:
-    """2L-ReLU / MLP-Attn of ``width`` initialised from ``seed`` (MLP-Attn's context from X), in X's dtype and device."""
-
-    spec = ModelSpec(arch, int(X.shape[1]), int(width), int(n_classes), seed=int(seed))  # type: ignore[arg-type]
-    return build_model(spec, X, dtype=X.dtype, device=X.device)
-
-
-def train_reference_model(
-    arch: str, X: torch.Tensor, y: torch.Tensor, n_classes: int, *, width: int, seed: int, train_config
-):
-    """Build 2L-ReLU / MLP-Attn with ``seed`` and train it with the project's full-batch GD.
-
-    Uses the same training path as every command (:func:`attnaudit.core.training.train`).
-    Returns (model, TrainResult).
-    """
-
-    model = build_reference_model(arch, X, n_classes, width=width, seed=seed)
-    return model, train(model, X, y.long(), train_config)
-
-
-def run_work_units(config: LandscapeConfig, n_models: int, train_steps: int = 0) -> int:
-    """Progress units of :func:`run_landscape`: each model's training steps and analysis."""
-    return n_models * (config.work_units() + train_steps)
-
-
-@dataclass(frozen=True)
-class LandscapeRun:
-    """Landscapes of several models on the same data, with the comparison's verdicts and warnings.
-
-    ``training[label]``: how the model came to be (trained here: steps run, final loss,
-    loss curve, seed; saved: its source and spec). ``lr``: the GD learning rate when the
-    models were trained here with full-batch GD (GD's stability bound is 2 / lr), else None.
-    ``results``: the first seed's analysis per model; ``seed_results``: every seed's (``seeds``
-    lists them; one seed unless ``--seeds``). ``status[label]``: the untrained rule (chance,
-    threshold, mean training accuracy, ``untrained``).
-    """
-
-    results: dict[str, LandscapeResult]
-    training: dict[str, dict]
-    verdicts: tuple[str, ...]
-    warnings: tuple[str, ...]
-    lr: float | None = None
-    timings: dict = field(default_factory=dict)
-    seed_results: dict[str, list[LandscapeResult]] = field(default_factory=dict)
-    seed_training: dict[str, list[dict]] = field(default_factory=dict)
-    seeds: tuple[int, ...] = ()
-    status: dict[str, dict] = field(default_factory=dict)
-    optimizer: dict | None = None
-    #: ``match_loss_auto``: the rule, each model's and seed's loss after the step budget, and
-    #: the common target L* every model was then trained to (None otherwise)
-    match_loss_resolution: dict | None = None
-
-    @property
-    def labels(self) -> list[str]:
-        return list(self.results)
-
-    def model_dict(self, label: str) -> dict:
-        out = {"training": self.training[label], **self.results[label].to_dict()}
-        st = self.status.get(label)
-        if st is not None:
-            out.update({"untrained": st["untrained"], "chance": st["chance"], "untrained_threshold": st["threshold"]})
-        runs = self.seed_results.get(label)
-        if runs:
-            seeds = self.seeds or tuple(range(len(runs)))
-            out["seeds"] = seed_summary([seed_record(s, r) for s, r in zip(seeds, runs)])
-            if self.seed_training.get(label):
-                out["seeds"]["training"] = self.seed_training[label]
-        return out
-
-    def to_dict(self) -> dict:
-        return {
-            "models": {k: self.model_dict(k) for k in self.results},
-            "gd_stability_bound": None if self.lr is None else 2.0 / self.lr,
-            "optimizer": self.optimizer,
-            "verdicts": list(self.verdicts),
-            "warnings": list(self.warnings),
-        }
-
-
-def _saved_checks(label: str, net: nn.Module | Task, X: torch.Tensor, y: torch.Tensor) -> None:
-    spec = getattr(net.module if isinstance(net, Task) else net, "spec", None)
-    if spec is None:
-        return
-    if getattr(spec, "d_in", X.shape[1]) != X.shape[1]:
-        raise AuditError(
-            f"saved model {label} takes {spec.d_in} input features but the data have {X.shape[1]}; use the data it was trained on"
-        )
-    if int(y.max()) >= getattr(spec, "n_out", int(y.max()) + 1):
-        raise AuditError(
-            f"saved model {label} has {spec.n_out} outputs but the labels go up to {int(y.max())}; select matching classes"
-        )
-
-
-def run_landscape(
-    data,
-    config: LandscapeConfig,
-    *,
-    models: Sequence[str] | None = None,
-    width: int = 256,
-    train_config=None,
-    seed: int = 0,
-    saved: Mapping[str, nn.Module | Task] | None = None,
-    saved_info: Mapping[str, dict] | None = None,
-    progress: Progress = None,
-    seeds: Sequence[int] | None = None,
-    recipe=None,
-    loss_ratio: float | None = None,
-    match_loss_auto: bool = False,
-    seed_data: Mapping[int, Any] | None = None,
-) -> LandscapeRun:
-    """Train the reference models ``models`` (default relu, attn) on ``data``, or take the
-    ``saved`` ones (label -> module or Task), analyse each with ``config`` and compare them.
-
-    ``data``: anything with ``X`` (n, d), ``y`` (n,) and ``n_classes`` (an
-    :class:`attnaudit.data.Dataset`). ``train_config``: a :class:`attnaudit.core.training.TrainConfig`
-    (its ``loss_tol`` is the match-loss target). ``saved_info``: provenance recorded under
-    each saved model's ``training`` (e.g. its file). Saved models carrying a training-data
-    fingerprint that differs from ``data`` get a warning.
-
-    ``seeds``: built-in models only; one independent initialisation, training and analysis
-    (random directions, Lanczos start, probes: ``config.seed`` + the seed's offset from the
-    first) per seed, default ``(seed,)``. ``results`` holds the first seed's analysis, so a
-    one-seed run is unchanged; the comparison uses the mean over seeds. ``recipe``: an
-    :class:`attnaudit.core.fit.Recipe` (``sgd``/``adam`` with a batch size) trains the built-in
-    models with :func:`attnaudit.core.fit.fit` instead of full-batch GD (``train_config`` then only
-    names the loss); its ``seed`` (data order) is replaced by each model seed.
-
-    ``match_loss_auto`` (full-batch GD): every model and seed is first trained for the whole
-    step budget; the largest final loss L* becomes ``train_config.loss_tol``, so every model
-    is then trained until its loss first reaches L* (the slowest one runs its whole budget).
-
-    ``seed_data`` (built-in models; ``--resample-data``): seed -> that seed's own rows (like
-    ``data``), on which its model is built (MLP-Attn's context), trained and analysed; None:
-    every seed uses ``data``.
-    """
-
-    X, y = data.X, data.y
-    if y is None:
-        raise AuditError("the loss landscape needs labelled data")
-    y = y.to(X.device).long()
-    if saved and models:
-        raise AuditError("give reference models to train or saved models to analyse, not both")
-    timings: dict[str, float] = {}
-    training: dict[str, dict] = {}
-    provenance: list[str] = []
-    if saved:
-        nets = dict(saved)
-        for label, net in nets.items():
-            _saved_checks(label, net, X, y)
-            module = net.module if isinstance(net, Task) else net
-            spec = getattr(module, "spec", None)
-            training[label] = {**(saved_info or {}).get(label, {})}
-            if dataclasses.is_dataclass(spec) and not isinstance(spec, type):
-                training[label]["spec"] = dataclasses.asdict(spec)
-        # models whose audited rows were drawn from their own recorded training split need no warning
-        own_rows = {
-            label
-            for label, info in (saved_info or {}).items()
-            if (info.get("audit_rows") or {}).get("rows") == "checkpoint split"
-        }
-        provenance = _provenance({k: v for k, v in nets.items() if k not in own_rows}, X, y)
-        train_config = None
-    else:
-        archs = tuple(models) if models is not None else ARCHS
-        bad = [a for a in archs if a not in ARCHS]
-        if bad:
-            raise AuditError(f"unknown reference model {bad[0]!r}; use relu, attn or both")
-        if len(set(archs)) != len(archs) or not archs:
-            raise AuditError("list each reference model once (relu, attn)")
-        train_config = train_config or gd.TrainConfig(loss=config.loss or "mse")
-        nets = {a: build_reference_model(a, X, data.n_classes, width=width, seed=seed) for a in archs}
-    seed_list = tuple(int(s) for s in seeds) if seeds is not None else (int(seed),)
-    if not seed_list or len(set(seed_list)) != len(seed_list):
-        raise AuditError("give at least one seed, each once")
-    if saved and len(seed_list) > 1:
-        raise AuditError("--seeds trains independent copies of the built-in models; a saved model is one model")
-    if recipe is not None and saved:
-        raise AuditError(
-            "--optimizer and --batch-size say how to train the built-in models; a saved model is trained already"
-        )
-    if seed_data is not None:
-        if saved:
-            raise AuditError(
-                "--resample-data draws new training rows per seed, which a saved model was not trained on; drop it"
-            )
-        missing = [s for s in seed_list if s not in seed_data]
-        if missing:
-            raise AuditError(f"seed_data holds no rows for seed(s) {', '.join(map(str, missing))}; give every seed's")
-        if any(seed_data[s].y is None for s in seed_list):
-            raise AuditError("the loss landscape needs labelled data")
-
-    def rows(s: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(X, y) seed ``s`` trains and is analysed on: its own rows with ``seed_data``, else ``data``'s."""
-        if seed_data is None:
-            return X, y
-        own = seed_data[s]
-        return own.X, own.y.to(own.X.device).long()
-
-    for net in nets.values():  # a selector that matches nothing fails now, before training or analysis
-        parameter_names(landscape_task(net, X, config.loss, config.params), X)
-
-    resolution = None
-    if match_loss_auto:
-        if train_config is None or recipe is not None:
-            raise AuditError(
-                "--match-loss auto trains the built-in models with full-batch GD; drop it for saved models "
-                "or --optimizer sgd/adam"
-            )
-        budget = dataclasses.replace(train_config, loss_tol=None)
-        runs: list[dict[str, Any]] = []
-        for label in nets:
-            for s in seed_list:
-                Xs, ys = rows(s)
-                tr = gd.train(build_reference_model(label, Xs, data.n_classes, width=width, seed=s), Xs, ys, budget)
-                if tr.diverged:
-                    raise AuditError(f"training {label} diverged (loss {tr.final_loss}); lower the learning rate")
-                runs.append({"model": label, "seed": s, "final_loss": float(tr.final_loss), "steps_run": tr.steps_run})
-        slowest = max(runs, key=lambda r: r["final_loss"])
-        train_config = dataclasses.replace(train_config, loss_tol=slowest["final_loss"])
-        resolution = {
-            "rule": "auto: the largest training loss any model reaches within the step budget",
-            "target": slowest["final_loss"],
-            "set_by": f"{slowest['model']} seed {slowest['seed']}",
-            "budget_steps": budget.steps,
-            "budget_runs": runs,
-        }
-
-    results: dict[str, LandscapeResult] = {}
-    seed_results: dict[str, list[LandscapeResult]] = {label: [] for label in nets}
-    seed_training: dict[str, list[dict]] = {label: [] for label in nets}
-    for label in list(nets):
-        for i, s in enumerate(seed_list):
-            Xs, ys = rows(s)
-            own = i == 0 and Xs is X  # the model built above, on these rows
-            net = nets[label] if own else build_reference_model(label, Xs, data.n_classes, width=width, seed=s)
-            cfg = config if i == 0 else dataclasses.replace(config, seed=config.seed + (s - seed_list[0]))
-            t1 = time.perf_counter()
-            if train_config is not None:
-                assert isinstance(net, nn.Module)  # only built-in models are trained (train_config is None if saved)
-                info = _train_one(label, net, Xs, ys, train_config, recipe, s, gd)
-                seed_training[label].append(info)
-                if i == 0:
-                    training[label] = info
-                if progress is not None:
-                    progress(info.pop("_units"))
-            timings[f"{label}.train"] = timings.get(f"{label}.train", 0.0) + time.perf_counter() - t1
-            t1 = time.perf_counter()
-            res = analyse_landscape(net, Xs, ys, cfg, progress=progress)
-            timings[f"{label}.analysis"] = timings.get(f"{label}.analysis", 0.0) + time.perf_counter() - t1
-            seed_results[label].append(res)
-            if i == 0:
-                results[label] = res
-
-    lr = None if train_config is None or recipe is not None else train_config.lr
-    n_present = int(torch.unique(y).numel())
-    verdicts, warnings = compare_landscapes(
-        results,
-        training if train_config is not None else {},
-        lr=lr,
-        match_loss=None if train_config is None else train_config.loss_tol,
-        saved=bool(saved),
-        seed_results=seed_results,
-        n_classes=n_present,
-        **({} if loss_ratio is None else {"loss_ratio": loss_ratio}),
-    )
-
-    status = untrained_status({k: [r.accuracy for r in v] for k, v in seed_results.items()}, n_present, int(X.shape[0]))
-    return LandscapeRun(
-        results=results,
-        training=training,
-        verdicts=tuple(verdicts),
-        warnings=tuple(provenance + list(warnings)),
-        lr=lr,
-        timings=timings,
-        seed_results=seed_results if not saved else {},
-        seed_training=seed_training if len(seed_list) > 1 else {},
-        seeds=seed_list,
-        status=status,
-        match_loss_resolution=resolution,
-        optimizer=None
-        if train_config is None
-        else (
-            recipe.to_dict()
-            if recipe is not None
-            else {
-                "optimizer": "gd",
-                "lr": train_config.lr,
-                "batch_size": None,
-                "steps": train_config.steps,
-                "loss": train_config.loss,
-            }
-        ),
-    )
-
-
-def _train_one(
-    label: str, net: nn.Module, X: torch.Tensor, y: torch.Tensor, train_config, recipe, seed: int, gd
-) -> dict:
-    """Train one built-in model (full-batch GD, or :func:`attnaudit.core.fit.fit` with ``recipe``); its training record."""
-    if recipe is None:
-        tr = gd.train(net, X, y, train_config)
-        if tr.diverged:
-            raise AuditError(f"training {label} diverged (loss {tr.final_loss}); lower the learning rate")
-        return {
-            "steps_run": tr.steps_run,
-            "final_loss": tr.final_loss,
-            "reached_match_loss": tr.reached_tol,
-            "loss_curve_every_10": tr.loss_curve,
-            "model_seed": seed,
-            "optimizer": "gd",
-            "_units": train_config.steps,
-        }
-
-    rec = dataclasses.replace(recipe, seed=int(seed))
-    res = fit(net, X, y, rec)
-    if res.diverged:
-        raise AuditError(f"training {label} diverged ({res.notes[0] if res.notes else 'non-finite loss'}); lower --lr")
-    reached = None if train_config.loss_tol is None else bool(res.final_train_loss <= train_config.loss_tol)
-    return {
-        "steps_run": res.steps_run,
-        "final_loss": res.final_train_loss,
-        "reached_match_loss": reached,
-        "loss_curve_every_10": res.loss_curve[::10],
-        "model_seed": seed,
-        "optimizer": rec.optimizer,
-        "batch_size": rec.batch_size,
-        "lr": rec.lr,
-        "train_accuracy": res.train_accuracy,
-        "path": res.path,
-        "_units": rec.total_steps(int(X.shape[0])),
-    }
-
-
-def _provenance(nets: Mapping[str, nn.Module | Task], X: torch.Tensor, y: torch.Tensor) -> list[str]:
-    """Warnings for saved models whose recorded training data differ from ``(X, y)``."""
-
-    fingerprint = None
-    out = []
-    for label, net in nets.items():
-        module = net.module if isinstance(net, Task) else net
-        if not getattr(module, "metadata", None):
-            continue
-        fingerprint = fingerprint or data_fingerprint(X.cpu(), y.cpu())
-        warning = training_data_mismatch(module, label, fingerprint)
-        if warning:
-            out.append(warning)
-    return out
-
-
-# --------------------------------------------------------------------------- the request and its run
 
 OPTIMIZER_NAMES = ("gd", "sgd", "adam")
 #: training losses are compared only within this relative difference (the comparison's gate)
@@ -452,13 +98,14 @@ def _match_loss(value: Any, name: str) -> float | str | None:
 
 
 @dataclass(frozen=True)
-class LandscapeRequest(ModelFields, PresetData, Request):
+class LandscapeRequest(ModelFields, PresetData, SeedField, DeviceField, TrainingRecipe, Request):
     """What ``attnaudit landscape`` computes; every field is one option.
 
     Train the built-in 2L-ReLU / MLP-Attn (``models``) or take saved ones (``checkpoint``,
     ``factory``, ``loaded_models``), then measure each loss landscape: top Hessian eigenvalues,
     trace, basin width and 1-D/2-D surfaces. The fields left None are filled by the preset
-    (:meth:`resolved`); an explicit value beats the preset.
+    (:meth:`resolved`); an explicit value beats the preset. :meth:`resolve` gives the
+    :class:`LandscapeSetup` the run uses.
     """
 
     COMMAND = "landscape"
@@ -489,9 +136,7 @@ class LandscapeRequest(ModelFields, PresetData, Request):
     width: int | None = option(
         None, "--width", panel=PROTOCOL, kind=int, help="Hidden width m (default from --preset)."
     )
-    steps: int | None = option(
-        None, "--steps", panel=PROTOCOL, kind=int, help="Full-batch GD steps (the budget under --match-loss)."
-    )
+    steps: int | None = redefault(TrainingRecipe, "steps", help="Full-batch GD steps (the budget under --match-loss).")
     lr: float | None = option(
         None, "--lr", panel=PROTOCOL, kind=float, help="GD learning rate (default from --preset)."
     )
@@ -521,18 +166,15 @@ class LandscapeRequest(ModelFields, PresetData, Request):
         "the mean with its Student-t tolerance (fewer than 3 seeds never resolve it); with --resample-data each seed "
         "also draws its own training rows.",
     )
-    resample_data: bool = option(
-        False,
-        "--resample-data",
-        panel=PROTOCOL,
-        negative="--fixed-data",
+    resample_data: bool = redefault(
+        TrainingRecipe,
+        "resample_data",
         help="Each seed draws its own training rows (the rows a run with that --seed uses), so intervals include "
         "the choice of training rows. Built-in models only.",
     )
-    optimizer: str | None = option(
-        None,
-        "--optimizer",
-        panel=PROTOCOL,
+    optimizer: str | None = redefault(
+        TrainingRecipe,
+        "optimizer",
         help="How the built-in models are trained: gd (full-batch gradient descent, default), sgd or adam "
         "(attnaudit.core.fit).",
     )
@@ -547,8 +189,7 @@ class LandscapeRequest(ModelFields, PresetData, Request):
         5,
         "--eigenvalues",
         panel=ANALYSIS,
-        help="Number of top Hessian eigenvalues (Lanczos). (--top-k is its older spelling: "
-        "in malleability --top-k is the list of k of the top-k overlap.)",
+        help="Number of top Hessian eigenvalues (Lanczos).",
     )
     hutchinson_samples: int = option(
         30, "--hutchinson-samples", panel=ANALYSIS, help="Rademacher probes for the Hessian trace."
@@ -592,15 +233,13 @@ class LandscapeRequest(ModelFields, PresetData, Request):
         "--precision",
         panel=ANALYSIS,
         help="Precision of the analysis: float64 (default) or float32. The engine works on copies; a saved model "
-        "keeps its own dtype. (--dtype is its older spelling: elsewhere --dtype is the training dtype.)",
+        "keeps its own dtype.",
     )
-    seed: int = option(
-        0,
-        "--seed",
-        panel=PROTOCOL,
+    seed: int = redefault(
+        SeedField,
+        "seed",
         help="Base random seed; also fixes the training rows (each seed draws its own with --resample-data).",
     )
-    device: str = option("auto", "--device", panel=EXECUTION, help="auto, cpu, cuda or cuda:<i>.")
 
     @property
     def optimizer_name(self) -> str:
@@ -646,7 +285,7 @@ class LandscapeRequest(ModelFields, PresetData, Request):
         saved = self.model_given
         if saved and self.models is not None:
             raise FieldError(
-                "models", "--checkpoint (--model) analyses saved models and {name} trains new ones; give one of them"
+                "models", "{name} trains new models and a checkpoint or factory gives saved ones; give one of them"
             )
         if saved:
             self.refuse_training()
@@ -703,34 +342,104 @@ class LandscapeRequest(ModelFields, PresetData, Request):
                 )
             if self.batch_size < 1:
                 raise FieldError("batch_size", "{name} must be a positive integer, got " + str(self.batch_size))
-        if self.loss is not None and self.loss.strip().lower() not in LOSSES:
-            raise FieldError(
-                "loss",
-                "unknown {name} " + literal(repr(self.loss.strip().lower())) + f"; use one of {', '.join(LOSSES)}",
-            )
-        for name, kinds in (("directions", DIRECTION_KINDS), ("precision", tuple(DTYPES))):
-            value = str(getattr(self, name)).strip().lower()
-            if value not in kinds:
-                raise FieldError(name, "unknown {name} " + literal(repr(value)) + f"; use one of {', '.join(kinds)}")
-        for name in ("points", "grid"):
-            value = getattr(self, name)
-            if value != 0 and value < 3:
-                raise FieldError(name, "{name} must be 0 (skip) or >= 3, got " + str(value))
-        if not (self.span > 0 and math.isfinite(self.span)):
-            raise FieldError("span", "{name} must be a positive number, got " + str(self.span))
         if self.eigenvalues < 1:
             raise FieldError("eigenvalues", "{name} must be >= 1, got " + str(self.eigenvalues))
-        if self.hutchinson_samples < 2:
+        precision = str(self.precision).strip().lower()
+        if precision not in DTYPES:
             raise FieldError(
-                "hutchinson_samples",
-                "{name} must be >= 2 (a standard error needs two), got " + str(self.hutchinson_samples),
+                "precision", "unknown {name} " + literal(repr(precision)) + f"; use one of {', '.join(DTYPES)}"
             )
-        if self.basin_directions < 1:
-            raise FieldError("basin_directions", "{name} must be >= 1, got " + str(self.basin_directions))
-        if not (self.basin_factor > 1 and math.isfinite(self.basin_factor)):
-            raise FieldError("basin_factor", "{name} must be > 1, got " + str(self.basin_factor))
-        if self.params is not None and not any(str(v).strip() for v in self.params):
-            raise FieldError("params", "{name} is empty; use all, head, a module name or glob patterns")
+        self.landscape_config(self.loss)  # the analysis' own fields are checked by its configuration
+
+    # ---- the configuration the run uses
+    def landscape_config(self, loss: str | None) -> LandscapeConfig:
+        """The analysis of every model, measuring the training loss ``loss`` (None: the task's own)."""
+        return LandscapeConfig(
+            loss=None if loss is None else loss.strip().lower(),
+            directions=self.directions.strip().lower(),
+            points=self.points,
+            span=self.span,
+            grid=self.grid,
+            keep_1d_params=self.keep_1d_params,
+            params=self.params,
+            top_k=self.eigenvalues,
+            hutchinson_samples=self.hutchinson_samples,
+            basin_directions=self.basin_directions,
+            basin_factor=self.basin_factor,
+            seed=self.seed,
+            dtype=self.precision.strip().lower(),
+        )
+
+    def resolve(self) -> LandscapeSetup:
+        """The one configuration of the run: the preset filled, the saved models loaded (before any
+        data are read: an unreadable checkpoint or a ``params`` typo fails now), the loss chosen
+        (given, else the saved models' recorded training loss, else mse), the analysis and the
+        training of the built-in models configured, the model seeds listed and the device resolved."""
+        r = self.resolved()
+        saved = r.load_models() if r.model_given else {}
+        loss = r.loss
+        if loss is None:
+            recorded = {lm.loss for lm in saved.values() if lm.loss}
+            loss = recorded.pop() if len(recorded) == 1 else "mse"
+        config = r.landscape_config(loss)
+        train, recipe = r.training(config.loss or "mse")
+        device = resolve_device(r.device)
+        try:
+            for lm in saved.values():  # a params typo fails before the data are read
+                check_selector(lm.module, config.params)
+        except ParameterSelectionError as exc:
+            raise FieldError("params", "{name}: " + literal(exc)) from None
+        assert r.seeds is not None  # resolved() fills it
+        seeds = (r.seed,) if r.model_given else tuple(range(r.seed, r.seed + r.seeds))
+        return LandscapeSetup(r, config, saved, train, recipe, seeds, device)
+
+    def training(self, loss: str) -> tuple[TrainConfig | None, Recipe | None]:
+        """How this (preset-filled) request trains the built-in models on ``loss``: full-batch GD
+        (its ``loss_tol`` the match-loss target, None under ``auto`` until the budget runs) and,
+        for sgd/adam, the :class:`~attnaudit.core.fit.Recipe`; (None, None) for saved models."""
+        if self.model_given:
+            return None, None
+        assert self.lr is not None and self.steps is not None  # resolved() fills them
+        target = self.match_target
+        loss_tol = None if target == "auto" else target
+        assert not isinstance(loss_tol, str)  # a number or None: "auto" is handled, "none" became None
+        train = TrainConfig(loss=loss, lr=self.lr, steps=self.steps, loss_tol=loss_tol, record_every=10)
+        if self.optimizer_name == "gd":
+            return train, None
+        recipe = Recipe(
+            optimizer=self.optimizer_name,
+            lr=self.lr,
+            batch_size=self.batch_size,
+            steps=train.steps,
+            loss=loss,
+            seed=self.seed,
+        )
+        return train, recipe
+
+
+@dataclass(frozen=True)
+class LandscapeSetup:
+    """One ``attnaudit landscape`` run, resolved once from its request (:meth:`LandscapeRequest.resolve`).
+
+    ``request``: the request with its preset filled (data set, split, ``n_train``, ``width``,
+    ``seeds``, ...); ``config``: the analysis of every model; ``saved``: the saved models,
+    loaded (label -> model; empty when the built-in ones are trained); ``train``: full-batch GD
+    of the built-in models (None for saved ones); ``recipe``: sgd/adam instead of GD (None
+    otherwise); ``seeds``: the model seeds; ``device``: where the models and rows go.
+    """
+
+    request: LandscapeRequest
+    config: LandscapeConfig
+    saved: dict[str, LoadedModel] = field(default_factory=dict)
+    train: TrainConfig | None = None
+    recipe: Recipe | None = None
+    seeds: tuple[int, ...] = (0,)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def labels(self) -> list[str]:
+        """The models compared: the saved models' labels, else the built-in architectures."""
+        return list(self.saved) if self.request.model_given else list(self.request.arch_list)
 
 
 def _on_device(task, device):
@@ -776,11 +485,9 @@ def _load_rows(request: LandscapeRequest, r: LandscapeRequest, saved_models: dic
         return subset(full, r.n_train, seed, stratify=True), None
     try:
         return r.load_data(seed, n=r.n_train, stratify=True), None
-    except AuditError as exc:
-        if "--n " in str(exc):
-            raise FieldError(
-                "n_train", literal(str(exc)).replace("--n ", "{name} ").replace("lower --n", "lower {name}")
-            ) from None
+    except FieldError as exc:
+        if exc.field == "n":  # the data's row count is this request's n_train
+            raise FieldError("n_train", exc.template) from None
         raise
 
 
@@ -800,163 +507,117 @@ def run(request: LandscapeRequest, *, progress: RunProgress | None = None, execu
     """Run ``request``; the report is the one ``attnaudit landscape --json`` writes.
 
     ``executor`` is accepted for the common signature; the models run in this process."""
-    from rich.text import Text
-
     progress = progress_or_silent(progress)
-    r = request.resolved()
+    setup = request.resolve()
+    r, config, dev = setup.request, setup.config, setup.device
     model = request.model_sources() if request.model_given else None
-    assert r.seeds is not None  # resolved() fills it
-    n_seeds = int(r.seeds)
-    opt_name = r.optimizer_name
-    match_target = r.match_target
-    match_auto = match_target == "auto"
-    arch_list = r.arch_list
-    saved_models = request.load_models() if model else {}  # fails now, before data are read: unreadable checkpoints
-    loss = request.loss
-    if loss is None:
-        recorded = {lm.loss for lm in saved_models.values() if lm.loss}
-        loss = recorded.pop() if len(recorded) == 1 else "mse"
-    loss_name = loss.strip().lower()
-    train_cfg: TrainConfig | None = None  # set exactly when built-in models are trained (no saved model)
-    recipe: Recipe | None = None
-    width = 256  # run_landscape's default: only the built-in models use it
-    if not model:
-        assert r.lr is not None and r.steps is not None and r.width is not None  # resolved() fills them
-        width = r.width
-        loss_tol = None if match_auto else match_target
-        assert not isinstance(loss_tol, str)  # a number or None: "auto" is handled, "none" became None
-        train_cfg = TrainConfig(loss=loss_name, lr=r.lr, steps=r.steps, loss_tol=loss_tol, record_every=10)
-        if opt_name != "gd":
-            recipe = Recipe(
-                optimizer=opt_name, lr=r.lr, batch_size=r.batch_size, steps=train_cfg.steps, loss=loss_name, seed=r.seed
-            )
-    config = LandscapeConfig(
-        loss=loss_name,
-        directions=r.directions.strip().lower(),
-        points=r.points,
-        span=r.span,
-        grid=r.grid,
-        keep_1d_params=r.keep_1d_params,
-        params=r.params,
-        top_k=r.eigenvalues,
-        hutchinson_samples=r.hutchinson_samples,
-        basin_directions=r.basin_directions,
-        basin_factor=r.basin_factor,
-        seed=r.seed,
-        dtype=r.precision.strip().lower(),
-    )
-    dev = resolve_device(r.device)
-    labels = list(saved_models) if model else list(arch_list)
+    saved_models = setup.saved
+    t0 = time.perf_counter()
+    ds, rows_note = _load_rows(request, r, saved_models)
+    if ds.y is None:
+        raise AuditError(f"{ds.name} has no labels; the loss landscape needs labelled data")
+    # every model seed's rows: the base seed's, or (resample_data) the rows a run with seed s draws
+    seed_rows = {s: ds if s == r.seed or not r.resample_data else _load_rows(request, r, {}, s)[0] for s in setup.seeds}
     saved_tasks = None
+    if saved_models:
+        fitted = {label: fit_to_data(lm, ds) for label, lm in saved_models.items()}
+        saved_tasks = {label: _on_device(lm.task(loss=config.loss), dev) for label, lm in fitted.items()}
+    load_time = time.perf_counter() - t0
+    n_runs = len(setup.labels) * len(setup.seeds)
+    train_steps = 0 if setup.train is None else setup.train.steps
+    if setup.recipe is not None:
+        train_steps = setup.recipe.total_steps(ds.n)
+    unit = "Hessian/loss evaluations" if model else f"{_TRAINERS[r.optimizer_name]} steps and Hessian/loss evaluations"
+    on_dev = {s: dataclasses.replace(d, X=d.X.to(dev), y=d.y.to(dev)) for s, d in seed_rows.items()}
     try:
-        for lm in saved_models.values():  # a --params typo fails before the data are read
-            check_selector(lm.module, config.params)
-        t0 = time.perf_counter()
-        ds, rows_note = _load_rows(request, r, saved_models)
-        if ds.y is None:
-            raise AuditError(f"{ds.name} has no labels; the loss landscape needs labelled data")
-        seed_list = (r.seed,) if model else tuple(range(r.seed, r.seed + n_seeds))
-        # every model seed's rows: the base seed's, or (--resample-data) the rows a run with --seed s draws
-        seed_rows = {
-            s: ds if s == r.seed or not r.resample_data else _load_rows(request, r, {}, s)[0] for s in seed_list
-        }
-        if saved_models:
-            fitted = {label: fit_to_data(lm, ds) for label, lm in saved_models.items()}
-            saved_tasks = {label: _on_device(lm.task(loss=loss_name), dev) for label, lm in fitted.items()}
-        load_time = time.perf_counter() - t0
-        what = (
-            f"saved model(s) {', '.join(labels)}"
-            if train_cfg is None
-            else f"models {','.join(labels)}, width {r.width}, {opt_name} {train_cfg.steps} steps, lr {train_cfg.lr:g}"
-            + (f", batch {r.batch_size}" if r.batch_size else "")
-            + (f", {n_seeds} seeds" if n_seeds > 1 else "")
-            + (", rows resampled per seed" if r.resample_data else "")
-        )
-        header = f"landscape: {ds.name} ({r.split}), n={ds.n}, {what}"
-        steps_per_model = (
-            0 if train_cfg is None else (recipe.total_steps(ds.n) if recipe is not None else train_cfg.steps)
-        )
-        total = run_work_units(config, len(labels) * n_seeds, steps_per_model)
-        trainer = {"gd": "GD", "sgd": "SGD", "adam": "Adam"}[opt_name]
-        unit = "Hessian/loss evaluations" if model else f"{trainer} steps and Hessian/loss evaluations"
-        on_dev = {s: dataclasses.replace(d, X=d.X.to(dev), y=d.y.to(dev)) for s, d in seed_rows.items()}
-        with progress("landscape", total, unit) as advance:
+        with progress("landscape", run_work_units(config, n_runs, train_steps), unit) as advance:
             out_run = run_landscape(
                 on_dev[r.seed],
                 config,
-                models=None if model else arch_list,
-                width=width,
-                train_config=train_cfg,
+                models=None if model else r.arch_list,
+                width=r.width if r.width is not None else 256,  # None for saved models: unused
+                train_config=setup.train,
                 seed=r.seed,
                 saved=saved_tasks,
-                seeds=None if model else tuple(range(r.seed, r.seed + n_seeds)),
-                recipe=recipe,
-                match_loss_auto=match_auto,
+                seeds=None if model else setup.seeds,
+                recipe=setup.recipe,
+                match_loss_auto=r.match_target == "auto",
                 seed_data=on_dev if r.resample_data else None,
-                saved_info={
-                    label: {
-                        "source": lm.source.get("path") or lm.source.get("factory"),
-                        "checkpoint": lm.source,
-                        **({"audit_rows": rows_note} if rows_note else {}),
-                    }
-                    for label, lm in saved_models.items()
-                },
+                saved_info={label: _saved_info(lm, rows_note) for label, lm in saved_models.items()},
                 progress=advance,
             )
     except ParameterSelectionError as exc:
         raise FieldError("params", "{name}: " + literal(exc)) from None
     timings = {"load": load_time, **out_run.timings, "total": time.perf_counter() - t0}
+    report = _report(request, setup, ds, seed_rows, out_run, timings)
+    return Result(
+        report,
+        request,
+        renderables=_renderables(setup, ds, out_run),
+        plot=lambda path: plot_landscape(
+            out_run.results, path, f"{ds.name}: n={ds.n}, {config.loss}, directions {config.directions}, seed {r.seed}"
+        ),
+        png_name=PNG_NAME,
+    )
 
+
+_TRAINERS = {"gd": "GD", "sgd": "SGD", "adam": "Adam"}
+
+
+def _saved_info(lm: LoadedModel, rows_note: dict | None) -> dict:
+    """What the report records of a saved model: its source, and where its audited rows came from."""
+    return {
+        "source": lm.source.get("path") or lm.source.get("factory"),
+        "checkpoint": lm.source,
+        **({"audit_rows": rows_note} if rows_note else {}),
+    }
+
+
+def _report(
+    request: LandscapeRequest, setup: LandscapeSetup, ds, seed_rows: dict, out_run: LandscapeRun, timings: dict
+):
+    """The JSON report of a landscape run."""
+    r, config = setup.request, setup.config
+    saved = request.model_given
+    model_seeds = None if saved else list(setup.seeds)
     out = out_run.to_dict()
-    data_in = request.preset_data_inputs(r.dataset, r.split)
-    report = build_report(
+    train = setup.train
+    return build_report(
         SCHEMA,
         inputs={
             "preset": request.preset_key,
-            **data_in,
+            **request.preset_data_inputs(r.dataset, r.split),
             "n_train": r.n_train,
-            "models": list(labels),
-            "saved_models": model,
-            "width": None if model else r.width,
-            "training": None if train_cfg is None else dataclasses.asdict(train_cfg),
-            "optimizer": None
-            if train_cfg is None
-            else (
-                recipe.to_dict()
-                if recipe is not None
-                else {
-                    "optimizer": "gd",
-                    "lr": train_cfg.lr,
-                    "batch_size": None,
-                    "steps": train_cfg.steps,
-                    "loss": loss_name,
-                }
-            ),
-            "seeds": None if model else n_seeds,
+            "models": setup.labels,
+            "saved_models": request.model_sources() if saved else None,
+            "width": None if saved else r.width,
+            "training": None if train is None else dataclasses.asdict(train),
+            "optimizer": optimizer_record(train, setup.recipe),
+            "seeds": None if saved else r.seeds,
             "resample_data": r.resample_data,
-            "match_loss": match_target,
+            "match_loss": r.match_target,
             "match_loss_resolution": out_run.match_loss_resolution,
             "loss_comparable_within": LOSS_COMPARABLE_WITHIN,
             "landscape": dataclasses.asdict(config),
         },
         seeds={
             "base_seed": r.seed,
-            "model_seed": None if model else r.seed,
+            "model_seed": None if saved else r.seed,
             "subset_seed": "per model seed" if r.resample_data else r.seed,
-            "subset_seeds": [s if r.resample_data else r.seed for s in seed_list],
+            "subset_seeds": [s if r.resample_data else r.seed for s in setup.seeds],
             "data": "--resample-data: model seed s trains and is analysed on its own rows, the subset a run with "
             "--seed s draws"
             if r.resample_data
             else "one subset of training rows drawn with the base seed, shared by every model seed",
             "landscape": config.seeds(),
-            "model_seeds": None if model else list(range(r.seed, r.seed + n_seeds)),
+            "model_seeds": model_seeds,
         },
-        device=dev,
+        device=setup.device,
         dtype=config.dtype,
         timings=timings,
         results={
             "dataset": ds.info,
-            "rows_by_seed": [_rows_record(s, seed_rows[s if r.resample_data else r.seed]) for s in seed_list],
+            "rows_by_seed": [_rows_record(s, seed_rows[s if r.resample_data else r.seed]) for s in setup.seeds],
             "models": out["models"],
             "gd_stability_bound": out["gd_stability_bound"],
             "optimizer": out["optimizer"],
@@ -965,15 +626,26 @@ def run(request: LandscapeRequest, *, progress: RunProgress | None = None, execu
         verdicts=list(out_run.verdicts),
         request=request,
     )
-    renderables: list = [Text(header)]
-    renderables.extend(build_tables(out_run.results, out_run.training if not model else {}, out_run.lr, run=out_run))
+
+
+def _renderables(setup: LandscapeSetup, ds, out_run: LandscapeRun) -> list:
+    """The header line, tables, verdicts and warnings printed for a landscape run."""
+    from rich.text import Text
+
+    r, train = setup.request, setup.train
+    n_seeds = len(setup.seeds)
+    what = (
+        f"saved model(s) {', '.join(setup.labels)}"
+        if train is None
+        else f"models {','.join(setup.labels)}, width {r.width}, {r.optimizer_name} {train.steps} steps, lr {train.lr:g}"
+        + (f", batch {r.batch_size}" if r.batch_size else "")
+        + (f", {n_seeds} seeds" if n_seeds > 1 else "")
+        + (", rows resampled per seed" if r.resample_data else "")
+    )
+    renderables: list = [Text(f"landscape: {ds.name} ({r.split}), n={ds.n}, {what}")]
+    renderables.extend(
+        build_tables(out_run.results, out_run.training if train is not None else {}, out_run.lr, run=out_run)
+    )
     renderables.extend(Text(f"- {v}") for v in out_run.verdicts)
     renderables.extend(Text(f"warning: {w}", style="yellow") for w in out_run.warnings)
-    title = f"{ds.name}: n={ds.n}, {loss_name}, directions {config.directions}, seed {r.seed}"
-    return Result(
-        report,
-        request,
-        renderables=renderables,
-        plot=lambda path: plot_landscape(out_run.results, path, title),
-        png_name=PNG_NAME,
-    )
+    return renderables

@@ -11,28 +11,30 @@ the training. The training defaults depend on the architecture's family
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from attnaudit.analyses.request import (
-    EXECUTION,
     MODEL,
     OUTPUT,
     PROTOCOL,
+    DeviceField,
     FieldError,
     Request,
+    SeedField,
     field_check,
     internal,
     literal,
     option,
+    redefault,
 )
 from attnaudit.analyses.result import Progress, Result, progress_or_silent
 from attnaudit.analyses.sources import DataFields
 from attnaudit.core.recipes import MINI_BATCH, TWO_LAYER_DEFAULTS, VIT_DEFAULTS
 from attnaudit.errors import AuditError, check_seed
+import torch
 from attnaudit import __version__
 from attnaudit.core.fit import build_tables, fit, plot_fit
 from attnaudit.data import data_fingerprint
@@ -57,11 +59,28 @@ VIT_SIZES = ("depth", "dim", "heads", "patch", "mlp_ratio")
 
 
 @dataclass(frozen=True)
-class TrainRequest(DataFields, Request):
+class TrainingPlan:
+    """What ``attnaudit train`` runs, resolved once from a :class:`TrainRequest`.
+
+    ``arch``: the architecture (lower case); ``sizes``: the model's sizes (ViT: depth, dim,
+    heads, mlp_ratio; relu/attn: width), the patch being chosen from the images by the run;
+    ``dtype``: ``float32`` or ``float64``; ``recipe``: how it is trained; ``device``: where.
+    """
+
+    arch: str
+    sizes: dict
+    dtype: str
+    recipe: Recipe
+    device: torch.device
+
+
+@dataclass(frozen=True)
+class TrainRequest(DataFields, SeedField, DeviceField, Request):
     """What ``attnaudit train`` trains and where it saves it; every field is one option.
 
     Fields left None take the default of the architecture's family (:attr:`PRESETS`,
-    resolved by :meth:`resolved`; an explicit value beats the preset). ``overwrite``
+    filled by :meth:`resolved`; an explicit value beats the preset); :meth:`resolve` gives the
+    :class:`TrainingPlan` the run trains from. ``overwrite``
     (no option of its own: the CLI's ``--overwrite``) allows replacing an existing
     checkpoint at ``out_path``.
     """
@@ -140,7 +159,7 @@ class TrainRequest(DataFields, Request):
     )
     momentum: float = option(0.0, "--momentum", panel=PROTOCOL, help="SGD momentum (sgd only).")
     weight_decay: float = option(0.0, "--weight-decay", panel=PROTOCOL, help="L2 weight decay.")
-    seed: int = option(0, "--seed", panel=PROTOCOL, help="Initialisation, mini-batch order and held-out split.")
+    seed: int = redefault(SeedField, "seed", help="Initialisation, mini-batch order and held-out split.")
     n_train: int | None = option(
         None, "--n-train", panel=PROTOCOL, kind=int, help="Training rows (default: every row not held out)."
     )
@@ -150,7 +169,6 @@ class TrainRequest(DataFields, Request):
     dtype: str | None = option(
         None, "--dtype", panel=PROTOCOL, help="float32 or float64 (default: float32 for ViTs, float64 for relu/attn)."
     )
-    device: str = option("auto", "--device", panel=EXECUTION, help="auto, cpu, cuda or cuda:<i>.")
     overwrite: bool = internal(False)
 
     # ---- the protocol
@@ -182,9 +200,9 @@ class TrainRequest(DataFields, Request):
         )
         if misplaced:
             family = "the 2-layer nets (relu, attn)" if self.is_vit else "the transformers (vit, vit-linear)"
-            flags = ", ".join(["{name}", *(self.flag_of(f) for f in misplaced[1:])])
+            also = f" (so do {', '.join(misplaced[1:])})" if misplaced[1:] else ""
             raise FieldError(
-                misplaced[0], flags + f" set(s) the size of {family}, not of --arch {literal(arch)}; drop it"
+                misplaced[0], f"{{name}} sets the size of {family}, not of arch {literal(arch)}; drop it{also}"
             )
         for name in ("width", *VIT_SIZES, "n_train", "n_test"):
             value = getattr(self, name)
@@ -198,8 +216,8 @@ class TrainRequest(DataFields, Request):
         if self.lr is None and opt_name != p["optimizer"]:
             raise FieldError(
                 "lr",
-                f"--optimizer {literal(opt_name)} needs {{name}}: the default learning rate {p['lr']:g} "
-                f"is the one for {p['optimizer']} on --arch {arch}",
+                f"optimizer {literal(opt_name)} needs {{name}}: the default learning rate {p['lr']:g} "
+                f"is the one for {p['optimizer']} on arch {literal(arch)}",
             )
         self.recipe()  # validates every training value before any data are read
         if self.out_path is not None and Path(self.out_path).suffix.lower() != ".safetensors":
@@ -240,34 +258,34 @@ class TrainRequest(DataFields, Request):
         (``patch``, ``n_train`` and ``n_test`` depend on the data and stay as given)."""
         return dataclasses.replace(self, **self._preset_values())
 
-    def recipe(self):
-        """The :class:`attnaudit.core.fit.Recipe` this request trains with (validated)."""
+    def recipe(self) -> Recipe:
+        """The :class:`attnaudit.core.fit.Recipe` this request trains with (validated: a refused
+        value is a :class:`FieldError` on the request's field of the same name)."""
 
         v = self._preset_values()
-        try:
-            return Recipe(
-                optimizer=v["optimizer"],
-                lr=v["lr"],
-                batch_size=v["batch_size"],
-                epochs=v["epochs"],
-                steps=v["steps"],
-                loss=v["loss"],
-                seed=self.seed,
-                momentum=self.momentum,
-                weight_decay=self.weight_decay,
-            )
-        except AuditError as exc:
-            raise self._named(exc) from None
+        return Recipe(
+            optimizer=v["optimizer"],
+            lr=v["lr"],
+            batch_size=v["batch_size"],
+            epochs=v["epochs"],
+            steps=v["steps"],
+            loss=v["loss"],
+            seed=self.seed,
+            momentum=self.momentum,
+            weight_decay=self.weight_decay,
+        )
 
-    def _named(self, exc: AuditError) -> AuditError:
-        """A library error naming a flag -> a FieldError on the first field it names."""
-        text = str(exc)
-        for match in re.finditer(r"--([a-z][a-z0-9-]*)", text):
-            name = self.field_of(match.group(1))
-            if name is not None:
-                template = re.sub(rf"--{re.escape(match.group(1))}(?![\w-])", "{name}", literal(text))
-                return FieldError(name, template)
-        return exc
+    def resolve(self) -> TrainingPlan:
+        """The plan the run trains from: the family's defaults filled, the recipe built, the device resolved."""
+        v = self._preset_values()
+        sizes = ("depth", "dim", "heads", "mlp_ratio") if self.is_vit else ("width",)
+        return TrainingPlan(
+            arch=v["arch"],
+            sizes={k: v[k] for k in sizes},
+            dtype=v["dtype"],
+            recipe=self.recipe(),
+            device=resolve_device(self.device),
+        )
 
     # ---- the checkpoint
     def checkpoint_paths(self) -> tuple[Path, Path]:
@@ -336,38 +354,31 @@ def run(request: TrainRequest, *, progress: Progress | None = None, executor=Non
     Refuses to replace an existing checkpoint (or side-car) unless ``request.overwrite``.
     ``executor`` is accepted for the common signature; training runs here.
     """
-    import torch
     from rich.text import Text
 
     progress = progress_or_silent(progress)
     target, sidecar = request.checkpoint_paths()
     request.check_out()
-    r = request.resolved()
-    recipe = r.recipe()
-    arch_key, dtype_name, seed = r.arch, r.dtype, r.seed
-    assert dtype_name is not None  # resolved() fills it from the preset
-    dev = resolve_device(r.device)
-    torch_dtype = getattr(torch, dtype_name)
+    plan = request.resolve()
+    recipe, arch_key, dtype_name, seed, dev = plan.recipe, plan.arch, plan.dtype, request.seed, plan.device
 
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    ds, spec = r._load()
-    train_ds, test_ds = r._split(ds)
+    ds, spec = request._load()
+    train_ds, test_ds = request._split(ds)
     timings["load"] = time.perf_counter() - t0
 
-    sizes: dict = {}
-    if r.is_vit:
-        sizes = {k: getattr(r, k) for k in ("depth", "dim", "heads", "mlp_ratio")}
-        sizes["patch"] = r.patch if r.patch is not None else default_patch(image_shape_of(ds.feature_shape, arch_key))
-    else:
-        sizes = {"width": r.width}
+    sizes = dict(plan.sizes)
+    if request.is_vit:
+        patch = request.patch
+        sizes["patch"] = patch if patch is not None else default_patch(image_shape_of(ds.feature_shape, arch_key))
     model = build_builtin(
         arch_key,
         n_out=ds.n_classes,
         feature_shape=ds.feature_shape,
         X_train=train_ds.X,
         seed=seed,
-        dtype=torch_dtype,
+        dtype=getattr(torch, dtype_name),
         device=dev,
         **sizes,
     )

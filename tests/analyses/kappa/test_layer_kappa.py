@@ -21,13 +21,10 @@ from typer.testing import CliRunner
 from attnaudit.cli import app
 from attnaudit.core.task import Inputs, Task
 from attnaudit.errors import AuditError
-from attnaudit.analyses.kappa.layers import (
-    LayerKappaConfig,
-    Spread,
-    analyse_layers,
-    entk_gram,
-    find_attention_layers,
-)
+from attnaudit.analyses.kappa.discovery import find_attention_layers
+from attnaudit.analyses.kappa.entk import entk_gram
+from attnaudit.analyses.kappa.layers import LayerKappaConfig, analyse_layers
+from attnaudit.analyses.kappa.spread import Spread
 from attnaudit.models.vit import Attention, ViT, ViTSpec
 
 EPS = np.finfo(np.float64).eps
@@ -426,7 +423,7 @@ def test_detection_nesting_patterns_and_errors():
         find_attention_layers(net, ["blocks.*"])
     with pytest.raises(AuditError, match=r"no attention layer found.*candidates: 0, 1"):
         find_attention_layers(nn.Sequential(nn.Linear(4, 4), nn.Tanh()))
-    with pytest.raises(AuditError, match="--gram"):
+    with pytest.raises(AuditError, match="unknown gram"):
         LayerKappaConfig(gram="ntk")
 
 
@@ -501,4 +498,4 @@ def test_cli_bad_options_exit_2(tiny_checkpoint, args, message):
 
 def test_cli_layer_options_need_a_model():
     result = runner.invoke(app, ["kappa", "--layers", "blocks.*"])
-    assert result.exit_code == 2 and "--checkpoint" in result.output
+    assert result.exit_code == 2 and "checkpoint or a factory" in result.output

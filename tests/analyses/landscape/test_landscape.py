@@ -757,7 +757,7 @@ def test_cli_saved_model_and_match_loss(app, tmp_path):
             ["--checkpoint", "nowhere.safetensors"],
             ["--checkpoint", "nowhere.safetensors", "not found"],
         ),  # --model: alias
-        (["--checkpoint", "x.safetensors", "--models", "relu"], ["--checkpoint", "--models", "give one of them"]),
+        (["--checkpoint", "x.safetensors", "--models", "relu"], ["checkpoint", "--models", "give one of them"]),
         (["--checkpoint", "x.safetensors", "--width", "8"], ["--width", "do not apply to --checkpoint"]),
         (["--span", "-1"], ["--span"]),
         (["--hutchinson-samples", "1"], ["--hutchinson-samples"]),

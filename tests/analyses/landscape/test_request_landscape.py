@@ -121,7 +121,7 @@ def test_alignment_presets_and_argv_round_trip():
     )
     p = AlignmentRequest(preset="paper", n_test=50, match_loss=0.2).resolved()
     assert (p.dataset, p.n_train, p.n_test, p.match_loss) == ("mnist", 1000, 50, 0.2)
-    cfg = AlignmentRequest(targets=("random", "principal"), seeds=2, seed=4).config()
+    cfg = AlignmentRequest(targets=("random", "principal"), seeds=2, seed=4).resolve()
     assert cfg.targets == ("principal", "random") and cfg.seeds == (4, 5)
     for argv in (
         [],
