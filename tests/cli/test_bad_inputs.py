@@ -594,8 +594,11 @@ def test_ctrl_c_exits_130_without_partial_outputs(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "FORCE_COLOR"}
     # The child prints "ready" once the package is imported, right before the CLI runs, so the
     # signal lands inside the command (an interrupt during interpreter start-up is Python's).
+    # SIGINT is reset to Python's handler: a suite started as a background job (nohup ... &) hands
+    # its children an ignored SIGINT, which a user's terminal does not.
     launcher = (
-        "import sys, attnaudit.cli; print('ready', flush=True); "
+        "import signal, sys, attnaudit.cli; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "print('ready', flush=True); "
         "attnaudit.cli.main(['ntk-distance', '--out-dir', sys.argv[1]])"
     )
     proc = subprocess.Popen(
