@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from attnaudit.cli.common import cli_errors, emit_result
+from attnaudit.cli.common import Debug, cli_errors, emit_result, path_option, switch
 from attnaudit.cli.options import ExecutorOptions, ManualCommand, bundled
 from attnaudit.audit import baseline_payload, junit_xml
 from attnaudit.audit.request import AuditRequest, run
@@ -38,66 +38,41 @@ def register(app: typer.Typer) -> None:
         file: Annotated[str, typer.Argument(help="The audit file (YAML).", show_default=False, metavar="AUDIT.yaml")],
         json: Annotated[
             Optional[str],
-            typer.Option(
-                "--json",
-                help="Write the combined JSON report (schema attnaudit.audit/1) here ('-' = standard output).",
-                metavar="PATH",
-                rich_help_panel="Output",
+            path_option(
+                "--json", "Write the combined JSON report (schema attnaudit.audit/1) here ('-' = standard output)."
             ),
         ] = None,
         junit: Annotated[
-            Optional[str],
-            typer.Option(
-                "--junit",
-                help="Write JUnit XML here: one test case per check.",
-                metavar="PATH",
-                rich_help_panel="Output",
-            ),
+            Optional[str], path_option("--junit", "Write JUnit XML here: one test case per check.")
         ] = None,
         html: Annotated[
             Optional[str],
-            typer.Option(
+            path_option(
                 "--html",
-                help="Write a self-contained HTML report here: one row per check (pass/fail, value, threshold) linking to its section.",
-                metavar="PATH",
-                rich_help_panel="Output",
+                "Write a self-contained HTML report here: one row per check (pass/fail, value, threshold) linking to its section.",
             ),
         ] = None,
         save_baseline: Annotated[
             Optional[str],
-            typer.Option(
-                "--save-baseline",
-                help="Store every check's measured value here (JSON), for a later --baseline.",
-                metavar="PATH",
-                rich_help_panel="Output",
-            ),
+            path_option("--save-baseline", "Store every check's measured value here (JSON), for a later --baseline."),
         ] = None,
         baseline: Annotated[
             Optional[str],
-            typer.Option(
+            path_option(
                 "--baseline",
-                help="Fail a check whose value got worse than in this baseline file by more than its tolerance.",
-                metavar="PATH",
-                rich_help_panel="Attack / analysis",
+                "Fail a check whose value got worse than in this baseline file by more than its tolerance.",
+                panel="Attack / analysis",
             ),
         ] = None,
         fail_fast: Annotated[
             bool,
-            typer.Option(
-                "--fail-fast",
-                help="Stop at the first failed check (the rest are reported as skipped).",
-                rich_help_panel="Execution",
+            switch(
+                "--fail-fast", "Stop at the first failed check (the rest are reported as skipped).", panel="Execution"
             ),
         ] = False,
-        quiet: Annotated[
-            bool, typer.Option("--quiet", "-q", help="No table, no progress.", rich_help_panel="Output")
-        ] = False,
-        overwrite: Annotated[
-            bool, typer.Option("--overwrite", help="Allow replacing existing output files.", rich_help_panel="Output")
-        ] = False,
-        debug: Annotated[
-            bool, typer.Option("--debug", help="Show the full traceback on errors.", rich_help_panel="Output")
-        ] = False,
+        quiet: Annotated[bool, switch("--quiet", "No table, no progress.", short="-q")] = False,
+        overwrite: Annotated[bool, switch("--overwrite", "Allow replacing existing output files.")] = False,
+        debug: Debug = False,
     ) -> None:
 
         with cli_errors(debug, AuditRequest):

@@ -8,7 +8,7 @@ The 2-layer width sweep (:func:`build_tables`, :func:`plot_ntk_distance`), the c
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from attnaudit.analyses.ntk_distance.aggregate import KERNEL_RATE
@@ -56,6 +56,39 @@ def _pm(stat: dict, fmt: str = "{:.3g}") -> str:
     if mean is None or not math.isfinite(mean):
         return "—"
     return fmt.format(mean) + ("" if not std or not math.isfinite(std) else " ± " + fmt.format(std))
+
+
+def _width_series(
+    axes,
+    rows: list[dict],
+    field: str,
+    groups: Sequence[str],
+    series: Callable[[str], Sequence[tuple[int, str, str, str]]],
+    only_finite: bool = False,
+) -> None:
+    """Error bars (mean +- sd over seeds) vs width of the summary rows, one colour per group.
+
+    For each group g (rows with ``row[field] == g``), ``series(g)`` lists (panel, statistic, style,
+    label) lines; ``only_finite`` skips a line with no finite mean.
+    """
+    for idx, group in enumerate(groups):
+        sel = sorted((r for r in rows if r[field] == group), key=lambda r: r["width"])
+        w = [r["width"] for r in sel]
+        for panel, key, style, label in series(group):
+            mean = [r[key]["mean"] for r in sel]
+            std = [r[key]["std"] for r in sel]
+            if only_finite and not any(math.isfinite(m) for m in mean):
+                continue
+            axes[panel].errorbar(w, mean, yerr=std, fmt=style, color=f"C{idx}", capsize=3, label=label)
+
+
+def _log_width_axes(axes, xlabel: str) -> None:
+    """Log2 width on x, log y, a grid: the frame of every width-sweep panel."""
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.grid(True, which="both", alpha=0.3)
 
 
 MOVEMENT_COLUMNS = ("params", "ΔΘ/Θ₀ full", "ΔΘ/Θ₀ avg", "‖Θ_T‖/‖Θ₀‖", "1 − cos", "CKA init → trained")
@@ -223,25 +256,22 @@ def plot_sweep(result: TransformerSweepResult, path) -> None:
     """PNG: kernel movement and distance to the linearized model vs width (log-log, sd bars)."""
     rows = result.summary_rows()
     with _figure(path, 1, 2, (11, 4.2)) as (fig, axes):
-        for idx, arch in enumerate(result.config.archs):
-            sel = sorted((r for r in rows if r["arch"] == arch), key=lambda r: r["width"])
-            w = [r["width"] for r in sel]
-            key = "movement" if result.config.form == "full" else "movement_trace"
-            for ax, k, style, label in (
-                (axes[0], key, "o-", arch),
-                (axes[0], "kernel_distance", "s--", f"{arch} 1 − cos"),
-                (axes[1], "distance_rel", "o-", arch),
-            ):
-                mean = [r[k]["mean"] for r in sel]
-                std = [r[k]["std"] for r in sel]
-                if any(math.isfinite(m) for m in mean):
-                    ax.errorbar(w, mean, yerr=std, fmt=style, color=f"C{idx}", capsize=3, label=label)
+        key = "movement" if result.config.form == "full" else "movement_trace"
+        _width_series(
+            axes,
+            rows,
+            "arch",
+            result.config.archs,
+            lambda arch: (
+                (0, key, "o-", arch),
+                (0, "kernel_distance", "s--", f"{arch} 1 − cos"),
+                (1, "distance_rel", "o-", arch),
+            ),
+            only_finite=True,
+        )
         ws = sorted(result.config.widths)
+        _log_width_axes(axes, "embedding dim (width)")
         for ax in axes:
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_xlabel("embedding dim (width)")
-            ax.grid(True, which="both", alpha=0.3)
             lines = [ln for ln in ax.get_lines() if len(ln.get_ydata())]
             if lines and len(ws) > 1:
                 y0 = max(float(ln.get_ydata()[0]) for ln in lines)
@@ -333,26 +363,18 @@ def plot_ntk_distance(result: NTKDistanceResult, path) -> None:
     """PNG: distance vs width and kernel movement vs width, log-log, error bars = sd over seeds."""
     rows = result.summary_rows()
     with _figure(path, 1, 2, (11, 4.2)) as (fig, axes):
-        for idx, name in enumerate(result.config.models):
-            sel = sorted((r for r in rows if r["model"] == name), key=lambda r: r["width"])
-            w = [r["width"] for r in sel]
-            color = f"C{idx}"  # one colour per model in both panels
-            for ax, key, style in (
-                (axes[0], "distance_rms", "o-"),
-                (axes[1], "kernel_movement", "o-"),
-                (axes[1], "kernel_init_error", "s--"),
-            ):
-                mean = [r[key]["mean"] for r in sel]
-                std = [r[key]["std"] for r in sel]
-                label = MODEL_LABELS[name] + (
-                    "" if key == "distance_rms" else (" movement" if key == "kernel_movement" else " Θ₀ vs Θ∞")
-                )
-                ax.errorbar(w, mean, yerr=std, fmt=style, color=color, capsize=3, label=label)
-        for ax in axes:
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_xlabel("width m")
-            ax.grid(True, which="both", alpha=0.3)
+        _width_series(
+            axes,
+            rows,
+            "model",
+            result.config.models,
+            lambda name: (
+                (0, "distance_rms", "o-", MODEL_LABELS[name]),
+                (1, "kernel_movement", "o-", MODEL_LABELS[name] + " movement"),
+                (1, "kernel_init_error", "s--", MODEL_LABELS[name] + " Θ₀ vs Θ∞"),
+            ),
+        )
+        _log_width_axes(axes, "width m")
         ws = sorted(result.config.widths)
         if len(ws) > 1:
             first = [r for r in rows if r["width"] == ws[0]]
