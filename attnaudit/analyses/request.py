@@ -439,9 +439,25 @@ class DeviceField:
 
 
 @dataclass(frozen=True)
-class TrainingRecipe:
-    """How a command trains its built-in models: ``optimizer``, ``steps`` and ``resample_data``
-    (the defaults None come from the command's preset)."""
+class LossField:
+    """``loss``: the training loss of the models a command trains (``--loss``: mse or ce)."""
+
+    loss: str | None = option(None, "--loss", panel=PROTOCOL, help="mse or ce.")
+
+
+@dataclass(frozen=True)
+class BatchSize:
+    """``batch_size``: rows per step of a mini-batch optimizer (``--batch-size``; None: the command's default)."""
+
+    batch_size: int | None = option(
+        None, "--batch-size", panel=PROTOCOL, kind=int, help="Rows per step of sgd/adam (default: full batch)."
+    )
+
+
+@dataclass(frozen=True)
+class TrainingRecipe(LossField, BatchSize):
+    """How a command trains its built-in models: ``optimizer``, ``steps``, ``resample_data``, ``batch_size``
+    and ``loss`` (the defaults None come from the command's preset)."""
 
     optimizer: str | None = option(
         None,
@@ -460,6 +476,103 @@ class TrainingRecipe:
         help="Each seed draws its own training rows (the rows a run with that --seed uses), so intervals include "
         "the choice of training rows.",
     )
+
+
+@dataclass(frozen=True)
+class PresetField:
+    """``preset``: the named sizes and choices that fill the fields left None (``--preset``)."""
+
+    preset: str | None = option(
+        "quick",
+        "--preset",
+        panel=PROTOCOL,
+        help="quick (default) or paper (MNIST-size). Explicit options override it.",
+    )
+
+
+@dataclass(frozen=True)
+class BuiltinModels:
+    """``models``: the built-in 2-layer nets a command trains and compares (``--models``)."""
+
+    models: tuple[str, ...] | None = option(
+        None,
+        "--models",
+        panel=PROTOCOL,
+        parse=list_of(str),
+        help="Models to train and compare: relu (2L-ReLU), attn (MLP-Attn), comma-separated (default relu,attn).",
+    )
+
+
+@dataclass(frozen=True)
+class TrainRows:
+    """``n_train``: how many training rows (``--n-train``; None: the command's default)."""
+
+    n_train: int | None = option(None, "--n-train", panel=PROTOCOL, kind=int, help="Training rows.")
+
+
+@dataclass(frozen=True)
+class SplitRows(TrainRows):
+    """``n_train`` and ``n_test``: the training and held-out rows (``--n-train``, ``--n-test``)."""
+
+    n_test: int | None = option(None, "--n-test", panel=PROTOCOL, kind=int, help="Held-out rows.")
+
+
+@dataclass(frozen=True)
+class LearningRate:
+    """``lr``: the learning rate of the models a command trains (``--lr``; None: the command's rule)."""
+
+    lr: float | None = option(None, "--lr", panel=PROTOCOL, kind=float, help="Learning rate.")
+
+
+@dataclass(frozen=True)
+class Epochs:
+    """``epochs``: passes over the training rows of a mini-batch optimizer (``--epochs``)."""
+
+    epochs: int | None = option(None, "--epochs", panel=PROTOCOL, kind=int, help="Passes over the training rows.")
+
+
+@dataclass(frozen=True)
+class SeedCount:
+    """``seeds``: how many consecutive seeds (``seed``, ``seed + 1``, ...) a command repeats over (``--seeds``)."""
+
+    seeds: int | None = option(
+        None, "--seeds", panel=PROTOCOL, kind=int, help="Number of seeds: seed, seed+1, ... (default from --preset)."
+    )
+
+
+@dataclass(frozen=True)
+class HiddenWidth:
+    """``width``: the hidden width m of the built-in 2-layer nets (``--width``; None: the preset's)."""
+
+    width: int | None = option(
+        None, "--width", panel=PROTOCOL, kind=int, help="Hidden width m (default from --preset)."
+    )
+
+
+@dataclass(frozen=True)
+class LrFraction:
+    """``lr_fraction``: the share of gradient descent's stable step 2n/lambda_max used when no ``lr`` is given."""
+
+    lr_fraction: float | None = option(
+        None,
+        "--lr-fraction",
+        panel=PROTOCOL,
+        kind=float,
+        help="Fraction of the stable step 2n/lambda_max used when --lr is not given.",
+    )
+
+
+@dataclass(frozen=True)
+class TrainingDtype:
+    """``dtype``: the floating-point type the models are trained in (``--dtype``: float32 or float64)."""
+
+    dtype: str | None = option(None, "--dtype", panel=PROTOCOL, help="Training dtype: float32 or float64.")
+
+
+@dataclass(frozen=True)
+class BuiltinNets(TrainingRecipe, PresetField, BuiltinModels, SeedCount):
+    """What a command that trains the built-in 2-layer nets takes: which ``models``, the ``preset``
+    filling the sizes left None, the number of ``seeds`` and the :class:`TrainingRecipe`."""
 
 
 # --------------------------------------------------------------------------- the commands

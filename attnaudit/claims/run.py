@@ -20,6 +20,7 @@ from typing import Any, Callable
 from attnaudit.analyses.registry import check_argv, shell_line
 from attnaudit.analyses.request import (
     DeviceField,
+    PresetField,
     SeedField,
     OUTPUT,
     PROTOCOL,
@@ -29,6 +30,7 @@ from attnaudit.analyses.request import (
     internal,
     literal,
     option,
+    redefault,
     unknown_preset,
 )
 from attnaudit.analyses.result import Progress, Result, progress_or_silent
@@ -74,7 +76,7 @@ def _show_match_loss(value: float | str) -> str:
 
 
 @dataclass(frozen=True)
-class ClaimsRequest(DataFields, SeedField, DeviceField, Request):
+class ClaimsRequest(DataFields, SeedField, DeviceField, PresetField, Request):
     """What ``attnaudit claims`` runs: the mode's presets on one data set, over ``seeds`` seeds."""
 
     COMMAND = "claims"
@@ -87,10 +89,10 @@ class ClaimsRequest(DataFields, SeedField, DeviceField, Request):
         "Default: digits (quick) or mnist (paper).",
     )
     split: str | None = option(None, "--split", panel="Data", help="train or test (default train).")
-    preset: str | None = option(
+    preset: str | None = redefault(
+        PresetField,
+        "preset",
         None,
-        "--preset",
-        panel=PROTOCOL,
         help="quick (default): the commands' quick presets on digits; paper: their paper presets (MNIST-size), "
         "as in every other command.",
     )

@@ -20,7 +20,17 @@ from typing import ClassVar
 
 from attnaudit.analyses.alignment.alignment import PRESETS, TARGETS
 from attnaudit.analyses.request import ANALYSIS, PROTOCOL, DeviceField, FieldError, Request, SeedField, check_seeds
-from attnaudit.analyses.request import list_of, option, redefault
+from attnaudit.analyses.request import (
+    HiddenWidth,
+    LearningRate,
+    LrFraction,
+    PresetField,
+    SeedCount,
+    SplitRows,
+    list_of,
+    option,
+    redefault,
+)
 from attnaudit.analyses.result import Progress, Result, progress_or_silent
 from attnaudit.analyses.sources import DataFields, PresetData
 from attnaudit.analyses.alignment.alignment import SCHEMA, run_alignment
@@ -31,7 +41,18 @@ from attnaudit.analyses.alignment.alignment import AlignmentConfig
 
 
 @dataclass(frozen=True)
-class AlignmentRequest(PresetData, SeedField, DeviceField, Request):
+class AlignmentRequest(
+    PresetData,
+    SeedField,
+    DeviceField,
+    PresetField,
+    SplitRows,
+    SeedCount,
+    HiddenWidth,
+    LearningRate,
+    LrFraction,
+    Request,
+):
     """What ``attnaudit alignment`` computes; every field is one option.
 
     Kernel ridge and trained-net errors, and CKA, of 2L-ReLU and MLP-Attn on targets aligned
@@ -47,35 +68,26 @@ class AlignmentRequest(PresetData, SeedField, DeviceField, Request):
     # the preset chooses the data set and split when none is given (PresetData); the data are centred by default
     preprocess: str = redefault(DataFields, "preprocess", "center")
 
-    preset: str = option(
-        "quick",
-        "--preset",
-        panel=PROTOCOL,
+    preset: str = redefault(
+        PresetField,
+        "preset",
         help="quick (default; digits, n_train 500, about a minute on 2 CPU cores) or paper (MNIST train split, "
         "n_train 1000; pass --split test for the test-only copy). Explicit options override it.",
     )
-    n_train: int | None = option(
-        None,
-        "--n-train",
-        panel=PROTOCOL,
-        kind=int,
-        help="Training rows per seed (a seeded, stratified split; default from --preset).",
+    n_train: int | None = redefault(
+        SplitRows, "n_train", help="Training rows per seed (a seeded, stratified split; default from --preset)."
     )
-    n_test: int | None = option(
-        None,
-        "--n-test",
-        panel=PROTOCOL,
-        kind=int,
-        help="Test rows per seed, disjoint from the training rows (default from --preset).",
+    n_test: int | None = redefault(
+        SplitRows, "n_test", help="Test rows per seed, disjoint from the training rows (default from --preset)."
     )
-    seeds: int = option(
+    seeds: int = redefault(
+        SeedCount,
+        "seeds",
         5,
-        "--seeds",
-        panel=PROTOCOL,
         help="Seeds seed, seed+1, ...: each sets the split, the target's random weights and directions, and the nets' init.",
     )
-    width: int | None = option(
-        None, "--width", panel=PROTOCOL, kind=int, help="Hidden width of the trained nets (default from --preset)."
+    width: int | None = redefault(
+        HiddenWidth, "width", help="Hidden width of the trained nets (default from --preset)."
     )
     steps: int | None = option(
         None,
@@ -84,17 +96,15 @@ class AlignmentRequest(PresetData, SeedField, DeviceField, Request):
         kind=int,
         help="Full-batch GD step budget to reach the matched loss (default from --preset).",
     )
-    lr: float | None = option(
-        None,
-        "--lr",
-        panel=PROTOCOL,
-        kind=float,
+    lr: float | None = redefault(
+        LearningRate,
+        "lr",
         help="GD learning rate of both nets (default: --lr-fraction * 2n / lambda_max of each model's analytic NTK).",
     )
-    lr_fraction: float = option(
+    lr_fraction: float = redefault(
+        LrFraction,
+        "lr_fraction",
         0.5,
-        "--lr-fraction",
-        panel=PROTOCOL,
         help="Fraction of GD's stability bound 2n / lambda_max used when --lr is not given.",
     )
     match_loss: float | None = option(

@@ -30,10 +30,12 @@ from attnaudit.analyses.request import (
     DeviceField,
     FieldError,
     Request,
+    SeedCount,
     SeedField,
     field_check,
     list_of,
     option,
+    redefault,
 )
 from attnaudit.analyses.result import Progress, Result, progress_or_silent
 from attnaudit.analyses.sources import DataFields, ModelFields
@@ -51,7 +53,7 @@ def _n_values(value, name: str) -> tuple:
 
 
 @dataclass(frozen=True)
-class KappaRequest(ModelFields, DataFields, SeedField, DeviceField, Request):
+class KappaRequest(ModelFields, DataFields, SeedField, DeviceField, SeedCount, Request):
     """What ``attnaudit kappa`` computes; every field is one option (see :class:`Option`).
 
     :meth:`resolve` gives the one configuration the run uses: a :class:`KappaConfig` for the
@@ -67,7 +69,7 @@ class KappaRequest(ModelFields, DataFields, SeedField, DeviceField, Request):
         parse=_n_values,
         help="Subset size, or a list (64,128,256) for a sweep; default: all rows (with a model: the batch, default 256).",
     )
-    seeds: int = option(1, "--seeds", panel=PROTOCOL, help="Number of random subsets per n (seeds seed, seed+1, ...).")
+    seeds: int = redefault(SeedCount, "seeds", 1, help="Number of random subsets per n (seeds seed, seed+1, ...).")
     stratify: bool = option(False, "--stratify", panel=PROTOCOL, help="Draw subsets stratified by class.")
     rank_tol: float | None = option(
         None,

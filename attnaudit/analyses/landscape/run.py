@@ -26,11 +26,14 @@ from attnaudit.analyses.landscape.setup import DTYPES, ParameterSelectionError, 
 from attnaudit.analyses.request import (
     ANALYSIS,
     PROTOCOL,
+    BuiltinNets,
     DeviceField,
     FieldError,
+    HiddenWidth,
+    LearningRate,
     Request,
     SeedField,
-    TrainingRecipe,
+    TrainRows,
     check_seeds,
     field_check,
     list_of,
@@ -38,7 +41,8 @@ from attnaudit.analyses.request import (
     option,
     redefault,
 )
-from attnaudit.analyses.result import Progress as RunProgress, Result, progress_or_silent
+from attnaudit.analyses.result import Progress as RunProgress
+from attnaudit.analyses.result import Result, progress_or_silent
 from attnaudit.analyses.sources import ModelFields, PresetData
 from attnaudit.core.fit import DEFAULT_ADAM_LR, Recipe
 from attnaudit.core.training import TrainConfig
@@ -98,7 +102,9 @@ def _match_loss(value: Any, name: str) -> float | str | None:
 
 
 @dataclass(frozen=True)
-class LandscapeRequest(ModelFields, PresetData, SeedField, DeviceField, TrainingRecipe, Request):
+class LandscapeRequest(
+    ModelFields, PresetData, SeedField, DeviceField, BuiltinNets, TrainRows, HiddenWidth, LearningRate, Request
+):
     """What ``attnaudit landscape`` computes; every field is one option.
 
     Train the built-in 2L-ReLU / MLP-Attn (``models``) or take saved ones (``checkpoint``,
@@ -112,38 +118,28 @@ class LandscapeRequest(ModelFields, PresetData, SeedField, DeviceField, Training
     PRESETS: ClassVar[dict[str, dict]] = PRESETS
 
     # the preset chooses the data set and split when none is given (PresetData)
-    preset: str = option(
-        "quick",
-        "--preset",
-        panel=PROTOCOL,
+    preset: str = redefault(
+        BuiltinNets,
+        "preset",
         help="quick (default; digits, < 2 min on 2 CPU cores) or paper (MNIST train split, n_train 2000, ~5 min). "
         "Explicit options override it.",
     )
-    models: tuple[str, ...] | None = option(
-        None,
-        "--models",
-        panel=PROTOCOL,
-        parse=list_of(str),
+    models: tuple[str, ...] | None = redefault(
+        BuiltinNets,
+        "models",
         help="Models to train and compare: relu (2L-ReLU), attn (MLP-Attn), comma-separated (default relu,attn).",
     )
-    n_train: int | None = option(
-        None,
-        "--n-train",
-        panel=PROTOCOL,
-        kind=int,
+    n_train: int | None = redefault(
+        TrainRows,
+        "n_train",
         help="Training samples: the loss, Hessian and surfaces are over these (default from --preset).",
     )
-    width: int | None = option(
-        None, "--width", panel=PROTOCOL, kind=int, help="Hidden width m (default from --preset)."
-    )
-    steps: int | None = redefault(TrainingRecipe, "steps", help="Full-batch GD steps (the budget under --match-loss).")
-    lr: float | None = option(
-        None, "--lr", panel=PROTOCOL, kind=float, help="GD learning rate (default from --preset)."
-    )
-    loss: str | None = option(
-        None,
-        "--loss",
-        panel=PROTOCOL,
+    width: int | None = redefault(HiddenWidth, "width", help="Hidden width m (default from --preset).")
+    steps: int | None = redefault(BuiltinNets, "steps", help="Full-batch GD steps (the budget under --match-loss).")
+    lr: float | None = redefault(LearningRate, "lr", help="GD learning rate (default from --preset).")
+    loss: str | None = redefault(
+        BuiltinNets,
+        "loss",
         help="mse or ce: the training loss whose landscape is measured (default mse; a checkpoint's recorded training loss).",
     )
     match_loss: float | str | None = option(
@@ -156,34 +152,28 @@ class LandscapeRequest(ModelFields, PresetData, SeedField, DeviceField, Training
         "--steps (default of --preset quick); none: fixed steps (default of --preset paper). Models are compared "
         "only when their losses are within 10 %.",
     )
-    seeds: int | None = option(
-        None,
-        "--seeds",
-        panel=PROTOCOL,
-        kind=int,
+    seeds: int | None = redefault(
+        BuiltinNets,
+        "seeds",
         help="Independent initialisations, trainings and analyses per built-in model (seeds seed, seed+1, ...; default "
         "3 for --preset quick, 1 for paper); the JSON gains per-seed values with mean/sd, and the comparison uses "
         "the mean with its Student-t tolerance (fewer than 3 seeds never resolve it); with --resample-data each seed "
         "also draws its own training rows.",
     )
     resample_data: bool = redefault(
-        TrainingRecipe,
+        BuiltinNets,
         "resample_data",
         help="Each seed draws its own training rows (the rows a run with that --seed uses), so intervals include "
         "the choice of training rows. Built-in models only.",
     )
     optimizer: str | None = redefault(
-        TrainingRecipe,
+        BuiltinNets,
         "optimizer",
         help="How the built-in models are trained: gd (full-batch gradient descent, default), sgd or adam "
         "(attnaudit.core.fit).",
     )
-    batch_size: int | None = option(
-        None,
-        "--batch-size",
-        panel=PROTOCOL,
-        kind=int,
-        help="Rows per step of --optimizer sgd/adam (default: full batch).",
+    batch_size: int | None = redefault(
+        BuiltinNets, "batch_size", help="Rows per step of --optimizer sgd/adam (default: full batch)."
     )
     eigenvalues: int = option(
         5,

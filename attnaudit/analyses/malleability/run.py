@@ -32,11 +32,13 @@ from attnaudit.analyses.request import (
     EXECUTION,
     OUTPUT,
     PROTOCOL,
+    BuiltinNets,
     DeviceField,
     FieldError,
+    HiddenWidth,
     Request,
     SeedField,
-    TrainingRecipe,
+    SplitRows,
     check_seeds,
     field_check,
     internal,
@@ -167,7 +169,9 @@ def _damping(value: Any, name: str) -> tuple:
 
 
 @dataclass(frozen=True)
-class MalleabilityRequest(ModelFields, PresetData, SeedField, DeviceField, TrainingRecipe, Request):
+class MalleabilityRequest(
+    ModelFields, PresetData, SeedField, DeviceField, BuiltinNets, SplitRows, HiddenWidth, Request
+):
     """What ``attnaudit malleability`` computes; every field is one option (see :class:`Option`)."""
 
     COMMAND = "malleability"
@@ -176,17 +180,14 @@ class MalleabilityRequest(ModelFields, PresetData, SeedField, DeviceField, Train
     dataset: str | None = option(None, "--dataset", panel=DATA, help=DATASET_HELP + " " + _by_preset("dataset"))
     split: str | None = option(None, "--split", panel=DATA, help="train or test. " + _by_preset("split"))
 
-    preset: str = option(
-        "quick",
-        "--preset",
-        panel=PROTOCOL,
+    preset: str = redefault(
+        BuiltinNets,
+        "preset",
         help="quick (digits, < 2 min) or paper (MNIST 2,000 train, PGD eps 0.3, 5 seeds, controls). Explicit options override it.",
     )
-    models: tuple[str, ...] | None = option(
-        None,
-        "--models",
-        panel=PROTOCOL,
-        parse=list_of(str),
+    models: tuple[str, ...] | None = redefault(
+        BuiltinNets,
+        "models",
         help="Models to compare, e.g. relu,attn (ratios are over the first). Default: relu,attn (with --checkpoint: "
         "the saved models).",
     )
@@ -224,11 +225,9 @@ class MalleabilityRequest(ModelFields, PresetData, SeedField, DeviceField, Train
         help="Hessian damping lambda in (H + lambda I)^-1: absolute (1e-3), or relative to the curvature (1e-3x = 1e-3 "
         "lambda_max(H), per model), or a list. " + _by_preset("damping"),
     )
-    seeds: int | None = option(
-        None,
-        "--seeds",
-        panel=PROTOCOL,
-        kind=int,
+    seeds: int | None = redefault(
+        BuiltinNets,
+        "seeds",
         help="Number of repeats (seeds seed, seed+1, ...): initialisation, attack randomness, data order (sgd/adam) and, "
         "with --resample-data, the training rows. " + _by_preset("seeds"),
     )
@@ -333,17 +332,13 @@ class MalleabilityRequest(ModelFields, PresetData, SeedField, DeviceField, Train
         kind=float,
         help="PGD/MIM step (default 2.5 eps/steps for PGD, eps/steps for MIM).",
     )
-    n_train: int | None = option(
-        None, "--n-train", panel=PROTOCOL, kind=int, help="Training samples. " + _by_preset("n_train")
-    )
-    n_test: int | None = option(
-        None,
-        "--n-test",
-        panel=PROTOCOL,
-        kind=int,
+    n_train: int | None = redefault(SplitRows, "n_train", help="Training samples. " + _by_preset("n_train"))
+    n_test: int | None = redefault(
+        SplitRows,
+        "n_test",
         help="Held-out samples whose summed loss the influence is measured on. " + _by_preset("n_test"),
     )
-    width: int | None = option(None, "--width", panel=PROTOCOL, kind=int, help="Hidden width m. " + _by_preset("width"))
+    width: int | None = redefault(HiddenWidth, "width", help="Hidden width m. " + _by_preset("width"))
     lr: float | dict | None = option(
         None,
         "--lr",
@@ -353,11 +348,11 @@ class MalleabilityRequest(ModelFields, PresetData, SeedField, DeviceField, Train
         show=_show_number_or_models,
         help="Learning rate, or per model (relu=10,attn=8). Default: the preset's (4) for gd/sgd, 1e-3 for adam.",
     )
-    batch_size: int | None = option(
-        None, "--batch-size", panel=PROTOCOL, kind=int, help="Mini-batch of --optimizer sgd/adam (default: full batch)."
+    batch_size: int | None = redefault(
+        BuiltinNets, "batch_size", help="Mini-batch of --optimizer sgd/adam (default: full batch)."
     )
-    loss: str | None = option(
-        None, "--loss", panel=PROTOCOL, help="mse or ce (default mse; a checkpoint's recorded training loss)."
+    loss: str | None = redefault(
+        BuiltinNets, "loss", help="mse or ce (default mse; a checkpoint's recorded training loss)."
     )
     match_loss: float | dict | str | None = option(
         None,
@@ -399,15 +394,15 @@ class MalleabilityRequest(ModelFields, PresetData, SeedField, DeviceField, Train
         help="First seed; also fixes the train/test split (each seed draws its own with --resample-data).",
     )
     optimizer: str | None = redefault(
-        TrainingRecipe,
+        BuiltinNets,
         "optimizer",
         help="How built-in models are trained: gd (full-batch gradient descent, default), sgd or adam.",
     )
     steps: int | None = redefault(
-        TrainingRecipe, "steps", help="Optimizer steps (the budget under --match-loss). " + _by_preset("steps")
+        BuiltinNets, "steps", help="Optimizer steps (the budget under --match-loss). " + _by_preset("steps")
     )
     resample_data: bool = redefault(
-        TrainingRecipe,
+        BuiltinNets,
         "resample_data",
         help="Each seed draws its own train/held-out rows (split seeded by that seed), so intervals include the choice "
         "of training rows.",

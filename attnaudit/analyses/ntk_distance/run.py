@@ -36,12 +36,12 @@ from attnaudit.analyses.ntk_distance.config import (
     SCHEMA,
     SCHEMA_CHECKPOINT,
     SCHEMA_TRANSFORMERS,
+    SETTINGS_BY_MODE,
     SWEEP_DEFAULTS,
     TRANSFORMER_DEFAULTS,
     CheckpointKernelConfig,
     NTKDistanceConfig,
     NtkDistanceSettings,
-    SETTINGS_BY_MODE,
     TransformerSweepConfig,
 )
 from attnaudit.analyses.ntk_distance.planning import is_remote
@@ -63,11 +63,16 @@ from attnaudit.analyses.request import (
     MODEL,
     OUTPUT,
     PROTOCOL,
+    BuiltinNets,
     DeviceField,
+    Epochs,
     FieldError,
+    LearningRate,
+    LrFraction,
     Request,
     SeedField,
-    TrainingRecipe,
+    SplitRows,
+    TrainingDtype,
     list_of,
     literal,
     option,
@@ -151,7 +156,19 @@ def _refuse(request: Any, fields: Sequence[str], why: str) -> None:
 
 
 @dataclass(frozen=True)
-class NtkDistanceRequest(ModelFields, DataFields, SeedField, DeviceField, TrainingRecipe, Request):
+class NtkDistanceRequest(
+    ModelFields,
+    DataFields,
+    SeedField,
+    DeviceField,
+    BuiltinNets,
+    SplitRows,
+    LearningRate,
+    Epochs,
+    LrFraction,
+    TrainingDtype,
+    Request,
+):
     """What ``attnaudit ntk-distance`` computes; every field is one option (see :class:`Option`).
 
     Fields left None take the mode's default: the preset's (``PRESETS``) and ``SWEEP_DEFAULTS``
@@ -171,33 +188,31 @@ class NtkDistanceRequest(ModelFields, DataFields, SeedField, DeviceField, Traini
         help="Base random seed; also fixes the train/held-out rows (each seed draws its own with --resample-data).",
     )
     optimizer: str | None = redefault(
-        TrainingRecipe,
+        BuiltinNets,
         "optimizer",
         help="With --arch: gd (full batch), sgd or adam (default adam, as attnaudit train).",
     )
     steps: int | None = redefault(
-        TrainingRecipe,
+        BuiltinNets,
         "steps",
         help="Full-batch GD steps (default: preset); with --arch optimizer steps (default: 5 epochs).",
     )
     resample_data: bool = redefault(
-        TrainingRecipe,
+        BuiltinNets,
         "resample_data",
         help="Each seed draws its own train/held-out rows (the rows a run with that --seed uses), so intervals "
         "include the choice of training rows. 2-layer sweep only.",
     )
-    preset: str | None = option(
+    preset: str | None = redefault(
+        BuiltinNets,
+        "preset",
         None,
-        "--preset",
-        panel=PROTOCOL,
         help="quick (default; digits in about a minute) or paper (MNIST-size: n_train 500, widths 16-4096, 3 seeds). "
         "Explicit options override it. 2-layer sweep only.",
     )
-    models: tuple[str, ...] | None = option(
-        None,
-        "--models",
-        panel=PROTOCOL,
-        parse=list_of(str),
+    models: tuple[str, ...] | None = redefault(
+        BuiltinNets,
+        "models",
         help="Models of the 2-layer sweep: relu (2L-ReLU), attn (MLP-Attn), comma-separated (default relu,attn).",
     )
     arch: tuple[str, ...] | None = option(
@@ -217,42 +232,29 @@ class NtkDistanceRequest(ModelFields, DataFields, SeedField, DeviceField, Traini
         help="Hidden widths, e.g. 16,64,256,1024,4096 (default: preset); with --arch the embedding dims "
         "(default 16,32,64,128).",
     )
-    seeds: int | None = option(
-        None,
-        "--seeds",
-        panel=PROTOCOL,
-        kind=int,
+    seeds: int | None = redefault(
+        BuiltinNets,
+        "seeds",
         help="Number of initialisation seeds per width: seed, seed+1, ... (default: preset; 2 with --arch); with "
         "--resample-data each seed also draws its own rows.",
     )
-    n_train: int | None = option(
-        None, "--n-train", panel=PROTOCOL, kind=int, help="Training points (default: preset; 1000 with --arch)."
+    n_train: int | None = redefault(SplitRows, "n_train", help="Training points (default: preset; 1000 with --arch).")
+    n_test: int | None = redefault(
+        SplitRows, "n_test", help="Held-out points (default: preset; 400 with --arch; 500 with --checkpoint)."
     )
-    n_test: int | None = option(
-        None,
-        "--n-test",
-        panel=PROTOCOL,
-        kind=int,
-        help="Held-out points (default: preset; 400 with --arch; 500 with --checkpoint).",
-    )
-    lr: float | None = option(
-        None,
-        "--lr",
-        panel=PROTOCOL,
-        kind=float,
+    lr: float | None = redefault(
+        LearningRate,
+        "lr",
         help="Learning rate (default: the rule lr = lr_fraction * 2n / lambda_max(Theta_inf); 1e-3 for adam with --arch).",
     )
-    lr_fraction: float | None = option(
-        None,
-        "--lr-fraction",
-        panel=PROTOCOL,
-        kind=float,
+    lr_fraction: float | None = redefault(
+        LrFraction,
+        "lr_fraction",
         help="Fraction of the stable step 2n/lambda_max used when --lr is not given (default 0.5).",
     )
-    loss: str | None = option(
-        None,
-        "--loss",
-        panel=PROTOCOL,
+    loss: str | None = redefault(
+        BuiltinNets,
+        "loss",
         help="mse (closed-form kernel predictor, default) or ce (linearized GD iterated in function space); with "
         "--arch the training loss (default ce).",
     )
@@ -267,10 +269,9 @@ class NtkDistanceRequest(ModelFields, DataFields, SeedField, DeviceField, Traini
         panel=ANALYSIS,
         help="discrete (exact for GD steps, default) or continuous (gradient flow for time lr*steps).",
     )
-    dtype: str | None = option(
-        None,
-        "--dtype",
-        panel=PROTOCOL,
+    dtype: str | None = redefault(
+        TrainingDtype,
+        "dtype",
         help="Training dtype for every width: float64 or float32 (default: float64; the paper preset uses float32 "
         "from width 1024; float32 with --arch). Kernels and metrics are always float64.",
     )
@@ -305,15 +306,11 @@ class NtkDistanceRequest(ModelFields, DataFields, SeedField, DeviceField, Traini
         "recipe is full-batch gd on a small training set, else train), kernel-gd (closed-form kernel gradient "
         "descent with the initial eNTK), train (the linearized network trained with the same recipe) or off.",
     )
-    batch_size: int | None = option(
-        None, "--batch-size", panel=PROTOCOL, kind=int, help="With --arch: rows per step for sgd/adam (default 64)."
+    batch_size: int | None = redefault(
+        BuiltinNets, "batch_size", help="With --arch: rows per step for sgd/adam (default 64)."
     )
-    epochs: int | None = option(
-        None,
-        "--epochs",
-        panel=PROTOCOL,
-        kind=int,
-        help="With --arch: passes over the training rows (default 5); give --epochs or --steps.",
+    epochs: int | None = redefault(
+        Epochs, "epochs", help="With --arch: passes over the training rows (default 5); give --epochs or --steps."
     )
 
     # ---- the mode and its defaults
@@ -585,24 +582,58 @@ def _run_widths(
     if saved:
         results["saved_models"] = saved
     f32_from = config.float32_from_width
-    report = build_report(
+    return _sweep_result(
+        request,
+        settings,
+        config,
+        result,
         SCHEMA,
+        inputs={"preset": settings.preset},
+        seeds=_holdout_seeds(request.seed, config.seeds, config.resample_data),
+        device=dev,
+        dtype=f"float64 (kernels, predictor, metrics); training {config.train_dtype}"
+        + (f", float32 from width {f32_from}" if f32_from else ""),
+        timings=timings,
+        results=results,
+        renderables=build_tables(result),
+        plot=lambda p: plot_ntk_distance(result, p),
+        png_name=PNG_NAME,
+    )
+
+
+def _sweep_result(
+    request: NtkDistanceRequest,
+    settings: NtkDistanceSettings,
+    config: NTKDistanceConfig | TransformerSweepConfig,
+    result: Any,
+    schema: str,
+    *,
+    inputs: dict,
+    seeds: dict,
+    device: Any,
+    dtype: str,
+    timings: dict[str, float],
+    results: dict,
+    renderables: list,
+    plot: Callable[[Any], Any],
+    png_name: str,
+) -> Result:
+    """The :class:`Result` of a width sweep (2-layer nets or transformers): its report records the data,
+    ``inputs`` (what only this sweep takes), the sizes and the configuration, the base and model seeds
+    with ``seeds`` (the other seeds it used), and the cells that failed."""
+    report = build_report(
+        schema,
         inputs={
             **request.data_inputs(),
-            "preset": settings.preset,
+            **inputs,
             "n_train": settings.n_train,
             "n_test": settings.n_test,
             **config.to_dict(),
             "execution": result.execution,
         },
-        seeds={
-            "base_seed": request.seed,
-            "model_seeds": list(config.seeds),
-            **_holdout_seeds(request.seed, config.seeds, config.resample_data),
-        },
-        device=dev,
-        dtype=f"float64 (kernels, predictor, metrics); training {config.train_dtype}"
-        + (f", float32 from width {f32_from}" if f32_from else ""),
+        seeds={"base_seed": request.seed, "model_seeds": list(config.seeds), **seeds},
+        device=device,
+        dtype=dtype,
         timings=timings,
         results=results,
         warnings=result.warnings,
@@ -612,9 +643,9 @@ def _run_widths(
     return Result(
         report,
         request,
-        renderables=build_tables(result),
-        plot=lambda p: plot_ntk_distance(result, p),
-        png_name=PNG_NAME,
+        renderables=renderables,
+        plot=plot,
+        png_name=png_name,
         failed_cells=list(result.failed_cells),
     )
 
@@ -738,34 +769,19 @@ def _run_transformers(
     timings["total"] = time.perf_counter() - t0
     results = result.to_dict()
     results["dataset"] = {"train": train_ds.info, "test": test_ds.info}
-    report = build_report(
+    return _sweep_result(
+        request,
+        settings,
+        config,
+        result,
         SCHEMA_TRANSFORMERS,
-        inputs={
-            **request.data_inputs(),
-            "n_train": settings.n_train,
-            "n_test": settings.n_test,
-            **config.to_dict(),
-            "execution": result.execution,
-        },
-        seeds={
-            "base_seed": request.seed,
-            "model_seeds": list(config.seeds),
-            "holdout_seed": request.seed,
-            "kernel_rows_seed": 0,
-        },
+        inputs={},
+        seeds={"holdout_seed": request.seed, "kernel_rows_seed": 0},
         device=dev,
         dtype=f"float64 (kernels, metrics); training {config.train_dtype}",
         timings=timings,
         results=results,
-        warnings=result.warnings,
-        verdicts=result.verdicts(),
-        request=request,
-    )
-    return Result(
-        report,
-        request,
         renderables=[Text(plan), *build_sweep_tables(result)],
         plot=lambda p: plot_sweep(result, p),
         png_name=PNG_TRANSFORMERS,
-        failed_cells=list(result.failed_cells),
     )

@@ -29,6 +29,12 @@ from attnaudit.analyses.request import (
     literal,
     option,
     redefault,
+    LearningRate,
+    BatchSize,
+    Epochs,
+    LossField,
+    SplitRows,
+    TrainingDtype,
 )
 from attnaudit.analyses.result import Progress, Result, progress_or_silent
 from attnaudit.analyses.sources import DataFields
@@ -75,7 +81,9 @@ class TrainingPlan:
 
 
 @dataclass(frozen=True)
-class TrainRequest(DataFields, SeedField, DeviceField, Request):
+class TrainRequest(
+    DataFields, SeedField, DeviceField, TrainingDtype, SplitRows, LossField, Epochs, BatchSize, LearningRate, Request
+):
     """What ``attnaudit train`` trains and where it saves it; every field is one option.
 
     Fields left None take the default of the architecture's family (:attr:`PRESETS`,
@@ -126,26 +134,14 @@ class TrainRequest(DataFields, SeedField, DeviceField, Request):
         panel=PROTOCOL,
         help="gd (full batch), sgd or adam (default: adam for ViTs, gd for relu/attn).",
     )
-    lr: float | None = option(
-        None,
-        "--lr",
-        panel=PROTOCOL,
-        kind=float,
-        help="Learning rate (default: 1e-3 for adam on ViTs, 4.0 for gd on relu/attn).",
+    lr: float | None = redefault(
+        LearningRate, "lr", help="Learning rate (default: 1e-3 for adam on ViTs, 4.0 for gd on relu/attn)."
     )
-    batch_size: int | None = option(
-        None,
-        "--batch-size",
-        panel=PROTOCOL,
-        kind=int,
-        help="Rows per step for sgd/adam (default 64); gd always uses every row.",
+    batch_size: int | None = redefault(
+        BatchSize, "batch_size", help="Rows per step for sgd/adam (default 64); gd always uses every row."
     )
-    epochs: int | None = option(
-        None,
-        "--epochs",
-        panel=PROTOCOL,
-        kind=int,
-        help="Passes over the training rows (ViT default 5); give --epochs or --steps.",
+    epochs: int | None = redefault(
+        Epochs, "epochs", help="Passes over the training rows (ViT default 5); give --epochs or --steps."
     )
     steps: int | None = option(
         None,
@@ -154,20 +150,16 @@ class TrainRequest(DataFields, SeedField, DeviceField, Request):
         kind=int,
         help="Optimizer steps, counted across epochs (relu/attn default 300).",
     )
-    loss: str | None = option(
-        None, "--loss", panel=PROTOCOL, help="ce or mse (default: ce for ViTs, mse for relu/attn)."
-    )
+    loss: str | None = redefault(LossField, "loss", help="ce or mse (default: ce for ViTs, mse for relu/attn).")
     momentum: float = option(0.0, "--momentum", panel=PROTOCOL, help="SGD momentum (sgd only).")
     weight_decay: float = option(0.0, "--weight-decay", panel=PROTOCOL, help="L2 weight decay.")
     seed: int = redefault(SeedField, "seed", help="Initialisation, mini-batch order and held-out split.")
-    n_train: int | None = option(
-        None, "--n-train", panel=PROTOCOL, kind=int, help="Training rows (default: every row not held out)."
+    n_train: int | None = redefault(SplitRows, "n_train", help="Training rows (default: every row not held out).")
+    n_test: int | None = redefault(
+        SplitRows, "n_test", help="Held-out rows for the accuracy (default: min(1000, n/5))."
     )
-    n_test: int | None = option(
-        None, "--n-test", panel=PROTOCOL, kind=int, help="Held-out rows for the accuracy (default: min(1000, n/5))."
-    )
-    dtype: str | None = option(
-        None, "--dtype", panel=PROTOCOL, help="float32 or float64 (default: float32 for ViTs, float64 for relu/attn)."
+    dtype: str | None = redefault(
+        TrainingDtype, "dtype", help="float32 or float64 (default: float32 for ViTs, float64 for relu/attn)."
     )
     overwrite: bool = internal(False)
 
