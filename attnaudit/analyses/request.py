@@ -316,6 +316,13 @@ class Request:
         passes the result down; an analysis without derived settings runs from the request itself."""
         return self
 
+    def built_once(self, build: Callable[[], Any]) -> Any:
+        """``build()`` the first time, the same object after: how a frozen request keeps the
+        configuration :meth:`resolve` built at construction (a replaced copy builds its own)."""
+        if "_built" not in self.__dict__:
+            object.__setattr__(self, "_built", build())
+        return self.__dict__["_built"]
+
     def check(self) -> None:
         """Check what can be checked before any computation (an audit's dry run): the
         fields (already checked at construction), then model files and data, read but not

@@ -35,7 +35,6 @@ not used — an audit should see the function that was trained, not a random sub
 
 from __future__ import annotations
 
-from attnaudit.errors import is_int, is_real
 
 import math
 import time
@@ -48,22 +47,14 @@ import torch
 from torch import nn
 
 from attnaudit.core.task import LOSSES as LOSS_TABLE, Inputs, as_loss, closed_form_blocker, eval_mode, to_logits
-from attnaudit.errors import AuditError, FieldError, literal, clip_text as _clip
-from attnaudit.errors import check_seed
+from attnaudit.errors import AuditError, FieldError, check_seed, is_int, is_real, literal, show_value
+from attnaudit.errors import clip_text as _clip
 
 OPTIMIZERS = ("gd", "sgd", "adam")
 LOSSES = tuple(LOSS_TABLE)  # the core's one loss table: mse, ce
 #: The default learning rate of ``adam`` where a command's preset gives a GD rate.
 DEFAULT_ADAM_LR = 1e-3
 _EVAL_CHUNK = 2048
-
-
-def _show(value: object, limit: int = 60) -> str:
-    try:
-        text = repr(value)
-    except ValueError:
-        text = f"<{type(value).__name__} too large to print>"
-    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 @dataclass(frozen=True)
@@ -91,19 +82,19 @@ class Recipe:
         if not isinstance(self.optimizer, str) or self.optimizer not in OPTIMIZERS:
             raise FieldError(
                 "optimizer",
-                "unknown {name} " + literal(_show(self.optimizer)) + f"; use one of {', '.join(OPTIMIZERS)}",
+                "unknown {name} " + literal(show_value(self.optimizer)) + f"; use one of {', '.join(OPTIMIZERS)}",
             )
         if not isinstance(self.loss, str) or self.loss not in LOSSES:
             raise FieldError(
-                "loss", "unknown {name} " + literal(_show(self.loss)) + f"; use one of {', '.join(LOSSES)}"
+                "loss", "unknown {name} " + literal(show_value(self.loss)) + f"; use one of {', '.join(LOSSES)}"
             )
         if not is_real(self.lr) or not math.isfinite(self.lr) or not self.lr > 0:
-            raise FieldError("lr", "{name} must be a positive number, got " + literal(_show(self.lr)))
+            raise FieldError("lr", "{name} must be a positive number, got " + literal(show_value(self.lr)))
         object.__setattr__(self, "lr", float(self.lr))
         for name in ("momentum", "weight_decay"):
             value = getattr(self, name)
             if not is_real(value) or not math.isfinite(value) or value < 0:
-                raise FieldError(name, "{name} must be a number >= 0, got " + literal(_show(value)))
+                raise FieldError(name, "{name} must be a number >= 0, got " + literal(show_value(value)))
             object.__setattr__(self, name, float(value))
         if self.momentum >= 1:
             raise FieldError("momentum", "{name} must be below 1 (0.9 is usual), got " + f"{self.momentum:g}")
@@ -112,7 +103,7 @@ class Recipe:
         if self.batch_size is not None:
             if not is_int(self.batch_size) or self.batch_size < 1:
                 raise FieldError(
-                    "batch_size", "{name} must be a positive integer, got " + literal(_show(self.batch_size))
+                    "batch_size", "{name} must be a positive integer, got " + literal(show_value(self.batch_size))
                 )
             object.__setattr__(self, "batch_size", int(self.batch_size))
             if self.optimizer == "gd":
@@ -132,7 +123,7 @@ class Recipe:
             value = getattr(self, name)
             if value is not None:
                 if not is_int(value) or value < 0:
-                    raise FieldError(name, "{name} must be an integer >= 0, got " + literal(_show(value)))
+                    raise FieldError(name, "{name} must be an integer >= 0, got " + literal(show_value(value)))
                 object.__setattr__(self, name, int(value))
         try:
             check_seed(self.seed, "seed")

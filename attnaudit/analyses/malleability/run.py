@@ -463,16 +463,16 @@ class MalleabilityRequest(
             )
         # every value the protocol takes, checked now (a saved model not loaded yet: its recorded
         # loss and fine-tuning recipe assumed); built-in models run from this configuration
-        object.__setattr__(self, "_resolved", self.resolve())
+        self.built_once(self._build)
 
     def resolve(self, loaded: dict | None = None) -> MalleabilityConfig:
         """The configuration the analysis runs from: the preset filled in, the seeds from ``seed``
         and ``seeds``, the protocol, controls, loss and fine-tuning recipe defaulted (for saved
         models from what they recorded: ``loaded`` is label -> LoadedModel, None before they are
         loaded), every value validated once. Built-in models: the one built at construction."""
-        resolved = self.__dict__.get("_resolved")
-        if resolved is not None and not loaded:
-            return resolved
+        return self._build(loaded) if loaded else self.built_once(self._build)
+
+    def _build(self, loaded: dict | None = None) -> MalleabilityConfig:
         values = self.resolve_preset()
         saved = self.model_given
         loaded = loaded or {}

@@ -434,14 +434,13 @@ class NtkDistanceRequest(
         """The configuration this request runs from: the mode's defaults filled in (explicit beats
         preset), the mode's analysis configuration built and validated. Built once, at construction
         (which validates it), and returned again after."""
-        settings = self.__dict__.get("_settings")
-        if settings is None:
-            values = SimpleNamespace(
-                **{**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, **self._changes()}
-            )
-            settings = SETTINGS_BY_MODE[self.mode](values)
-            object.__setattr__(self, "_settings", settings)  # the request is frozen: its settings are cached once
-        return settings
+        return self.built_once(self._build)
+
+    def _build(self) -> NtkDistanceSettings:
+        values = SimpleNamespace(
+            **{**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, **self._changes()}
+        )
+        return SETTINGS_BY_MODE[self.mode](values)
 
     def check(self) -> None:
         """The dry run: the fields, the model files (and the reference), the data."""
