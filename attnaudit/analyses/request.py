@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
+from attnaudit.core.precision import check_precision
 from attnaudit.errors import AuditError, FieldError, check_seed, clip_text, field_check, literal
 
 # The panels of every command's --help, in this order (docs/cli.md says what goes where).
@@ -443,6 +444,25 @@ class DeviceField:
     """``device``: where the computation runs (``--device``)."""
 
     device: str = option("auto", "--device", panel=EXECUTION, help="auto, cpu, cuda or cuda:<i>.")
+
+
+@dataclass(frozen=True)
+class PrecisionField:
+    """``precision``: the dtype of the analysis' heavy computations (``--precision``;
+    :mod:`attnaudit.core.precision`), checked against float64 on a subsample when lower."""
+
+    precision: str = option(
+        "auto",
+        "--precision",
+        panel=EXECUTION,
+        help="Dtype of the heavy computations (gradients, projections, factor fits, Hessian-vector products, "
+        "Jacobians): float64, float32, bfloat16 or auto (float64 up to 1,000,000 parameters, float32 above). "
+        "Sums, small eigendecompositions and statistics stay float64; a lower precision is checked against "
+        "float64 on a subsample (precision_check in the report).",
+    )
+
+    def check_precision_field(self) -> None:
+        check_precision(self.precision)
 
 
 @dataclass(frozen=True)

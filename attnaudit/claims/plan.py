@@ -33,6 +33,19 @@ class RunSpec:
 
 
 # ----------------------------------------------------------------------------- the plan
+def _without(args: list[str], flag: str) -> list[str]:
+    """``args`` without ``flag`` and its value."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == flag:
+            skip = True
+        else:
+            out.append(a)
+    return out
+
+
 def _has_choice(command: str, option: str, value: str) -> bool:
     """Whether this build's command accepts ``--option value`` (variants added by newer options)."""
     if not _has_option(command, option):
@@ -100,7 +113,9 @@ def plan(
         ),
     ]
     if _has_command("alignment"):
-        align = ("--preset", preset, *common, *seeds) if _has_option("alignment", "preset") else (*common, *seeds)
+        # alignment's kernels are closed forms in float64: it takes no --precision
+        base = common if _has_option("alignment", "precision") else _without(common, "--precision")
+        align = ("--preset", preset, *base, *seeds) if _has_option("alignment", "preset") else (*base, *seeds)
         runs.append(
             RunSpec(
                 "alignment",

@@ -20,6 +20,7 @@ from typing import Any, Callable
 from attnaudit.analyses.registry import check_argv, shell_line
 from attnaudit.analyses.request import (
     DeviceField,
+    PrecisionField,
     PresetField,
     SeedField,
     OUTPUT,
@@ -76,7 +77,7 @@ def _show_match_loss(value: float | str) -> str:
 
 
 @dataclass(frozen=True)
-class ClaimsRequest(DataFields, SeedField, DeviceField, PresetField, Request):
+class ClaimsRequest(DataFields, SeedField, DeviceField, PrecisionField, PresetField, Request):
     """What ``attnaudit claims`` runs: the mode's presets on one data set, over ``seeds`` seeds."""
 
     COMMAND = "claims"
@@ -154,6 +155,7 @@ class ClaimsRequest(DataFields, SeedField, DeviceField, PresetField, Request):
 
     def validate(self) -> None:
         self.mode  # noqa: B018 - refuses a bad preset
+        self.check_precision_field()
         if self.reports_dir is not None and self.keep_reports is not None:
             raise FieldError(
                 "keep_reports",
@@ -206,6 +208,8 @@ class ClaimsRequest(DataFields, SeedField, DeviceField, PresetField, Request):
             args.append("--download")
         if self.device != "auto":
             args += ["--device", self.device]
+        if self.precision != "auto":  # every analysis takes it; auto is each one's default
+            args += ["--precision", self.precision]
         return args
 
     def planned(self) -> tuple[list[plan.RunSpec], list[tuple[str, str]]]:

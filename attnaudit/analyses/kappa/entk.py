@@ -19,6 +19,7 @@ from torch import nn
 
 from attnaudit.analyses.request import FieldError
 from attnaudit.core.engine import Engine, ranges
+from attnaudit.core.precision import PrecisionCheck, compare, resolve_precision
 from attnaudit.core.spectral import ConditionReport, WidthEstimate, condition_report, width_rows
 from attnaudit.core.task import Inputs, Task, as_task
 from attnaudit.errors import AuditError
@@ -37,6 +38,8 @@ class EntkResult:
     seconds: float
     chunk: int  # samples per Jacobian chunk (memory plan)
     matrix: np.ndarray = field(repr=False)
+    precision: dict = field(default_factory=dict)
+    precision_check: dict | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -49,6 +52,8 @@ class EntkResult:
             "width_estimates": [w.to_dict() for w in self.widths],
             "seconds": self.seconds,
             "jacobian_chunk_samples": self.chunk,
+            "precision": self.precision,
+            "precision_check": self.precision_check,
         }
 
 
@@ -66,10 +71,15 @@ def layer_task(model: Any, X: torch.Tensor) -> Task:
 
 
 def entk_gram(
-    task: Any, X: torch.Tensor, memory_bytes: int = 1 << 30, device: str | torch.device | None = None
+    task: Any,
+    X: torch.Tensor,
+    memory_bytes: int = 1 << 30,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float64,
 ) -> tuple[np.ndarray, int, int, int]:
     """(K, P, c, chunk): the empirical NTK Gram K = (1/c) sum_a J_a J_a^T (n x n, float64) of all
-    trainable parameters, from the engine's per-sample Jacobians (:meth:`Engine.jacobian`).
+    trainable parameters, from the engine's per-sample Jacobians (:meth:`Engine.jacobian`) in
+    ``dtype`` (the precision policy; their contraction is accumulated in that dtype, K kept in float64).
 
     Memory plan: a Jacobian takes c P 8 bytes per sample; rows go in chunks such that two
     chunks fit ``memory_bytes``. When all n Jacobians fit the budget they are computed once;
@@ -78,17 +88,17 @@ def entk_gram(
     """
 
     task = layer_task(task, X)
-    engine = Engine(task, dtype=torch.float64, device=device, probe=X[:1].to(torch.float64))
+    engine = Engine(task, dtype=dtype, device=device, probe=X[:1].to(torch.float64))
     rows = engine.rows(X)
     n = rows.shape[0]
     c = int(engine.logits(rows[:1]).shape[1])
     P = engine.n_params
-    per_sample = max(1, c * P * 8)
+    per_sample = max(1, c * P * engine.theta.element_size())
     if 2 * per_sample > memory_bytes:
         raise FieldError(
             "gram",
             "{name} entk: one sample's Jacobian "
-            + f"({c} outputs x {P:,} parameters, float64) takes {per_sample / 2**30:.3g} GiB and two must fit the "
+            + f"({c} outputs x {P:,} parameters, {str(dtype).replace('torch.', '')}) takes {per_sample / 2**30:.3g} GiB and two must fit the "
             + f"{memory_bytes / 2**30:.3g} GiB budget; the eNTK Gram of this model is out of reach here -- use "
             + "{name} tokens",
         )
@@ -97,7 +107,7 @@ def entk_gram(
     K = torch.empty(n, n, dtype=torch.float64)
 
     def gram(J1: torch.Tensor, J2: torch.Tensor) -> torch.Tensor:
-        return (torch.einsum("iap,jap->ij", J1, J2) / c).detach().cpu()
+        return (torch.einsum("iap,jap->ij", J1, J2) / c).detach().cpu().to(torch.float64)
 
     if n * per_sample <= memory_bytes:
         J = [engine.jacobian(rows[a:b]) for a, b in blocks]
@@ -119,12 +129,23 @@ def entk_gram(
 
 
 def entk_result(
-    task: Task, X: torch.Tensor, memory_bytes: int, device: torch.device | str | None, rank_tol: float | None
+    task: Task,
+    X: torch.Tensor,
+    memory_bytes: int,
+    device: torch.device | str | None,
+    rank_tol: float | None,
+    precision: str = "float64",
 ) -> EntkResult:
     """Spectrum, rank (tolerance ``max(n, c P) eps lambda_max``, or ``rank_tol``), condition numbers
-    and width scale (n = samples) of the eNTK Gram of ``task`` on ``X`` (:func:`entk_gram`)."""
+    and width scale (n = samples) of the eNTK Gram of ``task`` on ``X`` (:func:`entk_gram`), the
+    Jacobians at ``precision`` (``auto`` resolved on the model's parameter count); below float64 the
+    Gram of the first :data:`CHECK_ROWS` rows is recomputed in float64 and its spectrum compared."""
     te = time.perf_counter()
-    K, P, c, chunk = entk_gram(task, X, memory_bytes, device)
+    task = layer_task(task, X)
+    n_params = sum(p.numel() for p in task.module.parameters())
+    policy = resolve_precision(precision, n_params, device or "cpu", ENTK_HEAVY)
+    K, P, c, chunk = entk_gram(task, X, memory_bytes, device, policy.dtype)
+    check = spectrum_precision_check(task, X, memory_bytes, device, policy.dtype) if policy.lowered else None
     lam = np.linalg.eigvalsh(K)[::-1]
     n = K.shape[0]
     rep = condition_report(lam, n, c * P, rank_tol)
@@ -145,4 +166,42 @@ def entk_result(
         seconds=time.perf_counter() - te,
         chunk=chunk,
         matrix=K,
+        precision=policy.to_dict(),
+        precision_check=None if check is None else check.to_dict(),
     )
+
+
+#: rows of the eNTK Gram the float64 spot check recomputes
+CHECK_ROWS = 16
+#: what ``precision`` sets in the eNTK Gram (the layers' token Grams are captured in float64 always:
+#: their condition numbers reach 1e10 and beyond, which float32 activations cannot resolve)
+ENTK_HEAVY = ("per-sample Jacobians of the eNTK Gram and their contraction",)
+
+
+def spectrum_precision_check(
+    task: Task, X: torch.Tensor, memory_bytes: int, device: torch.device | str | None, dtype: torch.dtype
+) -> PrecisionCheck:
+    """The eigenvalues of the eNTK Gram of the first :data:`CHECK_ROWS` rows at ``dtype`` against
+    float64, with both condition numbers."""
+    t0 = time.perf_counter()
+    rows = X[:CHECK_ROWS]
+    spectra = [
+        np.linalg.eigvalsh(entk_gram(task, rows, memory_bytes, device, d)[0])[::-1] for d in (dtype, torch.float64)
+    ]
+    check = compare(
+        torch.from_numpy(spectra[0].copy()),
+        torch.from_numpy(spectra[1].copy()),
+        quantity="eNTK Gram eigenvalues",
+        precision=str(dtype).replace("torch.", ""),
+        subsample={"rows": int(rows.shape[0])},
+        seconds=time.perf_counter() - t0,
+    )
+    kappas = [float(s[0] / s[-1]) if s[-1] > 0 else None for s in spectra]  # None: singular at that precision
+    k_low, k_ref = kappas
+    k_err = abs(k_low / k_ref - 1.0) if k_low is not None and k_ref is not None else None
+    check.extra = {"kappa": k_low, "kappa_float64": k_ref, "kappa_relative_error": k_err}
+    # the condition number is what kappa reports: it must agree too (the spectrum's relative error
+    # is dominated by the largest eigenvalue and says little about the smallest)
+    if (k_low is None) != (k_ref is None) or (k_err is not None and k_err > check.tolerance["relative_error_max"]):
+        check.agrees = False
+    return check

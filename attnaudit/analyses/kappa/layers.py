@@ -71,6 +71,7 @@ import torch
 from attnaudit.analyses.kappa.capture import LayerRecord, capture_layers, float64_copy
 from attnaudit.analyses.kappa.discovery import find_attention_layers
 from attnaudit.analyses.kappa.entk import EntkResult, entk_result, layer_task
+from attnaudit.core.precision import check_precision
 from attnaudit.analyses.kappa.spread import Amplification, Spread, SpectrumSummary, fmt_log
 from attnaudit.analyses.request import FieldError, literal
 from attnaudit.core.spectral import EPS64, WidthEstimate, reference_width, width_estimate
@@ -103,8 +104,10 @@ class LayerKappaConfig:
     chunk: int = 64
     memory_bytes: int = 1 << 30
     device: str | None = None
+    precision: str = "auto"  # the eNTK Gram's Jacobians (attnaudit.core.precision); token Grams are float64
 
     def __post_init__(self) -> None:
+        check_precision(self.precision)
         if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
             raise FieldError("n", "{name} must be a positive number of samples, got " + literal(repr(self.n)))
         if self.gram not in GRAM_KINDS:
@@ -240,7 +243,7 @@ def analyse_layers(
     timings = {"layers": t_layers - t0, "spectra": time.perf_counter() - t_layers}
     entk = None
     if config.gram == "entk":
-        entk = entk_result(task, X, config.memory_bytes, device, config.rank_tol)
+        entk = entk_result(task, X, config.memory_bytes, device, config.rank_tol, config.precision)
         timings["entk"] = entk.seconds
     timings["total"] = time.perf_counter() - t0
     result = LayerKappaResult(label or task.name, int(X.shape[0]), results, entk, config, timings, rows)

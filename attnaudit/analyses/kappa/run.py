@@ -29,6 +29,7 @@ from attnaudit.analyses.request import (
     PROTOCOL,
     DeviceField,
     FieldError,
+    PrecisionField,
     Request,
     SeedCount,
     SeedField,
@@ -53,7 +54,7 @@ def _n_values(value, name: str) -> tuple:
 
 
 @dataclass(frozen=True)
-class KappaRequest(ModelFields, DataFields, SeedField, DeviceField, SeedCount, Request):
+class KappaRequest(ModelFields, DataFields, SeedField, DeviceField, PrecisionField, SeedCount, Request):
     """What ``attnaudit kappa`` computes; every field is one option (see :class:`Option`).
 
     :meth:`resolve` gives the one configuration the run uses: a :class:`KappaConfig` for the
@@ -102,6 +103,7 @@ class KappaRequest(ModelFields, DataFields, SeedField, DeviceField, SeedCount, R
     )
 
     def validate(self) -> None:
+        self.check_precision_field()
         if self.model_given:
             if self.seeds != 1:
                 raise FieldError(
@@ -136,6 +138,7 @@ class KappaRequest(ModelFields, DataFields, SeedField, DeviceField, SeedCount, R
             rank_tol=self.rank_tol,
             seed=self.seed,
             device=device,
+            precision=self.precision,
         )
 
     def resolve(self) -> KappaConfig | LayerKappaConfig:
@@ -192,6 +195,13 @@ def _run_data(request: KappaRequest, config: KappaConfig, progress: Progress) ->
     timings["total"] = time.perf_counter() - t0
 
     results = {"dataset": detail_ds.info, **result.to_dict()}
+    results["precision"] = {
+        "asked": request.precision,
+        "used": "float64",
+        "reason": "the data's Grams and the linearized-attention kernels are closed forms computed in float64 "
+        "(--precision sets a model's eNTK Jacobians: --gram entk)",
+    }
+    results["precision_check"] = {"status": "not needed", "why": "everything is computed in float64"}
     if sweeping:
         results["sweep"] = {"cells": [c.to_dict() for c in cells], "summary": [s.to_dict() for s in summary or []]}
     report = build_report(
@@ -263,12 +273,23 @@ def _run_layers(request: KappaRequest, config: LayerKappaConfig, progress: Progr
         },
         seeds={"base_seed": request.seed, "subset_seeds": [request.seed]},
         device=config.device,
-        dtype="float64",
+        dtype="float64 (token Grams, spectra); eNTK Jacobians: see each model's entk.precision",
         timings=timings,
         results={
             "dataset": ds.info,
             "models": {r.label: {"source": fitted[r.label].source, **r.to_dict()} for r in results},
+            "precision": {
+                "asked": request.precision,
+                "token_grams": "float64 always: the layers' activations are captured from a float64 copy, since "
+                "their condition numbers reach beyond what float32 resolves (about 1e7)",
+                "entk": "--precision (see each model's entk.precision)" if config.gram == "entk" else None,
+            },
         },
+        warnings=[
+            f"{r.label}: {r.entk.precision_check['warning']}"
+            for r in results
+            if r.entk is not None and r.entk.precision_check and r.entk.precision_check.get("warning")
+        ],
         verdicts=[v for r in results for v in r.verdicts],
         request=request,
     )

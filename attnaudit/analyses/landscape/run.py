@@ -22,7 +22,7 @@ from attnaudit.analyses.landscape.analysis import LandscapeConfig
 from attnaudit.analyses.landscape.pipeline import LandscapeRun, run_landscape, run_work_units
 from attnaudit.analyses.landscape.reference import ARCHS, optimizer_record
 from attnaudit.analyses.landscape.report import PNG_NAME, SCHEMA, build_tables, plot_landscape
-from attnaudit.analyses.landscape.setup import DTYPES, ParameterSelectionError, check_selector
+from attnaudit.analyses.landscape.setup import ParameterSelectionError, check_selector
 from attnaudit.analyses.request import (
     ANALYSIS,
     PROTOCOL,
@@ -31,6 +31,7 @@ from attnaudit.analyses.request import (
     FieldError,
     HiddenWidth,
     LearningRate,
+    PrecisionField,
     Request,
     SeedField,
     TrainRows,
@@ -45,6 +46,7 @@ from attnaudit.analyses.result import Progress as RunProgress
 from attnaudit.analyses.result import Result, progress_or_silent
 from attnaudit.analyses.sources import ModelFields, PresetData
 from attnaudit.core.fit import DEFAULT_ADAM_LR, Recipe
+from attnaudit.core.precision import Precision, not_needed, resolve_precision
 from attnaudit.core.training import TrainConfig
 from attnaudit.data import data_fingerprint, load_dataset, subset
 from attnaudit.errors import AuditError, check_seed
@@ -101,9 +103,22 @@ def _match_loss(value: Any, name: str) -> float | str | None:
     return number
 
 
+#: what ``precision`` sets in a landscape run (the built-in models' training stays in its own dtype)
+LANDSCAPE_HEAVY = ("Hessian-vector products (Lanczos, Hutchinson)", "loss surfaces and basin evaluations")
+
+
 @dataclass(frozen=True)
 class LandscapeRequest(
-    ModelFields, PresetData, SeedField, DeviceField, BuiltinNets, TrainRows, HiddenWidth, LearningRate, Request
+    ModelFields,
+    PresetData,
+    SeedField,
+    DeviceField,
+    PrecisionField,
+    BuiltinNets,
+    TrainRows,
+    HiddenWidth,
+    LearningRate,
+    Request,
 ):
     """What ``attnaudit landscape`` computes; every field is one option.
 
@@ -218,13 +233,6 @@ class LandscapeRequest(
         help="Only these parameters: all, head (the logits layer), module names or glob patterns, comma-separated "
         "(e.g. W or 'layers.0.*'); default all.",
     )
-    precision: str = option(
-        "float64",
-        "--precision",
-        panel=ANALYSIS,
-        help="Precision of the analysis: float64 (default) or float32. The engine works on copies; a saved model "
-        "keeps its own dtype.",
-    )
     seed: int = redefault(
         SeedField,
         "seed",
@@ -334,16 +342,13 @@ class LandscapeRequest(
                 raise FieldError("batch_size", "{name} must be a positive integer, got " + str(self.batch_size))
         if self.eigenvalues < 1:
             raise FieldError("eigenvalues", "{name} must be >= 1, got " + str(self.eigenvalues))
-        precision = str(self.precision).strip().lower()
-        if precision not in DTYPES:
-            raise FieldError(
-                "precision", "unknown {name} " + literal(repr(precision)) + f"; use one of {', '.join(DTYPES)}"
-            )
+        self.check_precision_field()
         self.landscape_config(self.loss)  # the analysis' own fields are checked by its configuration
 
     # ---- the configuration the run uses
-    def landscape_config(self, loss: str | None) -> LandscapeConfig:
-        """The analysis of every model, measuring the training loss ``loss`` (None: the task's own)."""
+    def landscape_config(self, loss: str | None, dtype: str = "float64") -> LandscapeConfig:
+        """The analysis of every model, measuring the training loss ``loss`` (None: the task's own)
+        with its heavy computations in ``dtype`` (the resolved precision)."""
         return LandscapeConfig(
             loss=None if loss is None else loss.strip().lower(),
             directions=self.directions.strip().lower(),
@@ -357,7 +362,7 @@ class LandscapeRequest(
             basin_directions=self.basin_directions,
             basin_factor=self.basin_factor,
             seed=self.seed,
-            dtype=self.precision.strip().lower(),
+            dtype=dtype,
         )
 
     def resolve(self) -> LandscapeSetup:
@@ -371,9 +376,12 @@ class LandscapeRequest(
         if loss is None:
             recorded = {lm.loss for lm in saved.values() if lm.loss}
             loss = recorded.pop() if len(recorded) == 1 else "mse"
-        config = r.landscape_config(loss)
-        train, recipe = r.training(config.loss or "mse")
         device = resolve_device(r.device)
+        # the largest saved model decides auto (None: the built-in models)
+        n_params = max((sum(p.numel() for p in lm.module.parameters()) for lm in saved.values()), default=None)
+        precision = resolve_precision(r.precision, n_params, device, LANDSCAPE_HEAVY)
+        config = r.landscape_config(loss, precision.used)
+        train, recipe = r.training(config.loss or "mse")
         try:
             for lm in saved.values():  # a params typo fails before the data are read
                 check_selector(lm.module, config.params)
@@ -381,7 +389,7 @@ class LandscapeRequest(
             raise FieldError("params", "{name}: " + literal(exc)) from None
         assert r.seeds is not None  # resolved() fills it
         seeds = (r.seed,) if r.model_given else tuple(range(r.seed, r.seed + r.seeds))
-        return LandscapeSetup(r, config, saved, train, recipe, seeds, device)
+        return LandscapeSetup(r, config, saved, train, recipe, seeds, device, precision)
 
     def training(self, loss: str) -> tuple[TrainConfig | None, Recipe | None]:
         """How this (preset-filled) request trains the built-in models on ``loss``: full-batch GD
@@ -425,6 +433,7 @@ class LandscapeSetup:
     recipe: Recipe | None = None
     seeds: tuple[int, ...] = (0,)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    precision: Precision = field(default_factory=lambda: Precision("float64", "float64", "asked", LANDSCAPE_HEAVY))
 
     @property
     def labels(self) -> list[str]:
@@ -572,6 +581,8 @@ def _report(
     model_seeds = None if saved else list(setup.seeds)
     out = out_run.to_dict()
     train = setup.train
+    checks = {label: res.precision_check for label, res in out_run.results.items() if res.precision_check}
+    precision_warnings = [f"{label}: {c['warning']}" for label, c in checks.items() if c.get("warning")]
     return build_report(
         SCHEMA,
         inputs={
@@ -611,8 +622,10 @@ def _report(
             "models": out["models"],
             "gd_stability_bound": out["gd_stability_bound"],
             "optimizer": out["optimizer"],
+            "precision": setup.precision.to_dict(),
+            "precision_check": checks or not_needed(setup.precision),
         },
-        warnings=list(out_run.warnings),
+        warnings=list(out_run.warnings) + precision_warnings,
         verdicts=list(out_run.verdicts),
         request=request,
     )

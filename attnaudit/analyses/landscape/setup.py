@@ -19,7 +19,7 @@ from attnaudit.core.task import Task, as_loss, as_task
 from attnaudit.errors import AuditError
 from attnaudit.core.task import select_parameter_names
 
-DTYPES = {"float64": torch.float64, "float32": torch.float32}
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class ParameterSelectionError(AuditError):

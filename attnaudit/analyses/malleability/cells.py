@@ -30,6 +30,7 @@ from attnaudit.analyses.malleability.cell_tools import (
     token_edits,
 )
 from attnaudit.analyses.malleability.config import REINIT_SEED_OFFSET, MalleabilityConfig
+from attnaudit.analyses.malleability.precision_check import influence_precision_check
 from attnaudit.analyses.malleability.stability import stability_by_k
 from attnaudit.analyses.malleability.training import sampled_curve, train_builtin
 from attnaudit.core.fit import fit as fit_recipe
@@ -154,7 +155,9 @@ class Cell:
             text_model, (self.X_train, self.X_test) = as_embedding_rows(model, self.X_train, self.X_test)
             self.fixed = {**self.fixed, arch: text_model}
         self.y_train, self.y_test = state.y_train, state.y_test
-        self.rows: dict[str, list] = {key: [] for key in ("runs", "controls", "training", "attacks", "diagnostics")}
+        self.rows: dict[str, list] = {
+            key: [] for key in ("runs", "controls", "training", "attacks", "diagnostics", "precision_check")
+        }
         self.infl_warnings: dict[str, int] = {}
         self.examples: dict = {}
         self.edits: list[dict] = []
@@ -168,6 +171,11 @@ class Cell:
         config = self.config
         clean_model, clean_tr, clean_row, attack_target = self.clean_model()
         clean = self.influences(clean_model, self.X_train, clean_tr, "clean")
+        if config.precision != "float64" and self.seed == config.seeds[0] and config.estimator != "tracin":
+            check = influence_precision_check(
+                clean_model, self.X_train, self.y_train, self.X_test, self.y_test, config, self.state.n_classes
+            )
+            self.rows["precision_check"].append({"model": self.arch, "seed": self.seed, **check.to_dict()})
         if config.controls:
             control = self.control(clean)
         for eps in config.eps:

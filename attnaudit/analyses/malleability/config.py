@@ -16,6 +16,7 @@ from functools import cached_property
 from typing import Any
 
 from attnaudit.analyses.influence.influence import ESTIMATORS, InfluenceConfig, parse_damping
+from attnaudit.core.precision import Precision
 from attnaudit.analyses.malleability.attacks import (
     ATTACKS,
     NORMS,
@@ -39,6 +40,11 @@ REINIT_SEED_OFFSET = 1_000_003  # the reinit control's initialisation seed is se
 #: ``match_loss="auto"``: every model is trained to L*, the largest clean training loss any
 #: model reaches within the step budget over the seeds, so they are compared at equal loss.
 AUTO_MATCH = "auto"
+
+
+#: what ``precision`` sets in a malleability run (the models' training, the attacks and the
+#: accuracies stay in float64)
+MALLEABILITY_HEAVY = ("influence: per-sample gradients, projections, factor fits, Hessian-vector products",)
 
 
 def parse_per_model(text: Any, option: str) -> float | dict | None:
@@ -132,6 +138,9 @@ class MalleabilityConfig:
     batch_size: int | None = None
     resample_data: bool = False
     top_ks: tuple[int, ...] | None = None  # every k the flip rate is reported for (default: (top_k,))
+    precision: str = "float64"  # the dtype influence computes in (resolved: float64, float32 or bfloat16)
+    precision_asked: str = "float64"  # as asked (auto, or a dtype)
+    precision_reason: str = "asked"
 
     def __post_init__(self) -> None:
         self._normalise()
@@ -400,7 +409,13 @@ class MalleabilityConfig:
             memory_budget_mb=self.memory_budget,
             curvature=self.curvature,
             cache_dir=self.cache,
+            dtype=self.precision,
         )
+
+    @property
+    def precision_policy(self) -> Precision:
+        """What ``precision`` resolved to, and what runs in it."""
+        return Precision(self.precision_asked, self.precision, self.precision_reason, MALLEABILITY_HEAVY)
 
     def attack_configs(self, value_range: tuple[float, float] | None) -> dict[tuple[str, float, int], AttackConfig]:
         """Every attack of the run, keyed (attack, eps, seed), clipped to ``value_range`` (None: no clipping)."""

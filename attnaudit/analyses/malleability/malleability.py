@@ -115,6 +115,7 @@ class MalleabilityResult:
     model_status: list = field(default_factory=list)  # per model: chance, threshold, train accuracy, untrained
     splits: list = field(default_factory=list)  # per seed: the rows it trained and was measured on
     edits: list = field(default_factory=list)  # token attacks: each perturbed text's swaps (not serialised)
+    precision_check: list = field(default_factory=list)  # per model: the float64 spot check (lower precision only)
     #: how ``match_loss="auto"`` was resolved (the rule, the target, the budget runs); None otherwise
     match_loss_resolution: dict | None = None
 
@@ -134,6 +135,9 @@ class MalleabilityResult:
             "controls": self.controls,
             "influence_memory_estimate": self.influence_memory,
             "influence_diagnostics": self.influence_diagnostics,
+            "precision": self.config.precision_policy.to_dict(),
+            "precision_check": self.precision_check
+            or {"status": "not needed", "why": f"influence ran in {self.config.precision}"},
             "exceeded": self.exceeded,
             "untrained": {r["model"]: r["untrained"] for r in self.model_status},
             "model_status": self.model_status,
@@ -243,7 +247,7 @@ def merge_outcomes(outcomes: list, seeds: tuple) -> dict:
     """The rows of every cell whose seed has no failed cell, merged: runs, controls, training,
     attacks, diagnostics, influence warnings (counted), examples, edits, splits and timings."""
     bad_seeds = {o.task.config["seed"] for o in outcomes if not o.ok}
-    keys = ("runs", "controls", "training", "attacks", "diagnostics", "edits")
+    keys = ("runs", "controls", "training", "attacks", "diagnostics", "edits", "precision_check")
     merged: dict = {key: [] for key in keys} | {"influence_warnings": {}, "examples": {}, "splits": []}
     merged["timings"] = {"train": 0.0, "attack": 0.0, "influence": 0.0}
     merged["bad_seeds"] = bad_seeds
@@ -286,6 +290,9 @@ def _result(
     summary, ratios = aggregate(config, m["runs"], m["controls"], status)
     sens = sensitivity(config, summary)
     warnings = run_warnings(config, training, m["influence_warnings"], targets)
+    warnings += [
+        f"{row['model']}: " + row["warning"] for row in m["precision_check"] if not row["agrees"] and row.get("warning")
+    ]
     warnings += summary_warnings(config, summary, status, failed, len(outcomes), m["bad_seeds"])
     loss_gate(config, training, ratios)
     exceeded = []
@@ -306,6 +313,7 @@ def _result(
         ratios=ratios,
         sensitivity=sens,
         influence_diagnostics=m["diagnostics"],
+        precision_check=m["precision_check"],
         exceeded=exceeded,
         warnings=warnings,
         verdicts=verdicts(config, summary, ratios, sens, exceeded, status),

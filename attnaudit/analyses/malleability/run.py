@@ -36,6 +36,7 @@ from attnaudit.analyses.request import (
     DeviceField,
     FieldError,
     HiddenWidth,
+    PrecisionField,
     Request,
     SeedField,
     SplitRows,
@@ -50,6 +51,7 @@ from attnaudit.analyses.request import (
 from attnaudit.analyses.result import Progress, Result, progress_or_silent
 from attnaudit.analyses.sources import DATASET_HELP, ModelFields, PresetData
 from attnaudit.core.fit import DEFAULT_ADAM_LR
+from attnaudit.core.precision import resolve_precision
 from attnaudit.core.task import Task
 from attnaudit.data import HoldoutRecipe, data_fingerprint, holdout_split, load_dataset
 from attnaudit.errors import AuditError
@@ -170,7 +172,7 @@ def _damping(value: Any, name: str) -> tuple:
 
 @dataclass(frozen=True)
 class MalleabilityRequest(
-    ModelFields, PresetData, SeedField, DeviceField, BuiltinNets, SplitRows, HiddenWidth, Request
+    ModelFields, PresetData, SeedField, DeviceField, PrecisionField, BuiltinNets, SplitRows, HiddenWidth, Request
 ):
     """What ``attnaudit malleability`` computes; every field is one option (see :class:`Option`)."""
 
@@ -432,6 +434,7 @@ class MalleabilityRequest(
         for name in self.options():  # values given from Python take the form the command line gives them
             object.__setattr__(self, name, type(self).parse_value(name, getattr(self, name)))
         self.check_preset(self.preset)
+        self.check_precision_field()
         values = self.resolve_preset()
         check_seeds(self.seed, values["seeds"])
         for name in ("n_train", "n_test"):
@@ -482,7 +485,13 @@ class MalleabilityRequest(
         recorded_lr, recorded_batch = recorded.get("lr"), recorded.get("batch_size")
         match_loss = values["match_loss"]
         models = (tuple(loaded) or ("model",)) if saved else (self.models or DEFAULT_MODELS)
+        # the largest saved model decides auto (None: built-in models, or saved ones not loaded yet)
+        n_params = max((sum(p.numel() for p in lm.module.parameters()) for lm in loaded.values()), default=None)
+        precision = resolve_precision(self.precision, n_params, resolve_device(self.device))
         return MalleabilityConfig(
+            precision=precision.used,
+            precision_asked=precision.asked,
+            precision_reason=precision.reason,
             models=models,
             attacks=tuple(self.attacks),
             eps=tuple(values["eps"]),

@@ -24,9 +24,10 @@ from attnaudit.analyses.ntk_distance.linearized import (
     linearized_off,
     linearized_prediction,
 )
-from attnaudit.analyses.ntk_distance.movement import KernelMovement, kernel_movement, task_of
+from attnaudit.analyses.ntk_distance.movement import KernelMovement, kernel_movement, kernel_precision_check, task_of
 from attnaudit.analyses.request import FieldError, literal
 from attnaudit.core.fit import Recipe
+from attnaudit.core.precision import resolve_precision
 from attnaudit.core.task import Task
 from attnaudit.data import Dataset, holdout_split, subset
 from attnaudit.errors import AuditError
@@ -36,6 +37,8 @@ from attnaudit.models.loaded import LoadedModel
 from attnaudit.models.vit import ViT, ViTSpec
 
 F64 = torch.float64
+#: what ``precision`` sets in a checkpoint's kernel audit
+NTK_HEAVY = ("Jacobian contractions of the empirical NTK (both models)", "kernel-gd's kernels")
 
 
 @dataclass
@@ -51,11 +54,15 @@ class CheckpointKernelResult:
     verdict: str
     warnings: list[str]
     seconds: float
+    precision: dict = field(default_factory=dict)
+    precision_check: dict | None = None
 
     def to_dict(self) -> dict:
         return strict_json(
             {
                 "label": self.label,
+                "precision": self.precision,
+                "precision_check": self.precision_check,
                 "reference": self.reference,
                 "rows": self.rows,
                 "movement": self.movement.to_dict(),
@@ -151,9 +158,22 @@ def analyse_checkpoint(
             blocker = kernel_gd_blocker(recipe, int(train[0].shape[0]), int(task_of(task_trained, X_kernel).n_classes))
             if blocker:
                 raise FieldError("linearized", "{name} kernel-gd: " + literal(blocker) + "; use {name} train")
+    trained = task_of(task_trained, X_kernel)
+    n_params = sum(p.numel() for p in trained.module.parameters())
+    precision = resolve_precision(config.precision, n_params, device or "cpu", NTK_HEAVY)
     mv = kernel_movement(
-        task_init, task_trained, X_kernel, y_kernel, form=config.form, memory_bytes=config.memory_bytes, device=device
+        task_init,
+        task_trained,
+        X_kernel,
+        y_kernel,
+        form=config.form,
+        memory_bytes=config.memory_bytes,
+        device=device,
+        dtype=precision.dtype,
     )
+    check = kernel_precision_check(trained, X_kernel, precision.dtype, device) if precision.lowered else None
+    if check is not None and check.warning:
+        warnings.append(f"{label}: {check.warning}")
     if skip is not None:
         lin = skip
     else:
@@ -171,6 +191,7 @@ def analyse_checkpoint(
             train_dtype=train_dtype,
             memory_bytes=config.memory_bytes,
             device=device,
+            kernel_dtype=precision.dtype,
         )
         if lin.unstable:
             warnings.append(
@@ -193,6 +214,8 @@ def analyse_checkpoint(
         verdict=checkpoint_verdict(label, mv, lin),
         warnings=warnings,
         seconds=time.perf_counter() - t0,
+        precision=precision.to_dict(),
+        precision_check=None if check is None else check.to_dict(),
     )
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from attnaudit.analyses.request import FieldError, check_seeds, field_check, literal
 from attnaudit.core.fit import Recipe
+from attnaudit.core.precision import check_precision, resolve_precision
 from attnaudit.core.recipes import MINI_BATCH, VIT_DEFAULTS
 from attnaudit.core.ntk import PREDICTOR_MODES
 from attnaudit.core.training import LOSSES
@@ -186,6 +187,7 @@ class TransformerSweepConfig:
     linearized: str = "auto"
     train_dtype: str = "float32"
     memory_bytes: int = DEFAULT_MEMORY_BYTES
+    precision: str = "float64"  # the kernels' Jacobians (resolved: float64, float32 or bfloat16)
 
     def __post_init__(self) -> None:
         bad = _names("archs", self.archs, VIT_ARCHITECTURES, "architectures")
@@ -244,9 +246,11 @@ class CheckpointKernelConfig(Record):
     linearized: str = "auto"
     memory_bytes: int = DEFAULT_MEMORY_BYTES
     seed: int = 0
+    precision: str = "auto"  # the kernels' Jacobians; auto is resolved on the loaded model
 
     def __post_init__(self) -> None:
         field_check("seed", check_seed, self.seed)
+        check_precision(self.precision)
         if not isinstance(self.n_test, int) or self.n_test < 1:
             raise FieldError("n_test", "{name} must be a positive integer, got " + literal(repr(self.n_test)))
         _check_kernel_settings(self.kernel_points, self.form, self.linearized)
@@ -419,6 +423,7 @@ def transformer_settings(r: Any) -> NtkDistanceSettings:
         kernel_points=r.kernel_points,
         linearized=r.linearized,
         train_dtype=DTYPE_ALIASES.get(r.dtype, r.dtype),
+        precision=resolve_precision(r.precision, None).used,  # the built-in ViTs: auto is float64
     )
     return NtkDistanceSettings(config, n_train=r.n_train, n_test=r.n_test)
 
@@ -426,7 +431,7 @@ def transformer_settings(r: Any) -> NtkDistanceSettings:
 def checkpoint_settings(r: Any) -> NtkDistanceSettings:
     """A trained model's audit: its :class:`CheckpointKernelConfig`."""
     config = CheckpointKernelConfig(
-        kernel_points=r.kernel_points, n_test=r.n_test, linearized=r.linearized, seed=r.seed
+        kernel_points=r.kernel_points, n_test=r.n_test, linearized=r.linearized, seed=r.seed, precision=r.precision
     )
     return NtkDistanceSettings(config, n_test=r.n_test)
 

@@ -140,7 +140,7 @@ def _contract_others(
     engine: Engine, rows: torch.Tensor, others: list[str], kernels: _GroupKernels, share: int, budget: int
 ) -> None:
     """The parameters outside the linear layers: Jacobians of panels of rows by Engine.jacobian."""
-    sub = Engine(engine.task, dtype=F64, device=engine.device, names=others)
+    sub = Engine(engine.task, dtype=engine.dtype, device=engine.device, names=others)
     sub.theta = torch.cat(
         [
             engine.theta[kernels.offsets[nm] : kernels.offsets[nm] + engine.numels[engine.names.index(nm)]]

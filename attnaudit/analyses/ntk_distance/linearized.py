@@ -160,6 +160,7 @@ def linearized_prediction(
     train_dtype: torch.dtype | None = None,
     memory_bytes: int = DEFAULT_MEMORY_BYTES,
     device=None,
+    kernel_dtype: torch.dtype = F64,
 ) -> LinearizedResult:
     """The trained network's outputs against its linearized model's after the same training.
 
@@ -168,7 +169,8 @@ def linearized_prediction(
     ``kernel-gd`` (closed form; full-batch gd without weight decay and small training sets
     only), ``train`` (the :class:`LinearizedModel` trained with the recipe), ``auto``
     (kernel-gd when it applies, else train) or ``off``. ``steps``: the steps the network
-    actually ran (default: the recipe's). ``train_dtype``: the linearized model's training
+    actually ran (default: the recipe's). ``kernel_dtype``: the Jacobians of ``kernel-gd``'s
+    kernels (the precision policy; the kernels are then used in float64). ``train_dtype``: the linearized model's training
     dtype for ``train`` (default float64). Network outputs and kernels are float64.
     """
 
@@ -196,10 +198,10 @@ def linearized_prediction(
     Y = torch.nn.functional.one_hot(y_dev, c).to(F64)
     predictor: dict = {}
     if chosen == "kernel-gd":
-        eng0 = Engine(task_init, dtype=F64, device=device)
-        K = eng0.entk(X_train, memory_bytes=memory_bytes)
-        Kt = eng0.entk(X_test, X_train, memory_bytes=memory_bytes)
-        f0, f0t = eng0.logits(X_train), eng0.logits(X_test)
+        eng0 = Engine(task_init, dtype=kernel_dtype, device=device)  # the kernels' Jacobians; K is used in float64
+        K = eng0.entk(X_train, memory_bytes=memory_bytes).to(F64)
+        Kt = eng0.entk(X_test, X_train, memory_bytes=memory_bytes).to(F64)
+        f0, f0t = eng0.logits(X_train).to(F64), eng0.logits(X_test).to(F64)
         pred = kernel_gd_predict(
             K, Y, LinearizedGDConfig(lr=recipe.lr, steps=total, loss=recipe.loss), K_test=Kt, f0_train=f0, f0_test=f0t
         )

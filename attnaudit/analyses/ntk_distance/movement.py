@@ -64,6 +64,7 @@ from attnaudit.analyses.ntk_distance.layerwise import layer_kernels
 from attnaudit.analyses.request import FieldError, literal
 from attnaudit.core.engine import JACOBIAN_ROWS, JACOBIAN_TRANSIENT, Engine, ranges
 from attnaudit.core.linalg import centered_kernel_alignment as centered_kernel_alignment
+from attnaudit.core.precision import PrecisionCheck, compare
 from attnaudit.core.task import Task, as_task
 from attnaudit.errors import AuditError
 
@@ -131,9 +132,14 @@ def _check_groups(groups: dict[str, Sequence[str]], names: Sequence[str]) -> dic
 
 
 def _engines(
-    tasks: Sequence[Task], X: torch.Tensor, groups: dict[str, Sequence[str]] | None, device=None
+    tasks: Sequence[Task],
+    X: torch.Tensor,
+    groups: dict[str, Sequence[str]] | None,
+    device=None,
+    dtype: torch.dtype = F64,
 ) -> tuple[list[Engine], dict[str, list[str]], dict[str, tuple[int, int]]]:
-    """float64 engines over the same parameters, ordered group by group, and each group's slice of theta."""
+    """Engines in ``dtype`` (the Jacobians' precision; the kernel sums stay float64) over the same
+    parameters, ordered group by group, and each group's slice of theta."""
     probe = X[:1]
     first = tasks[0]
     names = first.parameter_names(probe)
@@ -156,7 +162,7 @@ def _engines(
             )
     grouped = _check_groups(groups, names) if groups is not None else parameter_groups(names)
     ordered = [n for members in grouped.values() for n in members]
-    engines = [Engine(t, dtype=F64, device=device, names=ordered) for t in tasks]
+    engines = [Engine(t, dtype=dtype, device=device, names=ordered) for t in tasks]
     slices: dict[str, tuple[int, int]] = {}
     start = 0
     numel = dict(zip(engines[0].names, engines[0].numels))
@@ -442,6 +448,7 @@ def kernel_movement(
     form: str = "full",
     memory_bytes: int = DEFAULT_MEMORY_BYTES,
     device=None,
+    dtype: torch.dtype = F64,
 ) -> KernelMovement:
     """Relative movement of the empirical NTK between two models of one architecture on rows X.
 
@@ -449,13 +456,14 @@ def kernel_movement(
     over the same parameter names and shapes. ``y``: labels for the centred kernel alignment
     (None: no CKA). ``groups``: name -> parameter names (default: :func:`parameter_groups`).
     ``form``: ``full`` (the (n c)^2 kernel, and the output-averaged one) or ``trace`` (only the
-    output-averaged one). Computed in float64 through the engine (module docstring).
+    output-averaged one). Jacobians in ``dtype`` (the precision policy, float64 by default),
+    kernel sums and metrics in float64 (module docstring).
     """
     _check_form(form)
     if X.ndim != 2 or X.shape[0] < 2:
         raise AuditError(f"kernel movement needs at least 2 rows (n, d), got shape {tuple(X.shape)}")
     t0 = time.perf_counter()
-    engines, grouped, slices = _engines([task_of(task_init, X), task_of(task_trained, X)], X, groups, device)
+    engines, grouped, slices = _engines([task_of(task_init, X), task_of(task_trained, X)], X, groups, device, dtype)
     rows = engines[0].rows(X)
     n = rows.shape[0]
     c = int(engines[0].logits(rows[:1]).shape[1])
@@ -574,3 +582,28 @@ def entk_by_group(
     if form == "full":
         return {g: K.view(n, c, n, c).permute(0, 2, 1, 3).contiguous() for g, K in out.items()}
     return out
+
+
+#: rows of the kernel block the float64 spot check recomputes
+KERNEL_CHECK_ROWS = 16
+
+
+def kernel_precision_check(task: Task | nn.Module, X: torch.Tensor, dtype: torch.dtype, device=None) -> PrecisionCheck:
+    """A block of the model's empirical NTK -- the first :data:`KERNEL_CHECK_ROWS` rows, every
+    output pair -- by Jacobian contraction in ``dtype`` against float64."""
+    t0 = time.perf_counter()
+    task = task_of(task, X)
+    rows = X[:KERNEL_CHECK_ROWS]
+    blocks = []
+    for d in (dtype, F64):
+        K = Engine(task, dtype=d, device=device).entk(rows)  # (m, m, c, c)
+        m, c = K.shape[0], K.shape[2]
+        blocks.append(K.permute(0, 2, 1, 3).reshape(m * c, m * c).to(F64))
+    return compare(
+        blocks[0],
+        blocks[1],
+        quantity="empirical NTK block (trained model)",
+        precision=str(dtype).replace("torch.", ""),
+        subsample={"rows": int(rows.shape[0]), "outputs": int(blocks[0].shape[0] // max(1, rows.shape[0]))},
+        seconds=time.perf_counter() - t0,
+    )

@@ -69,6 +69,7 @@ from attnaudit.analyses.request import (
     FieldError,
     LearningRate,
     LrFraction,
+    PrecisionField,
     Request,
     SeedField,
     SplitRows,
@@ -161,6 +162,7 @@ class NtkDistanceRequest(
     DataFields,
     SeedField,
     DeviceField,
+    PrecisionField,
     BuiltinNets,
     SplitRows,
     LearningRate,
@@ -269,11 +271,13 @@ class NtkDistanceRequest(
         panel=ANALYSIS,
         help="discrete (exact for GD steps, default) or continuous (gradient flow for time lr*steps).",
     )
-    dtype: str | None = redefault(
-        TrainingDtype,
-        "dtype",
-        help="Training dtype for every width: float64 or float32 (default: float64; the paper preset uses float32 "
-        "from width 1024; float32 with --arch). Kernels and metrics are always float64.",
+    dtype: str | None = option(
+        None,
+        "--train-dtype",
+        panel=PROTOCOL,
+        deprecated=("--dtype",),
+        help="Training dtype of the networks the sweeps train: float64 or float32 (default: float64; the paper "
+        "preset uses float32 from width 1024; float32 with --arch). The kernels' precision is --precision.",
     )
     kernel_points: int | None = option(
         None,
@@ -580,6 +584,13 @@ def _run_widths(
     results["dataset"] = {"train": train_ds.info, "test": test_ds.info}
     if saved:
         results["saved_models"] = saved
+    results["precision"] = {
+        "asked": request.precision,
+        "used": "float64",
+        "reason": "the 2-layer nets' kernels are closed forms computed in float64 (--precision sets the "
+        "transformers' Jacobians: --arch, --checkpoint)",
+    }
+    results["precision_check"] = {"status": "not needed", "why": "the kernels are computed in float64"}
     f32_from = config.float32_from_width
     return _sweep_result(
         request,
@@ -706,7 +717,8 @@ def _run_checkpoint(
         },
         seeds={"base_seed": config.seed, "subset_seed": config.seed},
         device=dev,
-        dtype="float64 (kernels, metrics); the linearized model trains in the checkpoint's dtype",
+        dtype="kernels' Jacobians: see each model's precision; kernel sums and metrics float64; the linearized "
+        "model trains in the checkpoint's dtype",
         timings=timings,
         results={
             "dataset": ds.info,
@@ -777,7 +789,7 @@ def _run_transformers(
         inputs={},
         seeds={"holdout_seed": request.seed, "kernel_rows_seed": 0},
         device=dev,
-        dtype=f"float64 (kernels, metrics); training {config.train_dtype}",
+        dtype=f"kernels' Jacobians {config.precision}; kernel sums and metrics float64; training {config.train_dtype}",
         timings=timings,
         results=results,
         renderables=[Text(plan), *build_sweep_tables(result)],

@@ -19,7 +19,12 @@ import torch
 from attnaudit.analyses.ntk_distance.aggregate import strict_json, summary_rows, sweep_verdicts
 from attnaudit.analyses.ntk_distance.config import TransformerSweepConfig
 from attnaudit.analyses.ntk_distance.linearized import DISTANCE_DEFINITION, LinearizedResult, linearized_prediction
-from attnaudit.analyses.ntk_distance.movement import CKA_DEFINITION, MOVEMENT_DEFINITION, kernel_movement
+from attnaudit.analyses.ntk_distance.movement import (
+    CKA_DEFINITION,
+    MOVEMENT_DEFINITION,
+    kernel_movement,
+    kernel_precision_check,
+)
 from attnaudit.analyses.ntk_distance.planning import (
     ProgressFn,
     cell_grid,
@@ -31,6 +36,7 @@ from attnaudit.analyses.ntk_distance.planning import (
 )
 from attnaudit.analyses.ntk_distance.verdicts import ArchSummary, arch_summary
 from attnaudit.core.fit import fit
+from attnaudit.core.precision import TORCH_DTYPES
 from attnaudit.core.task import Task
 from attnaudit.data import HoldoutRecipe
 from attnaudit.models.builtin import build_builtin, image_shape_of
@@ -88,6 +94,7 @@ class TransformerSweepResult:
     seconds: float
     failed_cells: list = field(default_factory=list)
     execution: dict = field(default_factory=dict)  # executor, cells, resumed (how it ran; not a result)
+    precision_check: list = field(default_factory=list)  # below float64: each arch's first cell's kernel block
 
     def summary_rows(self) -> list[dict]:
         """Mean and spread over seeds, one row per arch x width."""
@@ -131,6 +138,9 @@ class TransformerSweepResult:
                 "archs": {k: v.to_dict() for k, v in self.archs.items()},
                 "seconds": self.seconds,
                 "failed_cells": list(self.failed_cells),
+                "precision": {"used": self.config.precision, "heavy_computations": ["kernel Jacobian contractions"]},
+                "precision_check": self.precision_check
+                or {"status": "not needed", "why": f"the kernels' Jacobians ran in {self.config.precision}"},
             }
         )
 
@@ -194,6 +204,7 @@ def run_transformer_sweep(
         clear_cache()
     cells = [TransformerCell(**o.result["cell"]) for o in outcomes if o.ok]
     warnings = [w for o in outcomes if o.ok for w in o.result["warnings"]]
+    checks = [o.result["precision_check"] for o in outcomes if o.ok and o.result.get("precision_check")]
     failed = [o.failure() for o in outcomes if not o.ok]
     warnings.extend(failed_cells_warning(failed, len(tasks)))
     shaky = [f"{c.arch} width {c.width} seed {c.seed}" for c in cells if c.linearized.get("unstable")]
@@ -231,6 +242,7 @@ def run_transformer_sweep(
         seconds=time.perf_counter() - t_start,
         failed_cells=failed,
         execution=execution_record(ex, tasks, outcomes),
+        precision_check=checks,
     )
 
 
@@ -254,6 +266,7 @@ def transformer_cell(payload: dict) -> dict:
     kidx = kernel_row_indices(n, config.kernel_points)
     Xk, yk = X_train[kidx.to(X_train.device)], y_train[kidx.to(y_train.device)]
     warnings: list[str] = []
+    precision_check = None
     t_cell = time.perf_counter()
     model = build_builtin(
         arch,
@@ -279,8 +292,16 @@ def transformer_cell(payload: dict) -> dict:
         mv = None
         lin = LinearizedResult(method="none", applicable=False, reason="training diverged")
     else:
+        kernel_dtype = TORCH_DTYPES[config.precision]
         mv = kernel_movement(
-            t_init, t_trained, Xk, yk, form=config.form, memory_bytes=config.memory_bytes, device=device
+            t_init,
+            t_trained,
+            Xk,
+            yk,
+            form=config.form,
+            memory_bytes=config.memory_bytes,
+            device=device,
+            dtype=kernel_dtype,
         )
         lin = linearized_prediction(
             t_init,
@@ -295,7 +316,14 @@ def transformer_cell(payload: dict) -> dict:
             train_dtype=dtype,
             memory_bytes=config.memory_bytes,
             device=device,
+            kernel_dtype=kernel_dtype,
         )
+        first = width == config.widths[0] and seed == config.seeds[0]
+        if first and kernel_dtype != torch.float64:
+            check = kernel_precision_check(t_trained, Xk, kernel_dtype, device)
+            precision_check = {"arch": arch, "width": width, "seed": seed, **check.to_dict()}
+            if check.warning:
+                warnings.append(f"{arch} width {width} seed {seed}: {check.warning}")
     nan = float("nan")
     cell = TransformerCell(
         arch=arch,
@@ -322,4 +350,4 @@ def transformer_cell(payload: dict) -> dict:
         distance_rel=lin.distance_rel,
         seconds=time.perf_counter() - t_cell,
     )
-    return {"cell": asdict(cell), "warnings": warnings}
+    return {"cell": asdict(cell), "warnings": warnings, "precision_check": precision_check}

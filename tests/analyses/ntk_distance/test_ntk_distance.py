@@ -227,7 +227,7 @@ def test_cli_tiny_run_writes_json_png_and_models(tmp_path):
         (["--loss", "hinge"], "unknown --loss"),
         (["--n-train", "1"], "--n-train"),
         (["--lr", "-1"], "--lr"),
-        (["--dtype", "float16"], "--dtype"),
+        (["--train-dtype", "float16"], "--train-dtype"),
         (["--seeds", "0"], "--seeds"),
         (["--parametrization", "mup"], "parametrization"),
     ],

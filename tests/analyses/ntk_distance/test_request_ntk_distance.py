@@ -98,7 +98,7 @@ def test_presets_are_the_documented_sizes():
             "16,64",
             "--lr",
             "0.25",
-            "--dtype",
+            "--train-dtype",
             "float32",
             "--seed",
             "3",
