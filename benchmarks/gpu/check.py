@@ -76,6 +76,9 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
     },
 }
 
+# the analyses whose built-in runs compute at --precision (kappa of the data and the 2-layer
+# ntk-distance sweep are closed forms in float64 at every precision)
+PRECISION_COMMANDS = ("malleability", "landscape")
 KAPPA_REL = 1e-6
 TRAINED_REL = 1e-3
 FLIP_ABS = 0.1
@@ -127,7 +130,13 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     return out, time.perf_counter() - t0
 
 
-def run_check(device: str, size: str, out_dir: Path, deadline: float | None = None) -> dict:
+def run_check(
+    device: str,
+    size: str,
+    out_dir: Path,
+    deadline: float | None = None,
+    precisions: tuple[str, ...] = ("float32", "bfloat16"),
+) -> dict:
     """Every analysis on the CPU and on ``device``, then the scale benchmark; with ``deadline``
     (seconds for the whole check) a stage that would start after it is skipped and the scale
     benchmark gets the time left. The JSON is rewritten after every stage, so a check stopped
@@ -200,6 +209,7 @@ def run_check(device: str, size: str, out_dir: Path, deadline: float | None = No
                 "speedup": cpu_s / dev_s if dev_s > 0 else None,
                 "agreement": agreement,
                 "ok": all(a["ok"] for a in agreement) and bool(agreement),
+                "precisions": _lower_precisions(command, dev_request, reference, precisions),
             }
         )
         print(
@@ -210,7 +220,7 @@ def run_check(device: str, size: str, out_dir: Path, deadline: float | None = No
         result["ok"] = all(s["ok"] for s in stages) and not result["skipped"]
         save()
     left = None if deadline is None else max(0.0, deadline - (time.perf_counter() - start))
-    result["scale"] = _scale_benchmark(device, size, out_dir, left)
+    result["scale"] = _scale_benchmark(device, size, out_dir, left, precisions[0] if precisions else None)
     result["ok"] = bool(stages) and all(s["ok"] for s in stages) and not result["skipped"]
     save()
     total_cpu = sum(s["seconds"]["cpu"] for s in stages)
@@ -219,7 +229,43 @@ def run_check(device: str, size: str, out_dir: Path, deadline: float | None = No
     return result
 
 
-def _scale_benchmark(device: str, size: str, out_dir: Path, deadline: float | None = None) -> dict | None:
+def _lower_precisions(command: str, request: Any, reference: dict, precisions: tuple[str, ...]) -> list[dict]:
+    """``request`` (on the device) again at each lower precision: its time, its headline numbers
+    against the CPU float64 run's (informational: a lower precision is not expected to meet the
+    float64 tolerances) and the float64 spot check its report records."""
+    import attnaudit as aa
+
+    if command not in PRECISION_COMMANDS:
+        return []
+    rows = []
+    for precision in precisions:
+        try:
+            res, seconds = _timed(lambda p=precision: aa.run(request.replace(precision=p)))
+        except Exception as exc:  # noqa: BLE001 - a precision the device lacks is a result, not a crash
+            rows.append({"precision": precision, "error": str(exc).splitlines()[0]})
+            print(f"{command:13s} {precision}: failed ({str(exc).splitlines()[0]})", flush=True)
+            continue
+        report = res.to_dict()
+        numbers = []
+        for metric, value, kind, tol in _metrics(command, report):
+            ref = reference.get(metric, (None, kind, tol))[0]
+            diff, ok = _agree(ref, value, kind, tol)
+            numbers.append({"metric": metric, "cpu_float64": ref, "device": value, "diff": diff, "within": ok})
+        rows.append(
+            {
+                "precision": precision,
+                "seconds": seconds,
+                "numbers": numbers,
+                "precision_check": report["results"].get("precision_check"),
+            }
+        )
+        print(f"{command:13s} {precision}: {seconds:7.2f} s", flush=True)
+    return rows
+
+
+def _scale_benchmark(
+    device: str, size: str, out_dir: Path, deadline: float | None = None, precision: str | None = None
+) -> dict | None:
     """benchmarks/bench_scale.py on ``device`` (``--small`` for the small check, full size for the
     full one, skipped in the tiny form) within ``deadline`` seconds: its SCALE and RATIO lines,
     its per-stage lines, and its exit status."""
@@ -233,6 +279,8 @@ def _scale_benchmark(device: str, size: str, out_dir: Path, deadline: float | No
         cmd.append("--small")
     if deadline is not None:
         cmd += ["--deadline", f"{deadline:.0f}"]
+    if precision is not None:
+        cmd += ["--precision", precision]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     for line in out.stdout.splitlines():
         print(line, flush=True)
@@ -263,6 +311,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--deadline", type=float, default=None, help="seconds for the whole check (stages past it are skipped)"
     )
+    parser.add_argument(
+        "--precisions",
+        default="float32,bfloat16",
+        help="lower precisions each of malleability and landscape also runs at on the device (empty: none); the "
+        "first is the scale benchmark's",
+    )
     args = parser.parse_args(argv)
     if args.device.startswith("cuda"):
         import torch
@@ -270,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             print("error: no CUDA device here; run with DEVICE=cpu for the CPU path", file=sys.stderr)
             return 2
-    result = run_check(args.device, args.size, Path(args.out), args.deadline)
+    precisions = tuple(p for p in args.precisions.split(",") if p)
+    result = run_check(args.device, args.size, Path(args.out), args.deadline, precisions)
     return 0 if result["ok"] else 1
 
 

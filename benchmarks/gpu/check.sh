@@ -7,6 +7,8 @@
 #   DEVICE=cpu TINY=1 bash benchmarks/gpu/check.sh DIR   # the test suite's form (under a minute)
 #   DEADLINE=420 bash benchmarks/gpu/check.sh OUT          # stop starting stages after 420 s
 #   ATTNAUDIT_SHARED_DATA=DIR ...                          # real data (MNIST/) where ../shared/data is absent
+#   PRECISIONS=float32,bfloat16 ...                        # malleability and landscape again at these precisions
+#                                                          # (the first also for the scale benchmark); empty: none
 #
 # Each analysis (kappa, ntk-distance, malleability, landscape) runs on the CPU and on DEVICE, then
 # benchmarks/bench_scale.py on DEVICE (--small with SMALL=1, skipped with TINY=1);
@@ -28,4 +30,5 @@ if ! "$PY" -c "import attnaudit" 2>/dev/null; then
     || export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
-exec "$PY" benchmarks/gpu/check.py --device "$DEVICE" --size "$SIZE" --out "$OUT_DIR" ${DEADLINE:+--deadline "$DEADLINE"}
+exec "$PY" benchmarks/gpu/check.py --device "$DEVICE" --size "$SIZE" --out "$OUT_DIR" ${DEADLINE:+--deadline "$DEADLINE"} \
+  --precisions "${PRECISIONS:-float32,bfloat16}"

@@ -567,8 +567,9 @@ def _decompose(blocks: Sequence[LinearBlock], tokens_seen: dict[str, int], n: in
         S /= n
         # contiguous: the same memory layout whether fitted here or read from a cache, so the
         # products (and the scores) are bitwise the same either way
-        b.lamA, b.QA = (t.contiguous() for t in torch.linalg.eigh(A))
-        b.lamS, b.QS = (t.contiguous() for t in torch.linalg.eigh(S))
+        # decomposed in float64 whatever the engine's precision (the precision policy), kept in its dtype
+        b.lamA, b.QA = (t.to(A.dtype).contiguous() for t in torch.linalg.eigh(A.to(torch.float64)))
+        b.lamS, b.QS = (t.to(S.dtype).contiguous() for t in torch.linalg.eigh(S.to(torch.float64)))
         b.lamA.clamp_(min=0.0)
         b.lamS.clamp_(min=0.0)
         if not keep_covariances:

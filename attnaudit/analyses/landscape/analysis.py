@@ -429,8 +429,11 @@ def eigen_precision_check(
     hvp64 = engine64.hvp_operator(engine64.rows(X), T.to(engine64.device, torch.float64), chunk=chunk)
     HV = hvp64.matmat(V)
     rayleigh = (V * HV).sum(1) / (V * V).sum(1)
+    # how far each vector is from an eigenvector of the float64 Hessian: the Rayleigh quotients can
+    # agree with a low-precision Lanczos run that converged to the wrong directions
+    residual = (HV - rayleigh[:, None] * V).norm(dim=1) / (rayleigh.abs() * V.norm(dim=1)).clamp_min(1e-300)
     low = torch.tensor([float(v) for v in values], dtype=torch.float64)
-    return compare(
+    check = compare(
         low,
         rayleigh.cpu(),
         quantity="top Hessian eigenvalues (Rayleigh quotients under the float64 Hessian)",
@@ -438,3 +441,5 @@ def eigen_precision_check(
         subsample={"rows": int(X.shape[0]), "eigenvalues": int(V.shape[0])},
         seconds=time.perf_counter() - t0,
     )
+    check.extra = {"relative_residual_float64": [float(r) for r in residual.cpu()]}
+    return check

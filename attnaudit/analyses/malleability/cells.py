@@ -434,7 +434,7 @@ class Cell:
                     row.update(seconds=0.0, same_inputs_as=first)
                 self.rows["diagnostics"].append(row)
                 seen.add(id(r))
-        return [r.total.detach().cpu().numpy() for r in res], [r.damping for r in res], key
+        return [r.total.detach().cpu().double().numpy() for r in res], [r.damping for r in res], key
 
     def sweep(self, model, X, tr: TrainResult) -> list:
         """One influence run over every damping (TracIn: at the training checkpoints, weighted)."""

@@ -82,7 +82,8 @@ def _cholesky(H: torch.Tensor, ctx: base.Context) -> _ExactState | None:
         L, info = torch.linalg.cholesky_ex(H + d * eye)
         if int(info) != 0:
             return None
-        factored[given] = (torch.cholesky_solve(ctx.test_grads.T, L).T, d)  # (k, P)
+        B = ctx.test_grads.to(H.dtype)
+        factored[given] = (torch.cholesky_solve(B.T, L).T.to(ctx.test_grads.dtype), d)  # (k, P)
         del L
     scale = max(abs(lam_min), abs(lam_max), 1e-300)
     # eigenvalues within round-off of 0 (P eps lambda_max, numpy's rank rule) are not counted negative
@@ -121,6 +122,10 @@ class Exact(base.Estimator):
         else:
             H = context.hvp.dense(block=config.hvp_batch)
         trailing = {"curvature": "ggn" if config.curvature == "ggn" else "hessian"}
+        # the P x P decomposition runs in float64 whatever the engine's precision (the precision
+        # policy: small eigendecompositions and solves stay float64); its results go back to that dtype
+        dtype = H.dtype
+        H = H.to(torch.float64)
         one = len(context.dampings) == 1
         solver = "cholesky" if config.solver == "cholesky" or (config.solver == "auto" and one) else "eigh"
         if solver == "cholesky":
@@ -130,6 +135,7 @@ class Exact(base.Estimator):
                 return state
             solver = "eigh (damped Hessian not positive definite)"
         evals, evecs = torch.linalg.eigh(H)
+        evals, evecs = evals.to(dtype), evecs.to(dtype)
         del H
         lam_min, lam_max = float(evals[0]), float(evals[-1])
         for given in context.dampings:  # a relative damping needs lambda_max > 0: refuse before any solve
