@@ -119,6 +119,17 @@ class MalleabilityResult:
     #: how ``match_loss="auto"`` was resolved (the rule, the target, the budget runs); None otherwise
     match_loss_resolution: dict | None = None
 
+    def _no_check(self) -> dict:
+        """Why the report holds no float64 spot check."""
+        if self.config.precision == "float64":
+            return {"status": "not needed", "why": "influence ran in float64"}
+        if self.config.estimator == "tracin":
+            return {
+                "status": "not computed",
+                "why": "TracIn's checkpoints come from the models' training, which is not repeated in float64",
+            }
+        return {"status": "not computed", "why": "no cell of the first seed finished"}
+
     def to_dict(self) -> dict:
         return {
             "config": self.config.to_dict(self.match_loss_resolution),
@@ -136,8 +147,7 @@ class MalleabilityResult:
             "influence_memory_estimate": self.influence_memory,
             "influence_diagnostics": self.influence_diagnostics,
             "precision": self.config.precision_policy.to_dict(),
-            "precision_check": self.precision_check
-            or {"status": "not needed", "why": f"influence ran in {self.config.precision}"},
+            "precision_check": self.precision_check or self._no_check(),
             "exceeded": self.exceeded,
             "untrained": {r["model"]: r["untrained"] for r in self.model_status},
             "model_status": self.model_status,

@@ -113,13 +113,9 @@ def test_float64_needs_no_check_and_auto_is_float64_on_the_builtin_models():
     assert MalleabilityRequest().precision == "auto"  # the default
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: tracin runs at float32 (its checkpoint engines take the dtype) but the check is skipped for "
-    "tracin and the report then says precision_check 'not needed' ('influence ran in float32')",
-)
 def test_a_float32_tracin_run_does_not_claim_its_check_was_not_needed():
     res = run(MalleabilityRequest(**TINY, seeds=1, estimator="tracin", precision="float32")).results
     assert res["precision"]["used"] == "float32"
     check = res["precision_check"]
     assert not (isinstance(check, dict) and check.get("status") == "not needed"), check
+    assert check["status"] == "not computed" and "TracIn" in check["why"]
