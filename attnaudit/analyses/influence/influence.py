@@ -131,7 +131,7 @@ __all__ = [
 
 SOLVERS = ("auto", "cholesky", "eigh")  # how exact / last-layer solve (see InfluenceConfig)
 LOSSES = tuple(LOSS_TABLE)  # the core's one loss table: mse, ce
-DTYPES = {"float64": torch.float64, "float32": torch.float32}
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 SIGN_CONVENTION = (
     "influence = d(test loss)/d(weight of the training sample) = -g_test^T (H + damping I)^-1 g_train; "
     "negative = helpful (up-weighting the sample lowers the test loss), positive = harmful"
