@@ -202,3 +202,16 @@ def compare(
 def not_needed(precision: Precision) -> dict:
     """The ``precision_check`` of a run whose heavy computations ran in float64."""
     return {"status": "not needed", "why": f"the heavy computations ran in {precision.used}"}
+
+
+def closed_forms(asked: str, what: str, applies_to: str) -> dict:
+    """The ``precision`` and ``precision_check`` entries of a run whose quantities are closed forms
+    computed in float64 at every precision: ``what`` they are, ``applies_to`` where the option acts."""
+    return {
+        "precision": {
+            "asked": asked,
+            "used": "float64",
+            "reason": f"{what} are closed forms computed in float64 (--precision sets {applies_to})",
+        },
+        "precision_check": {"status": "not needed", "why": "everything is computed in float64"},
+    }

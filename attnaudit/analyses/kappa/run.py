@@ -40,6 +40,7 @@ from attnaudit.analyses.request import (
 )
 from attnaudit.analyses.result import Progress, Result, progress_or_silent
 from attnaudit.analyses.sources import DataFields, ModelFields
+from attnaudit.core.precision import closed_forms
 from attnaudit.errors import AuditError, check_seed
 from attnaudit.models.checkpoints import fit_to_data
 from attnaudit.report.envelope import build_report
@@ -195,13 +196,11 @@ def _run_data(request: KappaRequest, config: KappaConfig, progress: Progress) ->
     timings["total"] = time.perf_counter() - t0
 
     results = {"dataset": detail_ds.info, **result.to_dict()}
-    results["precision"] = {
-        "asked": request.precision,
-        "used": "float64",
-        "reason": "the data's Grams and the linearized-attention kernels are closed forms computed in float64 "
-        "(--precision sets a model's eNTK Jacobians: --gram entk)",
-    }
-    results["precision_check"] = {"status": "not needed", "why": "everything is computed in float64"}
+    results |= closed_forms(
+        request.precision,
+        "the data's Grams and the linearized-attention kernels",
+        "a model's eNTK Jacobians: --gram entk",
+    )
     if sweeping:
         results["sweep"] = {"cells": [c.to_dict() for c in cells], "summary": [s.to_dict() for s in summary or []]}
     report = build_report(

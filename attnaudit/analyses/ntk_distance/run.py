@@ -83,6 +83,7 @@ from attnaudit.analyses.request import (
 )
 from attnaudit.analyses.result import Progress, Result, progress_or_silent
 from attnaudit.analyses.sources import DataFields, ModelFields
+from attnaudit.core.precision import closed_forms
 from attnaudit.data import HoldoutRecipe, data_fingerprint, holdout_split
 from attnaudit.errors import AuditError
 from attnaudit.models.builtin import image_shape_of
@@ -584,13 +585,9 @@ def _run_widths(
     results["dataset"] = {"train": train_ds.info, "test": test_ds.info}
     if saved:
         results["saved_models"] = saved
-    results["precision"] = {
-        "asked": request.precision,
-        "used": "float64",
-        "reason": "the 2-layer nets' kernels are closed forms computed in float64 (--precision sets the "
-        "transformers' Jacobians: --arch, --checkpoint)",
-    }
-    results["precision_check"] = {"status": "not needed", "why": "the kernels are computed in float64"}
+    results |= closed_forms(
+        request.precision, "the 2-layer nets' kernels", "the transformers' Jacobians: --arch, --checkpoint"
+    )
     f32_from = config.float32_from_width
     return _sweep_result(
         request,
