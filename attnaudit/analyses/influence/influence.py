@@ -78,6 +78,7 @@ Hessian (k = 1 for the test-set total, n_test for per-test-point influence).
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -220,6 +221,11 @@ class InfluenceConfig:
     proj_split: str = "layer"  # projected: k shared equally between layers (LoGra) or by parameter count ("params")
     cache_dir: str | None = None  # kfac / ekfac: folder keeping fitted factors, keyed by model and data fingerprint
     seed: int = 0  # kfac / ekfac with the sampled Fisher
+    # projected: a folder keeping the projected training rows on disk (analyses.influence.store), reused across runs
+    store: str | None = None
+    store_executor: str = "local"  # projected with a store: missing rows computed here ("local") or on Ray ("ray")
+    ray_address: str | None = None  # store_executor ray: a running cluster (None: a local Ray for the build)
+    store_workers: int | None = None  # store_executor ray: tasks at once (None: the cluster's CPUs / torch threads)
 
     def __post_init__(self) -> None:
         if isinstance(self.proj_dim, bool) or int(self.proj_dim) != self.proj_dim or self.proj_dim < 1:
@@ -271,6 +277,42 @@ class InfluenceConfig:
                 raise FieldError(name, "{name} must be >= 1, got " + literal(getattr(self, name)))
         if not (0 < self.cg_tol < 1):
             raise FieldError("cg_tol", "{name} must be in (0, 1), got " + literal(self.cg_tol))
+        self._check_store()
+
+    def _check_store(self) -> None:
+        """The gradient store's fields: a folder (not a file), an executor, Ray settings only with Ray."""
+        if self.store is not None:
+            if not isinstance(self.store, (str, os.PathLike)) or not str(self.store).strip():
+                raise FieldError("store", "{name} must be a folder path, got " + literal(repr(self.store)))
+            object.__setattr__(self, "store", str(self.store))
+            if os.path.exists(self.store) and not os.path.isdir(self.store):
+                raise FieldError(
+                    "store", "{name} " + literal(self.store) + " is a file; give a folder (created if missing)"
+                )
+        if self.store is not None and (self.estimator != "projected" or self.curvature == "galerkin"):
+            raise FieldError(
+                "store",
+                "{name} keeps the projected training rows of the projected estimator (curvature auto, ggn or "
+                "empirical); use estimator projected, or drop {name}",
+            )
+        if self.store_executor not in ("local", "ray"):
+            raise FieldError(
+                "store_executor", "unknown {name} " + literal(repr(self.store_executor)) + "; use local or ray"
+            )
+        if self.store_executor == "ray" and self.store is None:
+            raise FieldError("store_executor", "{name} ray builds the gradient store; give store (a folder) too")
+        if self.ray_address is not None and self.store_executor != "ray":
+            raise FieldError(
+                "ray_address", "{name} joins a Ray cluster to build the gradient store; use store_executor ray"
+            )
+        workers = self.store_workers
+        if workers is not None:
+            if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+                raise FieldError("store_workers", "{name} must be a positive integer, got " + literal(repr(workers)))
+            if self.store_executor != "ray":
+                raise FieldError(
+                    "store_workers", "{name} sets the Ray tasks building the store; use store_executor ray"
+                )
 
     @property
     def tracked(self) -> str | tuple[str, ...]:

@@ -43,16 +43,21 @@ frozen tensors, loss, dtype) and the projection's settings, then by the sample's
 and every perturbed training set) recomputes only the rows that changed, and F is summed
 from the cached rows. :data:`ROW_CACHE_BYTES` bounds what a model's entry may hold (0 turns
 the cache off); :data:`CACHED_MODELS` models are kept, least recently used dropped first.
+With ``InfluenceConfig.store`` the rows are kept on disk instead, for later runs and other
+processes (:mod:`attnaudit.analyses.influence.store`): rows it holds are read, the others
+computed here or on Ray tasks (``store_executor``) and committed as new segments first.
 """
 
 from __future__ import annotations
 
 import hashlib
+import time
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
+import numpy as np
 import torch
 from torch.func import grad, jacrev, vmap
 
@@ -70,9 +75,17 @@ from attnaudit.analyses.influence.kfac import (
 )
 from attnaudit.analyses.influence.other_grads import OtherCapture, OtherPlan, plan_other
 from attnaudit.analyses.influence.projection import KroneckerProjection, SignProjection
+from attnaudit.analyses.influence.store import (
+    GradientStore,
+    SegmentArrays,
+    StoreKey,
+    forget_verified,
+    ray_map,
+    segment_arrays,
+)
 from attnaudit.core.engine import JACOBIAN_ROWS, ranges
 from attnaudit.analyses.request import FieldError
-from attnaudit.errors import AuditError
+from attnaudit.errors import AuditError, literal
 
 __all__ = ["CACHED_MODELS", "ROW_CACHE_BYTES", "Projected", "clear_row_cache", "projected_rows", "projection_for"]
 
@@ -84,8 +97,9 @@ _ROW_CACHE: OrderedDict[str, dict[bytes, tuple[torch.Tensor, torch.Tensor]]] = O
 
 
 def clear_row_cache() -> None:
-    """Forget every cached projected row."""
+    """Forget every cached projected row, and which gradient store files this process has verified."""
     _ROW_CACHE.clear()
+    forget_verified()
 
 
 def resolve_curvature(curvature: str, n_classes: int) -> str:
@@ -438,6 +452,18 @@ def verify_plan(
     return plan.without(wrong)
 
 
+def _verify_routes(
+    engine: Any, proj: KroneckerProjection, rows: torch.Tensor, targets: torch.Tensor, ggn: bool
+) -> None:
+    """Set ``proj``'s embedding fallback and plan for the other parameters, verified on the first
+    two of ``rows``, unless already set (call inside the engine's context, with grad enabled)."""
+    if proj.embedding_fallback is None:
+        proj.embedding_fallback = verify_embeddings(engine, proj, rows[:2], targets[:2], ggn)
+    if proj.other_plan is None:
+        skip = proj.embedding_fallback
+        proj.other_plan = verify_plan(engine, proj, rows[:2], targets[:2], ggn, skip) if proj.k_other else OtherPlan()
+
+
 def projected_rows(
     engine: Any, proj: KroneckerProjection, rows: torch.Tensor, targets: torch.Tensor, curvature: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -449,13 +475,9 @@ def projected_rows(
     first rows a projection sees); any other parameter through per-sample Jacobians."""
     ggn = curvature == "ggn"
     with engine.context(), torch.enable_grad():
-        if proj.embedding_fallback is None:
-            proj.embedding_fallback = verify_embeddings(engine, proj, rows[:2], targets[:2], ggn)
+        _verify_routes(engine, proj, rows, targets, ggn)
         skip = proj.embedding_fallback
-        if proj.other_plan is None:
-            proj.other_plan = (
-                verify_plan(engine, proj, rows[:2], targets[:2], ggn, skip) if proj.k_other else OtherPlan()
-            )
+        assert skip is not None  # set by _verify_routes
         plan = proj.other_plan
         logits, dl, Phi, fast = _forward_backward(engine, proj, rows, targets, ggn, plan, skip)
         for p in proj.layers:
@@ -503,6 +525,138 @@ def _slice_start(part: torch.Tensor, whole: torch.Tensor) -> int | None:
     if offset % row or not 0 <= offset // row <= whole.shape[0] - part.shape[0]:
         return None
     return int(offset // row)
+
+
+# ------------------------------------------------------------------ the gradient store (InfluenceConfig.store)
+def store_segment(
+    engine: Any, proj: KroneckerProjection, rows: torch.Tensor, targets: torch.Tensor, curvature: str, chunk: int
+) -> SegmentArrays:
+    """One store segment: :func:`projected_rows` of ``rows`` in chunks of ``chunk`` from its first
+    row, and sum_i psi_i^T psi_i in float64, summed chunk by chunk. The same arguments give the
+    same bytes in any process running torch with the same number of threads."""
+    k = proj.k
+    curv = torch.zeros(k, k, dtype=torch.float64, device=engine.device)
+    psis, rs = [], []
+    for a, b in ranges(int(rows.shape[0]), chunk):
+        psi, r = projected_rows(engine, proj, rows[a:b], targets[a:b], curvature)
+        flat = psi.reshape(-1, k).to(torch.float64)
+        curv.addmm_(flat.T, flat)
+        psis.append(psi.detach().cpu())
+        rs.append(r.detach().cpu())
+    return segment_arrays(torch.cat(psis), torch.cat(rs), curv)
+
+
+def _store_task(shared: dict, rows: torch.Tensor, targets: torch.Tensor, threads: int) -> SegmentArrays:
+    """A Ray task: one segment, on the engine shipped in ``shared`` with its projection rebuilt
+    here (seeded) and the routes the driver verified, at the driver's number of torch threads."""
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    engine = shared["engine"]
+    proj = projection_for(engine, shared["proj_dim"], seed=shared["seed"], split=shared["split"])
+    if proj.describe() != shared["layout"]:
+        raise AuditError("the projection rebuilt in a Ray worker differs from the driver's (another attnaudit there?)")
+    proj.embedding_fallback, proj.other_plan = shared["embedding_fallback"], shared["other_plan"]
+    return store_segment(engine, proj, rows, targets, shared["curvature"], shared["chunk"])
+
+
+def _store_key(engine: Any, proj: KroneckerProjection, config: Any, fingerprint: str, curvature: str) -> StoreKey:
+    cols = engine.n_classes if curvature == "ggn" else 1
+    dtype = str(engine.dtype).replace("torch.", "")
+    return StoreKey(fingerprint, int(config.proj_dim), proj.describe(), curvature, dtype, proj.k, cols)
+
+
+def _rows_from_store(
+    context: base.Context, proj: KroneckerProjection, key: StoreKey, keys: list[bytes], curvature: str
+) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """(G (n, k), n F (k, k) float64, diagnostics) from the store ``context.config.store``: rows
+    it holds are read (memory-mapped), the others computed -- here or on Ray tasks -- and
+    committed as new segments first. F adds a segment's stored curvature sum when the training
+    set uses each of its rows once, else the used rows' psi^T psi (a row used twice counts twice)."""
+    config, eng = context.config, context.engine
+    rows, T = context.train_rows, context.train_targets
+    n, k = int(rows.shape[0]), proj.k
+    store = GradientStore(config.store, key)
+    with store.locked():
+        t0 = time.perf_counter()
+        located = store.locate(keys)
+        dropped = located.dropped
+        first: dict[bytes, int] = {}  # a missing row's content key -> its first position
+        for i, key_ in enumerate(keys):
+            if key_ not in located.where and key_ not in first:
+                first[key_] = i
+        new_keys = list(first)
+        estimate = store.check_space(len(new_keys)) if new_keys else 0
+        if new_keys:
+            index = torch.tensor(list(first.values()), dtype=torch.long, device=rows.device)
+            with eng.context(), torch.enable_grad():  # as the in-memory path: verified on the first rows computed
+                _verify_routes(eng, proj, rows[index[:2]], T[index[:2]], curvature == "ggn")
+            spans = store.plan(len(new_keys))
+            segments: Iterable[SegmentArrays]
+            if config.store_executor == "ray":
+                if eng.device.type != "cpu":
+                    raise FieldError(
+                        "store_executor",
+                        "{name} ray builds the store on CPU workers, but this engine is on "
+                        + literal(eng.device.type)
+                        + "; use {name} local",
+                    )
+                shared = {
+                    "engine": eng,
+                    "proj_dim": int(config.proj_dim),
+                    "seed": int(config.seed),
+                    "split": str(config.proj_split),
+                    "layout": proj.describe(),
+                    "embedding_fallback": proj.embedding_fallback,
+                    "other_plan": proj.other_plan,
+                    "curvature": curvature,
+                    "chunk": int(context.chunk),
+                }
+                jobs = ((rows[index[a:b]].cpu(), T[index[a:b]].cpu()) for a, b in spans)
+                segments = ray_map(
+                    _store_task,
+                    shared,
+                    jobs,
+                    threads=torch.get_num_threads(),
+                    workers=config.store_workers,
+                    address=config.ray_address,
+                )
+            else:
+                segments = (
+                    store_segment(eng, proj, rows[index[a:b]], T[index[a:b]], curvature, context.chunk)
+                    for a, b in spans
+                )
+            store.build(new_keys, segments)
+            located = store.locate(keys)
+        build_s = time.perf_counter() - t0 if new_keys else 0.0
+        G = torch.empty(n, k, dtype=eng.dtype, device=eng.device)
+        F = torch.zeros(k, k, dtype=torch.float64, device=eng.device)
+        by_segment: dict[int, tuple[list[int], list[int]]] = {}
+        for i, key_ in enumerate(keys):
+            seg, row = located.where[key_]
+            positions, seg_rows = by_segment.setdefault(seg, ([], []))
+            positions.append(i)
+            seg_rows.append(row)
+        for seg in sorted(by_segment):
+            positions, seg_rows = by_segment[seg]
+            at = np.asarray(seg_rows, dtype=np.int64)
+            G[torch.tensor(positions, dtype=torch.long, device=eng.device)] = store.tensor(seg, "r", at).to(eng.device)
+            if (np.bincount(at, minlength=int(store.segments[seg]["rows"])) == 1).all():
+                F += store.tensor(seg, "curvature").to(eng.device)
+                continue
+            for a, b in ranges(len(at), context.chunk):
+                flat = store.tensor(seg, "psi", at[a:b]).reshape(-1, k).to(eng.device, torch.float64)
+                F.addmm_(flat.T, flat)
+        diag = {
+            "store": str(store.folder),
+            "store_rows_reused": sum(1 for key_ in keys if key_ not in first),
+            "store_rows_computed": len(new_keys),
+            "store_bytes": store.size_bytes,
+            "store_bytes_estimate": estimate,
+            "store_build_seconds": build_s,
+            "store_executor": config.store_executor if new_keys else None,
+            "store_segments_dropped": dropped,
+        }
+    return G, F, diag
 
 
 @dataclass
@@ -624,34 +778,38 @@ class Projected(base.Estimator):
         n = rows.shape[0]
         keys = _row_keys(rows, T)
         cols = eng.n_classes if curvature == "ggn" else 1
-        model_key = "|".join(
-            [
-                factors_fingerprint(eng, rows[:0], "projected", curvature, config.seed),
-                str(config.proj_dim),
-                str(proj.describe()),
-            ]
-        )
+        fingerprint = factors_fingerprint(eng, rows[:0], "projected", curvature, config.seed)
+        model_key = "|".join([fingerprint, str(config.proj_dim), str(proj.describe())])
         per_row = (cols + 1) * k * eng.theta.element_size()
-        caching = ROW_CACHE_BYTES > 0 and n * per_row <= ROW_CACHE_BYTES
-        entries = _ROW_CACHE.pop(model_key, {}) if caching else {}
-        missing = [i for i, key in enumerate(keys) if key not in entries]
-        hits = [i for i, key in enumerate(keys) if key in entries]
-        G = torch.empty(n, k, dtype=eng.dtype, device=eng.device)
-        F = torch.zeros(k, k, dtype=torch.float64, device=eng.device)
-        for a, b in ranges(len(missing), context.chunk):
-            idx = torch.tensor(missing[a:b], dtype=torch.long, device=rows.device)
-            psi, r = projected_rows(eng, proj, rows[idx], T[idx], curvature)
-            flat = psi.reshape(-1, k).to(torch.float64)
-            F.addmm_(flat.T, flat)
-            G[idx] = r
-            if caching:
-                for j, i in enumerate(missing[a:b]):
-                    entries[keys[i]] = (psi[j].clone(), r[j].clone())
-        for a, b in ranges(len(hits), context.chunk):
-            part = hits[a:b]
-            flat = torch.cat([entries[keys[i]][0] for i in part]).to(torch.float64)
-            F.addmm_(flat.T, flat)
-            G[torch.tensor(part, dtype=torch.long)] = torch.stack([entries[keys[i]][1] for i in part])
+        store_diag: dict = {}
+        if getattr(config, "store", None):  # the on-disk tier (analyses.influence.store): no in-memory cache
+            G, F, store_diag = _rows_from_store(
+                context, proj, _store_key(eng, proj, config, fingerprint, curvature), keys, curvature
+            )
+            n_computed, n_reused = store_diag["store_rows_computed"], store_diag["store_rows_reused"]
+            caching, entries = False, {}
+        else:
+            caching = ROW_CACHE_BYTES > 0 and n * per_row <= ROW_CACHE_BYTES
+            entries = _ROW_CACHE.pop(model_key, {}) if caching else {}
+            missing = [i for i, key in enumerate(keys) if key not in entries]
+            hits = [i for i, key in enumerate(keys) if key in entries]
+            n_computed, n_reused = len(missing), len(hits)
+            G = torch.empty(n, k, dtype=eng.dtype, device=eng.device)
+            F = torch.zeros(k, k, dtype=torch.float64, device=eng.device)
+            for a, b in ranges(len(missing), context.chunk):
+                idx = torch.tensor(missing[a:b], dtype=torch.long, device=rows.device)
+                psi, r = projected_rows(eng, proj, rows[idx], T[idx], curvature)
+                flat = psi.reshape(-1, k).to(torch.float64)
+                F.addmm_(flat.T, flat)
+                G[idx] = r
+                if caching:
+                    for j, i in enumerate(missing[a:b]):
+                        entries[keys[i]] = (psi[j].clone(), r[j].clone())
+            for a, b in ranges(len(hits), context.chunk):
+                part = hits[a:b]
+                flat = torch.cat([entries[keys[i]][0] for i in part]).to(torch.float64)
+                F.addmm_(flat.T, flat)
+                G[torch.tensor(part, dtype=torch.long)] = torch.stack([entries[keys[i]][1] for i in part])
         F /= max(n, 1)
         if caching:
             live = set(keys)  # keep this training set's rows (and drop rows it no longer has, bounding the entry)
@@ -720,9 +878,10 @@ class Projected(base.Estimator):
             "curvature": curvature,
             "hessian_vector_products": 0,
             "backward_passes_per_chunk": cols,
-            "projected_rows_computed": len(missing),
-            "projected_rows_reused": len(hits),
+            "projected_rows_computed": n_computed,
+            "projected_rows_reused": n_reused,
             "projected_min_eigenvalue": float(evals[0]),
+            **store_diag,
         }
         # fast_path=False: full per-sample gradients through R (the reference the tests compare with)
         train_map = None if config.fast_path else proj.apply
