@@ -96,6 +96,15 @@ def resolve_precision(
     return Precision(asked, asked, "asked", heavy)
 
 
+def tensor_bits(t: torch.Tensor) -> np.ndarray:
+    """A tensor as a numpy array on the CPU with the same bytes (bfloat16, which numpy lacks, as its
+    int16 bits): for hashing and storing, never for arithmetic."""
+    t = t.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return t.numpy()
+
+
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
     """Spearman's rank correlation of two equally long vectors (average ranks for ties); nan when
     either is constant."""

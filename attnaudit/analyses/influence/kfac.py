@@ -50,6 +50,7 @@ import torch
 from torch import nn
 
 from attnaudit.core.engine import Engine, ranges
+from attnaudit.core.precision import tensor_bits
 from attnaudit.core.task import CrossEntropyLoss, MSELoss
 from attnaudit.analyses.request import FieldError, literal
 from attnaudit.errors import AuditError
@@ -765,13 +766,13 @@ def factors_fingerprint(engine: Engine, rows: torch.Tensor, kind: str, curvature
     h.update(f"{CACHE_FORMAT}|{type(engine.module).__qualname__}|{kind}|{curvature}|{seed}|{engine.dtype}".encode())
     for name, shape in zip(engine.names, engine.shapes):
         h.update(f"{name}{tuple(shape)}".encode())
-    h.update(engine.theta.detach().cpu().contiguous().numpy().tobytes())
+    h.update(tensor_bits(engine.theta).tobytes())
     for name in sorted(engine.frozen):
         t = engine.frozen[name]
         h.update(name.encode())
-        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+        h.update(tensor_bits(t).tobytes())
     h.update(str(engine.loss.name).encode())
-    h.update(rows.detach().cpu().contiguous().numpy().tobytes())
+    h.update(tensor_bits(rows).tobytes())
     return h.hexdigest()
 
 

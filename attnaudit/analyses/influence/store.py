@@ -56,6 +56,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
+from attnaudit.core.precision import tensor_bits
+
 from attnaudit.errors import AuditError, FieldError, literal
 from attnaudit.runtime.atomic import folder_lock, temp_path_for, write_text_atomic
 from attnaudit.runtime.sweep import RAY_INSTALL
@@ -130,16 +132,8 @@ class SegmentArrays:
     curvature: np.ndarray
 
 
-def _numpy(t: torch.Tensor) -> np.ndarray:
-    """A CPU tensor as numpy; bfloat16 (which numpy lacks) as its int16 bits."""
-    t = t.detach().cpu().contiguous()
-    if t.dtype == torch.bfloat16:
-        t = t.view(torch.int16)
-    return t.numpy()
-
-
 def segment_arrays(psi: torch.Tensor, r: torch.Tensor, curvature: torch.Tensor) -> SegmentArrays:
-    return SegmentArrays(_numpy(psi), _numpy(r), _numpy(curvature.to(torch.float64)))
+    return SegmentArrays(tensor_bits(psi), tensor_bits(r), tensor_bits(curvature.to(torch.float64)))
 
 
 def _sha256(path: Path) -> str:

@@ -138,6 +138,10 @@ class MalleabilityConfig:
     batch_size: int | None = None
     resample_data: bool = False
     top_ks: tuple[int, ...] | None = None  # every k the flip rate is reported for (default: (top_k,))
+    store: str | None = None  # estimator projected: the gradient store's folder (analyses.influence.store)
+    store_executor: str = "local"  # the store's missing rows built here or on Ray (the run's --executor ray)
+    ray_address: str | None = None  # store_executor ray: a running cluster (None: a local Ray)
+    store_workers: int | None = None  # store_executor ray: Ray tasks at once (the run's --jobs)
     precision: str = "float64"  # the dtype influence computes in (resolved: float64, float32 or bfloat16)
     precision_asked: str = "float64"  # as asked (auto, or a dtype)
     precision_reason: str = "asked"
@@ -410,6 +414,10 @@ class MalleabilityConfig:
             curvature=self.curvature,
             cache_dir=self.cache,
             dtype=self.precision,
+            store=self.store,
+            store_executor=self.store_executor,
+            ray_address=self.ray_address,
+            store_workers=self.store_workers,
         )
 
     @property

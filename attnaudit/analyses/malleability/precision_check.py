@@ -37,7 +37,10 @@ def influence_precision_check(
     """Per-test influence scores on the subsample at ``config.precision`` against float64."""
     m, t = min(int(X_train.shape[0]), CHECK_TRAIN_ROWS), min(int(X_test.shape[0]), CHECK_TEST_ROWS)
     rows = (X_train[:m], y_train[:m], X_test[:t], y_test[:t])
-    low = dataclasses.replace(config.influence, per_test=True)
+    # both sides computed afresh: the check neither reads nor writes the run's gradient store
+    low = dataclasses.replace(
+        config.influence, per_test=True, store=None, store_executor="local", ray_address=None, store_workers=None
+    )
     t0 = time.perf_counter()
     scores = []
     for cfg in (low, dataclasses.replace(low, dtype="float64")):

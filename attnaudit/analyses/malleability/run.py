@@ -283,6 +283,16 @@ class MalleabilityRequest(
         metavar="PATH",
         help="Folder keeping the fitted K-FAC/EK-FAC factors, one file per model + training-data fingerprint, reused by later runs.",
     )
+    store: str | None = option(
+        None,
+        "--store",
+        panel=EXECUTION,
+        metavar="PATH",
+        help="Estimator projected: folder of the gradient store. Every training row's projected gradient (and its "
+        "share of the curvature) is computed once per model, data, projection and precision and reused by later "
+        "audits (another test set, attack or seed computes only the rows that changed). With --executor ray the "
+        "missing rows are built on Ray workers (--ray-address joins a cluster, --jobs sets the tasks at once).",
+    )
     curvature: str = option(
         "auto",
         "--curvature",
@@ -506,6 +516,7 @@ class MalleabilityRequest(
             memory_budget=self.memory_budget,
             curvature=self.curvature,
             cache=self.cache,
+            store=self.store,
             norm=self.norm,
             pgd_steps=values["pgd_steps"],
             step_size=self.step_size,
@@ -638,6 +649,12 @@ def _load(request: MalleabilityRequest, executor: ExecutorConfig | None) -> _Row
     dataset, split = values["dataset"], values["split"]
     spec = request.data_spec(seed, dataset=dataset, split=split) if request.loaded_data is None else None
     ex = executor if executor is not None else ExecutorConfig()
+    if config.store is not None and ex.kind == "ray":
+        # with a gradient store, Ray builds the store's rows: the cells run here, one after another
+        config = dataclasses.replace(
+            config, store_executor="ray", ray_address=ex.ray_address, store_workers=ex.jobs if ex.jobs > 1 else None
+        )
+        ex = dataclasses.replace(ex, kind="local", jobs=1, ray_address=None, gpus_per_cell=0.0)
     recipe = None if loaded or spec is None else HoldoutRecipe.of(spec, ntr, nte, seed, stratify=True)
     check_executor(ex, bool(loaded), recipe is not None)  # before any data are read
     ex.check_available()

@@ -84,6 +84,7 @@ from attnaudit.analyses.influence.store import (
     segment_arrays,
 )
 from attnaudit.core.engine import JACOBIAN_ROWS, ranges
+from attnaudit.core.precision import tensor_bits
 from attnaudit.analyses.request import FieldError
 from attnaudit.errors import AuditError, literal
 
@@ -506,8 +507,8 @@ def projected_rows(
 
 def _row_keys(rows: torch.Tensor, targets: torch.Tensor) -> list[bytes]:
     """One content hash per (row, target): the cache's key for that sample's projected rows."""
-    r = rows.detach().cpu().contiguous().reshape(rows.shape[0], -1).numpy()
-    t = targets.detach().cpu().contiguous().reshape(targets.shape[0], -1).numpy()
+    r = tensor_bits(rows.reshape(rows.shape[0], -1))
+    t = tensor_bits(targets.reshape(targets.shape[0], -1))
     return [hashlib.sha1(r[i].data).digest() + hashlib.sha1(t[i].data).digest()[:8] for i in range(r.shape[0])]
 
 
