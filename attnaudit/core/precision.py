@@ -141,12 +141,15 @@ class PrecisionCheck:
         if self.agrees:
             return None
         kappa = self.extra.get("kappa_relative_error")
+        residuals = self.extra.get("relative_residual_float64")
         also = f", condition number off by {kappa:.3g}" if kappa is not None else ""
+        if residuals:
+            also += f", largest float64 Ritz residual {max(residuals):.3g}"
         return (
             f"precision check: {self.quantity} in {self.precision} disagrees with float64 on a subsample "
             f"(Spearman {self.spearman:.4f}, relative error {self.relative_error:.3g}{also}; tolerance Spearman >= "
             f"{self.tolerance['spearman_min']}, relative error <= {self.tolerance['relative_error_max']:g}); "
-            "rerun with --precision float64"
+            "rerun with a higher --precision"
         )
 
     def to_dict(self) -> dict:

@@ -109,3 +109,19 @@ def test_auto_is_float64_on_the_builtin_models():
     res = run(LandscapeRequest(**TINY, models=("relu",))).results
     assert res["precision"]["asked"] == "auto" and res["precision"]["used"] == "float64"
     assert res["precision_check"]["status"] == "not needed"
+
+
+def test_vectors_that_are_not_eigenvectors_fail_even_when_their_quotients_match(problem):
+    """A low-precision Lanczos run can return vectors whose Rayleigh quotients are its eigenvalues
+    without being eigenvectors (measured: bfloat16 on the quick landscape). Mixing the true top
+    eigenvectors keeps the quotients reported exactly, yet the float64 Ritz residual exposes them."""
+    task, X, T, names, lam, V = problem
+    Q = torch.linalg.qr(V @ torch.tensor([[1.0, 1.0, 0.0], [1.0, -1.0, 0.0], [0.0, 0.0, 1.0]], dtype=F64))[0]
+    quotients = [float(q @ (V @ torch.diag(lam) @ V.T) @ q) for q in Q.T]  # v^T H v restricted to span(V)
+    check = eigen_precision_check(task, X, T, Q, quotients, 16, names)
+    assert check.relative_error < 1e-10  # the quotients alone agree
+    residuals = check.extra["relative_residual_float64"]
+    # the mixed pair spreads over eigenvalues 12.57 and 8.95: its residual is |12.57 - 8.95| / 2 / 10.76
+    assert residuals[0] == pytest.approx(float(lam[0] - lam[1]) / 2 / float(lam[0] + lam[1]) * 2, rel=1e-6)
+    assert residuals[2] < 1e-10  # the third vector is an eigenvector
+    assert not check.agrees and "Ritz residual" in (check.warning or "")
