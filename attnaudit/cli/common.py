@@ -289,6 +289,9 @@ def exit_if_cells_failed(failed: list[dict]) -> None:
     raise typer.Exit(1)
 
 
+_OPEN_BARS: dict[int, Any] = {}  # id(OutputOptions) -> its live rich Progress, while one is shown
+
+
 @contextlib.contextmanager
 def progress(opts: OutputOptions, description: str, total: int, unit: str = "") -> Iterator[Callable[[int], None]]:
     """A rich progress bar on a terminal; a no-op when quiet, piped, or writing JSON to stdout.
@@ -303,6 +306,18 @@ def progress(opts: OutputOptions, description: str, total: int, unit: str = "") 
         return
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+    open_bar = _OPEN_BARS.get(id(opts))
+    if open_bar is not None:  # a bar inside a run's bar (the gradient store's rows): a second line of it
+        inner = open_bar.add_task(description, total=total)
+
+        def advance_inner(k: int = 1) -> None:
+            open_bar.advance(inner, k)
+
+        try:
+            yield advance_inner
+        finally:
+            open_bar.remove_task(inner)
+        return
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -313,8 +328,12 @@ def progress(opts: OutputOptions, description: str, total: int, unit: str = "") 
         transient=True,
     ) as bar:
         task = bar.add_task(description, total=total)
+        _OPEN_BARS[id(opts)] = bar  # rich shows one live display at a time: inner bars join this one
+        try:
 
-        def advance(k: int = 1) -> None:
-            bar.advance(task, k)
+            def advance(k: int = 1) -> None:
+                bar.advance(task, k)
 
-        yield advance
+            yield advance
+        finally:
+            _OPEN_BARS.pop(id(opts), None)

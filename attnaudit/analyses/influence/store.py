@@ -49,6 +49,7 @@ import os
 import shutil
 import warnings
 from collections import deque
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -425,6 +426,30 @@ def _import_ray() -> Any:
             "store_executor", "{name} ray needs Ray, which is not installed; install it with " + literal(RAY_INSTALL)
         ) from None
     return ray
+
+
+#: the run's progress (``progress(label, total, unit)``, :mod:`attnaudit.analyses.result`) a store
+#: build reports to, set by :func:`reporting` around a run; none: silent
+_REPORTER: ContextVar[Callable[..., Any] | None] = ContextVar("store_progress", default=None)
+
+
+@contextlib.contextmanager
+def reporting(progress: Callable[..., Any] | None) -> Iterator[None]:
+    """Store builds inside this block show their rows on ``progress`` (the run's progress bar)."""
+    token = _REPORTER.set(progress)
+    try:
+        yield
+    finally:
+        _REPORTER.reset(token)
+
+
+def build_progress(rows: int, estimate_bytes: int) -> contextlib.AbstractContextManager[Callable[[int], None]]:
+    """The progress of building ``rows`` new rows (about ``estimate_bytes`` on disk): a line of the
+    run's progress bar under :func:`reporting`, else silent."""
+    progress = _REPORTER.get()
+    if progress is None:
+        return contextlib.nullcontext(lambda k=1: None)
+    return progress(f"gradient store: {rows:,} new rows, about {estimate_bytes / 2**20:,.1f} MiB", rows, "")
 
 
 def ray_map(

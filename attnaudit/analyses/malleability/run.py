@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from attnaudit.analyses.influence.influence import damping_label, parse_damping
+from attnaudit.analyses.influence.store import reporting
 from attnaudit.analyses.malleability.attacks import TOKEN_ATTACKS
 from attnaudit.analyses.malleability.config import AUTO_MATCH, MalleabilityConfig, parse_per_model
 from attnaudit.analyses.malleability.malleability import SCHEMA, MalleabilityResult, run_malleability
@@ -581,7 +582,7 @@ def run(
     token_models = any(isinstance(m, Task) and m.inputs.kind == "tokens" for m in (rows.fixed or {}).values())
     value_range = None if token_models else rows.ds.value_range  # token ids have no value range to clip to
     t1 = time.perf_counter()
-    with progress("malleability", progress_total(config), "trainings with influence") as advance:
+    with progress("malleability", progress_total(config), "trainings with influence") as advance, reporting(progress):
         result = run_malleability(
             rows.train.X.to(dev),
             rows.train.y.to(dev),

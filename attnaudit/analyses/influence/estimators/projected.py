@@ -79,6 +79,7 @@ from attnaudit.analyses.influence.store import (
     GradientStore,
     SegmentArrays,
     StoreKey,
+    build_progress,
     forget_verified,
     ray_map,
     segment_arrays,
@@ -626,7 +627,8 @@ def _rows_from_store(
                     store_segment(eng, proj, rows[index[a:b]], T[index[a:b]], curvature, context.chunk)
                     for a, b in spans
                 )
-            store.build(new_keys, segments)
+            with build_progress(len(new_keys), estimate) as advance:
+                store.build(new_keys, segments, progress=advance)
             located = store.locate(keys)
         build_s = time.perf_counter() - t0 if new_keys else 0.0
         G = torch.empty(n, k, dtype=eng.dtype, device=eng.device)
