@@ -59,10 +59,14 @@ SIZES = {
         # embedding table: 11.2 M parameters)
         "deit-tiny": dict(depth=12, dim=192, heads=3, patch=4, mlp_ratio=4, steps=300, n_train=2000, n=512),
         "bert-mini": dict(layers=4, width=256, heads=4, length=128, vocab=30522, steps=200, n_records=2000, n=256),
+        # DistilBERT's configuration (6 layers, width 768, 12 heads, 30,522 words: 67 M parameters), its
+        # malleability audit with the projected estimator over 2,000 training and 100 held-out texts
+        "distilbert": dict(layers=6, width=768, heads=12, length=128, vocab=30522, steps=30, n_train=2000, n_test=100),
     },
     "small": {
         "deit-tiny": dict(depth=2, dim=48, heads=3, patch=7, mlp_ratio=2, steps=20, n_train=200, n=64),
         "bert-mini": dict(layers=1, width=64, heads=4, length=32, vocab=0, steps=20, n_records=200, n=32),
+        "distilbert": dict(layers=1, width=64, heads=4, length=32, vocab=0, steps=5, n_train=60, n_test=10),
     },
 }
 
@@ -216,6 +220,51 @@ print(sum(p.numel() for p in model.parameters()))
     ]
 
 
+def distilbert_stages(size: dict, work: Path, device: str = "cpu") -> list[tuple[str, str]]:
+    """A DistilBERT-configured classifier (random initialisation, briefly fine-tuned on the review
+    set) and its malleability audit: projected estimator, static protocol, HotFlip (one token per
+    text; deterministic, so the three seeds share its perturbed set), 3 seeds, a gradient store."""
+    folder, reviews = work / "distilbert", work / "reviews-distil.jsonl"
+    n_records = size["n_train"] + size["n_test"]
+    build = f"""
+import sys, torch, transformers
+sys.path.insert(0, {str(ROOT / "examples" / "text")!r})
+from make_text_checkpoint import write_data, write_model, POSITIVE, NEGATIVE, NOUNS, FILLER
+from pathlib import Path
+write_data(Path({str(reviews)!r}), n={n_records}, phrases=(1, ({size["length"]} - 2) // 3))
+folder = Path({str(folder)!r})
+write_model(folder)  # the tokenizer; the model is replaced by the DistilBERT configuration
+config = transformers.DistilBertConfig(vocab_size=max({size["vocab"]}, 4 + len(POSITIVE + NEGATIVE + NOUNS + FILLER)),
+    dim={size["width"]}, n_layers={size["layers"]}, n_heads={size["heads"]}, hidden_dim={4 * size["width"]},
+    max_position_embeddings=512, num_labels=2, pad_token_id=0,
+    label2id={{"negative": 0, "positive": 1}}, id2label={{0: "negative", 1: "positive"}})
+torch.manual_seed(0)
+model = transformers.DistilBertForSequenceClassification(config).eval()
+model.save_pretrained(folder)
+from attnaudit.data import DataSpec, load_dataset
+from attnaudit.core.fit import Recipe, fit
+from attnaudit.core.task import Inputs
+from attnaudit.models.hf import HFSequenceClassifier
+ds = load_dataset(DataSpec(data={str(reviews)!r}, tokenizer=str(folder), max_length={size["length"]}))
+wrapped = HFSequenceClassifier(model, pad_token_id=0).to({device!r})
+fit(wrapped, ds.X, ds.y, Recipe(optimizer="adam", lr=1e-4, batch_size=16, steps={size["steps"]}, loss="ce"),
+    inputs=Inputs(kind="tokens", keyword=None))
+model.cpu().save_pretrained(folder)
+print(sum(p.numel() for p in model.parameters()))
+"""
+    data = f"data={str(reviews)!r}, max_length={size['length']}, checkpoint=({str(folder)!r},), device={device!r}"
+    return [
+        ("train", build),
+        (
+            "malleability",
+            "import attnaudit as aa\n"
+            f"r = aa.run(aa.MalleabilityRequest({data}, protocol='static', attacks=('hotflip',), eps=(1,), "
+            f"estimator='projected', n_train={size['n_train']}, n_test={size['n_test']}, seeds=3, "
+            f"store={str(work / 'store')!r}))",
+        ),
+    ]
+
+
 def gemm_floor_seconds(params: int, n_train: int, n_test: int, device: str = "cpu") -> float:
     """Time of the one product influence cannot avoid: (n_train x P) @ (P x n_test), float32, on
     ``device`` (after one warm-up product, synchronised on a GPU)."""
@@ -241,7 +290,11 @@ def main() -> int:
     parser.add_argument(
         "--deadline", type=float, default=None, help="seconds for the whole benchmark: a stage past it is stopped"
     )
-    parser.add_argument("--models", default="deit-tiny,bert-mini", help="comma-separated: deit-tiny, bert-mini")
+    parser.add_argument(
+        "--models",
+        default="deit-tiny,bert-mini",
+        help="comma-separated: deit-tiny, bert-mini, distilbert (the malleability audit of a 67 M-parameter model)",
+    )
     parser.add_argument("--precision", default=None, help="--precision of every analysis (default: each one's auto)")
     args = parser.parse_args()
     start = time.perf_counter()
@@ -255,7 +308,7 @@ def main() -> int:
     work = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="attnaudit-scale-"))
     work.mkdir(parents=True, exist_ok=True)
     summary = {}
-    builders = {"deit-tiny": deit_stages, "bert-mini": bert_stages}
+    builders = {"deit-tiny": deit_stages, "bert-mini": bert_stages, "distilbert": distilbert_stages}
     models = [(name, builders[name]) for name in args.models.split(",")]
     for index, (name, builder) in enumerate(models):
         total, peak, gpu_peak, params, stages, failed = 0.0, 0.0, 0.0, 0, {}, {}
@@ -303,7 +356,7 @@ def main() -> int:
         # the issue's target is the audit (the four analyses); training the model first is set-up
         audit = sum(seconds for stage, seconds in stages.items() if stage != "train")
         print(
-            f"SCALE model={name} params={params} n_train={sizes[name]['n']} total_s={total:.1f} audit_s={audit:.1f} "
+            f"SCALE model={name} params={params} n_train={sizes[name].get('n', sizes[name].get('n_train'))} total_s={total:.1f} audit_s={audit:.1f} "
             f"peak_gb={peak:.2f}"
             f"{on_gpu}{refused}",
             flush=True,
@@ -318,8 +371,9 @@ def main() -> int:
             "failed": failed,
         }
         if params and "malleability" in stages and "malleability" not in failed:
-            n = sizes[name]["n"]
-            floor = gemm_floor_seconds(params, n, max(4, n // 4), args.device)
+            n = sizes[name].get("n", sizes[name].get("n_train"))
+            n_test = sizes[name].get("n_test", max(4, n // 4))
+            floor = gemm_floor_seconds(params, n, n_test, args.device)
             print(f"RATIO influence_over_gemm_floor_{name.replace('-', '_')}={stages['malleability'] / floor:.1f}")
         (work / "scale.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     (work / "scale.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
