@@ -26,6 +26,7 @@ sha256) is reported in one warning line and recomputed, never trusted.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -33,7 +34,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from attnaudit.errors import AuditError, FieldError, literal
 from attnaudit import __version__
@@ -360,17 +361,19 @@ def _run_processes(todo, ex: ExecutorConfig, threads: int, finished) -> None:
     pool.shutdown(wait=True)
 
 
-def _run_ray(todo, ex: ExecutorConfig, threads: int, finished) -> None:
+@contextlib.contextmanager
+def ray_session(address: str | None, cpus: int) -> Iterator[Any]:
+    """Ray, initialised for the block: joined at ``address`` (``auto``: a running cluster), else a
+    local Ray of ``cpus`` CPUs shut down after; an already initialised Ray is used as it is."""
     import logging
 
     import ray
 
     started = False
     if not ray.is_initialized():
-        if ex.ray_address:
-            ray.init(address=ex.ray_address, log_to_driver=False, logging_level=logging.ERROR)
+        if address:
+            ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
         else:
-            cpus = ex.jobs if ex.jobs > 1 else (os.cpu_count() or 1)
             ray.init(
                 num_cpus=cpus,
                 include_dashboard=False,
@@ -380,6 +383,15 @@ def _run_ray(todo, ex: ExecutorConfig, threads: int, finished) -> None:
             )
         started = True
     try:
+        yield ray
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _run_ray(todo, ex: ExecutorConfig, threads: int, finished) -> None:
+    cpus = ex.jobs if ex.jobs > 1 else (os.cpu_count() or 1)
+    with ray_session(ex.ray_address, cpus) as ray:
         remote = ray.remote(execute_cell).options(
             num_cpus=min(threads, _ray_cpus(ray)), num_gpus=ex.gpus_per_cell, max_retries=0
         )
@@ -398,9 +410,6 @@ def _run_ray(todo, ex: ExecutorConfig, threads: int, finished) -> None:
                         0.0,
                     )
                 finished(i, CellOutcome(task, result, error, seconds))
-    finally:
-        if started:
-            ray.shutdown()
 
 
 def _ray_cpus(ray) -> float:

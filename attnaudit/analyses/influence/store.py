@@ -44,7 +44,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import logging
 import os
 import shutil
 import warnings
@@ -61,7 +60,7 @@ from attnaudit.core.precision import tensor_bits
 
 from attnaudit.errors import AuditError, FieldError, literal
 from attnaudit.runtime.atomic import folder_lock, temp_path_for, write_text_atomic
-from attnaudit.runtime.sweep import RAY_INSTALL
+from attnaudit.runtime.sweep import RAY_INSTALL, ray_session
 
 __all__ = [
     "FORMAT",
@@ -468,21 +467,8 @@ def ray_map(
     running cluster (``auto`` finds one) or Ray is already initialised. At most 2 x ``workers``
     tasks are in flight (their results wait in order); a task whose worker dies is run again up to
     :data:`MAX_RETRIES` times. ``fn`` must be importable by name in the workers."""
-    ray = _import_ray()
-    started = False
-    if not ray.is_initialized():
-        if address:
-            ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
-        else:
-            ray.init(
-                num_cpus=(workers or max(1, (os.cpu_count() or 1) // threads)) * threads,
-                include_dashboard=False,
-                log_to_driver=False,
-                logging_level=logging.ERROR,
-                configure_logging=False,
-            )
-        started = True
-    try:
+    _import_ray()  # a missing Ray: the one-line error naming the extra
+    with ray_session(address, (workers or max(1, (os.cpu_count() or 1) // threads)) * threads) as ray:
         cpus = max(1.0, float(ray.cluster_resources().get("CPU", 1.0)))
         slots = workers or max(1, int(cpus // threads))
         remote = ray.remote(fn).options(num_cpus=min(threads, cpus), max_retries=MAX_RETRIES, retry_exceptions=False)
@@ -508,6 +494,3 @@ def ray_map(
                 pending.append(remote.remote(ref, *nxt, threads))
             at += 1
             yield result
-    finally:
-        if started:
-            ray.shutdown()
