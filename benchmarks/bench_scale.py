@@ -165,37 +165,72 @@ def deit_stages(size: dict, work: Path, device: str = "cpu") -> list[tuple[str, 
     ]
 
 
-def bert_stages(size: dict, work: Path, device: str = "cpu") -> list[tuple[str, str]]:
-    folder, reviews = work / "bert", work / "reviews.jsonl"
-    build = f"""
+def text_build(
+    size: dict,
+    reviews: Path,
+    folder: Path,
+    n_records: int,
+    config: str,
+    model_class: str,
+    device: str,
+    lr: float,
+    batch_size: int,
+    init_copy: Path | None = None,
+) -> str:
+    """The script that writes ``n_records`` reviews (3 to length - 2 words: token sequences of 5
+    to ``length``, so the sequence length is used; padding is left out of per-token analyses, not
+    computed away) and the tokenizer, builds ``model_class`` from ``config`` (a Python expression;
+    VOCAB: the configured vocabulary, at least the tokenizer's words; LABELS: the label names),
+    saves it (and at ``init_copy`` its initialization), fine-tunes it with Adam for ``size['steps']``
+    steps and prints its parameter count."""
+    config = config.replace("VOCAB", f"max({size['vocab']}, 4 + len(POSITIVE + NEGATIVE + NOUNS + FILLER))").replace(
+        "LABELS", 'label2id={"negative": 0, "positive": 1}, id2label={0: "negative", 1: "positive"}'
+    )
+    init = f"model.save_pretrained(Path({str(init_copy)!r}))\n" if init_copy is not None else ""
+    return f"""
 import sys, torch, transformers
 sys.path.insert(0, {str(ROOT / "examples" / "text")!r})
 from make_text_checkpoint import write_data, write_model, POSITIVE, NEGATIVE, NOUNS, FILLER
 from pathlib import Path
-# reviews of 3 to 126 words: token sequences (with [CLS] and [SEP]) of 5 to 128, so the
-# encoder's sequence length is used (padding is left out of per-token analyses, not computed away)
-write_data(Path({str(reviews)!r}), n={size["n_records"]}, phrases=(1, ({size["length"]} - 2) // 3))
+write_data(Path({str(reviews)!r}), n={n_records}, phrases=(1, ({size["length"]} - 2) // 3))
 folder = Path({str(folder)!r})
-write_model(folder)  # tokenizer + a config we replace by the BERT-mini shape
-config = transformers.BertConfig(vocab_size=max({size["vocab"]}, 4 + len(POSITIVE + NEGATIVE + NOUNS + FILLER)), hidden_size={size["width"]},
-    num_hidden_layers={size["layers"]}, num_attention_heads={size["heads"]}, intermediate_size={4 * size["width"]},
-    max_position_embeddings={size["length"]}, num_labels=2, pad_token_id=0,
-    label2id={{"negative": 0, "positive": 1}}, id2label={{0: "negative", 1: "positive"}})
+write_model(folder)  # the tokenizer; its model is replaced by the configured one
+config = {config}
 torch.manual_seed(0)
-model = transformers.BertForSequenceClassification(config).eval()
-model.save_pretrained(folder)  # the BERT-mini config the data are cut to (its position limit)
-model.save_pretrained(Path({str(work / "bert-init")!r}))  # the kernel-movement reference: the same network at initialization
-from attnaudit.data import DataSpec, load_dataset
+model = {model_class}(config).eval()
+model.save_pretrained(folder)  # the configuration the data are cut to (its position limit)
+{init}from attnaudit.data import DataSpec, load_dataset
 from attnaudit.core.fit import Recipe, fit
 from attnaudit.core.task import Inputs
 from attnaudit.models.hf import HFSequenceClassifier
 ds = load_dataset(DataSpec(data={str(reviews)!r}, tokenizer=str(folder), max_length={size["length"]}))
 wrapped = HFSequenceClassifier(model, pad_token_id=0).to({device!r})
-fit(wrapped, ds.X, ds.y, Recipe(optimizer="adam", lr=1e-3, batch_size=32, steps={size["steps"]}, loss="ce"),
+fit(wrapped, ds.X, ds.y, Recipe(optimizer="adam", lr={lr}, batch_size={batch_size}, steps={size["steps"]}, loss="ce"),
     inputs=Inputs(kind="tokens", keyword=None))
 model.cpu().save_pretrained(folder)
 print(sum(p.numel() for p in model.parameters()))
 """
+
+
+def bert_stages(size: dict, work: Path, device: str = "cpu") -> list[tuple[str, str]]:
+    folder, reviews = work / "bert", work / "reviews.jsonl"
+    config = (
+        f"transformers.BertConfig(vocab_size=VOCAB, hidden_size={size['width']}, num_hidden_layers={size['layers']}, "
+        f"num_attention_heads={size['heads']}, intermediate_size={4 * size['width']}, "
+        f"max_position_embeddings={size['length']}, num_labels=2, pad_token_id=0, LABELS)"
+    )
+    build = text_build(
+        size,
+        reviews,
+        folder,
+        size["n_records"],
+        config,
+        "transformers.BertForSequenceClassification",
+        device,
+        lr=1e-3,
+        batch_size=32,
+        init_copy=work / "bert-init",  # the kernel-movement reference: the same network at initialization
+    )
     data = f"data={str(reviews)!r}, max_length={size['length']}, checkpoint=({str(folder)!r},), device={device!r}"
     common = "import attnaudit as aa\n"
     n = size["n"]
@@ -226,32 +261,22 @@ def distilbert_stages(size: dict, work: Path, device: str = "cpu") -> list[tuple
     text; deterministic, so the three seeds share its perturbed set), 3 seeds, a gradient store."""
     folder, reviews = work / "distilbert", work / "reviews-distil.jsonl"
     n_records = size["n_train"] + size["n_test"]
-    build = f"""
-import sys, torch, transformers
-sys.path.insert(0, {str(ROOT / "examples" / "text")!r})
-from make_text_checkpoint import write_data, write_model, POSITIVE, NEGATIVE, NOUNS, FILLER
-from pathlib import Path
-write_data(Path({str(reviews)!r}), n={n_records}, phrases=(1, ({size["length"]} - 2) // 3))
-folder = Path({str(folder)!r})
-write_model(folder)  # the tokenizer; the model is replaced by the DistilBERT configuration
-config = transformers.DistilBertConfig(vocab_size=max({size["vocab"]}, 4 + len(POSITIVE + NEGATIVE + NOUNS + FILLER)),
-    dim={size["width"]}, n_layers={size["layers"]}, n_heads={size["heads"]}, hidden_dim={4 * size["width"]},
-    max_position_embeddings=512, num_labels=2, pad_token_id=0,
-    label2id={{"negative": 0, "positive": 1}}, id2label={{0: "negative", 1: "positive"}})
-torch.manual_seed(0)
-model = transformers.DistilBertForSequenceClassification(config).eval()
-model.save_pretrained(folder)
-from attnaudit.data import DataSpec, load_dataset
-from attnaudit.core.fit import Recipe, fit
-from attnaudit.core.task import Inputs
-from attnaudit.models.hf import HFSequenceClassifier
-ds = load_dataset(DataSpec(data={str(reviews)!r}, tokenizer=str(folder), max_length={size["length"]}))
-wrapped = HFSequenceClassifier(model, pad_token_id=0).to({device!r})
-fit(wrapped, ds.X, ds.y, Recipe(optimizer="adam", lr=1e-4, batch_size=16, steps={size["steps"]}, loss="ce"),
-    inputs=Inputs(kind="tokens", keyword=None))
-model.cpu().save_pretrained(folder)
-print(sum(p.numel() for p in model.parameters()))
-"""
+    config = (
+        f"transformers.DistilBertConfig(vocab_size=VOCAB, dim={size['width']}, n_layers={size['layers']}, "
+        f"n_heads={size['heads']}, hidden_dim={4 * size['width']}, max_position_embeddings=512, num_labels=2, "
+        "pad_token_id=0, LABELS)"
+    )
+    build = text_build(
+        size,
+        reviews,
+        folder,
+        n_records,
+        config,
+        "transformers.DistilBertForSequenceClassification",
+        device,
+        lr=1e-4,
+        batch_size=16,
+    )
     data = f"data={str(reviews)!r}, max_length={size['length']}, checkpoint=({str(folder)!r},), device={device!r}"
     return [
         ("train", build),
