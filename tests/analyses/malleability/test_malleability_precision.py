@@ -96,7 +96,7 @@ def test_a_float32_run_records_its_precision_and_a_spot_check_per_model(estimato
     assert {c["seed"] for c in checks} == {0}
     for c in checks:
         assert c["precision"] == "float32" and c["quantity"] == "influence scores"
-        # the subsample: every training row (50 < 256), the first 8 test rows, the run's estimator and damping
+        # the subsample: all 50 training rows (fewer than 64), the first 8 test rows, the run's estimator and damping
         assert c["subsample"] == {"train_rows": 50, "test_rows": 8, "damping": 0.01, "estimator": estimator}
         assert c["spearman"] >= 0.95 and c["spearman_min_row"] >= 0.95
         assert 0 < c["relative_error"] < 1e-3  # float32 round-off, not zero (two float64 runs would give 0)
