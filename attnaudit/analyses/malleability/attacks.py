@@ -55,6 +55,8 @@ from attnaudit.errors import AuditError
 from attnaudit.core.training import accuracy
 
 ATTACKS = ("fgsm", "pgd", "mim", "sign", "random", "hotflip", "swap", "none")
+#: attacks that draw nothing from their seed (pgd too when it starts from the clean rows)
+SEEDLESS_ATTACKS = ("none", "fgsm", "mim", "hotflip")
 TOKEN_ATTACKS = ("hotflip", "swap")  # text: eps is the number of tokens swapped per text
 ADVERSARIAL = ("fgsm", "pgd", "mim", "hotflip")  # gradient attacks: the ones the verdicts and gates read
 RANDOM_CONTROLS = ("sign", "random")  # noise controls of the continuous attacks, the strongest first
@@ -80,6 +82,12 @@ class AttackConfig:
     # MiB one chunk's forward/backward graph may take (gradient attacks on continuous inputs;
     # measured per row on a probe of 4 rows): None keeps chunk_size rows
     memory_mb: float | None = None
+
+    @property
+    def draws_randomness(self) -> bool:
+        """Whether the perturbation depends on ``seed`` (random starts, noise, random swaps); a
+        seedless attack on the same model and rows gives the same perturbation for every seed."""
+        return self.method not in SEEDLESS_ATTACKS and not (self.method == "pgd" and not self.random_start)
 
     def __post_init__(self) -> None:
         if self.method not in ATTACKS:

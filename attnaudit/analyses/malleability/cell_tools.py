@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import hashlib
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -59,6 +59,22 @@ def influence_key(
     h.update(repr(module).encode())  # the layer structure (the state dict holds the numbers)
     tensors = {f"state.{name}": t for name, t in module.state_dict().items()}
     tensors.update(zip(("X", "y", "X_test", "y_test"), rows))
+    h.update(tensors_sha256(tensors).encode())
+    return h.hexdigest()
+
+
+def attack_key(model: nn.Module | Task, X: torch.Tensor, y: torch.Tensor, config: Any) -> str:
+    """sha256 over what a seedless attack depends on: the model (class, layer structure, every
+    parameter and buffer, its input mapping and loss), the rows and labels, and the attack's
+    settings but its seed. Equal keys give bitwise-equal perturbations."""
+    module = model.module if isinstance(model, Task) else model
+    h = hashlib.sha256(f"{type(module).__qualname__}|".encode())
+    h.update(repr(replace(config, seed=0)).encode())
+    if isinstance(model, Task):
+        h.update(repr((model.inputs, getattr(model.loss, "name", model.loss), model.params)).encode())
+    h.update(repr(module).encode())
+    tensors = {f"state.{name}": t for name, t in module.state_dict().items()}
+    tensors.update(X=X, y=y)
     h.update(tensors_sha256(tensors).encode())
     return h.hexdigest()
 

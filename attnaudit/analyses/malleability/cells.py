@@ -20,6 +20,7 @@ from attnaudit.analyses.influence.influence import influence_sweep, tracin_weigh
 from attnaudit.analyses.malleability.attacks import TOKEN_ATTACKS, AttackConfig, perturb
 from attnaudit.analyses.malleability.cell_tools import (
     as_embedding_rows,
+    attack_key,
     diagnostics_row,
     embedding_attacked,
     float64_copy,
@@ -87,6 +88,8 @@ class CellState:
     # identical inputs (the static protocol's clean run, or a deterministic attack's, repeated
     # for every seed) is computed once
     influence_memo: dict = field(default_factory=dict)
+    # seedless attacks' results by the sha256 of the model, rows and settings (attack_key)
+    attack_memo: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.X_train = self.X_train.to(torch.float64)
@@ -260,13 +263,13 @@ class Cell:
         (retrained, fine-tuned or the clean one) and compare its influence with the clean run."""
         config, seed, arch = self.config, self.seed, self.arch
         clean_model, clean_tr, clean_row = clean_run
-        t0 = time.perf_counter()
-        ares = perturb(target, self.X_train, self.y_train, self.plan.attacks[(attack, eps, seed)], config.loss)
-        self.timings["attack"] += time.perf_counter() - t0
+        ares, first_seed = self.perturbed(target, self.plan.attacks[(attack, eps, seed)])
         eps_used = 0.0 if attack == "none" else eps
         with torch.no_grad():
             clean_on_pert = accuracy(logits_of(target, ares.X_adv), self.y_train)
-        self.rows["attacks"].append({"seed": seed, "model": arch, **ares.to_dict(), "eps": eps_used})
+        self.rows["attacks"].append(
+            {"seed": seed, "model": arch, **ares.to_dict(), "eps": eps_used, "perturbation_of_seed": first_seed}
+        )
         if attack in TOKEN_ATTACKS:
             self.edits.append(
                 {"seed": seed, "model": arch, "attack": attack, "eps": eps_used}
@@ -314,6 +317,22 @@ class Cell:
             )
         if seed == config.seeds[0] and eps == config.eps[0]:
             self.examples.setdefault(arch, {})[attack] = (clean_infl[0], p_infl[0])
+
+    def perturbed(self, target: Any, attack_config: AttackConfig) -> tuple[Any, int]:
+        """The training rows perturbed against ``target``, and the seed whose attack computed them:
+        an attack that draws nothing from its seed (hotflip, fgsm, mim, pgd without a random start)
+        on the same model and rows is computed once per run and reused by the later seeds."""
+        key = None if attack_config.draws_randomness else attack_key(target, self.X_train, self.y_train, attack_config)
+        earlier = self.state.attack_memo.get(key) if key is not None else None
+        if earlier is not None:
+            result, first_seed = earlier
+            return replace(result, config=attack_config), first_seed
+        t0 = time.perf_counter()
+        result = perturb(target, self.X_train, self.y_train, attack_config, self.config.loss)
+        self.timings["attack"] += time.perf_counter() - t0
+        if key is not None:
+            self.state.attack_memo[key] = (result, self.seed)
+        return result, self.seed
 
     # ------------------------------------------------------------------ models
     def fit(self, spec, X_ctx, X, role: str, order_seed: int | None = None) -> tuple:

@@ -109,3 +109,30 @@ def test_a_changed_model_is_never_served_from_the_memo(digits, saved_relu, monke
         attacks=("fgsm",), seeds=(0,), protocol="static", controls=False, damping=(1e-2,), **SMALL
     )
     assert influence_key(saved_relu, rows, damped, 10, "relu") != key
+
+
+def test_a_seedless_attack_is_computed_once_and_the_copy_equals_a_fresh_one(digits, saved_relu, monkeypatch):
+    """fgsm draws nothing from its seed: against the same saved model and rows it is computed for
+    the first seed only, the later seed's attack row says whose perturbation it holds, and its
+    numbers equal a run of that seed alone (which computes the attack afresh). sign (seeded noise)
+    is computed for every seed."""
+    import attnaudit.analyses.malleability.cells as cells
+
+    attacked: list = []
+    real = cells.perturb
+
+    def counted(model, X, y, config, *args, **kwargs):
+        attacked.append((config.method, config.seed))
+        return real(model, X, y, config, *args, **kwargs)
+
+    monkeypatch.setattr(cells, "perturb", counted)
+    res = _static(digits, saved_relu, (0, 1), monkeypatch, [])
+    assert sorted(attacked) == [("fgsm", 0), ("sign", 0), ("sign", 1)]
+    rows = {(r["method"], r["seed"]): r for r in res.attacks}
+    assert rows[("fgsm", 1)]["perturbation_of_seed"] == 0 and rows[("fgsm", 0)]["perturbation_of_seed"] == 0
+    assert rows[("sign", 1)]["perturbation_of_seed"] == 1
+    alone = _static(digits, saved_relu, (1,), monkeypatch, [])
+    fresh = next(r for r in alone.attacks if r["method"] == "fgsm")
+    for key in ("model_loss_after", "perturbation_linf_mean", "perturbation_l2_max"):
+        assert rows[("fgsm", 1)][key] == fresh[key], key
+    assert fresh["seed"] == rows[("fgsm", 1)]["seed"] == 1
