@@ -24,6 +24,7 @@ from attnaudit.core.spectral import ConditionReport, WidthEstimate, condition_re
 from attnaudit.core.task import Inputs, Task, as_task
 from attnaudit.errors import AuditError
 from attnaudit.models.checkpoints import LoadedModel
+from attnaudit.models.vit import n_parameters
 
 
 @dataclass
@@ -142,7 +143,7 @@ def entk_result(
     Gram of the first :data:`CHECK_ROWS` rows is recomputed in float64 and its spectrum compared."""
     te = time.perf_counter()
     task = layer_task(task, X)
-    n_params = sum(p.numel() for p in task.module.parameters())
+    n_params = n_parameters(task.module)
     policy = resolve_precision(precision, n_params, device or "cpu", ENTK_HEAVY)
     K, P, c, chunk = entk_gram(task, X, memory_bytes, device, policy.dtype)
     check = spectrum_precision_check(task, X, memory_bytes, device, policy.dtype) if policy.lowered else None

@@ -53,6 +53,7 @@ from attnaudit.errors import AuditError, check_seed
 from attnaudit.models.checkpoints import LoadedModel, fit_to_data, recorded_split
 from attnaudit.report.envelope import build_report
 from attnaudit.runtime.device import resolve_device
+from attnaudit.models.vit import n_parameters
 
 # Training and analysis sizes per preset; explicit options override every entry.
 PRESETS: dict[str, dict] = {
@@ -378,7 +379,7 @@ class LandscapeRequest(
             loss = recorded.pop() if len(recorded) == 1 else "mse"
         device = resolve_device(r.device)
         # the largest saved model decides auto (None: the built-in models)
-        n_params = max((sum(p.numel() for p in lm.module.parameters()) for lm in saved.values()), default=None)
+        n_params = max((n_parameters(lm.module) for lm in saved.values()), default=None)
         precision = resolve_precision(r.precision, n_params, device, LANDSCAPE_HEAVY)
         config = r.landscape_config(loss, precision.used)
         train, recipe = r.training(config.loss or "mse")

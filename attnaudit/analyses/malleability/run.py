@@ -62,6 +62,7 @@ from attnaudit.report.envelope import build_report, check_target
 from attnaudit.runtime.atomic import write_text_atomic
 from attnaudit.runtime.device import resolve_device
 from attnaudit.runtime.sweep import ExecutorConfig
+from attnaudit.models.vit import n_parameters
 
 DEFAULT_MODELS = ("relu", "attn")
 #: settings of :class:`MalleabilityConfig` no option sets (the report's inputs leave them out; its config has them)
@@ -497,7 +498,7 @@ class MalleabilityRequest(
         match_loss = values["match_loss"]
         models = (tuple(loaded) or ("model",)) if saved else (self.models or DEFAULT_MODELS)
         # the largest saved model decides auto (None: built-in models, or saved ones not loaded yet)
-        n_params = max((sum(p.numel() for p in lm.module.parameters()) for lm in loaded.values()), default=None)
+        n_params = max((n_parameters(lm.module) for lm in loaded.values()), default=None)
         precision = resolve_precision(self.precision, n_params, resolve_device(self.device))
         return MalleabilityConfig(
             precision=precision.used,

@@ -34,7 +34,7 @@ from attnaudit.errors import AuditError
 from attnaudit.models.builtin import ModelSpec, TwoLayerNet
 from attnaudit.models.checkpoints import rebuild_of, recorded_split
 from attnaudit.models.loaded import LoadedModel
-from attnaudit.models.vit import ViT, ViTSpec
+from attnaudit.models.vit import ViT, ViTSpec, n_parameters
 
 F64 = torch.float64
 #: what ``precision`` sets in a checkpoint's kernel audit
@@ -159,7 +159,7 @@ def analyse_checkpoint(
             if blocker:
                 raise FieldError("linearized", "{name} kernel-gd: " + literal(blocker) + "; use {name} train")
     trained = task_of(task_trained, X_kernel)
-    n_params = sum(p.numel() for p in trained.module.parameters())
+    n_params = n_parameters(trained.module)
     precision = resolve_precision(config.precision, n_params, device or "cpu", NTK_HEAVY)
     mv = kernel_movement(
         task_init,
