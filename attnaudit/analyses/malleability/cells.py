@@ -23,12 +23,12 @@ from attnaudit.analyses.malleability.cell_tools import (
     attack_key,
     diagnostics_row,
     embedding_attacked,
-    float64_copy,
     influence_key,
     logits_of,
     pair_key,
     split_info,
     token_edits,
+    working_copy,
 )
 from attnaudit.analyses.malleability.config import REINIT_SEED_OFFSET, MalleabilityConfig
 from attnaudit.analyses.malleability.precision_check import influence_precision_check
@@ -90,6 +90,9 @@ class CellState:
     influence_memo: dict = field(default_factory=dict)
     # seedless attacks' results by the sha256 of the model, rows and settings (attack_key)
     attack_memo: dict = field(default_factory=dict)
+    # a saved model's working copy and its evaluation on the training rows, by model name: the
+    # same for every seed
+    saved_memo: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.X_train = self.X_train.to(torch.float64)
@@ -263,10 +266,8 @@ class Cell:
         (retrained, fine-tuned or the clean one) and compare its influence with the clean run."""
         config, seed, arch = self.config, self.seed, self.arch
         clean_model, clean_tr, clean_row = clean_run
-        ares, first_seed = self.perturbed(target, self.plan.attacks[(attack, eps, seed)])
+        ares, first_seed, clean_on_pert = self.perturbed(target, self.plan.attacks[(attack, eps, seed)])
         eps_used = 0.0 if attack == "none" else eps
-        with torch.no_grad():
-            clean_on_pert = accuracy(logits_of(target, ares.X_adv), self.y_train)
         self.rows["attacks"].append(
             {"seed": seed, "model": arch, **ares.to_dict(), "eps": eps_used, "perturbation_of_seed": first_seed}
         )
@@ -318,21 +319,23 @@ class Cell:
         if seed == config.seeds[0] and eps == config.eps[0]:
             self.examples.setdefault(arch, {})[attack] = (clean_infl[0], p_infl[0])
 
-    def perturbed(self, target: Any, attack_config: AttackConfig) -> tuple[Any, int]:
-        """The training rows perturbed against ``target``, and the seed whose attack computed them:
-        an attack that draws nothing from its seed (hotflip, fgsm, mim, pgd without a random start)
-        on the same model and rows is computed once per run and reused by the later seeds."""
+    def perturbed(self, target: Any, attack_config: AttackConfig) -> tuple[Any, int, float]:
+        """The training rows perturbed against ``target``, the seed whose attack computed them and
+        ``target``'s accuracy on them: an attack that draws nothing from its seed (hotflip, fgsm,
+        mim, pgd without a random start) on the same model and rows is computed once per run
+        and reused by the later seeds."""
         key = None if attack_config.draws_randomness else attack_key(target, self.X_train, self.y_train, attack_config)
         earlier = self.state.attack_memo.get(key) if key is not None else None
         if earlier is not None:
-            result, first_seed = earlier
-            return replace(result, config=attack_config), first_seed
+            result, first_seed, on_perturbed = earlier
+            return replace(result, config=attack_config), first_seed, on_perturbed
         t0 = time.perf_counter()
         result = perturb(target, self.X_train, self.y_train, attack_config, self.config.loss)
         self.timings["attack"] += time.perf_counter() - t0
+        on_perturbed = accuracy(logits_of(target, result.X_adv), self.y_train)
         if key is not None:
-            self.state.attack_memo[key] = (result, self.seed)
-        return result, self.seed
+            self.state.attack_memo[key] = (result, self.seed, on_perturbed)
+        return result, self.seed, on_perturbed
 
     # ------------------------------------------------------------------ models
     def fit(self, spec, X_ctx, X, role: str, order_seed: int | None = None) -> tuple:
@@ -364,25 +367,39 @@ class Cell:
         return model, tr, row
 
     def given(self, role: str) -> tuple:
-        """A saved model as it is (the 'clean' model of ``static``): no training, its loss and accuracy recorded."""
+        """A saved model as it is (the 'clean' model of ``static``): no training, its loss and
+        accuracy recorded. Its working copy (the user's model stays as it is) and evaluation are
+        made once per run and shared by the seeds."""
         assert self.fixed is not None  # called for saved models only
-        model = float64_copy(self.fixed[self.arch], self.X_train.device)  # the user's model stays as it is
+        saved = self.fixed[self.arch]
+        memo = self.state.saved_memo.get(self.arch)
+        if memo is None or memo[0] is not saved or memo[1] is not self.X_train:
+            model = working_copy(saved, self.X_train.device, self.config.model_dtype)
+            memo = (saved, self.X_train, model, self.evaluated(model, self.X_train, self.config.loss))
+            self.state.saved_memo[self.arch] = memo
         head = {"seed": self.seed, "model": self.arch, "role": role, "source": "saved model"}
-        return self.recorded(model, self.X_train, self.config.loss, head, {"steps_run": 0})
+        return self.recorded(memo[2], head, memo[3], {"steps_run": 0})
 
-    def recorded(self, model, X, loss: str, head: dict, after_loss: dict) -> tuple:
+    def evaluated(self, model, X, loss: str) -> dict:
+        """``model``'s loss on (X, y_train), its training and test accuracies."""
+        out = logits_of(model, X)
+        return {
+            "final_loss": loss_value(out, self.y_train, loss).item(),
+            "train_accuracy": accuracy(out, self.y_train),
+            "test_accuracy": accuracy(logits_of(model, self.X_test), self.y_test),
+        }
+
+    def recorded(self, model, head: dict, evaluated: dict, after_loss: dict) -> tuple:
         """(model, TrainResult, row) of a saved model as it is or trained here from a recipe:
-        its row of ``training`` (``head``, its loss on (X, y_train), ``after_loss``, accuracies)."""
-        with torch.no_grad():
-            out = logits_of(model, X)
-            row: dict[str, Any] = {
-                **head,
-                "final_loss": loss_value(out, self.y_train, loss).item(),
-                **after_loss,
-                "reached_match_loss": None,
-                "train_accuracy": accuracy(out, self.y_train),
-                "test_accuracy": accuracy(logits_of(model, self.X_test), self.y_test),
-            }
+        its row of ``training`` (``head``, its loss and accuracies, ``after_loss``)."""
+        row: dict[str, Any] = {
+            **head,
+            "final_loss": evaluated["final_loss"],
+            **after_loss,
+            "reached_match_loss": None,
+            "train_accuracy": evaluated["train_accuracy"],
+            "test_accuracy": evaluated["test_accuracy"],
+        }
         self.rows["training"].append(row)
         final = row["final_loss"]
         tr = TrainResult(
@@ -394,7 +411,7 @@ class Cell:
         """A copy of the saved model ``base`` fine-tuned on (X, y_train) with the finetune recipe."""
         config = self.config
         t0 = time.perf_counter()
-        model = float64_copy(base, X.device, always=True)
+        model = working_copy(base, X.device, config.model_dtype, always=True)
         module = model.module if isinstance(model, Task) else model
         inputs = model.inputs if isinstance(model, Task) else None
         res = fit_recipe(module, X, self.y_train, config.finetune_recipe(order_seed), inputs=inputs)
@@ -406,7 +423,8 @@ class Cell:
                 f"{config.finetune_lr:g}; lower it",
             )
         head = {"seed": self.seed, "model": self.arch, "role": role, "source": "fine-tuned saved model"}
-        return self.recorded(model, X, config.loss, head, {"steps_run": res.steps_run, "data_order_seed": order_seed})
+        after_loss = {"steps_run": res.steps_run, "data_order_seed": order_seed}
+        return self.recorded(model, head, self.evaluated(model, X, config.loss), after_loss)
 
     def refit(self, init_seed: int, order_seed: int, X_ctx, X, role: str) -> tuple:
         """A checkpoint's architecture rebuilt from ``init_seed`` and trained on (X, y_train)
@@ -424,7 +442,7 @@ class Cell:
         head = {"seed": self.seed, "model": self.arch, "role": role, "source": "recorded recipe re-run"}
         loss = rb.recipe.loss  # the loss the recorded recipe trains with (the audit's loss may differ)
         after_loss = {"loss": loss, "steps_run": res.steps_run, "init_seed": init_seed, "data_order_seed": order_seed}
-        return self.recorded(model, X, loss, head, after_loss)
+        return self.recorded(model, head, self.evaluated(model, X, loss), after_loss)
 
     # ------------------------------------------------------------------ influence
     def influences(self, model, X, tr: TrainResult, role: str) -> tuple:

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 from functools import cached_property
 from typing import Any
 
+import torch
+
 from attnaudit.analyses.influence.influence import ESTIMATORS, InfluenceConfig, parse_damping
 from attnaudit.core.precision import Precision
 from attnaudit.analyses.malleability.attacks import (
@@ -42,9 +44,12 @@ REINIT_SEED_OFFSET = 1_000_003  # the reinit control's initialisation seed is se
 AUTO_MATCH = "auto"
 
 
-#: what ``precision`` sets in a malleability run (the models' training, the attacks and the
-#: accuracies stay in float64)
-MALLEABILITY_HEAVY = ("influence: per-sample gradients, projections, factor fits, Hessian-vector products",)
+#: what ``precision`` sets in a malleability run (the built-in models train in float64 at any
+#: precision; accuracies, losses and statistics are reduced in float64)
+MALLEABILITY_HEAVY = (
+    "influence: per-sample gradients, projections, factor fits, Hessian-vector products",
+    "a saved model's working copy: its attacks, fine-tuning and evaluation (float32 under bfloat16)",
+)
 
 
 def parse_per_model(text: Any, option: str) -> float | dict | None:
@@ -419,6 +424,13 @@ class MalleabilityConfig:
             ray_address=self.ray_address,
             store_workers=self.store_workers,
         )
+
+    @property
+    def model_dtype(self) -> torch.dtype:
+        """The dtype of a saved model's working copy (its attacks, fine-tuning and evaluation):
+        float64 at float64, float32 below. Not bfloat16: an attack's steps and a fine-tuning's
+        updates below bfloat16's 8-bit mantissa would vanish, changing what is measured."""
+        return torch.float64 if self.precision == "float64" else torch.float32
 
     @property
     def precision_policy(self) -> Precision:

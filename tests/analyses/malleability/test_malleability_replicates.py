@@ -136,3 +136,49 @@ def test_a_seedless_attack_is_computed_once_and_the_copy_equals_a_fresh_one(digi
     for key in ("model_loss_after", "perturbation_linf_mean", "perturbation_l2_max"):
         assert rows[("fgsm", 1)][key] == fresh[key], key
     assert fresh["seed"] == rows[("fgsm", 1)]["seed"] == 1
+
+
+def test_below_float64_a_saved_model_is_attacked_as_a_float32_copy_made_and_evaluated_once(
+    digits, saved_relu, monkeypatch
+):
+    """precision float32: the attacks see a float32 copy of the saved (float64) model, made and
+    evaluated once for both seeds; the user's model is left as it was; the recorded accuracies
+    are the float32 copy's, counted here by hand."""
+    import attnaudit.analyses.malleability.cells as cells
+
+    X, y, Xt, yt = digits
+    before = {k: v.clone() for k, v in saved_relu.state_dict().items()}
+    dtypes, evaluations = [], []
+    real_perturb, real_evaluated = cells.perturb, Cell.evaluated
+
+    def seen(model, *args, **kwargs):
+        dtypes.append(next(model.parameters()).dtype)
+        return real_perturb(model, *args, **kwargs)
+
+    def counted(self, *args, **kwargs):
+        evaluations.append(self.seed)
+        return real_evaluated(self, *args, **kwargs)
+
+    monkeypatch.setattr(cells, "perturb", seen)
+    monkeypatch.setattr(Cell, "evaluated", counted)
+    cfg = MalleabilityConfig(
+        attacks=("fgsm", "sign"),
+        eps=(0.1,),
+        seeds=(0, 1),
+        protocol="static",
+        controls=False,
+        precision="float32",
+        **SMALL,
+    )
+    res = run_malleability(X, y, Xt, yt, 10, cfg, value_range=(0.0, 1.0), fixed_models={"relu": saved_relu})
+    assert dtypes and set(dtypes) == {torch.float32}
+    assert evaluations == [0]  # seed 1 reuses seed 0's copy and its evaluation
+    after = saved_relu.state_dict()
+    assert all(after[k].dtype == torch.float64 and torch.equal(after[k], v) for k, v in before.items())
+    copy32 = build_model(ModelSpec("relu", 64, 8, 10, seed=3)).float()
+    copy32.load_state_dict({k: v.float() for k, v in before.items()})
+    with torch.no_grad():
+        by_hand = [(copy32(A.float()).argmax(1) == b).double().mean().item() for A, b in ((X, y), (Xt, yt))]
+    for row in res.training:
+        assert (row["train_accuracy"], row["test_accuracy"]) == pytest.approx(by_hand, abs=1e-12)
+    assert "working copy" in " ".join(cfg.precision_policy.heavy)
