@@ -395,9 +395,10 @@ def main() -> int:
             "stages_s": stages,
             "failed": failed,
         }
-        if params and "malleability" in stages and "malleability" not in failed:
-            n = sizes[name].get("n", sizes[name].get("n_train"))
-            n_test = sizes[name].get("n_test", max(4, n // 4))
+        n = sizes[name].get("n", sizes[name].get("n_train"))
+        n_test = sizes[name].get("n_test", max(4, n // 4))
+        # the floor's dense (n_train x P) operand must fit in memory (2,000 x 67 M floats do not)
+        if params and "malleability" in stages and "malleability" not in failed and n * params * 4 < 2**32:
             floor = gemm_floor_seconds(params, n, n_test, args.device)
             print(f"RATIO influence_over_gemm_floor_{name.replace('-', '_')}={stages['malleability'] / floor:.1f}")
         (work / "scale.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")

@@ -147,8 +147,9 @@ class Engine:
         return torch.cat([tensors[k].reshape(-1) for k in self.names])
 
     def targets(self, y: torch.Tensor) -> torch.Tensor:
-        """One-hot targets (n, c) in the engine's dtype and device."""
-        return torch.nn.functional.one_hot(y.long().to(self.device), self.n_classes).to(self.dtype)
+        """The loss's targets for labels y (one-hot (n, c) for a classifier) in the engine's dtype
+        and device."""
+        return self.loss.targets(y.to(self.device), self.n_classes, self.dtype)
 
     def rows(self, X: torch.Tensor) -> torch.Tensor:
         """Flat rows on the engine's device, in its dtype (token ids are small integers: exact)."""
@@ -236,7 +237,7 @@ class Engine:
             out = functional_call(self.module, state, (), {self.inputs.keyword: batch})
         else:
             out = functional_call(self.module, state, (batch,))
-        return to_logits(out)
+        return to_logits(out, self.loss.logits_ndim)
 
     def _module_is_theta(self) -> bool:
         """Whether calling the module itself computes apply(self.theta, .): every frozen
@@ -254,7 +255,7 @@ class Engine:
         """Logits of the module called as it is (no functional call; see :meth:`_module_is_theta`)."""
         batch = self.inputs(rows)
         out = self.module(**{self.inputs.keyword: batch}) if self.inputs.keyword else self.module(batch)
-        return to_logits(out)
+        return to_logits(out, self.loss.logits_ndim)
 
     def logits(self, rows: torch.Tensor, theta: torch.Tensor | None = None, chunk: int = 1024) -> torch.Tensor:
         """Logits of many rows, without gradients."""
@@ -361,7 +362,7 @@ class Engine:
                 out = functional_call(self.module, state, (), {self.inputs.keyword: batch})
             else:
                 out = functional_call(self.module, state, (batch,))
-            return to_logits(out).squeeze(0)
+            return to_logits(out, self.loss.logits_ndim).squeeze(0)
 
         params = tuple(torch.split(th, self.numels))
         params = tuple(p.view(s) for p, s in zip(params, self.shapes))

@@ -31,9 +31,16 @@ class Loss:
     """A per-sample loss l(logits (..., c), one-hot targets (..., c)) -> (...); the training loss is its mean."""
 
     name: str = "loss"
+    #: dimensions of a batch of the logits it takes: (batch, classes)
+    logits_ndim: int = 2
 
     def per_sample(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def targets(self, y: torch.Tensor, n_classes: int, dtype: torch.dtype) -> torch.Tensor:
+        """The targets this loss compares the logits with, from a data set's labels ``y``: one-hot
+        (n, c) of integer labels for the classification losses."""
+        return torch.nn.functional.one_hot(y.long(), n_classes).to(dtype)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -57,6 +64,37 @@ class CrossEntropyLoss(Loss):
         return torch.logsumexp(logits, -1) - (logits * targets).sum(-1)
 
 
+class NextTokenLoss(Loss):
+    """A causal language model's loss per document: the mean next-token cross-entropy over the
+    document's counted target tokens, sum_t w_t CE(f_t, next_t) / max(1, sum_t w_t), for logits
+    (..., L, V) and targets (..., 2L) = [next ids | weights] (:mod:`attnaudit.core.lm_rows`)."""
+
+    name = "next-token"
+    logits_ndim = 3  # (batch, positions, vocabulary)
+
+    def per_sample(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        L = logits.shape[-2]
+        if targets.shape[-1] != 2 * L:
+            raise AuditError(
+                f"next-token targets must have 2L = {2 * L} columns for logits of {L} positions, got "
+                f"{targets.shape[-1]}; build them with attnaudit.core.lm_rows.targets_for"
+            )
+        next_ids, weights = targets[..., :L].round().long(), targets[..., L:].to(logits.dtype)
+        log_p = torch.log_softmax(logits, dim=-1)
+        nll = -log_p.gather(-1, next_ids.unsqueeze(-1)).squeeze(-1)
+        return (weights * nll).sum(-1) / weights.sum(-1).clamp(min=1.0)
+
+    def targets(self, y: torch.Tensor, n_classes: int, dtype: torch.dtype) -> torch.Tensor:
+        """A document set's targets are given whole (n, 2L): only cast."""
+        if y.ndim != 2 or y.shape[1] % 2:
+            raise AuditError(
+                f"a language model's targets are (n, 2L) = [next ids | weights], got shape {tuple(y.shape)}; "
+                "build them with attnaudit.core.lm_rows.targets_for"
+            )
+        return y.to(dtype)
+
+
+#: the classification losses a user names (a language model's loss comes with its checkpoint)
 LOSSES: dict[str, type[Loss]] = {"mse": MSELoss, "ce": CrossEntropyLoss}
 
 
@@ -123,9 +161,10 @@ class Inputs:
         return module(**{self.keyword: batch}) if self.keyword else module(batch)
 
 
-def to_logits(output: Any) -> torch.Tensor:
+def to_logits(output: Any, ndim: int = 2) -> torch.Tensor:
     """The logits in a module's output: a tensor, the first item of a tuple/list, ``["logits"]``
-    of a dict, or ``.logits`` of an output object (Hugging Face); (B,) becomes (B, 1)."""
+    of a dict, or ``.logits`` of an output object (Hugging Face); (B,) becomes (B, 1). ``ndim``:
+    2 for a classifier's (batch, classes), 3 for a language model's (batch, positions, vocabulary)."""
     if isinstance(output, torch.Tensor):
         logits = output
     elif hasattr(output, "logits") and isinstance(output.logits, torch.Tensor):
@@ -141,6 +180,8 @@ def to_logits(output: Any) -> torch.Tensor:
         )
     if logits.ndim == 1:
         logits = logits.unsqueeze(-1)
+    if ndim == 3 and logits.ndim == 3:
+        return logits
     if logits.ndim != 2:
         raise AuditError(
             f"the model's logits have shape {tuple(logits.shape)}; a classifier audit needs (batch, classes) — "
@@ -318,13 +359,13 @@ class Task:
         return select_parameter_names(self.module, self.params, probe, self.inputs)
 
     def targets(self, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """One-hot targets (n, c) for integer labels y."""
-        return torch.nn.functional.one_hot(y.long(), self.n_classes).to(dtype)
+        """The loss's targets for labels y: one-hot (n, c) of integer labels for a classifier."""
+        return as_loss(self.loss).targets(y, self.n_classes, dtype)
 
     def logits(self, rows: torch.Tensor) -> torch.Tensor:
         """The module's logits for flat rows, in eval mode, with the module's own parameters."""
         with eval_mode(self.module):
-            return to_logits(self.inputs.call(self.module, self.inputs(rows)))
+            return to_logits(self.inputs.call(self.module, self.inputs(rows)), as_loss(self.loss).logits_ndim)
 
 
 def as_task(
