@@ -19,6 +19,7 @@ from attnaudit.analyses.request import DATA, MODEL, FieldError, Preset, internal
 from attnaudit.data import DataSpec, parse_classes
 from attnaudit.data import load_dataset
 from attnaudit.models.checkpoints import load_model_source, unique_labels
+from attnaudit.models.hf import is_causal_lm_folder
 
 
 def _classes(value: Any, name: str) -> str | None:
@@ -84,6 +85,16 @@ class DataFields:
         help="Text data: tokens per sample (longer texts truncated, shorter padded); default: the smaller of 128 "
         "and the model's position limit (max_position_embeddings).",
     )
+    prompt_field: str | None = option(
+        None,
+        "--prompt-field",
+        panel=DATA,
+        help="Documents of a language model (.jsonl): the prompt field; with --completion-field only completion "
+        "tokens count in the loss.",
+    )
+    completion_field: str | None = option(
+        None, "--completion-field", panel=DATA, help="Documents of a language model (.jsonl): the completion field."
+    )
     loaded_data: Any = internal()
 
     def data_spec(
@@ -114,12 +125,28 @@ class DataFields:
             label_field=self.label_field,
             tokenizer=self.tokenizer or self.checkpoint_tokenizer(),
             max_length=self.max_length,
+            documents=self.reads_documents(),
+            prompt_field=self.prompt_field,
+            completion_field=self.completion_field,
         )
+
+    def reads_documents(self) -> bool:
+        """Whether ``data`` are documents of a causal language model: the audited checkpoint (the
+        first ``checkpoint`` folder, or the first loaded model) is one."""
+        models = getattr(self, "loaded_models", None) or {}
+        if models:
+            first = next(iter(models.values()))
+            return getattr(first, "source", {}).get("task") == "causal-lm"
+        return any(is_causal_lm_folder(c) for c in self.checkpoint_folders()[:1])
+
+    def checkpoint_folders(self) -> list[str]:
+        """The ``checkpoint`` entries that are folders (Hugging Face models), in order."""
+        checkpoints = getattr(self, "checkpoint", None) or ()
+        return [c for c in checkpoints if isinstance(c, str) and Path(c).expanduser().is_dir()]
 
     def checkpoint_tokenizer(self) -> str | None:
         """The tokenizer of text data when none is named: the first --checkpoint folder's own."""
-        checkpoints = getattr(self, "checkpoint", None) or ()
-        folders = [c for c in checkpoints if isinstance(c, str) and Path(c).expanduser().is_dir()]
+        folders = self.checkpoint_folders()
         return folders[0] if folders else None
 
     def source_defaults(self) -> tuple[str | None, str | None]:

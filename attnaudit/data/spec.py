@@ -100,6 +100,11 @@ class DataSpec:
     label_field: str = "label"
     tokenizer: str | None = None
     max_length: int | None = None  # None: min(128, the model's position limit) (attnaudit.data.text)
+    # documents of a causal language model (attnaudit.data.documents): rows [ids | attention],
+    # next-token targets; max_length None then means min(512, the model's position limit)
+    documents: bool = False
+    prompt_field: str | None = None  # with completion_field: only completion tokens count
+    completion_field: str | None = None
 
     def __post_init__(self) -> None:
         # Normalise spelling variants ("Fashion_MNIST") so the CLI can pass text through.
@@ -164,7 +169,8 @@ class DataSpec:
 
 @dataclass
 class Dataset:
-    """Loaded data: X (n, d) float64 rows = flattened samples, y (n,) int64 or None."""
+    """Loaded data: X (n, d) float64 rows = flattened samples; y (n,) int64 class ids, or a causal
+    language model's (n, 2L) float64 next-token targets (attnaudit.core.lm_rows), or None."""
 
     X: torch.Tensor
     y: torch.Tensor | None

@@ -90,7 +90,8 @@ def is_text_file(path: Path, text_field: str = "text") -> bool:
 # --------------------------------------------------------------------------- records
 
 
-def _read_bytes(path: Path) -> bytes:
+def read_file_bytes(path: Path) -> bytes:
+    """The bytes of a user's file, refused when missing or over MAX_FILE_BYTES."""
     if not path.is_file():
         raise FieldError("data", literal(path) + ": no such file; check the {name} path")
     size = path.stat().st_size
@@ -99,7 +100,8 @@ def _read_bytes(path: Path) -> bytes:
     return path.read_bytes()
 
 
-def _decode(raw: bytes, path: Path) -> str:
+def decode_utf8(raw: bytes, path: Path) -> str:
+    """``raw`` as UTF-8 text (a leading byte-order mark dropped); else one error naming the line."""
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -107,7 +109,8 @@ def _decode(raw: bytes, path: Path) -> str:
         raise AuditError(f"{path}: line {line} is not valid UTF-8 (byte {exc.start}); save the file as UTF-8") from None
 
 
-def _check_line_lengths(text: str, path: Path) -> None:
+def check_line_lengths(text: str, path: Path) -> None:
+    """Refuse a line over MAX_LINE_BYTES (a broken file, not a text)."""
     for i, line in enumerate(text.split("\n"), start=1):
         if len(line.encode("utf-8")) > MAX_LINE_BYTES:
             raise AuditError(f"{path}: line {i} is longer than 1 MiB; one record per line, texts under 1 MiB")
@@ -116,8 +119,8 @@ def _check_line_lengths(text: str, path: Path) -> None:
 def read_records(path: str | Path, text_field: str = "text", label_field: str = "label") -> tuple[list[str], list[Any]]:
     """(texts, labels) of a .jsonl (one JSON object per line) or .csv (a header row) file."""
     path = Path(path)
-    text = _decode(_read_bytes(path), path)
-    _check_line_lengths(text, path)
+    text = decode_utf8(read_file_bytes(path), path)
+    check_line_lengths(text, path)
     texts: list[str] = []
     labels: list[Any] = []
     if path.suffix.lower() == ".jsonl":
@@ -329,7 +332,7 @@ def read_text_source(path: str | Path, options: TextOptions) -> Source:
     )
 
 
-def _beside(tokenizer_path: str, name: str) -> dict | None:
+def beside_tokenizer(tokenizer_path: str, name: str) -> dict | None:
     """The JSON object ``name`` (config.json, tokenizer_config.json) in the tokenizer's folder, or None.
 
     A broken config.json is the model loader's to refuse (attnaudit.models.hf); here it only
@@ -354,33 +357,33 @@ def position_limit(tokenizer_path: str) -> tuple[int, str] | None:
         ("config.json", "max_position_embeddings", "the model's max_position_embeddings"),
         ("tokenizer_config.json", "model_max_length", "the tokenizer's model_max_length"),
     ):
-        value = (_beside(tokenizer_path, file) or {}).get(key)
+        value = (beside_tokenizer(tokenizer_path, file) or {}).get(key)
         if isinstance(value, int) and not isinstance(value, bool) and 2 <= value <= MAX_LENGTH_LIMIT:
             return value, what
     return None
 
 
-def text_length(max_length: int | None, tokenizer_path: str) -> tuple[int, str]:
+def text_length(max_length: int | None, tokenizer_path: str, default: int = DEFAULT_MAX_LENGTH) -> tuple[int, str]:
     """(tokens per sample, where that comes from): ``max_length`` as given (a :class:`FieldError` on
     ``max_length`` when it is more than the model's :func:`position_limit`), else the smaller of
-    :data:`DEFAULT_MAX_LENGTH` and that limit."""
+    ``default`` (:data:`DEFAULT_MAX_LENGTH` unless given) and that limit."""
     limit = position_limit(tokenizer_path)
     if max_length is not None:
         if limit is not None and max_length > limit[0]:
             raise FieldError(
                 "max_length",
                 "{name} " + f"{max_length} is more than the model takes: {limit[1]} is {limit[0]}; give at most "
-                f"{limit[0]}, or leave it unset to use min({DEFAULT_MAX_LENGTH}, {limit[0]})",
+                f"{limit[0]}, or leave it unset to use min({default}, {limit[0]})",
             )
         return max_length, "given"
-    if limit is not None and limit[0] < DEFAULT_MAX_LENGTH:
-        return limit[0], f"{limit[1]} ({limit[0]}, below the default {DEFAULT_MAX_LENGTH})"
-    return DEFAULT_MAX_LENGTH, "default"
+    if limit is not None and limit[0] < default:
+        return limit[0], f"{limit[1]} ({limit[0]}, below the default {default})"
+    return default, "default"
 
 
 def _label2id(tokenizer_path: str) -> dict[str, int] | None:
     """The checkpoint's label2id (config.json beside the tokenizer), when it names real classes."""
-    data = _beside(tokenizer_path, "config.json")
+    data = beside_tokenizer(tokenizer_path, "config.json")
     mapping = data.get("label2id") if data is not None else None
     if not isinstance(mapping, dict) or not mapping:
         return None

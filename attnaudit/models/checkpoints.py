@@ -33,7 +33,8 @@ from attnaudit.errors import AuditError, FieldError, clip_text, field_check, lit
 from attnaudit.models.loaded import LoadedModel
 from attnaudit.models.weights import PICKLE_SUFFIXES, pickle_refusal
 from attnaudit.models.builtin import load_model
-from attnaudit.models.hf import load_hf_directory
+from attnaudit.models.hf import is_causal_lm_folder, load_hf_directory
+from attnaudit.models.hf_causal import load_hf_causal_lm
 from attnaudit.models.weights import load_into, read_weights
 from attnaudit.core.task import eval_mode, probe_rows, to_logits
 from attnaudit.data import image_shape
@@ -67,7 +68,8 @@ def load_checkpoint(path: str | Path, *, trust_pickle: bool = False, field: str 
     """A model from a checkpoint path: an attnaudit checkpoint or a Hugging Face folder. A path
     that is none is refused with a :class:`FieldError` on ``field`` (the request field that named it).
 
-    * a folder with ``config.json``: a Hugging Face model (:func:`attnaudit.models.hf.load_hf_directory`);
+    * a folder with ``config.json``: a Hugging Face classifier (:func:`attnaudit.models.hf.load_hf_directory`)
+      or causal language model (:func:`attnaudit.models.hf_causal.load_hf_causal_lm`);
     * ``.safetensors`` with its side-car ``PATH.json``: a model written by attnaudit;
     * a pickle-based file (``.pt``, ``.pth``, ``.bin``, ``.ckpt``): refused unless
       ``trust_pickle``; a bare state_dict says nothing of the architecture, so it is
@@ -86,6 +88,8 @@ def load_checkpoint(path: str | Path, *, trust_pickle: bool = False, field: str 
                 "model.safetensors (save_pretrained writes both); for an attnaudit checkpoint give the .safetensors file",
             )
 
+        if is_causal_lm_folder(path):
+            return load_hf_causal_lm(path, trust_pickle=trust_pickle)
         return load_hf_directory(path, trust_pickle=trust_pickle)
     suffix = path.suffix.lower()
     if suffix in PICKLE_SUFFIXES:
@@ -260,6 +264,8 @@ def fit_to_data(loaded: LoadedModel, dataset) -> LoadedModel:
     and that its logits cover every label.
     """
 
+    if loaded.source.get("task") == "causal-lm" or dataset.info.get("task") == "next-token":
+        return _fit_language_model(loaded, dataset)
     shape = tuple(int(s) for s in dataset.feature_shape)
     images = image_shape(shape)
     d = int(dataset.X.shape[1])
@@ -324,6 +330,37 @@ def fit_to_data(loaded: LoadedModel, dataset) -> LoadedModel:
                 + f"go up to {top}; select matching classes ({{name}}) or audit it on the data it was trained on",
             )
     return dataclasses.replace(loaded, n_classes=width, n_features=d)
+
+
+def _fit_language_model(loaded: LoadedModel, dataset) -> LoadedModel:
+    """A causal language model and documents (rows [ids | attention], attnaudit.core.lm_rows):
+    both must be one, the documents' ids inside the model's vocabulary, and one forward must
+    give logits (rows, positions, vocabulary)."""
+    if loaded.source.get("task") != "causal-lm":
+        raise AuditError(
+            f"{dataset.name} holds documents for a causal language model, but model {loaded.label} is not one; "
+            "audit a ...ForCausalLM / ...LMHeadModel checkpoint on documents, or give labelled data"
+        )
+    if dataset.info.get("task") != "next-token":
+        raise AuditError(
+            f"model {loaded.label} is a causal language model, but {dataset.name} is not a set of documents; give "
+            "documents (.jsonl with a text field, .txt, or a folder of .txt files) tokenized by its tokenizer"
+        )
+    L = int(dataset.X.shape[1]) // 2
+    top = int(dataset.X[:, :L].max()) if dataset.n else 0
+    if top >= loaded.n_classes:
+        raise AuditError(
+            f"{dataset.name}'s token ids go up to {top} but model {loaded.label} has a vocabulary of {loaded.n_classes}; "
+            "tokenize the documents with the model's own tokenizer"
+        )
+    with torch.no_grad(), eval_mode(loaded.module):
+        logits = loaded.module(dataset.X[:2].to(torch.float32))
+    if logits.ndim != 3 or int(logits.shape[-1]) != loaded.n_classes:
+        raise AuditError(
+            f"model {loaded.label} returned logits of shape {tuple(logits.shape)}; a causal language model returns "
+            f"(documents, positions, {loaded.n_classes})"
+        )
+    return dataclasses.replace(loaded, n_features=int(dataset.X.shape[1]))
 
 
 def load_model_source(

@@ -77,6 +77,8 @@ from attnaudit.models.weights import load_into, read_weights
 
 INSTALL_HINT = 'loading a Hugging Face checkpoint needs transformers: pip install "attnaudit[hf]"'
 SUPPORTED_SUFFIXES = ("ForImageClassification", "ForSequenceClassification")
+# causal language models: read by the same checks, loaded by attnaudit.models.hf_causal.load_hf_causal_lm
+CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 CONFIG_NAME = "config.json"
 PREPROCESSOR_NAME = "preprocessor_config.json"
 MAX_CONFIG_BYTES = 1 << 20
@@ -94,7 +96,7 @@ _OTHER_FRAMEWORKS = ("tf_model.h5", "flax_model.msgpack", "model.ckpt.index")
 # --------------------------------------------------------------------------- helpers
 
 
-def _read_json_object(path: Path, what: str, limit: int) -> dict[str, Any]:
+def read_json_object(path: Path, what: str, limit: int) -> dict[str, Any]:
     """A JSON object from a small file, or one AuditError line saying what is wrong with it."""
     size = path.stat().st_size
     if size > limit:
@@ -122,7 +124,7 @@ def _read_json_object(path: Path, what: str, limit: int) -> dict[str, Any]:
     return data
 
 
-def _import_transformers():
+def import_transformers():
     try:
         import transformers  # noqa: F401 - optional dependency, imported only here
     except ImportError:
@@ -483,7 +485,17 @@ _SIZE_FIELDS = (
     "image_size",
     "patch_size",
     "num_channels",
+    # causal language models (GPT-2's names; Llama's grouped-query key/value heads and head size)
+    "n_embd",
+    "n_layer",
+    "n_head",
+    "n_positions",
+    "n_inner",
+    "num_key_value_heads",
+    "head_dim",
 )
+# null in a saved config means "derived from the other sizes" (GPT-2's n_inner = 4 n_embd)
+_NULLABLE_SIZES = ("n_inner", "num_key_value_heads", "head_dim")
 
 
 MAX_LAYERS = 1024  # transformers builds layers one by one, even on the meta device: 10**12 would never end
@@ -493,11 +505,11 @@ def _check_sizes(raw: dict[str, Any], where: str) -> None:
     from attnaudit.data.spec import MAX_CLASSES
 
     for key in _SIZE_FIELDS:
-        if key not in raw:
+        if key not in raw or (raw[key] is None and key in _NULLABLE_SIZES):
             continue
         values = raw[key] if isinstance(raw[key], list) and key in ("image_size", "patch_size") else [raw[key]]
         low = 0 if key == "type_vocab_size" else 1  # a BERT-like model may have no token types
-        high = MAX_LAYERS if key in ("num_hidden_layers", "n_layers") else 2**31 - 1
+        high = MAX_LAYERS if key in ("num_hidden_layers", "n_layers", "n_layer") else 2**31 - 1
         if not values or any(isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high for v in values):
             raise AuditError(
                 f"{where}: {key} must be an integer in {low}..{high}, got {_clip(json.dumps(raw[key]), 40)}; fix it"
@@ -517,8 +529,9 @@ def _check_sizes(raw: dict[str, Any], where: str) -> None:
             raise AuditError(f"{where}: {key} names {len(raw[key])} classes, more than {MAX_CLASSES}; fix it")
 
 
-def _check_config(raw: dict[str, Any], path: Path, transformers) -> tuple[Any, type, str]:
-    """The transformers config object, the model class and its kind (image/text) from config.json."""
+def check_config(raw: dict[str, Any], path: Path, transformers) -> tuple[Any, type, str]:
+    """The transformers config object, the model class and its kind (``images``, ``tokens`` or
+    ``causal-lm``) from config.json, refusing custom code, unknown classes and quantized models."""
     where = f"config {path}"
     if raw.get("auto_map"):
         raise AuditError(
@@ -542,10 +555,11 @@ def _check_config(raw: dict[str, Any], path: Path, transformers) -> tuple[Any, t
             "re-save the model with save_pretrained"
         )
     arch = archs[0]
-    if not arch.endswith(SUPPORTED_SUFFIXES):
+    if not arch.endswith(SUPPORTED_SUFFIXES + CAUSAL_SUFFIXES):
         raise AuditError(
             f"{where}: architecture {arch} is not supported; attnaudit audits classifiers: classes ending in "
-            f"{' or '.join(SUPPORTED_SUFFIXES)} (e.g. ViTForImageClassification, BertForSequenceClassification)"
+            f"{' or '.join(SUPPORTED_SUFFIXES)} (e.g. ViTForImageClassification, BertForSequenceClassification), "
+            f"and causal language models: classes ending in {' or '.join(CAUSAL_SUFFIXES)} (e.g. LlamaForCausalLM)"
         )
     if raw.get("quantization_config"):
         raise AuditError(f"{where}: quantized checkpoints are not supported; audit the float model")
@@ -572,8 +586,9 @@ def _check_config(raw: dict[str, Any], path: Path, transformers) -> tuple[Any, t
         ) from None
     if getattr(config, "use_pretrained_backbone", False):
         config.use_pretrained_backbone = False  # never download a backbone: the folder's weights are loaded
-    kind = "images" if arch.endswith("ForImageClassification") else "tokens"
-    return config, cls, kind
+    if arch.endswith(CAUSAL_SUFFIXES):
+        return config, cls, "causal-lm"
+    return config, cls, "images" if arch.endswith("ForImageClassification") else "tokens"
 
 
 # --------------------------------------------------------------------------- weights
@@ -592,7 +607,7 @@ def _safe_member(folder: Path, name: object, index: Path) -> Path:
     return path
 
 
-def _read_folder_weights(folder: Path, trust_pickle: bool) -> tuple[dict[str, torch.Tensor], list[str], str]:
+def read_folder_weights(folder: Path, trust_pickle: bool) -> tuple[dict[str, torch.Tensor], list[str], str]:
     """The folder's tensors (file names as keys), the files read and their format."""
     for name, sharded in WEIGHT_FILES:
         path = folder / name
@@ -601,7 +616,7 @@ def _read_folder_weights(folder: Path, trust_pickle: bool) -> tuple[dict[str, to
         fmt = "safetensors" if "safetensors" in name else "pickle"
         if not sharded:
             return read_weights(path, trust_pickle=trust_pickle, what="weights"), [name], fmt
-        index = _read_json_object(path, "index", MAX_INDEX_BYTES)
+        index = read_json_object(path, "index", MAX_INDEX_BYTES)
         weight_map = index.get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise AuditError(f"index {path} has no weight_map of tensor names to shard files; re-save the model")
@@ -954,17 +969,9 @@ def _text_wrapper(model: nn.Module, config: Any) -> tuple[nn.Module, Inputs, dic
     return module, inputs, extra
 
 
-def load_hf_directory(path: str | Path, *, trust_pickle: bool = False) -> LoadedModel:
-    """A Hugging Face classifier folder (``save_pretrained`` output) as a :class:`LoadedModel`.
-
-    The model is built from ``config.json`` (class ``architectures[0]``, which must end in
-    ``ForImageClassification`` or ``ForSequenceClassification``), its weights checked and
-    loaded from ``model.safetensors`` (or its shards; ``pytorch_model.bin`` only with
-    ``trust_pickle``), kept in float32 on the CPU in eval mode, and wrapped in
-    :class:`HFImageClassifier` or :class:`HFSequenceClassifier`. Offline, no remote code;
-    every problem is an :class:`AuditError`. Image models get ``inputs`` of their native
-    shape: call :func:`adapt_to_data` with the data set's ``feature_shape``.
-    """
+def open_model_folder(path: str | Path) -> tuple[Path, Path, dict[str, Any]]:
+    """(the resolved folder, its config.json, the config read as untrusted JSON) of a
+    ``save_pretrained`` folder; AuditError when the folder or its config is missing or broken."""
     folder = Path(path).expanduser()
     if not folder.exists():
         raise AuditError(f"Hugging Face model folder {folder} not found; check the path")
@@ -973,37 +980,35 @@ def load_hf_directory(path: str | Path, *, trust_pickle: bool = False) -> Loaded
             f"{folder} is a file; give the Hugging Face model folder holding config.json and model.safetensors"
         )
     folder = folder.resolve()
-    transformers = _import_transformers()
     config_path = folder / CONFIG_NAME
     if not config_path.is_file():
         raise AuditError(
             f"{folder} has no {CONFIG_NAME}; give a folder written by save_pretrained (config.json and model.safetensors)"
         )
-    raw = _read_json_object(config_path, "config", MAX_CONFIG_BYTES)
-    config, cls, kind = _check_config(raw, config_path, transformers)
+    return folder, config_path, read_json_object(config_path, "config", MAX_CONFIG_BYTES)
 
-    processor = None
-    processor_path = folder / PREPROCESSOR_NAME
-    if kind == "images" and processor_path.is_file():
-        processor = _read_json_object(processor_path, "image processor config", MAX_CONFIG_BYTES)
 
-    tensors, files, fmt = _read_folder_weights(folder, trust_pickle)
-    where = f"Hugging Face checkpoint {folder}"
-    saved_dtypes = sorted({str(t.dtype).replace("torch.", "") for t in tensors.values() if t.is_floating_point()})
+def is_causal_lm_folder(path: str | Path) -> bool:
+    """Whether ``path`` is a model folder whose config.json names a causal language model
+    (``architectures[0]`` ending in one of :data:`CAUSAL_SUFFIXES`). Reads the config only (no
+    transformers import); a folder that is not a readable model folder is not one."""
+    try:
+        _, _, raw = open_model_folder(path)
+    except AuditError:
+        return False
+    archs = raw.get("architectures")
+    return isinstance(archs, list) and bool(archs) and isinstance(archs[0], str) and archs[0].endswith(CAUSAL_SUFFIXES)
 
-    if kind == "images":
-        num_channels = getattr(config, "num_channels", 3)
-        if not isinstance(num_channels, int) or isinstance(num_channels, bool) or num_channels < 1:
-            raise AuditError(f"config {config_path}: num_channels must be a positive integer, got {num_channels!r}")
-        image_size, size_from = _image_size(config, processor)
-        preprocessing = _normalisation(processor, num_channels, folder)
-    num_labels = getattr(config, "num_labels", None)
-    if not isinstance(num_labels, int) or num_labels < 1:
-        raise AuditError(f"config {config_path}: num_labels must be a positive integer, got {num_labels!r}")
 
-    # Check the weights against a skeleton on the meta device (no memory, no compute: a config
-    # asking for a huge model fails here, on the file's tensors), then build the model for real
-    # from the config alone (random init, the caller's RNG left untouched) and load them.
+def build_with_weights(
+    cls: type, config: Any, tensors: dict[str, torch.Tensor], *, config_path: Path, where: str
+) -> tuple[nn.Module, dict[str, Any]]:
+    """``cls`` built from ``config`` (float32, eval mode) holding the file's ``tensors``, and the
+    report's weight fields (renamed keys, tied twins filled, ignored keys, skipped buffers).
+
+    The weights are checked against a skeleton on the meta device first (no memory, no compute:
+    a config asking for a huge model fails here, on the file's tensors); then the model is built
+    for real from the config alone (random init, the caller's RNG left untouched) and loaded."""
     try:
         skeleton = _build(cls, config, meta=True)
     except Exception:  # noqa: BLE001 - some models cannot be built on the meta device
@@ -1017,7 +1022,76 @@ def load_hf_directory(path: str | Path, *, trust_pickle: bool = False) -> Loaded
     state = model.state_dict()
     native.update({k: state[k] for k in info["skipped_buffers"]})
     load_into(model, native, where=where, fix="check that the weights belong to this config")
-    model.eval()
+    return model.eval(), info
+
+
+def build_fields(
+    model: nn.Module,
+    config: Any,
+    files: list[str],
+    fmt: str,
+    tensors: dict[str, torch.Tensor],
+    raw: dict[str, Any],
+    transformers: Any,
+) -> dict[str, Any]:
+    """The report's fields on how a Hugging Face model was built: its weight files and their
+    format and dtypes, the working dtype, the attention kernel, the parameter count and the
+    transformers versions (now and at save time)."""
+    return {
+        "weights": files,
+        "weights_format": fmt,
+        "saved_dtypes": sorted({str(t.dtype).replace("torch.", "") for t in tensors.values() if t.is_floating_point()}),
+        "dtype": "float32",
+        "attention": f"{getattr(config, '_attn_implementation', None) or 'default'} (math kernel forced under attnaudit)",
+        "parameters": int(sum(p.numel() for p in model.parameters())),
+        "transformers_version": transformers.__version__,
+        "saved_with_transformers": raw.get("transformers_version"),
+        "parameter_prefix": "model.",
+    }
+
+
+def load_hf_directory(path: str | Path, *, trust_pickle: bool = False) -> LoadedModel:
+    """A Hugging Face classifier folder (``save_pretrained`` output) as a :class:`LoadedModel`.
+
+    The model is built from ``config.json`` (class ``architectures[0]``, which must end in
+    ``ForImageClassification`` or ``ForSequenceClassification``), its weights checked and
+    loaded from ``model.safetensors`` (or its shards; ``pytorch_model.bin`` only with
+    ``trust_pickle``), kept in float32 on the CPU in eval mode, and wrapped in
+    :class:`HFImageClassifier` or :class:`HFSequenceClassifier`. Offline, no remote code;
+    every problem is an :class:`AuditError`. Image models get ``inputs`` of their native
+    shape: call :func:`adapt_to_data` with the data set's ``feature_shape``. A causal language
+    model (``...ForCausalLM``, ``...LMHeadModel``) is refused with a pointer to
+    :func:`attnaudit.models.hf_causal.load_hf_causal_lm` (which imports this module, so this
+    one cannot call it without an import cycle).
+    """
+    folder, config_path, raw = open_model_folder(path)
+    transformers = import_transformers()
+    config, cls, kind = check_config(raw, config_path, transformers)
+    if kind == "causal-lm":
+        raise AuditError(
+            f"{folder} holds a causal language model ({cls.__name__}), not a classifier; load it with "
+            "attnaudit.models.hf_causal.load_hf_causal_lm"
+        )
+
+    processor = None
+    processor_path = folder / PREPROCESSOR_NAME
+    if kind == "images" and processor_path.is_file():
+        processor = read_json_object(processor_path, "image processor config", MAX_CONFIG_BYTES)
+
+    tensors, files, fmt = read_folder_weights(folder, trust_pickle)
+    where = f"Hugging Face checkpoint {folder}"
+
+    if kind == "images":
+        num_channels = getattr(config, "num_channels", 3)
+        if not isinstance(num_channels, int) or isinstance(num_channels, bool) or num_channels < 1:
+            raise AuditError(f"config {config_path}: num_channels must be a positive integer, got {num_channels!r}")
+        image_size, size_from = _image_size(config, processor)
+        preprocessing = _normalisation(processor, num_channels, folder)
+    num_labels = getattr(config, "num_labels", None)
+    if not isinstance(num_labels, int) or num_labels < 1:
+        raise AuditError(f"config {config_path}: num_labels must be a positive integer, got {num_labels!r}")
+
+    model, info = build_with_weights(cls, config, tensors, config_path=config_path, where=where)
 
     if kind == "images":
         module, inputs, extra = _image_wrapper(model, num_channels, image_size, size_from, preprocessing, processor)
@@ -1034,15 +1108,7 @@ def load_hf_directory(path: str | Path, *, trust_pickle: bool = False) -> Loaded
         "n_classes": num_labels,
         "labels": labels,
         **extra,
-        "weights": files,
-        "weights_format": fmt,
-        "saved_dtypes": saved_dtypes,
-        "dtype": "float32",
-        "attention": f"{getattr(config, '_attn_implementation', None) or 'default'} (math kernel forced under attnaudit)",
-        "parameters": int(sum(p.numel() for p in model.parameters())),
-        "transformers_version": transformers.__version__,
-        "saved_with_transformers": raw.get("transformers_version"),
-        "parameter_prefix": "model.",
+        **build_fields(model, config, files, fmt, tensors, raw, transformers),
         **info,
     }
     return LoadedModel(

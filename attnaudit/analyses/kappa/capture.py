@@ -21,7 +21,7 @@ from torch import nn
 from attnaudit.analyses.kappa.discovery import AttentionLayer
 from attnaudit.analyses.request import FieldError, literal
 from attnaudit.core.engine import math_attention, ranges
-from attnaudit.core.task import Task, to_logits
+from attnaudit.core.task import Task, as_loss, to_logits
 from attnaudit.models.vit import Attention
 
 _INPUT_KEYWORDS = ("hidden_states", "query", "x", "h", "input", "inputs")
@@ -272,7 +272,7 @@ def capture_layers(
                 before = {k: r.calls for k, r in records.items()}
                 batch = task.inputs(Xd[a:b])
                 keep_now[0] = token_mask(batch) if callable(token_mask) else None
-                to_logits(task.inputs.call(twin, batch))
+                to_logits(task.inputs.call(twin, batch), as_loss(task.loss).logits_ndim)
                 for name, rec in records.items():
                     _check_ran(name, rec.calls - before[name])
     finally:
