@@ -71,7 +71,8 @@ def holdout_split(ds: Dataset, n_train: int, n_test: int, seed: int, stratify: b
             "lower --n-train/--n-test or load more rows"
         )
     rng = np.random.default_rng(seed)
-    labels = ds.y.cpu().numpy() if ds.y is not None else None
+    # class labels only: a language model's next-token targets (n, 2L) have no strata
+    labels = ds.y.cpu().numpy() if ds.y is not None and ds.y.ndim == 1 else None
     use_strata = stratify and labels is not None
     pool = np.arange(ds.n)
     train_idx = _choose(pool, labels, n_train, rng, use_strata)
@@ -110,7 +111,8 @@ def subset(ds: Dataset, n: int, seed: int, stratify: bool = True) -> Dataset:
     if not is_int(n) or n < 1:
         raise AuditError(f"subset size must be a positive integer, got {show_value(n, 80)}")
     check_seed(seed)
-    labels = ds.y.cpu().numpy() if ds.y is not None else None
+    # class labels only: a language model's next-token targets (n, 2L) have no strata
+    labels = ds.y.cpu().numpy() if ds.y is not None and ds.y.ndim == 1 else None
     use_strata = stratify and labels is not None
     idx = _choose(np.arange(ds.n), labels, n, np.random.default_rng(seed), use_strata)
     return _rows(ds, idx, "subset", seed, use_strata)
