@@ -62,11 +62,17 @@ SIZES = {
         # DistilBERT's configuration (6 layers, width 768, 12 heads, 30,522 words: 67 M parameters), its
         # malleability audit with the projected estimator over 2,000 training and 100 held-out texts
         "distilbert": dict(layers=6, width=768, heads=12, length=128, vocab=30522, steps=30, n_train=2000, n_test=100),
+        # GPT-2 small's configuration (12 layers, width 768, 12 heads, 50,257 words: 124 M parameters) on
+        # 512 training documents of 256 tokens
+        "gpt2-small": dict(
+            layers=12, width=768, heads=12, length=256, vocab=50257, steps=4, n_train=512, n_test=16, n_sub=16
+        ),
     },
     "small": {
         "deit-tiny": dict(depth=2, dim=48, heads=3, patch=7, mlp_ratio=2, steps=20, n_train=200, n=64),
         "bert-mini": dict(layers=1, width=64, heads=4, length=32, vocab=0, steps=20, n_records=200, n=32),
         "distilbert": dict(layers=1, width=64, heads=4, length=32, vocab=0, steps=5, n_train=60, n_test=10),
+        "gpt2-small": dict(layers=1, width=32, heads=2, length=32, vocab=500, steps=2, n_train=40, n_test=8, n_sub=8),
     },
 }
 
@@ -290,6 +296,98 @@ def distilbert_stages(size: dict, work: Path, device: str = "cpu") -> list[tuple
     ]
 
 
+LM_BUILD = """
+import json, sys, torch, transformers
+import numpy as np
+from pathlib import Path
+from tokenizers import Tokenizer, models, pre_tokenizers
+work = Path({work!r})
+vocab = {vocab}
+words = ["<|pad|>", "<|unk|>"] + [f"w{{i}}" for i in range(vocab - 3)] + ["<|endoftext|>"]
+tok = Tokenizer(models.WordLevel({{w: i for i, w in enumerate(words)}}, unk_token="<|unk|>"))
+tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+tok.add_special_tokens(["<|pad|>", "<|unk|>", "<|endoftext|>"])
+# documents of {words_per_doc} words drawn from a Zipf law over the vocabulary (exponent 1.1, the
+# rank-frequency shape of natural text), so the full softmax over the vocabulary is exercised
+rng = np.random.default_rng(0)
+ranks = np.arange(1, vocab - 3 + 1)
+p = ranks ** -1.1
+p /= p.sum()
+with (work / "documents.jsonl").open("w", encoding="utf-8") as fh:
+    for _ in range({n_docs}):
+        ids = rng.choice(vocab - 3, size={words_per_doc}, p=p) + 2
+        fh.write(json.dumps({{"text": " ".join(words[i] for i in ids)}}) + "\\n")
+config = transformers.GPT2Config(vocab_size=vocab, n_positions=1024, n_embd={width}, n_layer={layers},
+    n_head={heads}, pad_token_id=0, bos_token_id=vocab - 1, eos_token_id=vocab - 1)
+torch.manual_seed(0)
+model = transformers.GPT2LMHeadModel(config).eval()
+for name in ("gpt2-base", "gpt2"):
+    (work / name).mkdir(exist_ok=True)
+    tok.save(str(work / name / "tokenizer.json"))
+model.save_pretrained(work / "gpt2-base")  # random initialisation: the reference of the kernel movement
+# a few Adam steps on a few documents: the checkpoint audited (its weights have moved from the base)
+texts = [json.loads(line)["text"] for line in (work / "documents.jsonl").read_text().splitlines()[:{tune_docs}]]
+ids = torch.tensor([tok.encode(t).ids[:{length}] for t in texts])
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+model.train()
+for step in range({steps}):
+    batch = ids[step % len(ids) :: max(1, len(ids) // 4)][:4]
+    loss = model(input_ids=batch, labels=batch).loss
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+model.eval()
+model.save_pretrained(work / "gpt2")
+print(sum(p.numel() for p in model.parameters()))
+"""
+
+
+def lm_stages(size: dict, work: Path, device: str = "cpu") -> list[tuple[str, str]]:
+    """A GPT-2-small-configured causal language model (12 layers, width 768, 12 heads, 50,257 words:
+    124 M parameters; random initialisation, then a few Adam steps: no pretrained weights are at
+    hand offline) on generated documents of ``length`` tokens, audited by all four analyses:
+    malleability with the projected estimator over ``n_train`` training documents (the size
+    target), the others on the smaller subsets a per-document Hessian or kernel can afford."""
+    build = LM_BUILD.format(
+        work=str(work),
+        vocab=size["vocab"],
+        words_per_doc=size["length"] + 16,
+        n_docs=size["n_train"] + size["n_test"],
+        width=size["width"],
+        layers=size["layers"],
+        heads=size["heads"],
+        tune_docs=16,
+        length=size["length"],
+        steps=size["steps"],
+    )
+    data = (
+        f"data={str(work / 'documents.jsonl')!r}, max_length={size['length']}, "
+        f"checkpoint=({str(work / 'gpt2')!r},), device={device!r}"
+    )
+    common = "import attnaudit as aa\n"
+    n = size["n_sub"]
+    return [
+        ("train", build),
+        ("kappa", common + f"r = aa.run(aa.KappaRequest({data}, n=({n},)))"),
+        (
+            "ntk-distance",
+            common + f"r = aa.run(aa.NtkDistanceRequest({data}, reference_checkpoint={str(work / 'gpt2-base')!r}, "
+            f"n_test={n}, kernel_points={n}))",
+        ),
+        (
+            "malleability",
+            common + f"r = aa.run(aa.MalleabilityRequest({data}, protocol='static', attacks=('hotflip', 'swap'), "
+            f"eps=(1,), estimator='projected', n_train={size['n_train']}, n_test={size['n_test']}, seeds=1, "
+            f"store={str(work / 'store')!r}))",
+        ),
+        (
+            "landscape",
+            common + f"r = aa.run(aa.LandscapeRequest({data}, n_train={n}, points=0, grid=0, eigenvalues=1, "
+            "hutchinson_samples=2, basin_directions=1))",
+        ),
+    ]
+
+
 def gemm_floor_seconds(params: int, n_train: int, n_test: int, device: str = "cpu") -> float:
     """Time of the one product influence cannot avoid: (n_train x P) @ (P x n_test), float32, on
     ``device`` (after one warm-up product, synchronised on a GPU)."""
@@ -318,7 +416,8 @@ def main() -> int:
     parser.add_argument(
         "--models",
         default="deit-tiny,bert-mini",
-        help="comma-separated: deit-tiny, bert-mini, distilbert (the malleability audit of a 67 M-parameter model)",
+        help="comma-separated: deit-tiny, bert-mini, distilbert (the malleability audit of a 67 M-parameter model), "
+        "gpt2-small (a 124 M-parameter causal language model on documents of 256 tokens)",
     )
     parser.add_argument("--precision", default=None, help="--precision of every analysis (default: each one's auto)")
     args = parser.parse_args()
@@ -333,7 +432,12 @@ def main() -> int:
     work = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="attnaudit-scale-"))
     work.mkdir(parents=True, exist_ok=True)
     summary = {}
-    builders = {"deit-tiny": deit_stages, "bert-mini": bert_stages, "distilbert": distilbert_stages}
+    builders = {
+        "deit-tiny": deit_stages,
+        "bert-mini": bert_stages,
+        "distilbert": distilbert_stages,
+        "gpt2-small": lm_stages,
+    }
     models = [(name, builders[name]) for name in args.models.split(",")]
     for index, (name, builder) in enumerate(models):
         total, peak, gpu_peak, params, stages, failed = 0.0, 0.0, 0.0, 0, {}, {}
