@@ -136,10 +136,12 @@ def main() -> int:
 
     from attnaudit.audit.request import AuditRequest, run
 
-    os.chdir(folder)
+    os.chdir(folder)  # the audit file's paths are relative to where it runs
     result = run(AuditRequest(file="audit_lm_checkpoint.yaml"))
-    print(f"audit of {folder / 'lm'}: exit code {result.exit_code}")
-    return 0
+    for line in result.verdicts:
+        print(line)
+    print(f"files in {folder}")
+    return int(result.results["summary"]["exit_code"])
 
 
 if __name__ == "__main__":
