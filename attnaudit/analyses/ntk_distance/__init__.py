@@ -10,6 +10,7 @@ Modules, one job each:
 * :mod:`.movement` -- the kernel movement of a trained model (eNTK per parameter group),
   :mod:`.layerwise` its layer-by-layer plan, :mod:`.linearized` -- the linearized model;
 * :mod:`.checkpoint` -- a trained model against its initialization;
+* :mod:`.language` -- a causal language model's kernel (its documents' log-likelihood eNTK);
 * :mod:`.transformers` -- the width sweep of the built-in transformers;
 * :mod:`.report` -- tables and figures;
 * :mod:`.run` -- :class:`~.run.NtkDistanceRequest` and :func:`~.run.run`.

@@ -4,13 +4,18 @@
 checkpoint and the data: its initialization (given, or rebuilt from an attnaudit side-car by
 :func:`initial_model`), its rows (its recorded split when the data rebuild it, else a fresh
 seeded split) and its recorded recipe for the linearized model.
+
+A causal language model (a task whose loss is the next-token cross-entropy, e.g. a fine-tuned
+model against its base with ``--reference-checkpoint``) is measured on the eNTK of each
+document's log-likelihood of its own targets (:mod:`.language`); it has no class labels, so no
+kernel-label alignment and no linearized comparator.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -18,6 +23,14 @@ from torch import nn
 
 from attnaudit.analyses.ntk_distance.aggregate import strict_json
 from attnaudit.analyses.ntk_distance.config import CheckpointKernelConfig
+from attnaudit.analyses.ntk_distance.language import (
+    KERNEL_LM,
+    KERNEL_LOGITS,
+    LOSS_LM,
+    NO_LINEARIZED_LM,
+    is_language_model,
+    likelihood_tasks,
+)
 from attnaudit.analyses.ntk_distance.linearized import (
     LinearizedResult,
     kernel_gd_blocker,
@@ -28,7 +41,7 @@ from attnaudit.analyses.ntk_distance.movement import KernelMovement, kernel_move
 from attnaudit.analyses.request import FieldError, literal
 from attnaudit.core.fit import Recipe
 from attnaudit.core.precision import resolve_precision
-from attnaudit.core.task import Task
+from attnaudit.core.task import Loss, NextTokenLoss, Task
 from attnaudit.data import Dataset, holdout_split, subset
 from attnaudit.errors import AuditError
 from attnaudit.models.builtin import ModelSpec, TwoLayerNet
@@ -56,11 +69,17 @@ class CheckpointKernelResult:
     seconds: float
     precision: dict = field(default_factory=dict)
     precision_check: dict | None = None
+    #: what the kernel is the eNTK of (the logits, or a language model's document log-likelihood)
+    kernel: str = KERNEL_LOGITS
+    #: a language model's loss (None for a classifier, whose recipe names its loss)
+    loss: str | None = None
 
     def to_dict(self) -> dict:
         return strict_json(
             {
                 "label": self.label,
+                "kernel": self.kernel,
+                "loss": self.loss,
                 "precision": self.precision,
                 "precision_check": self.precision_check,
                 "reference": self.reference,
@@ -80,16 +99,24 @@ class CheckpointKernelResult:
 REFERENCE_MOVEMENT = "2L-ReLU on MNIST after 200 GD steps: 1.25 at width 16, 0.03 at width 4096"
 
 
-def checkpoint_verdict(label: str, mv: KernelMovement, lin: LinearizedResult) -> str:
-    """One sentence: how much the kernel moved, which group most, the alignment, the linearized distance."""
+def checkpoint_verdict(label: str, mv: KernelMovement, lin: LinearizedResult, language: bool = False) -> str:
+    """One sentence: how much the kernel moved, which group most, the alignment, the linearized distance
+    (``language``: the kernel is a language model's document log-likelihood eNTK, :mod:`.language`)."""
     kind = "full" if mv.movement is not None else "output-averaged"
     top = max(mv.groups, key=lambda g: (g.movement if g.movement is not None else g.movement_trace) or 0.0)
     top_val = top.movement if top.movement is not None else top.movement_trace
-    parts = [
-        f"{label}: training moved the empirical NTK by ||Theta_T - Theta_0|| / ||Theta_0|| = {mv.headline:.3g} "
-        f"({kind} kernel, {mv.n_points} training rows; in the kernel regime it stays near 0 — for scale, "
-        f"{REFERENCE_MOVEMENT})"
-    ]
+    if language:
+        # the 2-layer sweep's MNIST figures are movements of another kernel: no scale is given
+        what = (
+            f"the empirical NTK of the documents' log-likelihood by ||K_T - K_0|| / ||K_0|| = {mv.headline:.3g} "
+            f"({mv.n_points} documents; in the kernel regime it stays near 0)"
+        )
+    else:
+        what = (
+            f"the empirical NTK by ||Theta_T - Theta_0|| / ||Theta_0|| = {mv.headline:.3g} ({kind} kernel, "
+            f"{mv.n_points} training rows; in the kernel regime it stays near 0 — for scale, {REFERENCE_MOVEMENT})"
+        )
+    parts = [f"{label}: training moved {what}"]
     parts.append(
         f"its size changed by a factor {mv.norm_ratio:.3g} and its shape by a kernel distance (1 - cosine) "
         f"of {mv.kernel_distance:.3g}"
@@ -139,25 +166,16 @@ def analyse_checkpoint(
     t0 = time.perf_counter()
     warnings: list[str] = []
     config = config or CheckpointKernelConfig()
+    language = is_language_model(task_trained)
     # what the linearized comparison can be is settled before the expensive kernel pass
-    skip = None
-    if config.linearized == "off":
-        skip = linearized_off()
-    else:
-        reason = no_linearized
-        if reason is None and recipe is None:
-            reason = "the checkpoint records no training recipe"
-        elif reason is None and (train is None or test is None):
-            reason = "its training rows are unknown"
-        if reason is not None:
-            if config.linearized != "auto":
-                raise FieldError("linearized", "{name} " + literal(f"{config.linearized}: {reason}"))
-            skip = LinearizedResult(method="none", applicable=False, reason=reason)
-        elif config.linearized == "kernel-gd":
-            assert train is not None and recipe is not None  # else reason is set
-            blocker = kernel_gd_blocker(recipe, int(train[0].shape[0]), int(task_of(task_trained, X_kernel).n_classes))
-            if blocker:
-                raise FieldError("linearized", "{name} kernel-gd: " + literal(blocker) + "; use {name} train")
+    skip = _linearized_skip(
+        config, task_trained, X_kernel, recipe, train, test, NO_LINEARIZED_LM if language else no_linearized
+    )
+    groups: dict[str, Sequence[str]] | None = None
+    if language:
+        assert isinstance(task_trained, Task)  # is_language_model
+        task_trained, task_init, X_kernel, groups = likelihood_tasks(task_trained, task_init, X_kernel, y_kernel)
+        y_kernel = None  # next-token targets are no class labels: no kernel-label alignment
     trained = task_of(task_trained, X_kernel)
     n_params = n_parameters(trained.module)
     precision = resolve_precision(config.precision, n_params, device or "cpu", NTK_HEAVY)
@@ -166,6 +184,7 @@ def analyse_checkpoint(
         task_trained,
         X_kernel,
         y_kernel,
+        groups,
         form=config.form,
         memory_bytes=config.memory_bytes,
         device=device,
@@ -211,12 +230,45 @@ def analyse_checkpoint(
         movement=mv,
         linearized=lin,
         recipe=recipe.to_dict() if recipe is not None else None,
-        verdict=checkpoint_verdict(label, mv, lin),
+        verdict=checkpoint_verdict(label, mv, lin, language),
         warnings=warnings,
         seconds=time.perf_counter() - t0,
         precision=precision.to_dict(),
         precision_check=None if check is None else check.to_dict(),
+        kernel=KERNEL_LM if language else KERNEL_LOGITS,
+        loss=LOSS_LM if language else None,
     )
+
+
+def _linearized_skip(
+    config: CheckpointKernelConfig,
+    task_trained: Task | nn.Module,
+    X_kernel: torch.Tensor,
+    recipe: Recipe | None,
+    train: tuple[torch.Tensor, torch.Tensor] | None,
+    test: tuple[torch.Tensor, torch.Tensor] | None,
+    no_linearized: str | None,
+) -> LinearizedResult | None:
+    """The linearized result shown instead of a prediction (off, or why there is none), or None
+    when the prediction is to be made; ``--linearized kernel-gd|train`` that cannot be made is
+    refused (field ``linearized``) before any kernel is computed."""
+    if config.linearized == "off":
+        return linearized_off()
+    reason = no_linearized
+    if reason is None and recipe is None:
+        reason = "the checkpoint records no training recipe"
+    elif reason is None and (train is None or test is None):
+        reason = "its training rows are unknown"
+    if reason is not None:
+        if config.linearized != "auto":
+            raise FieldError("linearized", "{name} " + literal(f"{config.linearized}: {reason}") + "; use auto or off")
+        return LinearizedResult(method="none", applicable=False, reason=reason)
+    if config.linearized == "kernel-gd":
+        assert train is not None and recipe is not None  # else reason is set
+        blocker = kernel_gd_blocker(recipe, int(train[0].shape[0]), int(task_of(task_trained, X_kernel).n_classes))
+        if blocker:
+            raise FieldError("linearized", "{name} kernel-gd: " + literal(blocker) + "; use {name} train")
+    return None
 
 
 def initial_model(loaded: LoadedModel) -> tuple[nn.Module, dict] | None:
@@ -332,7 +384,7 @@ def _initial_task(lm: LoadedModel, reference: LoadedModel | None, reference_path
     """The task at initialization and the report's record of it: ``reference`` when given, else
     the rebuilt initialization of an attnaudit checkpoint (:func:`initial_model`)."""
     if reference is not None:
-        return Task(reference.module, reference.n_classes, inputs=reference.inputs), {
+        return _task_of_loaded(reference), {
             "kind": "checkpoint",
             "path": str(reference_path),
             "source": reference.source,
@@ -342,6 +394,14 @@ def _initial_task(lm: LoadedModel, reference: LoadedModel | None, reference_path
     assert initial is not None, "refused by refuse_without_initialization"
     module0, info = initial
     return Task(module0, lm.n_classes, inputs=lm.inputs), info
+
+
+def _task_of_loaded(lm: LoadedModel) -> Task:
+    """The task of a loaded model's kernel: a causal language model keeps its next-token loss (its
+    kernel is then the document log-likelihood's, :mod:`.language`); a classifier's eNTK of the
+    logits does not depend on the loss."""
+    loss: Loss | str = lm.loss if isinstance(lm.loss, NextTokenLoss) else "mse"
+    return Task(lm.module, lm.n_classes, loss, inputs=lm.inputs)
 
 
 def refuse_without_initialization(loaded: Mapping[str, LoadedModel]) -> None:
@@ -388,7 +448,7 @@ def audit_loaded(
         assert train.y is not None
         own_rows = (train.X.to(device), train.y.to(device))
     result = analyse_checkpoint(
-        Task(lm.module, lm.n_classes, inputs=lm.inputs),
+        _task_of_loaded(lm),
         task_init,
         kern.X.to(device),
         kern.y.to(device),

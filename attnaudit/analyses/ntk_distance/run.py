@@ -687,9 +687,12 @@ def _run_checkpoint(
     if reference is not None:
         reference = fit_to_data(reference, ds)
     timings = {"load": time.perf_counter() - t0}
+    # a causal language model's kernel is its documents' log-likelihood eNTK (one output per document)
+    language = all(lm.source.get("task") == "causal-lm" for lm in fitted.values())
+    kernel = "eNTK of each document's log-likelihood" if language else f"eNTK, {config.form} kernel"
     plan = (
-        f"ntk-distance --checkpoint: {', '.join(fitted)} on {ds.name} ({ds.n} rows); eNTK on "
-        f"{config.kernel_points} training rows, {config.form} kernel, float64, engine"
+        f"ntk-distance --checkpoint: {', '.join(fitted)} on {ds.name} ({ds.n} rows); {kernel} on up to "
+        f"{config.kernel_points} training rows, float64, engine"
     )
     warnings: list[str] = []
     results = []
