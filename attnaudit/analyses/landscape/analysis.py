@@ -2,8 +2,11 @@
 
 Everything works on the *training loss* L(theta) = (1/n) sum_i l(f(x_i; theta), y_i) of a
 task (any ``nn.Module`` with its input/output adapters and per-sample loss; MSE: 0.5
-||f - onehot||^2, CE: cross entropy) over (X, y), as a function of the tracked parameters
-(the task's selector: all, head, module names, globs).
+||f - onehot||^2, CE: cross entropy; a causal language model's next-token loss: per document
+sum_t w_t CE_t / max(1, sum_t w_t), so L is the mean over documents of each one's mean
+next-token cross-entropy in nats) over (X, y), as a function of the tracked parameters
+(the task's selector: all, head, module names, globs). Accuracy is a classifier's only: a
+language model's is None, with the reason in ``accuracy_note``.
 
 * Hessian-vector products: :meth:`attnaudit.core.engine.Engine.hvp_operator` (the one HVP
   of the project: forward-over-reverse, eval mode, math attention kernel);
@@ -29,7 +32,7 @@ from torch import nn
 
 from attnaudit.core.precision import PrecisionCheck, compare
 from attnaudit.core.linalg import EigenResult, TraceResult, hutchinson_trace, lanczos_top_eigen
-from attnaudit.core.task import LOSSES, Task
+from attnaudit.core.task import Task
 from attnaudit.analyses.request import FieldError, literal
 from attnaudit.errors import AuditError
 from attnaudit.analyses.landscape.basin import BasinResult, basin_width
@@ -40,7 +43,16 @@ from attnaudit.analyses.landscape.directions import (
     random_direction,
 )
 from attnaudit.analyses.landscape.evaluate import BACKENDS, Direction, SurfaceEvaluator, loss_and_accuracy
-from attnaudit.analyses.landscape.setup import DTYPES, check_labels, landscape_engine, landscape_task
+from attnaudit.analyses.landscape.setup import (
+    DTYPES,
+    LOSS_NAMES,
+    NO_ACCURACY,
+    check_labels,
+    classifies,
+    labels_as_given,
+    landscape_engine,
+    landscape_task,
+)
 from attnaudit.analyses.landscape.surfaces import Surface1D, Surface2D, loss_surface_1d, loss_surface_2d
 
 Progress = Callable[[int], None] | None
@@ -59,7 +71,8 @@ _HVP_MEMORY_SHARE = 3
 class LandscapeConfig:
     """Settings for :func:`analyse_landscape` (validated here, before any compute).
 
-    ``loss``: ``mse`` or ``ce`` (None: the task's own; ``mse`` for a bare module);
+    ``loss``: ``mse``, ``ce`` or ``next-token`` (a causal language model's; None: the task's own,
+    ``mse`` for a bare module);
     ``params``: parameter selector items (``all``, ``head``, module names, fnmatch globs;
     None: the task's own, all trainable parameters for a bare module).
     ``span``: surfaces cover alpha in [-span, span] (relative distance, see
@@ -99,8 +112,10 @@ class LandscapeConfig:
     dtype: str = "float64"
 
     def __post_init__(self) -> None:
-        if self.loss is not None and self.loss not in LOSSES:
-            raise FieldError("loss", "unknown {name} " + literal(repr(self.loss)) + f"; use one of {', '.join(LOSSES)}")
+        if self.loss is not None and self.loss not in LOSS_NAMES:
+            raise FieldError(
+                "loss", "unknown {name} " + literal(repr(self.loss)) + f"; use one of {', '.join(LOSS_NAMES)}"
+            )
         if self.params is not None:
             items = self.params.split(",") if isinstance(self.params, str) else self.params
             object.__setattr__(self, "params", tuple(str(p).strip() for p in items if str(p).strip()))
@@ -163,14 +178,15 @@ class LandscapeResult:
 
     ``path``: which surface evaluation ran (``fast: TwoLayerNet structured evaluation`` or
     ``generic: engine``); ``backend``: ``structured``, ``vmap`` or ``loop``; ``hvp_mode``:
-    how the engine differentiated twice.
+    how the engine differentiated twice. ``accuracy``: the training accuracy of a classifier;
+    None for a causal language model, with the reason in ``accuracy_note``.
     """
 
     n_samples: int
     n_params: int
     param_names: tuple[str, ...]
     loss: float
-    accuracy: float
+    accuracy: float | None
     eigen: EigenResult
     trace: TraceResult
     top_share: tuple[float, ...]  # cumulative sum_{i<=j} lambda_i / tr(H), j = 1..k
@@ -188,6 +204,7 @@ class LandscapeResult:
     loss_function: str = ""
     dtype: str = ""
     precision_check: dict | None = None  # below float64: the top eigenvalues against the float64 Hessian
+    accuracy_note: str | None = None  # why accuracy is None (a language model), else None
 
     def to_dict(self) -> dict:
         return {
@@ -196,6 +213,7 @@ class LandscapeResult:
             "param_names": list(self.param_names),
             "loss": self.loss,
             "accuracy": self.accuracy,
+            **({"accuracy_note": self.accuracy_note} if self.accuracy_note else {}),
             "top_eigenvalues": self.eigen.to_dict(),
             "trace": self.trace.to_dict(),
             "top_share": list(self.top_share),
@@ -282,7 +300,7 @@ def analyse_landscape(
     task = landscape_task(model, X, config.loss, config.params)
     engine = landscape_engine(task, X, config.dtype)
     X_given = X  # the float64 spot check reads the rows as given, not rounded to the engine's dtype
-    X, y = engine.rows(X), y.to(engine.device).long()
+    X, y = engine.rows(X), labels_as_given(y.to(engine.device))
     check_labels(engine, y)
     T = engine.targets(y)
     params = engine.unflatten(engine.theta)  # the tracked parameters by name (views of theta)
@@ -408,6 +426,7 @@ def analyse_landscape(
         loss_function=engine.loss.name,
         dtype=str(engine.dtype).replace("torch.", ""),
         precision_check=None if check is None else check.to_dict(),
+        accuracy_note=None if classifies(engine.loss) else NO_ACCURACY,
     )
 
 

@@ -50,10 +50,13 @@ def untrained_threshold(n_classes: int, n_train: int) -> tuple[float, float]:
     return chance, chance + max(0.05, 2.0 * math.sqrt(chance * (1.0 - chance) / max(int(n_train), 1)))
 
 
-def untrained_status(accuracies: Mapping[str, Sequence[float]], n_classes: int | None, n_train: int) -> dict[str, dict]:
+def untrained_status(
+    accuracies: Mapping[str, Sequence[float | None]], n_classes: int | None, n_train: int
+) -> dict[str, dict]:
     """Per model: chance, threshold, mean training accuracy over seeds, and ``untrained`` (mean below the threshold).
 
-    ``n_classes``: classes present in the training labels; None gives no verdict (``untrained`` None).
+    ``n_classes``: classes present in the training labels; None (a language model's documents) or
+    no accuracy (None, a language model's) gives no verdict (``untrained`` None).
     """
     out = {}
     for label, accs in accuracies.items():

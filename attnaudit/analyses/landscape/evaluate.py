@@ -13,7 +13,8 @@ the result equals one full-batch evaluation per point. Two paths:
   that it applies and ``fast_path`` is on; tested equal to the generic path.
 
 The result records which path ran (``path``) and the backend (``structured``, ``vmap``,
-``loop``).
+``loop``). Accuracy is a classifier's: for a causal language model (next-token loss, logits
+(n, L, V)) it is None and only the loss is evaluated.
 """
 
 from __future__ import annotations
@@ -31,7 +32,13 @@ from attnaudit.core.task import Task
 from attnaudit.errors import AuditError
 from attnaudit.analyses.landscape import structured
 from attnaudit.analyses.landscape.directions import Params
-from attnaudit.analyses.landscape.setup import check_labels, landscape_engine, landscape_task
+from attnaudit.analyses.landscape.setup import (
+    check_labels,
+    classifies,
+    labels_as_given,
+    landscape_engine,
+    landscape_task,
+)
 from attnaudit.core.training import loss_value
 
 Progress = Callable[[int], None] | None
@@ -47,10 +54,11 @@ _CPU_BLOCK = 2**21
 
 @dataclass(frozen=True)
 class PointEval:
-    """Training loss and accuracy at a batch of points theta + sum_j c_j d_j."""
+    """Training loss and accuracy at a batch of points theta + sum_j c_j d_j (accuracy None
+    for a language model)."""
 
     loss: torch.Tensor  # (B,) float64, CPU
-    accuracy: torch.Tensor  # (B,) float64, CPU
+    accuracy: torch.Tensor | None  # (B,) float64, CPU
     backend: str
     points_per_batch: int
     samples_per_batch: int
@@ -96,9 +104,12 @@ def plan_chunks(
 
 
 def _generic_chunk(engine: Engine, theta0: torch.Tensor, D: torch.Tensor, Xc, Tc, yc):
+    counts = classifies(engine.loss)  # a language model has no labels to count hits against
+
     def one(c: torch.Tensor):
         out = engine.apply(theta0 + c @ D, Xc)
-        return engine.loss.per_sample(out, Tc).sum(), (out.argmax(-1) == yc).sum()
+        hits = (out.argmax(-1) == yc).sum() if counts else out.new_zeros((), dtype=torch.long)
+        return engine.loss.per_sample(out, Tc).sum(), hits
 
     batched_one = vmap(one)
 
@@ -134,7 +145,7 @@ class SurfaceEvaluator:
             raise AuditError(f"unknown evaluation backend {backend!r}; use one of {', '.join(BACKENDS)}")
         self.engine = engine
         self.X = engine.rows(X)
-        self.y = y.to(engine.device).long()
+        self.y = labels_as_given(y.to(engine.device))
         check_labels(engine, self.y)
         self.T = engine.targets(self.y)
         # text: losses are sums over rows; rows sorted by length run in chunks of neighbours,
@@ -242,7 +253,7 @@ class SurfaceEvaluator:
                         progress(len(cb))
         return PointEval(
             loss=(loss_sum / n).cpu(),
-            accuracy=(correct / n).cpu(),
+            accuracy=(correct / n).cpu() if classifies(eng.loss) else None,
             backend=self.backend,
             points_per_batch=b,
             samples_per_batch=s,
@@ -298,17 +309,22 @@ def evaluate_points(
     return build_evaluator(model, X, y, loss, names=names, **options)(directions, coeffs, progress)
 
 
-def loss_and_accuracy(engine: Engine, X: torch.Tensor, y: torch.Tensor, chunk: int = 8192) -> tuple[float, float]:
-    """Training loss and accuracy at the engine's theta (one forward per sample chunk)."""
+def loss_and_accuracy(
+    engine: Engine, X: torch.Tensor, y: torch.Tensor, chunk: int = 8192
+) -> tuple[float, float | None]:
+    """Training loss and accuracy at the engine's theta (one forward per sample chunk); the
+    accuracy is None for a language model (no class labels)."""
     X = engine.rows(X)
-    y = y.to(engine.device).long()
+    y = labels_as_given(y.to(engine.device))
+    counts = classifies(engine.loss)
     total, correct, n = 0.0, 0.0, X.shape[0]
     with torch.no_grad(), engine.context():
         for part in engine.row_chunks(X, chunk):
             out = engine.apply(engine.theta, X[part])
             total += float(engine.loss.per_sample(out, engine.targets(y[part])).double().sum())
-            correct += float((out.argmax(1) == y[part]).double().sum())
-    return total / n, correct / n
+            if counts:
+                correct += float((out.argmax(1) == y[part]).double().sum())
+    return total / n, (correct / n if counts else None)
 
 
 def state_dict_loop(

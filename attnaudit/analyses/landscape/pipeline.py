@@ -26,7 +26,7 @@ from attnaudit.analyses.landscape.reference import (
     optimizer_record,
     train_one,
 )
-from attnaudit.analyses.landscape.setup import landscape_task, parameter_names
+from attnaudit.analyses.landscape.setup import labels_as_given, landscape_task, parameter_names
 from attnaudit.analyses.request import FieldError, literal
 from attnaudit.core import training as gd
 from attnaudit.core.fit import Recipe
@@ -105,7 +105,7 @@ def _saved_checks(label: str, net: nn.Module | Task, X: torch.Tensor, y: torch.T
         raise AuditError(
             f"saved model {label} takes {spec.d_in} input features but the data have {X.shape[1]}; use the data it was trained on"
         )
-    if int(y.max()) >= getattr(spec, "n_out", int(y.max()) + 1):
+    if y.ndim == 1 and int(y.max()) >= getattr(spec, "n_out", int(y.max()) + 1):
         raise AuditError(
             f"saved model {label} has {spec.n_out} outputs but the labels go up to {int(y.max())}; select matching classes"
         )
@@ -191,7 +191,9 @@ def run_landscape(
     ``saved`` ones (label -> module or Task), analyse each with ``config`` and compare them.
 
     ``data``: anything with ``X`` (n, d), ``y`` (n,) and ``n_classes`` (an
-    :class:`attnaudit.data.Dataset`). ``train_config``: a :class:`attnaudit.core.training.TrainConfig`
+    :class:`attnaudit.data.Dataset`); for saved causal language models, documents: ``y`` (n, 2L)
+    their next-token targets (:mod:`attnaudit.core.lm_rows`), used as they are; no accuracy and no
+    untrained rule then (no class labels). ``train_config``: a :class:`attnaudit.core.training.TrainConfig`
     (its ``loss_tol`` is the match-loss target). ``saved_info``: provenance recorded under
     each saved model's ``training`` (e.g. its file). Saved models carrying a training-data
     fingerprint that differs from ``data`` get a warning.
@@ -216,7 +218,7 @@ def run_landscape(
     X, y = data.X, data.y
     if y is None:
         raise AuditError("the loss landscape needs labelled data")
-    y = y.to(X.device).long()
+    y = labels_as_given(y.to(X.device))  # class labels; a language model's targets (n, 2L) as they are
     seed_list = tuple(int(s) for s in seeds) if seeds is not None else (int(seed),)
     _check_arguments(saved, models, seed_list, recipe, seed_data)
     training: dict[str, dict] = {}
@@ -234,7 +236,7 @@ def run_landscape(
         if seed_data is None:
             return X, y
         own = seed_data[s]
-        return own.X, own.y.to(own.X.device).long()
+        return own.X, labels_as_given(own.y.to(own.X.device))
 
     for net in nets.values():  # a selector that matches nothing fails now, before training or analysis
         parameter_names(landscape_task(net, X, config.loss, config.params), X)
@@ -257,7 +259,8 @@ def run_landscape(
         training = {label: runs[0] for label, runs in seed_training.items()}
 
     lr = None if train_config is None or recipe is not None else train_config.lr
-    n_present = int(torch.unique(y).numel())
+    # classes present turn the untrained rule on; a language model's targets have none (no rule)
+    n_present = int(torch.unique(y).numel()) if y.ndim == 1 else None
     verdicts, warnings = compare_landscapes(
         results,
         training if train_config is not None else {},

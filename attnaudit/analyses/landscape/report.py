@@ -7,9 +7,17 @@ from pathlib import Path
 
 from attnaudit.analyses.landscape.analysis import LandscapeResult
 from attnaudit.analyses.landscape.compare import seed_record, seed_summary
+from attnaudit.analyses.landscape.setup import LOSS_DESCRIPTIONS
 
 SCHEMA = "attnaudit.landscape/1"
 PNG_NAME = "landscape.png"
+
+
+def _percent(x: float | None, sd: float | None = None) -> str:
+    """An accuracy in percent (with its sd), or n/a where there is none (a language model)."""
+    if x is None:
+        return "n/a"
+    return f"{100 * x:.1f}%" + ("" if sd is None else f" +- {100 * sd:.1f}%")
 
 
 def _g(x: float | None, digits: int = 4) -> str:
@@ -21,7 +29,8 @@ def _g(x: float | None, digits: int = 4) -> str:
 def build_tables(results: dict[str, LandscapeResult], training: dict[str, dict], lr: float | None, run=None) -> list:
     """One rich table, a column per model (the first seed's analysis); with ``run`` (a
     :class:`~attnaudit.analyses.landscape.run.LandscapeRun`) also the untrained flags and, for several
-    seeds, the mean +- sd over seeds."""
+    seeds, the mean +- sd over seeds. A language model's accuracy reads n/a (it has no class
+    labels), and the untrained flags, which read accuracy against chance, are left out."""
     from rich.table import Table
 
     labels = list(results)
@@ -35,8 +44,9 @@ def build_tables(results: dict[str, LandscapeResult], training: dict[str, dict],
         t.add_row(name, *[fn(results[k], training.get(k, {})) for k in labels])
 
     row("training steps run", lambda r, tr: str(tr.get("steps_run", "-")))
+    row("loss", lambda r, tr: LOSS_DESCRIPTIONS.get(r.loss_function, r.loss_function or "-"))
     row("training loss", lambda r, tr: _g(r.loss))
-    row("training accuracy", lambda r, tr: f"{100 * r.accuracy:.1f}%")
+    row("training accuracy", lambda r, tr: _percent(r.accuracy))
     k = len(first.eigen.eigenvalues)
     for i in range(k):
         row(f"lambda_{i + 1}", lambda r, tr, i=i: _g(r.eigen.eigenvalues[i]) if i < len(r.eigen.eigenvalues) else "-")
@@ -55,7 +65,7 @@ def build_tables(results: dict[str, LandscapeResult], training: dict[str, dict],
     )
     if lr is not None:
         t.add_row("GD stability bound 2/lr", *[_g(2.0 / lr) if k in training else "-" for k in labels])
-    if run is not None and run.status:
+    if run is not None and any(st.get("untrained") is not None for st in run.status.values()):
 
         def flag(k: str) -> str:
             st = run.status.get(k) or {}
@@ -85,13 +95,7 @@ def build_tables(results: dict[str, LandscapeResult], training: dict[str, dict],
             ("basin_width", "basin width"),
         ):
             if key == "accuracy":
-                st.add_row(
-                    name,
-                    *[
-                        f"{100 * summaries[k]['mean'][key]:.1f}% +- {100 * summaries[k]['sd'][key]:.1f}%"
-                        for k in labels
-                    ],
-                )
+                st.add_row(name, *[_percent(summaries[k]["mean"][key], summaries[k]["sd"][key]) for k in labels])
             else:
                 st.add_row(
                     name, *[f"{_g(summaries[k]['mean'][key])} +- {_g(summaries[k]['sd'][key], 2)}" for k in labels]

@@ -22,7 +22,12 @@ from attnaudit.analyses.landscape.analysis import LandscapeConfig
 from attnaudit.analyses.landscape.pipeline import LandscapeRun, run_landscape, run_work_units
 from attnaudit.analyses.landscape.reference import ARCHS, optimizer_record
 from attnaudit.analyses.landscape.report import PNG_NAME, SCHEMA, build_tables, plot_landscape
-from attnaudit.analyses.landscape.setup import ParameterSelectionError, check_selector
+from attnaudit.analyses.landscape.setup import (
+    LOSS_DESCRIPTIONS,
+    ParameterSelectionError,
+    check_selector,
+    loss_named,
+)
 from attnaudit.analyses.request import (
     ANALYSIS,
     PROTOCOL,
@@ -47,6 +52,7 @@ from attnaudit.analyses.result import Result, progress_or_silent
 from attnaudit.analyses.sources import ModelFields, PresetData
 from attnaudit.core.fit import DEFAULT_ADAM_LR, Recipe
 from attnaudit.core.precision import Precision, not_needed, resolve_precision
+from attnaudit.core.task import NextTokenLoss
 from attnaudit.core.training import TrainConfig
 from attnaudit.data import data_fingerprint, load_dataset, subset
 from attnaudit.errors import AuditError, check_seed
@@ -156,7 +162,8 @@ class LandscapeRequest(
     loss: str | None = redefault(
         BuiltinNets,
         "loss",
-        help="mse or ce: the training loss whose landscape is measured (default mse; a checkpoint's recorded training loss).",
+        help="mse or ce: the training loss whose landscape is measured (default mse; a checkpoint's recorded training "
+        "loss; a causal language model's is its next-token cross-entropy, next-token).",
     )
     match_loss: float | str | None = option(
         None,
@@ -344,7 +351,13 @@ class LandscapeRequest(
         if self.eigenvalues < 1:
             raise FieldError("eigenvalues", "{name} must be >= 1, got " + str(self.eigenvalues))
         self.check_precision_field()
-        self.landscape_config(self.loss)  # the analysis' own fields are checked by its configuration
+        config = self.landscape_config(self.loss)  # the analysis' own fields are checked by its configuration
+        if not saved and config.loss == NextTokenLoss.name:
+            raise FieldError(
+                "loss",
+                "{name} next-token is a causal language model's loss; the built-in models are classifiers: "
+                "use mse or ce",
+            )
 
     # ---- the configuration the run uses
     def landscape_config(self, loss: str | None, dtype: str = "float64") -> LandscapeConfig:
@@ -373,10 +386,7 @@ class LandscapeRequest(
         training of the built-in models configured, the model seeds listed and the device resolved."""
         r = self.resolved()
         saved = r.load_models() if r.model_given else {}
-        loss = r.loss
-        if loss is None:
-            recorded = {lm.loss for lm in saved.values() if lm.loss}
-            loss = recorded.pop() if len(recorded) == 1 else "mse"
+        loss = _measured_loss(r.loss, saved)
         device = resolve_device(r.device)
         # the largest saved model decides auto (None: the built-in models)
         n_params = max((n_parameters(lm.module) for lm in saved.values()), default=None)
@@ -521,7 +531,8 @@ def run(request: LandscapeRequest, *, progress: RunProgress | None = None, execu
     saved_tasks = None
     if saved_models:
         fitted = {label: fit_to_data(lm, ds) for label, lm in saved_models.items()}
-        saved_tasks = {label: _on_device(lm.task(loss=config.loss), dev) for label, lm in fitted.items()}
+        measured = None if config.loss is None else loss_named(config.loss)
+        saved_tasks = {label: _on_device(lm.task(loss=measured), dev) for label, lm in fitted.items()}
     load_time = time.perf_counter() - t0
     n_runs = len(setup.labels) * len(setup.seeds)
     train_steps = 0 if setup.train is None else setup.train.steps
@@ -562,6 +573,36 @@ def run(request: LandscapeRequest, *, progress: RunProgress | None = None, execu
 
 
 _TRAINERS = {"gd": "GD", "sgd": "SGD", "adam": "Adam"}
+
+
+def _measured_loss(given: str | None, saved: dict[str, LoadedModel]) -> str:
+    """The name of the training loss measured: ``given``, else the saved models' recorded one (a
+    causal language model records its next-token loss), else mse. A language model is measured
+    on its own next-token loss only, and that loss on language models only."""
+    recorded = {label: loss_named(lm.loss).name for label, lm in saved.items() if lm.loss}
+    if given is None:
+        names = set(recorded.values())
+        return names.pop() if len(names) == 1 else "mse"
+    name = str(given).strip().lower()
+    for label in saved:
+        own = recorded.get(label)
+        if own == NextTokenLoss.name and name != own:
+            raise FieldError(
+                "loss",
+                "{name} "
+                + literal(name)
+                + " scores a classifier's logits, but model "
+                + literal(label)
+                + " is a causal language model measured on its next-token cross-entropy; drop {name}",
+            )
+        if own != NextTokenLoss.name and name == NextTokenLoss.name:
+            raise FieldError(
+                "loss",
+                "{name} next-token is a causal language model's loss, but model "
+                + literal(label)
+                + " is not one; use mse or ce",
+            )
+    return name
 
 
 def _saved_info(lm: LoadedModel, rows_note: dict | None) -> dict:
@@ -625,11 +666,18 @@ def _report(
             "optimizer": out["optimizer"],
             "precision": setup.precision.to_dict(),
             "precision_check": checks or not_needed(setup.precision),
+            "loss": _loss_words(config.loss),
         },
         warnings=list(out_run.warnings) + precision_warnings,
         verdicts=list(out_run.verdicts),
         request=request,
     )
+
+
+def _loss_words(name: str | None) -> str:
+    """The measured loss in words (``next-token cross-entropy`` for a language model)."""
+    key = loss_named(name or "mse").name
+    return LOSS_DESCRIPTIONS.get(key, key)
 
 
 def _renderables(setup: LandscapeSetup, ds, out_run: LandscapeRun) -> list:
@@ -646,10 +694,14 @@ def _renderables(setup: LandscapeSetup, ds, out_run: LandscapeRun) -> list:
         + (f", {n_seeds} seeds" if n_seeds > 1 else "")
         + (", rows resampled per seed" if r.resample_data else "")
     )
-    renderables: list = [Text(f"landscape: {ds.name} ({r.split}), n={ds.n}, {what}")]
+    renderables: list = [
+        Text(f"landscape: {ds.name} ({r.split}), n={ds.n}, {what}; loss: {_loss_words(setup.config.loss)}")
+    ]
     renderables.extend(
         build_tables(out_run.results, out_run.training if train is not None else {}, out_run.lr, run=out_run)
     )
+    notes = sorted({r.accuracy_note for r in out_run.results.values() if r.accuracy_note})
+    renderables.extend(Text(f"training accuracy n/a: {note}") for note in notes)
     renderables.extend(Text(f"- {v}") for v in out_run.verdicts)
     renderables.extend(Text(f"warning: {w}", style="yellow") for w in out_run.warnings)
     return renderables

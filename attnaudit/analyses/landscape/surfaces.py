@@ -18,31 +18,37 @@ def symmetric_grid(points: int, span: float) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Surface1D:
-    """Loss and accuracy at theta + alpha d for alpha on a uniform grid over [-span, span]."""
+    """Loss and accuracy at theta + alpha d for alpha on a uniform grid over [-span, span]
+    (accuracy None for a language model)."""
 
     alphas: tuple[float, ...]
     loss: tuple[float, ...]
-    accuracy: tuple[float, ...]
+    accuracy: tuple[float, ...] | None
 
     def to_dict(self) -> dict:
-        return {"alphas": list(self.alphas), "loss": list(self.loss), "accuracy": list(self.accuracy)}
+        return {
+            "alphas": list(self.alphas),
+            "loss": list(self.loss),
+            "accuracy": None if self.accuracy is None else list(self.accuracy),
+        }
 
 
 @dataclass(frozen=True)
 class Surface2D:
-    """loss[i][j] = L(theta + alphas[i] d1 + betas[j] d2) (rows: first direction)."""
+    """loss[i][j] = L(theta + alphas[i] d1 + betas[j] d2) (rows: first direction; accuracy None
+    for a language model)."""
 
     alphas: tuple[float, ...]
     betas: tuple[float, ...]
     loss: tuple[tuple[float, ...], ...]
-    accuracy: tuple[tuple[float, ...], ...]
+    accuracy: tuple[tuple[float, ...], ...] | None
 
     def to_dict(self) -> dict:
         return {
             "alphas": list(self.alphas),
             "betas": list(self.betas),
             "loss": [list(r) for r in self.loss],
-            "accuracy": [list(r) for r in self.accuracy],
+            "accuracy": None if self.accuracy is None else [list(r) for r in self.accuracy],
         }
 
 
@@ -54,7 +60,8 @@ def loss_surface_1d(
         raise AuditError(f"a 1-D surface needs at least 2 points, got {points}")
     alphas = symmetric_grid(points, span)
     ev = evaluate([direction], alphas[:, None], progress)
-    return Surface1D(tuple(alphas.tolist()), tuple(ev.loss.tolist()), tuple(ev.accuracy.tolist()))
+    accuracy = None if ev.accuracy is None else tuple(ev.accuracy.tolist())
+    return Surface1D(tuple(alphas.tolist()), tuple(ev.loss.tolist()), accuracy)
 
 
 def loss_surface_2d(
@@ -73,10 +80,5 @@ def loss_surface_2d(
     coeffs = torch.stack([A.reshape(-1), B.reshape(-1)], 1)
     ev = evaluate([dir1, dir2], coeffs, progress)
     L = ev.loss.reshape(grid, grid)
-    acc = ev.accuracy.reshape(grid, grid)
-    return Surface2D(
-        tuple(ax.tolist()),
-        tuple(ax.tolist()),
-        tuple(tuple(r) for r in L.tolist()),
-        tuple(tuple(r) for r in acc.tolist()),
-    )
+    acc = None if ev.accuracy is None else tuple(tuple(r) for r in ev.accuracy.reshape(grid, grid).tolist())
+    return Surface2D(tuple(ax.tolist()), tuple(ax.tolist()), tuple(tuple(r) for r in L.tolist()), acc)
