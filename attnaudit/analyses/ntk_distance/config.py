@@ -424,14 +424,28 @@ def transformer_settings(r: Any) -> NtkDistanceSettings:
         linearized=r.linearized,
         train_dtype=DTYPE_ALIASES.get(r.dtype, r.dtype),
         precision=resolve_precision(r.precision, None).used,  # the built-in ViTs: auto is float64
+        memory_bytes=memory_bytes(r),
     )
     return NtkDistanceSettings(config, n_train=r.n_train, n_test=r.n_test)
+
+
+def memory_bytes(r: Any) -> int:
+    """The request's ``memory_budget`` (MiB) in bytes, refused unless positive and finite."""
+    budget = r.memory_budget
+    if not isinstance(budget, (int, float)) or isinstance(budget, bool) or not 0 < budget < float("inf"):
+        raise FieldError("memory_budget", "{name} must be a positive number of MiB, got " + literal(repr(budget)))
+    return int(budget * 2**20)
 
 
 def checkpoint_settings(r: Any) -> NtkDistanceSettings:
     """A trained model's audit: its :class:`CheckpointKernelConfig`."""
     config = CheckpointKernelConfig(
-        kernel_points=r.kernel_points, n_test=r.n_test, linearized=r.linearized, seed=r.seed, precision=r.precision
+        kernel_points=r.kernel_points,
+        n_test=r.n_test,
+        linearized=r.linearized,
+        seed=r.seed,
+        precision=r.precision,
+        memory_bytes=memory_bytes(r),
     )
     return NtkDistanceSettings(config, n_test=r.n_test)
 

@@ -156,7 +156,7 @@ def _contract_others(
         raise AuditError(
             f"one row's Jacobians over the {len(others)} parameter tensor(s) outside linear layers "
             f"({sub.n_params:,} parameters) take {per_row / 2**20:,.1f} MiB; with the kernels they need a budget "
-            f"of at least {(kernels.fixed_bytes + 2 * (2 + JACOBIAN_TRANSIENT) * per_row) / 2**20:,.0f} MiB, above "
+            f"of at least {(kernels.fixed_bytes + 2 * (2 + JACOBIAN_TRANSIENT) * per_row) / 2**20:,.3g} MiB, above "
             f"{budget / 2**20:,.3g} MiB; raise the memory budget or use fewer kernel points"
         )
     kernels.contract(

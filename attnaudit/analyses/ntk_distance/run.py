@@ -60,6 +60,7 @@ from attnaudit.analyses.ntk_distance.transformers import run_transformer_sweep
 from attnaudit.analyses.ntk_distance.widths import model_saver, prepare_save_folder, run_ntk_distance
 from attnaudit.analyses.request import (
     ANALYSIS,
+    EXECUTION,
     MODEL,
     OUTPUT,
     PROTOCOL,
@@ -287,6 +288,13 @@ class NtkDistanceRequest(
         kind=int,
         help="Training points used for the kernel-movement metrics (default: all; 128 with --arch; 256 with "
         "--checkpoint).",
+    )
+    memory_budget: float = option(
+        2048.0,
+        "--memory-budget",
+        panel=EXECUTION,
+        help="MiB the kernel-movement Jacobians may take (--checkpoint, --arch); a kernel that cannot fit even "
+        "layer by layer is refused with the budget it needs.",
     )
     save_models: str | None = option(
         None,

@@ -196,3 +196,22 @@ def test_cli_and_audit_on_a_llama_pair(tmp_path, monkeypatch):
     assert run_cli("audit", "audit.yaml", "--json", tmp_path / "audit.json") == 0
     audit = json.loads((tmp_path / "audit.json").read_text())
     assert "kernel_movement" in json.dumps(audit)
+
+
+def test_the_memory_budget_reaches_the_kernels_and_a_budget_too_small_is_refused(tmp_path, capsys):
+    """--memory-budget (MiB) is the Jacobians' budget: a tiny one is refused in one line that says what
+    it would need; a sufficient one runs and is recorded in the report's inputs."""
+    from attnaudit.cli import main
+
+    example.write_checkpoints(tmp_path, n_documents=12)
+    args = ["ntk-distance", "--checkpoint", str(tmp_path / "lm"), "--reference-checkpoint", str(tmp_path / "base-lm")]
+    args += ["--data", str(tmp_path / "documents.jsonl"), "--kernel-points", "4", "-q"]
+    with pytest.raises(SystemExit) as stop:
+        main([*args, "--memory-budget", "0.01"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "budget" in err and "0.01 MiB" in err and "Traceback" not in err
+    report = tmp_path / "r.json"
+    with pytest.raises(SystemExit) as stop:
+        main([*args, "--memory-budget", "64", "--json", str(report)])
+    assert stop.value.code == 0
+    assert json.loads(report.read_text())["inputs"]["memory_bytes"] == 64 * 2**20
