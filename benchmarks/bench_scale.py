@@ -65,14 +65,25 @@ SIZES = {
         # GPT-2 small's configuration (12 layers, width 768, 12 heads, 50,257 words: 124 M parameters) on
         # 512 training documents of 256 tokens
         "gpt2-small": dict(
-            layers=12, width=768, heads=12, length=256, vocab=50257, steps=4, n_train=512, n_test=16, n_sub=16
+            layers=12,
+            width=768,
+            heads=12,
+            length=256,
+            vocab=50257,
+            steps=4,
+            n_train=512,
+            n_test=16,
+            n_sub=16,
+            n_kernel=8,
         ),
     },
     "small": {
         "deit-tiny": dict(depth=2, dim=48, heads=3, patch=7, mlp_ratio=2, steps=20, n_train=200, n=64),
         "bert-mini": dict(layers=1, width=64, heads=4, length=32, vocab=0, steps=20, n_records=200, n=32),
         "distilbert": dict(layers=1, width=64, heads=4, length=32, vocab=0, steps=5, n_train=60, n_test=10),
-        "gpt2-small": dict(layers=1, width=32, heads=2, length=32, vocab=500, steps=2, n_train=40, n_test=8, n_sub=8),
+        "gpt2-small": dict(
+            layers=1, width=32, heads=2, length=32, vocab=500, steps=2, n_train=40, n_test=8, n_sub=8, n_kernel=8
+        ),
     },
 }
 
@@ -372,7 +383,7 @@ def lm_stages(size: dict, work: Path, device: str = "cpu") -> list[tuple[str, st
         (
             "ntk-distance",
             common + f"r = aa.run(aa.NtkDistanceRequest({data}, reference_checkpoint={str(work / 'gpt2-base')!r}, "
-            f"n_test={n}, kernel_points={n}))",
+            f"n_test={n}, kernel_points={size['n_kernel']}, memory_budget=6144))",
         ),
         (
             "malleability",
