@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from attnaudit.core.attention import math_attention
-from attnaudit.core.lm_rows import split_rows
+from attnaudit.core.lm_rows import pack_rows, split_rows
 from attnaudit.core.task import Inputs, NextTokenLoss
 from attnaudit.errors import AuditError
 from attnaudit.models.hf import (
@@ -38,7 +38,7 @@ from attnaudit.models.hf import (
 )
 from attnaudit.models.loaded import LoadedModel
 
-__all__ = ["CAUSAL_SUFFIXES", "HFCausalLM", "load_hf_causal_lm"]
+__all__ = ["CAUSAL_SUFFIXES", "HFCausalLM", "HFCausalLMShift", "causal_shift_rows", "load_hf_causal_lm"]
 
 
 class HFCausalLM(nn.Module):
@@ -87,10 +87,16 @@ class HFCausalLM(nn.Module):
         if rows.ndim == 1:
             rows = rows.unsqueeze(0)
         ids, attention = split_rows(rows)
+        return self.run(ids, attention)
+
+    def run(self, ids: torch.Tensor, attention: torch.Tensor, shift: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (n, L, V) of documents ``ids`` (n, L) with ``attention`` (n, L), each token's input
+        embedding moved by ``shift`` (n, L, h) when given: the model reads ``E[ids] + shift``."""
         L = ids.shape[-1]
         kept = self.kept_length(attention)
         if kept is not None:
             ids, attention = ids[:, :kept], attention[:, :kept]
+            shift = None if shift is None else shift[:, :kept]
         if self.max_length is not None and ids.shape[-1] > self.max_length:
             raise AuditError(
                 f"documents of {ids.shape[-1]} tokens are longer than the model's {self.max_length} positions; "
@@ -100,7 +106,12 @@ class HFCausalLM(nn.Module):
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         with math_attention():
             try:
-                out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
+                kwargs: dict[str, torch.Tensor] = {"input_ids": ids}
+                if shift is not None:
+                    # the lookup inside the graph: parameter gradients reach the embedding table
+                    embeds = self.model.get_input_embeddings()(ids)  # type: ignore[operator]  # transformers' method
+                    kwargs = {"inputs_embeds": embeds + shift.to(embeds.dtype)}
+                out = self.model(**kwargs, attention_mask=mask, position_ids=positions, use_cache=False)
             except IndexError as exc:  # an embedding lookup out of range: the user's token ids
                 raise AuditError(
                     f"the model cannot read these rows ({exc}); token ids must be integers in "
@@ -110,6 +121,73 @@ class HFCausalLM(nn.Module):
         if logits.shape[-2] < L:
             logits = nn.functional.pad(logits, (0, 0, 0, L - logits.shape[-2]))
         return logits
+
+    def special_ids(self) -> tuple[int, ...]:
+        """The ids no attack changes or inserts: the config's BOS, EOS and pad ids (inside the
+        vocabulary) and the pad id padding holds."""
+        config = getattr(self.model, "config", None)
+        found = {self.pad_token_id} if self.pad_token_id is not None else set()
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            value = getattr(config, key, None)
+            for v in value if isinstance(value, list) else [value]:
+                if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < self.vocab_size:
+                    found.add(v)
+        return tuple(sorted(found))
+
+
+class HFCausalLMShift(HFCausalLM):
+    """A causal language model fed document rows plus a shift of each token's input embedding.
+
+    A row is (n, L (2 + h)) numbers, flat: [ids | attention | delta], the document rows of
+    :mod:`attnaudit.core.lm_rows` followed by ``delta`` (L, h) row-major, so the model reads
+    ``inputs_embeds = E[ids] + delta`` with the same attention mask and positions as
+    :class:`HFCausalLM`. With ``delta = 0`` it computes exactly what :class:`HFCausalLM` computes
+    on [ids | attention], parameter gradients included (the lookup stays in the graph): the
+    embedding attacks on documents perturb ``delta``. Shares (never copies) the wrapped
+    model; parameter names are the same (``model.*``).
+    """
+
+    def __init__(self, base: HFCausalLM):
+        super().__init__(
+            base.model, pad_token_id=base.pad_token_id, vocab_size=base.vocab_size, max_length=base.max_length
+        )
+        self.trim_padding = base.trim_padding
+        embeddings = base.model.get_input_embeddings()  # type: ignore[operator]  # a transformers model's method
+        self.hidden = int(embeddings.weight.shape[1])
+
+    def split_shift(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(ids (n, L) int64, attention (n, L) bool, delta (n, L, h)) of rows (n, L (2 + h))."""
+        if rows.ndim == 1:
+            rows = rows.unsqueeze(0)
+        width = self.hidden + 2
+        if rows.ndim != 2 or rows.shape[-1] % width:
+            raise AuditError(
+                f"rows of shape {tuple(rows.shape)} are not [ids | attention | delta] rows of L (2 + {self.hidden}) "
+                "numbers; build them with attnaudit.models.hf_causal.causal_shift_rows"
+            )
+        L = rows.shape[-1] // width
+        ids, attention = split_rows(rows[:, : 2 * L])
+        return ids, attention, rows[:, 2 * L :].reshape(rows.shape[0], L, self.hidden)
+
+    def token_mask(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.split_shift(rows)[1]
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        ids, attention, delta = self.split_shift(rows)
+        return self.run(ids, attention, delta)
+
+
+def causal_shift_rows(
+    ids: torch.Tensor, attention: torch.Tensor, hidden: int, delta: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Flat rows (n, L (2 + hidden)) in float64 = [ids | attention | delta] for documents ``ids``
+    (n, L) with ``attention`` (n, L) and embedding shifts ``delta`` (n, L, hidden; default 0)."""
+    n, L = ids.shape
+    rows = torch.zeros(n, L * (2 + hidden), dtype=torch.float64, device=ids.device)
+    rows[:, : 2 * L] = pack_rows(ids.round() if ids.is_floating_point() else ids, attention)
+    if delta is not None:
+        rows[:, 2 * L :] = delta.to(device=ids.device, dtype=torch.float64).reshape(n, L * hidden)
+    return rows
 
 
 def _token_id(value: Any, vocab: int) -> int | None:

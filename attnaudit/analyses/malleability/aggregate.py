@@ -12,11 +12,19 @@ from typing import Any
 import numpy as np
 
 from attnaudit.analyses.malleability.attacks import ADVERSARIAL
-from attnaudit.analyses.malleability.config import MalleabilityConfig
+from attnaudit.analyses.malleability.config import LM_LOSS, MalleabilityConfig
 from attnaudit.analyses.malleability.stability import distinct_replicates, ratio_summary, summarize, value_at_k
 
 
 METRICS = ("flip_rate", "spearman", "top_k_overlap", "perturbed_test_accuracy")
+#: a language model's stand-ins for the accuracies (it has none): losses and perplexities
+LM_METRICS = ("perturbed_test_loss", "perturbed_test_perplexity")
+LM_ATTACK_METRICS = (
+    "clean_model_loss_on_clean_train",
+    "clean_model_loss_on_perturbed_train",
+    "clean_model_perplexity_on_clean_train",
+    "clean_model_perplexity_on_perturbed_train",
+)
 
 
 def summary_cells(config: MalleabilityConfig) -> list[tuple[str, float | None]]:
@@ -65,10 +73,14 @@ def aggregate(
                     entry["same_inputs"] = copies
                 if attack == config.control and rows:
                     entry["degenerate"] = all(r.get("same_as_clean") for r in rows)
-                for metric in METRICS:
+                language = config.loss == LM_LOSS
+                for metric in METRICS + (LM_METRICS if language else ()):
                     entry[metric] = summarize(
                         [r.get(metric) for r in rows], cf, config.top_k if shares.get(metric) else None
                     )
+                if attack != config.control and language:
+                    for metric in LM_ATTACK_METRICS:
+                        entry[metric] = summarize([r.get(metric) for r in rows], cf)
                 if attack != config.control:
                     entry["clean_model_accuracy_on_perturbed_train"] = summarize(
                         [r["clean_model_accuracy_on_perturbed_train"] for r in rows], cf
@@ -221,6 +233,13 @@ def untrained_threshold(n_classes: int, n_train: int) -> tuple[float, float]:
 
 def model_status(config: MalleabilityConfig, training: list[dict], n_classes: int, n_train: int) -> list[dict]:
     """Per model: chance, the untrained threshold, its clean training accuracy (mean and per seed), and the flag."""
+    if config.loss == LM_LOSS:  # no accuracy, no chance level: nothing says a language model did not train
+        rule = "not applicable: a language model has no accuracy (see its losses and perplexities)"
+        return [
+            {"model": m, "chance": None, "threshold": None, "train_accuracy_mean": None}
+            | {"train_accuracy_by_seed": [], "untrained": False, "rule": rule}
+            for m in config.models
+        ]
     chance, threshold = untrained_threshold(n_classes, n_train)
     out = []
     for m in config.models:

@@ -148,6 +148,11 @@ class AttackResult:
     l2_mean: float | None = None
     l2_max: float | None = None
     chunk_rows: int | None = None  # rows attacked at once (the memory plan); None on paths without one
+    # a language model's documents: the targets rebuilt from swapped tokens (None: the targets are
+    # unchanged) and the perplexity of the counted tokens before and after (None for a classifier)
+    y_adv: torch.Tensor | None = None
+    perplexity_before: float | None = None
+    perplexity_after: float | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -173,7 +178,11 @@ class AttackResult:
             "perturbation_l2_mean": self.l2_mean,
             "perturbation_l2_max": self.l2_max,
             "chunk_rows": self.chunk_rows,
-        }
+        } | (
+            {"model_perplexity_before": self.perplexity_before, "model_perplexity_after": self.perplexity_after}
+            if self.perplexity_before is not None
+            else {}
+        )
 
 
 def _rows_in_budget(most: int, memory_mb: float, bytes_per_row: int) -> int:
@@ -337,6 +346,12 @@ def perturb(
     fields are None and only X_adv is computed."""
     if X.ndim < 2 or X.shape[0] != y.shape[0]:
         raise AuditError("attack needs inputs (n, ...) and one label per row")
+    from attnaudit.analyses.malleability.lm_attacks import is_language_model, perturb_documents
+
+    task_of = model.task if isinstance(model, Engine) else model
+    if is_language_model(task_of):  # documents: targets follow the tokens
+        task = task_of if isinstance(task_of, Task) else as_task(task_of, loss=loss, probe=X)
+        return perturb_documents(task, X, y, config, evaluate)
     if isinstance(model, Engine):
         engine = model
     else:
@@ -373,9 +388,7 @@ def perturb(
         parts.append(x_adv.detach())
         clean.append(logits)
     X_adv = parts[0] if len(parts) == 1 else torch.cat(parts)
-    evaluated: dict[str, float | None] = dict.fromkeys(
-        ("loss_before", "loss_after", "accuracy_before", "accuracy_after")
-    )
+    evaluated: dict[str, Any] = dict.fromkeys(("loss_before", "loss_after", "accuracy_before", "accuracy_after"))
     if evaluate:
         clean_logits = [c for c in clean if c is not None]
         if len(clean_logits) < len(clean):

@@ -19,7 +19,9 @@ from attnaudit.analyses.malleability.config import MalleabilityConfig
 from attnaudit.core.task import Inputs, Task
 from attnaudit.data import data_fingerprint
 from attnaudit.errors import AuditError
+from attnaudit.core.lm_rows import split_rows
 from attnaudit.models.hf import HFEmbeddingShiftClassifier, HFSequenceClassifier, embedding_shift_rows
+from attnaudit.models.hf_causal import HFCausalLM, HFCausalLMShift, causal_shift_rows
 
 if TYPE_CHECKING:
     from attnaudit.data import HoldoutRecipe
@@ -174,16 +176,20 @@ def embedding_attacked(model, config: MalleabilityConfig) -> bool:
     (fgsm, pgd, mim or a noise control): its rows then become embedding-shift rows."""
     module = model.module if isinstance(model, Task) else model
     continuous = [a for a in config.attacks if a in ADVERSARIAL + RANDOM_CONTROLS and a not in TOKEN_ATTACKS]
-    return (
-        bool(continuous)
-        and isinstance(module, HFSequenceClassifier)
-        and not isinstance(module, HFEmbeddingShiftClassifier)
-    )
+    plain_text = isinstance(module, HFSequenceClassifier) and not isinstance(module, HFEmbeddingShiftClassifier)
+    plain_lm = isinstance(module, HFCausalLM) and not isinstance(module, HFCausalLMShift)
+    return bool(continuous) and (plain_text or plain_lm)
 
 
 def as_embedding_rows(model: Task, *rows: torch.Tensor) -> tuple[Task, list[torch.Tensor]]:
     """The text ``model`` fed embedding-shift rows, and ``rows`` (token ids) as such rows (zero shift):
-    same numbers, parameter gradients included (:class:`~attnaudit.models.hf.HFEmbeddingShiftClassifier`)."""
+    same numbers, parameter gradients included (:class:`~attnaudit.models.hf.HFEmbeddingShiftClassifier`, or
+    for a language model's documents :class:`~attnaudit.models.hf_causal.HFCausalLMShift`)."""
+    if isinstance(model.module, HFCausalLM):
+        lm = HFCausalLMShift(model.module)
+        return replace(model, module=lm, inputs=Inputs()), [
+            causal_shift_rows(*split_rows(r), lm.hidden).to(r.device) for r in rows
+        ]
     assert isinstance(model.module, HFSequenceClassifier)
     shift = HFEmbeddingShiftClassifier(model.module)
     return replace(model, module=shift, inputs=Inputs()), [
@@ -196,6 +202,10 @@ def token_edits(model, X: torch.Tensor, X_adv: torch.Tensor) -> list[dict]:
     module = model.module if isinstance(model, Task) else model
     if isinstance(module, HFEmbeddingShiftClassifier):
         before, after = module.split_rows(X)[0], module.split_rows(X_adv)[0]
+    elif isinstance(module, HFCausalLMShift):
+        before, after = module.split_shift(X)[0], module.split_shift(X_adv)[0]
+    elif isinstance(module, HFCausalLM):
+        before, after = split_rows(X)[0], split_rows(X_adv)[0]
     else:
         before, after = X.round().long(), X_adv.round().long()
     out = []

@@ -20,6 +20,7 @@ from attnaudit.analyses.influence.influence import influence_sweep, tracin_weigh
 from attnaudit.analyses.malleability.attacks import TOKEN_ATTACKS, AttackConfig, perturb
 from attnaudit.analyses.malleability.cell_tools import (
     as_embedding_rows,
+    EVAL_ROWS,
     attack_key,
     diagnostics_row,
     embedding_attacked,
@@ -30,7 +31,8 @@ from attnaudit.analyses.malleability.cell_tools import (
     token_edits,
     working_copy,
 )
-from attnaudit.analyses.malleability.config import REINIT_SEED_OFFSET, MalleabilityConfig
+from attnaudit.analyses.malleability.config import LM_LOSS, REINIT_SEED_OFFSET, MalleabilityConfig
+from attnaudit.analyses.malleability.lm_attacks import evaluate_documents
 from attnaudit.analyses.malleability.precision_check import influence_precision_check
 from attnaudit.analyses.malleability.stability import stability_by_k
 from attnaudit.analyses.malleability.training import sampled_curve, train_builtin
@@ -61,13 +63,21 @@ class CellPlan:
         """The plan of ``config`` on data in ``value_range``; ``targets``: the loss targets
         (default: the config's match_loss of each model, None for an unresolved auto)."""
         targets = {m: config.match_loss_for(m) for m in config.models} if targets is None else dict(targets)
-        trains = {m: config.train_config(m, targets[m]) for m in config.models}
+        trains = _train_configs(config, targets)
         return cls(config, targets, trains, config.attack_configs(value_range))
 
     def with_targets(self, targets: Mapping[str, float | None]) -> CellPlan:
         """This plan with the models trained to ``targets`` (the attacks' settings kept)."""
-        trains = {m: self.config.train_config(m, targets[m]) for m in self.config.models}
+        trains = _train_configs(self.config, targets)
         return replace(self, targets=dict(targets), train_configs=trains)
+
+
+def _train_configs(config: MalleabilityConfig, targets: Mapping[str, float | None]) -> dict[str, TrainConfig]:
+    """Each built-in model's GD settings; none for a language model (it is audited as saved, and
+    the GD settings name a classification loss)."""
+    if config.loss == LM_LOSS:
+        return {}
+    return {m: config.train_config(m, targets[m]) for m in config.models}
 
 
 @dataclass
@@ -289,7 +299,8 @@ class Cell:
             p_model, p_tr, p_row = self.finetune(self.saved[0], ares.X_adv, seed, role)
         else:
             p_model, p_tr, p_row = clean_model, clean_tr, clean_row
-        p_infl, p_abs, p_key = self.influences(p_model, ares.X_adv, p_tr, role)
+        # a token swap in a document changes its targets too (the next ids are the tokens)
+        p_infl, p_abs, p_key = self.influences(p_model, ares.X_adv, p_tr, role, ares.y_adv)
         clean_infl, clean_abs, clean_key = clean
         for damping, ci, pi, ca, pa in zip(config.damping, clean_infl, p_infl, clean_abs, p_abs):
             self.rows["runs"].append(
@@ -304,6 +315,7 @@ class Cell:
                     **stability_by_k(ci, pi, config.top_ks),
                     "clean_model_accuracy_on_perturbed_train": clean_on_pert,
                     "clean_model_loss_on_perturbed_train": ares.loss_after,
+                    **self.language_fields(ares, p_row),
                     "perturbation_norm_mean": ares.radius_mean,
                     "perturbation_linf_mean": ares.linf_mean,
                     "perturbation_linf_max": ares.linf_max,
@@ -319,7 +331,21 @@ class Cell:
         if seed == config.seeds[0] and eps == config.eps[0]:
             self.examples.setdefault(arch, {})[attack] = (clean_infl[0], p_infl[0])
 
-    def perturbed(self, target: Any, attack_config: AttackConfig) -> tuple[Any, int, float]:
+    def language_fields(self, ares, p_row: dict) -> dict:
+        """A language model's stand-ins for the accuracies of a run row (none for a classifier):
+        the clean model's loss and perplexity on the training documents before and after the
+        attack, and the held-out loss and perplexity of the model of the perturbed data."""
+        if self.config.loss != LM_LOSS:
+            return {}
+        return {
+            "clean_model_loss_on_clean_train": ares.loss_before,
+            "clean_model_perplexity_on_clean_train": ares.perplexity_before,
+            "clean_model_perplexity_on_perturbed_train": ares.perplexity_after,
+            "perturbed_test_loss": p_row.get("test_loss"),
+            "perturbed_test_perplexity": p_row.get("test_perplexity"),
+        }
+
+    def perturbed(self, target: Any, attack_config: AttackConfig) -> tuple[Any, int, float | None]:
         """The training rows perturbed against ``target``, the seed whose attack computed them and
         ``target``'s accuracy on them: an attack that draws nothing from its seed (hotflip, fgsm,
         mim, pgd without a random start) on the same model and rows is computed once per run
@@ -332,7 +358,8 @@ class Cell:
         t0 = time.perf_counter()
         result = perturb(target, self.X_train, self.y_train, attack_config, self.config.loss)
         self.timings["attack"] += time.perf_counter() - t0
-        on_perturbed = accuracy(logits_of(target, result.X_adv), self.y_train)
+        # a language model has no accuracy (its loss on the perturbed documents is in the result)
+        on_perturbed = None if self.config.loss == LM_LOSS else accuracy(logits_of(target, result.X_adv), self.y_train)
         if key is not None:
             self.state.attack_memo[key] = (result, self.seed, on_perturbed)
         return result, self.seed, on_perturbed
@@ -381,7 +408,19 @@ class Cell:
         return self.recorded(memo[2], head, memo[3], {"steps_run": 0})
 
     def evaluated(self, model, X, loss: str) -> dict:
-        """``model``'s loss on (X, y_train), its training and test accuracies."""
+        """``model``'s loss on (X, y_train), its training and test accuracies (a language model:
+        its mean next-token loss and perplexity on the training and held-out documents, no accuracy)."""
+        if loss == LM_LOSS:
+            train_loss, train_ppl = evaluate_documents(model, X, self.y_train, EVAL_ROWS)
+            test_loss, test_ppl = evaluate_documents(model, self.X_test, self.y_test, EVAL_ROWS)
+            return {
+                "final_loss": train_loss,
+                "train_accuracy": None,
+                "test_accuracy": None,
+                "train_perplexity": train_ppl,
+                "test_loss": test_loss,
+                "test_perplexity": test_ppl,
+            }
         out = logits_of(model, X)
         return {
             "final_loss": loss_value(out, self.y_train, loss).item(),
@@ -399,6 +438,7 @@ class Cell:
             "reached_match_loss": None,
             "train_accuracy": evaluated["train_accuracy"],
             "test_accuracy": evaluated["test_accuracy"],
+            **{k: v for k, v in evaluated.items() if k in ("train_perplexity", "test_loss", "test_perplexity")},
         }
         self.rows["training"].append(row)
         final = row["final_loss"]
@@ -445,18 +485,20 @@ class Cell:
         return self.recorded(model, head, self.evaluated(model, X, loss), after_loss)
 
     # ------------------------------------------------------------------ influence
-    def influences(self, model, X, tr: TrainResult, role: str) -> tuple:
+    def influences(self, model, X, tr: TrainResult, role: str, y=None) -> tuple:
         """Influence vectors per damping, the absolute dampings they used (None for TracIn), and
-        the key of the run's inputs (None for TracIn, whose checkpoints come from training)."""
+        the key of the run's inputs (None for TracIn, whose checkpoints come from training).
+        ``y``: the training targets (default the cell's; a language model's swapped documents bring their own)."""
         config, state = self.config, self.state
         t0 = time.perf_counter()
-        rows = (X, self.y_train, self.X_test, self.y_test)
+        y = self.y_train if y is None else y
+        rows = (X, y, self.X_test, self.y_test)
         key = None if config.estimator == "tracin" else influence_key(model, rows, config, state.n_classes, self.arch)
         earlier = state.influence_memo.get(key) if key is not None else None
         if earlier is not None:
             res, first = earlier
         else:
-            res = self.sweep(model, X, tr)
+            res = self.sweep(model, X, tr, y)
             if key is not None:
                 state.influence_memo[key] = (res, {"seed": self.seed, "role": role})
         self.timings["influence"] += time.perf_counter() - t0
@@ -473,7 +515,7 @@ class Cell:
                 seen.add(id(r))
         return [r.total.detach().cpu().double().numpy() for r in res], [r.damping for r in res], key
 
-    def sweep(self, model, X, tr: TrainResult) -> list:
+    def sweep(self, model, X, tr: TrainResult, y) -> list:
         """One influence run over every damping (TracIn: at the training checkpoints, weighted)."""
         config = self.config
         weights = ckpts = None
@@ -485,7 +527,7 @@ class Cell:
         return influence_sweep(
             model,
             X,
-            self.y_train,
+            y,
             self.X_test,
             self.y_test,
             config.influence,

@@ -29,6 +29,7 @@ from attnaudit.analyses.malleability.attacks import (
 )
 from attnaudit.analyses.request import FieldError, field_check, literal
 from attnaudit.core.fit import Recipe
+from attnaudit.core.task import Loss, NextTokenLoss
 from attnaudit.core.training import LOSSES, TrainConfig
 from attnaudit.errors import AuditError, is_int, is_real
 from attnaudit.models.builtin import ARCHITECTURES, ModelSpec
@@ -38,6 +39,9 @@ OPTIMIZERS = ("gd", "sgd", "adam")  # of built-in models and of --protocol finet
 ATTN_CONTEXTS = ("perturbed", "clean")
 REINIT_SEED_OFFSET = 1_000_003  # the reinit control's initialisation seed is seed + this
 # (under protocol finetune: the reorder control's data-order seed is seed + this)
+
+#: the loss of a saved causal language model (its checkpoint brings it; no option names it)
+LM_LOSS = "next-token"
 
 #: ``match_loss="auto"``: every model is trained to L*, the largest clean training loss any
 #: model reaches within the step budget over the seeds, so they are compared at equal loss.
@@ -82,6 +86,17 @@ def parse_per_model(text: Any, option: str) -> float | dict | None:
     if len(out) != len(items):
         raise AuditError(f"{option} names a model twice: {text}")
     return out
+
+
+def loss_of(name: str) -> str | Loss:
+    """The loss a Task is built with: a classification loss's name, or a language model's
+    :class:`~attnaudit.core.task.NextTokenLoss` for :data:`LM_LOSS`."""
+    return NextTokenLoss() if name == LM_LOSS else name
+
+
+def loss_name(loss: str | Loss | None) -> str | None:
+    """A saved model's recorded loss as the config names it (``next-token`` for a language model)."""
+    return loss.name if isinstance(loss, Loss) else loss
 
 
 def _listed(value: Any) -> tuple:
@@ -203,7 +218,7 @@ class MalleabilityConfig:
             ("protocol", PROTOCOLS),
             ("attn_context", ATTN_CONTEXTS),
             ("norm", NORMS),
-            ("loss", tuple(LOSSES)),
+            ("loss", tuple(LOSSES) + ((LM_LOSS,) if self.saved_models else ())),
             ("optimizer", OPTIMIZERS),
             ("finetune_optimizer", OPTIMIZERS),
             ("estimator", tuple(ESTIMATORS)),
@@ -211,6 +226,15 @@ class MalleabilityConfig:
             value = getattr(self, name)
             if value not in choices:
                 raise FieldError(name, "unknown {name} " + literal(repr(value)) + "; use one of " + ", ".join(choices))
+
+        if self.loss == LM_LOSS and self.protocol != "static":
+            raise FieldError(
+                "protocol",
+                "{name} "
+                + self.protocol
+                + " trains the model again, and attnaudit's training recipes fit classifiers on labels, not a "
+                "language model on next tokens; audit a language model as saved ({name} static)",
+            )
 
     def _check_numbers(self) -> None:
         """Sizes, radii, shares and budgets."""

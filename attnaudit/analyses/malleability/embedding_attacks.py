@@ -2,7 +2,9 @@
 
 The continuous analogue of the pixel attacks (:mod:`.attacks`). A text is a row of token
 ids; the attacked model sees ``inputs_embeds = E[ids] + delta`` (the rows are
-:class:`~attnaudit.models.hf.HFEmbeddingShiftClassifier` rows: ids plus a shift per token).
+:class:`~attnaudit.models.hf.HFEmbeddingShiftClassifier` rows: ids plus a shift per token, or
+for a causal language model :class:`~attnaudit.models.hf_causal.HFCausalLMShift` rows:
+[ids | attention | delta]).
 Each token may move inside a ball whose radius is relative to its own embedding's norm:
 
 * ``l2``: ``||delta_p||_2 <= eps * ||E[ids_p]||_2`` (eps = 0.1 moves each token by at most
@@ -10,7 +12,8 @@ Each token may move inside a ball whose radius is relative to its own embedding'
 * ``linf``: ``|delta_pj| <= eps * ||E[ids_p]||_2 / sqrt(h)``, the cube whose corners lie on
   that sphere (same reach along the diagonals, smaller along the axes).
 
-Padding and the row-framing special tokens (:func:`.token_attacks.protected_ids`) have
+Padding and the row-framing special tokens (:func:`.token_attacks.protected_ids`; for a
+language model the padding its attention block marks and the config's BOS/EOS/pad ids) have
 radius 0. The methods follow :mod:`.attacks`, token by token: ``fgsm`` one step to the
 boundary along sign(g) (linf) or g_p / ||g_p|| (l2); ``pgd`` a random start inside the
 balls, ``steps`` steps of 2.5 eps / steps (relative; ``step_size`` overrides it, relative
@@ -28,6 +31,8 @@ depend on the chunk size).
 from __future__ import annotations
 
 import math
+from functools import partial
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +41,7 @@ from attnaudit.analyses.malleability.token_attacks import protected_ids
 from attnaudit.core.task import Task, as_loss
 from attnaudit.errors import AuditError
 from attnaudit.models.hf import HFEmbeddingShiftClassifier, embedding_shift_rows
+from attnaudit.models.hf_causal import HFCausalLMShift, causal_shift_rows
 
 EMBEDDING_ATTACKS = ("fgsm", "pgd", "mim", "sign", "random", "none")
 TEXT_CHUNK = 64  # texts per forward/backward graph (a transformer's graph per text is large)
@@ -51,13 +57,51 @@ class EmbeddingAttackOutcome:
 
 def token_radii(E: torch.Tensor, ids: torch.Tensor, protected: tuple[int, ...], eps: float, norm: str) -> torch.Tensor:
     """Each token's ball radius (n, L) in ``norm``: eps ||E[id]||_2 (l2) or that over sqrt(h) (linf); 0 where protected."""
-    norms = E.detach().to(torch.float64).norm(dim=1)[ids]
-    if norm == "linf":
-        norms = norms / math.sqrt(E.shape[1])
     keep = torch.ones_like(ids, dtype=torch.bool)
     for t in protected:
         keep &= ids != t
+    return radii_where(E, ids, keep, eps, norm)
+
+
+def radii_where(E: torch.Tensor, ids: torch.Tensor, keep: torch.Tensor, eps: float, norm: str) -> torch.Tensor:
+    """:func:`token_radii` with the attacked positions given as a mask ``keep`` (n, L; 0 elsewhere)."""
+    norms = E.detach().to(torch.float64).norm(dim=1)[ids.to(E.device)].to(keep.device)
+    if norm == "linf":
+        norms = norms / math.sqrt(E.shape[1])
     return torch.where(keep, eps * norms, torch.zeros_like(norms))
+
+
+#: flat rows of a chunk of texts from their shifts (n, L, h): what the attacked model reads
+RowsOf = Callable[[int, int, torch.Tensor], torch.Tensor]
+
+
+def _layout(module, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, RowsOf, Callable]:
+    """(ids (n, L), the shifts rows hold (n, L, h), the attacked positions (n, L), the chunk's rows
+    from shifts, the output rows from shifts) of a shift model's rows."""
+    if isinstance(module, HFEmbeddingShiftClassifier):
+        ids, delta0 = module.split_rows(rows)
+        keep = torch.ones_like(ids, dtype=torch.bool)
+        for t in protected_ids(ids, module.pad_token_id):
+            keep &= ids != t
+
+        def chunk(a: int, b: int, shift: torch.Tensor) -> torch.Tensor:
+            return torch.cat([ids[a:b].to(shift.dtype).unsqueeze(-1), shift], dim=-1).reshape(b - a, -1)
+
+        return ids, delta0, keep, chunk, lambda d: embedding_shift_rows(ids, module.hidden, d)
+    if isinstance(module, HFCausalLMShift):
+        ids, attention, delta0 = module.split_shift(rows)
+        keep = attention.clone()
+        for t in module.special_ids():
+            keep &= ids != t
+
+        def lm_chunk(a: int, b: int, shift: torch.Tensor) -> torch.Tensor:
+            parts = [ids[a:b].to(shift.dtype), attention[a:b].to(shift.dtype), shift.reshape(b - a, -1)]
+            return torch.cat(parts, dim=1)
+
+        return ids, delta0, keep, lm_chunk, lambda d: causal_shift_rows(ids, attention, module.hidden, d)
+    raise AuditError(
+        "embedding attacks need a text model fed embedding-shift rows (HFEmbeddingShiftClassifier or HFCausalLMShift)"
+    )
 
 
 def _unit(g: torch.Tensor, norm: str) -> torch.Tensor:
@@ -93,11 +137,10 @@ def _draw(shape: tuple[int, ...], rho: torch.Tensor, norm: str, kind: str, gen: 
     return z * r
 
 
-def _delta_grad(task: Task, ids: torch.Tensor, delta: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def _delta_grad(task: Task, rows_of: Callable, delta: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """d l_i / d delta_i for every text (rows are independent in eval mode)."""
     shift = delta.detach().clone().requires_grad_(True)
-    rows = torch.cat([ids.to(shift.dtype).unsqueeze(-1), shift], dim=-1).reshape(ids.shape[0], -1)
-    logits = task.logits(rows)
+    logits = task.logits(rows_of(shift))
     loss = as_loss(task.loss).per_sample(logits, task.targets(y, logits.dtype)).sum()
     (g,) = torch.autograd.grad(loss, shift)
     return g
@@ -122,19 +165,16 @@ def perturb_embeddings(
     ``eps``, ``step_size``: relative to each token's embedding norm. Returns rows of the same
     shape and dtype whose ids are unchanged."""
     module = task.module
-    if not isinstance(module, HFEmbeddingShiftClassifier):
-        raise AuditError(
-            "embedding attacks need a text classifier fed embedding-shift rows (HFEmbeddingShiftClassifier)"
-        )
     if method not in EMBEDDING_ATTACKS:
         raise AuditError(f"unknown embedding attack {method!r}; use one of {', '.join(EMBEDDING_ATTACKS)}")
     if norm not in ("linf", "l2"):
         raise AuditError(f"unknown norm {norm!r}; use linf or l2")
-    ids, delta0 = module.split_rows(rows)
+    ids, delta0, keep, rows_of, out_rows = _layout(module, rows)
+    assert isinstance(module, (HFEmbeddingShiftClassifier, HFCausalLMShift))  # _layout refuses any other
     n, L = ids.shape
-    h = module.hidden
+    h = int(module.hidden)
     E = module.model.get_input_embeddings().weight  # type: ignore[operator]  # a transformers model's method
-    rho = token_radii(E, ids, protected_ids(ids, module.pad_token_id), eps, norm).to(rows.device)
+    rho = radii_where(E, ids, keep, eps, norm).to(rows.device)
     gen = torch.Generator().manual_seed(int(seed))
     shape = (n, L, h)
     if method == "none":
@@ -155,20 +195,31 @@ def perturb_embeddings(
         for a in range(0, n, TEXT_CHUNK):
             b = min(n, a + TEXT_CHUNK)
             parts.append(
-                _attack_chunk(task, ids[a:b], y[a:b], start[a:b], rho[a:b], alpha[a:b], method, norm, steps, momentum)
+                _attack_chunk(
+                    task,
+                    partial(rows_of, a, b),
+                    y[a:b],
+                    start[a:b],
+                    rho[a:b],
+                    alpha[a:b],
+                    method,
+                    norm,
+                    steps,
+                    momentum,
+                )
             )
         delta = torch.cat(parts)
     with torch.no_grad():
         size = delta.abs().amax(-1) if norm == "linf" else delta.norm(dim=-1)
         scale = rho / eps
         rel = torch.where(scale > 0, size / scale.clamp_min(1e-300), torch.zeros_like(size)).amax(-1)
-        out = embedding_shift_rows(ids, h, delta).to(rows.dtype)
+        out = out_rows(delta).to(rows.dtype)
     return EmbeddingAttackOutcome(rows=out.reshape(rows.shape), relative_radius=rel)
 
 
 def _attack_chunk(
     task: Task,
-    ids: torch.Tensor,
+    rows_of: Callable[[torch.Tensor], torch.Tensor],
     y: torch.Tensor,
     delta: torch.Tensor,
     rho: torch.Tensor,
@@ -179,11 +230,11 @@ def _attack_chunk(
     momentum: float,
 ) -> torch.Tensor:
     if method == "fgsm":
-        g = _delta_grad(task, ids, delta, y).to(torch.float64)
+        g = _delta_grad(task, rows_of, delta, y).to(torch.float64)
         return _project(alpha.unsqueeze(-1) * _unit(g, norm), rho, norm)
     acc = torch.zeros_like(delta)
     for _ in range(steps):
-        g = _delta_grad(task, ids, delta, y).to(torch.float64)
+        g = _delta_grad(task, rows_of, delta, y).to(torch.float64)
         if method == "mim":
             l1 = g.reshape(g.shape[0], -1).abs().sum(1).clamp_min(1e-300)
             acc = momentum * acc + g / l1.view(-1, 1, 1)

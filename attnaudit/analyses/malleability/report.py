@@ -10,7 +10,7 @@ import numpy as np
 from attnaudit.analyses.influence.influence import damping_label
 from attnaudit.analyses.malleability.aggregate import summary_cells
 from attnaudit.analyses.malleability.attacks import ADVERSARIAL, TOKEN_CONTROL
-from attnaudit.analyses.malleability.config import MalleabilityConfig
+from attnaudit.analyses.malleability.config import LM_LOSS, MalleabilityConfig
 from attnaudit.analyses.malleability.stability import top_k_indices
 from attnaudit.analyses.malleability.verdicts import interval_text, ratio_interval_text
 
@@ -41,9 +41,17 @@ def build_tables(result: MalleabilityResult) -> list:
         f"{cfg.control} control's"
     )
     s = Table(title="stability and attack strength (means over seeds)")
-    after = {"retrain": "retrained acc", "finetune": "fine-tuned acc", "static": "model acc"}[cfg.protocol]
+    language = cfg.loss == LM_LOSS  # no accuracy: next-token losses stand in for it
+    measure = "loss" if language else "acc"
+    after = {"retrain": "retrained ", "finetune": "fine-tuned ", "static": "model "}[cfg.protocol] + measure
+    strength = (
+        "the attacked model's next-token loss on the clean -> perturbed training documents"
+        if language
+        else "the attacked model's accuracy on the perturbed training data"
+    )
+    held_out = "held-out next-token loss" if language else "held-out accuracy"
     s.caption = (
-        f"strength: the attacked model's accuracy on the perturbed training data; {after}: held-out accuracy of "
+        f"strength: {strength}; {after}: {held_out} of "
         + {
             "retrain": "the model retrained on perturbed data",
             "finetune": "the copy fine-tuned on perturbed data",
@@ -75,13 +83,17 @@ def build_tables(result: MalleabilityResult) -> list:
             damping_label(row["damping"]),
         )
         t.add_row(*key, interval_text(row["flip_rate"]), above)
-        s.add_row(
-            *key,
-            mean(row["spearman"], pct=False),
-            mean(row["top_k_overlap"]),
-            mean(row.get("clean_model_accuracy_on_perturbed_train")),
-            mean(row["perturbed_test_accuracy"]),
-        )
+        if language:
+            before, on_perturbed = (
+                row.get("clean_model_loss_on_clean_train"),
+                row.get("clean_model_loss_on_perturbed_train"),
+            )
+            shown = "-" if on_perturbed is None else f"{mean(before, pct=False)} -> {mean(on_perturbed, pct=False)}"
+            held = mean(row.get("perturbed_test_loss"), pct=False)
+        else:
+            shown = mean(row.get("clean_model_accuracy_on_perturbed_train"))
+            held = mean(row["perturbed_test_accuracy"])
+        s.add_row(*key, mean(row["spearman"], pct=False), mean(row["top_k_overlap"]), shown, held)
     out = [t, s]
     if result.ratios:
         r = Table(title="flip-rate ratio between models (paired over seeds; Fieller interval, +inf = unbounded)")
@@ -112,6 +124,9 @@ def build_tables(result: MalleabilityResult) -> list:
         }[cfg.protocol]
     )
     status = {r["model"]: r for r in result.model_status}
+    if language:
+        out.append(_language_training_table(tr, result))
+        return out
     for col in ("model", "final train loss", "train acc", "test acc", "steps", "reached --match-loss", "untrained?"):
         tr.add_column(col, justify="right")
     for model in cfg.models:
@@ -133,6 +148,22 @@ def build_tables(result: MalleabilityResult) -> list:
         )
     out.append(tr)
     return out
+
+
+def _language_training_table(tr, result: MalleabilityResult):
+    """The saved language models' next-token losses and perplexities (training and held-out documents)."""
+    tr.caption = "next-token cross-entropy per document (mean over documents); perplexity over all counted tokens"
+    for col in ("model", "train loss", "train perplexity", "held-out loss", "held-out perplexity"):
+        tr.add_column(col, justify="right")
+    for model in result.config.models:
+        rows = [x for x in result.training if x["model"] == model and x["role"] == "clean"]
+
+        def avg(key: str) -> str:
+            vals = [x[key] for x in rows if x.get(key) is not None]
+            return f"{np.mean(vals):.4g}" if vals else "-"
+
+        tr.add_row(model, avg("final_loss"), avg("train_perplexity"), avg("test_loss"), avg("test_perplexity"))
+    return tr
 
 
 def optimizer_text(cfg: MalleabilityConfig) -> str:

@@ -23,7 +23,15 @@ from typing import Any, ClassVar
 from attnaudit.analyses.influence.influence import damping_label, parse_damping
 from attnaudit.analyses.influence.store import reporting
 from attnaudit.analyses.malleability.attacks import TOKEN_ATTACKS
-from attnaudit.analyses.malleability.config import AUTO_MATCH, MalleabilityConfig, parse_per_model
+from attnaudit.analyses.malleability.config import (
+    AUTO_MATCH,
+    LM_LOSS,
+    MalleabilityConfig,
+    loss_name,
+    loss_of,
+    parse_per_model,
+)
+from attnaudit.analyses.malleability.lm_attacks import is_language_model
 from attnaudit.analyses.malleability.malleability import SCHEMA, MalleabilityResult, run_malleability
 from attnaudit.analyses.malleability.planning import check_executor, check_recipes, plan_memory, progress_total
 from attnaudit.analyses.malleability.report import build_tables, plot_malleability
@@ -53,7 +61,7 @@ from attnaudit.analyses.result import Progress, Result, progress_or_silent
 from attnaudit.analyses.sources import DATASET_HELP, ModelFields, PresetData
 from attnaudit.core.fit import DEFAULT_ADAM_LR
 from attnaudit.core.precision import resolve_precision
-from attnaudit.core.task import Task
+from attnaudit.core.task import Task, head_parameter_names
 from attnaudit.data import HoldoutRecipe, data_fingerprint, holdout_split, load_dataset
 from attnaudit.errors import AuditError
 from attnaudit.models.builtin import training_data_mismatch
@@ -492,7 +500,13 @@ class MalleabilityRequest(
         saved = self.model_given
         loaded = loaded or {}
         protocol = self.protocol if self.protocol is not None else ("static" if saved else "retrain")
-        losses = {lm.loss for lm in loaded.values() if lm.loss}
+        losses = {str(loss_name(lm.loss)) for lm in loaded.values() if lm.loss}
+        if LM_LOSS in losses and (len(losses) > 1 or len(losses) < len(loaded)):
+            raise FieldError("checkpoint", "{name} mixes a language model with classifiers; audit them separately")
+        if LM_LOSS in losses and self.loss is not None and self.loss != LM_LOSS:
+            raise FieldError(
+                "loss", "a language model's loss is its next-token cross-entropy; drop {name} " + str(self.loss)
+            )
         recorded = next(iter(lm.recipe or {} for lm in loaded.values()), {})
         recorded_lr, recorded_batch = recorded.get("lr"), recorded.get("batch_size")
         match_loss = values["match_loss"]
@@ -580,7 +594,9 @@ def run(
     memory = plan_memory(config, rows.train.X, rows.test.n, rows.n_classes, rows.fixed)  # refuses before compute
     if notice is not None:
         notice(_notice(rows, memory))
-    token_models = any(isinstance(m, Task) and m.inputs.kind == "tokens" for m in (rows.fixed or {}).values())
+    token_models = any(
+        isinstance(m, Task) and (m.inputs.kind == "tokens" or is_language_model(m)) for m in (rows.fixed or {}).values()
+    )
     value_range = None if token_models else rows.ds.value_range  # token ids have no value range to clip to
     t1 = time.perf_counter()
     with progress("malleability", progress_total(config), "trainings with influence") as advance, reporting(progress):
@@ -674,7 +690,9 @@ def _load(request: MalleabilityRequest, executor: ExecutorConfig | None) -> _Row
     fixed, audit_rows = None, None
     if loaded:
         loaded = {label: fit_to_data(lm, ds) for label, lm in loaded.items()}
-        fixed = {label: lm.task(loss=config.loss, params="all") for label, lm in loaded.items()}
+        fixed = {label: lm.task(loss=loss_of(config.loss), params="all") for label, lm in loaded.items()}
+        if config.loss == LM_LOSS:
+            _check_tied_head(config, fixed)
         train_ds, test_ds, audit_rows = audit_split(ds, loaded, ntr, nte, seed)
         n_classes = next(iter(fixed.values())).n_classes
     else:
@@ -698,6 +716,22 @@ def _load(request: MalleabilityRequest, executor: ExecutorConfig | None) -> _Row
         t0,
         time.perf_counter() - t0,
     )
+
+
+def _check_tied_head(config: MalleabilityConfig, fixed: dict) -> None:
+    """Refuse the head-only influence of a language model whose output layer shares its weight with
+    the input embeddings (GPT-2): the head then holds no parameter of its own to select."""
+    if config.estimator != "last-layer" or config.params not in (None, "head"):
+        return
+    for label, task in fixed.items():
+        trainable = {name for name, p in task.module.named_parameters() if p.requires_grad}
+        if not trainable.intersection(head_parameter_names(task.module)):
+            raise FieldError(
+                "estimator",
+                "{name} last-layer tracks the output layer, and "
+                + label
+                + "'s shares its weight with the input embeddings; use {name} projected (or ekfac) over every layer",
+            )
 
 
 def _notice(rows: _Rows, memory: dict) -> str:
@@ -740,6 +774,8 @@ def _report(
         "value_range": value_range,
         "audit_rows": rows.audit_rows,
         "checkpoints": {label: lm.source for label, lm in rows.loaded.items()} or None,
+        # a language model has no accuracy: its losses and perplexities stand in for it
+        **({"loss": "next-token cross-entropy"} if config.loss == LM_LOSS else {}),
         **result.to_dict(),
     }
     # the settings as resolved, without those no option sets (fixed in the library) and the seeds (below)
@@ -801,7 +837,8 @@ def write_edited_texts(path: str, edits: list[dict], labels, tokenizer_path: str
         for text in block["texts"]:
             i = int(text["index"])
             swaps = text["swaps"]
-            row = {k: block[k] for k in ("model", "seed", "attack", "eps")} | {"index": i, "label": int(labels[i])}
+            label = int(labels[i]) if labels.ndim == 1 else None  # documents have targets, not a label
+            row = {k: block[k] for k in ("model", "seed", "attack", "eps")} | {"index": i, "label": label}
             if tok is not None:
                 ids = list(text.get("ids") or [])
                 row["text"] = tok.decode(ids, skip_special_tokens=True) if ids else None

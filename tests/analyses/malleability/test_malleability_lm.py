@@ -1,0 +1,190 @@
+"""Malleability on causal language models: the embedding-shift model against transformers' own
+inputs_embeds, the relative radius per real token, token swaps with their rebuilt targets, and the
+static CLI run on GPT-2- and Llama-style models (losses and perplexities, never an accuracy)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+from typer.testing import CliRunner  # noqa: E402
+
+from attnaudit.analyses.malleability.attacks import AttackConfig, perturb  # noqa: E402
+from attnaudit.analyses.malleability.lm_attacks import Documents  # noqa: E402
+from attnaudit.cli import app  # noqa: E402
+from attnaudit.core.lm_rows import pack_rows, split_rows, split_targets, targets_for  # noqa: E402
+from attnaudit.core.task import NextTokenLoss, Task  # noqa: E402
+from attnaudit.models.hf_causal import HFCausalLM, HFCausalLMShift, causal_shift_rows  # noqa: E402
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "lm"
+runner = CliRunner()
+
+
+def _example():
+    sys.path.insert(0, str(EXAMPLE))
+    try:
+        import make_lm_checkpoint
+    finally:
+        sys.path.remove(str(EXAMPLE))
+    return make_lm_checkpoint
+
+
+def _lm(arch: str) -> HFCausalLM:
+    model = _example().build_model(40, arch).double()
+    return HFCausalLM(model, pad_token_id=0, vocab_size=40, max_length=64)
+
+
+def _documents() -> tuple[torch.Tensor, torch.Tensor]:
+    """Three documents of 9, 6 and 4 tokens (BOS/EOS id 2, padding id 0), right-padded to 9."""
+    lengths = [9, 6, 4]
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.zeros(3, 9, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        ids[i, :n] = torch.randint(3, 40, (n,), generator=gen)
+        ids[i, n - 1] = 2
+    attention = (torch.arange(9) < torch.tensor(lengths)[:, None]).long()
+    return ids, attention
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_shift_model_is_the_plain_model_at_zero_and_transformers_inputs_embeds_with_a_shift(arch):
+    lm = _lm(arch)
+    shift = HFCausalLMShift(lm)
+    ids, attention = _documents()
+    plain = lm(pack_rows(ids, attention))
+    zero = shift(causal_shift_rows(ids, attention, shift.hidden))
+    assert torch.equal(plain, zero)
+    delta = 0.05 * torch.randn(3, 9, shift.hidden, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    got = shift(causal_shift_rows(ids, attention, shift.hidden, delta))
+    E = lm.model.get_input_embeddings().weight
+    for i, n in enumerate(attention.sum(1).tolist()):  # each unpadded document, fed by hand
+        embeds = (E[ids[i, :n]] + delta[i, :n]).unsqueeze(0)
+        ref = lm.model(inputs_embeds=embeds, use_cache=False).logits[0]
+        torch.testing.assert_close(got[i, :n], ref, rtol=1e-9, atol=1e-9)
+    ref_grad = torch.autograd.grad(got[:, :4].sum(), lm.model.get_input_embeddings().weight)[0]
+    assert ref_grad.abs().sum() > 0  # the lookup is inside the graph: the embedding table gets gradients
+
+
+@pytest.mark.parametrize("norm", ["l2", "linf"])
+def test_embedding_attacks_keep_each_real_tokens_relative_radius_and_leave_padding(norm):
+    lm = _lm("gpt2")
+    shift = HFCausalLMShift(lm)
+    ids, attention = _documents()
+    X = causal_shift_rows(ids, attention, shift.hidden)
+    Y = targets_for(ids, attention)
+    task = Task(shift, 40, NextTokenLoss())
+    eps = 0.2
+    E = lm.model.get_input_embeddings().weight.detach()
+    for method in ("pgd", "sign", "fgsm"):
+        res = perturb(task, X, Y, AttackConfig(method=method, eps=eps, norm=norm, steps=3, seed=4))
+        got_ids, got_att, delta = shift.split_shift(res.X_adv)
+        assert torch.equal(got_ids, ids) and torch.equal(got_att, attention.bool())
+        assert res.y_adv is None  # an embedding shift leaves the targets
+        size = delta.norm(dim=-1) if norm == "l2" else delta.abs().amax(-1) * E.shape[1] ** 0.5
+        bound = eps * E[ids].norm(dim=-1)
+        real = attention.bool() & (ids != 2) & (ids != 0)
+        assert bool((size[real] <= bound[real] * (1 + 1e-9)).all())
+        assert bool((delta[~real] == 0).all())  # padding and BOS/EOS never move
+        assert res.loss_after > res.loss_before if method == "pgd" else True
+        assert res.accuracy_before is None and res.accuracy_after is None
+
+
+@pytest.mark.parametrize("method", ["hotflip", "swap"])
+def test_token_swaps_spend_the_budget_and_rebuild_the_targets(method):
+    lm = _lm("llama")
+    ids, attention = _documents()
+    X = pack_rows(ids, attention)
+    Y = targets_for(ids, attention)
+    task = Task(lm, 40, NextTokenLoss())
+    res = perturb(task, X, Y, AttackConfig(method=method, eps=2, seed=5))
+    new_ids, new_att = split_rows(res.X_adv)
+    assert torch.equal(new_att, attention.bool())
+    changed = new_ids != ids
+    assert changed.sum(1).tolist() == [2, 2, 2]
+    assert not bool(changed[~attention.bool()].any())  # padding untouched
+    assert not bool(torch.isin(new_ids[changed], torch.tensor([0, 2])).any())  # no special id inserted
+    assert not bool(changed[ids == 2].any())  # BOS/EOS never swapped
+    assert res.y_adv is not None
+    next_ids, weights = split_targets(res.y_adv)
+    _, old_weights = split_targets(Y)
+    assert torch.equal(weights, old_weights)  # the same counted positions
+    real_next = old_weights > 0
+    assert torch.equal(next_ids[:, :-1][real_next[:, :-1]], new_ids[:, 1:][real_next[:, :-1]])
+    # the loss after, from transformers' logits on each unpadded perturbed document (its own next ids;
+    # transformers' labels= loss runs in float32, so the cross-entropy is taken here in float64)
+    losses = []
+    for i, n in enumerate(attention.sum(1).tolist()):
+        doc = new_ids[i, :n]
+        with torch.no_grad():
+            log_p = torch.log_softmax(lm.model(input_ids=doc.unsqueeze(0), use_cache=False).logits[0], -1)
+        losses.append(float(-log_p[:-1].gather(1, doc[1:, None]).mean()))
+    assert res.loss_after == pytest.approx(sum(losses) / len(losses), rel=1e-9)
+    assert res.perplexity_after is not None and res.perplexity_after > 1
+
+
+def test_documents_of_rows_read_the_counted_mask_back():
+    ids, attention = _documents()
+    counted = attention.bool().clone()
+    counted[:, :3] = False  # a prompt of 3 tokens: only the completion counts
+    Y = targets_for(ids, attention, counted)
+    docs = Documents.of(_lm("gpt2"), pack_rows(ids, attention), Y)
+    assert torch.equal(docs.targets(ids), Y)
+
+
+@pytest.fixture(scope="module")
+def lm_folders(tmp_path_factory):
+    """A randomly initialised GPT-2 and Llama folder (lm/, with the example's tokenizer) and 30 documents each."""
+    example = _example()
+    root = tmp_path_factory.mktemp("lm-malleability")
+    for arch in ("gpt2", "llama"):
+        (root / arch / "lm").mkdir(parents=True)
+        example.write_documents(root / arch / "documents.jsonl", n=30)
+        vocab = example.write_tokenizer(root / arch / "lm")
+        example.build_model(vocab, arch).save_pretrained(root / arch / "lm")
+    return root
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_static_cli_run_on_a_language_model_reports_losses_not_accuracies(lm_folders, arch):
+    folder = lm_folders / arch
+    common = ["malleability", "--checkpoint", str(folder / "lm"), "--data", str(folder / "documents.jsonl")]
+    sizes = ["--n-train", "10", "--n-test", "4", "--seeds", "2", "--top-k", "4", "--estimator", "projected"]
+    out = runner.invoke(
+        app, [*common, *sizes, "--proj-dim", "64", "--attacks", "pgd,sign,hotflip,swap", "--eps", "1", "--json", "-"]
+    )
+    assert out.exit_code == 0, out.output[-3000:]
+    report = json.loads(out.output[out.output.index("{") :])
+    res = report["results"]
+    assert res["loss"] == "next-token cross-entropy" and res["config"]["loss"] == "next-token"
+    attacks = {row["attack"] for row in res["summary"]}
+    assert {"pgd", "sign", "hotflip", "swap"} <= attacks  # the adversarial attacks and their controls
+    for row in res["summary"]:
+        assert 0.0 <= row["flip_rate"]["mean"] <= 1.0
+        assert row["perturbed_test_loss"]["mean"] > 0
+    assert {row["floors"]["random"]["attack"] for row in res["summary"] if row["attack"] in ("pgd", "hotflip")} == {
+        "sign",
+        "swap",
+    }
+
+    def numbers(o, key=""):
+        if isinstance(o, dict):
+            for k, v in o.items():
+                yield from numbers(v, k)
+        elif isinstance(o, list):
+            for v in o:
+                yield from numbers(v, key)
+        elif "accuracy" in key and isinstance(o, (int, float)) and not isinstance(o, bool):
+            yield key
+
+    assert list(numbers(report)) == []  # no accuracy field with a number
+    training = res["training"][0]
+    assert training["train_perplexity"] > 1 and training["test_loss"] > 0
+    refused = runner.invoke(app, [*common, *sizes, "--attacks", "pgd,sign", "--protocol", "finetune"])
+    assert refused.exit_code != 0 and "audit a language model as saved" in refused.output
