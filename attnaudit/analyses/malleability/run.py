@@ -258,12 +258,13 @@ class MalleabilityRequest(
         help="Flip rate among the top-k samples by clean |influence|; a list (10,30,100) reports each k (the first in "
         "the main columns). " + _by_preset("top_k"),
     )
-    estimator: str = option(
-        "last-layer",
+    estimator: str | None = option(
+        None,
         "--estimator",
         panel=ANALYSIS,
         help="exact, last-layer, cg, tracin, kfac, ekfac (Kronecker-factored, for transformers over all parameters) or "
-        "projected (LoGra/TRAK: per-layer projected gradients, --proj-dim).",
+        "projected (LoGra/TRAK: per-layer projected gradients, --proj-dim). Default: last-layer; projected for a "
+        "language model (its output layer is the vocabulary's, often tied to the input embeddings).",
     )
     proj_dim: int = option(
         512,
@@ -526,7 +527,7 @@ class MalleabilityRequest(
             protocol=protocol,
             top_k=values["top_k"][0],
             top_ks=tuple(values["top_k"]),
-            estimator=self.estimator,
+            estimator=self.estimator or ("projected" if LM_LOSS in losses else "last-layer"),
             proj_dim=self.proj_dim,
             proj_split=self.proj_split,
             memory_budget=self.memory_budget,

@@ -155,7 +155,8 @@ def lm_folders(tmp_path_factory):
 def test_static_cli_run_on_a_language_model_reports_losses_not_accuracies(lm_folders, arch):
     folder = lm_folders / arch
     common = ["malleability", "--checkpoint", str(folder / "lm"), "--data", str(folder / "documents.jsonl")]
-    sizes = ["--n-train", "10", "--n-test", "4", "--seeds", "2", "--top-k", "4", "--estimator", "projected"]
+    # no --estimator: a language model's default is projected (its tied output layer leaves last-layer nothing)
+    sizes = ["--n-train", "10", "--n-test", "4", "--seeds", "2", "--top-k", "4"]
     out = runner.invoke(
         app, [*common, *sizes, "--proj-dim", "64", "--attacks", "pgd,sign,hotflip,swap", "--eps", "1", "--json", "-"]
     )
@@ -163,6 +164,7 @@ def test_static_cli_run_on_a_language_model_reports_losses_not_accuracies(lm_fol
     report = json.loads(out.output[out.output.index("{") :])
     res = report["results"]
     assert res["loss"] == "next-token cross-entropy" and res["config"]["loss"] == "next-token"
+    assert report["inputs"]["estimator"] == "projected"
     attacks = {row["attack"] for row in res["summary"]}
     assert {"pgd", "sign", "hotflip", "swap"} <= attacks  # the adversarial attacks and their controls
     for row in res["summary"]:
