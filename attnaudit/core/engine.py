@@ -129,6 +129,9 @@ class Engine:
         self.frozen = {k: copy(v) for k, v in named.items() if k not in chosen}
         self.frozen.update({k: copy(v) for k, v in self.module.named_buffers()})
         originals = {**named, **dict(self.module.named_buffers())}
+        # False once vmap over rows failed on this module's forward (data-dependent control flow,
+        # such as transformers' attention-mask helpers): per-row work then loops (see map_rows)
+        self.vmap_rows: bool = True
         # True when no frozen tensor had to be converted (then each is the module's own storage)
         self._frozen_shared = all(
             v.data_ptr() == originals[k].data_ptr() and v.dtype == originals[k].dtype for k, v in self.frozen.items()
@@ -271,6 +274,32 @@ class Engine:
                 logits[part] = value
             return logits
 
+    def map_rows(self, fn: Callable, in_dims: tuple) -> Callable:
+        """``vmap(fn, in_dims)`` over rows; for a module whose forward branches on its inputs'
+        values (transformers' causal-mask helpers call ``.item()`` on the attention mask, which
+        vmap refuses) a loop that calls ``fn`` row by row and stacks the results (tuples item by
+        item): the same numbers, one forward per row. The switch is remembered per engine."""
+        batched = vmap(fn, in_dims=in_dims)
+
+        def looped(*args):
+            n = next(a.shape[d] for a, d in zip(args, in_dims) if d is not None)
+            outs = [fn(*(a if d is None else a.select(d, i) for a, d in zip(args, in_dims))) for i in range(n)]
+            if isinstance(outs[0], tuple):
+                return tuple(torch.stack(parts) for parts in zip(*outs))
+            return torch.stack(outs)
+
+        def call(*args):
+            if self.vmap_rows:
+                try:
+                    return batched(*args)
+                except RuntimeError as exc:
+                    if "vmap" not in str(exc):
+                        raise
+                    self.vmap_rows = False
+            return looped(*args)
+
+        return call
+
     # ----------------------------------------------------------------- losses and gradients
     def sample_loss(self, theta: torch.Tensor, row: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Loss of one row (d,) with one-hot target (c,): a scalar."""
@@ -282,10 +311,11 @@ class Engine:
     def per_sample_grads(
         self, rows: torch.Tensor, T: torch.Tensor, theta: torch.Tensor | None = None, chunk: int | None = None
     ) -> torch.Tensor:
-        """Per-sample loss gradients (n, P) (``vmap(grad)``, in chunks of ``chunk`` rows)."""
+        """Per-sample loss gradients (n, P) (``vmap(grad)``, in chunks of ``chunk`` rows; a loop
+        over rows for a module vmap cannot batch, :meth:`map_rows`)."""
         th = self.theta if theta is None else theta
         rows, T = self.rows(rows), self._as_targets(T)
-        fn = vmap(grad(self.sample_loss), in_dims=(None, 0, 0))
+        fn = self.map_rows(grad(self.sample_loss), (None, 0, 0))
         size = rows.shape[0] if chunk is None else chunk
         with self.context():
             parts = self.row_chunks(rows, size, max_rows=size)  # a P-wide gradient per row, whatever its length
@@ -341,7 +371,7 @@ class Engine:
 
     # ----------------------------------------------------------------- Jacobians and the eNTK
     def jacobian(self, rows: torch.Tensor, theta: torch.Tensor | None = None) -> torch.Tensor:
-        """Per-sample Jacobians of the logits (B, c, P).
+        """Per-sample Jacobians of the logits (B, c, P) (a language model's: c = L V, position-major).
 
         ``vmap(jacrev)`` with respect to the parameter tensors (not the flat theta, whose
         split would make autograd concatenate every sub-batch's gradients into a fresh
@@ -366,14 +396,15 @@ class Engine:
 
         params = tuple(torch.split(th, self.numels))
         params = tuple(p.view(s) for p, s in zip(params, self.shapes))
-        fn = vmap(jacrev(single), (None, 0))
+        fn = self.map_rows(jacrev(single), (None, 0))
         n = rows.shape[0]
         out = None
         with self.context():
             for a, b in ranges(n, JACOBIAN_ROWS):
-                parts = fn(params, rows[a:b])  # one (rows, c, *shape) per parameter tensor
+                parts = fn(params, rows[a:b])  # one (rows, *logits, *shape) per parameter tensor
                 if out is None:
-                    c = parts[0].shape[1]
+                    # c: a row's logits flattened (a language model's (L, V) positions x vocabulary)
+                    c = parts[0].numel() // ((b - a) * self.numels[0])
                     out = torch.empty((n, c, self.n_params), dtype=parts[0].dtype, device=parts[0].device)
                 offset = 0
                 for part, numel in zip(parts, self.numels):
@@ -481,16 +512,27 @@ class Engine:
         trailing padding is probed on its longest rows (the worst chunk).
         """
         rows = self.rows(rows[self.longest_first(rows)[:batch]])
-        T = self.targets(torch.zeros(rows.shape[0], dtype=torch.long, device=self.device))
         theta = self.theta.detach().requires_grad_(wrt == "params")
         r = rows.detach().requires_grad_(wrt == "inputs")
 
         def loss() -> torch.Tensor:
             with self.context():
-                return self.sum_loss(theta, r, T)
+                logits = self.apply(theta, r)
+                return self.loss.per_sample(logits, self.probe_targets(logits)).sum()
 
         saved = saved_tensor_bytes(loss, (theta, *self.frozen.values()))
         return max(1, math.ceil(saved / rows.shape[0]))
+
+    def probe_targets(self, logits: torch.Tensor) -> torch.Tensor:
+        """Targets of the loss's shape for ``logits``, for probes whose values do not matter: class
+        0 one-hot (n, c) for a classifier; for a language model's logits (n, L, V), next id 0 at
+        every position with weight 1 (n, 2L), so every position enters the backward pass."""
+        n = logits.shape[0]
+        if logits.ndim == 3:
+            L = logits.shape[1]
+            zeros = torch.zeros(n, L, dtype=self.dtype, device=self.device)
+            return torch.cat([zeros, torch.ones_like(zeros)], 1)
+        return self.targets(torch.zeros(n, dtype=torch.long, device=self.device))
 
     def plan_chunk(self, rows: torch.Tensor, budget_bytes: float, per_sample_extra: int = 0, limit: int = 4096) -> int:
         """Largest chunk of rows whose activations (measured) plus ``per_sample_extra`` bytes each fit the budget."""

@@ -257,7 +257,10 @@ def head_parameter_names(
         if order:
             chosen = next((name, sub) for name, sub in leaves if name == order[-1])
     prefix = f"{chosen[0]}." if chosen[0] else ""
-    return [prefix + n for n, p in chosen[1].named_parameters(recurse=False) if p.requires_grad]
+    # a head tied to another module's weight (GPT-2's to its token embedding) is listed by
+    # named_parameters under the name it was first registered with: that name is the one tracked
+    canonical = {id(p): name for name, p in module.named_parameters()}
+    return [canonical.get(id(p), prefix + n) for n, p in chosen[1].named_parameters(recurse=False) if p.requires_grad]
 
 
 def select_parameter_names(

@@ -31,11 +31,21 @@ replaces the module's output by the same computation written with visible projec
 checked against the module's own output (a mismatch is refused, never silently used). An
 ``nn.Conv2d`` (one group, zero padding) is a linear layer on its unfolded input patches, with
 the output positions as tokens (Grosse & Martens' KFC; a ViT's patch embedding is the case
-stride = kernel). Every other tracked parameter (embeddings, norms, other convolutions,
+stride = kernel). Transformers' ``Conv1D`` (GPT-2's projections, y = x W + b with W stored
+(d_in, d_out)) is a linear layer whose weight is read transposed. Every other tracked parameter (embeddings, norms, other convolutions,
 ``nn.Linear`` subclasses, attention with ``add_bias_kv``/``add_zero_attn`` or separate k/v
 dimensions) is listed in ``excluded``
 and left out of the influence (its block is treated as absent), with a warning from the
 caller.
+
+Causal language models (:class:`~attnaudit.core.task.NextTokenLoss`, logits (B, L, V)): the
+per-document loss l_i = sum_t w_t CE_t / W_i, W_i = max(1, sum_t w_t), has a block-diagonal
+output Hessian, H_t = (w_t / W_i)(diag p_t - p_t p_t^T), whose root is taken per position
+(:func:`output_hessian_root`); the tokens of the covariances are the real tokens (the model's
+``token_mask``; padding never enters A). The exact columns cost one backward pass per position
+and vocabulary column, so a language model's ``auto`` curvature is the sampled Fisher (one label
+drawn per weighted position, all in one pass; kronfluence's choice) and ``ggn`` is refused above
+:data:`EXACT_LM_COLUMNS` passes.
 """
 
 from __future__ import annotations
@@ -44,14 +54,15 @@ import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import nn
 
 from attnaudit.core.engine import Engine, ranges
 from attnaudit.core.precision import tensor_bits
-from attnaudit.core.task import CrossEntropyLoss, MSELoss
+from attnaudit.core.lm_rows import split_targets
+from attnaudit.core.task import CrossEntropyLoss, MSELoss, NextTokenLoss
 from attnaudit.analyses.request import FieldError, literal
 from attnaudit.errors import AuditError
 from attnaudit.runtime.atomic import write_bytes_atomic
@@ -88,6 +99,12 @@ class LinearBlock:
     def width_in(self) -> int:
         return self.d_in + (1 if self.bias else 0)
 
+    @property
+    def transposed(self) -> bool:
+        """Whether the weight is stored (d_in, d_out), the transpose of ``nn.Linear``'s (d_out, d_in):
+        an embedding table, or transformers' ``Conv1D`` (GPT-2's projections, y = x W + b)."""
+        return self.source in ("embedding", "conv1d")
+
     def eigenvalues(self, kind: str) -> torch.Tensor:
         if kind == "ekfac":
             assert self.corrected is not None  # fitted (or loaded) with the factors
@@ -117,7 +134,7 @@ class KroneckerFactors:
         offsets = dict(zip(engine.names, _offsets(engine)))
         for b in self.blocks:
             o_w, n_w = offsets[b.weight]
-            V = grads[:, o_w : o_w + n_w].to(torch.float64).reshape(-1, b.d_out, b.d_in)
+            V = as_linear_layout(b, grads[:, o_w : o_w + n_w].to(torch.float64))
             if b.bias:
                 o_b, n_b = offsets[b.bias]
                 V = torch.cat([V, grads[:, o_b : o_b + n_b].to(torch.float64)[:, :, None]], 2)
@@ -127,10 +144,38 @@ class KroneckerFactors:
             assert QS is not None and QA is not None  # fitted (or loaded) with the factors
             rotated = QS.T @ V @ QA
             solved = QS @ (rotated / (lam + d)) @ QA.T
-            out[:, o_w : o_w + n_w] = solved[:, :, : b.d_in].reshape(-1, n_w)
+            out[:, o_w : o_w + n_w] = from_linear_layout(b, solved[:, :, : b.d_in])
             if b.bias:
                 out[:, o_b : o_b + n_b] = solved[:, :, b.d_in]
         return out.to(grads.dtype)
+
+
+def as_linear_layout(block: LinearBlock, flat: torch.Tensor) -> torch.Tensor:
+    """(..., d_out, d_in): rows of a layer's flattened weight (..., d_in d_out) in ``nn.Linear``'s layout."""
+    if block.transposed:
+        return flat.reshape(*flat.shape[:-1], block.d_in, block.d_out).transpose(-1, -2)
+    return flat.reshape(*flat.shape[:-1], block.d_out, block.d_in)
+
+
+def from_linear_layout(block: LinearBlock, W: torch.Tensor) -> torch.Tensor:
+    """(..., d_in d_out): matrices (..., d_out, d_in) in ``nn.Linear``'s layout flattened like the weight."""
+    if block.transposed:
+        W = W.transpose(-1, -2)
+    return W.reshape(*W.shape[:-2], -1)
+
+
+def is_hf_conv1d(module: nn.Module) -> bool:
+    """Whether ``module`` is transformers' ``Conv1D`` (GPT-2's linear layers: weight (d_in, d_out),
+    y = x W + b), recognised by class without importing transformers."""
+    cls = type(module)
+    weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
+    return (
+        cls.__name__ == "Conv1D"
+        and cls.__module__.startswith("transformers.")
+        and isinstance(weight, torch.Tensor)
+        and weight.ndim == 2
+        and isinstance(bias, torch.Tensor)
+    )
 
 
 def resolve_damping(damping: float | str, eigenvalues: torch.Tensor) -> float:
@@ -178,6 +223,13 @@ def linear_modules(module: nn.Module, names: Sequence[str]) -> tuple[list[Linear
                     prefixed(path, "bias") if sub.bias is not None else None,
                     sub.in_features,
                     sub.out_features,
+                )
+            )
+        elif is_hf_conv1d(sub):
+            d_in, d_out = sub.weight.shape
+            add(
+                LinearBlock(
+                    path, prefixed(path, "weight"), prefixed(path, "bias"), int(d_in), int(d_out), source="conv1d"
                 )
             )
         elif type(sub) is nn.Conv2d and sub.groups == 1 and sub.padding_mode == "zeros":
@@ -307,10 +359,93 @@ def _attention_with_visible_projections(mha: nn.MultiheadAttention, args: tuple,
     return (out if mha.batch_first else out.transpose(0, 1), weights), (x, qkv, attended, out)
 
 
-def _sampled_column(loss, logits: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+def position_weights(loss, logits: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor | None:
+    """(B, L) float64: w_t / max(1, sum_t w_t), each position's share of a document's next-token loss
+    (:class:`~attnaudit.core.task.NextTokenLoss`), or None for a loss of one output per sample."""
+    if not isinstance(loss, NextTokenLoss):
+        return None
+    if targets is None:
+        raise AuditError("a language model's output Hessian needs its targets (the loss weights of the positions)")
+    weights = split_targets(targets)[1].to(device=logits.device, dtype=torch.float64)
+    return weights / weights.sum(-1, keepdim=True).clamp(min=1.0)
+
+
+def _softmax_root(logits: torch.Tensor) -> torch.Tensor:
+    """(..., c, c): diag(sqrt p) - p sqrt(p)^T, a square root of diag(p) - p p^T (p = softmax)."""
+    p = torch.softmax(logits.detach(), -1)
+    sq = p.sqrt()
+    return torch.diag_embed(sq) - p[..., :, None] * sq[..., None, :]
+
+
+def output_hessian_root(loss, logits: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+    """L with L L^T = d^2 l / d f^2 for each row: (B, c, c) for a classifier (MSE: I; cross-entropy:
+    diag(sqrt p) - p sqrt(p)^T). A language model's loss (logits (B, L, V), ``targets`` (B, 2L))
+    has a block-diagonal Hessian over positions, H_t = (w_t / W)(diag p_t - p_t p_t^T) with
+    W = max(1, sum_t w_t): its root is given per position, (B, L, V, V), sqrt(w_t / W) times the
+    softmax root (zero where w_t = 0)."""
+    share = position_weights(loss, logits, targets)
+    if share is not None:
+        return _softmax_root(logits) * share.sqrt().to(logits.dtype)[:, :, None, None]
+    B, c = logits.shape
+    if isinstance(loss, MSELoss):
+        return torch.eye(c, dtype=logits.dtype, device=logits.device).expand(B, c, c)
+    if isinstance(loss, CrossEntropyLoss):
+        return _softmax_root(logits)
+    raise AuditError(f"K-FAC needs the output Hessian of the loss; {type(loss).__name__} has no closed form here")
+
+
+def _softmax_columns(logits: torch.Tensor) -> torch.Tensor:
+    """(N, c, c - 1) roots of diag(p) - p p^T for logits (N, c) in c - 1 columns: the Hessian
+    annihilates the all-ones vector, so with Q (c, c - 1) an orthonormal basis of its complement,
+    L = Q V sqrt(lambda) where V diag(lambda) V^T = Q^T H Q (one small eigendecomposition per
+    row, float64)."""
+    c = logits.shape[-1]
+    p = torch.softmax(logits.detach().to(torch.float64), -1)
+    H = torch.diag_embed(p) - p[:, :, None] * p[:, None, :]
+    basis = torch.eye(c, dtype=torch.float64, device=p.device)
+    basis[:, 0] = 1.0
+    Q = torch.linalg.qr(basis)[0][:, 1:]  # (c, c - 1), orthogonal to the ones vector
+    lam, V = torch.linalg.eigh(Q.T @ H @ Q)
+    return (Q @ (V * lam.clamp(min=0.0).sqrt()[:, None, :])).to(logits.dtype)
+
+
+def _output_hessian_columns(loss, logits: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+    """L with L L^T = d^2 l / d f^2 for each row in the fewest columns, one backward pass each in
+    the K-FAC fit: (B, c, r) for a classifier (cross-entropy: r = c - 1, :func:`_softmax_columns`;
+    two classes: one column instead of two; MSE: the identity, c columns); a language model's
+    per position, (B, L, V, V - 1), scaled by sqrt(w_t / W) (:func:`output_hessian_root`)."""
+    share = position_weights(loss, logits, targets)
+    if share is not None:
+        B, L, V = logits.shape
+        roots = _softmax_columns(logits.reshape(B * L, V)).reshape(B, L, V, V - 1)
+        return roots * share.sqrt().to(logits.dtype)[:, :, None, None]
+    B, c = logits.shape
+    if not isinstance(loss, CrossEntropyLoss) or c < 2:
+        return output_hessian_root(loss, logits)
+    return _softmax_columns(logits)
+
+
+def _sampled_column(
+    loss, logits: torch.Tensor, gen: torch.Generator, targets: torch.Tensor | None = None
+) -> torch.Tensor:
     """(B, c, 1) one random column per row whose outer product has the output Hessian as its
     mean: the loss gradient at a label drawn from the model (the true Fisher; kronfluence's
-    default). MSE: r ~ N(0, I); cross-entropy: p - onehot(y), y ~ softmax(f)."""
+    default). MSE: r ~ N(0, I); cross-entropy: p - onehot(y), y ~ softmax(f). A language model's
+    (B, L, V, 1): sqrt(w_t / W)(p_t - onehot(y_t)), y_t ~ softmax(f_t) drawn independently at each
+    position of nonzero weight (row by row, position by position: padding draws nothing, so the
+    draws do not depend on how far the rows are padded); independent zero-mean blocks, so the
+    mean outer product is the block-diagonal Hessian."""
+    share = position_weights(loss, logits, targets)
+    if share is not None:
+        B, L, V = logits.shape
+        p = torch.softmax(logits.detach().to(torch.float64), -1).cpu()
+        live = (share > 0).cpu()
+        v = torch.zeros(B, L, V, dtype=torch.float64)
+        if bool(live.any()):
+            drawn = torch.multinomial(p[live], 1, generator=gen).flatten()
+            scale = share.cpu()[live].sqrt()[:, None]
+            v[live] = (p[live] - torch.nn.functional.one_hot(drawn, V).to(torch.float64)) * scale
+        return v.to(device=logits.device, dtype=logits.dtype)[..., None]
     B, c = logits.shape
     if isinstance(loss, MSELoss):
         v = torch.randn(B, c, generator=gen, dtype=torch.float64)
@@ -325,8 +460,14 @@ def _sampled_column(loss, logits: torch.Tensor, gen: torch.Generator) -> torch.T
 
 def _label_column(loss, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """(B, c, 1): the loss gradient at the true labels (the empirical Fisher): MSE f - t,
-    cross-entropy softmax(f) - t."""
+    cross-entropy softmax(f) - t; a language model's (B, L, V, 1), dl/df = (w_t / W)(softmax(f_t) -
+    onehot(next_t)) by autograd of its own loss."""
     f = logits.detach()
+    if isinstance(loss, NextTokenLoss):
+        f = f.clone().requires_grad_(True)
+        with torch.enable_grad():
+            (v,) = torch.autograd.grad(loss.per_sample(f, targets).sum(), f)
+        return v[..., None]
     if isinstance(loss, MSELoss):
         v = f - targets
     elif isinstance(loss, CrossEntropyLoss):
@@ -336,53 +477,78 @@ def _label_column(loss, logits: torch.Tensor, targets: torch.Tensor) -> torch.Te
     return v.to(logits.dtype)[:, :, None]
 
 
-def output_hessian_root(loss, logits: torch.Tensor) -> torch.Tensor:
-    """L (B, c, c) with L L^T = d^2 l / d f^2 for each row."""
-    B, c = logits.shape
-    if isinstance(loss, MSELoss):
-        return torch.eye(c, dtype=logits.dtype, device=logits.device).expand(B, c, c)
-    if isinstance(loss, CrossEntropyLoss):
-        p = torch.softmax(logits.detach(), -1)
-        sq = p.sqrt()
-        return torch.diag_embed(sq) - p[:, :, None] * sq[:, None, :]
-    raise AuditError(f"K-FAC needs the output Hessian of the loss; {type(loss).__name__} has no closed form here")
+#: a language model's exact Gauss-Newton columns (``curvature="ggn"``): at most this many backward
+#: passes per chunk, (positions with a loss weight) x (V - 1); above, the sampled Fisher
+EXACT_LM_COLUMNS = 256
 
 
-def _output_hessian_columns(loss, logits: torch.Tensor) -> torch.Tensor:
-    """L (B, c, r) with L L^T = d^2 l / d f^2 for each row in the fewest columns, one backward
-    pass each in the K-FAC fit. Cross-entropy's Hessian diag(p) - p p^T annihilates the
-    all-ones vector, so r = c - 1: with Q (c, c - 1) an orthonormal basis of its complement,
-    L = Q V sqrt(lambda) where V diag(lambda) V^T = Q^T H Q (one small eigendecomposition per
-    row, float64). Two classes: one column instead of two. MSE: the identity, c columns."""
-    B, c = logits.shape
-    if not isinstance(loss, CrossEntropyLoss) or c < 2:
-        return output_hessian_root(loss, logits)
-    p = torch.softmax(logits.detach().to(torch.float64), -1)
-    H = torch.diag_embed(p) - p[:, :, None] * p[:, None, :]
-    basis = torch.eye(c, dtype=torch.float64, device=p.device)
-    basis[:, 0] = 1.0
-    Q = torch.linalg.qr(basis)[0][:, 1:]  # (c, c - 1), orthogonal to the ones vector
-    lam, V = torch.linalg.eigh(Q.T @ H @ Q)
-    return (Q @ (V * lam.clamp(min=0.0).sqrt()[:, None, :])).to(logits.dtype)
+def backward_seeds(loss, logits: torch.Tensor, columns: torch.Tensor) -> tuple[int, Callable[[int], torch.Tensor]]:
+    """(count, seed): the backward passes of K-FAC's fit for output columns ``columns`` (what
+    :func:`_output_hessian_columns`, :func:`_sampled_column` or :func:`_label_column` return), each
+    seed(j) a tensor shaped like the logits whose product with them is back-propagated. A
+    classifier's columns (B, c, r) are r seeds. A language model's (B, L, V, r): one column (a
+    sampled or empirical one, r = 1) is one seed over every position at once; the exact
+    Gauss-Newton columns are one seed per (position, column), since positions summed into one pass
+    would add cross terms between them; positions without a loss weight in the chunk are skipped
+    (their columns are zero). More than :data:`EXACT_LM_COLUMNS` passes are refused."""
+    r = columns.shape[-1]
+    if logits.ndim == 2 or r == 1:
+        return r, lambda j: columns[..., j].to(logits.dtype)
+    live = [t for t in range(columns.shape[1]) if bool(columns[:, t].ne(0).any())]
+    count = len(live) * r
+    if count > EXACT_LM_COLUMNS:
+        raise AuditError(
+            f"the exact Gauss-Newton curvature of a language model takes one backward pass per position and "
+            f"vocabulary column, {len(live)} x {r} = {count:,} here (at most {EXACT_LM_COLUMNS}); use curvature "
+            "fisher (sampled, one pass) or empirical"
+        )
+
+    def seed(j: int) -> torch.Tensor:
+        t, k = live[j // r], j % r
+        out = torch.zeros_like(logits)
+        out[:, t] = columns[:, t, :, k].to(logits.dtype)
+        return out
+
+    return count, seed
 
 
-def dense_gauss_newton(engine: Engine, X: torch.Tensor, budget_bytes: int = 256 * 2**20) -> torch.Tensor:
+def dense_gauss_newton(
+    engine: Engine, X: torch.Tensor, budget_bytes: int = 256 * 2**20, targets: torch.Tensor | None = None
+) -> torch.Tensor:
     """The exact Gauss-Newton matrix of the mean loss over ``X``, the matrix K-FAC approximates:
     G = (1/n) sum_i J_i^T H_i J_i (P x P, float64), J_i the per-sample Jacobian of the logits
     over the engine's tracked parameters and H_i = L_i L_i^T the loss's output Hessian. Built
-    from (L_i^T J_i) in row chunks whose Jacobians fit ``budget_bytes``; n c P^2 flops."""
+    from (L_i^T J_i) in row chunks whose Jacobians fit ``budget_bytes``; n c P^2 flops. A language
+    model's J_i is (L V, P) and its H_i block-diagonal over positions (:func:`output_hessian_root`,
+    which needs the ``targets``): one row's Jacobian must fit the budget, else this is refused."""
     rows_all = engine.rows(X)
     n, P, c = rows_all.shape[0], engine.n_params, engine.n_classes
+    sequence = engine.loss.logits_ndim == 3
+    if sequence:
+        if targets is None:
+            raise AuditError("the Gauss-Newton matrix of a language model needs the documents' targets")
+        targets = engine._as_targets(targets)
+        c = targets.shape[1] // 2 * engine.n_classes  # L positions x V
     G = torch.zeros(P, P, dtype=torch.float64, device=engine.device)
     per_row = max(1, 3 * 8 * c * P)  # J, its float64 copy and L^T J
+    if sequence and per_row > budget_bytes:
+        raise AuditError(
+            f"the exact Gauss-Newton matrix of this language model needs one document's Jacobian over {c:,} "
+            f"logits (positions x vocabulary) and {P:,} parameters, {per_row / 2**20:,.0f} MiB, above the "
+            f"{budget_bytes / 2**20:,.0f} MiB it may use; use the projected or ekfac estimator"
+        )
     step = max(1, min(n, budget_bytes // per_row))
     for a, b in ranges(n, step):
         rows = rows_all[a:b]
         J = engine.jacobian(rows).to(torch.float64)  # (B, c, P)
         with torch.no_grad(), engine.context():
             logits = engine.apply(engine.theta.detach(), rows)
-        L = output_hessian_root(engine.loss, logits).to(device=J.device, dtype=torch.float64)  # (B, c, c)
-        M = torch.einsum("bck,bcp->bkp", L, J).reshape(-1, P)
+        tgt = None if targets is None else targets[a:b]
+        L = output_hessian_root(engine.loss, logits, tgt).to(device=J.device, dtype=torch.float64)
+        if sequence:  # (B, L, V, V) roots per position: M_(t,k) = sum_v L[t, v, k] J[(t, v)]
+            M = torch.einsum("btvk,btvp->btkp", L, J.reshape(b - a, *L.shape[1:3], P)).reshape(-1, P)
+        else:  # (B, c, c)
+            M = torch.einsum("bck,bcp->bkp", L, J).reshape(-1, P)
         G.addmm_(M.T, M)
     return G.div_(max(n, 1))
 
@@ -455,7 +621,7 @@ def capture_activations(
     for b in blocks:
         if b.source == "embedding":
             hooks.append(modules[b.path].register_forward_hook(embedding_hook_for(b.path, int(rows.shape[0]))))
-        elif b.source in ("linear", "conv2d"):
+        elif b.source in ("linear", "conv2d", "conv1d"):
             hooks.append(modules[b.path].register_forward_hook(hook_for(b.path, b.source)))
         else:
             attention.setdefault(b.module, {})[b.source] = b
@@ -478,6 +644,20 @@ def _real_tokens(engine: Engine, rows: torch.Tensor) -> torch.Tensor | None:
         return None
     keep = mask_of(engine.inputs(rows))
     return None if keep is None else keep.to(rows.device)
+
+
+def token_keep(keep: torch.Tensor | None, T: int) -> torch.Tensor | None:
+    """The real-token mask (B, L) of a layer that runs on T positions per row: ``keep`` itself
+    (T = L), its first T columns when the model dropped the trailing columns that are padding in
+    every row (``trim_padding``; T < L and no real token after T), else None (a layer whose
+    positions are not the tokens: patches, a pooled head)."""
+    if keep is None:
+        return None
+    if T == keep.shape[1]:
+        return keep
+    if T < keep.shape[1] and not bool(keep[:, T:].any()):
+        return keep[:, :T]
+    return None
 
 
 def token_rows(t: torch.Tensor, B: int) -> torch.Tensor:
@@ -545,7 +725,7 @@ def layer_gradient_scores(
         W = transformed[o_w : o_w + n_w]  # (d_out d_in, k), row-major like the weight
         for r0, r1 in ranges(B, SQUARES_ROWS):
             G = torch.bmm(s[r0:r1].transpose(1, 2), a[r0:r1])  # (r, d_out, d_in)
-            out[r0:r1] += G.reshape(r1 - r0, -1) @ W
+            out[r0:r1] += from_linear_layout(b, G) @ W
         if b.bias:
             o_b, n_b = offsets[b.bias]
             out += s.sum(1) @ transformed[o_b : o_b + n_b]
@@ -555,6 +735,17 @@ def layer_gradient_scores(
 CURVATURES = ("auto", "ggn", "fisher", "empirical")
 #: ``auto`` takes the exact Gauss-Newton columns up to this many outputs, sampled Fisher above
 EXACT_COLUMNS_UP_TO = 32
+
+
+def resolve_curvature(curvature: str, engine: Engine) -> str:
+    """K-FAC's curvature for ``auto``: the exact Gauss-Newton columns up to
+    :data:`EXACT_COLUMNS_UP_TO` outputs, the sampled Fisher above and for a language model
+    (whose exact columns cost one backward pass per position and vocabulary column)."""
+    if curvature != "auto":
+        return curvature
+    if engine.loss.logits_ndim == 3 or engine.n_classes > EXACT_COLUMNS_UP_TO:
+        return "fisher"
+    return "ggn"
 
 
 def _decompose(blocks: Sequence[LinearBlock], tokens_seen: dict[str, int], n: int, keep_covariances: bool) -> None:
@@ -600,7 +791,12 @@ def fit_factors(
     pass; the same matrix in expectation, kronfluence's default); ``empirical``, the loss
     gradient at the true labels (``targets``, one-hot rows; the empirical Fisher, kronfluence's
     ``use_empirical_fisher``); ``auto``: ggn up to :data:`EXACT_COLUMNS_UP_TO` outputs, fisher
-    above (language-model vocabularies). ``keep_covariances=False`` frees each layer's A and S
+    above and for every language model (:func:`resolve_curvature`). A language model (logits
+    (B, L, V), :class:`~attnaudit.core.task.NextTokenLoss`) needs its ``targets`` whatever the
+    curvature (their weights scale each position's block of the output Hessian); its ggn takes
+    one backward pass per position and vocabulary column (:func:`backward_seeds`, refused above
+    :data:`EXACT_LM_COLUMNS`), its fisher draws one label per weighted position, all in one pass;
+    its covariances sum over real tokens only (the model's ``token_mask``). ``keep_covariances=False`` frees each layer's A and S
     once decomposed (only the factor cache and the tests read them; preconditioning uses
     their eigenvectors and eigenvalues): the peak is then :func:`kfac_memory_bytes` with
     ``keep_covariances=False``."""
@@ -608,15 +804,16 @@ def fit_factors(
         raise AuditError(f"unknown curvature {kind!r}; use one of {', '.join(KINDS)}")
     if curvature not in CURVATURES:
         raise AuditError(f"unknown K-FAC curvature {curvature!r}; use one of {', '.join(CURVATURES)}")
-    if curvature == "auto":
-        curvature = "ggn" if engine.n_classes <= EXACT_COLUMNS_UP_TO else "fisher"
+    curvature = resolve_curvature(curvature, engine)
     if curvature == "empirical" and targets is None:
         raise AuditError("the empirical Fisher needs the training labels (targets)")
+    if engine.loss.logits_ndim == 3 and targets is None:
+        raise AuditError("K-FAC on a language model needs the documents' targets (their loss weights)")
     targets_all = None if targets is None else engine._as_targets(targets)
     blocks, excluded = linear_blocks(engine)
     if not blocks:
         raise AuditError(
-            "K-FAC covers nn.Linear, nn.Conv2d and nn.MultiheadAttention layers, and none of the "
+            "K-FAC covers nn.Linear, nn.Conv2d, transformers Conv1D and nn.MultiheadAttention layers, and none of the "
             "tracked parameters belongs to one; use the cg or exact estimator, or track such layers (params)"
         )
     rows_all = engine.rows(X)
@@ -638,28 +835,30 @@ def fit_factors(
         B = rows.shape[0]
         logits, ins, outs = capture_activations(engine, blocks, rows)
         if curvature == "ggn":
-            L = _output_hessian_columns(engine.loss, logits)
+            L = _output_hessian_columns(engine.loss, logits, tgt)
         elif curvature == "empirical":
             assert tgt is not None  # the empirical Fisher is refused above without targets
             L = _label_column(engine.loss, logits, tgt)
         else:
-            L = _sampled_column(engine.loss, logits, gen)
+            L = _sampled_column(engine.loss, logits, gen, tgt)
+        count, seed_of = backward_seeds(engine.loss, logits, L)
         acts, real = {}, {}
         keep = _real_tokens(engine, rows)
         for b in blocks:
             a = token_rows(ins[b.path].detach().to(torch.float64), B)
             if b.bias:
                 a = torch.cat([a, torch.ones(*a.shape[:2], 1, dtype=a.dtype, device=a.device)], 2)
-            if keep is not None and a.shape[1] == keep.shape[1]:
+            mask = token_keep(keep, a.shape[1])
+            if mask is not None:
                 # a layer applied per token: padding positions carry no gradient (their
                 # output gradients are zero), so A averages over the real tokens only
-                a = a * keep[:, :, None].to(a.dtype)
-                real[b.path] = int(keep.sum())
+                a = a * mask[:, :, None].to(a.dtype)
+                real[b.path] = int(mask.sum())
             acts[b.path] = a
         out_list = [outs[b.path] for b in blocks]
-        for k in range(L.shape[2]):
-            target = (logits * L[:, :, k].to(logits.dtype)).sum()
-            grads = torch.autograd.grad(target, out_list, retain_graph=k + 1 < L.shape[2])
+        for k in range(count):
+            target = (logits * seed_of(k)).sum()
+            grads = torch.autograd.grad(target, out_list, retain_graph=k + 1 < count)
             yield (
                 acts,
                 real,
@@ -891,9 +1090,10 @@ def cached_factors(
         return fit_factors(
             engine, rows, kind, chunk=chunk, curvature=curvature, seed=seed, targets=targets, keep_covariances=False
         )
-    resolved = curvature if curvature != "auto" else ("ggn" if engine.n_classes <= EXACT_COLUMNS_UP_TO else "fisher")
+    resolved = resolve_curvature(curvature, engine)
     key = factors_fingerprint(engine, engine.rows(rows), kind, resolved, seed)
-    if resolved == "empirical" and targets is not None:  # the labels enter the curvature
+    # the labels enter the curvature (a language model's targets weigh every curvature's positions)
+    if (resolved == "empirical" or engine.loss.logits_ndim == 3) and targets is not None:
         import hashlib
 
         key = hashlib.sha256((key + targets.detach().cpu().contiguous().numpy().tobytes().hex()).encode()).hexdigest()

@@ -243,7 +243,9 @@ class KroneckerProjection:
             if b.source == "embedding":  # stored (rows, width): the transpose of a linear weight
                 out[:, p.col : p.col + p.dim] = self.project_table(p, G[:, p.w_offset : p.w_offset + b.d_out * b.d_in])
                 continue
-            W = G[:, p.w_offset : p.w_offset + b.d_out * b.d_in].reshape(m, b.d_out, b.d_in)
+            W = G[:, p.w_offset : p.w_offset + b.d_out * b.d_in]
+            # transformers' Conv1D stores (d_in, d_out), the transpose of nn.Linear's weight
+            W = W.reshape(m, b.d_in, b.d_out).transpose(1, 2) if b.transposed else W.reshape(m, b.d_out, b.d_in)
             if p.b_offset is not None:
                 W = torch.cat([W, G[:, p.b_offset : p.b_offset + b.d_out, None]], 2)
             out[:, p.col : p.col + p.dim] = self.project_layer(p, W)

@@ -85,7 +85,15 @@ def test_the_cli_runs_on_documents_and_names_the_model_a_language_model(tmp_path
     report = tmp_path / "kappa.json"
     res = CliRunner().invoke(
         app,
-        ["kappa", "--checkpoint", str(tmp_path / "lm"), "--data", str(tmp_path / "documents.jsonl"), "--json", str(report)],
+        [
+            "kappa",
+            "--checkpoint",
+            str(tmp_path / "lm"),
+            "--data",
+            str(tmp_path / "documents.jsonl"),
+            "--json",
+            str(report),
+        ],
     )
     assert res.exit_code == 0, res.output
     data = json.loads(report.read_text())

@@ -117,7 +117,10 @@ class Exact(base.Estimator):
         config = context.config
         if config.curvature == "ggn":  # the exact Gauss-Newton matrix, what K-FAC approximates
             H = dense_gauss_newton(
-                context.engine, context.train_rows, budget_bytes=int(config.memory_budget_mb * 2**20) // 4
+                context.engine,
+                context.train_rows,
+                budget_bytes=int(config.memory_budget_mb * 2**20) // 4,
+                targets=context.train_targets,  # a language model's loss weights enter its output Hessian
             )
         else:
             H = context.hvp.dense(block=config.hvp_batch)

@@ -119,7 +119,7 @@ class KFAC(Estimator):
         }
         warnings = (
             [
-                f"{self.name} covers linear layers only (nn.Linear, nn.Conv2d, self-attention "
+                f"{self.name} covers linear layers only (nn.Linear, nn.Conv2d, transformers Conv1D, self-attention "
                 f"projections); {len(excluded)} tracked parameter(s) left out "
                 f"of the influence: {', '.join(excluded[:6])}{' ...' if len(excluded) > 6 else ''}"
             ]

@@ -21,11 +21,12 @@ parameter counts (``projection_layout`` in the diagnostics).
 
 Curvature in the projected space, from the projected rows themselves (``--curvature``):
 
-* ``ggn`` (``auto`` up to 32 classes): F = (1/n) sum_i Phi_i^T H_i Phi_i with Phi_i (c x k) the
+* ``ggn`` (``auto`` up to 32 classes; a language model: c = L V rows, one backward pass each,
+  refused above ``EXACT_LM_COLUMNS``): F = (1/n) sum_i Phi_i^T H_i Phi_i with Phi_i (c x k) the
   projected Jacobian of sample i's logits (c backward passes per chunk, one per class) and
   H_i = L_i L_i^T the loss's output Hessian; the projected training gradient is
   Phi_i^T dl/df, from the same passes. This is R^T GGN R exactly.
-* ``empirical`` (``auto`` above 32 classes): F = (1/n) sum_i r_i r_i^T, r_i = R^T grad l_i
+* ``empirical`` (``auto`` above 32 classes and for language models): F = (1/n) sum_i r_i r_i^T, r_i = R^T grad l_i
   (one backward pass per chunk).
 * ``galerkin``: R^T (H + lambda I) R with the true Hessian, from k
   Hessian-vector products over the training set, with R a dense random sign matrix applied
@@ -59,11 +60,12 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
-from torch.func import grad, jacrev, vmap
+from torch.func import grad, jacrev
 
 import attnaudit.analyses.influence.estimators.base as base
 from attnaudit.analyses.influence.kfac import (
     EXACT_COLUMNS_UP_TO,
+    EXACT_LM_COLUMNS,
     LinearBlock,
     capture_activations,
     output_hessian_root,
@@ -104,10 +106,24 @@ def clear_row_cache() -> None:
     forget_verified()
 
 
-def resolve_curvature(curvature: str, n_classes: int) -> str:
+def resolve_curvature(curvature: str, engine: Any) -> str:
+    """``auto``: the Gauss-Newton matrix up to :data:`EXACT_COLUMNS_UP_TO` classes, the empirical
+    Fisher above and for a language model (whose Gauss-Newton rows cost one backward pass per
+    position and vocabulary entry, :data:`EXACT_LM_COLUMNS` at most)."""
     if curvature == "auto":
-        return "ggn" if n_classes <= EXACT_COLUMNS_UP_TO else "empirical"
+        if engine.loss.logits_ndim == 3 or engine.n_classes > EXACT_COLUMNS_UP_TO:
+            return "empirical"
+        return "ggn"
     return curvature
+
+
+def ggn_columns(engine: Any, rows: Any = None) -> int:
+    """Backward passes per chunk of the ``ggn`` curvature, one per logit of a row: c for a
+    classifier, L V for a language model (L from a probe row of ``rows``; the vocabulary alone
+    without rows)."""
+    if engine.loss.logits_ndim != 3 or rows is None:
+        return int(engine.n_classes)
+    return int(engine.logits(rows[:1]).shape[1:].numel())
 
 
 def embedding_modules(module: torch.nn.Module, names: list[str]) -> list[LinearBlock]:
@@ -167,10 +183,11 @@ def _other_rows(engine: Any, index: torch.Tensor, rows: torch.Tensor, targets: t
     parts = []
     with engine.context():
         for a, b in ranges(rows.shape[0], JACOBIAN_ROWS):
-            if ggn:
-                parts.append(vmap(jacrev(logits_one), in_dims=(None, 0))(p0, rows[a:b]))
+            if ggn:  # (B, *logits, m): a language model's (L, V) logits flattened, position-major
+                J = engine.map_rows(jacrev(logits_one), (None, 0))(p0, rows[a:b])
+                parts.append(J.reshape(b - a, -1, J.shape[-1]))
             else:
-                parts.append(vmap(grad(loss_one), in_dims=(None, 0, 0))(p0, rows[a:b], targets[a:b])[:, None, :])
+                parts.append(engine.map_rows(grad(loss_one), (None, 0, 0))(p0, rows[a:b], targets[a:b])[:, None, :])
     return torch.cat(parts)
 
 
@@ -210,8 +227,14 @@ def _forward_backward(
         if cap is not None:
             cap.remove_hooks()
     f = logits.detach().clone().requires_grad_(True)
-    (dl,) = torch.autograd.grad(engine.loss.per_sample(f, targets).sum(), f)  # (B, c)
-    n_cols = logits.shape[1] if ggn else 1
+    (dl,) = torch.autograd.grad(engine.loss.per_sample(f, targets).sum(), f)  # (B, c) or (B, L, V)
+    flat = logits.reshape(B, -1)  # a language model's logits position-major: one ggn column each
+    n_cols = flat.shape[1] if ggn else 1
+    if ggn and logits.ndim == 3 and n_cols > EXACT_LM_COLUMNS:
+        raise AuditError(
+            f"the projected Gauss-Newton curvature of a language model takes one backward pass per position and "
+            f"vocabulary entry, {n_cols:,} here (at most {EXACT_LM_COLUMNS}); use curvature empirical"
+        )
     Phi = torch.empty(B, n_cols, k, dtype=logits.dtype, device=logits.device)
     acts = {}
     for p in list(layers):
@@ -230,7 +253,7 @@ def _forward_backward(
     other: dict[str, list[torch.Tensor]] = {}
     if out_list or extra:
         for j in range(n_cols):
-            target = logits[:, j].sum() if ggn else (logits * dl).sum()
+            target = flat[:, j].sum() if ggn else (logits * dl).sum()
             grads = torch.autograd.grad(target, out_list + extra, retain_graph=j + 1 < n_cols, allow_unused=True)
             for p, g in zip(layers, grads):
                 if g is None:  # an embedding whose output does not reach the logits
@@ -293,7 +316,7 @@ def _rows_by_autograd(
     for i in range(rows.shape[0]):
         logits = engine.apply(theta, rows[i : i + 1])[0]
         if ggn:
-            outputs = [logits[j] for j in range(logits.shape[0])]
+            outputs = list(logits.reshape(-1))
         else:
             f = logits.detach().clone().requires_grad_(True)
             (dl,) = torch.autograd.grad(engine.loss.per_sample(f[None], targets[i : i + 1]).sum(), f)
@@ -501,8 +524,12 @@ def projected_rows(
             Phi[:, :, proj.other_col :] = proj.project_other(J)
     if not ggn:
         return Phi, Phi[:, 0]
-    L = output_hessian_root(engine.loss, logits).to(Phi.dtype)  # (B, c, c), L L^T = H
-    r = torch.einsum("bc,bck->bk", dl.to(Phi.dtype), Phi)
+    L = output_hessian_root(engine.loss, logits, targets).to(Phi.dtype)  # L L^T = H
+    r = torch.einsum("bc,bck->bk", dl.reshape(Phi.shape[0], -1).to(Phi.dtype), Phi)
+    if L.ndim == 4:  # a language model's roots per position (B, L, V, V): block-diagonal
+        B, T, V = L.shape[:3]
+        psi = torch.einsum("btvj,btvk->btjk", L, Phi.reshape(B, T, V, -1))
+        return psi.reshape(B, T * V, -1), r
     return torch.einsum("bcj,bck->bjk", L, Phi), r
 
 
@@ -562,6 +589,12 @@ def _store_task(shared: dict, rows: torch.Tensor, targets: torch.Tensor, threads
 
 
 def _store_key(engine: Any, proj: KroneckerProjection, config: Any, fingerprint: str, curvature: str) -> StoreKey:
+    if curvature == "ggn" and engine.loss.logits_ndim == 3:  # L V rows per document: L is the padded width
+        raise FieldError(
+            "store",
+            "{name} keeps a language model's projected rows for curvature empirical (its Gauss-Newton rows depend "
+            "on how far the documents are padded); use curvature empirical, or drop {name}",
+        )
     cols = engine.n_classes if curvature == "ggn" else 1
     dtype = str(engine.dtype).replace("torch.", "")
     return StoreKey(fingerprint, int(config.proj_dim), proj.describe(), curvature, dtype, proj.k, cols)
@@ -687,7 +720,8 @@ class Projected(base.Estimator):
 
     name = "projected"
     curvatures = {
-        "auto": "the Gauss-Newton matrix up to 32 classes, the empirical Fisher above (projected)",
+        "auto": "the Gauss-Newton matrix up to 32 classes, the empirical Fisher above and for language models "
+        "(projected)",
         "ggn": "the exact Gauss-Newton matrix in the projected space",
         "empirical": "the empirical Fisher in the projected space",
         "galerkin": "the Hessian, Galerkin-projected from k Hessian-vector products",
@@ -717,7 +751,7 @@ class Projected(base.Estimator):
         galerkin = 2 * 64 * engine.n_params * itemsize
         if config is None:
             return galerkin
-        if resolve_curvature(config.curvature, engine.n_classes) == "galerkin":
+        if resolve_curvature(config.curvature, engine) == "galerkin":
             return galerkin
         proj = self.projection(engine, config)
         factors = sum(
@@ -737,11 +771,11 @@ class Projected(base.Estimator):
         took that route, and each chunk redraws the sign projection (4x slower)."""
         if config is None:
             return engine.n_params
-        curvature = resolve_curvature(config.curvature, engine.n_classes)
+        curvature = resolve_curvature(config.curvature, engine)
         if curvature == "galerkin":
             return engine.n_params
         proj = self.projection(engine, config)
-        cols = engine.n_classes if curvature == "ggn" else 1
+        cols = ggn_columns(engine, rows) if curvature == "ggn" else 1
         n_other = int(proj.other_index.numel())
         per_row = cols * (proj.k + n_other)
         if rows is not None:
@@ -751,7 +785,7 @@ class Projected(base.Estimator):
     def test_gradient_params(self, engine: Any, config: Any = None) -> int:
         """The test side is projected like the training rows (k numbers per test column), except
         for galerkin and without ``config`` (P)."""
-        if config is None or resolve_curvature(config.curvature, engine.n_classes) == "galerkin":
+        if config is None or resolve_curvature(config.curvature, engine) == "galerkin":
             return engine.n_params
         return self.projection(engine, config).k
 
@@ -772,7 +806,7 @@ class Projected(base.Estimator):
     # ------------------------------------------------------------------ prepare
     def prepare(self, context: base.Context) -> base.State:
         config, eng = context.config, context.engine
-        curvature = resolve_curvature(config.curvature, eng.n_classes)
+        curvature = resolve_curvature(config.curvature, eng)
         if curvature == "galerkin":
             return _galerkin(context)
         proj = self.projection(eng, config)
@@ -780,7 +814,7 @@ class Projected(base.Estimator):
         rows, T = context.train_rows, context.train_targets
         n = rows.shape[0]
         keys = _row_keys(rows, T)
-        cols = eng.n_classes if curvature == "ggn" else 1
+        cols = ggn_columns(eng, rows) if curvature == "ggn" else 1
         fingerprint = factors_fingerprint(eng, rows[:0], "projected", curvature, config.seed)
         model_key = "|".join([fingerprint, str(config.proj_dim), str(proj.describe())])
         per_row = (cols + 1) * k * eng.theta.element_size()
