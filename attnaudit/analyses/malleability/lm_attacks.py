@@ -213,25 +213,44 @@ def lm_random_swaps(
     return ids, swaps
 
 
-def corpus_perplexity(logits: torch.Tensor, targets: torch.Tensor) -> float:
-    """exp(sum_i sum_t w_it CE_it / sum_i sum_t w_it): the perplexity of the counted tokens of all
-    documents together (token-weighted, unlike the mean of the per-document losses)."""
+#: bytes of float64 logits (with log-softmax's copy) one evaluation chunk may hold: GPT-2's 50,257
+#: words over 256 positions take 103 MB a document, so the chunk is a few documents, never all
+EVAL_LOGIT_BYTES = 512 * 2**20
+
+
+def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the next-token negative log-likelihood of every position (n, L), float64; the loss weights (n, L))
+    of logits (n, L, V) against targets (n, 2L)."""
     L = logits.shape[-2]
     next_ids, weights = targets[..., :L].round().long(), targets[..., L:].to(torch.float64)
     nll = -torch.log_softmax(logits.to(torch.float64), -1).gather(-1, next_ids.unsqueeze(-1)).squeeze(-1)
+    return nll, weights
+
+
+def corpus_perplexity(logits: torch.Tensor, targets: torch.Tensor) -> float:
+    """exp(sum_i sum_t w_it CE_it / sum_i sum_t w_it): the perplexity of the counted tokens of all
+    documents together (token-weighted, unlike the mean of the per-document losses)."""
+    nll, weights = token_nll(logits, targets)
     total = float(weights.sum())
     return math.exp(float((weights * nll).sum()) / total) if total > 0 else float("nan")
 
 
 def evaluate_documents(task: Task, X: torch.Tensor, y: torch.Tensor, chunk: int = 64) -> tuple[float, float]:
-    """(mean per-document next-token loss, corpus perplexity) of ``task`` on documents (X, y)."""
-    parts = []
+    """(mean per-document next-token loss, corpus perplexity) of ``task`` on documents (X, y), at most
+    ``chunk`` documents per forward pass and fewer when their logits would pass :data:`EVAL_LOGIT_BYTES`
+    (only the sums are kept, never the logits of every document)."""
+    L = X.shape[-1] // 2
+    rows = max(1, min(chunk, EVAL_LOGIT_BYTES // max(1, 2 * 8 * L * task.n_classes)))
+    losses, nll_sum, weight_sum = [], 0.0, 0.0
     with torch.no_grad():
-        for a in range(0, X.shape[0], chunk):
-            parts.append(task.logits(X[a : a + chunk]).to(torch.float64))
-    logits = torch.cat(parts)
-    T = y.to(device=logits.device, dtype=torch.float64)
-    return float(NextTokenLoss().per_sample(logits, T).mean()), corpus_perplexity(logits, T)
+        for a in range(0, X.shape[0], rows):
+            logits = task.logits(X[a : a + rows]).to(torch.float64)
+            nll, weights = token_nll(logits, y[a : a + rows].to(device=logits.device, dtype=torch.float64))
+            losses.append((weights * nll).sum(-1) / weights.sum(-1).clamp(min=1.0))
+            nll_sum += float((weights * nll).sum())
+            weight_sum += float(weights.sum())
+    mean_loss = float(torch.cat(losses).mean()) if losses else float("nan")
+    return mean_loss, math.exp(nll_sum / weight_sum) if weight_sum > 0 else float("nan")
 
 
 def perturb_documents(
