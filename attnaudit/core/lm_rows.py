@@ -68,3 +68,15 @@ def targets_for(ids: torch.Tensor, attention: torch.Tensor, counted: torch.Tenso
     weights = torch.zeros(ids.shape, dtype=torch.float64)
     weights[:, :-1] = real[:, 1:].to(torch.float64)
     return pack_targets(next_ids, weights)
+
+
+def widen(T: torch.Tensor, L: int) -> torch.Tensor:
+    """Rows or targets (n, 2L0) of documents padded on the right to (n, 2L), L >= L0: both halves get
+    zero columns (padding ids, attention 0; next ids 0, weight 0), so nothing real changes."""
+    L0 = _halves(T, "rows")
+    if L < L0:
+        raise AuditError(f"cannot narrow documents of {L0} positions to {L}")
+    if L == L0:
+        return T
+    pad = T.new_zeros(*T.shape[:-1], L - L0)
+    return torch.cat([T[..., :L0], pad, T[..., L0:], pad], dim=-1)

@@ -60,9 +60,10 @@ from attnaudit.analyses.request import (
 from attnaudit.analyses.result import Progress, Result, progress_or_silent
 from attnaudit.analyses.sources import DATASET_HELP, ModelFields, PresetData
 from attnaudit.core.fit import DEFAULT_ADAM_LR
+from attnaudit.core.lm_rows import widen
 from attnaudit.core.precision import resolve_precision
 from attnaudit.core.task import Task, head_parameter_names
-from attnaudit.data import HoldoutRecipe, data_fingerprint, holdout_split, load_dataset
+from attnaudit.data import HoldoutRecipe, data_fingerprint, holdout_split, load_dataset, subset
 from attnaudit.errors import AuditError
 from attnaudit.models.builtin import training_data_mismatch
 from attnaudit.models.checkpoints import audit_split, fit_to_data, rebuild_of
@@ -361,6 +362,14 @@ class MalleabilityRequest(
         "n_test",
         help="Held-out samples whose summed loss the influence is measured on. " + _by_preset("n_test"),
     )
+    queries: str | None = option(
+        None,
+        "--queries",
+        panel=DATA,
+        metavar="PATH",
+        help="Language models: documents (.jsonl, .txt or a folder, read like --data) whose summed next-token loss "
+        "the influence is measured on, instead of --n-test held-out documents.",
+    )
     width: int | None = redefault(HiddenWidth, "width", help="Hidden width m. " + _by_preset("width"))
     lr: float | dict | None = option(
         None,
@@ -504,6 +513,10 @@ class MalleabilityRequest(
         losses = {str(loss_name(lm.loss)) for lm in loaded.values() if lm.loss}
         if LM_LOSS in losses and (len(losses) > 1 or len(losses) < len(loaded)):
             raise FieldError("checkpoint", "{name} mixes a language model with classifiers; audit them separately")
+        if self.queries is not None and (not self.model_given or (loaded and LM_LOSS not in losses)):
+            raise FieldError(
+                "queries", "{name} applies to language models (documents); a classifier's queries are its held-out rows"
+            )
         if LM_LOSS in losses and self.loss is not None and self.loss != LM_LOSS:
             raise FieldError(
                 "loss", "a language model's loss is its next-token cross-entropy; drop {name} " + str(self.loss)
@@ -694,7 +707,10 @@ def _load(request: MalleabilityRequest, executor: ExecutorConfig | None) -> _Row
         fixed = {label: lm.task(loss=loss_of(config.loss), params="all") for label, lm in loaded.items()}
         if config.loss == LM_LOSS:
             _check_tied_head(config, fixed)
-        train_ds, test_ds, audit_rows = audit_split(ds, loaded, ntr, nte, seed)
+        if request.queries is None:
+            train_ds, test_ds, audit_rows = audit_split(ds, loaded, ntr, nte, seed)
+        else:
+            train_ds, test_ds, audit_rows = _with_queries(request, ds, ntr, seed)
         n_classes = next(iter(fixed.values())).n_classes
     else:
         n_classes = ds.n_classes
@@ -717,6 +733,25 @@ def _load(request: MalleabilityRequest, executor: ExecutorConfig | None) -> _Row
         t0,
         time.perf_counter() - t0,
     )
+
+
+def _with_queries(request: MalleabilityRequest, ds: Any, n_train: int, seed: int) -> tuple[Any, Any, dict]:
+    """``n_train`` training documents of ``ds`` drawn with ``seed``, the ``queries`` documents as the
+    held-out set (read like the data, with the checkpoint's tokenizer), both padded to one length
+    (their rows travel together through the analyses), and the audit rows' note."""
+    queries = load_dataset(dataclasses.replace(request.data_spec(seed), data=request.queries, n=None))
+    train = subset(ds, min(n_train, ds.n), seed)
+    L = max(train.d, queries.d) // 2
+    assert train.y is not None and queries.y is not None  # documents always carry next-token targets
+    train = dataclasses.replace(train, X=widen(train.X, L), y=widen(train.y, L))
+    queries = dataclasses.replace(queries, X=widen(queries.X, L), y=widen(queries.y, L))
+    note = {
+        "rows": "queries file",
+        "detail": f"{train.n} of the {ds.n} documents (seed {seed}); the queries are the {queries.n} documents of "
+        f"{request.queries}",
+        "queries": {"path": str(request.queries), "documents": queries.n, "sha256": queries.info.get("sha256")},
+    }
+    return train, queries, note
 
 
 def _check_tied_head(config: MalleabilityConfig, fixed: dict) -> None:
@@ -786,7 +821,8 @@ def _report(
         **request.preset_data_inputs(rows.dataset, rows.split),
         "split": rows.split,
         "n_train": rows.n_train,
-        "n_test": rows.n_test,
+        "n_test": rows.test.n if request.queries is not None else rows.n_test,
+        "queries": request.queries,
         **settings,
         "saved_models": request.model_sources() or None,
         "execution": result.execution,

@@ -190,3 +190,37 @@ def test_static_cli_run_on_a_language_model_reports_losses_not_accuracies(lm_fol
     assert training["train_perplexity"] > 1 and training["test_loss"] > 0
     refused = runner.invoke(app, [*common, *sizes, "--attacks", "pgd,sign", "--protocol", "finetune"])
     assert refused.exit_code != 0 and "audit a language model as saved" in refused.output
+
+
+def test_queries_file_is_what_the_influence_and_the_held_out_loss_are_measured_on(lm_folders, tmp_path):
+    """--queries: the held-out set is that file's documents (read with the checkpoint's tokenizer),
+    padded with the training documents to one length; the report's held-out loss is their mean
+    next-token loss, computed here by hand with transformers on each unpadded document."""
+    import transformers
+    from tokenizers import Tokenizer
+
+    folder = lm_folders / "gpt2"
+    example = _example()
+    queries = tmp_path / "queries.jsonl"
+    # longer documents than the training ones (3 to 5 sentences): the two sets are widened to one length
+    example.write_documents(queries, n=5, seed=7, sentences=(3, 5))
+    common = ["malleability", "--checkpoint", str(folder / "lm"), "--data", str(folder / "documents.jsonl")]
+    sizes = ["--n-train", "10", "--seeds", "2", "--top-k", "4", "--proj-dim", "64", "--attacks", "pgd,sign"]
+    out = runner.invoke(app, [*common, *sizes, "--queries", str(queries), "--json", "-"])
+    assert out.exit_code == 0, out.output[-3000:]
+    report = json.loads(out.output[out.output.index("{") :])
+    assert report["inputs"]["queries"] == str(queries) and report["inputs"]["n_test"] == 5
+    assert report["results"]["audit_rows"]["queries"]["documents"] == 5
+
+    tok = Tokenizer.from_file(str(folder / "lm" / "tokenizer.json"))
+    model = transformers.GPT2LMHeadModel.from_pretrained(folder / "lm").double().eval()
+    losses = []
+    with torch.no_grad():
+        for line in queries.read_text().splitlines():
+            ids = tok.encode(json.loads(line)["text"]).ids + [2]  # the tokenizer's EOS appended
+            logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, :-1], -1)
+            losses.append(float(-logp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].mean()))
+    assert report["results"]["training"][0]["test_loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-5)
+
+    refused = runner.invoke(app, ["malleability", "--queries", str(queries), "--n-train", "20"])
+    assert refused.exit_code == 2 and "queries" in refused.output and "language models" in refused.output
