@@ -83,6 +83,19 @@ class AttackConfig:
     # measured per row on a probe of 4 rows): None keeps chunk_size rows
     memory_mb: float | None = None
 
+    def embedding_settings(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`~.embedding_attacks.perturb_embeddings` this attack sets."""
+        return {
+            "method": self.method,
+            "eps": self.eps,
+            "norm": self.norm,
+            "steps": self.steps,
+            "step_size": self.step_size,
+            "random_start": self.random_start,
+            "momentum": self.momentum,
+            "seed": self.seed,
+        }
+
     @property
     def draws_randomness(self) -> bool:
         """Whether the perturbation depends on ``seed`` (random starts, noise, random swaps); a
@@ -546,19 +559,7 @@ def _perturb_text_embeddings(
         )
     if config.clip_min is not None:
         raise AuditError("text embeddings have no valid value range; give no clip_min/clip_max for a text model")
-    outcome = perturb_embeddings(
-        engine.task,
-        X,
-        y,
-        method=config.method,
-        eps=config.eps,
-        norm=config.norm,
-        steps=config.steps,
-        step_size=config.step_size,
-        random_start=config.random_start,
-        momentum=config.momentum,
-        seed=config.seed,
-    )
+    outcome = perturb_embeddings(engine.task, X, y, **config.embedding_settings())
     X_adv = outcome.rows
     if not evaluate:
         return AttackResult(

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from attnaudit.analyses.malleability.token_attacks import keep_best_swaps
 from attnaudit.core.lm_rows import pack_rows, split_rows, split_targets, targets_for
 from attnaudit.core.task import NextTokenLoss, Task, eval_mode
 from attnaudit.errors import AuditError
@@ -173,17 +174,8 @@ def _hotflip_chunk(
                 trial[rows, pos] = tok
                 losses = document_losses(module, trial, att, docs.targets(trial), base)[0]
                 trial_loss[:, j] = torch.where(torch.isfinite(best.values[:, j]), losses, -torch.inf)
-            pick = trial_loss.argmax(dim=1)
-            gained = trial_loss[rows, pick] > current
-            if not bool(gained.any()):
+            if not keep_best_swaps(best.indices, trial_loss, current, ids, can_edit, swaps, V):
                 break
-            for i in torch.nonzero(gained).flatten().tolist():
-                chosen = int(best.indices[i, pick[i]])
-                at, new = chosen // V, chosen % V
-                swaps[i].append((at, int(ids[i, at]), new))
-                ids[i, at] = new
-                can_edit[i, at] = False
-                current[i] = trial_loss[i, pick[i]]
     return ids, swaps
 
 
@@ -294,19 +286,7 @@ def perturb_documents(
             raise AuditError(f"the {config.method} attack shifts embeddings; feed the model HFCausalLMShift rows")
         if config.clip_min is not None:
             raise AuditError("embeddings have no valid value range; give no clip_min/clip_max for a language model")
-        outcome = perturb_embeddings(
-            task,
-            X,
-            y,
-            method=config.method,
-            eps=config.eps,
-            norm=config.norm,
-            steps=config.steps,
-            step_size=config.step_size,
-            random_start=config.random_start,
-            momentum=config.momentum,
-            seed=config.seed,
-        )
+        outcome = perturb_embeddings(task, X, y, **config.embedding_settings())
         X_adv = outcome.rows
         with torch.no_grad():
             delta = (module.split_shift(X_adv)[2] - module.split_shift(X)[2]).reshape(X.shape[0], -1)

@@ -176,17 +176,8 @@ def _hotflip_rows(
                 trial[torch.arange(n), pos] = tok
                 losses = _per_sample_ce(logits_of(E[trial], trial), y)
                 trial_loss[:, j] = torch.where(valid, losses, torch.full_like(losses, -torch.inf))
-            pick = trial_loss.argmax(dim=1)
-            gained = trial_loss[torch.arange(n), pick] > current
-            if not bool(gained.any()):
+            if not keep_best_swaps(best.indices, trial_loss, current, ids, editable, swaps, V):
                 break
-            for i in torch.nonzero(gained).flatten().tolist():
-                chosen = int(best.indices[i, pick[i]])
-                at, new = chosen // V, chosen % V
-                swaps[i].append((at, int(ids[i, at]), new))
-                ids[i, at] = new
-                editable[i, at] = False
-                current[i] = trial_loss[i, pick[i]]
     return TokenAttackResult(ids=ids, swaps=swaps, loss_before=before, loss_after=current)
 
 
@@ -242,3 +233,31 @@ def hf_embedding_model(
             return model(inputs_embeds=embeds, attention_mask=mask).logits
 
     return logits_of, E
+
+
+def keep_best_swaps(
+    candidates: torch.Tensor,
+    trial_loss: torch.Tensor,
+    current: torch.Tensor,
+    ids: torch.Tensor,
+    editable: torch.Tensor,
+    swaps: list[list[tuple[int, int, int]]],
+    vocabulary: int,
+) -> bool:
+    """One greedy step of HotFlip: each row takes its verified candidate of highest loss when that
+    raises its loss (``candidates`` (n, k): flat indices position * V + token; ``trial_loss`` (n, k):
+    the loss each would give). Updates ``ids``, ``editable`` (a swapped position is not swapped
+    again), ``swaps`` (position, old, new) and ``current`` in place; False when no row gained."""
+    rows = torch.arange(ids.shape[0], device=trial_loss.device)
+    pick = trial_loss.argmax(dim=1)
+    gained = trial_loss[rows, pick] > current
+    if not bool(gained.any()):
+        return False
+    for i in torch.nonzero(gained).flatten().tolist():
+        chosen = int(candidates[i, pick[i]])
+        at, new = chosen // vocabulary, chosen % vocabulary
+        swaps[i].append((at, int(ids[i, at]), new))
+        ids[i, at] = new
+        editable[i, at] = False
+        current[i] = trial_loss[i, pick[i]]
+    return True
