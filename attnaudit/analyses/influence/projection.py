@@ -10,7 +10,10 @@ block does not depend on which other blocks were drawn before it).
 per linear layer the Kronecker product of two orthonormal seeded factors, one on the
 layer's inputs and one on its output gradients, so a per-sample gradient is projected
 without being formed; the tracked parameters outside linear layers go through a
-:class:`SignProjection`.
+:class:`SignProjection`. A weight W (V x H) shared by an ``nn.Embedding`` and a linear output head
+(GPT-2's tied ``wte`` / ``lm_head``) is one layer in the head's layout (out = V, in = H): its
+gradient is the sum of the head's and the table's, and P_out^T (G_head + G_table) P_in is the sum
+of their projections (:attr:`LayerProjection.tied`).
 """
 
 from __future__ import annotations
@@ -88,6 +91,10 @@ class LayerProjection:
     P_in: torch.Tensor | None
     P_out: torch.Tensor | None
     col: int  # first column of this layer in the projected vector
+    # the nn.Embedding whose table is this (bias-free) head's weight (kfac.LinearBlock, source
+    # "embedding"), or None: its gradient sum_t e_{id_t} g_t^T (V x H) is in the head's layout
+    # already, so it adds sum_t P_out[id_t]^T (P_in^T g_t)^T to the same columns
+    tied: Any = None
 
     @property
     def dim(self) -> int:
@@ -160,9 +167,20 @@ class KroneckerProjection:
     embedding table is a linear layer on one-hot rows, its gradient the transpose of the table's),
     the other tracked parameters through a :class:`SignProjection` (entries +-1/sqrt(k_other)).
     The projected vector is [layer 1 | layer 2 | ... | other]. ``gram()`` is R^T R
-    (the identity on the layers' columns)."""
+    (the identity on the layers' columns). ``tied`` maps a head block's path to the embedding
+    block sharing its weight: one layer, one P_out (x) P_in, both uses' gradients summed."""
 
-    def __init__(self, engine: Any, blocks: list, other: list[str], k: int, seed: int = 0, split: str = "layer"):
+    def __init__(
+        self,
+        engine: Any,
+        blocks: list,
+        other: list[str],
+        k: int,
+        seed: int = 0,
+        split: str = "layer",
+        tied: dict[str, Any] | None = None,
+    ):
+        tied = tied or {}
         offsets, start = {}, 0
         for name, numel in zip(engine.names, engine.numels):
             offsets[name] = (start, numel)
@@ -189,6 +207,7 @@ class KroneckerProjection:
                     orthonormal_basis(b.width_in, k_in, seed * 1_000_003 + 2 * i + 1, dtype, device),
                     orthonormal_basis(b.d_out, k_out, seed * 1_000_003 + 2 * i + 2, dtype, device),
                     col,
+                    tied.get(b.path),
                 )
             )
             col += k_in * k_out
@@ -205,13 +224,21 @@ class KroneckerProjection:
         self.embedding_fallback: frozenset[str] | None = None
 
     def describe(self) -> dict:
-        return {
+        """The layout (also part of the gradient store's key): layers' [k_out, k_in], embedding
+        tables, ``tied`` (head path -> the embedding sharing its weight, one layer in the head's
+        layout (V, H); only when there is one, so the keys of untied models' stores stay as they were),
+        the other parameters and their dimension."""
+        out = {
             "layers": {p.block.path: [p.k_out, p.k_in] for p in self.layers},
             "embeddings": [p.block.path for p in self.layers if p.block.source == "embedding"],
             "other_parameters": self.other_names,
             "other_dim": self.k_other,
             "split": self.split,
         }
+        tied = {p.block.path: p.tied.path for p in self.layers if p.tied is not None}
+        if tied:
+            out["tied"] = tied
+        return out
 
     def project_other(self, G: torch.Tensor) -> torch.Tensor:
         """(..., n_other) -> (..., k_other)."""
@@ -233,6 +260,17 @@ class KroneckerProjection:
         (..., k_out k_in): transposed to the linear layout (width, rows), then projected."""
         W = G.reshape(*G.shape[:-1], p.block.d_in, p.block.d_out).transpose(-1, -2)
         return self.project_layer(p, W)
+
+    def project_weight(self, p: LayerProjection, G: torch.Tensor) -> torch.Tensor:
+        """(..., numel) per-sample gradients of layer ``p``'s weight in its stored layout (no bias)
+        -> (..., k_out k_in): an embedding table's through :meth:`project_table`, a linear weight's
+        (a tied head's: the shared table, (V, H) = (out, in)) reshaped to (d_out, d_in) first."""
+        b = p.block
+        if b.source == "embedding":
+            return self.project_table(p, G)
+        if b.transposed:
+            return self.project_layer(p, G.reshape(*G.shape[:-1], b.d_in, b.d_out).transpose(-1, -2))
+        return self.project_layer(p, G.reshape(*G.shape[:-1], b.d_out, b.d_in))
 
     def apply(self, G: torch.Tensor) -> torch.Tensor:
         """R^T g for every row of full gradients G (m, P) -> (m, k)."""

@@ -8,7 +8,13 @@ G_i = sum_t s_it a_it^T (a: the layer's input, with a 1 appended for the bias; s
 at its output), so its projection P_out^T G_i P_in = sum_t (P_out^T s_it)(P_in^T a_it)^T is
 formed from the projected activations and output gradients alone: O(T (w_in k_in + d_out
 k_out + k_in k_out)) per sample and layer, never d_out x w_in. P_in, P_out have orthonormal
-columns (QR of a seeded Gaussian; the identity when k_in >= w_in or k_out >= d_out). Every
+columns (QR of a seeded Gaussian; the identity when k_in >= w_in or k_out >= d_out). An
+``nn.Embedding`` table is a linear layer on one-hot rows (:func:`embedding_modules`). A table W
+(V x H) tied to a bias-free linear output head (GPT-2's ``wte`` / ``lm_head``, :func:`tied_heads`)
+is ONE layer in the head's layout with one P_out (V x k_out), P_in (H x k_in): its gradient
+sum_t delta_t h_t^T + sum_t e_{id_t} g_t^T projects to sum_t (P_out^T delta_t)(P_in^T h_t)^T +
+sum_t P_out[id_t]^T (P_in^T g_t)^T (``tied`` in ``projection_layout``); any other shared weight
+goes with the other parameters. Every
 other tracked parameter gets its per-sample gradients from the same backward passes when a
 verified structure covers it (LayerNorm affines, parameters broadcast against the batch such
 as position embeddings: :mod:`attnaudit.analyses.influence.other_grads`), else from
@@ -70,6 +76,7 @@ from attnaudit.analyses.influence.kfac import (
     capture_activations,
     output_hessian_root,
     output_token_rows,
+    position_weights,
     token_rows,
     factors_fingerprint,
     linear_modules,
@@ -154,18 +161,68 @@ def embedding_modules(module: torch.nn.Module, names: list[str]) -> list[LinearB
     return out
 
 
+def tied_heads(module: torch.nn.Module, names: list[str]) -> list[tuple[LinearBlock, LinearBlock]]:
+    """The (head, table) pairs of ``module`` that share one tracked weight W (V x H) and nothing
+    else: W is registered exactly twice, as the weight of an ``nn.Embedding`` (no ``max_norm``,
+    no ``scale_grad_by_freq``) and of a bias-free ``nn.Linear`` with in = H, out = V (GPT-2's
+    ``wte`` / ``lm_head``, any tied word embedding). A document's gradient of W is then
+    sum_t delta_t h_t^T (head: delta_t = dl/dlogits_t, h_t its input) + sum_t e_{id_t} g_t^T (table:
+    g_t = dl/d its output): both are layer gradients in the head's layout (out = V, in = H). The
+    head block carries the tracked name of W (whichever of the two it is); any other sharing is
+    left to :func:`~attnaudit.analyses.influence.kfac.shared_weights` (the other parameters)."""
+    tracked = set(names)
+    modules = dict(module.named_modules(remove_duplicate=False))
+    users: dict[int, list[str]] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        users.setdefault(id(p), []).append(name)
+    pairs: list[tuple[LinearBlock, LinearBlock]] = []
+    for pnames in users.values():
+        if len(pnames) != 2 or not all(n.endswith("weight") for n in pnames):
+            continue
+        weight = [n for n in pnames if n in tracked]
+        parts = [
+            (n.rpartition(".")[0], modules.get(n.rpartition(".")[0]))
+            for n in pnames
+            if n.rpartition(".")[2] == "weight"
+        ]
+        tables = [(path, m) for path, m in parts if type(m) is torch.nn.Embedding]
+        heads = [(path, m) for path, m in parts if type(m) is torch.nn.Linear]
+        if len(weight) != 1 or len(tables) != 1 or len(heads) != 1:
+            continue
+        (t_path, table), (h_path, head) = tables[0], heads[0]
+        assert isinstance(table, torch.nn.Embedding) and isinstance(head, torch.nn.Linear)  # by type above
+        if table.max_norm is not None or table.scale_grad_by_freq or head.bias is not None:
+            continue
+        V, H = table.num_embeddings, table.embedding_dim
+        if (head.out_features, head.in_features) != (V, H):
+            continue
+        pairs.append(
+            (
+                LinearBlock(h_path, weight[0], None, H, V),
+                LinearBlock(t_path, weight[0], None, V, H, source="embedding", padding_idx=table.padding_idx),
+            )
+        )
+    return pairs
+
+
 def projection_for(engine: Any, k: int, seed: int = 0, split: str = "layer") -> KroneckerProjection:
     """The projection of ``engine``'s tracked parameters: the linear layers K-FAC covers and the
-    embedding tables (:func:`embedding_modules`; a weight tied to another module goes with the
-    other parameters), the rest signs; ``split`` shares k between layers
-    (:func:`~attnaudit.analyses.influence.projection.allocate`)."""
+    embedding tables (:func:`embedding_modules`), the rest signs; ``split`` shares k between layers
+    (:func:`~attnaudit.analyses.influence.projection.allocate`). A table tied to a linear output
+    head (:func:`tied_heads`) is one layer in the head's layout whose columns sum both uses; a
+    weight shared any other way goes with the other parameters."""
+    pairs = tied_heads(engine.module, engine.names)
+    paired = {head.weight for head, _ in pairs}
     blocks, _ = linear_modules(engine.module, engine.names)
     blocks += embedding_modules(engine.module, engine.names)
-    tied = set(shared_weights(engine.module, blocks))
+    blocks = [b for b in blocks if b.weight not in paired]
+    tied = set(shared_weights(engine.module, blocks)) - paired
     blocks = [b for b in blocks if b.weight not in tied and (b.bias is None or b.bias not in tied)]
+    blocks += [head for head, _ in pairs]
     covered = {b.weight for b in blocks} | {b.bias for b in blocks if b.bias}
     other = [n for n in engine.names if n not in covered]
-    return KroneckerProjection(engine, blocks, other, k, seed=seed, split=split)
+    tables = {head.path: table for head, table in pairs}
+    return KroneckerProjection(engine, blocks, other, k, seed=seed, split=split, tied=tables)
 
 
 def _other_rows(engine: Any, index: torch.Tensor, rows: torch.Tensor, targets: torch.Tensor, ggn: bool):
@@ -194,13 +251,20 @@ def _other_rows(engine: Any, index: torch.Tensor, rows: torch.Tensor, targets: t
 def _embedding_acts(p: Any, ids: torch.Tensor, B: int, dtype: torch.dtype) -> torch.Tensor:
     """(B, T, k_in): the projected one-hot rows of an embedding's ids, P_in[id_t] (the one-hot
     rows themselves when P_in is the identity), zero at ``padding_idx`` (its row gets no gradient)."""
+    return _id_rows(p.P_in, ids, p.block, B, dtype)
+
+
+def _id_rows(P: torch.Tensor | None, ids: torch.Tensor, table: LinearBlock, B: int, dtype: torch.dtype) -> torch.Tensor:
+    """(B, T, k): rows ``P[id_t]`` of a table's side factor P (rows x k; the one-hot rows when P is
+    the identity), zero at the table's ``padding_idx``: an embedding's own P_in, or a tied head's
+    P_out (the table's rows are the head's outputs)."""
     ids = ids.reshape(B, -1)
-    if p.P_in is not None:
-        a = p.P_in.to(dtype)[ids]
+    if P is not None:
+        a = P.to(dtype)[ids]
     else:
-        a = torch.nn.functional.one_hot(ids, p.block.d_in).to(dtype)
-    if p.block.padding_idx is not None:
-        a = a * (ids != p.block.padding_idx)[..., None].to(dtype)
+        a = torch.nn.functional.one_hot(ids, table.d_in).to(dtype)
+    if table.padding_idx is not None:
+        a = a * (ids != table.padding_idx)[..., None].to(dtype)
     return a
 
 
@@ -217,12 +281,14 @@ def _forward_backward(
     with the layers' columns filled (except the layers at the paths ``skip``), {name: (B, c',
     numel)} for the parameters ``plan`` covers). The backward targets are logit j (``ggn``) or
     the loss (``dl . f``). An embedding the forward does not read (text fed as embeddings)
-    has zero gradient: its columns are 0."""
+    has zero gradient: its columns are 0. A tied head's columns add its table's
+    sum_t P_out[id_t]^T (P_in^T g_t)^T to its own."""
     B, k = rows.shape[0], proj.k
     layers = [p for p in proj.layers if p.block.path not in skip]
+    captured = [p.block for p in layers] + [p.tied for p in layers if p.tied is not None]
     cap = OtherCapture(engine, plan, B) if plan.fast else None
     try:
-        logits, ins, outs = capture_activations(engine, [p.block for p in layers], rows, cap.overrides if cap else None)
+        logits, ins, outs = capture_activations(engine, captured, rows, cap.overrides if cap else None)
     finally:
         if cap is not None:
             cap.remove_hooks()
@@ -236,6 +302,9 @@ def _forward_backward(
             f"vocabulary entry, {n_cols:,} here (at most {EXACT_LM_COLUMNS}); use curvature empirical"
         )
     Phi = torch.empty(B, n_cols, k, dtype=logits.dtype, device=logits.device)
+    # tied tables read by this forward, with P_out[id_t] (B, T, k_out): their output gradients go on the input side
+    tables = [p for p in layers if p.tied is not None and p.tied.path in ins]
+    table_rows = {p.block.path: _id_rows(p.P_out, ins[p.tied.path], p.tied, B, logits.dtype) for p in tables}
     acts = {}
     for p in list(layers):
         if p.block.path not in ins:  # an embedding never read: no gradient
@@ -248,7 +317,7 @@ def _forward_backward(
             if p.block.bias:
                 a = torch.cat([a, torch.ones(*a.shape[:2], 1, dtype=a.dtype, device=a.device)], 2)
             acts[p.block.path] = a @ p.P_in if p.P_in is not None else a  # (B, T, k_in)
-    out_list = [outs[p.block.path] for p in layers]
+    out_list = [outs[p.block.path] for p in layers] + [outs[p.tied.path] for p in tables]
     extra = cap.targets() if cap is not None else []
     other: dict[str, list[torch.Tensor]] = {}
     if out_list or extra:
@@ -264,6 +333,15 @@ def _forward_backward(
                 if p.P_out is not None:
                     s = s @ p.P_out  # (B, T, k_out)
                 Phi[:, j, p.col : p.col + p.dim] = torch.bmm(s.transpose(1, 2), acts[p.block.path]).reshape(B, -1)
+            for p, g in zip(tables, grads[len(layers) : len(out_list)]):
+                if g is None:  # the table's output does not reach the logits
+                    continue
+                u = token_rows(g.detach(), B)
+                if p.P_in is not None:
+                    u = u @ p.P_in  # (B, T, k_in)
+                Phi[:, j, p.col : p.col + p.dim] += torch.bmm(table_rows[p.block.path].transpose(1, 2), u).reshape(
+                    B, -1
+                )
             if cap is not None:
                 rest: list[torch.Tensor | None] = [None if g is None else g.detach() for g in grads[len(out_list) :]]
                 for name, g in cap.rows(engine, rest).items():
@@ -294,8 +372,8 @@ def _layer_rows_generic(
     engine: Any, proj: KroneckerProjection, p: Any, rows: torch.Tensor, targets: torch.Tensor, ggn: bool
 ) -> torch.Tensor:
     """(B, c', k_out k_in): layer ``p``'s projected columns from per-sample Jacobians over its
-    weight (``vmap(jacrev)``), the route an embedding takes when its ids cannot be used."""
-    return proj.project_table(p, _other_rows(engine, _weight_index(engine, p), rows, targets, ggn))
+    weight (``vmap(jacrev)``), the route an embedding (or a tied head) takes when its ids cannot be used."""
+    return proj.project_weight(p, _other_rows(engine, _weight_index(engine, p), rows, targets, ggn))
 
 
 def _weight_index(engine: Any, p: Any) -> torch.Tensor:
@@ -334,37 +412,43 @@ def _layer_rows_by_autograd(
     engine: Any, proj: KroneckerProjection, p: Any, rows: torch.Tensor, targets: torch.Tensor, ggn: bool
 ) -> torch.Tensor:
     """(B, c', k_out k_in): layer ``p``'s projected columns from :func:`_rows_by_autograd` over
-    its weight (a table's gradient transposed to the linear layout, then projected)."""
-    return proj.project_table(p, _rows_by_autograd(engine, _weight_index(engine, p), rows, targets, ggn))
+    its weight (a table's gradient transposed to the linear layout, then projected; a tied head's
+    is the sum of both uses, in the head's layout already)."""
+    return proj.project_weight(p, _rows_by_autograd(engine, _weight_index(engine, p), rows, targets, ggn))
 
 
 def _capture_numbers(engine: Any, proj: KroneckerProjection, rows: torch.Tensor) -> int:
     """Numbers one row holds at once in :func:`_forward_backward` beyond the autograd graph: per
     layer, over its T tokens, the captured inputs and one output column's gradients (every
     layer's come back together) and their projections, T (w_in + d_out + k_in + k_out) (an
-    embedding's inputs are its T ids). T is read from the longest probe row. Measured on a
+    embedding's inputs are its T ids; a tied head adds its table's T (1 + width + k_in + k_out)).
+    T is read from the longest probe row. Measured on a
     DistilBERT-size model at 128 tokens: 175 MB a row in float64, 19 times what autograd saves
     for the forward; a planner without it put 32 rows in one chunk and peaked at 7.5 GiB."""
     if not proj.layers:
         return 0
     probe = engine.rows(rows[engine.longest_first(rows)[:1]])
-    layers = proj.layers
+    blocks = [p.block for p in proj.layers] + [p.tied for p in proj.layers if p.tied is not None]
     try:
         with torch.no_grad(), engine.context():
-            _, ins, _ = capture_activations(engine, [p.block for p in layers], probe)
+            _, ins, _ = capture_activations(engine, blocks, probe)
     except AuditError:  # a table read twice per forward (verification sends it to the Jacobians)
-        layers = [p for p in proj.layers if p.block.source != "embedding"]
+        blocks = [b for b in blocks if b.source != "embedding"]
         with torch.no_grad(), engine.context():
-            _, ins, _ = capture_activations(engine, [p.block for p in layers], probe)
+            _, ins, _ = capture_activations(engine, blocks, probe)
+
+    def table_numbers(b: LinearBlock, p: Any) -> int:  # the probe row's length when the table was not captured
+        T = int(ins[b.path].reshape(1, -1).shape[1]) if b.path in ins else int(probe[0].numel())
+        return T * (1 + b.d_out + p.k_in + p.k_out)
+
     total = 0
     for p in proj.layers:
         b = p.block
-        if b.source == "embedding":  # the probe row's length when the table was not captured
-            T = int(ins[b.path].reshape(1, -1).shape[1]) if b.path in ins else int(probe[0].numel())
-            total += T * (1 + b.d_out + p.k_in + p.k_out)
-        elif b.path not in ins:
-            continue
-        else:
+        if p.tied is not None:
+            total += table_numbers(p.tied, p)
+        if b.source == "embedding":
+            total += table_numbers(b, p)
+        elif b.path in ins:
             T = int(token_rows(ins[b.path], 1).shape[1])
             total += T * (b.width_in + b.d_out + p.k_in + p.k_out)
     return total
@@ -374,15 +458,28 @@ def _close(a: torch.Tensor, b: torch.Tensor, tol: float) -> bool:
     return a.shape == b.shape and float((a - b).abs().max()) <= tol * (1.0 + float(b.abs().max()))
 
 
+def _read_columns(J: torch.Tensor, engine: Any, logits: torch.Tensor, targets: torch.Tensor, ggn: bool) -> torch.Tensor:
+    """J (B, c', m) with the columns no result reads set to 0: a language model's Gauss-Newton columns
+    at positions of loss weight 0, where the output Hessian's root is 0 (and dl/df too). Verification
+    compares only the others: at a padding position inside a batch's width the batched forward has
+    logits, the one-row truth (trimmed to its own length) zeros."""
+    share = position_weights(engine.loss, logits, targets) if ggn else None
+    if share is None:
+        return J
+    keep = (share > 0).repeat_interleave(logits.shape[-1], 1)  # (B, L V), position-major like the columns
+    return J * keep[..., None].to(J.dtype)
+
+
 def verify_embeddings(
     engine: Any, proj: KroneckerProjection, rows: torch.Tensor, targets: torch.Tensor, ggn: bool
 ) -> frozenset[str]:
-    """The embedding layers of ``proj`` whose columns must come from per-sample Jacobians: each
-    table's columns from its ids and output gradients are compared on ``rows`` (two are enough)
+    """The embedding layers (and tied heads) of ``proj`` whose columns must come from per-sample
+    Jacobians: each table's columns from its ids and output gradients (a tied head's: the sum of
+    the head's and its table's) are compared on ``rows`` (two are enough)
     with the projection of its per-sample gradients from plain autograd, and the logits with the
     plain forward's; a
     table that fails (other numbers, an error: read twice per forward, ids not batched) is listed."""
-    tables = [p for p in proj.layers if p.block.source == "embedding"]
+    tables = [p for p in proj.layers if p.block.source == "embedding" or p.tied is not None]
     if not tables:
         return frozenset()
     with torch.no_grad():
@@ -398,8 +495,11 @@ def verify_embeddings(
         except Exception:  # noqa: BLE001 - any failure of the structure sends the table to the Jacobian route
             failed.add(p.block.path)
             continue
-        truth = _layer_rows_by_autograd(engine, proj, p, rows, targets, ggn)
-        if not (_close(logits, reference, tol) and _close(Phi[..., p.col : p.col + p.dim], truth, tol)):
+        truth = _read_columns(
+            _layer_rows_by_autograd(engine, proj, p, rows, targets, ggn), engine, logits, targets, ggn
+        )
+        got = _read_columns(Phi[..., p.col : p.col + p.dim], engine, logits, targets, ggn)
+        if not (_close(logits, reference, tol) and _close(got, truth, tol)):
             failed.add(p.block.path)
     return frozenset(failed)
 
@@ -463,14 +563,15 @@ def verify_plan(
         result = attempt(plan)
         if result is None:
             return plan.without(set(plan.fast))
-    _, got = result
+    logits, got = result
     slices, at, wrong = _other_slices(engine, proj), 0, set()
     index = torch.cat([proj.other_index[slice(*slices[n])] for n in plan.fast])
-    truth = _rows_by_autograd(engine, index, rows, targets, ggn)
+    truth = _read_columns(_rows_by_autograd(engine, index, rows, targets, ggn), engine, logits, targets, ggn)
     for name in plan.fast:
         width = slices[name][1] - slices[name][0]
         if name not in got or not close(
-            got[name].reshape(truth.shape[0], truth.shape[1], -1), truth[..., at : at + width]
+            _read_columns(got[name].reshape(truth.shape[0], truth.shape[1], -1), engine, logits, targets, ggn),
+            truth[..., at : at + width],
         ):
             wrong.add(name)
         at += width
@@ -898,7 +999,13 @@ class Projected(base.Estimator):
             "proj_dim": int(config.proj_dim),
             "proj_dim_used": k,
             "projection": "per linear layer: orthonormal seeded Gaussian factors on inputs and output gradients "
-            "(Kronecker, LoGra); other parameters: random signs",
+            "(Kronecker, LoGra); other parameters: random signs"
+            + "".join(
+                f"; {p.block.weight} (tied: the head {p.block.path} and the embedding {p.tied.path}) as one layer "
+                "in the head's layout, both uses' projected gradients summed"
+                for p in proj.layers
+                if p.tied is not None
+            ),
             "projection_seed": config.seed,
             "projection_layout": proj.describe(),
             # parameters outside linear layers: per-sample gradients from the shared backward
@@ -912,6 +1019,12 @@ class Projected(base.Estimator):
                 if p.block.source == "embedding" and p.block.path not in (proj.embedding_fallback or ())
             ],
             "embeddings_by_jacobian": sorted(proj.embedding_fallback or ()),
+            # tied head -> embedding pairs projected from the head's activations and the table's ids
+            "tied_heads_from_ids": {
+                p.block.path: p.tied.path
+                for p in proj.layers
+                if p.tied is not None and p.block.path not in (proj.embedding_fallback or ())
+            },
             "curvature": curvature,
             "hessian_vector_products": 0,
             "backward_passes_per_chunk": cols,
