@@ -434,9 +434,14 @@ def main() -> int:
         "gpt2-small (a 124 M-parameter causal language model on documents of 256 tokens)",
     )
     parser.add_argument("--precision", default=None, help="--precision of every analysis (default: each one's auto)")
+    parser.add_argument(
+        "--n-train", type=int, default=None, help="override every model's audited training rows (n_train)"
+    )
     args = parser.parse_args()
     start = time.perf_counter()
     sizes = SIZES["small" if args.small else "full"]
+    if args.n_train is not None:
+        sizes = {name: {**size, "n_train": args.n_train} for name, size in sizes.items()}
     env = {
         **os.environ,
         "OMP_NUM_THREADS": str(args.threads),

@@ -94,6 +94,7 @@ class AttackConfig:
             "random_start": self.random_start,
             "momentum": self.momentum,
             "seed": self.seed,
+            "memory_mb": self.memory_mb,
         }
 
     @property

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from attnaudit.analyses.malleability.token_attacks import protected_ids
+from attnaudit.core.engine import saved_tensor_bytes
 from attnaudit.core.task import Task, as_loss
 from attnaudit.errors import AuditError
 from attnaudit.models.hf import HFEmbeddingShiftClassifier, embedding_shift_rows
@@ -159,11 +160,14 @@ def perturb_embeddings(
     random_start: bool = True,
     momentum: float = 1.0,
     seed: int = 0,
+    memory_mb: float | None = None,
 ) -> EmbeddingAttackOutcome:
     """Perturb every text of ``rows`` (embedding-shift rows) against ``task`` (module docstring).
 
-    ``eps``, ``step_size``: relative to each token's embedding norm. Returns rows of the same
-    shape and dtype whose ids are unchanged."""
+    ``eps``, ``step_size``: relative to each token's embedding norm. ``memory_mb``: the bytes of
+    autograd graph one chunk of texts may hold (at most :data:`TEXT_CHUNK` texts; measured on the
+    first text); None: :data:`TEXT_CHUNK` texts. Returns rows of the same shape and dtype whose ids
+    are unchanged."""
     module = task.module
     if method not in EMBEDDING_ATTACKS:
         raise AuditError(f"unknown embedding attack {method!r}; use one of {', '.join(EMBEDDING_ATTACKS)}")
@@ -192,8 +196,9 @@ def perturb_embeddings(
         relative = step_size if step_size is not None else (2.5 if method == "pgd" else 1.0) * eps / steps
         alpha = rho * (1.0 if method == "fgsm" else relative / eps)
         parts = []
-        for a in range(0, n, TEXT_CHUNK):
-            b = min(n, a + TEXT_CHUNK)
+        chunk = _texts_per_chunk(task, partial(rows_of, 0, 1), y[:1], start[:1], memory_mb) if n > 1 else 1
+        for a in range(0, n, chunk):
+            b = min(n, a + chunk)
             parts.append(
                 _attack_chunk(
                     task,
@@ -215,6 +220,24 @@ def perturb_embeddings(
         rel = torch.where(scale > 0, size / scale.clamp_min(1e-300), torch.zeros_like(size)).amax(-1)
         out = out_rows(delta).to(rows.dtype)
     return EmbeddingAttackOutcome(rows=out.reshape(rows.shape), relative_radius=rel)
+
+
+def _texts_per_chunk(
+    task: Task, first_rows: Callable, y: torch.Tensor, delta: torch.Tensor, memory_mb: float | None
+) -> int:
+    """Texts per attack graph: :data:`TEXT_CHUNK`, fewer when one text's saved tensors (the graph of
+    its input gradient: a language model's logits over its vocabulary dominate) times that number
+    would pass ``memory_mb``."""
+    if memory_mb is None:
+        return TEXT_CHUNK
+
+    def loss() -> torch.Tensor:
+        shift = delta.detach().clone().requires_grad_(True)
+        logits = task.logits(first_rows(shift))
+        return as_loss(task.loss).per_sample(logits, task.targets(y, logits.dtype)).sum()
+
+    per_text = saved_tensor_bytes(loss, task.module.parameters())
+    return max(1, min(TEXT_CHUNK, int(memory_mb * 2**20 // max(1, per_text))))
 
 
 def _attack_chunk(

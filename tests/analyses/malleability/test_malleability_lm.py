@@ -96,6 +96,33 @@ def test_embedding_attacks_keep_each_real_tokens_relative_radius_and_leave_paddi
         assert res.accuracy_before is None and res.accuracy_after is None
 
 
+def test_a_memory_budget_splits_the_attack_into_smaller_chunks_and_changes_no_shift(monkeypatch):
+    """A budget smaller than one document's graph attacks one document per chunk; documents are
+    independent in eval mode, so the shifts equal those of one chunk of all documents."""
+    from attnaudit.analyses.malleability import embedding_attacks
+
+    lm = _lm("gpt2")
+    shift = HFCausalLMShift(lm)
+    ids, attention = _documents()
+    X = causal_shift_rows(ids, attention, shift.hidden)
+    Y = targets_for(ids, attention)
+    task = Task(shift, 40, NextTokenLoss())
+    chunks = []
+    real_chunk = embedding_attacks._attack_chunk
+
+    def counted(task, rows_of, y, *args, **kwargs):
+        chunks.append(int(y.shape[0]))
+        return real_chunk(task, rows_of, y, *args, **kwargs)
+
+    monkeypatch.setattr(embedding_attacks, "_attack_chunk", counted)
+    whole = perturb(task, X, Y, AttackConfig(method="pgd", eps=0.2, norm="l2", steps=3, seed=4))
+    assert chunks == [3]
+    chunks.clear()
+    small = perturb(task, X, Y, AttackConfig(method="pgd", eps=0.2, norm="l2", steps=3, seed=4, memory_mb=1e-3))
+    assert chunks == [1, 1, 1]
+    torch.testing.assert_close(small.X_adv, whole.X_adv, rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("method", ["hotflip", "swap"])
 def test_token_swaps_spend_the_budget_and_rebuild_the_targets(method):
     lm = _lm("llama")
