@@ -4,6 +4,7 @@ against scipy, and the float64 comparison against numbers worked out by hand."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from scipy import stats
 from attnaudit.core.precision import (
     AUTO_FLOAT64_MAX_PARAMS,
     compare,
+    native_bfloat16,
     not_needed,
     resolve_precision,
     spearman,
@@ -36,12 +38,32 @@ def test_auto_is_float64_up_to_a_million_parameters_and_float32_above(n_params, 
 
 @pytest.mark.parametrize("asked", ["float64", "float32", "bfloat16"])
 @pytest.mark.parametrize("n_params", [10, 50_000_000, None])
-def test_an_explicit_precision_is_kept_whatever_the_model_size(asked, n_params):
+def test_an_explicit_precision_is_kept_whatever_the_model_size(asked, n_params, monkeypatch):
+    monkeypatch.setattr("attnaudit.core.precision.native_bfloat16", lambda device="cpu": True)
     p = resolve_precision(asked, n_params, "cpu", heavy=("gradients",))
     assert (p.asked, p.used, p.reason, p.heavy) == (asked, asked, "asked", ("gradients",))
     assert p.dtype == {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}[asked]
     d = p.to_dict()
     assert (d["asked"], d["used"], d["heavy_computations"]) == (asked, asked, ["gradients"])
+
+
+def test_bfloat16_on_a_cpu_without_native_bfloat16_is_kept_with_a_warning_and_the_reason(monkeypatch):
+    monkeypatch.setattr("attnaudit.core.precision.native_bfloat16", lambda device="cpu": False)
+    with pytest.warns(RuntimeWarning, match="no native bfloat16"):
+        p = resolve_precision("bfloat16", 10**8, "cpu")
+    assert (p.asked, p.used) == ("bfloat16", "bfloat16")  # asked, so kept
+    assert p.reason.startswith("asked; ") and "float32" in p.reason
+    assert "no native bfloat16" in p.to_dict()["reason"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # float32 on the same CPU: no warning
+        assert resolve_precision("float32", 10**8, "cpu").reason == "asked"
+
+
+def test_native_bfloat16_follows_onednn_on_the_cpu(monkeypatch):
+    expected = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    assert native_bfloat16("cpu") is expected
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: not expected)
+    assert native_bfloat16("cpu") is (not expected)
 
 
 def test_spelling_is_normalised_and_auto_never_picks_bfloat16():
