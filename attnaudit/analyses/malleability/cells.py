@@ -356,13 +356,23 @@ class Cell:
             result, first_seed, on_perturbed = earlier
             return replace(result, config=attack_config), first_seed, on_perturbed
         t0 = time.perf_counter()
-        result = perturb(target, self.X_train, self.y_train, attack_config, self.config.loss)
+        result = perturb(
+            target, self.X_train, self.y_train, attack_config, self.config.loss, before=self.saved_evaluation(target)
+        )
         self.timings["attack"] += time.perf_counter() - t0
         # a language model has no accuracy (its loss on the perturbed documents is in the result)
         on_perturbed = None if self.config.loss == LM_LOSS else accuracy(logits_of(target, result.X_adv), self.y_train)
         if key is not None:
             self.state.attack_memo[key] = (result, self.seed, on_perturbed)
         return result, self.seed, on_perturbed
+
+    def saved_evaluation(self, target: Any) -> tuple[float, float] | None:
+        """A language model's (mean loss, perplexity) on the training documents when ``target`` is
+        the saved model already evaluated on them (:meth:`given`), else None (measured by the attack)."""
+        memo = self.state.saved_memo.get(self.arch)
+        if self.config.loss != LM_LOSS or memo is None or memo[2] is not target or memo[1] is not self.X_train:
+            return None
+        return memo[3]["final_loss"], memo[3]["train_perplexity"]
 
     # ------------------------------------------------------------------ models
     def fit(self, spec, X_ctx, X, role: str, order_seed: int | None = None) -> tuple:

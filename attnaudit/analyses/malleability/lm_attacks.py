@@ -246,11 +246,18 @@ def evaluate_documents(task: Task, X: torch.Tensor, y: torch.Tensor, chunk: int 
 
 
 def perturb_documents(
-    task: Task, X: torch.Tensor, y: torch.Tensor, config: AttackConfig, evaluate: bool
+    task: Task,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    config: AttackConfig,
+    evaluate: bool,
+    before: tuple[float, float] | None = None,
 ) -> AttackResult:
     """Perturb every training document of a causal language model (module docstring): the rows,
     and for token swaps the rebuilt targets (``y_adv``); loss and perplexity before and after
-    when ``evaluate``; accuracies stay None (a language model has none)."""
+    when ``evaluate`` (before: ``before`` when given, the caller's measurement of the same model
+    on (X, y): a forward pass over every document saved per attack); accuracies stay None (a
+    language model has none)."""
     from attnaudit.analyses.malleability.attacks import TOKEN_ATTACKS, AttackResult
     from attnaudit.analyses.malleability.embedding_attacks import EMBEDDING_ATTACKS, perturb_embeddings
     from attnaudit.analyses.request import FieldError
@@ -303,7 +310,7 @@ def perturb_documents(
     none = dict.fromkeys(("loss_before", "loss_after", "accuracy_before", "accuracy_after"))
     if not evaluate:
         return AttackResult(X_adv=X_adv, config=config, **none, y_adv=y_adv)
-    loss_before, ppl_before = evaluate_documents(task, X, y)
+    loss_before, ppl_before = evaluate_documents(task, X, y) if before is None else before
     loss_after, ppl_after = evaluate_documents(task, X_adv, y if y_adv is None else y_adv)
     return AttackResult(
         X_adv=X_adv,

@@ -251,3 +251,33 @@ def test_queries_file_is_what_the_influence_and_the_held_out_loss_are_measured_o
 
     refused = runner.invoke(app, ["malleability", "--queries", str(queries), "--n-train", "20"])
     assert refused.exit_code == 2 and "queries" in refused.output and "language models" in refused.output
+
+
+def test_the_saved_models_training_loss_is_measured_once_not_again_by_each_attack(lm_folders, monkeypatch):
+    """Each attack reports the clean model's loss on the clean training documents; under the
+    static protocol that is the saved model's evaluation, reused: one forward pass over the
+    training documents for it, plus one per attack over its perturbed documents (not two)."""
+    from attnaudit.analyses.malleability import cells, lm_attacks
+
+    calls: list[int] = []
+    original = lm_attacks.evaluate_documents
+
+    def counted(task, X, y, *args, **kwargs):
+        calls.append(int(X.shape[0]))
+        return original(task, X, y, *args, **kwargs)
+
+    monkeypatch.setattr(lm_attacks, "evaluate_documents", counted)
+    monkeypatch.setattr(cells, "evaluate_documents", counted)
+    folder = lm_folders / "gpt2"
+    common = ["malleability", "--checkpoint", str(folder / "lm"), "--data", str(folder / "documents.jsonl")]
+    sizes = ["--n-train", "10", "--n-test", "4", "--seeds", "1", "--top-k", "4", "--proj-dim", "32"]
+    out = runner.invoke(app, [*common, *sizes, "--attacks", "fgsm,sign", "--eps", "0.1", "--json", "-"])
+    assert out.exit_code == 0, out.output[-3000:]
+    res = json.loads(out.output[out.output.index("{") :])["results"]
+    assert calls.count(10) == 1 + 2 and calls.count(4) == 1  # training: saved model + 2 attacks; held out: once
+    saved_loss = res["training"][0]["final_loss"]
+    attack_rows = [row for row in res["runs"] if row["attack"] in ("fgsm", "sign")]
+    assert len(attack_rows) == 2
+    for row in attack_rows:
+        assert row["clean_model_loss_on_clean_train"] == saved_loss
+        assert row["clean_model_loss_on_perturbed_train"] != saved_loss  # measured on the perturbed documents
