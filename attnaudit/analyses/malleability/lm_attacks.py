@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from attnaudit.analyses.malleability.token_attacks import keep_best_swaps
+from attnaudit.analyses.malleability.token_attacks import keep_best_swaps, swap_at_random
 from attnaudit.core.lm_rows import pack_rows, split_rows, split_targets, targets_for
 from attnaudit.core.task import NextTokenLoss, Task, eval_mode
 from attnaudit.errors import AuditError
@@ -189,19 +189,7 @@ def lm_random_swaps(
     if allowed.numel() < 2:
         raise AuditError("random token swaps need at least two tokens outside the special ids in the vocabulary")
     ids = docs.ids.clone()
-    can_edit = editable(docs, tuple(protected)).cpu()
-    swaps: list[list[tuple[int, int, int]]] = []
-    for i in range(ids.shape[0]):
-        positions = torch.nonzero(can_edit[i]).flatten()
-        chosen = positions[torch.randperm(positions.numel(), generator=generator)][:budget]
-        row: list[tuple[int, int, int]] = []
-        for pos in chosen.tolist():
-            old = int(ids[i, pos])
-            choices = allowed[allowed != old]
-            new = int(choices[torch.randint(choices.numel(), (1,), generator=generator)])
-            ids[i, pos] = new
-            row.append((pos, old, new))
-        swaps.append(row)
+    swaps = swap_at_random(ids, editable(docs, tuple(protected)).cpu(), allowed, budget, generator)
     return ids, swaps
 
 

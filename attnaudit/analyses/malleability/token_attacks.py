@@ -181,6 +181,27 @@ def _hotflip_rows(
     return TokenAttackResult(ids=ids, swaps=swaps, loss_before=before, loss_after=current)
 
 
+def swap_at_random(
+    ids: torch.Tensor, editable: torch.Tensor, allowed: torch.Tensor, budget: int, generator: torch.Generator
+) -> list[list[tuple[int, int, int]]]:
+    """Set ``budget`` random ``editable`` positions of each row of ``ids`` (in place) to a random
+    ``allowed`` token other than the current one; the swaps (position, old, new) per row. The
+    generator draws the positions of a row, then one token per position, row after row."""
+    swaps: list[list[tuple[int, int, int]]] = []
+    for i in range(ids.shape[0]):
+        positions = torch.nonzero(editable[i]).flatten()
+        order = positions[torch.randperm(positions.numel(), generator=generator)][:budget]
+        row: list[tuple[int, int, int]] = []
+        for pos in order.tolist():
+            old = int(ids[i, pos])
+            choices = allowed[allowed != old]
+            new = int(choices[torch.randint(choices.numel(), (1,), generator=generator)])
+            ids[i, pos] = new
+            row.append((pos, old, new))
+        swaps.append(row)
+    return swaps
+
+
 def random_swaps(
     ids: torch.Tensor, vocab_size: int, config: TokenAttackConfig, generator: torch.Generator
 ) -> TokenAttackResult:
@@ -190,19 +211,7 @@ def random_swaps(
     allowed = torch.tensor([t for t in range(vocab_size) if t not in set(config.protected)], dtype=torch.long)
     if allowed.numel() < 2:
         raise AuditError("random token swaps need at least two unprotected tokens in the vocabulary")
-    editable = _editable(ids, config.protected)
-    swaps: list[list[tuple[int, int, int]]] = []
-    for i in range(ids.shape[0]):
-        positions = torch.nonzero(editable[i]).flatten()
-        order = positions[torch.randperm(positions.numel(), generator=generator)][: config.budget]
-        row: list[tuple[int, int, int]] = []
-        for pos in order.tolist():
-            old = int(ids[i, pos])
-            choices = allowed[allowed != old]
-            new = int(choices[torch.randint(choices.numel(), (1,), generator=generator)])
-            ids[i, pos] = new
-            row.append((pos, old, new))
-        swaps.append(row)
+    swaps = swap_at_random(ids, _editable(ids, config.protected), allowed, config.budget, generator)
     nan = torch.full((ids.shape[0],), float("nan"))
     return TokenAttackResult(ids=ids, swaps=swaps, loss_before=nan, loss_after=nan)
 
