@@ -55,6 +55,7 @@ from attnaudit.data.text import (
     load_tokenizer,
     pad_id_of,
     read_file_bytes,
+    require_tokenizer,
     text_length,
     tokenizer_file,
 )
@@ -395,16 +396,11 @@ def load_documents(path: str | Path, options: DocumentOptions) -> Dataset:
     y (n, 2L) float64 targets [next ids | weights] (:mod:`attnaudit.core.lm_rows`), n_classes the
     tokenizer's vocabulary size (added tokens included)."""
     path = Path(path)
-    if options.tokenizer is None:
-        raise FieldError(
-            "tokenizer",
-            literal(path) + ": documents need a tokenizer: give {name} (a tokenizer.json), or a Hugging Face "
-            "checkpoint folder that holds its tokenizer.json",
-        )
+    tokenizer_path = require_tokenizer(path, options.tokenizer, "documents need")
     docs, digest, n_files = read_documents(path, options)
-    tokenizer = load_tokenizer(options.tokenizer)  # a fresh instance: encode_documents configures it
-    max_length, length_from = document_length(options.max_length, options.tokenizer)
-    eos = eos_id_of(tokenizer, options.tokenizer)
+    tokenizer = load_tokenizer(tokenizer_path)  # a fresh instance: encode_documents configures it
+    max_length, length_from = document_length(options.max_length, tokenizer_path)
+    eos = eos_id_of(tokenizer, tokenizer_path)
     pad = padding_id(tokenizer, eos, str(path))
     ids, attention, counted, cut = encode_documents(tokenizer, docs, max_length, eos if options.add_eos else None, pad)
     X = pack_rows(ids, attention)
@@ -416,7 +412,7 @@ def load_documents(path: str | Path, options: DocumentOptions) -> Dataset:
             f"{path}: no document has a counted token after its first, so none has a target to predict; give "
             "documents (or completions) of two tokens or more"
         )
-    file = tokenizer_file(options.tokenizer)
+    file = tokenizer_file(tokenizer_path)
     return Dataset(
         X=X,
         y=Y,

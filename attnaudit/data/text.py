@@ -239,6 +239,18 @@ def tokenizer_file(path: str | Path) -> Path:
     return candidate
 
 
+def require_tokenizer(path: Path, tokenizer: str | None, what: str) -> str:
+    """``tokenizer``; a FieldError on it when none is given for ``what`` (e.g. "documents need")
+    read from ``path``."""
+    if tokenizer is None:
+        raise FieldError(
+            "tokenizer",
+            literal(path) + f": {what} a tokenizer: give " + "{name} (a tokenizer.json), or a Hugging Face "
+            "checkpoint folder that holds its tokenizer.json",
+        )
+    return tokenizer
+
+
 def load_tokenizer(path: str | Path) -> Any:
     """A ``tokenizers.Tokenizer`` from tokenizer.json (offline; the [hf] extra brings the library)."""
     try:
@@ -295,19 +307,14 @@ def _copy(tokenizer: Any) -> Any:
 def read_text_source(path: str | Path, options: TextOptions) -> Source:
     """The records of ``path`` as token rows (n, max_length) with class ids, for the data layer."""
     path = Path(path)
-    if options.tokenizer is None:
-        raise FieldError(
-            "tokenizer",
-            literal(path) + ": text data needs a tokenizer: give {name} (a tokenizer.json), or a Hugging Face "
-            "checkpoint folder that holds its tokenizer.json",
-        )
+    tokenizer_path = require_tokenizer(path, options.tokenizer, "text data needs")
     texts, labels = read_records(path, options.text_field, options.label_field)
-    tokenizer = load_tokenizer(options.tokenizer)
-    label2id = _label2id(options.tokenizer)
+    tokenizer = load_tokenizer(tokenizer_path)
+    label2id = _label2id(tokenizer_path)
     y, mapping = label_ids(labels, label2id, str(path))
-    max_length, length_from = text_length(options.max_length, options.tokenizer)
+    max_length, length_from = text_length(options.max_length, tokenizer_path)
     ids, truncated = tokenize(tokenizer, texts, max_length, str(path))
-    file = tokenizer_file(options.tokenizer)
+    file = tokenizer_file(tokenizer_path)
     return Source(
         X=ids,
         y=y,
