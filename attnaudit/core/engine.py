@@ -32,6 +32,7 @@ from torch.func import functional_call, grad, jacrev, jvp, vjp, vmap
 
 from attnaudit.errors import AuditError
 from attnaudit.core.attention import math_attention
+from attnaudit.core.contraction import contract
 from attnaudit.core.task import Task, as_loss, eval_mode, to_logits
 
 KERNEL_FORMS = ("full", "trace")
@@ -456,10 +457,11 @@ class Engine:
         out = torch.empty((n1 * k, n2 * k), dtype=self.dtype, device=self.device)
 
         def product(J1: torch.Tensor, J2: torch.Tensor) -> torch.Tensor:
+            # summed in float64 whatever the Jacobians' precision (attnaudit.core.contraction)
             r1, r2 = J1.shape[0], J2.shape[0]
             if form == "trace":
-                return (J1.reshape(r1, -1) @ J2.reshape(r2, -1).T) / c
-            return J1.reshape(r1 * c, P) @ J2.reshape(r2 * c, P).T
+                return contract(J1.reshape(r1, -1), J2.reshape(r2, -1)) / c
+            return contract(J1.reshape(r1 * c, P), J2.reshape(r2 * c, P))
 
         def put(a1: int, a2: int, B: torch.Tensor, both: bool) -> None:
             a1, a2 = a1 * k, a2 * k

@@ -30,6 +30,7 @@ from attnaudit.analyses.influence.kfac import (
     shared_weights,
     token_rows,
 )
+from attnaudit.core.contraction import contract
 from attnaudit.core.engine import JACOBIAN_TRANSIENT, Engine, ranges
 from attnaudit.errors import AuditError
 
@@ -65,10 +66,11 @@ class _GroupKernels:
     def add(self, g: str, R: torch.Tensor, C: torch.Tensor, a1: int, a2: int) -> None:
         """K_g[rows a1.., cols a2..] += R C^T for flat (rows, c, p) Jacobian panels (mirrored)."""
         r, m, c = R.shape[0], C.shape[0], self.c
+        # summed in float64 whatever the Jacobians' precision (attnaudit.core.contraction)
         if self.form == "trace":
-            B = R.reshape(r, -1) @ C.reshape(m, -1).T / c
+            B = contract(R.reshape(r, -1), C.reshape(m, -1)) / c
         else:
-            B = R.reshape(r * c, -1) @ C.reshape(m * c, -1).T
+            B = contract(R.reshape(r * c, -1), C.reshape(m * c, -1))
         i, j = a1 * self.k_out, a2 * self.k_out
         K = self.K[g]
         K[i : i + B.shape[0], j : j + B.shape[1]] += B

@@ -62,6 +62,7 @@ from attnaudit.analyses.ntk_distance.aggregate import strict_json
 from attnaudit.analyses.ntk_distance.config import DEFAULT_MEMORY_BYTES, KERNEL_FORMS
 from attnaudit.analyses.ntk_distance.layerwise import layer_kernels
 from attnaudit.analyses.request import FieldError, literal
+from attnaudit.core.contraction import contract
 from attnaudit.core.engine import JACOBIAN_ROWS, JACOBIAN_TRANSIENT, Engine, ranges
 from attnaudit.core.linalg import centered_kernel_alignment as centered_kernel_alignment
 from attnaudit.core.precision import PrecisionCheck, compare
@@ -211,11 +212,12 @@ def _upper_blocks(
 
 
 def _product(R: torch.Tensor, C: torch.Tensor, s: int, e: int, form: str, c: int) -> torch.Tensor:
-    """Group block of the kernel: (r c, m c) flat full form (row i*c + a), or (r, m) output-averaged."""
+    """Group block of the kernel: (r c, m c) flat full form (row i*c + a), or (r, m) output-averaged;
+    float64, summed in float64 whatever the Jacobians' precision (:func:`~attnaudit.core.contraction.contract`)."""
     r, m = R.shape[0], C.shape[0]
     if form == "trace":
-        return torch.einsum("iap,jap->ij", R[..., s:e], C[..., s:e]) / c
-    return R[..., s:e].reshape(r * c, e - s) @ C[..., s:e].reshape(m * c, e - s).T
+        return contract(R[..., s:e].reshape(r, -1), C[..., s:e].reshape(m, -1)) / c
+    return contract(R[..., s:e].reshape(r * c, e - s), C[..., s:e].reshape(m * c, e - s))
 
 
 def _trace_of(block: torch.Tensor, form: str, r: int, m: int, c: int) -> torch.Tensor:
