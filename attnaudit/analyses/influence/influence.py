@@ -99,6 +99,7 @@ from attnaudit.analyses.influence.estimators.tracin import tracin_weights
 from attnaudit.analyses.influence.paths import PATH_GENERIC, EngineView, engine_view
 from attnaudit.analyses.influence.projection import PROJ_SPLITS
 from attnaudit.core.cg import batched_cg
+from attnaudit.core.contraction import contract
 from attnaudit.core.engine import ranges
 from attnaudit.core.task import (
     LOSSES as LOSS_TABLE,
@@ -671,7 +672,8 @@ def influence_sweep(
             out[part] = -scorer(U_tr[part], T_tr[part], S)
             continue
         g = eng.per_sample_grads(U_tr[part], T_tr[part])
-        out[part] = -((train_map(g) if train_map is not None else g) @ S)
+        # summed over the parameters in float64 whatever the precision (attnaudit.core.contraction)
+        out[part] = -contract(train_map(g) if train_map is not None else g, S.T).to(S.dtype)
     train_s = time.perf_counter() - t_train
     elapsed = time.perf_counter() - t0
 
@@ -753,7 +755,7 @@ def _checkpoint_sweep(task: Task, X_train, y_train, X_test, y_test, config, chec
             out = torch.zeros(n_train, S.shape[1], dtype=S.dtype, device=S.device)
         for a, b in ranges(n_train, chunk):
             g = eng.per_sample_grads(U_tr[a:b], T_tr[a:b])
-            out[a:b] -= w * ((train_map(g) if train_map is not None else g) @ S)
+            out[a:b] -= w * contract(train_map(g) if train_map is not None else g, S.T).to(S.dtype)
         used += 1
     if out is None or setup is None:
         raise AuditError(f"every {name} checkpoint has weight 0 (no training steps); train for at least one step")

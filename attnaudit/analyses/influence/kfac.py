@@ -59,6 +59,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import nn
 
+from attnaudit.core.contraction import contract
 from attnaudit.core.engine import Engine, ranges
 from attnaudit.core.precision import tensor_bits
 from attnaudit.core.lm_rows import split_targets
@@ -717,7 +718,9 @@ def layer_gradient_scores(
         logits, ins, outs = capture_activations(engine, list(blocks), rows)
         loss = engine.loss.per_sample(logits, targets).sum()
         grads = torch.autograd.grad(loss, [outs[b.path] for b in blocks])
-    out = torch.zeros(B, transformed.shape[1], dtype=transformed.dtype, device=transformed.device)
+    # the sums over each layer's parameters are taken in float64 whatever the precision (kernel
+    # and score sums stay float64: attnaudit.core.contraction)
+    out = torch.zeros(B, transformed.shape[1], dtype=torch.float64, device=transformed.device)
     for b, g in zip(blocks, grads):
         a = token_rows(ins[b.path].detach(), B).to(transformed.dtype)
         s = output_token_rows(b, g.detach(), B).to(transformed.dtype)
@@ -725,11 +728,11 @@ def layer_gradient_scores(
         W = transformed[o_w : o_w + n_w]  # (d_out d_in, k), row-major like the weight
         for r0, r1 in ranges(B, SQUARES_ROWS):
             G = torch.bmm(s[r0:r1].transpose(1, 2), a[r0:r1])  # (r, d_out, d_in)
-            out[r0:r1] += from_linear_layout(b, G) @ W
+            out[r0:r1] += contract(from_linear_layout(b, G).reshape(r1 - r0, -1), W.T)
         if b.bias:
             o_b, n_b = offsets[b.bias]
-            out += s.sum(1) @ transformed[o_b : o_b + n_b]
-    return out
+            out += contract(s.sum(1), transformed[o_b : o_b + n_b].T)
+    return out.to(transformed.dtype)
 
 
 CURVATURES = ("auto", "ggn", "fisher", "empirical")
