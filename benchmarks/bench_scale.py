@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import subprocess
@@ -402,6 +403,27 @@ def lm_stages(size: dict, work: Path, device: str = "cpu") -> list[tuple[str, st
     ]
 
 
+#: where each model's train stage leaves its checkpoint in the work folder (a file or a model folder)
+CHECKPOINTS = {"deit-tiny": "deit.safetensors", "bert-mini": "bert", "distilbert": "distilbert", "gpt2-small": "gpt2"}
+
+
+def checkpoint_params(work: Path, name: str) -> int:
+    """The parameter count of ``name``'s checkpoint trained into ``work`` by an earlier run (the
+    tensors of its safetensors files; tied weights are stored once)."""
+    from safetensors import safe_open
+
+    where = work / CHECKPOINTS[name]
+    files = [where] if where.is_file() else sorted(where.glob("*.safetensors"))
+    if not files:
+        raise SystemExit(f"no checkpoint of {name} in {work}: run its train stage into --out {work} first")
+    total = 0
+    for file in files:
+        with safe_open(str(file), framework="pt") as fh:
+            for key in fh.keys():
+                total += math.prod(fh.get_slice(key).get_shape())
+    return total
+
+
 def gemm_floor_seconds(params: int, n_train: int, n_test: int, device: str = "cpu") -> float:
     """Time of the one product influence cannot avoid: (n_train x P) @ (P x n_test), float32, on
     ``device`` (after one warm-up product, synchronised on a GPU)."""
@@ -437,6 +459,13 @@ def main() -> int:
     parser.add_argument(
         "--n-train", type=int, default=None, help="override every model's audited training rows (n_train)"
     )
+    parser.add_argument(
+        "--stages",
+        default=None,
+        help="run only these stages (comma-separated: train,kappa,ntk-distance,malleability,landscape); without "
+        "train, the models trained by an earlier run into the same --out are audited and the SCALE line names the "
+        "stages it sums",
+    )
     args = parser.parse_args()
     start = time.perf_counter()
     sizes = SIZES["small" if args.small else "full"]
@@ -466,7 +495,12 @@ def main() -> int:
         share = None
         if args.deadline is not None:
             share = (args.deadline - (model_start - start)) / (len(models) - index)
+        chosen = None if args.stages is None else set(args.stages.split(","))
+        if chosen is not None and "train" not in chosen:
+            params = checkpoint_params(work, name)
         for stage, code in builder(sizes[name], work, args.device):
+            if chosen is not None and stage not in chosen:
+                continue
             left = None if share is None else share - (time.perf_counter() - model_start)
             if left is not None and left < 1:
                 failed[stage] = "not run: the deadline had passed"
@@ -500,6 +534,8 @@ def main() -> int:
                 if stage == "train":
                     break
         refused = f" failed={','.join(failed)}" if failed else ""
+        if chosen is not None:
+            refused += f" stages={','.join(stages)}"
         on_gpu = f" gpu_peak_gb={gpu_peak:.2f}" if gpu_peak else ""
         # the issue's target is the audit (the four analyses); training the model first is set-up
         audit = sum(seconds for stage, seconds in stages.items() if stage != "train")
