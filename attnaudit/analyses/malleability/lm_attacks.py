@@ -41,7 +41,7 @@ from attnaudit.errors import AuditError
 from attnaudit.models.hf_causal import HFCausalLM, HFCausalLMShift, causal_shift_rows
 
 if TYPE_CHECKING:
-    from attnaudit.analyses.malleability.attacks import AttackConfig, AttackResult
+    from attnaudit.analyses.malleability.attack_config import AttackConfig, AttackResult
 
 #: bytes a hotflip step may hold per chunk for its (rows, L, V) gains and log-probabilities
 #: when the attack has no memory budget
@@ -246,7 +246,7 @@ def perturb_documents(
     when ``evaluate`` (before: ``before`` when given, the caller's measurement of the same model
     on (X, y): a forward pass over every document saved per attack); accuracies stay None (a
     language model has none)."""
-    from attnaudit.analyses.malleability.attacks import TOKEN_ATTACKS, AttackResult
+    from attnaudit.analyses.malleability.attack_config import TOKEN_ATTACKS, AttackResult
     from attnaudit.analyses.malleability.embedding_attacks import EMBEDDING_ATTACKS, perturb_embeddings
     from attnaudit.analyses.request import FieldError
 
