@@ -90,7 +90,7 @@ _PUBLIC = {
     "InfluenceConfig": "analyses.influence.influence",
     "compute_influence": "analyses.influence.influence",
     "influence_sweep": "analyses.influence.influence",
-    "AttackConfig": "analyses.malleability.attacks",
+    "AttackConfig": "analyses.malleability.attack_config",
     "perturb": "analyses.malleability.attacks",
     "MalleabilityConfig": "analyses.malleability.config",
     "run_malleability": "analyses.malleability.malleability",
