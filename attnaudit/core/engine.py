@@ -553,7 +553,10 @@ def saved_tensor_bytes(build: Callable[[], torch.Tensor], own: Iterable[torch.Te
         nonlocal saved
         if t.untyped_storage().data_ptr() not in owned:
             saved += t.numel() * t.element_size()
-        return t
+        # detached: a node that saves its own output (softmax, exp) would otherwise hold that output
+        # with its grad_fn, a cycle through C++ that Python's collector cannot see -- the probe's
+        # whole graph (and the weights it read) would outlive it
+        return t.detach()
 
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         build()
