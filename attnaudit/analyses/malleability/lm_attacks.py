@@ -30,18 +30,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from attnaudit.analyses.malleability.token_attacks import keep_best_swaps, swap_at_random
 from attnaudit.core.lm_rows import pack_rows, split_rows, split_targets, targets_for
 from attnaudit.core.task import NextTokenLoss, Task, eval_mode
+from attnaudit.analyses.malleability.attack_config import TOKEN_ATTACKS, AttackConfig, AttackResult
 from attnaudit.errors import AuditError
 from attnaudit.models.hf_causal import HFCausalLM, HFCausalLMShift, causal_shift_rows
 
-if TYPE_CHECKING:
-    from attnaudit.analyses.malleability.attack_config import AttackConfig, AttackResult
 
 #: bytes a hotflip step may hold per chunk for its (rows, L, V) gains and log-probabilities
 #: when the attack has no memory budget
@@ -246,7 +245,6 @@ def perturb_documents(
     when ``evaluate`` (before: ``before`` when given, the caller's measurement of the same model
     on (X, y): a forward pass over every document saved per attack); accuracies stay None (a
     language model has none)."""
-    from attnaudit.analyses.malleability.attack_config import TOKEN_ATTACKS, AttackResult
     from attnaudit.analyses.malleability.embedding_attacks import EMBEDDING_ATTACKS, perturb_embeddings
     from attnaudit.analyses.request import FieldError
 
