@@ -570,7 +570,7 @@ def test_saved_tensor_probe_frees_its_graph():
         outputs.append(weakref.ref(out))
         return out.sum()
 
-    # the softmax's input (32 x 64) and output (32 x 64), 8 bytes each; theta is the caller's own
+    # the product's row factor (32 x 64) and the softmax's output (32 x 64), 8 bytes each; theta is the caller's own
     assert saved_tensor_bytes(build, (theta,)) == 2 * 32 * 64 * 8
     gc.collect()
     assert outputs[0]() is None
