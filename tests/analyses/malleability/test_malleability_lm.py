@@ -17,7 +17,7 @@ pytest.importorskip("tokenizers")
 from typer.testing import CliRunner  # noqa: E402
 
 from attnaudit.analyses.malleability.attacks import AttackConfig, perturb  # noqa: E402
-from attnaudit.analyses.malleability.lm_attacks import Documents  # noqa: E402
+from attnaudit.analyses.malleability.lm_attacks import Documents, token_nll  # noqa: E402
 from attnaudit.cli import app  # noqa: E402
 from attnaudit.core.lm_rows import pack_rows, split_rows, split_targets, targets_for  # noqa: E402
 from attnaudit.core.task import NextTokenLoss, Task  # noqa: E402
@@ -154,6 +154,24 @@ def test_token_swaps_spend_the_budget_and_rebuild_the_targets(method):
         losses.append(float(-log_p[:-1].gather(1, doc[1:, None]).mean()))
     assert res.loss_after == pytest.approx(sum(losses) / len(losses), rel=1e-9)
     assert res.perplexity_after is not None and res.perplexity_after > 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_token_nll_is_float64_cross_entropy_of_the_logits_as_given(dtype):
+    # logits up to +-400: exp overflows float32 above 88, so a sum without the max taken out gives inf
+    g = torch.Generator().manual_seed(3)
+    n, L, V = 3, 7, 1000
+    logits = (torch.randn(n, L, V, generator=g, dtype=torch.float64) * 100).clamp(-400, 400).to(dtype)
+    ids = torch.randint(0, V, (n, L), generator=g)
+    weights = (torch.rand(n, L, generator=g) > 0.3).double()
+    nll, w = token_nll(logits, torch.cat([ids.double(), weights], 1))
+    # the reference: torch's cross-entropy in float64 on the same (rounded) logits
+    want = torch.nn.functional.cross_entropy(logits.double().reshape(-1, V), ids.reshape(-1), reduction="none").reshape(
+        n, L
+    )
+    assert nll.dtype == torch.float64 and torch.equal(w, weights)
+    assert torch.allclose(nll, want, rtol=0, atol=1e-9 if dtype == torch.float64 else 5e-6)
+    assert bool(torch.isfinite(nll).all())
 
 
 def test_documents_of_rows_read_the_counted_mask_back():
