@@ -46,6 +46,8 @@ class EigenResult:
     seed: int
     eigenvectors: torch.Tensor | None = field(default=None, repr=False, compare=False)  # (size, k)
     h_eigenvectors: torch.Tensor | None = field(default=None, repr=False, compare=False)  # H @ eigenvectors
+    basis: int = 0  # vectors the basis held (0: not recorded)
+    restarts: int = 0  # thick restarts a basis smaller than the products needed
 
     def to_dict(self) -> dict:
         return {
@@ -54,6 +56,8 @@ class EigenResult:
             "ritz_bounds": list(self.ritz_bounds),
             "steps": self.steps,
             "hvp_calls": self.hvp_calls,
+            "basis": self.basis,
+            "restarts": self.restarts,
             "converged": self.converged,
             "tol": self.tol,
             "seed": self.seed,
@@ -69,6 +73,15 @@ def _apply_block(matvec: Callable[[torch.Tensor], torch.Tensor], U: torch.Tensor
     return torch.stack([matvec(U[:, i]) for i in range(U.shape[1])], 1)
 
 
+def _rotate_rows(Q: torch.Tensor, S: torch.Tensor, block: int = 1 << 16) -> None:
+    """Q[:l] <- S^T Q[:m] in place for S (m, l), l <= m, a column block at a time: the rotated rows
+    need no second (l, size) array beside the basis."""
+    m, l = S.shape
+    St = S.T.to(device=Q.device, dtype=Q.dtype)
+    for a in range(0, Q.shape[1], block):
+        Q[:l, a : a + block] = St @ Q[:m, a : a + block]
+
+
 def lanczos_top_eigen(
     matvec: Callable[[torch.Tensor], torch.Tensor],
     size: int,
@@ -81,25 +94,39 @@ def lanczos_top_eigen(
     dtype: torch.dtype = torch.float64,
     progress: Progress = None,
     keep_products_bytes: int = 256 * 2**20,
+    basis: int | None = None,
 ) -> EigenResult:
     """The k largest (algebraic) eigenvalues of the symmetric operator ``matvec``.
 
-    Lanczos with full re-orthogonalisation (the basis is kept: memory max_steps x size).
+    Lanczos with full re-orthogonalisation: the basis Q (m x size) is kept, m = ``basis``
+    (default ``max_steps``, at least k + 2 when it is smaller than both). When m products do
+    not converge and ``max_steps`` allows more, the run is restarted thick (Wu & Simon 2000):
+    the l = max(k, min(m - 2, (m + k) // 2)) best Ritz vectors y_i = Q^T s_i and the last
+    residual direction q' become the new basis, with projected matrix [[diag(theta), sigma],
+    [sigma^T, .]], sigma_i = beta_m s_mi, and Lanczos goes on from q' (H Q^T = Q^T T +
+    beta q'' e^T holds throughout, so the Ritz pairs and their bounds keep their meaning): a
+    memory-capped basis costs products, not accuracy.
     The returned pairs' true residuals ||H u - theta u|| come from the products H q_j
-    themselves, kept (another max_steps x size) when that fits ``keep_products_bytes``:
-    H u = (H Q) s by linearity, no further product; otherwise one more product per pair.
-    Stops when every wanted Ritz pair has |beta_m s_mi| <= tol * max|theta|, or after
-    ``max_steps``. If the Krylov space becomes invariant before k values are found, it is
-    restarted with a fresh random vector orthogonal to the basis (a zero off-diagonal).
-    Like any single-vector Krylov method it finds one copy of a repeated eigenvalue per
-    invariant subspace reached.
+    themselves, kept (another m x size, rotated with the basis) when that fits
+    ``keep_products_bytes``: H u = (H Q) s by linearity, no further product; otherwise one
+    more product per pair. Stops when every wanted Ritz pair has |beta s_mi| <= tol *
+    max|theta|, or after ``max_steps`` products in all. If the Krylov space becomes invariant
+    before k values are found, it is restarted with a fresh random vector orthogonal to the
+    basis (a zero off-diagonal). Like any single-vector Krylov method it finds one copy of a
+    repeated eigenvalue per invariant subspace reached.
     """
     if k < 1:
         raise AuditError(f"top-k must be >= 1, got {k}")
     if size < 1:
         raise AuditError("the operator has no dimensions")
+    if basis is not None and basis < 1:
+        raise AuditError(f"the Lanczos basis must hold at least one vector, got {basis}")
     k = min(k, size)
-    m_max = max(min(size, max_steps), k)
+    budget = max(min(size, max_steps), k)  # products in all (a full basis is invariant after size)
+    m_max = budget
+    if basis is not None and basis < budget:
+        m_max = min(size, max(basis, k + 2))
+        budget = max(max_steps, m_max)  # restarts can use more products than the dimension
     gen = torch.Generator().manual_seed(int(seed))
 
     def fresh(Qj: torch.Tensor) -> torch.Tensor:
@@ -112,14 +139,16 @@ def lanczos_top_eigen(
     Q = torch.zeros(m_max, size, device=device, dtype=dtype)
     itemsize = torch.empty(0, dtype=dtype).element_size()
     W = torch.zeros(m_max, size, device=device, dtype=dtype) if m_max * size * itemsize <= keep_products_bytes else None
-    alphas: list[float] = []
-    betas: list[float] = []  # betas[j] couples q_j and q_{j+1}
+    # the projected matrix T = Q H Q^T (float64): tridiagonal, with a first row and column of
+    # couplings sigma to the kept Ritz vectors after a thick restart
+    T = torch.zeros(m_max, m_max, dtype=torch.float64)
     q = fresh(Q[:0])
     converged = False
     evals = evecs = None
-    steps = 0
+    steps = restarts = 0
     bounds = torch.zeros(0)
-    for j in range(m_max):
+    j = 0  # the basis row q goes into
+    while True:
         Q[j] = q
         w = matvec(q)
         if W is not None:
@@ -129,19 +158,14 @@ def lanczos_top_eigen(
             progress(1)
         # inner products over every parameter are summed in float64 whatever the vectors' dtype
         # (attnaudit.core.contraction: a float32 dot product over 67 M entries was 1.9e-3 off)
-        a = dot(q, w)
-        alphas.append(a)
+        T[j, j] = dot(q, w)
         # full re-orthogonalisation (twice is enough) replaces the three-term recurrence's
-        # explicit subtraction and keeps the basis orthogonal in floating point
+        # explicit subtraction (and a restart's couplings) and keeps the basis orthogonal
         Qj = Q[: j + 1]
         for _ in range(2):
             w = w - Qj.T @ coefficients(Qj, w)
         b = norm(w)
-        T = torch.diag(torch.tensor(alphas, dtype=torch.float64))
-        if j:
-            off = torch.tensor(betas, dtype=torch.float64)
-            T = T + torch.diag(off, 1) + torch.diag(off, -1)
-        evals, evecs = torch.linalg.eigh(T)
+        evals, evecs = torch.linalg.eigh(T[: j + 1, : j + 1])
         kk = min(k, j + 1)
         scale = max(float(evals.abs().max()), torch.finfo(dtype).tiny)
         bounds = b * evecs[-1, -kk:].abs()
@@ -149,19 +173,37 @@ def lanczos_top_eigen(
         if j + 1 >= k and (bool((bounds <= tol * scale).all()) or invariant):
             converged = True
             break
-        if j + 1 == m_max:
+        if steps >= budget:
             break
+        if j + 1 == m_max:  # the basis is full: restart thick from the best Ritz vectors
+            keep = max(kk, min(m_max - 2, (m_max + kk) // 2))
+            if keep >= m_max:  # a basis of k vectors over a space of k dimensions: nothing to restart with
+                break
+            S = evecs[:, -keep:]  # ascending: the largest last
+            _rotate_rows(Q, S)
+            if W is not None:
+                _rotate_rows(W, S)
+            T.zero_()
+            T[:keep, :keep] = torch.diag(evals[-keep:])
+            if invariant:  # nothing couples the Ritz vectors to the rest: go on from a fresh direction
+                q = fresh(Q[:keep])
+            else:
+                T[keep, :keep] = T[:keep, keep] = b * evecs[-1, -keep:]
+                q = w / b
+            j = keep
+            restarts += 1
+            continue
         if invariant:
-            betas.append(0.0)
-            q = fresh(Qj)
+            q = fresh(Qj)  # T[j, j + 1] stays 0
             bounds = torch.zeros_like(bounds)
         else:
-            betas.append(b)
+            T[j, j + 1] = T[j + 1, j] = b
             q = w / b
-    if progress is not None and steps < m_max:
-        progress(m_max - steps)
+        j += 1
+    if progress is not None and steps < budget:
+        progress(budget - steps)
     assert evals is not None and evecs is not None  # the loop runs at least once: m_max >= k >= 1
-    m = len(alphas)
+    m = j + 1
     kk = min(k, m)
     order = torch.arange(m - 1, m - 1 - kk, -1)
     vals = evals[order]
@@ -187,6 +229,8 @@ def lanczos_top_eigen(
         seed=int(seed),
         eigenvectors=U,
         h_eigenvectors=HU,
+        basis=m_max,
+        restarts=restarts,
     )
 
 

@@ -316,13 +316,14 @@ def analyse_landscape(
     budget = config.memory_mb * 2**20
     chunk = config.samples_per_batch or engine.plan_chunk(X, budget / _HVP_MEMORY_SHARE, limit=4096)
     hvp = engine.hvp_operator(X, T, chunk=chunk)
-    # the Lanczos basis holds steps x n_params numbers: keep it within 4 x the memory budget
-    # (a capped run reports converged=False rather than running out of memory)
+    # the Lanczos basis holds its vectors x n_params numbers: keep it within 4 x the memory budget;
+    # a basis capped below the products allowed restarts thick (same products, same accuracy)
+    steps = max(config.lanczos_steps, config.lanczos_k + 2)
     basis_cap = int(4 * budget / (engine.theta.element_size() * hvp.size))
-    steps = max(min(config.lanczos_steps, basis_cap), config.lanczos_k + 2)
+    basis = max(min(steps, basis_cap), config.lanczos_k + 2)
     # the products H q_j are kept too (the Ritz residuals then need no further product) only
     # when basis and products together stay within that same 4 x budget
-    basis_bytes = steps * hvp.size * engine.theta.element_size()
+    basis_bytes = basis * hvp.size * engine.theta.element_size()
     eig = lanczos_top_eigen(
         hvp,
         hvp.size,
@@ -334,6 +335,7 @@ def analyse_landscape(
         dtype=engine.dtype,
         progress=advance,
         keep_products_bytes=max(0, int(4 * budget) - basis_bytes),
+        basis=basis,
     )
     timings["lanczos"] = time.perf_counter() - t0
     vecs, h_vecs = eig.eigenvectors, eig.h_eigenvectors

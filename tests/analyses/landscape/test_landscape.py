@@ -142,6 +142,58 @@ def test_lanczos_residuals_from_kept_products_are_the_true_residuals():
     torch.testing.assert_close(kept.h_eigenvectors, A @ U, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("basis", [6, 9])
+def test_thick_restarted_lanczos_with_a_small_basis_finds_the_dense_eigenvalues(basis):
+    """A basis of 6 or 9 vectors over a 200-dimensional operator (a planted spectrum with a cluster
+    at the top and negative values): the restarts reach the eigenvalues eigvalsh gives, the
+    reported residuals are ||A u - theta u|| computed here, and H u is A u, whether the products
+    were kept (and rotated with the basis) or recomputed."""
+    g = torch.Generator().manual_seed(11)
+    Qm, _ = torch.linalg.qr(torch.randn(200, 200, generator=g, dtype=torch.float64))
+    planted = torch.cat(
+        [torch.tensor([5.0, 4.0, 3.9, 3.85]), torch.rand(196, generator=g, dtype=torch.float64) * 6 - 3]
+    )
+    A = (Qm * planted) @ Qm.T
+    want = torch.linalg.eigvalsh(A).flip(0)[:3]
+    for keep in (256 * 2**20, 0):
+        res = L.lanczos_top_eigen(
+            lambda v: A @ v, 200, 3, max_steps=400, tol=1e-10, seed=1, basis=basis, keep_products_bytes=keep
+        )
+        assert res.converged and res.restarts > 0 and res.basis == basis
+        np.testing.assert_allclose(res.eigenvalues, want.numpy(), rtol=1e-9)
+        U = res.eigenvectors
+        theta = torch.tensor(res.eigenvalues, dtype=torch.float64)
+        true = (A @ U - U * theta).norm(dim=0) / float(theta.abs().max())
+        np.testing.assert_allclose(res.residuals, true.numpy(), rtol=1e-6, atol=1e-13)
+        assert float(true.max()) < 1e-8
+        torch.testing.assert_close(res.h_eigenvectors, A @ U, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(U.T @ U, torch.eye(3, dtype=torch.float64), rtol=0, atol=1e-10)
+    # the same small basis with too few products says it did not converge
+    short = L.lanczos_top_eigen(lambda v: A @ v, 200, 3, max_steps=12, tol=1e-10, seed=1, basis=basis)
+    assert not short.converged and short.steps == 12
+
+
+def test_landscape_with_a_basis_capped_by_memory_restarts_and_gets_the_dense_top_eigenvalues():
+    model, X, y = _trained("attn", "ce")
+    H = dense_hessian(model, X, y, "ce")
+    want = torch.linalg.eigvalsh(H).flip(0)[:2].numpy()
+    # 48 parameters in float64: 4 x budget holds 4 vectors, fewer than the products the run needs
+    cfg = L.LandscapeConfig(
+        loss="ce",
+        points=0,
+        grid=0,
+        top_k=2,
+        lanczos_tol=1e-9,
+        hutchinson_samples=2,
+        basin_directions=1,
+        basin_points=2,
+        memory_mb=4 * 8 * 48 / (4 * 2**20),
+    )
+    res = L.analyse_landscape(model, X, y, cfg)
+    assert res.eigen.basis == 4 and res.eigen.restarts > 0 and res.eigen.converged
+    np.testing.assert_allclose(res.eigen.eigenvalues, want, rtol=1e-8)
+
+
 def test_hutchinson_trace_within_standard_error_of_exact_trace():
     model, X, y = _trained("relu", "mse")
     H = dense_hessian(model, X, y, "mse")
