@@ -12,10 +12,10 @@ the library (attnaudit.audit.request). Needs attnaudit[hf].
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -126,10 +126,12 @@ def write_checkpoints(folder: Path, arch: str = "gpt2", n_documents: int = 120) 
 
 
 def main() -> int:
-    args = [a for a in sys.argv[1:] if not a.startswith("--arch")]
-    arch = "llama" if "--arch=llama" in sys.argv or ("--arch" in sys.argv and "llama" in sys.argv) else "gpt2"
-    args = [a for a in args if a not in ("gpt2", "llama")]
-    folder = Path(args[0]) if args else Path(tempfile.mkdtemp(prefix="attnaudit-lm-"))
+    parser = argparse.ArgumentParser(description="Write a small causal LM, its tokenizer and documents, and audit it.")
+    parser.add_argument("folder", nargs="?", type=Path, help="where to write (default: a new temporary folder)")
+    parser.add_argument("--arch", choices=("gpt2", "llama"), default="gpt2", help="the model's shape (default gpt2)")
+    options = parser.parse_args()
+    arch = options.arch
+    folder = options.folder or Path(tempfile.mkdtemp(prefix="attnaudit-lm-"))
     write_checkpoints(folder, arch)
     shutil.copy(Path(__file__).with_name("audit_lm_checkpoint.yaml"), folder / "audit_lm_checkpoint.yaml")
     import os

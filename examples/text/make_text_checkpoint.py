@@ -10,10 +10,10 @@ then the audit runs through the library (attnaudit.audit.request). Needs attnaud
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -69,7 +69,11 @@ def write_model(folder: Path) -> None:
 
 
 def main() -> int:
-    folder = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="attnaudit-text-"))
+    parser = argparse.ArgumentParser(
+        description="Write a small BERT-shaped classifier, its tokenizer and reviews, and audit it."
+    )
+    parser.add_argument("folder", nargs="?", type=Path, help="where to write (default: a new temporary folder)")
+    folder = parser.parse_args().folder or Path(tempfile.mkdtemp(prefix="attnaudit-text-"))
     folder.mkdir(parents=True, exist_ok=True)
     write_model(folder / "text-model")
     write_data(folder / "reviews.jsonl")

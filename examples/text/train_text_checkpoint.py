@@ -11,9 +11,9 @@ place with its tokenizer. Needs attnaudit[hf]. A few seconds on one CPU core.
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import torch
@@ -23,8 +23,13 @@ def main() -> int:
     import transformers
     from tokenizers import Tokenizer
 
-    folder = Path(sys.argv[1])
-    steps = int(sys.argv[2]) if len(sys.argv) > 2 else 100
+    parser = argparse.ArgumentParser(
+        description="Fine-tune the text example's model briefly, keeping its start as text-init/."
+    )
+    parser.add_argument("folder", type=Path, help="the folder make_text_checkpoint.py wrote")
+    parser.add_argument("steps", nargs="?", type=int, default=100, help="Adam steps (default 100)")
+    options = parser.parse_args()
+    folder, steps = options.folder, options.steps
     model_dir, init_dir = folder / "text-model", folder / "text-init"
     shutil.rmtree(init_dir, ignore_errors=True)
     shutil.copytree(model_dir, init_dir)
