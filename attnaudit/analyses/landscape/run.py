@@ -30,6 +30,7 @@ from attnaudit.analyses.landscape.setup import (
 )
 from attnaudit.analyses.request import (
     ANALYSIS,
+    EXECUTION,
     PROTOCOL,
     BuiltinNets,
     DeviceField,
@@ -207,6 +208,25 @@ class LandscapeRequest(
     hutchinson_samples: int = option(
         30, "--hutchinson-samples", panel=ANALYSIS, help="Rademacher probes for the Hessian trace."
     )
+    lanczos_steps: int = option(
+        100,
+        "--lanczos-steps",
+        panel=ANALYSIS,
+        help="Most Hessian-vector products the Lanczos run of --eigenvalues may take.",
+    )
+    lanczos_tol: float = option(
+        1e-4,
+        "--lanczos-tol",
+        panel=ANALYSIS,
+        help="Lanczos stops when every wanted Ritz pair's residual bound is within this fraction of the largest.",
+    )
+    memory_budget: float = option(
+        512.0,
+        "--memory-budget",
+        panel=EXECUTION,
+        help="MiB per chunk of Hessian-vector products and per batch of surface points; the Lanczos basis may "
+        "take 4 x this (a smaller basis than the products need restarts: more products, the same accuracy).",
+    )
     directions: str = option(
         "random",
         "--directions",
@@ -350,6 +370,10 @@ class LandscapeRequest(
                 raise FieldError("batch_size", "{name} must be a positive integer, got " + str(self.batch_size))
         if self.eigenvalues < 1:
             raise FieldError("eigenvalues", "{name} must be >= 1, got " + str(self.eigenvalues))
+        if not (math.isfinite(self.memory_budget) and self.memory_budget > 0):
+            raise FieldError(
+                "memory_budget", "{name} must be a positive number of MiB, got " + f"{self.memory_budget:g}"
+            )
         self.check_precision_field()
         config = self.landscape_config(self.loss)  # the analysis' own fields are checked by its configuration
         if not saved and config.loss == NextTokenLoss.name:
@@ -373,6 +397,9 @@ class LandscapeRequest(
             params=self.params,
             top_k=self.eigenvalues,
             hutchinson_samples=self.hutchinson_samples,
+            lanczos_steps=self.lanczos_steps,
+            lanczos_tol=self.lanczos_tol,
+            memory_mb=self.memory_budget,
             basin_directions=self.basin_directions,
             basin_factor=self.basin_factor,
             seed=self.seed,

@@ -85,6 +85,16 @@ TINY = dict(
 )
 
 
+def test_the_memory_budget_caps_the_lanczos_basis_and_the_run_restarts_to_the_same_eigenvalues():
+    # relu width 16 on digits: 1,210 float64 parameters; 0.02 MiB x 4 holds 8 basis vectors
+    full = run(LandscapeRequest(**TINY, models=("relu",), lanczos_tol=1e-9)).results["models"]["relu"]
+    capped = run(LandscapeRequest(**TINY, models=("relu",), lanczos_tol=1e-9, memory_budget=0.02)).results
+    eig, ref = capped["models"]["relu"]["top_eigenvalues"], full["top_eigenvalues"]
+    assert ref["restarts"] == 0 and eig["basis"] < ref["steps"] and eig["restarts"] > 0
+    assert eig["converged"] and ref["converged"]
+    assert eig["eigenvalues"] == pytest.approx(ref["eigenvalues"], rel=1e-7)
+
+
 def test_a_float32_run_records_its_precision_and_a_spot_check_per_model():
     lo = run(LandscapeRequest(**TINY, precision="float32"))
     hi = run(LandscapeRequest(**TINY, precision="float64"))

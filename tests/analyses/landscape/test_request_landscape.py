@@ -28,6 +28,9 @@ from attnaudit.analyses.request import FieldError, fields_named
         ({"checkpoint": ("m.safetensors",), "models": ("relu",)}, "models", ["give one of them"]),
         ({"checkpoint": ("m.safetensors",), "width": 8, "steps": 3}, "width", ["width, --steps", "do not apply"]),
         ({"checkpoint": ("m.safetensors",), "seeds": 2}, "seeds", ["a saved model is one model"]),
+        ({"memory_budget": 0.0}, "memory_budget", ["positive number of MiB"]),
+        ({"lanczos_steps": 0}, "lanczos_steps", ["lanczos_steps must be >= 1"]),
+        ({"lanczos_tol": 1.5}, "lanczos_tol", ["lanczos_tol must be in (0, 1)"]),
     ],
 )
 def test_landscape_errors_name_the_field(kwargs, field, words):
@@ -76,6 +79,7 @@ def test_landscape_explicit_beats_preset():
         ["--match-loss", "0.25", "--seeds", "2", "--params", "W,a", "--keep-1d-params", "--precision", "float32"],
         ["--optimizer", "sgd", "--batch-size", "16", "--lr", "0.5", "--steps", "7", "--directions", "hessian"],
         ["--checkpoint", "a.safetensors", "--checkpoint", "b.safetensors", "--loss", "ce", "--grid", "0"],
+        ["--memory-budget", "64.0", "--lanczos-steps", "40", "--lanczos-tol", "1e-06"],
     ],
 )
 def test_landscape_argv_round_trip(argv):
