@@ -43,6 +43,27 @@ def test_every_column_is_counted_once_whatever_the_chunking(p, chunk):
     assert torch.equal(contract(A, B, chunk), by_hand)
 
 
+@pytest.mark.parametrize("rows", [2, 130])  # 2 x 3 products are batched by chunk; 130 x 131 are not
+def test_batched_and_chunk_by_chunk_products_count_every_column_once(rows):
+    p, chunk = 10, 3
+    A = torch.arange(rows * p, dtype=torch.float32).reshape(rows, p)
+    B = torch.ones(rows + 1, p, dtype=torch.float32)
+    by_hand = torch.tensor([[sum(range(i * p, (i + 1) * p))] * (rows + 1) for i in range(rows)], dtype=torch.float64)
+    assert torch.equal(contract(A, B, chunk), by_hand)
+
+
+def test_strided_and_sliced_rows_give_the_contiguous_rows_result():
+    gen = torch.Generator().manual_seed(4)
+    wide = torch.rand(3, 50_000, generator=gen)  # positive: no cancellation in the sums
+    A = wide[:, 1_000:41_000]  # a column slice: unit column stride, rows 50,000 apart
+    B = torch.rand(2, 40_000, generator=gen)
+    want = A.contiguous().double() @ B.double().T
+    assert torch.allclose(contract(A, B), want, rtol=1e-6, atol=0)
+    strided = A.T.contiguous().T  # the same numbers with column stride 3: chunk by chunk
+    assert strided.stride(1) != 1
+    assert torch.allclose(contract(strided, B), want, rtol=1e-6, atol=0)
+
+
 def test_rows_of_different_lengths_are_refused():
     with pytest.raises(ValueError, match=r"\(r, p\) and \(m, p\)"):
         contract(torch.ones(2, 3), torch.ones(2, 4))
