@@ -346,7 +346,9 @@ class InfluenceResult:
     (n_train, n_test) per test point, when asked for. ``tracked`` names the parameters the
     influence is over (``n_params`` numbers in all); ``path`` says which implementation ran.
     ``diagnostics`` holds the memory estimate, timings, and the estimator's own checks
-    (eigenvalues, CG residuals).
+    (eigenvalues, CG residuals). ``train_losses`` (n_train,) float64: each training row's loss at
+    the model, from the forward passes the estimator ran over the training rows (the projected
+    estimator's, stored with its rows); None when it ran none of its own.
     """
 
     estimator: str
@@ -358,6 +360,7 @@ class InfluenceResult:
     diagnostics: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     path: str = PATH_GENERIC
+    train_losses: torch.Tensor | None = None
 
     @property
     def helpful(self) -> torch.Tensor:
@@ -657,7 +660,7 @@ def influence_sweep(
     hvp = context.hvp
     state = est.prepare(context)
     solutions = [est.solve(state, g) for g in targets]
-    info, trailing, train_map = state.info, state.trailing_info, state.train_map
+    info, trailing, train_map, train_losses = state.info, state.trailing_info, state.train_map, state.train_losses
     # fast_path=False: the per-sample gradients over all parameters, the reference the tests compare with
     scorer = est.train_scorer(state) if config.fast_path and train_map is None else None
     del state  # a Hessian's eigenvectors, factors: freed before the training gradients are streamed
@@ -707,6 +710,7 @@ def influence_sweep(
                 diagnostics=diag,
                 warnings=sol.warnings,
                 path=view.path,
+                train_losses=train_losses,
             )
         )
     return results if est.uses_damping else [results[0] for _ in given]

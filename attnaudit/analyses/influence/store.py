@@ -1,8 +1,9 @@
 """An on-disk store of the ``projected`` estimator's training rows, reused across runs and processes.
 
 For a training sample i the projected estimator needs psi_i (c' x k, with psi_i^T psi_i sample
-i's term of the projected curvature) and r_i = R^T grad l_i (k). Both depend on the model, the
-projection and the sample only, so a later audit of the same model on the same data (another
+i's term of the projected curvature), r_i = R^T grad l_i (k) and the loss l_i itself (from the
+same forward pass: a later audit reads the training loss instead of a forward pass over the rows).
+All depend on the model, the projection and the sample only, so a later audit of the same model on the same data (another
 test set, attack or seed) can read them instead of recomputing them.
 
 Key: one folder per model and projection, named by the sha256 of :class:`StoreKey` (the model's
@@ -17,6 +18,7 @@ Layout (``<root>/<key digest>/``)::
     seg-000000.psi.npy        (m, c', k) in the engine's dtype (bfloat16 stored as its int16 bits)
     seg-000000.r.npy          (m, k)
     seg-000000.curvature.npy  (k, k) float64: sum_i psi_i^T psi_i over the segment's rows
+    seg-000000.loss.npy       (m,) float64: each row's loss at the model
     ...
 
 Segments are append-only, at most ``segment_rows`` rows each; the rows one build adds are cut
@@ -74,14 +76,14 @@ __all__ = [
     "ray_map",
 ]
 
-FORMAT = "attnaudit.gradient-store/1"
+FORMAT = "attnaudit.gradient-store/2"  # 2: each row's loss stored beside its gradients
 #: rows per segment (the last segment of a build may hold fewer)
 SEGMENT_ROWS = 1024
 #: bytes of one row's content key (sha1 of the row, 8 bytes of the sha1 of its target)
 KEY_BYTES = 28
 #: times Ray reruns a segment task whose worker died
 MAX_RETRIES = 3
-KINDS = ("keys", "psi", "r", "curvature")  # a segment's files, in the manifest's order
+KINDS = ("keys", "psi", "r", "curvature", "loss")  # a segment's files, in the manifest's order
 _MANIFEST = "manifest.json"
 # files verified in this process: path -> (inode, size, mtime_ns, sha256)
 _VERIFIED: dict[str, tuple[int, int, int, str]] = {}
@@ -125,15 +127,18 @@ class StoreKey:
 @dataclass
 class SegmentArrays:
     """One segment's content: ``psi`` (m, c', k), ``r`` (m, k), ``curvature`` (k, k) float64 =
-    sum_i psi_i^T psi_i, as numpy arrays (what a local build or a Ray task returns)."""
+    sum_i psi_i^T psi_i, ``loss`` (m,) float64, as numpy arrays (what a local build or a Ray task returns)."""
 
     psi: np.ndarray
     r: np.ndarray
     curvature: np.ndarray
+    loss: np.ndarray
 
 
-def segment_arrays(psi: torch.Tensor, r: torch.Tensor, curvature: torch.Tensor) -> SegmentArrays:
-    return SegmentArrays(tensor_bits(psi), tensor_bits(r), tensor_bits(curvature.to(torch.float64)))
+def segment_arrays(psi: torch.Tensor, r: torch.Tensor, curvature: torch.Tensor, loss: torch.Tensor) -> SegmentArrays:
+    return SegmentArrays(
+        tensor_bits(psi), tensor_bits(r), tensor_bits(curvature.to(torch.float64)), tensor_bits(loss.to(torch.float64))
+    )
 
 
 def _sha256(path: Path) -> str:
@@ -346,14 +351,14 @@ class GradientStore:
 
     # ------------------------------------------------------------------ building
     def estimate_bytes(self, n_rows: int) -> int:
-        """Bytes ``n_rows`` new rows add: rows x (c' + 1) x k x itemsize, their keys, one k x k float64
-        curvature sum per segment, and the npy headers (128 bytes a file)."""
+        """Bytes ``n_rows`` new rows add: rows x (c' + 1) x k x itemsize, their keys and float64 losses,
+        one k x k float64 curvature sum per segment, and the npy headers (128 bytes a file)."""
         key = self.key
         itemsize = torch.empty(0, dtype=getattr(torch, key.dtype)).element_size()
         segments = -(-int(n_rows) // self.segment_rows)
         return (
             n_rows * (key.columns + 1) * key.k * itemsize
-            + n_rows * KEY_BYTES
+            + n_rows * (KEY_BYTES + 8)
             + segments * (key.k * key.k * 8 + len(KINDS) * 128)
         )
 
@@ -381,15 +386,23 @@ class GradientStore:
         """Write one segment (its files under temporary names, renamed) and then the manifest."""
         m = len(keys)
         k, cols = self.key.k, self.key.columns
-        if arrays.psi.shape != (m, cols, k) or arrays.r.shape != (m, k) or arrays.curvature.shape != (k, k):
+        shapes = (arrays.psi.shape, arrays.r.shape, arrays.curvature.shape, arrays.loss.shape)
+        if shapes != ((m, cols, k), (m, k), (k, k), (m,)):
             raise AuditError(
                 f"a gradient store segment has shapes psi {arrays.psi.shape}, r {arrays.r.shape}, curvature "
-                f"{arrays.curvature.shape}; expected ({m}, {cols}, {k}), ({m}, {k}), ({k}, {k})"
+                f"{arrays.curvature.shape}, loss {arrays.loss.shape}; expected ({m}, {cols}, {k}), ({m}, {k}), "
+                f"({k}, {k}), ({m},)"
             )
         name = f"seg-{int(self.manifest['next_segment']):06d}"
         blob = np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(m, KEY_BYTES)
         files = {}
-        parts: tuple[np.ndarray, ...] = (blob, arrays.psi, arrays.r, arrays.curvature.astype(np.float64))
+        parts: tuple[np.ndarray, ...] = (
+            blob,
+            arrays.psi,
+            arrays.r,
+            arrays.curvature.astype(np.float64),
+            arrays.loss.astype(np.float64),
+        )
         for kind, array in zip(KINDS, parts):
             file = f"{name}.{kind}.npy"
             size, digest = _save_npy(self.folder / file, array)

@@ -212,6 +212,7 @@ def perturb(
     inputs: Inputs | None = None,
     evaluate: bool = True,
     before: tuple[float, float] | None = None,
+    after: bool = True,
 ) -> AttackResult:
     """Perturb every row of X against ``model``, a Task or a module (left untouched, never
     put in training mode). A module is wrapped with ``loss`` and ``inputs`` (default flat
@@ -222,7 +223,10 @@ def perturb(
     and after (one forward pass over X_adv, and one over X unless the attack's own gradient
     pass gave its logits, as FGSM's does) and the perturbation norms; without it those
     fields are None and only X_adv is computed. ``before``: a language model's (mean loss,
-    perplexity) on (X, y) when the caller has measured them already (not measured again)."""
+    perplexity) on (X, y) when the caller has measured them already (not measured again);
+    ``after=False``: a language model's loss and perplexity after the attack are left None for
+    the caller, who has a forward pass over the perturbed documents anyway (the static protocol's
+    influence run on them)."""
     if X.ndim < 2 or X.shape[0] != y.shape[0]:
         raise AuditError("attack needs inputs (n, ...) and one label per row")
     from attnaudit.analyses.malleability.lm_attacks import is_language_model, perturb_documents
@@ -230,7 +234,7 @@ def perturb(
     task_of = model.task if isinstance(model, Engine) else model
     if is_language_model(task_of):  # documents: targets follow the tokens
         task = task_of if isinstance(task_of, Task) else as_task(task_of, loss=loss, probe=X)
-        return perturb_documents(task, X, y, config, evaluate, before)
+        return perturb_documents(task, X, y, config, evaluate, before, after)
     if isinstance(model, Engine):
         engine = model
     else:

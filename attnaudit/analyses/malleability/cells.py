@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -32,7 +32,7 @@ from attnaudit.analyses.malleability.cell_tools import (
     working_copy,
 )
 from attnaudit.analyses.malleability.config import LM_LOSS, REINIT_SEED_OFFSET, MalleabilityConfig
-from attnaudit.analyses.malleability.lm_attacks import evaluate_documents
+from attnaudit.analyses.malleability.lm_attacks import documents_summary, evaluate_documents
 from attnaudit.analyses.malleability.precision_check import influence_precision_check
 from attnaudit.analyses.malleability.stability import stability_by_k
 from attnaudit.analyses.malleability.training import sampled_curve, train_builtin
@@ -156,6 +156,17 @@ def budget_loss_cell(payload: dict) -> dict:
     return {"seed": seed, "model": arch, "final_loss": float(tr.final_loss), "steps_run": int(tr.steps_run)}
 
 
+class InfluenceRun(NamedTuple):
+    """One influence run of a cell: the influence vectors per damping, the absolute dampings they
+    used (None for TracIn), the key of its inputs (None for TracIn) and each training row's loss
+    at the model when the estimator's own forward passes gave it (None otherwise)."""
+
+    scores: list
+    dampings: list
+    key: str | None
+    train_losses: torch.Tensor | None
+
+
 class Cell:
     """The protocol for one seed and one model (see :mod:`attnaudit.analyses.malleability.malleability`):
     the clean model, the training-randomness control, then every attack; :meth:`run` returns
@@ -187,6 +198,8 @@ class Cell:
         config = self.config
         clean_model, clean_tr, clean_row, attack_target = self.clean_model()
         clean = self.influences(clean_model, self.X_train, clean_tr, "clean")
+        if self.deferred_losses:
+            self.settle_saved_loss(clean_model, clean_tr, clean_row, clean.train_losses)
         if config.precision != "float64" and self.seed == config.seeds[0] and config.estimator != "tracin":
             check = influence_precision_check(
                 clean_model, self.X_train, self.y_train, self.X_test, self.y_test, config, self.state.n_classes
@@ -200,7 +213,7 @@ class Cell:
                     continue
                 self.attack(attack, eps, attack_target, (clean_model, clean_tr, clean_row), clean)
         if self.seed == config.seeds[0] and config.controls:
-            self.examples.setdefault(self.arch, {})[config.control] = (clean[0][0], control[0])
+            self.examples.setdefault(self.arch, {})[config.control] = (clean.scores[0], control[0])
         split = self.state.split
         if split is not None:
             for row in self.rows["training"]:
@@ -236,7 +249,7 @@ class Cell:
         model, tr, row = self.fit(self.spec, self.X_train, self.X_train, "clean")
         return model, tr, row, model
 
-    def control(self, clean: tuple) -> tuple:
+    def control(self, clean: InfluenceRun) -> list:
         """The training-randomness control (reinit, or reorder under finetune) and its comparison rows."""
         config, seed, arch = self.config, self.seed, self.arch
         control_seed = seed + REINIT_SEED_OFFSET
@@ -249,8 +262,8 @@ class Cell:
             assert self.spec is not None  # built-in models
             spec = replace(self.spec, seed=control_seed)
             model, tr, row = self.fit(spec, self.X_train, self.X_train, config.control, order_seed=control_seed)
-        infl, absolute, key = self.influences(model, self.X_train, tr, config.control)
-        clean_infl, clean_abs, clean_key = clean
+        infl, absolute, key, _ = self.influences(model, self.X_train, tr, config.control)
+        clean_infl, clean_abs, clean_key, _ = clean
         for damping, ci, ri, ca, ra in zip(config.damping, clean_infl, infl, clean_abs, absolute):
             self.rows["controls"].append(
                 {
@@ -271,21 +284,13 @@ class Cell:
             )
         return infl
 
-    def attack(self, attack: str, eps: float, target: Any, clean_run: tuple, clean: tuple) -> None:
+    def attack(self, attack: str, eps: float, target: Any, clean_run: tuple, clean: InfluenceRun) -> None:
         """Perturb the training rows against ``target``, get the model of the perturbed data
         (retrained, fine-tuned or the clean one) and compare its influence with the clean run."""
         config, seed, arch = self.config, self.seed, self.arch
         clean_model, clean_tr, clean_row = clean_run
         ares, first_seed, clean_on_pert = self.perturbed(target, self.plan.attacks[(attack, eps, seed)])
         eps_used = 0.0 if attack == "none" else eps
-        self.rows["attacks"].append(
-            {"seed": seed, "model": arch, **ares.to_dict(), "eps": eps_used, "perturbation_of_seed": first_seed}
-        )
-        if attack in TOKEN_ATTACKS:
-            self.edits.append(
-                {"seed": seed, "model": arch, "attack": attack, "eps": eps_used}
-                | {"texts": token_edits(target, self.X_train, ares.X_adv)}
-            )
         role = f"{attack}@{eps_used:g}"
         if config.protocol == "retrain":
             attn = (self.state.rebuild[arch].spec.arch if self.fixed else arch) == "attn"
@@ -300,8 +305,18 @@ class Cell:
         else:
             p_model, p_tr, p_row = clean_model, clean_tr, clean_row
         # a token swap in a document changes its targets too (the next ids are the tokens)
-        p_infl, p_abs, p_key = self.influences(p_model, ares.X_adv, p_tr, role, ares.y_adv)
-        clean_infl, clean_abs, clean_key = clean
+        p_infl, p_abs, p_key, p_losses = self.influences(p_model, ares.X_adv, p_tr, role, ares.y_adv)
+        if ares.loss_after is None and ares.loss_before is not None:  # a language model's, left to this pass
+            ares = self.settle_attack_loss(ares, target, p_model, p_losses)
+        self.rows["attacks"].append(
+            {"seed": seed, "model": arch, **ares.to_dict(), "eps": eps_used, "perturbation_of_seed": first_seed}
+        )
+        if attack in TOKEN_ATTACKS:
+            self.edits.append(
+                {"seed": seed, "model": arch, "attack": attack, "eps": eps_used}
+                | {"texts": token_edits(target, self.X_train, ares.X_adv)}
+            )
+        clean_infl, clean_abs, clean_key, _ = clean
         for damping, ci, pi, ca, pa in zip(config.damping, clean_infl, p_infl, clean_abs, p_abs):
             self.rows["runs"].append(
                 {
@@ -357,7 +372,13 @@ class Cell:
             return replace(result, config=attack_config), first_seed, on_perturbed
         t0 = time.perf_counter()
         result = perturb(
-            target, self.X_train, self.y_train, attack_config, self.config.loss, before=self.saved_evaluation(target)
+            target,
+            self.X_train,
+            self.y_train,
+            attack_config,
+            self.config.loss,
+            before=self.saved_evaluation(target),
+            after=not self.deferred_losses,
         )
         self.timings["attack"] += time.perf_counter() - t0
         # a language model has no accuracy (its loss on the perturbed documents is in the result)
@@ -365,6 +386,48 @@ class Cell:
         if key is not None:
             self.state.attack_memo[key] = (result, self.seed, on_perturbed)
         return result, self.seed, on_perturbed
+
+    @property
+    def deferred_losses(self) -> bool:
+        """Whether a language model's losses on the training documents, clean and perturbed, come
+        from the influence runs on them (static protocol: the model that scores the documents is
+        the saved one, the model each loss is of), not from forward passes of their own."""
+        return self.config.loss == LM_LOSS and self.config.protocol == "static"
+
+    def settle_saved_loss(self, model: Any, tr: TrainResult, row: dict, losses: torch.Tensor | None) -> None:
+        """Fill in the saved model's loss and perplexity on the training documents, deferred by
+        :meth:`given`: from ``losses`` (the clean influence run's, one per document) or, when the
+        estimator ran no forward pass of its own, from a pass here. Shared by the seeds."""
+        evaluation = self.state.saved_memo[self.arch][3]
+        if evaluation["final_loss"] is None:
+            if losses is not None:
+                loss, ppl = documents_summary(losses, self.y_train)
+                evaluation["train_loss_from"] = "the clean influence run's forward passes"
+            else:
+                loss, ppl = evaluate_documents(model, self.X_train, self.y_train, EVAL_ROWS)
+                evaluation["train_loss_from"] = "a forward pass over the training documents"
+            evaluation.update(final_loss=loss, train_perplexity=ppl)
+        row.update({k: evaluation[k] for k in ("final_loss", "train_perplexity", "train_loss_from")})
+        tr.final_loss, tr.loss_curve = evaluation["final_loss"], [evaluation["final_loss"]]
+
+    def settle_attack_loss(self, ares: Any, target: Any, p_model: Any, losses: torch.Tensor | None) -> Any:
+        """``ares`` with the attacked model's loss and perplexity on the perturbed documents, left
+        to the influence run on them: its losses when that run scored them with ``target`` (the
+        static protocol) and its estimator ran forward passes, else a forward pass here."""
+        y_adv = self.y_train if ares.y_adv is None else ares.y_adv
+        if losses is not None and p_model is target:
+            after = documents_summary(losses, y_adv)
+        else:
+            after = evaluate_documents(target, ares.X_adv, y_adv, EVAL_ROWS)
+        settled = replace(ares, loss_after=after[0], perplexity_after=after[1])
+        for key, (result, first_seed, on_perturbed) in list(self.state.attack_memo.items()):
+            if result.X_adv is ares.X_adv:  # later seeds reuse the settled result
+                self.state.attack_memo[key] = (
+                    replace(result, loss_after=after[0], perplexity_after=after[1]),
+                    first_seed,
+                    on_perturbed,
+                )
+        return settled
 
     def saved_evaluation(self, target: Any) -> tuple[float, float] | None:
         """A language model's (mean loss, perplexity) on the training documents when ``target`` is
@@ -412,16 +475,19 @@ class Cell:
         memo = self.state.saved_memo.get(self.arch)
         if memo is None or memo[0] is not saved or memo[1] is not self.X_train:
             model = working_copy(saved, self.X_train.device, self.config.model_dtype)
-            memo = (saved, self.X_train, model, self.evaluated(model, self.X_train, self.config.loss))
+            # static: a language model's training loss comes with the clean influence run (settle_saved_loss)
+            evaluation = self.evaluated(model, self.X_train, self.config.loss, train=not self.deferred_losses)
+            memo = (saved, self.X_train, model, evaluation)
             self.state.saved_memo[self.arch] = memo
         head = {"seed": self.seed, "model": self.arch, "role": role, "source": "saved model"}
         return self.recorded(memo[2], head, memo[3], {"steps_run": 0})
 
-    def evaluated(self, model, X, loss: str) -> dict:
+    def evaluated(self, model, X, loss: str, train: bool = True) -> dict:
         """``model``'s loss on (X, y_train), its training and test accuracies (a language model:
-        its mean next-token loss and perplexity on the training and held-out documents, no accuracy)."""
+        its mean next-token loss and perplexity on the training and held-out documents, no
+        accuracy; without ``train`` the training documents' are None, for :meth:`settle_saved_loss`)."""
         if loss == LM_LOSS:
-            train_loss, train_ppl = evaluate_documents(model, X, self.y_train, EVAL_ROWS)
+            train_loss, train_ppl = evaluate_documents(model, X, self.y_train, EVAL_ROWS) if train else (None, None)
             test_loss, test_ppl = evaluate_documents(model, self.X_test, self.y_test, EVAL_ROWS)
             return {
                 "final_loss": train_loss,
@@ -495,10 +561,10 @@ class Cell:
         return self.recorded(model, head, self.evaluated(model, X, loss), after_loss)
 
     # ------------------------------------------------------------------ influence
-    def influences(self, model, X, tr: TrainResult, role: str, y=None) -> tuple:
-        """Influence vectors per damping, the absolute dampings they used (None for TracIn), and
-        the key of the run's inputs (None for TracIn, whose checkpoints come from training).
-        ``y``: the training targets (default the cell's; a language model's swapped documents bring their own)."""
+    def influences(self, model, X, tr: TrainResult, role: str, y=None) -> InfluenceRun:
+        """The influence run of ``model`` on training rows ``X`` (:class:`InfluenceRun`; its key is
+        None for TracIn, whose checkpoints come from training). ``y``: the training targets
+        (default the cell's; a language model's swapped documents bring their own)."""
         config, state = self.config, self.state
         t0 = time.perf_counter()
         y = self.y_train if y is None else y
@@ -523,7 +589,9 @@ class Cell:
                     row.update(seconds=0.0, same_inputs_as=first)
                 self.rows["diagnostics"].append(row)
                 seen.add(id(r))
-        return [r.total.detach().cpu().double().numpy() for r in res], [r.damping for r in res], key
+        return InfluenceRun(
+            [r.total.detach().cpu().double().numpy() for r in res], [r.damping for r in res], key, res[0].train_losses
+        )
 
     def sweep(self, model, X, tr: TrainResult, y) -> list:
         """One influence run over every damping (TracIn: at the training checkpoints, weighted)."""

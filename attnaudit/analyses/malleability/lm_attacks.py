@@ -245,6 +245,22 @@ def evaluate_documents(task: Task, X: torch.Tensor, y: torch.Tensor, chunk: int 
     return mean_loss, math.exp(nll_sum / weight_sum) if weight_sum > 0 else float("nan")
 
 
+def documents_summary(losses: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """(mean per-document loss, corpus perplexity) from each document's loss l_i (the mean over its
+    counted tokens, :class:`~attnaudit.core.task.NextTokenLoss`) and its targets y (n, 2L): a
+    document's summed token loss is l_i max(1, W_i) with W_i its summed token weights (l_i = 0 when
+    W_i = 0), so the perplexity exp(sum_i l_i max(1, W_i) / sum_i W_i) is :func:`evaluate_documents`'
+    from losses a forward pass already gave (the static protocol's influence runs)."""
+    L = y.shape[-1] // 2
+    weights = y[:, L:].to(device="cpu", dtype=torch.float64).sum(-1)
+    per_doc = losses.to(device="cpu", dtype=torch.float64)
+    if per_doc.shape != weights.shape:
+        raise AuditError(f"{per_doc.numel()} document losses for {weights.numel()} documents")
+    total = float(weights.sum())
+    perplexity = math.exp(float((per_doc * weights.clamp(min=1.0)).sum()) / total) if total > 0 else float("nan")
+    return (float(per_doc.mean()) if per_doc.numel() else float("nan")), perplexity
+
+
 def perturb_documents(
     task: Task,
     X: torch.Tensor,
@@ -252,12 +268,14 @@ def perturb_documents(
     config: AttackConfig,
     evaluate: bool,
     before: tuple[float, float] | None = None,
+    after: bool = True,
 ) -> AttackResult:
     """Perturb every training document of a causal language model (module docstring): the rows,
     and for token swaps the rebuilt targets (``y_adv``); loss and perplexity before and after
     when ``evaluate`` (before: ``before`` when given, the caller's measurement of the same model
-    on (X, y): a forward pass over every document saved per attack); accuracies stay None (a
-    language model has none)."""
+    on (X, y): a forward pass over every document saved per attack; after: None without
+    ``after``, for a caller that takes them from its own pass over the perturbed documents);
+    accuracies stay None (a language model has none)."""
     from attnaudit.analyses.malleability.embedding_attacks import EMBEDDING_ATTACKS, perturb_embeddings
     from attnaudit.analyses.request import FieldError
 
@@ -310,7 +328,7 @@ def perturb_documents(
     if not evaluate:
         return AttackResult(X_adv=X_adv, config=config, **none, y_adv=y_adv)
     loss_before, ppl_before = evaluate_documents(task, X, y) if before is None else before
-    loss_after, ppl_after = evaluate_documents(task, X_adv, y if y_adv is None else y_adv)
+    loss_after, ppl_after = evaluate_documents(task, X_adv, y if y_adv is None else y_adv) if after else (None, None)
     return AttackResult(
         X_adv=X_adv,
         config=config,

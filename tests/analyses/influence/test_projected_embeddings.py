@@ -109,7 +109,7 @@ def test_projected_rows_of_a_table_are_the_dense_projection_by_hand():
     proj = pj.projection_for(eng, 40, seed=1)
     R = proj.dense()
     T = torch.nn.functional.one_hot(y, 3).to(F64)
-    Psi, r = pj.projected_rows(eng, proj, eng.rows(X), T, "empirical")
+    Psi, r, _ = pj.projected_rows(eng, proj, eng.rows(X), T, "empirical")
     for i in range(X.shape[0]):
         model.zero_grad()
         out = model(X[i : i + 1].long())

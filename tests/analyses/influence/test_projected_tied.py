@@ -101,7 +101,7 @@ def _projected_rows(model: nn.Module, k: int) -> tuple[Engine, pj.KroneckerProje
     eng = Engine(task, dtype=F64, names=[f"model.{n}" for n, _ in model.named_parameters()])
     proj = pj.projection_for(eng, k, seed=3)
     X, Y = _rows(DOCS)
-    _, r = pj.projected_rows(eng, proj, eng.rows(X), Y.to(F64), "empirical")
+    _, r, _ = pj.projected_rows(eng, proj, eng.rows(X), Y.to(F64), "empirical")
     return eng, proj, r
 
 

@@ -75,9 +75,10 @@ def test_store_backed_scores_equal_in_memory_projected_influence(tmp_path):
     manifest = json.loads((_folder(tmp_path) / "manifest.json").read_text())
     assert [s["rows"] for s in manifest["segments"]] == [16, 16, 8]
     assert manifest["key"]["dtype"] == "float64" and manifest["key"]["k"] == d["proj_dim_used"]
-    # the size estimate made before the build: rows x (c' + 1) x k x 8, keys, per segment k x k x 8 and headers
+    # the size estimate made before the build: rows x (c' + 1) x k x 8, keys and float64 losses, per
+    # segment k x k x 8 and the headers of its 5 files
     k = d["proj_dim_used"]
-    assert d["store_bytes_estimate"] == 40 * 4 * k * 8 + 40 * 28 + 3 * (k * k * 8 + 4 * 128)
+    assert d["store_bytes_estimate"] == 40 * 4 * k * 8 + 40 * (28 + 8) + 3 * (k * k * 8 + 5 * 128)
     on_disk = sum(p.stat().st_size for p in _folder(tmp_path).iterdir())
     assert d["store_bytes"] == on_disk
     assert abs(on_disk - d["store_bytes_estimate"]) < 0.05 * on_disk  # the manifest and header slack only
@@ -94,6 +95,11 @@ def test_a_second_run_reads_every_row_and_computes_none(tmp_path, monkeypatch):
     monkeypatch.setattr(pj, "store_segment", refuse)
     again = _run(task, X, y, Xt[:3], yt[:3], store=str(tmp_path))  # another test set, same training set
     assert again.diagnostics["store_rows_computed"] == 0 and again.diagnostics["store_rows_reused"] == 40
+    # each row's loss is read back with its gradients: the model's cross-entropy on it, by plain torch
+    with torch.no_grad():
+        truth = torch.nn.functional.cross_entropy(task.module(X.reshape(-1, 1, 8, 8)), y, reduction="none")
+    assert again.train_losses is not None and _close(again.train_losses, truth)
+    assert ref.train_losses is not None and _close(ref.train_losses, truth)
     ref3 = _run(task, X, y, Xt[:3], yt[:3])
     assert _close(again.per_test, ref3.per_test)
     assert ref.per_test.shape[1] == 6

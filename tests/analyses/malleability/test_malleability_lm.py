@@ -17,10 +17,11 @@ pytest.importorskip("tokenizers")
 from typer.testing import CliRunner  # noqa: E402
 
 from attnaudit.analyses.malleability.attacks import AttackConfig, perturb  # noqa: E402
-from attnaudit.analyses.malleability.lm_attacks import Documents, token_nll  # noqa: E402
+from attnaudit.analyses.malleability.lm_attacks import Documents, documents_summary, token_nll  # noqa: E402
 from attnaudit.cli import app  # noqa: E402
 from attnaudit.core.lm_rows import pack_rows, split_rows, split_targets, targets_for  # noqa: E402
 from attnaudit.core.task import NextTokenLoss, Task  # noqa: E402
+from attnaudit.errors import AuditError  # noqa: E402
 from attnaudit.models.hf_causal import HFCausalLM, HFCausalLMShift, causal_shift_rows  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "lm"
@@ -174,6 +175,29 @@ def test_token_nll_is_float64_cross_entropy_of_the_logits_as_given(dtype):
     assert bool(torch.isfinite(nll).all())
 
 
+def test_documents_summary_is_the_token_weighted_perplexity_of_per_document_losses():
+    """Mean loss and corpus perplexity from NextTokenLoss's per-document means equal the ones summed
+    token by token (torch's cross-entropy), with a document of no counted token and one whose
+    weights sum below 1 (the loss divides by max(1, W))."""
+    g = torch.Generator().manual_seed(5)
+    n, L, V = 5, 6, 40
+    logits = torch.randn(n, L, V, generator=g, dtype=torch.float64) * 3
+    ids = torch.randint(0, V, (n, L), generator=g)
+    weights = (torch.rand(n, L, generator=g) > 0.4).double()
+    weights[1] = 0.0  # nothing counted
+    weights[3] = 0.0
+    weights[3, 2] = 0.5  # a fractional weight: W = 0.5 < 1
+    y = torch.cat([ids.double(), weights], 1)
+    per_doc = NextTokenLoss().per_sample(logits, y)
+    nll = torch.nn.functional.cross_entropy(logits.reshape(-1, V), ids.reshape(-1), reduction="none").reshape(n, L)
+    mean_loss, ppl = documents_summary(per_doc, y)
+    W = weights.sum(1)
+    assert mean_loss == pytest.approx(float(((weights * nll).sum(1) / W.clamp(min=1.0)).mean()), rel=1e-12)
+    assert ppl == pytest.approx(float(torch.exp((weights * nll).sum() / weights.sum())), rel=1e-12)
+    with pytest.raises(AuditError, match="document losses"):
+        documents_summary(per_doc[:4], y)
+
+
 def test_documents_of_rows_read_the_counted_mask_back():
     ids, attention = _documents()
     counted = attention.bool().clone()
@@ -271,10 +295,11 @@ def test_queries_file_is_what_the_influence_and_the_held_out_loss_are_measured_o
     assert refused.exit_code == 2 and "queries" in refused.output and "language models" in refused.output
 
 
-def test_the_saved_models_training_loss_is_measured_once_not_again_by_each_attack(lm_folders, monkeypatch):
-    """Each attack reports the clean model's loss on the clean training documents; under the
-    static protocol that is the saved model's evaluation, reused: one forward pass over the
-    training documents for it, plus one per attack over its perturbed documents (not two)."""
+def test_static_losses_on_the_training_documents_come_from_the_influence_runs(lm_folders, monkeypatch):
+    """Under the static protocol the saved model's loss on the clean training documents and each
+    attack's loss on its perturbed documents come from the projected influence runs' own forward
+    passes: no separate pass over the training documents (only the held-out ones are evaluated),
+    and the same numbers as the forward passes an estimator without its own (EK-FAC) needs."""
     from attnaudit.analyses.malleability import cells, lm_attacks
 
     calls: list[int] = []
@@ -289,13 +314,29 @@ def test_the_saved_models_training_loss_is_measured_once_not_again_by_each_attac
     folder = lm_folders / "gpt2"
     common = ["malleability", "--checkpoint", str(folder / "lm"), "--data", str(folder / "documents.jsonl")]
     sizes = ["--n-train", "10", "--n-test", "4", "--seeds", "1", "--top-k", "4", "--proj-dim", "32"]
-    out = runner.invoke(app, [*common, *sizes, "--attacks", "fgsm,sign", "--eps", "0.1", "--json", "-"])
-    assert out.exit_code == 0, out.output[-3000:]
-    res = json.loads(out.output[out.output.index("{") :])["results"]
-    assert calls.count(10) == 1 + 2 and calls.count(4) == 1  # training: saved model + 2 attacks; held out: once
-    saved_loss = res["training"][0]["final_loss"]
-    attack_rows = [row for row in res["runs"] if row["attack"] in ("fgsm", "sign")]
-    assert len(attack_rows) == 2
-    for row in attack_rows:
+    results = {}
+    for estimator in ("projected", "ekfac"):
+        calls.clear()
+        args = [*common, *sizes, "--attacks", "fgsm,sign", "--eps", "0.1", "--estimator", estimator, "--json", "-"]
+        out = runner.invoke(app, args)
+        assert out.exit_code == 0, out.output[-3000:]
+        results[estimator] = json.loads(out.output[out.output.index("{") :])["results"]
+        if estimator == "projected":
+            assert calls.count(10) == 0 and calls.count(4) == 1  # training documents: none; held out: once
+        else:  # training: the saved model once, then one pass per attack over its perturbed documents
+            assert calls.count(10) == 1 + 2 and calls.count(4) == 1
+    fused, measured = results["projected"], results["ekfac"]
+    assert fused["training"][0]["train_loss_from"] == "the clean influence run's forward passes"
+    assert measured["training"][0]["train_loss_from"] == "a forward pass over the training documents"
+    for key in ("final_loss", "train_perplexity"):
+        assert fused["training"][0][key] == pytest.approx(measured["training"][0][key], rel=1e-9)
+    saved_loss = fused["training"][0]["final_loss"]
+    for attack in ("fgsm", "sign"):
+        (row,) = [r for r in fused["runs"] if r["attack"] == attack]
+        (truth,) = [r for r in measured["runs"] if r["attack"] == attack]
         assert row["clean_model_loss_on_clean_train"] == saved_loss
         assert row["clean_model_loss_on_perturbed_train"] != saved_loss  # measured on the perturbed documents
+        for key in ("clean_model_loss_on_perturbed_train", "clean_model_perplexity_on_perturbed_train"):
+            assert row[key] == pytest.approx(truth[key], rel=1e-9)
+    (fgsm,) = [a for a in fused["attacks"] if a["method"] == "fgsm"]
+    assert fgsm["model_loss_after"] > fgsm["model_loss_before"]  # the attack raised the loss it maximises

@@ -83,7 +83,9 @@ class State:
     ``info``: diagnostics shared by every damping (lambda_max, the solver), written after the
     per-damping ones; ``trailing_info``: diagnostics written last. ``train_map``: applied to
     every chunk of per-sample training gradients (m, P) before they meet the transformed test
-    gradients (a projection), None for the identity. The sweep keeps only these three once
+    gradients (a projection), None for the identity. ``train_losses``: each training row's loss
+    at the model (n_train,) float64, when ``prepare`` ran forward passes over every training row
+    anyway (the projected estimator's rows); None otherwise. The sweep keeps only these four once
     every damping is solved, so the rest of the state (a Hessian's eigenvectors) is freed
     before the training gradients are streamed.
     """
@@ -92,6 +94,7 @@ class State:
     info: dict = field(default_factory=dict)
     trailing_info: dict = field(default_factory=dict)
     train_map: Callable[[torch.Tensor], torch.Tensor] | None = None
+    train_losses: torch.Tensor | None = None
 
 
 @dataclass

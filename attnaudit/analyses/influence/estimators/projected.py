@@ -62,7 +62,7 @@ import time
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NamedTuple
 
 import numpy as np
 import torch
@@ -98,13 +98,22 @@ from attnaudit.core.precision import tensor_bits
 from attnaudit.analyses.request import FieldError
 from attnaudit.errors import AuditError, literal
 
-__all__ = ["CACHED_MODELS", "ROW_CACHE_BYTES", "Projected", "clear_row_cache", "projected_rows", "projection_for"]
+__all__ = [
+    "CACHED_MODELS",
+    "ROW_CACHE_BYTES",
+    "Projected",
+    "ProjectedRows",
+    "clear_row_cache",
+    "projected_rows",
+    "projection_for",
+]
 
 #: bytes of projected rows one model's cache entry may hold (0: no cache)
 ROW_CACHE_BYTES = 512 * 2**20
 #: models whose projected rows are kept (least recently used dropped first)
 CACHED_MODELS = 2
-_ROW_CACHE: OrderedDict[str, dict[bytes, tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
+#: per model: sample key -> (psi, r, loss) of that sample
+_ROW_CACHE: OrderedDict[str, dict[bytes, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = OrderedDict()
 
 
 def clear_row_cache() -> None:
@@ -276,10 +285,10 @@ def _forward_backward(
     ggn: bool,
     plan: OtherPlan,
     skip: frozenset[str] = frozenset(),
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
     """One forward pass and c (``ggn``) or 1 backward passes: (logits, dl/df, Phi (B, c', k)
     with the layers' columns filled (except the layers at the paths ``skip``), {name: (B, c',
-    numel)} for the parameters ``plan`` covers). The backward targets are logit j (``ggn``) or
+    numel)} for the parameters ``plan`` covers, each row's loss l_i (B,) from the same forward). The backward targets are logit j (``ggn``) or
     the loss (``dl . f``). An embedding the forward does not read (text fed as embeddings)
     has zero gradient: its columns are 0. A tied head's columns add its table's
     sum_t P_out[id_t]^T (P_in^T g_t)^T to its own."""
@@ -293,7 +302,8 @@ def _forward_backward(
         if cap is not None:
             cap.remove_hooks()
     f = logits.detach().clone().requires_grad_(True)
-    (dl,) = torch.autograd.grad(engine.loss.per_sample(f, targets).sum(), f)  # (B, c) or (B, L, V)
+    row_loss = engine.loss.per_sample(f, targets)
+    (dl,) = torch.autograd.grad(row_loss.sum(), f)  # (B, c) or (B, L, V)
     flat = logits.reshape(B, -1)  # a language model's logits position-major: one ggn column each
     n_cols = flat.shape[1] if ggn else 1
     if ggn and logits.ndim == 3 and n_cols > EXACT_LM_COLUMNS:
@@ -346,7 +356,8 @@ def _forward_backward(
                 rest: list[torch.Tensor | None] = [None if g is None else g.detach() for g in grads[len(out_list) :]]
                 for name, g in cap.rows(engine, rest).items():
                     other.setdefault(name, []).append(g)
-    return logits.detach(), dl, Phi, {name: torch.stack(gs, 1) for name, gs in other.items()}
+    rows_of = {name: torch.stack(gs, 1) for name, gs in other.items()}
+    return logits.detach(), dl, Phi, rows_of, row_loss.detach()
 
 
 def _other_slices(engine: Any, proj: KroneckerProjection) -> dict[str, tuple[int, int]]:
@@ -491,7 +502,7 @@ def verify_embeddings(
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                logits, _, Phi, _ = _forward_backward(engine, proj, rows, targets, ggn, OtherPlan(), skip=others)
+                logits, _, Phi, _, _ = _forward_backward(engine, proj, rows, targets, ggn, OtherPlan(), skip=others)
         except Exception:  # noqa: BLE001 - any failure of the structure sends the table to the Jacobian route
             failed.add(p.block.path)
             continue
@@ -545,7 +556,7 @@ def verify_plan(
             # a candidate's misuse of a copy may warn before it fails: not the user's concern
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                logits, _, _, got = _forward_backward(engine, proj, rows, targets, ggn, candidate, skip)
+                logits, _, _, got, _ = _forward_backward(engine, proj, rows, targets, ggn, candidate, skip)
         except Exception:  # noqa: BLE001 - a copy the forward cannot take (any error) rules the candidate out
             return None
         return (logits, got) if close(logits, reference) else None
@@ -590,12 +601,22 @@ def _verify_routes(
         proj.other_plan = verify_plan(engine, proj, rows[:2], targets[:2], ggn, skip) if proj.k_other else OtherPlan()
 
 
+class ProjectedRows(NamedTuple):
+    """What one forward and backward pass gives per sample: ``psi`` (B, c', k), ``r`` (B, k) and
+    the sample's loss at the model (B,) float64."""
+
+    psi: torch.Tensor
+    r: torch.Tensor
+    loss: torch.Tensor
+
+
 def projected_rows(
     engine: Any, proj: KroneckerProjection, rows: torch.Tensor, targets: torch.Tensor, curvature: str
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(Psi (B, c', k), r (B, k)) for prepared rows and one-hot targets: r_i = R^T grad l_i and
+) -> ProjectedRows:
+    """(Psi (B, c', k), r (B, k), loss (B,)) for prepared rows and one-hot targets: r_i = R^T grad l_i,
     Psi_i with Psi_i^T Psi_i sample i's term of the projected curvature (``ggn``: L_i^T Phi_i,
-    c' = c; ``empirical``: r_i, c' = 1). One forward pass and c (ggn) or 1 backward passes to
+    c' = c; ``empirical``: r_i, c' = 1) and l_i itself (float64; computed in the engine's dtype by
+    the forward pass that the gradients come from). One forward pass and c (ggn) or 1 backward passes to
     the linear layers' outputs, which also give the LayerNorm and broadcast parameters'
     per-sample gradients (:mod:`attnaudit.analyses.influence.other_grads`, verified on the
     first rows a projection sees); any other parameter through per-sample Jacobians."""
@@ -605,7 +626,7 @@ def projected_rows(
         skip = proj.embedding_fallback
         assert skip is not None  # set by _verify_routes
         plan = proj.other_plan
-        logits, dl, Phi, fast = _forward_backward(engine, proj, rows, targets, ggn, plan, skip)
+        logits, dl, Phi, fast, losses = _forward_backward(engine, proj, rows, targets, ggn, plan, skip)
         for p in proj.layers:
             if p.block.path in skip:
                 Phi[:, :, p.col : p.col + p.dim] = _layer_rows_generic(engine, proj, p, rows, targets, ggn)
@@ -623,15 +644,16 @@ def projected_rows(
                     J[:, :, a:b] = G[:, :, at : at + b - a]
                     at += b - a
             Phi[:, :, proj.other_col :] = proj.project_other(J)
+    loss = losses.to(torch.float64)
     if not ggn:
-        return Phi, Phi[:, 0]
+        return ProjectedRows(Phi, Phi[:, 0], loss)
     L = output_hessian_root(engine.loss, logits, targets).to(Phi.dtype)  # L L^T = H
     r = torch.einsum("bc,bck->bk", dl.reshape(Phi.shape[0], -1).to(Phi.dtype), Phi)
     if L.ndim == 4:  # a language model's roots per position (B, L, V, V): block-diagonal
         B, T, V = L.shape[:3]
         psi = torch.einsum("btvj,btvk->btjk", L, Phi.reshape(B, T, V, -1))
-        return psi.reshape(B, T * V, -1), r
-    return torch.einsum("bcj,bck->bjk", L, Phi), r
+        return ProjectedRows(psi.reshape(B, T * V, -1), r, loss)
+    return ProjectedRows(torch.einsum("bcj,bck->bjk", L, Phi), r, loss)
 
 
 def _row_keys(rows: torch.Tensor, targets: torch.Tensor) -> list[bytes]:
@@ -662,18 +684,19 @@ def store_segment(
     engine: Any, proj: KroneckerProjection, rows: torch.Tensor, targets: torch.Tensor, curvature: str, chunk: int
 ) -> SegmentArrays:
     """One store segment: :func:`projected_rows` of ``rows`` in chunks of ``chunk`` from its first
-    row, and sum_i psi_i^T psi_i in float64, summed chunk by chunk. The same arguments give the
-    same bytes in any process running torch with the same number of threads."""
+    row with each row's loss, and sum_i psi_i^T psi_i in float64, summed chunk by chunk. The same
+    arguments give the same bytes in any process running torch with the same number of threads."""
     k = proj.k
     curv = torch.zeros(k, k, dtype=torch.float64, device=engine.device)
-    psis, rs = [], []
+    psis, rs, losses = [], [], []
     for a, b in ranges(int(rows.shape[0]), chunk):
-        psi, r = projected_rows(engine, proj, rows[a:b], targets[a:b], curvature)
+        psi, r, loss = projected_rows(engine, proj, rows[a:b], targets[a:b], curvature)
         flat = psi.reshape(-1, k).to(torch.float64)
         curv.addmm_(flat.T, flat)
         psis.append(psi.detach().cpu())
         rs.append(r.detach().cpu())
-    return segment_arrays(torch.cat(psis), torch.cat(rs), curv)
+        losses.append(loss.cpu())
+    return segment_arrays(torch.cat(psis), torch.cat(rs), curv, torch.cat(losses))
 
 
 def _store_task(shared: dict, rows: torch.Tensor, targets: torch.Tensor, threads: int) -> SegmentArrays:
@@ -703,8 +726,8 @@ def _store_key(engine: Any, proj: KroneckerProjection, config: Any, fingerprint:
 
 def _rows_from_store(
     context: base.Context, proj: KroneckerProjection, key: StoreKey, keys: list[bytes], curvature: str
-) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """(G (n, k), n F (k, k) float64, diagnostics) from the store ``context.config.store``: rows
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+    """(G (n, k), n F (k, k) float64, the rows' losses (n,) float64, diagnostics) from the store ``context.config.store``: rows
     it holds are read (memory-mapped), the others computed -- here or on Ray tasks -- and
     committed as new segments first. F adds a segment's stored curvature sum when the training
     set uses each of its rows once, else the used rows' psi^T psi (a row used twice counts twice)."""
@@ -767,6 +790,7 @@ def _rows_from_store(
         build_s = time.perf_counter() - t0 if new_keys else 0.0
         G = torch.empty(n, k, dtype=eng.dtype, device=eng.device)
         F = torch.zeros(k, k, dtype=torch.float64, device=eng.device)
+        losses = torch.empty(n, dtype=torch.float64, device=eng.device)
         by_segment: dict[int, tuple[list[int], list[int]]] = {}
         for i, key_ in enumerate(keys):
             seg, row = located.where[key_]
@@ -776,7 +800,9 @@ def _rows_from_store(
         for seg in sorted(by_segment):
             positions, seg_rows = by_segment[seg]
             at = np.asarray(seg_rows, dtype=np.int64)
-            G[torch.tensor(positions, dtype=torch.long, device=eng.device)] = store.tensor(seg, "r", at).to(eng.device)
+            where = torch.tensor(positions, dtype=torch.long, device=eng.device)
+            G[where] = store.tensor(seg, "r", at).to(eng.device)
+            losses[where] = store.tensor(seg, "loss", at).to(eng.device)
             if (np.bincount(at, minlength=int(store.segments[seg]["rows"])) == 1).all():
                 F += store.tensor(seg, "curvature").to(eng.device)
                 continue
@@ -793,7 +819,7 @@ def _rows_from_store(
             "store_executor": config.store_executor if new_keys else None,
             "store_segments_dropped": dropped,
         }
-    return G, F, diag
+    return G, F, losses, diag
 
 
 @dataclass
@@ -921,7 +947,7 @@ class Projected(base.Estimator):
         per_row = (cols + 1) * k * eng.theta.element_size()
         store_diag: dict = {}
         if getattr(config, "store", None):  # the on-disk tier (analyses.influence.store): no in-memory cache
-            G, F, store_diag = _rows_from_store(
+            G, F, losses, store_diag = _rows_from_store(
                 context, proj, _store_key(eng, proj, config, fingerprint, curvature), keys, curvature
             )
             n_computed, n_reused = store_diag["store_rows_computed"], store_diag["store_rows_reused"]
@@ -934,20 +960,24 @@ class Projected(base.Estimator):
             n_computed, n_reused = len(missing), len(hits)
             G = torch.empty(n, k, dtype=eng.dtype, device=eng.device)
             F = torch.zeros(k, k, dtype=torch.float64, device=eng.device)
+            losses = torch.empty(n, dtype=torch.float64, device=eng.device)
             for a, b in ranges(len(missing), context.chunk):
                 idx = torch.tensor(missing[a:b], dtype=torch.long, device=rows.device)
-                psi, r = projected_rows(eng, proj, rows[idx], T[idx], curvature)
+                psi, r, loss = projected_rows(eng, proj, rows[idx], T[idx], curvature)
                 flat = psi.reshape(-1, k).to(torch.float64)
                 F.addmm_(flat.T, flat)
                 G[idx] = r
+                losses[idx] = loss
                 if caching:
                     for j, i in enumerate(missing[a:b]):
-                        entries[keys[i]] = (psi[j].clone(), r[j].clone())
+                        entries[keys[i]] = (psi[j].clone(), r[j].clone(), loss[j].clone())
             for a, b in ranges(len(hits), context.chunk):
                 part = hits[a:b]
                 flat = torch.cat([entries[keys[i]][0] for i in part]).to(torch.float64)
                 F.addmm_(flat.T, flat)
-                G[torch.tensor(part, dtype=torch.long)] = torch.stack([entries[keys[i]][1] for i in part])
+                where = torch.tensor(part, dtype=torch.long)
+                G[where] = torch.stack([entries[keys[i]][1] for i in part])
+                losses[where] = torch.stack([entries[keys[i]][2] for i in part])
         F /= max(n, 1)
         if caching:
             live = set(keys)  # keep this training set's rows (and drop rows it no longer has, bounding the entry)
@@ -1039,6 +1069,7 @@ class Projected(base.Estimator):
             context,
             info,
             train_map=train_map,
+            train_losses=losses,
             lam_max=lam_max,
             diagnostics=diag,
             U=U,
