@@ -87,6 +87,37 @@ def test_tables_at_full_dimension_give_exact_ggn_influence(twice):
     assert d["other_parameters_by_jacobian"] == []
 
 
+def test_routes_are_verified_once_per_module_and_again_for_another_module(monkeypatch):
+    """Several influence runs on one module (a malleability run's clean, perturbed and check runs)
+    verify its routes once; another module object -- here one whose forward reads the word table
+    twice, with the same submodules and parameters -- is verified on its own, and takes its own route."""
+    calls = []
+    real = pj.verify_embeddings
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pj, "verify_embeddings", counted)
+    model = _BagOfTokens()
+    X, y = _tokens(24, 0)
+    Xt, yt = _tokens(5, 1)
+    inputs = Inputs(kind="tokens")
+    first = _influence(model, X, y, Xt, yt, "projected", inputs, proj_dim=24)
+    X2 = X.clone()
+    X2[:3] = _tokens(3, 9)[0]  # another training set: its rows are computed, the routes reused
+    second = _influence(model, X2, y, Xt, yt, "projected", inputs, proj_dim=24)
+    assert len(calls) == 1 and second.diagnostics["projected_rows_computed"] == 3
+    assert (
+        first.diagnostics["embeddings_from_ids"] == second.diagnostics["embeddings_from_ids"] == ["words", "positions"]
+    )
+    twice = _BagOfTokens(twice=True)
+    other = _influence(twice, X, y, Xt, yt, "projected", inputs, proj_dim=24)
+    assert len(calls) == 2 and other.diagnostics["embeddings_by_jacobian"] == ["words"]
+    full = _influence(twice, X, y, Xt, yt, "projected", inputs, proj_dim=24, fast_path=False)
+    assert _rel(other.per_test, full.per_test) < 1e-10
+
+
 def test_compressed_tables_equal_the_projection_of_full_per_sample_gradients():
     model = _BagOfTokens()
     X, y = _tokens(30, 2)

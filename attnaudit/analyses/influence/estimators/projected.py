@@ -60,6 +60,7 @@ from __future__ import annotations
 import hashlib
 import time
 import warnings
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, NamedTuple
@@ -117,8 +118,10 @@ _ROW_CACHE: OrderedDict[str, dict[bytes, tuple[torch.Tensor, torch.Tensor, torch
 
 
 def clear_row_cache() -> None:
-    """Forget every cached projected row, and which gradient store files this process has verified."""
+    """Forget every cached projected row, every verified route, and which gradient store files this
+    process has verified."""
     _ROW_CACHE.clear()
+    _VERIFIED_ROUTES.clear()
     forget_verified()
 
 
@@ -589,16 +592,58 @@ def verify_plan(
     return plan.without(wrong)
 
 
+#: verified routes by :func:`_routes_key`, with a weak reference to the module they were verified on,
+#: most recent last (a run's clean, perturbed and check influence runs build a projection each on
+#: the same model)
+_VERIFIED_ROUTES: OrderedDict[str, tuple[weakref.ref, frozenset[str], OtherPlan]] = OrderedDict()
+VERIFIED_ROUTES_KEPT = 8
+
+
+def _routes_key(engine: Any, proj: KroneckerProjection, rows: torch.Tensor, ggn: bool) -> str:
+    """What a verification's outcome depends on besides the rows' values (which the routes do not
+    branch on): the module object itself (its code and attributes, not only its structure; the
+    entry also holds a weak reference, so a new module at a reused address does not match), the
+    tracked names, the loss, the dtype and device, the projection's layout, the row width and the
+    curvature columns."""
+    parts = {
+        "module": id(engine.module),
+        "tracked": list(engine.names),
+        "loss": type(engine.loss).__qualname__,
+        "dtype": str(engine.dtype),
+        "device": str(engine.device),
+        "layout": proj.describe(),
+        "row": list(rows.shape[1:]),
+        "ggn": ggn,
+    }
+    return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+
 def _verify_routes(
     engine: Any, proj: KroneckerProjection, rows: torch.Tensor, targets: torch.Tensor, ggn: bool
 ) -> None:
     """Set ``proj``'s embedding fallback and plan for the other parameters, verified on the first
-    two of ``rows``, unless already set (call inside the engine's context, with grad enabled)."""
+    two of ``rows``, unless already set (call inside the engine's context, with grad enabled).
+    A verification made in this process for the same module and settings (:func:`_routes_key`) is reused:
+    on GPT-2-small each takes about 20 s of per-parameter autograd, and a malleability run builds
+    five projections of one model."""
+    if proj.embedding_fallback is not None and proj.other_plan is not None:
+        return
+    key = _routes_key(engine, proj, rows, ggn)
+    known = _VERIFIED_ROUTES.get(key)
+    if known is not None and known[0]() is engine.module:
+        _VERIFIED_ROUTES.move_to_end(key)
+        _, fallback, plan = known
+        proj.embedding_fallback = fallback if proj.embedding_fallback is None else proj.embedding_fallback
+        proj.other_plan = plan if proj.other_plan is None else proj.other_plan
+        return
     if proj.embedding_fallback is None:
         proj.embedding_fallback = verify_embeddings(engine, proj, rows[:2], targets[:2], ggn)
     if proj.other_plan is None:
         skip = proj.embedding_fallback
         proj.other_plan = verify_plan(engine, proj, rows[:2], targets[:2], ggn, skip) if proj.k_other else OtherPlan()
+    _VERIFIED_ROUTES[key] = (weakref.ref(engine.module), proj.embedding_fallback, proj.other_plan)
+    while len(_VERIFIED_ROUTES) > VERIFIED_ROUTES_KEPT:
+        _VERIFIED_ROUTES.popitem(last=False)
 
 
 class ProjectedRows(NamedTuple):
