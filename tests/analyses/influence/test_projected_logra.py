@@ -169,6 +169,41 @@ def test_projected_rows_are_reused_for_the_same_model_and_recomputed_for_changed
     assert other.diagnostics["projected_rows_reused"] == 0
 
 
+def test_test_rows_are_projected_once_per_model_and_again_for_new_rows_or_weights(monkeypatch):
+    """The test side (R^T grad l of each test row, the 'empirical' rows) is reused by later runs on
+    the same model and test rows, as a static malleability run scores one test set against its
+    clean and perturbed training sets; new test rows and other weights are projected afresh, and
+    the scores equal a run that projected everything itself."""
+    model, task, X, y, Xt, yt = _setup()
+    projected_test_rows: list[int] = []
+    real = pj.projected_rows
+
+    def counted(engine, proj, rows, targets, curvature):
+        if curvature == "empirical":  # the training rows here use ggn (3 classes)
+            projected_test_rows.append(int(rows.shape[0]))
+        return real(engine, proj, rows, targets, curvature)
+
+    monkeypatch.setattr(pj, "projected_rows", counted)
+    first = _projected(task, X, y, Xt, yt, 200)
+    Xp = X.clone()
+    Xp[:5] += 0.05
+    perturbed = _projected(task, Xp, y, Xt, yt, 200)
+    assert sum(projected_test_rows) == 6
+    Xt2 = Xt.clone()
+    Xt2[0] += 0.1
+    _projected(task, X, y, Xt2, yt, 200)
+    assert sum(projected_test_rows) == 7  # the changed test row only
+    pj.clear_row_cache()
+    fresh = _projected(task, Xp, y, Xt, yt, 200)
+    assert sum(projected_test_rows) == 13
+    torch.testing.assert_close(perturbed.per_test, fresh.per_test, rtol=1e-10, atol=1e-14)
+    assert first.per_test.shape == fresh.per_test.shape
+    with torch.no_grad():
+        model.head.weight.add_(0.1)
+    _projected(task, X, y, Xt, yt, 200)
+    assert sum(projected_test_rows) == 19  # other weights: every test row again
+
+
 def test_relative_damping_and_a_damping_sweep_reuse_one_decomposition():
     model, task, X, y, Xt, yt = _setup()
     from attnaudit.analyses.influence.influence import influence_sweep

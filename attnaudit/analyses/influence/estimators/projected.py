@@ -48,8 +48,9 @@ They are kept in a process-wide cache keyed by the model's fingerprint (tracked 
 frozen tensors, loss, dtype) and the projection's settings, then by the sample's content
 (row and one-hot target): a second call on the same model (``--protocol static``: the clean
 and every perturbed training set) recomputes only the rows that changed, and F is summed
-from the cached rows. :data:`ROW_CACHE_BYTES` bounds what a model's entry may hold (0 turns
-the cache off); :data:`CACHED_MODELS` models are kept, least recently used dropped first.
+from the cached rows; the test rows' projected gradients are kept the same way, so the
+clean and perturbed runs of one test set project it once. :data:`ROW_CACHE_BYTES` bounds what
+a model's entry may hold (0 turns both caches off); :data:`CACHED_MODELS` models are kept, least recently used dropped first.
 With ``InfluenceConfig.store`` the rows are kept on disk instead, for later runs and other
 processes (:mod:`attnaudit.analyses.influence.store`): rows it holds are read, the others
 computed here or on Ray tasks (``store_executor``) and committed as new segments first.
@@ -118,9 +119,10 @@ _ROW_CACHE: OrderedDict[str, dict[bytes, tuple[torch.Tensor, torch.Tensor, torch
 
 
 def clear_row_cache() -> None:
-    """Forget every cached projected row, every verified route, and which gradient store files this
-    process has verified."""
+    """Forget every cached projected row (training and test), every verified route, and which
+    gradient store files this process has verified."""
     _ROW_CACHE.clear()
+    _TEST_ROW_CACHE.clear()
     _VERIFIED_ROUTES.clear()
     forget_verified()
 
@@ -867,6 +869,37 @@ def _rows_from_store(
     return G, F, losses, diag
 
 
+#: per model (as the row cache): test sample key -> r = R^T grad l of that sample
+_TEST_ROW_CACHE: OrderedDict[str, dict[bytes, torch.Tensor]] = OrderedDict()
+
+
+def _test_rows(
+    eng: Any, proj: KroneckerProjection, rows: torch.Tensor, targets: torch.Tensor, chunk: int, model_key: str
+) -> torch.Tensor:
+    """(n_test, k) float64: each test row's projected loss gradient, one forward and one backward
+    pass per chunk; rows this process projected before for the same model and projection are reused
+    (a static malleability run scores the same test rows against its clean and every perturbed
+    training set), within :data:`ROW_CACHE_BYTES` per model."""
+    n, k = int(rows.shape[0]), proj.k
+    keys = _row_keys(rows, targets)
+    caching = ROW_CACHE_BYTES > 0 and n * k * eng.theta.element_size() <= ROW_CACHE_BYTES
+    entries = _TEST_ROW_CACHE.pop(model_key, {}) if caching else {}
+    missing = [i for i, key in enumerate(keys) if key not in entries]
+    out = torch.empty(n, k, dtype=torch.float64, device=eng.device)
+    for a, b in ranges(len(missing), chunk):
+        idx = torch.tensor(missing[a:b], dtype=torch.long, device=rows.device)
+        r = projected_rows(eng, proj, rows[idx], targets[idx], "empirical").r
+        for j, i in enumerate(missing[a:b]):
+            entries[keys[i]] = r[j].detach().clone()
+    for i, key in enumerate(keys):
+        out[i] = entries[key]
+    if caching:
+        _TEST_ROW_CACHE[model_key] = {key: entries[key] for key in keys}
+        while len(_TEST_ROW_CACHE) > CACHED_MODELS:
+            _TEST_ROW_CACHE.popitem(last=False)
+    return out
+
+
 @dataclass
 class _ProjectedState(base.State):
     HR: torch.Tensor | None = None
@@ -1039,12 +1072,7 @@ class Projected(base.Estimator):
         evals, V = torch.linalg.eigh(0.5 * (Fr + Fr.T))
         U = W @ V  # (k, r): F U = M U diag(evals), U^T M U = I
         if config.fast_path:  # the test side projected like the training rows, never the (n_test, P) gradients
-            Bp = torch.cat(
-                [
-                    projected_rows(eng, proj, context.test_rows[a:b], context.test_targets[a:b], "empirical")[1]
-                    for a, b in ranges(context.test_rows.shape[0], context.chunk)
-                ]
-            ).to(torch.float64)
+            Bp = _test_rows(eng, proj, context.test_rows, context.test_targets, context.chunk, model_key)
             if not config.per_test:  # the summed test loss: R^T is linear
                 Bp = Bp.sum(0, keepdim=True)
         else:  # the reference the tests compare with: full test gradients through R
