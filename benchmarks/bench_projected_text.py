@@ -51,6 +51,7 @@ def main() -> int:
     from scipy.stats import spearmanr
 
     import attnaudit.analyses.influence.estimators.projected as pj
+    import attnaudit.analyses.influence.projection as layout
     from attnaudit.analyses.influence.influence import InfluenceConfig, compute_influence
     from attnaudit.core.task import Inputs, Task
     from attnaudit.models.hf import HFSequenceClassifier
@@ -99,12 +100,12 @@ def main() -> int:
         return seconds, res.total
 
     t_ids, ids_total = run("ids")
-    real = pj.embedding_modules
-    pj.embedding_modules = lambda module, names: []  # the tables back with the other parameters
+    real = layout.embedding_modules
+    layout.embedding_modules = lambda module, names: []  # the tables back with the other parameters
     try:
         t_jac, jac_total = run("jacobian")
     finally:
-        pj.embedding_modules = real
+        layout.embedding_modules = real
     rho = spearmanr(ids_total.numpy(), jac_total.numpy()).statistic
     print(f"Spearman(ids, jacobian) = {rho:.3f} (different projections of the tables)")
     print(f"RATIO projected_text_ids_over_jacobian={t_ids / t_jac:.3f}")

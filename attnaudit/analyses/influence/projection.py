@@ -13,7 +13,10 @@ without being formed; the tracked parameters outside linear layers go through a
 :class:`SignProjection`. A weight W (V x H) shared by an ``nn.Embedding`` and a linear output head
 (GPT-2's tied ``wte`` / ``lm_head``) is one layer in the head's layout (out = V, in = H): its
 gradient is the sum of the head's and the table's, and P_out^T (G_head + G_table) P_in is the sum
-of their projections (:attr:`LayerProjection.tied`).
+of their projections (:attr:`LayerProjection.tied`). :func:`projection_for` lays the projection
+out over an engine's tracked parameters: the linear layers K-FAC covers, the embedding tables as
+linear layers on one-hot rows (:func:`embedding_modules`), tied heads (:func:`tied_heads`), the
+rest by signs.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any, Iterator
 
 import torch
 
+from attnaudit.analyses.influence.kfac import LinearBlock, linear_modules, shared_weights
 from attnaudit.analyses.request import FieldError, literal
 
 
@@ -306,3 +310,95 @@ class KroneckerProjection:
     def dense(self) -> torch.Tensor:
         """R (P, k) formed whole (tests, small P only)."""
         return self.apply(torch.eye(self.P, dtype=torch.float64))
+
+
+def embedding_modules(module: torch.nn.Module, names: list[str]) -> list[LinearBlock]:
+    """The ``nn.Embedding`` tables of ``module`` whose weight is tracked, as linear layers on
+    one-hot rows (``source="embedding"``): a row's gradient is sum_t e_{id_t} g_t^T, so its
+    projection sum_t (P_out^T g_t)(P_in[id_t])^T needs the ids and the output gradients
+    only, never the (rows x width) table gradient. Left out (to the other parameters): tables
+    with ``max_norm`` (the forward rewrites rows) or ``scale_grad_by_freq`` (a row's gradient
+    then depends on the batch)."""
+    tracked = set(names)
+    out = []
+    for path, sub in module.named_modules():
+        if type(sub) is not torch.nn.Embedding or sub.max_norm is not None or sub.scale_grad_by_freq:
+            continue
+        weight = f"{path}.weight" if path else "weight"
+        if weight in tracked:
+            out.append(
+                LinearBlock(
+                    path,
+                    weight,
+                    None,
+                    sub.num_embeddings,
+                    sub.embedding_dim,
+                    source="embedding",
+                    padding_idx=sub.padding_idx,
+                )
+            )
+    return out
+
+
+def tied_heads(module: torch.nn.Module, names: list[str]) -> list[tuple[LinearBlock, LinearBlock]]:
+    """The (head, table) pairs of ``module`` that share one tracked weight W (V x H) and nothing
+    else: W is registered exactly twice, as the weight of an ``nn.Embedding`` (no ``max_norm``,
+    no ``scale_grad_by_freq``) and of a bias-free ``nn.Linear`` with in = H, out = V (GPT-2's
+    ``wte`` / ``lm_head``, any tied word embedding). A document's gradient of W is then
+    sum_t delta_t h_t^T (head: delta_t = dl/dlogits_t, h_t its input) + sum_t e_{id_t} g_t^T (table:
+    g_t = dl/d its output): both are layer gradients in the head's layout (out = V, in = H). The
+    head block carries the tracked name of W (whichever of the two it is); any other sharing is
+    left to :func:`~attnaudit.analyses.influence.kfac.shared_weights` (the other parameters)."""
+    tracked = set(names)
+    modules = dict(module.named_modules(remove_duplicate=False))
+    users: dict[int, list[str]] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        users.setdefault(id(p), []).append(name)
+    pairs: list[tuple[LinearBlock, LinearBlock]] = []
+    for pnames in users.values():
+        if len(pnames) != 2 or not all(n.endswith("weight") for n in pnames):
+            continue
+        weight = [n for n in pnames if n in tracked]
+        parts = [
+            (n.rpartition(".")[0], modules.get(n.rpartition(".")[0]))
+            for n in pnames
+            if n.rpartition(".")[2] == "weight"
+        ]
+        tables = [(path, m) for path, m in parts if type(m) is torch.nn.Embedding]
+        heads = [(path, m) for path, m in parts if type(m) is torch.nn.Linear]
+        if len(weight) != 1 or len(tables) != 1 or len(heads) != 1:
+            continue
+        (t_path, table), (h_path, head) = tables[0], heads[0]
+        assert isinstance(table, torch.nn.Embedding) and isinstance(head, torch.nn.Linear)  # by type above
+        if table.max_norm is not None or table.scale_grad_by_freq or head.bias is not None:
+            continue
+        V, H = table.num_embeddings, table.embedding_dim
+        if (head.out_features, head.in_features) != (V, H):
+            continue
+        pairs.append(
+            (
+                LinearBlock(h_path, weight[0], None, H, V),
+                LinearBlock(t_path, weight[0], None, V, H, source="embedding", padding_idx=table.padding_idx),
+            )
+        )
+    return pairs
+
+
+def projection_for(engine: Any, k: int, seed: int = 0, split: str = "layer") -> KroneckerProjection:
+    """The projection of ``engine``'s tracked parameters: the linear layers K-FAC covers and the
+    embedding tables (:func:`embedding_modules`), the rest signs; ``split`` shares k between layers
+    (:func:`~attnaudit.analyses.influence.projection.allocate`). A table tied to a linear output
+    head (:func:`tied_heads`) is one layer in the head's layout whose columns sum both uses; a
+    weight shared any other way goes with the other parameters."""
+    pairs = tied_heads(engine.module, engine.names)
+    paired = {head.weight for head, _ in pairs}
+    blocks, _ = linear_modules(engine.module, engine.names)
+    blocks += embedding_modules(engine.module, engine.names)
+    blocks = [b for b in blocks if b.weight not in paired]
+    tied = set(shared_weights(engine.module, blocks)) - paired
+    blocks = [b for b in blocks if b.weight not in tied and (b.bias is None or b.bias not in tied)]
+    blocks += [head for head, _ in pairs]
+    covered = {b.weight for b in blocks} | {b.bias for b in blocks if b.bias}
+    other = [n for n in engine.names if n not in covered]
+    tables = {head.path: table for head, table in pairs}
+    return KroneckerProjection(engine, blocks, other, k, seed=seed, split=split, tied=tables)

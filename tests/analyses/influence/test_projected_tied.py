@@ -24,6 +24,7 @@ transformers = pytest.importorskip("transformers")
 
 from attnaudit.analyses.influence.estimators import projected as pj  # noqa: E402
 from attnaudit.analyses.influence.influence import InfluenceConfig, influence_sweep  # noqa: E402
+from attnaudit.analyses.influence.projection import tied_heads  # noqa: E402
 from attnaudit.core.engine import Engine  # noqa: E402
 from attnaudit.core.lm_rows import pack_rows, targets_for  # noqa: E402
 from attnaudit.core.task import NextTokenLoss, Task  # noqa: E402
@@ -200,7 +201,7 @@ class _TiedWithBias(nn.Module):
 
 def test_other_sharing_goes_with_the_other_parameters():
     model = _TiedWithBias()
-    assert pj.tied_heads(model, [n for n, _ in model.named_parameters()]) == []
+    assert tied_heads(model, [n for n, _ in model.named_parameters()]) == []
     eng = Engine(Task(model, 5, "ce"), dtype=F64, names=[n for n, _ in model.named_parameters()])
     layout = pj.projection_for(eng, 8).describe()
     assert "tied" not in layout and "table.weight" in layout["other_parameters"]

@@ -9,9 +9,10 @@ at its output), so its projection P_out^T G_i P_in = sum_t (P_out^T s_it)(P_in^T
 formed from the projected activations and output gradients alone: O(T (w_in k_in + d_out
 k_out + k_in k_out)) per sample and layer, never d_out x w_in. P_in, P_out have orthonormal
 columns (QR of a seeded Gaussian; the identity when k_in >= w_in or k_out >= d_out). An
-``nn.Embedding`` table is a linear layer on one-hot rows (:func:`embedding_modules`). A table W
-(V x H) tied to a bias-free linear output head (GPT-2's ``wte`` / ``lm_head``, :func:`tied_heads`)
-is ONE layer in the head's layout with one P_out (V x k_out), P_in (H x k_in): its gradient
+``nn.Embedding`` table is a linear layer on one-hot rows
+(:func:`~attnaudit.analyses.influence.projection.embedding_modules`). A table W (V x H) tied to a
+bias-free linear output head (GPT-2's ``wte`` / ``lm_head``,
+:func:`~attnaudit.analyses.influence.projection.tied_heads`) is ONE layer in the head's layout with one P_out (V x k_out), P_in (H x k_in): its gradient
 sum_t delta_t h_t^T + sum_t e_{id_t} g_t^T projects to sum_t (P_out^T delta_t)(P_in^T h_t)^T +
 sum_t P_out[id_t]^T (P_in^T g_t)^T (``tied`` in ``projection_layout``); any other shared weight
 goes with the other parameters. Every
@@ -81,11 +82,13 @@ from attnaudit.analyses.influence.kfac import (
     position_weights,
     token_rows,
     factors_fingerprint,
-    linear_modules,
-    shared_weights,
 )
 from attnaudit.analyses.influence.other_grads import OtherCapture, OtherPlan, plan_other
-from attnaudit.analyses.influence.projection import KroneckerProjection, SignProjection
+from attnaudit.analyses.influence.projection import (
+    KroneckerProjection,
+    SignProjection,
+    projection_for,
+)
 from attnaudit.analyses.influence.store import (
     GradientStore,
     SegmentArrays,
@@ -145,98 +148,6 @@ def ggn_columns(engine: Any, rows: Any = None) -> int:
     if engine.loss.logits_ndim != 3 or rows is None:
         return int(engine.n_classes)
     return int(engine.logits(rows[:1]).shape[1:].numel())
-
-
-def embedding_modules(module: torch.nn.Module, names: list[str]) -> list[LinearBlock]:
-    """The ``nn.Embedding`` tables of ``module`` whose weight is tracked, as linear layers on
-    one-hot rows (``source="embedding"``): a row's gradient is sum_t e_{id_t} g_t^T, so its
-    projection sum_t (P_out^T g_t)(P_in[id_t])^T needs the ids and the output gradients
-    only, never the (rows x width) table gradient. Left out (to the other parameters): tables
-    with ``max_norm`` (the forward rewrites rows) or ``scale_grad_by_freq`` (a row's gradient
-    then depends on the batch)."""
-    tracked = set(names)
-    out = []
-    for path, sub in module.named_modules():
-        if type(sub) is not torch.nn.Embedding or sub.max_norm is not None or sub.scale_grad_by_freq:
-            continue
-        weight = f"{path}.weight" if path else "weight"
-        if weight in tracked:
-            out.append(
-                LinearBlock(
-                    path,
-                    weight,
-                    None,
-                    sub.num_embeddings,
-                    sub.embedding_dim,
-                    source="embedding",
-                    padding_idx=sub.padding_idx,
-                )
-            )
-    return out
-
-
-def tied_heads(module: torch.nn.Module, names: list[str]) -> list[tuple[LinearBlock, LinearBlock]]:
-    """The (head, table) pairs of ``module`` that share one tracked weight W (V x H) and nothing
-    else: W is registered exactly twice, as the weight of an ``nn.Embedding`` (no ``max_norm``,
-    no ``scale_grad_by_freq``) and of a bias-free ``nn.Linear`` with in = H, out = V (GPT-2's
-    ``wte`` / ``lm_head``, any tied word embedding). A document's gradient of W is then
-    sum_t delta_t h_t^T (head: delta_t = dl/dlogits_t, h_t its input) + sum_t e_{id_t} g_t^T (table:
-    g_t = dl/d its output): both are layer gradients in the head's layout (out = V, in = H). The
-    head block carries the tracked name of W (whichever of the two it is); any other sharing is
-    left to :func:`~attnaudit.analyses.influence.kfac.shared_weights` (the other parameters)."""
-    tracked = set(names)
-    modules = dict(module.named_modules(remove_duplicate=False))
-    users: dict[int, list[str]] = {}
-    for name, p in module.named_parameters(remove_duplicate=False):
-        users.setdefault(id(p), []).append(name)
-    pairs: list[tuple[LinearBlock, LinearBlock]] = []
-    for pnames in users.values():
-        if len(pnames) != 2 or not all(n.endswith("weight") for n in pnames):
-            continue
-        weight = [n for n in pnames if n in tracked]
-        parts = [
-            (n.rpartition(".")[0], modules.get(n.rpartition(".")[0]))
-            for n in pnames
-            if n.rpartition(".")[2] == "weight"
-        ]
-        tables = [(path, m) for path, m in parts if type(m) is torch.nn.Embedding]
-        heads = [(path, m) for path, m in parts if type(m) is torch.nn.Linear]
-        if len(weight) != 1 or len(tables) != 1 or len(heads) != 1:
-            continue
-        (t_path, table), (h_path, head) = tables[0], heads[0]
-        assert isinstance(table, torch.nn.Embedding) and isinstance(head, torch.nn.Linear)  # by type above
-        if table.max_norm is not None or table.scale_grad_by_freq or head.bias is not None:
-            continue
-        V, H = table.num_embeddings, table.embedding_dim
-        if (head.out_features, head.in_features) != (V, H):
-            continue
-        pairs.append(
-            (
-                LinearBlock(h_path, weight[0], None, H, V),
-                LinearBlock(t_path, weight[0], None, V, H, source="embedding", padding_idx=table.padding_idx),
-            )
-        )
-    return pairs
-
-
-def projection_for(engine: Any, k: int, seed: int = 0, split: str = "layer") -> KroneckerProjection:
-    """The projection of ``engine``'s tracked parameters: the linear layers K-FAC covers and the
-    embedding tables (:func:`embedding_modules`), the rest signs; ``split`` shares k between layers
-    (:func:`~attnaudit.analyses.influence.projection.allocate`). A table tied to a linear output
-    head (:func:`tied_heads`) is one layer in the head's layout whose columns sum both uses; a
-    weight shared any other way goes with the other parameters."""
-    pairs = tied_heads(engine.module, engine.names)
-    paired = {head.weight for head, _ in pairs}
-    blocks, _ = linear_modules(engine.module, engine.names)
-    blocks += embedding_modules(engine.module, engine.names)
-    blocks = [b for b in blocks if b.weight not in paired]
-    tied = set(shared_weights(engine.module, blocks)) - paired
-    blocks = [b for b in blocks if b.weight not in tied and (b.bias is None or b.bias not in tied)]
-    blocks += [head for head, _ in pairs]
-    covered = {b.weight for b in blocks} | {b.bias for b in blocks if b.bias}
-    other = [n for n in engine.names if n not in covered]
-    tables = {head.path: table for head, table in pairs}
-    return KroneckerProjection(engine, blocks, other, k, seed=seed, split=split, tied=tables)
 
 
 def _other_rows(engine: Any, index: torch.Tensor, rows: torch.Tensor, targets: torch.Tensor, ggn: bool):
