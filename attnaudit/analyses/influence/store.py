@@ -3,8 +3,8 @@
 For a training sample i the projected estimator needs psi_i (c' x k, with psi_i^T psi_i sample
 i's term of the projected curvature), r_i = R^T grad l_i (k) and the loss l_i itself (from the
 same forward pass: a later audit reads the training loss instead of a forward pass over the rows).
-All depend on the model, the projection and the sample only, so a later audit of the same model on the same data (another
-test set, attack or seed) can read them instead of recomputing them.
+All depend on the model, the projection and the sample only, so a later audit of the same model
+on the same data (another test set, attack or seed) can read them instead of recomputing them.
 
 Key: one folder per model and projection, named by the sha256 of :class:`StoreKey` (the model's
 fingerprint -- tracked values, frozen tensors, loss, dtype, curvature, projection seed --,

@@ -189,6 +189,9 @@ def test_test_rows_are_projected_once_per_model_and_again_for_new_rows_or_weight
     Xp[:5] += 0.05
     perturbed = _projected(task, Xp, y, Xt, yt, 200)
     assert sum(projected_test_rows) == 6
+    _projected(task, X, y, Xt[:3], yt[:3], 200)  # a subset in between (the float64 check's float32 side)
+    _projected(task, Xp, y, Xt, yt, 200)
+    assert sum(projected_test_rows) == 6  # the subset evicted none of the other rows
     Xt2 = Xt.clone()
     Xt2[0] += 0.1
     _projected(task, X, y, Xt2, yt, 200)

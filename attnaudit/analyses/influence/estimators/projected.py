@@ -12,7 +12,8 @@ columns (QR of a seeded Gaussian; the identity when k_in >= w_in or k_out >= d_o
 ``nn.Embedding`` table is a linear layer on one-hot rows
 (:func:`~attnaudit.analyses.influence.projection.embedding_modules`). A table W (V x H) tied to a
 bias-free linear output head (GPT-2's ``wte`` / ``lm_head``,
-:func:`~attnaudit.analyses.influence.projection.tied_heads`) is ONE layer in the head's layout with one P_out (V x k_out), P_in (H x k_in): its gradient
+:func:`~attnaudit.analyses.influence.projection.tied_heads`) is ONE layer in the head's layout
+with one P_out (V x k_out), P_in (H x k_in): its gradient
 sum_t delta_t h_t^T + sum_t e_{id_t} g_t^T projects to sum_t (P_out^T delta_t)(P_in^T h_t)^T +
 sum_t P_out[id_t]^T (P_in^T g_t)^T (``tied`` in ``projection_layout``); any other shared weight
 goes with the other parameters. Every
@@ -51,7 +52,8 @@ frozen tensors, loss, dtype) and the projection's settings, then by the sample's
 and every perturbed training set) recomputes only the rows that changed, and F is summed
 from the cached rows; the test rows' projected gradients are kept the same way, so the
 clean and perturbed runs of one test set project it once. :data:`ROW_CACHE_BYTES` bounds what
-a model's entry may hold (0 turns both caches off); :data:`CACHED_MODELS` models are kept, least recently used dropped first.
+a model's entry may hold (0 turns both caches off); :data:`CACHED_MODELS` models are kept,
+least recently used dropped first.
 With ``InfluenceConfig.store`` the rows are kept on disk instead, for later runs and other
 processes (:mod:`attnaudit.analyses.influence.store`): rows it holds are read, the others
 computed here or on Ray tasks (``store_executor``) and committed as new segments first.
@@ -119,6 +121,13 @@ ROW_CACHE_BYTES = 512 * 2**20
 CACHED_MODELS = 2
 #: per model: sample key -> (psi, r, loss) of that sample
 _ROW_CACHE: OrderedDict[str, dict[bytes, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = OrderedDict()
+
+
+def _remember(cache: OrderedDict, model_key: str, entries: dict) -> None:
+    """Put a model's rows last in ``cache`` (most recently used), keeping :data:`CACHED_MODELS` models."""
+    cache[model_key] = entries
+    while len(cache) > CACHED_MODELS:
+        cache.popitem(last=False)
 
 
 def clear_row_cache() -> None:
@@ -204,7 +213,8 @@ def _forward_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
     """One forward pass and c (``ggn``) or 1 backward passes: (logits, dl/df, Phi (B, c', k)
     with the layers' columns filled (except the layers at the paths ``skip``), {name: (B, c',
-    numel)} for the parameters ``plan`` covers, each row's loss l_i (B,) from the same forward). The backward targets are logit j (``ggn``) or
+    numel)} for the parameters ``plan`` covers, each row's loss l_i (B,) from the same forward).
+    The backward targets are logit j (``ggn``) or
     the loss (``dl . f``). An embedding the forward does not read (text fed as embeddings)
     has zero gradient: its columns are 0. A tied head's columns add its table's
     sum_t P_out[id_t]^T (P_in^T g_t)^T to its own."""
@@ -685,7 +695,8 @@ def _store_key(engine: Any, proj: KroneckerProjection, config: Any, fingerprint:
 def _rows_from_store(
     context: base.Context, proj: KroneckerProjection, key: StoreKey, keys: list[bytes], curvature: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
-    """(G (n, k), n F (k, k) float64, the rows' losses (n,) float64, diagnostics) from the store ``context.config.store``: rows
+    """(G (n, k), n F (k, k) float64, the rows' losses (n,) float64, diagnostics) from the store
+    ``context.config.store``: rows
     it holds are read (memory-mapped), the others computed -- here or on Ray tasks -- and
     committed as new segments first. F adds a segment's stored curvature sum when the training
     set uses each of its rows once, else the used rows' psi^T psi (a row used twice counts twice)."""
@@ -805,9 +816,11 @@ def _test_rows(
     for i, key in enumerate(keys):
         out[i] = entries[key]
     if caching:
-        _TEST_ROW_CACHE[model_key] = {key: entries[key] for key in keys}
-        while len(_TEST_ROW_CACHE) > CACHED_MODELS:
-            _TEST_ROW_CACHE.popitem(last=False)
+        # earlier test sets' rows stay while they fit: the float64 check's float32 side scores a
+        # subset of the run's test rows between its clean and perturbed runs
+        if len(entries) * k * eng.theta.element_size() > ROW_CACHE_BYTES:
+            entries = {key: entries[key] for key in keys}
+        _remember(_TEST_ROW_CACHE, model_key, entries)
     return out
 
 
@@ -970,9 +983,7 @@ class Projected(base.Estimator):
         F /= max(n, 1)
         if caching:
             live = set(keys)  # keep this training set's rows (and drop rows it no longer has, bounding the entry)
-            _ROW_CACHE[model_key] = {key: v for key, v in entries.items() if key in live}
-            while len(_ROW_CACHE) > CACHED_MODELS:
-                _ROW_CACHE.popitem(last=False)
+            _remember(_ROW_CACHE, model_key, {key: v for key, v in entries.items() if key in live})
 
         # the pencil (F, M): M = R^T R, its range basis W (k, r) with W^T M W = I
         M = proj.gram().to(eng.device)
