@@ -9,7 +9,11 @@ are taken in consecutive runs whose inputs and c output gradients for all rows f
 what the kernels leave; one forward and c backward passes (to the run's outputs only) per
 :data:`LAYER_ROWS` rows capture them, then each layer's Jacobians are formed for panels of
 rows (two panels in a quarter) and contracted, K_g += J_l J_l^T (one matrix product per panel
-pair, the upper triangle only). The remaining parameters (norms, embeddings, tied weights) get
+pair, the upper triangle only). Inputs, output gradients and Jacobian panels are held in the
+engine's dtype (the precision policy: float32 for a large model under ``auto``) and summed into
+the float64 kernels by :func:`~attnaudit.core.contraction.contract`; held in float64 whatever the
+engine's dtype, a DeiT-tiny-size model's capture and contraction ran at float64's speed and in
+twice the memory. The remaining parameters (norms, embeddings, tied weights) get
 their Jacobians from :meth:`Engine.jacobian` restricted to them, in panels of rows the same
 way. Cost: one capture pass per run (a forward and c partial backward passes over all rows)
 instead of one Jacobian pass, and the same contraction work as the Jacobian plan of
@@ -39,12 +43,18 @@ F64 = torch.float64
 LAYER_ROWS = 16
 
 
+def _itemsize(engine: Engine) -> int:
+    """Bytes of one number of the engine's Jacobians, inputs and output gradients."""
+    return torch.empty((), dtype=engine.dtype).element_size()
+
+
 class _GroupKernels:
     """One model's group kernels on n rows, {group: (n c, n c) flat full form or (n, n) output-averaged},
     and the contraction K_g += J J^T of Jacobian panels into them."""
 
     def __init__(self, engine: Engine, n: int, slices: dict[str, tuple[int, int]], c: int, form: str) -> None:
         self.n, self.c, self.form, self.slices = n, c, form, slices
+        self.itemsize = _itemsize(engine)  # of the Jacobian panels; the kernels are float64
         self.k_out = c if form == "full" else 1
         self.K = {g: torch.zeros(n * self.k_out, n * self.k_out, dtype=F64, device=engine.device) for g in slices}
         self.offsets: dict[str, int] = {}
@@ -90,7 +100,7 @@ class _GroupKernels:
         bytes per row, at most :data:`JACOBIAN_ROWS` rows) fit ``share``; the panels after the
         first row panel are made again for every row panel."""
         n = self.n
-        per_row = max(1, self.c * width * 8)
+        per_row = max(1, self.c * width * self.itemsize)
         panel = max(1, min(n, share // (2 * per_row + transient)))
         spans = list(ranges(n, panel))
         for i, (a1, b1) in enumerate(spans):
@@ -153,7 +163,7 @@ def _contract_others(
     for nm, numel in zip(sub.names, sub.numels):
         splits.append((kernels.group_at(nm), start, start + numel))
         start += numel
-    per_row = kernels.c * sub.n_params * 8
+    per_row = kernels.c * sub.n_params * _itemsize(sub)
     if 2 * per_row + JACOBIAN_TRANSIENT * per_row > 2 * share:
         raise AuditError(
             f"one row's Jacobians over the {len(others)} parameter tensor(s) outside linear layers "
@@ -171,7 +181,7 @@ def _layer_runs(
 ) -> list[list[tuple[Any, int, int]]]:
     """The linear layers in consecutive runs whose inputs and output gradients for all rows fit
     ``2 * share``: [(layer, input tokens, output tokens), ...] per run."""
-    n = rows.shape[0]
+    n, itemsize = rows.shape[0], _itemsize(engine)
     # the tokens of each layer, from one row (the longest, for text that drops trailing padding:
     # shorter chunks fill the leading positions, zeros after them add nothing to sum_t s_t a_t^T)
     with engine.context(), torch.no_grad():
@@ -183,7 +193,7 @@ def _layer_runs(
 
     def stored(b) -> int:
         t_in, t_out = sizes[b.path]
-        return n * (t_in * b.width_in + c * t_out * b.d_out) * 8
+        return n * (t_in * b.width_in + c * t_out * b.d_out) * itemsize
 
     runs: list[list] = []
     for b in blocks:
@@ -211,8 +221,8 @@ def _contract_run(
     acts: dict[str, torch.Tensor] = {}
     grads: dict[str, torch.Tensor] = {}
     for b, t_in, t_out in run:
-        acts[b.path] = torch.zeros(n, t_in, b.width_in, dtype=F64, device=dev)
-        grads[b.path] = torch.zeros(n, c, t_out, b.d_out, dtype=F64, device=dev)
+        acts[b.path] = torch.zeros(n, t_in, b.width_in, dtype=engine.dtype, device=dev)
+        grads[b.path] = torch.zeros(n, c, t_out, b.d_out, dtype=engine.dtype, device=dev)
     with engine.context(), torch.enable_grad():
         for a0, b0 in ranges(n, LAYER_ROWS):
             logits, ins, outs = capture_activations(engine, layers, rows[a0:b0])

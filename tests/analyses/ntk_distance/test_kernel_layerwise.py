@@ -103,3 +103,46 @@ def test_a_budget_too_small_for_one_layer_is_refused_with_the_budget_that_works(
     monkeypatch.setattr(movement, "_jacobian_plan_fits", lambda *a: False)
     with pytest.raises(AuditError, match="budget"):
         kernel_movement(tasks[0], tasks[1], X, y, memory_bytes=20_000)
+
+
+def _engine_and_slices(task, dtype):
+    names = [n for m in parameter_groups(Engine(task, dtype=F64).names).values() for n in m]
+    eng = Engine(task, dtype=dtype, names=names)
+    slices, start = {}, 0
+    for g, members in parameter_groups(eng.names).items():
+        size = sum(eng.numels[eng.names.index(m)] for m in members)
+        slices[g] = (start, start + size)
+        start += size
+    return eng, slices
+
+
+def test_float32_layer_kernels_are_float64_ones_to_float32_rounding_and_are_planned_at_4_bytes(monkeypatch):
+    """The precision policy's float32 engine: captures and panels at 4 bytes a number (the plan
+    counts them so), the kernels still float64 sums; the truth is the float64 Jacobian products."""
+    from attnaudit.analyses.ntk_distance import layerwise
+
+    tasks, X, _ = _pair("vit")
+    ref = entk_by_group(tasks[1], X)  # explicit float64 per-group Jacobian products
+    eng32, slices = _engine_and_slices(tasks[1], torch.float32)
+    held: list[torch.dtype] = []
+    real_contract = layerwise.contract
+    monkeypatch.setattr(layerwise, "contract", lambda A, B: held.append(A.dtype) or real_contract(A, B))
+    ours = layer_kernels(eng32, eng32.rows(X.float()), slices, 3, "full", 400_000)
+    assert held and set(held) == {torch.float32}  # the Jacobian panels are not promoted to float64
+    n = X.shape[0]
+    for g, K in ours.items():
+        assert K.dtype == F64
+        torch.testing.assert_close(K.view(n, 3, n, 3).permute(0, 2, 1, 3), ref[g], rtol=2e-5, atol=2e-6)
+    # a float32 run of layers holds half the bytes of a float64 one: the same budget takes fewer runs
+    eng64, _ = _engine_and_slices(tasks[1], F64)
+    blocks = [b for b in layerwise.linear_modules(eng64.module, eng64.names)[0]]
+    share = 1_000
+    while True:  # the smallest share that holds float64's largest layer alone
+        try:
+            runs64 = layerwise._layer_runs(eng64, eng64.rows(X), blocks, 3, share, 10**9, 0)
+            break
+        except layerwise.AuditError:
+            share = int(share * 1.2)
+    runs32 = layerwise._layer_runs(eng32, eng32.rows(X.float()), blocks, 3, share, 10**9, 0)
+    assert len(runs32) < len(runs64)
+    assert sum(len(r) for r in runs32) == sum(len(r) for r in runs64) == len(blocks)
