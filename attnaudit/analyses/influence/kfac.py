@@ -682,10 +682,22 @@ def _add_squared_rotated(out: torch.Tensor, u: torch.Tensor, v: torch.Tensor) ->
     """out += sum_b (u_b^T v_b)^2 (elementwise) for u (B, T, o), v (B, T, i): the per-sample
     matrices come from one batched product per group of :data:`SQUARES_ROWS` samples, contiguous
     (B, o, i), squared in place and summed over the samples (a strided layout, which einsum can
-    return, made the reduction several times slower than the product)."""
+    return, made the reduction several times slower than the product). The products at u's and
+    v's dtype (the precision policy), each group's sum added to ``out`` (float64)."""
     for a, b in ranges(u.shape[0], SQUARES_ROWS):
         G = torch.bmm(u[a:b].transpose(1, 2), v[a:b])
-        out += G.square_().sum(0)
+        out += G.square_().sum(0).to(out.dtype)
+
+
+def _add_gram(out: torch.Tensor, rows: torch.Tensor) -> None:
+    """out += rows^T rows for rows (m, d): the product at the rows' dtype (float32 under the
+    precision policy: a chunk of m = B T tokens' sum), added to ``out`` (float64) across chunks.
+    Held in float64 whatever the engine's dtype, the factor fits of a DeiT-tiny-size model ran
+    at float64's speed."""
+    if rows.dtype == out.dtype:
+        out.addmm_(rows.T, rows)
+    else:
+        out += (rows.T @ rows).to(out.dtype)
 
 
 def shared_weights(module: nn.Module, blocks: Sequence[LinearBlock]) -> list[str]:
@@ -848,7 +860,7 @@ def fit_factors(
         acts, real = {}, {}
         keep = _real_tokens(engine, rows)
         for b in blocks:
-            a = token_rows(ins[b.path].detach().to(torch.float64), B)
+            a = token_rows(ins[b.path].detach(), B)  # the engine's dtype: products below, float64 sums
             if b.bias:
                 a = torch.cat([a, torch.ones(*a.shape[:2], 1, dtype=a.dtype, device=a.device)], 2)
             mask = token_keep(keep, a.shape[1])
@@ -865,7 +877,7 @@ def fit_factors(
             yield (
                 acts,
                 real,
-                {b.path: output_token_rows(b, g.detach().to(torch.float64), B) for b, g in zip(blocks, grads)},
+                {b.path: output_token_rows(b, g.detach(), B) for b, g in zip(blocks, grads)},
             )
 
     with engine.context(), torch.enable_grad():
@@ -878,16 +890,19 @@ def fit_factors(
                     # sums over samples and tokens as one matrix product each (B T rows)
                     if first:
                         a = acts[b.path].reshape(-1, b.width_in)
-                        A.addmm_(a.T, a)
+                        _add_gram(A, a)
                         tokens_seen[b.path] += real.get(b.path, a.shape[0])
-                    s = sgrads[b.path].reshape(-1, b.d_out)
-                    S.addmm_(s.T, s)
+                    _add_gram(S, sgrads[b.path].reshape(-1, b.d_out))
                 first = False
     _decompose(blocks, tokens_seen, n, keep_covariances)
     if kind == "ekfac":
         gen.manual_seed(int(seed) + 1)  # fresh draws for the second pass
         for b in blocks:
             b.corrected = torch.zeros(b.d_out, b.width_in, dtype=torch.float64, device=engine.device)
+        bases = {}  # the eigenbases at the captures' dtype: the rotations are products, the sums float64
+        for b in blocks:
+            assert b.QA is not None and b.QS is not None  # decomposed above
+            bases[b.path] = (b.QA.to(engine.dtype), b.QS.to(engine.dtype))
         with engine.context(), torch.enable_grad():
             for a0, b0 in spans:
                 rotated_acts: dict[str, torch.Tensor] = {}
@@ -895,11 +910,12 @@ def fit_factors(
                     for b in blocks:
                         # Q_S^T G Q_A with G = sum_t s_t a_t^T, rotating the tokens first (B T d^2
                         # flops instead of B d^3 for the per-sample matrices)
+                        QA, QS = bases[b.path]
                         if b.path not in rotated_acts:
-                            rotated_acts[b.path] = acts[b.path] @ b.QA
+                            rotated_acts[b.path] = acts[b.path] @ QA
                         corrected = b.corrected
                         assert corrected is not None  # zeroed above
-                        _add_squared_rotated(corrected, sgrads[b.path] @ b.QS, rotated_acts[b.path])
+                        _add_squared_rotated(corrected, sgrads[b.path] @ QS, rotated_acts[b.path])
         for b in blocks:
             corrected = b.corrected
             assert corrected is not None  # accumulated above

@@ -97,6 +97,26 @@ def test_ekfac_eigenvalues_are_the_diagonal_of_the_rotated_gauss_newton_block():
         torch.testing.assert_close(b.corrected, _rotated_ggn_diagonal(model, X, y, b), rtol=1e-9, atol=1e-13)
 
 
+def test_a_float32_engine_fits_factors_by_float32_products_summed_in_float64(monkeypatch):
+    """The precision policy's float32 engine: the covariance and eigenvalue-correction products
+    run at float32 (their sums float64); the truth is the float64 Gauss-Newton block's rotated
+    diagonal, written out by jacrev here, which the float32 fit matches to float32 rounding."""
+    from attnaudit.analyses.influence import kfac
+
+    X, y, _, _ = _digits(50, 5)
+    model = nn.Sequential(nn.Linear(64, 5, bias=False), nn.Tanh(), nn.Linear(5, 10, bias=False)).to(F64)
+    seen: list[torch.dtype] = []
+    real_gram, real_squares = kfac._add_gram, kfac._add_squared_rotated
+    monkeypatch.setattr(kfac, "_add_gram", lambda out, rows: seen.append(rows.dtype) or real_gram(out, rows))
+    monkeypatch.setattr(kfac, "_add_squared_rotated", lambda out, u, v: seen.append(u.dtype) or real_squares(out, u, v))
+    f32 = fit_factors(Engine(Task(model, 10, "ce"), dtype=torch.float32), X.float(), "ekfac")
+    assert seen and set(seen) == {torch.float32}
+    for b in f32.blocks:
+        assert b.corrected.dtype == F64 and b.A.dtype == F64
+        truth = _rotated_ggn_diagonal(model, X, y, b)  # in the float32 fit's own eigenbasis
+        torch.testing.assert_close(b.corrected, truth, rtol=1e-4, atol=1e-6 * float(truth.abs().max()))
+
+
 @pytest.mark.parametrize("estimator", ["kfac", "ekfac"])
 def test_a_single_linear_layer_under_mse_gives_exact_influence(estimator):
     X, y, Xt, yt = _digits(200, 20)
