@@ -43,18 +43,13 @@ F64 = torch.float64
 LAYER_ROWS = 16
 
 
-def _itemsize(engine: Engine) -> int:
-    """Bytes of one number of the engine's Jacobians, inputs and output gradients."""
-    return torch.empty((), dtype=engine.dtype).element_size()
-
-
 class _GroupKernels:
     """One model's group kernels on n rows, {group: (n c, n c) flat full form or (n, n) output-averaged},
     and the contraction K_g += J J^T of Jacobian panels into them."""
 
     def __init__(self, engine: Engine, n: int, slices: dict[str, tuple[int, int]], c: int, form: str) -> None:
         self.n, self.c, self.form, self.slices = n, c, form, slices
-        self.itemsize = _itemsize(engine)  # of the Jacobian panels; the kernels are float64
+        self.itemsize = engine.theta.element_size()  # of the Jacobian panels; the kernels are float64
         self.k_out = c if form == "full" else 1
         self.K = {g: torch.zeros(n * self.k_out, n * self.k_out, dtype=F64, device=engine.device) for g in slices}
         self.offsets: dict[str, int] = {}
@@ -163,7 +158,7 @@ def _contract_others(
     for nm, numel in zip(sub.names, sub.numels):
         splits.append((kernels.group_at(nm), start, start + numel))
         start += numel
-    per_row = kernels.c * sub.n_params * _itemsize(sub)
+    per_row = kernels.c * sub.n_params * sub.theta.element_size()
     if 2 * per_row + JACOBIAN_TRANSIENT * per_row > 2 * share:
         raise AuditError(
             f"one row's Jacobians over the {len(others)} parameter tensor(s) outside linear layers "
@@ -181,7 +176,7 @@ def _layer_runs(
 ) -> list[list[tuple[Any, int, int]]]:
     """The linear layers in consecutive runs whose inputs and output gradients for all rows fit
     ``2 * share``: [(layer, input tokens, output tokens), ...] per run."""
-    n, itemsize = rows.shape[0], _itemsize(engine)
+    n, itemsize = rows.shape[0], engine.theta.element_size()
     # the tokens of each layer, from one row (the longest, for text that drops trailing padding:
     # shorter chunks fill the leading positions, zeros after them add nothing to sum_t s_t a_t^T)
     with engine.context(), torch.no_grad():

@@ -78,21 +78,25 @@ def test_layer_by_layer_movement_equals_the_jacobian_contraction(case, form, mon
     torch.testing.assert_close(ours.kernel_trained, ref.kernel_trained, rtol=1e-10, atol=1e-13)
 
 
-def test_layer_kernels_equal_the_group_kernels_of_full_jacobians():
-    tasks, X, _ = _pair("vit")
-    eng = Engine(tasks[1], dtype=F64)
-    groups = parameter_groups(eng.names)
-    eng = Engine(tasks[1], dtype=F64, names=[n for m in groups.values() for n in m])
+def _engine_and_slices(task, dtype):
+    """An engine over the parameter groups' members in group order, and each group's (start, stop)."""
+    names = [n for m in parameter_groups(Engine(task, dtype=F64).names).values() for n in m]
+    eng = Engine(task, dtype=dtype, names=names)
     slices, start = {}, 0
-    numel = dict(zip(eng.names, eng.numels))
-    for g, members in groups.items():
-        size = sum(numel[m] for m in members)
+    for g, members in parameter_groups(eng.names).items():
+        size = sum(eng.numels[eng.names.index(m)] for m in members)
         slices[g] = (start, start + size)
         start += size
+    return eng, slices
+
+
+def test_layer_kernels_equal_the_group_kernels_of_full_jacobians():
+    tasks, X, _ = _pair("vit")
+    eng, slices = _engine_and_slices(tasks[1], F64)
     ours = layer_kernels(eng, eng.rows(X), slices, 3, "full", 400_000)
     ref = entk_by_group(tasks[1], X)
     n = X.shape[0]
-    for g in groups:
+    for g in slices:
         torch.testing.assert_close(ours[g].view(n, 3, n, 3).permute(0, 2, 1, 3), ref[g], rtol=1e-10, atol=1e-13)
 
 
@@ -103,17 +107,6 @@ def test_a_budget_too_small_for_one_layer_is_refused_with_the_budget_that_works(
     monkeypatch.setattr(movement, "_jacobian_plan_fits", lambda *a: False)
     with pytest.raises(AuditError, match="budget"):
         kernel_movement(tasks[0], tasks[1], X, y, memory_bytes=20_000)
-
-
-def _engine_and_slices(task, dtype):
-    names = [n for m in parameter_groups(Engine(task, dtype=F64).names).values() for n in m]
-    eng = Engine(task, dtype=dtype, names=names)
-    slices, start = {}, 0
-    for g, members in parameter_groups(eng.names).items():
-        size = sum(eng.numels[eng.names.index(m)] for m in members)
-        slices[g] = (start, start + size)
-        start += size
-    return eng, slices
 
 
 def test_float32_layer_kernels_are_float64_ones_to_float32_rounding_and_are_planned_at_4_bytes(monkeypatch):
@@ -135,7 +128,7 @@ def test_float32_layer_kernels_are_float64_ones_to_float32_rounding_and_are_plan
         torch.testing.assert_close(K.view(n, 3, n, 3).permute(0, 2, 1, 3), ref[g], rtol=2e-5, atol=2e-6)
     # a float32 run of layers holds half the bytes of a float64 one: the same budget takes fewer runs
     eng64, _ = _engine_and_slices(tasks[1], F64)
-    blocks = [b for b in layerwise.linear_modules(eng64.module, eng64.names)[0]]
+    blocks = layerwise.linear_modules(eng64.module, eng64.names)[0]
     share = 1_000
     while True:  # the smallest share that holds float64's largest layer alone
         try:
