@@ -25,10 +25,11 @@ import time
 import torch
 
 
-def forward_flops(n_params: int, layers: int, width: int, length: int) -> float:
-    """Flops of one forward pass over one document: 2 per parameter per token (the tied output
-    head included) plus the attention scores and their weighted sums, 4 L T^2 d."""
-    return 2.0 * n_params * length + 4.0 * layers * length * length * width
+def forward_flops(n_weights: int, layers: int, width: int, length: int) -> float:
+    """Flops of one forward pass over one document: 2 per weight that multiplies per token (every
+    parameter but the position table, which is looked up; the word table counts once, as the tied
+    output head) plus the attention scores and their weighted sums, 4 L T^2 d."""
+    return 2.0 * n_weights * length + 4.0 * layers * length * length * width
 
 
 def matmul_rate(threads: int) -> float:
@@ -79,7 +80,8 @@ def main() -> int:
             one_pass(backward)
         per_doc[backward] = (time.perf_counter() - t) / (args.repeats * args.batch)
     n_params = sum(p.numel() for p in model.parameters())
-    flops = forward_flops(n_params, config.n_layer, config.n_embd, args.length)
+    n_weights = n_params - model.transformer.wpe.weight.numel()
+    flops = forward_flops(n_weights, config.n_layer, config.n_embd, args.length)
     rate = matmul_rate(args.threads)
     passes_s = 4 * args.documents * per_doc[True]
     peak_passes_s = 4 * args.documents * 2 * flops / rate
