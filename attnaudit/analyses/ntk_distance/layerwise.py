@@ -13,9 +13,15 @@ pair, the upper triangle only). Inputs, output gradients and Jacobian panels are
 engine's dtype (the precision policy: float32 for a large model under ``auto``) and summed into
 the float64 kernels by :func:`~attnaudit.core.contraction.contract`; held in float64 whatever the
 engine's dtype, a DeiT-tiny-size model's capture and contraction ran at float64's speed and in
-twice the memory. The remaining parameters (norms, embeddings, tied weights) get
-their Jacobians from :meth:`Engine.jacobian` restricted to them, in panels of rows the same
-way. Cost: one capture pass per run (a forward and c partial backward passes over all rows)
+twice the memory. An embedding table E (``nn.Embedding``, not tied to another layer) has the
+per-sample Jacobian J_a = sum_t e_{id_t} s_at^T, nonzero only in the rows of the ids it reads: its
+ids and output gradients are captured the same way and its Jacobians formed on the union U of
+the ids the kernel rows read (|U| rows instead of the table's V, every other row of J is zero);
+a row at the table's ``padding_idx`` gets no gradient, as in ``nn.Embedding``'s backward. Formed
+over the whole table, a BERT-mini's 30,522-word table took most of its kernel movement's time.
+The remaining parameters (norms, tied weights, tables with ``max_norm`` or
+``scale_grad_by_freq``) get their Jacobians from :meth:`Engine.jacobian` restricted to them, in
+panels of rows the same way. Cost: one capture pass per run (a forward and c partial backward passes over all rows)
 instead of one Jacobian pass, and the same contraction work as the Jacobian plan of
 :func:`~attnaudit.analyses.ntk_distance.movement.kernel_movement`.
 """
@@ -28,12 +34,14 @@ from typing import Any
 import torch
 
 from attnaudit.analyses.influence.kfac import (
+    LinearBlock,
     capture_activations,
     linear_modules,
     output_token_rows,
     shared_weights,
     token_rows,
 )
+from attnaudit.analyses.influence.projection import embedding_modules
 from attnaudit.core.contraction import contract
 from attnaudit.core.engine import JACOBIAN_TRANSIENT, Engine, ranges
 from attnaudit.errors import AuditError
@@ -119,11 +127,11 @@ def layer_kernels(
     n = rows.shape[0]
     kernels = _GroupKernels(engine, n, slices, c, form)
     blocks, _excluded = linear_modules(engine.module, engine.names)
-    tied = set(shared_weights(engine.module, blocks))
+    tables = embedding_modules(engine.module, engine.names)
+    tied = set(shared_weights(engine.module, [*blocks, *tables]))
     if tied:  # a tied weight's Jacobian is not its layer's outer product alone
         blocks = [b for b in blocks if b.weight not in tied and (b.bias or "") not in tied]
-    covered = {b.weight for b in blocks} | {b.bias for b in blocks if b.bias}
-    others = [nm for nm in engine.names if nm not in covered]
+        tables = [t for t in tables if t.weight not in tied]
     budget = int(memory_bytes)
     fixed = kernels.fixed_bytes
     avail = budget - fixed
@@ -135,6 +143,11 @@ def layer_kernels(
     # half of what the kernels leave holds a run of layers' inputs and output gradients for all
     # rows, a quarter the Jacobian panels, a quarter the activations of the forward passes
     share = max(1, avail // 4)
+    tables = _tables_that_fit(engine, rows, tables, c, share)
+    covered = {b.weight for b in blocks} | {b.bias for b in blocks if b.bias} | {t.weight for t in tables}
+    others = [nm for nm in engine.names if nm not in covered]
+    if tables:
+        _contract_tables(engine, rows, tables, kernels, share)
     if others:
         _contract_others(engine, rows, others, kernels, share, budget)
     if blocks:
@@ -247,3 +260,87 @@ def _contract_run(
             raise AuditError(f"layer {b.path}: weight and bias in different parameter groups")  # pragma: no cover
         kernels.contract([(group, 0, b.d_out * b.width_in)], make, b.d_out * b.width_in, share)
         del a_all, s_all
+
+
+def _tables_that_fit(
+    engine: Engine, rows: torch.Tensor, tables: list[LinearBlock], c: int, share: int
+) -> list[LinearBlock]:
+    """The embedding tables whose ids and c output gradients for all rows fit ``2 * share``
+    together, measured on the longest row; the others (and a table that row does not read) are
+    left to :meth:`Engine.jacobian`."""
+    if not tables:
+        return []
+    n, itemsize = rows.shape[0], engine.theta.element_size()
+    with engine.context(), torch.no_grad():
+        _, ins, _ = capture_activations(engine, tables, rows[engine.longest_first(rows)[:1]])
+    kept, total = [], 0
+    for t in tables:
+        size = n * ins[t.path].numel() * (c * t.d_out * itemsize + 8) if t.path in ins else None
+        if size is not None and total + size <= 2 * share:
+            kept.append(t)
+            total += size
+    return kept
+
+
+def _capture_table(engine: Engine, rows: torch.Tensor, table: LinearBlock, c: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The table's ids (n, T) int64 and output gradients (n, c, T, d) over all rows, one forward and
+    c backward passes per :data:`LAYER_ROWS` rows; a position that adds nothing to the table's
+    Jacobian (the ``padding_idx`` row, the tail of a shorter chunk, a chunk that does not read the
+    table) has id -1 and a zero gradient."""
+    n, d = rows.shape[0], table.d_out
+    parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+    with engine.context(), torch.enable_grad():
+        for a0, b0 in ranges(n, LAYER_ROWS):
+            logits, ins, outs = capture_activations(engine, [table], rows[a0:b0])
+            B = b0 - a0
+            if table.path not in ins:
+                parts.append(
+                    (torch.full((B, 1), -1, device=engine.device), torch.zeros(B, c, 1, d, device=engine.device))
+                )
+                continue
+            ids = ins[table.path].reshape(B, -1).long()
+            G = torch.zeros(B, c, ids.shape[1], d, dtype=engine.dtype, device=engine.device)
+            for k in range(c):
+                (g,) = torch.autograd.grad(
+                    logits[:, k].sum(), [outs[table.path]], retain_graph=k + 1 < c, allow_unused=True
+                )
+                if g is not None:  # None: the table does not reach the outputs
+                    G[:, k] = token_rows(g.detach(), B)
+            if table.padding_idx is not None:
+                ids = ids.masked_fill(ids == table.padding_idx, -1)
+            parts.append((ids, G.masked_fill_((ids < 0)[:, None, :, None], 0.0)))
+            del logits, ins, outs
+    T = max(ids.shape[1] for ids, _ in parts)
+    ids_all = torch.full((n, T), -1, dtype=torch.long, device=engine.device)
+    s_all = torch.zeros(n, c, T, d, dtype=engine.dtype, device=engine.device)
+    a0 = 0
+    for ids, G in parts:
+        ids_all[a0 : a0 + ids.shape[0], : ids.shape[1]] = ids
+        s_all[a0 : a0 + ids.shape[0], :, : ids.shape[1]] = G
+        a0 += ids.shape[0]
+    return ids_all, s_all
+
+
+def _contract_tables(
+    engine: Engine, rows: torch.Tensor, tables: list[LinearBlock], kernels: _GroupKernels, share: int
+) -> None:
+    """Embedding tables: K_g += J J^T with each row's Jacobian (c, |U| d) on the union U of the ids
+    the rows read, J[a, u] = sum over positions t with id_t = U[u] of s_at."""
+    c = kernels.c
+    for t in tables:
+        ids_all, s_all = _capture_table(engine, rows, t, c)
+        used = torch.unique(ids_all[ids_all >= 0])  # sorted
+        if used.numel() == 0:
+            continue
+        U, d = int(used.numel()), t.d_out
+        # positions with id -1 carry a zero gradient: adding it to any column changes nothing
+        where = torch.searchsorted(used, ids_all.clamp_min(0)).clamp_max(U - 1)
+
+        def make(a1: int, b1: int, where=where, s_all=s_all, U=U, d=d) -> torch.Tensor:
+            r = b1 - a1
+            J = torch.zeros(r * c * U, d, dtype=s_all.dtype, device=s_all.device)
+            base = (torch.arange(r * c, device=s_all.device) * U).view(r, c, 1)
+            J.index_add_(0, (base + where[a1:b1, None, :]).reshape(-1), s_all[a1:b1].reshape(-1, d))
+            return J.view(r, c, U * d)
+
+        kernels.contract([(kernels.group_at(t.weight), 0, U * d)], make, U * d, share)

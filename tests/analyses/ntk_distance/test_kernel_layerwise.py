@@ -14,7 +14,7 @@ from attnaudit.analyses.ntk_distance import movement
 from attnaudit.analyses.ntk_distance.layerwise import layer_kernels
 from attnaudit.analyses.ntk_distance.movement import entk_by_group, kernel_movement, parameter_groups
 from attnaudit.core import Engine
-from attnaudit.core.task import Task
+from attnaudit.core.task import Inputs, Task
 from attnaudit.models.vit import ViT, ViTSpec
 
 from layer_models import AttentionNet, ConvNet
@@ -139,3 +139,93 @@ def test_float32_layer_kernels_are_float64_ones_to_float32_rounding_and_are_plan
     runs32 = layerwise._layer_runs(eng32, eng32.rows(X.float()), blocks, 3, share, 10**9, 0)
     assert len(runs32) < len(runs64)
     assert sum(len(r) for r in runs32) == sum(len(r) for r in runs64) == len(blocks)
+
+
+class _TokenNet(torch.nn.Module):
+    """Token ids -> a word table (padding_idx 0) plus a position table read with one (1, L) row
+    of ids for the whole batch, a token-mixing layer and a head: tables the layer-by-layer plan
+    forms from their ids, a table that the forward pass never reads (``unused``) and one tied to
+    the head (left to the Jacobian of the other parameters)."""
+
+    def __init__(self, seed: int, vocab: int = 17, length: int = 6, d: int = 5):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.words = torch.nn.Embedding(vocab, d, padding_idx=0, dtype=F64)
+        self.positions = torch.nn.Embedding(length, d, dtype=F64)
+        self.unused = torch.nn.Embedding(3, d, dtype=F64)
+        self.tied = torch.nn.Embedding(3, d, dtype=F64)
+        self.mix = torch.nn.Linear(d, d, dtype=F64)
+        self.head = torch.nn.Linear(d, 3, dtype=F64)
+        self.head.weight = self.tied.weight
+
+    def forward(self, x):
+        ids = x.round().long()
+        h = self.words(ids) + self.positions(torch.arange(ids.shape[1])[None]) + 0.5 * self.tied(ids % 3)
+        h = torch.tanh(self.mix(h))
+        h = torch.softmax(h @ h.transpose(1, 2), -1) @ h  # tokens read each other
+        return self.head(h.mean(1))
+
+
+def _token_rows(n: int, vocab: int = 17, length: int = 6) -> torch.Tensor:
+    """n rows of ids with trailing padding (id 0), repeated ids within and across rows."""
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(1, vocab, (n, length), generator=g)
+    for i, k in enumerate(torch.randint(2, length + 1, (n,), generator=g).tolist()):
+        ids[i, k:] = 0
+    ids[1] = ids[0]  # a whole row read twice
+    return ids.to(F64)
+
+
+@pytest.mark.parametrize("form", ["full", "trace"])
+def test_embedding_tables_are_formed_from_their_ids_and_give_the_full_jacobians_kernels(form, monkeypatch):
+    """The word and position tables (padding row, broadcast position ids) from their ids against explicit per-group products of full float64 Jacobians; a
+    budget that splits the rows into several panels; a tied table left to the Jacobian path."""
+    from attnaudit.analyses.ntk_distance import layerwise
+
+    net = _TokenNet(0)
+    X = _token_rows(9)
+    task = Task(net, 3)
+    eng, slices = _engine_and_slices(task, F64)
+    by_jacobian: list[str] = []
+    real_others = layerwise._contract_others
+    monkeypatch.setattr(
+        layerwise,
+        "_contract_others",
+        lambda e, r, others, *a: by_jacobian.extend(others) or real_others(e, r, others, *a),
+    )
+    ours = layer_kernels(eng, eng.rows(X), slices, 3, form, 100_000)
+    assert "tied.weight" in by_jacobian and "unused.weight" in by_jacobian  # tied; never read
+    assert not {"words.weight", "positions.weight"} & set(by_jacobian)
+    ref = entk_by_group(task, X, form=form)
+    n = X.shape[0]
+    for g, K in ours.items():
+        got = K.view(n, 3, n, 3).permute(0, 2, 1, 3) if form == "full" else K
+        torch.testing.assert_close(got, ref[g], rtol=1e-10, atol=1e-13)
+
+
+def test_a_hugging_face_berts_tables_are_formed_from_their_ids_with_padding_trimmed(monkeypatch):
+    pytest.importorskip("transformers")
+    from attnaudit.analyses.ntk_distance import layerwise
+    from attnaudit.models.hf import HFSequenceClassifier
+
+    from hf_models import tiny_bert
+
+    bert = tiny_bert(23, layers=1, max_positions=8, pad_token_id=0).double()
+    wrapper = HFSequenceClassifier(bert, pad_token_id=0, trim_padding=True)
+    task = Task(wrapper, 3, inputs=Inputs(kind="tokens", keyword="input_ids"))
+    X = _token_rows(7, vocab=23, length=8)
+    X[:, 5:] = 0  # every row's last three columns are padding: trimmed per chunk
+    eng, slices = _engine_and_slices(task, F64)
+    by_jacobian: list[str] = []
+    real_others = layerwise._contract_others
+    monkeypatch.setattr(
+        layerwise,
+        "_contract_others",
+        lambda e, r, others, *a: by_jacobian.extend(others) or real_others(e, r, others, *a),
+    )
+    ours = layer_kernels(eng, eng.rows(X), slices, 3, "full", 2_000_000)
+    assert not any(nm.endswith("_embeddings.weight") for nm in by_jacobian)
+    ref = entk_by_group(task, X)
+    n = X.shape[0]
+    for g, K in ours.items():
+        torch.testing.assert_close(K.view(n, 3, n, 3).permute(0, 2, 1, 3), ref[g], rtol=1e-9, atol=1e-12)
