@@ -176,23 +176,28 @@ def _token_rows(n: int, vocab: int = 17, length: int = 6) -> torch.Tensor:
     return ids.to(F64)
 
 
-@pytest.mark.parametrize("form", ["full", "trace"])
-def test_embedding_tables_are_formed_from_their_ids_and_give_the_full_jacobians_kernels(form, monkeypatch):
-    """The word and position tables (padding row, broadcast position ids) from their ids against explicit per-group products of full float64 Jacobians; a
-    budget that splits the rows into several panels; a tied table left to the Jacobian path."""
+def _names_by_jacobian(monkeypatch) -> list[str]:
+    """The parameter names the layer-by-layer plan leaves to per-row Jacobians, recorded as it runs."""
     from attnaudit.analyses.ntk_distance import layerwise
 
+    names: list[str] = []
+    real = layerwise._contract_others
+    monkeypatch.setattr(
+        layerwise, "_contract_others", lambda e, r, others, *a: names.extend(others) or real(e, r, others, *a)
+    )
+    return names
+
+
+@pytest.mark.parametrize("form", ["full", "trace"])
+def test_embedding_tables_are_formed_from_their_ids_and_give_the_full_jacobians_kernels(form, monkeypatch):
+    """The word and position tables (padding row, broadcast position ids) from their ids against
+    explicit per-group products of full float64 Jacobians; a budget that splits the rows into
+    several panels; a tied table left to the Jacobian path."""
     net = _TokenNet(0)
     X = _token_rows(9)
     task = Task(net, 3)
     eng, slices = _engine_and_slices(task, F64)
-    by_jacobian: list[str] = []
-    real_others = layerwise._contract_others
-    monkeypatch.setattr(
-        layerwise,
-        "_contract_others",
-        lambda e, r, others, *a: by_jacobian.extend(others) or real_others(e, r, others, *a),
-    )
+    by_jacobian = _names_by_jacobian(monkeypatch)
     ours = layer_kernels(eng, eng.rows(X), slices, 3, form, 100_000)
     assert "tied.weight" in by_jacobian and "unused.weight" in by_jacobian  # tied; never read
     assert not {"words.weight", "positions.weight"} & set(by_jacobian)
@@ -205,7 +210,6 @@ def test_embedding_tables_are_formed_from_their_ids_and_give_the_full_jacobians_
 
 def test_a_hugging_face_berts_tables_are_formed_from_their_ids_with_padding_trimmed(monkeypatch):
     pytest.importorskip("transformers")
-    from attnaudit.analyses.ntk_distance import layerwise
     from attnaudit.models.hf import HFSequenceClassifier
 
     from hf_models import tiny_bert
@@ -216,13 +220,7 @@ def test_a_hugging_face_berts_tables_are_formed_from_their_ids_with_padding_trim
     X = _token_rows(7, vocab=23, length=8)
     X[:, 5:] = 0  # every row's last three columns are padding: trimmed per chunk
     eng, slices = _engine_and_slices(task, F64)
-    by_jacobian: list[str] = []
-    real_others = layerwise._contract_others
-    monkeypatch.setattr(
-        layerwise,
-        "_contract_others",
-        lambda e, r, others, *a: by_jacobian.extend(others) or real_others(e, r, others, *a),
-    )
+    by_jacobian = _names_by_jacobian(monkeypatch)
     ours = layer_kernels(eng, eng.rows(X), slices, 3, "full", 2_000_000)
     assert not any(nm.endswith("_embeddings.weight") for nm in by_jacobian)
     ref = entk_by_group(task, X)
