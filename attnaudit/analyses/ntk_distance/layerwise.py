@@ -21,8 +21,9 @@ a row at the table's ``padding_idx`` gets no gradient, as in ``nn.Embedding``'s 
 over the whole table, a BERT-mini's 30,522-word table took most of its kernel movement's time.
 The remaining parameters (norms, tied weights, tables with ``max_norm`` or
 ``scale_grad_by_freq``) get their Jacobians from :meth:`Engine.jacobian` restricted to them, in
-panels of rows the same way. Cost: one capture pass per run (a forward and c partial backward passes over all rows)
-instead of one Jacobian pass, and the same contraction work as the Jacobian plan of
+panels of rows the same way. Cost: one capture pass per run of layers and one for the tables (a
+forward and c partial backward passes over all rows) instead of one Jacobian pass, and the same
+contraction work as the Jacobian plan of
 :func:`~attnaudit.analyses.ntk_distance.movement.kernel_movement`.
 """
 
@@ -282,43 +283,58 @@ def _tables_that_fit(
     return kept
 
 
-def _capture_table(engine: Engine, rows: torch.Tensor, table: LinearBlock, c: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The table's ids (n, T) int64 and output gradients (n, c, T, d) over all rows, one forward and
-    c backward passes per :data:`LAYER_ROWS` rows; a position that adds nothing to the table's
-    Jacobian (the ``padding_idx`` row, the tail of a shorter chunk, a chunk that does not read the
-    table) has id -1 and a zero gradient."""
-    n, d = rows.shape[0], table.d_out
-    parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+def _capture_tables(
+    engine: Engine, rows: torch.Tensor, tables: list[LinearBlock], c: int
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """{table: (ids (n, T) int64, output gradients (n, c, T, d))} over all rows, one forward and c
+    backward passes per :data:`LAYER_ROWS` rows for all tables together; a position that adds
+    nothing to a table's Jacobian (the ``padding_idx`` row, the tail of a shorter chunk, a chunk
+    that does not read the table) has id -1 and a zero gradient."""
+    n = rows.shape[0]
+    parts: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {t.path: [] for t in tables}
     with engine.context(), torch.enable_grad():
         for a0, b0 in ranges(n, LAYER_ROWS):
-            logits, ins, outs = capture_activations(engine, [table], rows[a0:b0])
+            logits, ins, outs = capture_activations(engine, tables, rows[a0:b0])
             B = b0 - a0
-            if table.path not in ins:
-                parts.append(
-                    (torch.full((B, 1), -1, device=engine.device), torch.zeros(B, c, 1, d, device=engine.device))
-                )
-                continue
-            ids = ins[table.path].reshape(B, -1).long()
-            G = torch.zeros(B, c, ids.shape[1], d, dtype=engine.dtype, device=engine.device)
+            read = [t for t in tables if t.path in ins]
+            ids = {t.path: ins[t.path].reshape(B, -1).long() for t in read}
+            G = {
+                t.path: torch.zeros(B, c, ids[t.path].shape[1], t.d_out, dtype=engine.dtype, device=engine.device)
+                for t in read
+            }
             for k in range(c):
-                (g,) = torch.autograd.grad(
-                    logits[:, k].sum(), [outs[table.path]], retain_graph=k + 1 < c, allow_unused=True
+                gs = torch.autograd.grad(
+                    logits[:, k].sum(), [outs[t.path] for t in read], retain_graph=k + 1 < c, allow_unused=True
                 )
-                if g is not None:  # None: the table does not reach the outputs
-                    G[:, k] = token_rows(g.detach(), B)
-            if table.padding_idx is not None:
-                ids = ids.masked_fill(ids == table.padding_idx, -1)
-            parts.append((ids, G.masked_fill_((ids < 0)[:, None, :, None], 0.0)))
+                for t, g in zip(read, gs):
+                    if g is not None:  # None: the table does not reach the outputs
+                        G[t.path][:, k] = token_rows(g.detach(), B)
+            for t in tables:
+                if t.path not in ids:
+                    parts[t.path].append(
+                        (
+                            torch.full((B, 1), -1, dtype=torch.long, device=engine.device),
+                            torch.zeros(B, c, 1, t.d_out, dtype=engine.dtype, device=engine.device),
+                        )
+                    )
+                    continue
+                i = ids[t.path]
+                if t.padding_idx is not None:
+                    i = i.masked_fill(i == t.padding_idx, -1)
+                parts[t.path].append((i, G[t.path].masked_fill_((i < 0)[:, None, :, None], 0.0)))
             del logits, ins, outs
-    T = max(ids.shape[1] for ids, _ in parts)
-    ids_all = torch.full((n, T), -1, dtype=torch.long, device=engine.device)
-    s_all = torch.zeros(n, c, T, d, dtype=engine.dtype, device=engine.device)
-    a0 = 0
-    for ids, G in parts:
-        ids_all[a0 : a0 + ids.shape[0], : ids.shape[1]] = ids
-        s_all[a0 : a0 + ids.shape[0], :, : ids.shape[1]] = G
-        a0 += ids.shape[0]
-    return ids_all, s_all
+    out = {}
+    for t in tables:
+        T = max(i.shape[1] for i, _ in parts[t.path])
+        ids_all = torch.full((n, T), -1, dtype=torch.long, device=engine.device)
+        s_all = torch.zeros(n, c, T, t.d_out, dtype=engine.dtype, device=engine.device)
+        a0 = 0
+        for i, g in parts.pop(t.path):
+            ids_all[a0 : a0 + i.shape[0], : i.shape[1]] = i
+            s_all[a0 : a0 + i.shape[0], :, : i.shape[1]] = g
+            a0 += i.shape[0]
+        out[t.path] = (ids_all, s_all)
+    return out
 
 
 def _contract_tables(
@@ -327,8 +343,9 @@ def _contract_tables(
     """Embedding tables: K_g += J J^T with each row's Jacobian (c, |U| d) on the union U of the ids
     the rows read, J[a, u] = sum over positions t with id_t = U[u] of s_at."""
     c = kernels.c
+    captured = _capture_tables(engine, rows, tables, c)
     for t in tables:
-        ids_all, s_all = _capture_table(engine, rows, t, c)
+        ids_all, s_all = captured.pop(t.path)
         used = torch.unique(ids_all[ids_all >= 0])  # sorted
         if used.numel() == 0:
             continue
