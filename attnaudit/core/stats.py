@@ -32,7 +32,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as _np
-from scipy import stats as _st
 
 #: Per-seed values: a sequence or a numpy array.
 ArrayLike = Sequence | _np.ndarray
@@ -92,7 +91,16 @@ def _finite(values: Sequence | _np.ndarray) -> list[float]:
 
 def t_quantile(confidence: float, df: int) -> float:
     """Two-sided Student-t quantile t((1 + confidence) / 2, df)."""
-    return float(_st.t.ppf(0.5 + confidence / 2.0, df))
+    from scipy.stats import t  # scipy.stats takes about 1 s to import: only when a quantile is needed
+
+    return float(t.ppf(0.5 + confidence / 2.0, df))
+
+
+def _binomial_half_cdf(r: int, n: int) -> float:
+    """P(Bin(n, 1/2) <= r), summed exactly in integers."""
+    if r < 0:
+        return 0.0
+    return sum(math.comb(n, i) for i in range(min(r, n) + 1)) / 2**n
 
 
 def _mean_sd(v: list[float]) -> tuple[float, float]:
@@ -436,7 +444,7 @@ def sign_p(values: ArrayLike, null: float, side: str) -> float:
     n = up + down
     if n == 0:
         return 1.0
-    return float(_st.binom.sf(hits - 1, n, 0.5))
+    return _binomial_half_cdf(n - hits, n)  # P(X >= hits) = P(X <= n - hits) at p = 1/2
 
 
 def median_interval(values: ArrayLike, confidence: float = CONFIDENCE) -> Interval:
@@ -453,14 +461,14 @@ def median_interval(values: ArrayLike, confidence: float = CONFIDENCE) -> Interv
     med = float(_np.median(v))
     tail = (1.0 - confidence) / 2.0
     r = 0
-    while r + 1 <= k // 2 and _st.binom.cdf(r, k, 0.5) <= tail:
+    while r + 1 <= k // 2 and _binomial_half_cdf(r, k) <= tail:
         r += 1
     if r == 0:
-        need = next(n for n in range(k, 64) if _st.binom.cdf(0, n, 0.5) <= tail)
+        need = next(n for n in range(k, 64) if _binomial_half_cdf(0, n) <= tail)
         return Interval(
             med, None, None, method, confidence, k, f"{k} seed(s): an exact {confidence:.0%} interval needs {need}"
         )
-    cover = 1.0 - 2.0 * float(_st.binom.cdf(r - 1, k, 0.5))
+    cover = 1.0 - 2.0 * _binomial_half_cdf(r - 1, k)
     return Interval(med, v[r - 1], v[k - r], method, confidence, k, f"exact coverage {cover:.4f}")
 
 
