@@ -371,12 +371,14 @@ class Engine:
         return HessianVectorProduct(self, rows, T, chunk, self.theta if theta is None else theta)
 
     # ----------------------------------------------------------------- Jacobians and the eNTK
-    def jacobian(self, rows: torch.Tensor, theta: torch.Tensor | None = None) -> torch.Tensor:
+    def jacobian(
+        self, rows: torch.Tensor, theta: torch.Tensor | None = None, sub_batch: int = JACOBIAN_ROWS
+    ) -> torch.Tensor:
         """Per-sample Jacobians of the logits (B, c, P) (a language model's: c = L V, position-major).
 
         ``vmap(jacrev)`` with respect to the parameter tensors (not the flat theta, whose
         split would make autograd concatenate every sub-batch's gradients into a fresh
-        buffer), over sub-batches of at most :data:`JACOBIAN_ROWS` rows, each tensor's
+        buffer), over sub-batches of at most ``sub_batch`` rows (:data:`JACOBIAN_ROWS`), each tensor's
         Jacobian written once into its columns of one preallocated (B, c, P) result. Larger
         vmapped batches were slower on CPU (measured on the MNIST ViT: 1.9 s for 256 rows in
         sub-batches of 8 to 32, 3.5 s in batches of 128), and the transient memory of one
@@ -401,7 +403,7 @@ class Engine:
         n = rows.shape[0]
         out = None
         with self.context():
-            for a, b in ranges(n, JACOBIAN_ROWS):
+            for a, b in ranges(n, max(1, int(sub_batch))):
                 parts = fn(params, rows[a:b])  # one (rows, *logits, *shape) per parameter tensor
                 if out is None:
                     # c: a row's logits flattened (a language model's (L, V) positions x vocabulary)
@@ -429,8 +431,10 @@ class Engine:
         Returns (n1, n2, c, c), or (n1, n2) averaged over the outputs for ``form='trace'``.
 
         Memory plan (``memory_bytes`` bounds the Jacobians held plus the transient memory of
-        computing one sub-batch of them, :data:`JACOBIAN_TRANSIENT` x :data:`JACOBIAN_ROWS` rows'
-        worth): per-sample Jacobians (c P numbers each) are kept for every column when they fit
+        computing one sub-batch of them, :data:`JACOBIAN_TRANSIENT` x the sub-batch's rows' worth;
+        the sub-batch, :data:`JACOBIAN_ROWS` rows at most, is halved until that transient takes at
+        most half the budget, so that a tight budget still leaves room for panels of several
+        rows): per-sample Jacobians (c P numbers each) are kept for every column when they fit
         half of what is left (all of it without ``X2``), else computed in panels of rows such
         that two panels fit, the column panels recomputed for every row panel. Each block is
         one matrix product of flattened Jacobians, (rows c) x P times P x (cols c) (the trace
@@ -448,7 +452,13 @@ class Engine:
         same = X2 is None
         X2 = X1 if X2 is None else self.rows(X2)
         n1, n2 = X1.shape[0], X2.shape[0]
-        transient = JACOBIAN_TRANSIENT * min(JACOBIAN_ROWS, max(n1, n2)) * per_sample
+        sub = min(JACOBIAN_ROWS, max(n1, n2))
+        # a 16-row sub-batch's transient could leave room for panels of a row or two, and every
+        # column panel is recomputed for every row panel (40 rows of a small ViT in 6 MB: 820
+        # one-row Jacobian passes, 8 s; with 8-row sub-batches 4 panels, 0.2 s)
+        while sub > 1 and JACOBIAN_TRANSIENT * sub * per_sample > int(memory_bytes) // 2:
+            sub //= 2
+        transient = JACOBIAN_TRANSIENT * sub * per_sample
         avail = max(int(memory_bytes) - transient, 2 * per_sample)
         panel = max(1, avail // (2 * per_sample))
         # the full form is assembled in the flat (n1 c, n2 c) layout (row i*c + a: every block a
@@ -484,22 +494,22 @@ class Engine:
                 put(a0 + a, a0 + a, product(J[a:b], J[a:]), both=True)
 
         if same and n1 * per_sample <= avail:  # every row's Jacobian fits: computed once
-            diagonal(self.jacobian(X1), 0)
+            diagonal(self.jacobian(X1, sub_batch=sub), 0)
             return result()
         if not same and 2 * n2 * per_sample <= avail:  # every column's Jacobian fits, with room for row panels
-            J2 = self.jacobian(X2)
+            J2 = self.jacobian(X2, sub_batch=sub)
             rows_panel = max(1, (avail - n2 * per_sample) // per_sample)
             for a1, b1 in ranges(n1, rows_panel):
-                put(a1, 0, product(self.jacobian(X1[a1:b1]), J2), both=False)
+                put(a1, 0, product(self.jacobian(X1[a1:b1], sub_batch=sub), J2), both=False)
             return result()
         cols = list(ranges(n2, panel))
         for i, (a1, b1) in enumerate(cols if same else ranges(n1, panel)):
             J1 = None  # the previous row panel is released before the next is computed
-            J1 = self.jacobian(X1[a1:b1])
+            J1 = self.jacobian(X1[a1:b1], sub_batch=sub)
             if same:
                 diagonal(J1, a1)
             for a2, b2 in cols[i + 1 :] if same else cols:
-                put(a1, a2, product(J1, self.jacobian(X2[a2:b2])), both=same)
+                put(a1, a2, product(J1, self.jacobian(X2[a2:b2], sub_batch=sub)), both=same)
         return result()
 
     # ----------------------------------------------------------------- memory

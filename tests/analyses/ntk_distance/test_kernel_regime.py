@@ -176,6 +176,29 @@ def test_memory_budget_changes_the_plan_not_the_numbers(digits):
         kernel_movement(init, net, X, y, memory_bytes=1000)
 
 
+def test_a_tight_budget_shrinks_the_jacobian_sub_batch_before_the_panels(digits, monkeypatch):
+    """40 rows, one row's Jacobian 10 x 1,474 x 8 bytes = 117,920 bytes, a 6 MB budget: 16-row
+    sub-batches (3 x 16 rows' worth transient) would leave panels of one row, each column panel
+    recomputed for every row panel (40 + 780 = 820 rows' Jacobians); 8-row sub-batches leave
+    panels of 13 rows: 40 + 27 + 14 + 1 = 82 rows, still in panels."""
+    _, net = trained(2, data=digits)
+    X = digits.X[:40]
+    engine = Engine(Task(net, 10, inputs=net.audit_inputs()), dtype=torch.float64)
+    assert engine.n_params == 1474
+    computed: list[tuple[int, int]] = []
+    jacobian = engine.jacobian
+
+    def counting(rows, theta=None, sub_batch=16):
+        computed.append((rows.shape[0], sub_batch))
+        return jacobian(rows, theta, sub_batch)
+
+    monkeypatch.setattr(engine, "jacobian", counting)
+    K = engine.entk(X, form="trace", memory_bytes=6_000_000)
+    assert sum(r for r, _ in computed) == 82 and {b for _, b in computed} == {8}
+    monkeypatch.undo()
+    assert torch.allclose(K, engine.entk(X, form="trace"), rtol=1e-12, atol=1e-14)
+
+
 def _numpy_cka(K: np.ndarray, Y: np.ndarray) -> float:
     n = K.shape[0]
     H = np.eye(n) - np.ones((n, n)) / n
