@@ -702,6 +702,23 @@ def test_negative_eigenvalue_count_by_inertia_matches_numpy():
     assert count_negative_eigenvalues(H, shift=1.0) == 1
 
 
+@pytest.mark.parametrize("P, method", [(300, "eigvalsh"), (1100, "lanczos")])
+def test_extreme_eigenvalues_of_a_hessian_with_a_cluster_near_zero(P, method):
+    """The two ends of a spectrum like a cross-entropy Hessian's (a few large eigenvalues, the
+    rest clustered within 1e-4 of 0, some negative), by the dense path and, above 1,024
+    parameters, by Lanczos: numpy's eigvalsh's ends to 1e-9 of the largest."""
+    from attnaudit.analyses.influence.estimators.exact import _extreme_eigenvalues
+
+    gen = np.random.default_rng(P)
+    Q, _ = np.linalg.qr(gen.standard_normal((P, P)))
+    ev = np.concatenate([gen.uniform(1.0, 10.0, 12), [-0.3], 1e-4 * gen.standard_normal(P - 13)])
+    H = 0.5 * ((Q * ev) @ Q.T + ((Q * ev) @ Q.T).T)
+    lo, hi, used = _extreme_eigenvalues(torch.from_numpy(H))
+    ref = np.linalg.eigvalsh(H)
+    assert used == method
+    assert lo == pytest.approx(ref[0], abs=1e-9 * ref[-1]) and hi == pytest.approx(ref[-1], rel=1e-9)
+
+
 def test_cholesky_and_eigh_solvers_agree_on_a_positive_definite_system():
     net, X, y, Xt, yt, _ = _small_net("relu")
     probe = compute_influence(net, X, y, Xt, yt, InfluenceConfig(estimator="exact", damping=1e-3, solver="eigh"))
