@@ -535,6 +535,26 @@ def test_digits_splits_partition_the_bundled_set():
     np.testing.assert_array_equal(both[np.lexsort(both.T[::-1])], ref[np.lexsort(ref.T[::-1])])
 
 
+def test_digits_read_from_the_bundled_file_are_what_load_digits_gives(monkeypatch):
+    import importlib.util
+
+    from sklearn.datasets import load_digits
+
+    from attnaudit.data.builtin import digits_arrays
+
+    reference = load_digits()
+    images, labels = digits_arrays()
+    np.testing.assert_array_equal(images, reference.images)
+    np.testing.assert_array_equal(labels, reference.target)
+    assert labels.dtype == np.int64
+    # without the file where it was, the same arrays through load_digits
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sklearn" else real(name, *a))
+    again, again_labels = digits_arrays()
+    np.testing.assert_array_equal(again, reference.images)
+    np.testing.assert_array_equal(again_labels, reference.target)
+
+
 # --------------------------------------------------------------------------- real MNIST
 
 
