@@ -208,7 +208,8 @@ def run_landscape(
 
     ``match_loss_auto`` (full-batch GD): every model and seed is first trained for the whole
     step budget; the largest final loss L* becomes ``train_config.loss_tol``, so every model
-    is then trained until its loss first reaches L* (the slowest one runs its whole budget).
+    is then trained until its loss first reaches L* (the slowest one runs its whole budget),
+    resumed from its budget run's snapshots (:class:`~.reference.BudgetRun`).
 
     ``seed_data`` (built-in models; ``--resample-data``): seed -> that seed's own rows (like
     ``data``), on which its model is built (MLP-Attn's context), trained and analysed; None:
@@ -242,17 +243,20 @@ def run_landscape(
         parameter_names(landscape_task(net, X, config.loss, config.params), X)
 
     resolution = None
+    budget_runs: dict = {}
     if match_loss_auto:
         if train_config is None or recipe is not None:
             raise FieldError(
                 "match_loss_auto",
                 "{name} trains the built-in models with full-batch GD; drop it for saved models or a recipe (sgd/adam)",
             )
-        train_config, resolution = auto_match_loss(nets, seed_list, rows, data.n_classes, width, train_config)
+        train_config, resolution, budget_runs = auto_match_loss(
+            nets, seed_list, rows, data.n_classes, width, train_config
+        )
 
     timings: dict[str, float] = {}
     seed_results, seed_training = _train_and_analyse(
-        nets, seed_list, rows, X, config, train_config, recipe, data.n_classes, width, timings, progress
+        nets, seed_list, rows, X, config, train_config, recipe, data.n_classes, width, timings, progress, budget_runs
     )
     results = {label: runs[0] for label, runs in seed_results.items()}
     if train_config is not None:
@@ -301,6 +305,7 @@ def _train_and_analyse(
     width: int,
     timings: dict[str, float],
     progress: Progress,
+    budget_runs: dict | None = None,
 ) -> tuple[dict[str, list[LandscapeResult]], dict[str, list[dict]]]:
     """Every model and seed: build (seeds after the first, or on their own rows), train (built-in
     models) and analyse. Returns (analyses, training records) per model, in seed order; adds the
@@ -316,7 +321,7 @@ def _train_and_analyse(
             t1 = time.perf_counter()
             if train_config is not None:
                 assert isinstance(net, nn.Module)  # only built-in models are trained (train_config is None if saved)
-                info = train_one(label, net, Xs, ys, train_config, recipe, s)
+                info = train_one(label, net, Xs, ys, train_config, recipe, s, (budget_runs or {}).get((label, s)))
                 seed_training[label].append(info)
                 if progress is not None:
                     progress(info.pop("_units"))

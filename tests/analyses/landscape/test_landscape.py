@@ -982,3 +982,43 @@ def test_cli_dtype_float32_matches_float64_to_single_precision(app):
     top32 = lo["results"]["models"]["relu"]["top_eigenvalues"]["eigenvalues"][0]
     top64 = hi["results"]["models"]["relu"]["top_eigenvalues"]["eigenvalues"][0]
     assert top32 == pytest.approx(top64, rel=1e-3) and top32 != top64  # same answer, really computed in float32
+
+
+def test_matched_runs_resume_their_budget_runs_bit_for_bit(digits, monkeypatch):
+    """match_loss auto: each model's run to L* is resumed from its budget run's last snapshot at
+    or before its stopping step; the parameters and the training record are those of training
+    the same model again from its initialisation (gd.train with loss_tol = L*), bit for bit."""
+    from attnaudit.analyses.landscape import reference
+    from attnaudit.core.training import TrainConfig
+
+    X, y = digits[0].double(), digits[1]
+    config = TrainConfig(loss="mse", lr=2.0, steps=45, record_every=10)
+    matched, resolution, budget_runs = reference.auto_match_loss(
+        ["relu", "attn"], [0, 1], lambda s: (X, y), 10, 16, config
+    )
+    assert set(budget_runs) == {(a, s) for a in ("relu", "attn") for s in (0, 1)}
+    trained_again = 0
+    real_train = reference.gd.train
+
+    def counting(*args, **kwargs):
+        nonlocal trained_again
+        trained_again += 1
+        return real_train(*args, **kwargs)
+
+    monkeypatch.setattr(reference.gd, "train", counting)
+    for (label, s), run in budget_runs.items():
+        assert run.every == 3 and len(run.losses) == 46  # 16 snapshots over 45 steps; a loss per step and the last
+        resumed = reference.build_reference_model(label, X, 10, width=16, seed=s)
+        record = reference.train_one(label, resumed, X, y, matched, None, s, run)
+        assert trained_again == 0
+        fresh = reference.build_reference_model(label, X, 10, width=16, seed=s)
+        expected = real_train(fresh, X, y, matched)
+        assert record["steps_run"] == expected.steps_run and record["final_loss"] == expected.final_loss
+        assert record["loss_curve_every_10"] == expected.loss_curve and record["reached_match_loss"] is True
+        for (name, p), q in zip(resumed.named_parameters(), fresh.parameters()):
+            assert torch.equal(p, q), (label, s, name)
+    assert max(r["steps_run"] for r in resolution["budget_runs"]) == 45
+    # another initialisation than the budget run's: trained from scratch
+    other = reference.build_reference_model("relu", X, 10, width=16, seed=5)
+    reference.train_one("relu", other, X, y, matched, None, 5, budget_runs[("relu", 0)])
+    assert trained_again == 1
