@@ -10,10 +10,13 @@ Loss: the mean over the batch of the core's per-sample loss
 * ``mse``: L = 1/(2B) * sum_i ||f(x_i) - onehot(y_i)||^2;
 * ``ce``:  L = 1/B * sum_i (logsumexp f(x_i) - f(x_i)_{y_i}).
 
-Optimizers (``torch.optim``): ``gd`` is full-batch gradient descent (``SGD`` on every row
-at every step, so it is the same dynamics as :func:`attnaudit.core.training.train`), ``sgd``
-mini-batch SGD with optional momentum, ``adam`` Adam; ``weight_decay`` is torch's L2
-weight decay of SGD/Adam (added to the gradient).
+Optimizers: ``gd`` is full-batch gradient descent (SGD on every row at every step, so it is
+the same dynamics as :func:`attnaudit.core.training.train`), ``sgd`` mini-batch SGD with
+optional momentum, ``adam`` Adam (``torch.optim.Adam``); ``weight_decay`` is torch's L2
+weight decay of SGD/Adam (added to the gradient). ``gd`` and ``sgd`` run
+:class:`GradientDescent`, the updates of ``torch.optim.SGD`` bit for bit without its
+construction, which imports ``torch._dynamo`` the first time in a process (about 1.8 s of
+every command that trains a built-in model and uses no functional transform).
 
 Fast path (declared as the architecture notes ask): MLP-Attn's input map is a fixed buffer,
 f_att(x) = context @ x, so for a :class:`~attnaudit.models.builtin.TwoLayerNet` with a context that
@@ -270,10 +273,43 @@ def _attention_features_apply(model: nn.Module, inputs: Inputs) -> bool:
     return closed_form_blocker(model, inputs) is None
 
 
-def _optimizer(params: list[nn.Parameter], recipe: Recipe) -> torch.optim.Optimizer:
+class GradientDescent:
+    """The update of ``torch.optim.SGD`` without dampening or Nesterov: g = grad + weight_decay *
+    theta; with momentum mu, b = g at the first step, then b = mu b + g, and g = b; theta -= lr g.
+    The same tensor operations in the same order as torch's single-tensor path, so the same
+    numbers bit for bit (its multi-tensor path runs the same element-wise operations)."""
+
+    def __init__(self, params: list[nn.Parameter], lr: float, momentum: float = 0.0, weight_decay: float = 0.0):
+        self.params = list(params)
+        self.lr, self.momentum, self.weight_decay = float(lr), float(momentum), float(weight_decay)
+        self.buffers: list[torch.Tensor | None] = [None] * len(self.params)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for i, p in enumerate(self.params):
+            if p.grad is None:
+                continue
+            g = p.grad
+            if self.weight_decay != 0:
+                g = g.add(p, alpha=self.weight_decay)
+            if self.momentum != 0:
+                buf = self.buffers[i]
+                if buf is None:
+                    buf = self.buffers[i] = g.detach().clone()
+                else:
+                    buf.mul_(self.momentum).add_(g, alpha=1)
+                g = buf
+            p.add_(g, alpha=-self.lr)
+
+
+def _optimizer(params: list[nn.Parameter], recipe: Recipe) -> torch.optim.Optimizer | GradientDescent:
     if recipe.optimizer == "adam":
         return torch.optim.Adam(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
-    return torch.optim.SGD(params, lr=recipe.lr, momentum=recipe.momentum, weight_decay=recipe.weight_decay)
+    return GradientDescent(params, recipe.lr, recipe.momentum, recipe.weight_decay)
 
 
 def _check_fit_inputs(

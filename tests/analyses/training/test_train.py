@@ -101,6 +101,32 @@ def test_gd_fit_equals_the_reference_gd_trainer(arch, loss):
     assert result.path.startswith("fast") == (arch == "attn")
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("momentum, weight_decay", [(0.0, 0.0), (0.0, 1e-2), (0.9, 0.0), (0.9, 1e-3)])
+def test_gradient_descent_makes_torch_sgds_updates_bit_for_bit(dtype, momentum, weight_decay):
+    """GradientDescent against torch.optim.SGD on the same gradients, 6 steps, a parameter that
+    gets no gradient at one step among them: equal to the last bit."""
+    from attnaudit.core.fit import GradientDescent
+
+    gen = torch.Generator().manual_seed(3)
+    start = [torch.randn(5, 4, generator=gen, dtype=dtype), torch.randn(4, generator=gen, dtype=dtype)]
+    ours = [nn.Parameter(t.clone()) for t in start]
+    theirs = [nn.Parameter(t.clone()) for t in start]
+    mine = GradientDescent(ours, lr=0.3, momentum=momentum, weight_decay=weight_decay)
+    reference = torch.optim.SGD(theirs, lr=0.3, momentum=momentum, weight_decay=weight_decay)
+    for step in range(6):
+        grads = [torch.randn(t.shape, generator=gen, dtype=dtype) for t in start]
+        for params in (ours, theirs):
+            for i, p in enumerate(params):
+                p.grad = None if (step == 2 and i == 1) else grads[i].clone()
+        mine.step()
+        reference.step()
+        for p, q in zip(ours, theirs):
+            assert torch.equal(p, q), (step, momentum, weight_decay)
+    mine.zero_grad()
+    assert all(p.grad is None for p in ours)
+
+
 def test_adam_fit_equals_a_plain_torch_loop():
     """The promised semantics, written out: per epoch a fresh torch.randperm from a generator
     seeded with recipe.seed, consecutive batches (the last partial one kept), mean loss, Adam."""
