@@ -284,7 +284,8 @@ class GradientDescent:
         self.lr, self.momentum, self.weight_decay = float(lr), float(momentum), float(weight_decay)
         self.buffers: list[torch.Tensor | None] = [None] * len(self.params)
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
+    def zero_grad(self) -> None:
+        """Drops the gradients (torch's default ``set_to_none``)."""
         for p in self.params:
             p.grad = None
 
@@ -465,7 +466,7 @@ def fit(
                 loss = batch_loss(xb, yb)
                 if observe(loss.item()):
                     break
-                optimizer.zero_grad(set_to_none=True)
+                optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
                 steps_run += 1

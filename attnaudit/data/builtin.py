@@ -105,7 +105,7 @@ def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
         path = Path(root) / "datasets" / "data" / "digits.csv.gz"
         if path.is_file():
             data = np.loadtxt(path, delimiter=",")
-            if data.ndim == 2 and data.shape == (1797, 65):
+            if data.shape == (1797, 65):
                 return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(np.int64)
     from sklearn.datasets import load_digits
 

@@ -305,7 +305,7 @@ def _train_and_analyse(
     width: int,
     timings: dict[str, float],
     progress: Progress,
-    budget_runs: dict | None = None,
+    budget_runs: dict,
 ) -> tuple[dict[str, list[LandscapeResult]], dict[str, list[dict]]]:
     """Every model and seed: build (seeds after the first, or on their own rows), train (built-in
     models) and analyse. Returns (analyses, training records) per model, in seed order; adds the
@@ -321,7 +321,7 @@ def _train_and_analyse(
             t1 = time.perf_counter()
             if train_config is not None:
                 assert isinstance(net, nn.Module)  # only built-in models are trained (train_config is None if saved)
-                info = train_one(label, net, Xs, ys, train_config, recipe, s, (budget_runs or {}).get((label, s)))
+                info = train_one(label, net, Xs, ys, train_config, recipe, s, budget_runs.get((label, s)))
                 seed_training[label].append(info)
                 if progress is not None:
                     progress(info.pop("_units"))
